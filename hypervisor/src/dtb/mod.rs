@@ -1,0 +1,1 @@
+//! dtb (work in progress)

@@ -1,0 +1,1 @@
+//! sched (work in progress)

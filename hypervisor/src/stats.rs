@@ -1,0 +1,1 @@
+//! Per-vCPU counters and latency histograms (work in progress)

@@ -1,0 +1,1 @@
+//! vgic (work in progress)
