@@ -13,3 +13,8 @@ pub mod dtb;
 pub mod sched;
 pub mod stats;
 pub mod vgic;
+pub mod config;
+pub mod esr;
+pub mod psci;
+pub mod stage2;
+pub mod vpl011;

@@ -1,0 +1,109 @@
+//! Hypervisor options from `/chosen/bootargs`, named like Xen's.
+//!
+//! Example: `console=dtuart loglvl=info dom0_mem=512M dom0_max_vcpus=2`.
+//! Unknown options are kept so later subsystems (the scheduler reads
+//! `sched_*`) can parse their own; a malformed value is an error naming it.
+
+use alloc::string::String;
+use alloc::vec::Vec;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ConfigError {
+    BadValue { key: String, value: String },
+}
+
+/// Parsed hypervisor options.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Guest RAM in bytes (`dom0_mem=`); `None`: all RAM not kept for us.
+    pub dom0_mem: Option<u64>,
+    /// vCPUs of the guest (`dom0_max_vcpus=`); `None`: one per pCPU.
+    pub dom0_max_vcpus: Option<u32>,
+    /// Log level (`loglvl=error|warn|info|debug|trace`).
+    pub loglvl: log::LevelFilter,
+    /// Disk configuration (`dom0_disk=passthrough|none`).
+    pub passthrough_virtio: bool,
+    /// All `key=value` pairs in order, for other subsystems.
+    pub raw: Vec<(String, String)>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self { dom0_mem: None, dom0_max_vcpus: None, loglvl: log::LevelFilter::Info, passthrough_virtio: true, raw: Vec::new() }
+    }
+}
+
+/// Parses a size like `512M`, `2G`, `4096K` or plain bytes.
+pub fn parse_size(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let (num, mul) = match s.as_bytes().last()? {
+        b'K' | b'k' => (&s[..s.len() - 1], 1u64 << 10),
+        b'M' | b'm' => (&s[..s.len() - 1], 1 << 20),
+        b'G' | b'g' => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<u64>().ok()?.checked_mul(mul)
+}
+
+impl Config {
+    pub fn parse(args: &str) -> Result<Self, ConfigError> {
+        let mut c = Config::default();
+        for word in args.split_ascii_whitespace() {
+            let (k, v) = word.split_once('=').unwrap_or((word, ""));
+            let bad = || ConfigError::BadValue { key: k.into(), value: v.into() };
+            match k {
+                "dom0_mem" => c.dom0_mem = Some(parse_size(v).filter(|&m| m >= 32 << 20).ok_or_else(bad)?),
+                "dom0_max_vcpus" => {
+                    c.dom0_max_vcpus = Some(v.parse().ok().filter(|&n: &u32| (1..=64).contains(&n)).ok_or_else(bad)?)
+                }
+                "loglvl" => {
+                    c.loglvl = match v {
+                        "error" => log::LevelFilter::Error,
+                        "warn" | "warning" => log::LevelFilter::Warn,
+                        "info" => log::LevelFilter::Info,
+                        "debug" => log::LevelFilter::Debug,
+                        "trace" | "all" => log::LevelFilter::Trace,
+                        _ => return Err(bad()),
+                    }
+                }
+                "dom0_disk" => {
+                    c.passthrough_virtio = match v {
+                        "passthrough" => true,
+                        "none" => false,
+                        _ => return Err(bad()),
+                    }
+                }
+                _ => {}
+            }
+            c.raw.push((k.into(), v.into()));
+        }
+        Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("512M"), Some(512 << 20));
+        assert_eq!(parse_size("2G"), Some(2 << 30));
+        assert_eq!(parse_size("4096"), Some(4096));
+        assert_eq!(parse_size("x"), None);
+        assert_eq!(parse_size("99999999999999G"), None);
+    }
+
+    #[test]
+    fn options() {
+        let c = Config::parse("dom0_mem=768M dom0_max_vcpus=2 loglvl=debug sched_ratelimit_us=0").unwrap();
+        assert_eq!(c.dom0_mem, Some(768 << 20));
+        assert_eq!(c.dom0_max_vcpus, Some(2));
+        assert_eq!(c.loglvl, log::LevelFilter::Debug);
+        assert!(c.raw.iter().any(|(k, v)| k == "sched_ratelimit_us" && v == "0"));
+        assert!(Config::parse("dom0_mem=12").is_err());
+        assert!(Config::parse("dom0_max_vcpus=0").is_err());
+        assert!(Config::parse("loglvl=loud").is_err());
+        assert_eq!(Config::parse("").unwrap(), Config::default());
+    }
+}

@@ -1,0 +1,277 @@
+//! Stage-2 translation tables (IPA -> PA) for one VM.
+//!
+//! 4 KiB granule, 39-bit IPA space, walk starting at level 1 (VTCR_EL2.T0SZ=25,
+//! SL0=1), so the root is a single 4 KiB table: no concatenated roots needed
+//! and 512 GiB of IPA covers QEMU virt, FVP Base and Graviton memory maps.
+//! Large aligned ranges use 1 GiB / 2 MiB blocks, the rest 4 KiB pages.
+//!
+//! The table builder is written here rather than taken from `aarch64-paging`
+//! because the hypervisor needs a VMID per VM, walks (`translate`) for
+//! validating guest addresses, and host tests over fake memory; the logic is a
+//! hundred lines. Table memory comes through [`TableAlloc`], so the host tests
+//! run it over a `Vec` and the EL2 build over the frame allocator.
+
+/// Errors while building stage-2 tables.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage2Error {
+    /// Address or size not 4 KiB aligned.
+    Unaligned,
+    /// Beyond the 39-bit IPA space.
+    OutOfRange,
+    /// The range overlaps an existing mapping.
+    AlreadyMapped,
+    /// No memory for a table.
+    NoMemory,
+}
+
+/// Memory type of a stage-2 mapping.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemType {
+    /// Normal, inner/outer write-back cacheable, inner shareable: guest RAM.
+    Normal,
+    /// Device-nGnRE, execute-never: passthrough device registers.
+    Device,
+}
+
+/// Where table frames come from.
+pub trait TableAlloc {
+    /// A zeroed, 4 KiB aligned frame; returns its physical address.
+    fn alloc_table(&mut self) -> Option<u64>;
+    /// The table at physical address `pa`, as 512 descriptors.
+    fn table(&mut self, pa: u64) -> &mut [u64; 512];
+}
+
+pub const IPA_BITS: u32 = 39;
+const PAGE: u64 = 4096;
+const DESC_VALID: u64 = 1;
+const DESC_TABLE: u64 = 0b11;
+const DESC_BLOCK: u64 = 0b01;
+const DESC_PAGE: u64 = 0b11;
+const AF: u64 = 1 << 10;
+const SH_INNER: u64 = 0b11 << 8;
+const S2AP_RW: u64 = 0b11 << 6;
+const MEMATTR_NORMAL_WB: u64 = 0b1111 << 2;
+const MEMATTR_DEVICE_NGNRE: u64 = 0b0001 << 2;
+const XN: u64 = 0b10 << 53;
+const ADDR_MASK: u64 = 0x0000_ffff_ffff_f000;
+
+/// VTCR_EL2 for this layout with the given physical address size field.
+pub const fn vtcr(ps: u64) -> u64 {
+    let t0sz = 64 - IPA_BITS as u64;
+    let sl0 = 1; // start at level 1
+    let irgn0 = 1; // write-back write-allocate
+    let orgn0 = 1;
+    let sh0 = 3; // inner shareable
+    let tg0 = 0; // 4 KiB
+    (1 << 31) | ((ps & 7) << 16) | (tg0 << 14) | (sh0 << 12) | (orgn0 << 10) | (irgn0 << 8) | (sl0 << 6) | t0sz
+}
+
+/// VTTBR_EL2 value for a root table and VMID.
+pub const fn vttbr(root: u64, vmid: u16) -> u64 {
+    ((vmid as u64) << 48) | (root & ADDR_MASK)
+}
+
+fn leaf_attrs(mem: MemType) -> u64 {
+    match mem {
+        MemType::Normal => AF | SH_INNER | S2AP_RW | MEMATTR_NORMAL_WB,
+        MemType::Device => AF | S2AP_RW | MEMATTR_DEVICE_NGNRE | XN,
+    }
+}
+
+/// Level shift: level 1 = 1 GiB, level 2 = 2 MiB, level 3 = 4 KiB.
+const fn shift(level: u32) -> u32 {
+    12 + 9 * (3 - level)
+}
+
+/// One VM's stage-2 tables.
+pub struct Stage2 {
+    root: u64,
+}
+
+impl Stage2 {
+    pub fn new(alloc: &mut impl TableAlloc) -> Result<Self, Stage2Error> {
+        let root = alloc.alloc_table().ok_or(Stage2Error::NoMemory)?;
+        Ok(Self { root })
+    }
+
+    /// Physical address of the root table (for VTTBR_EL2).
+    pub fn root(&self) -> u64 {
+        self.root
+    }
+
+    /// Maps `[ipa, ipa+size)` to `[pa, pa+size)`.
+    pub fn map(
+        &mut self,
+        alloc: &mut impl TableAlloc,
+        ipa: u64,
+        pa: u64,
+        size: u64,
+        mem: MemType,
+    ) -> Result<(), Stage2Error> {
+        if ipa % PAGE != 0 || pa % PAGE != 0 || size % PAGE != 0 {
+            return Err(Stage2Error::Unaligned);
+        }
+        let end = ipa.checked_add(size).ok_or(Stage2Error::OutOfRange)?;
+        if end > 1 << IPA_BITS || pa.checked_add(size).map_or(true, |e| e > 1 << 48) {
+            return Err(Stage2Error::OutOfRange);
+        }
+        // Refuse overlaps up front so a failed map leaves nothing half done.
+        let mut probe = ipa;
+        while probe < end {
+            if let Some((_, level_size)) = self.walk_leaf(alloc, probe) {
+                let _ = level_size;
+                return Err(Stage2Error::AlreadyMapped);
+            }
+            probe += PAGE;
+        }
+        let mut off = 0;
+        while off < size {
+            let (cur_ipa, cur_pa) = (ipa + off, pa + off);
+            let left = size - off;
+            let level = (1..=3)
+                .find(|&l| {
+                    let s = 1u64 << shift(l);
+                    cur_ipa % s == 0 && cur_pa % s == 0 && left >= s
+                })
+                .unwrap_or(3);
+            self.set_leaf(alloc, cur_ipa, cur_pa, level, mem)?;
+            off += 1 << shift(level);
+        }
+        Ok(())
+    }
+
+    fn set_leaf(
+        &mut self,
+        alloc: &mut impl TableAlloc,
+        ipa: u64,
+        pa: u64,
+        level: u32,
+        mem: MemType,
+    ) -> Result<(), Stage2Error> {
+        let mut table = self.root;
+        for l in 1..level {
+            let idx = ((ipa >> shift(l)) & 511) as usize;
+            let desc = alloc.table(table)[idx];
+            table = if desc & DESC_VALID == 0 {
+                let next = alloc.alloc_table().ok_or(Stage2Error::NoMemory)?;
+                alloc.table(table)[idx] = next | DESC_TABLE;
+                next
+            } else if desc & 0b11 == DESC_TABLE {
+                desc & ADDR_MASK
+            } else {
+                return Err(Stage2Error::AlreadyMapped);
+            };
+        }
+        let idx = ((ipa >> shift(level)) & 511) as usize;
+        let kind = if level == 3 { DESC_PAGE } else { DESC_BLOCK };
+        alloc.table(table)[idx] = (pa & ADDR_MASK) | leaf_attrs(mem) | kind;
+        Ok(())
+    }
+
+    /// The leaf descriptor covering `ipa` and the size of its block.
+    fn walk_leaf(&self, alloc: &mut impl TableAlloc, ipa: u64) -> Option<(u64, u64)> {
+        if ipa >= 1 << IPA_BITS {
+            return None;
+        }
+        let mut table = self.root;
+        for level in 1..=3 {
+            let desc = alloc.table(table)[((ipa >> shift(level)) & 511) as usize];
+            if desc & DESC_VALID == 0 {
+                return None;
+            }
+            if level == 3 || desc & 0b11 == DESC_BLOCK {
+                return Some((desc, 1 << shift(level)));
+            }
+            table = desc & ADDR_MASK;
+        }
+        None
+    }
+
+    /// Translates an IPA to (PA, memory type), or `None` when unmapped.
+    pub fn translate(&self, alloc: &mut impl TableAlloc, ipa: u64) -> Option<(u64, MemType)> {
+        let (desc, size) = self.walk_leaf(alloc, ipa)?;
+        let pa = (desc & ADDR_MASK & !(size - 1)) | (ipa & (size - 1));
+        let mem = if desc & (0b1111 << 2) == MEMATTR_NORMAL_WB { MemType::Normal } else { MemType::Device };
+        Some((pa, mem))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    #[derive(Default)]
+    struct FakeMem {
+        tables: HashMap<u64, Box<[u64; 512]>>,
+        next: u64,
+        limit: usize,
+    }
+
+    impl TableAlloc for FakeMem {
+        fn alloc_table(&mut self) -> Option<u64> {
+            if self.limit != 0 && self.tables.len() >= self.limit {
+                return None;
+            }
+            self.next += PAGE;
+            let pa = 0x7000_0000 + self.next;
+            self.tables.insert(pa, Box::new([0; 512]));
+            Some(pa)
+        }
+        fn table(&mut self, pa: u64) -> &mut [u64; 512] {
+            self.tables.get_mut(&pa).expect("table")
+        }
+    }
+
+    #[test]
+    fn identity_ram_uses_blocks() {
+        let mut m = FakeMem::default();
+        let mut s2 = Stage2::new(&mut m).unwrap();
+        s2.map(&mut m, 0x4000_0000, 0x4000_0000, 0x4000_0000, MemType::Normal).unwrap();
+        // A single 1 GiB block: only the root table exists.
+        assert_eq!(m.tables.len(), 1);
+        assert_eq!(s2.translate(&mut m, 0x4123_4567), Some((0x4123_4567, MemType::Normal)));
+        assert_eq!(s2.translate(&mut m, 0x8000_0000), None);
+    }
+
+    #[test]
+    fn mixed_sizes_and_device_pages() {
+        let mut m = FakeMem::default();
+        let mut s2 = Stage2::new(&mut m).unwrap();
+        s2.map(&mut m, 0x0a00_0000, 0x0a00_0000, 0x4000, MemType::Device).unwrap();
+        s2.map(&mut m, 0x6020_0000, 0x9000_0000, 0x20_3000, MemType::Normal).unwrap();
+        assert_eq!(s2.translate(&mut m, 0x0a00_3e10), Some((0x0a00_3e10, MemType::Device)));
+        assert_eq!(s2.translate(&mut m, 0x0a00_4000), None);
+        assert_eq!(s2.translate(&mut m, 0x6020_0008), Some((0x9000_0008, MemType::Normal)));
+        assert_eq!(s2.translate(&mut m, 0x6040_2fff), Some((0x9020_2fff, MemType::Normal)));
+        assert_eq!(s2.translate(&mut m, 0x6040_3000), None);
+    }
+
+    #[test]
+    fn bad_requests_are_errors() {
+        let mut m = FakeMem::default();
+        let mut s2 = Stage2::new(&mut m).unwrap();
+        assert_eq!(s2.map(&mut m, 0x1001, 0x1000, 0x1000, MemType::Normal), Err(Stage2Error::Unaligned));
+        assert_eq!(s2.map(&mut m, 1 << 39, 0, 0x1000, MemType::Normal), Err(Stage2Error::OutOfRange));
+        assert_eq!(s2.map(&mut m, u64::MAX & !0xfff, 0, 0x2000, MemType::Normal), Err(Stage2Error::OutOfRange));
+        s2.map(&mut m, 0x20_0000, 0x20_0000, 0x20_0000, MemType::Normal).unwrap();
+        assert_eq!(s2.map(&mut m, 0x30_0000, 0x30_0000, 0x1000, MemType::Normal), Err(Stage2Error::AlreadyMapped));
+        assert_eq!(s2.translate(&mut m, u64::MAX), None);
+    }
+
+    #[test]
+    fn out_of_table_memory_is_an_error() {
+        let mut m = FakeMem { limit: 2, ..Default::default() };
+        let mut s2 = Stage2::new(&mut m).unwrap();
+        assert_eq!(s2.map(&mut m, 0x1000, 0x1000, 0x1000, MemType::Normal), Err(Stage2Error::NoMemory));
+    }
+
+    #[test]
+    fn vtcr_and_vttbr_fields() {
+        let v = vtcr(2);
+        assert_eq!(v & 0x3f, 25);
+        assert_eq!((v >> 6) & 3, 1);
+        assert_eq!((v >> 16) & 7, 2);
+        assert_eq!(vttbr(0x4123_4000, 3), (3 << 48) | 0x4123_4000);
+    }
+}
