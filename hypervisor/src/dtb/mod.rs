@@ -1,1 +1,217 @@
-//! dtb (work in progress)
+//! Device-tree handling: what the machine is ([`discover`]) and what the
+//! Dom0-style guest is told it runs on ([`build_guest_dtb`]).
+//!
+//! # Why this shape
+//!
+//! The hypervisor boots like Xen: firmware or QEMU hands it a DTB in `x0`,
+//! and the guest kernel and initrd arrive as `/chosen/module@…` nodes of
+//! Xen's multiboot binding (`multiboot,kernel`, `multiboot,ramdisk`, generic
+//! `multiboot,module`), which QEMU's `-device guest-loader` writes for us.
+//! [`discover`] turns that tree into a plain [`Platform`] value — RAM, CPUs by
+//! MPIDR, the GICv3 frames, console UART, timer PPIs, virtio-mmio slots,
+//! PSCI conduit, our own `/chosen/bootargs` and the boot modules — so the rest
+//! of the hypervisor never touches the DTB.
+//!
+//! The guest gets the *host's* tree, edited: it sees the GIC at the same
+//! addresses (we emulate distributor and redistributors there), but only its
+//! own RAM, its vCPUs, PSCI over HVC, its command line and initrd, and none of
+//! the devices the hypervisor keeps (see [`default_removals`]). Rather than
+//! patching the blob in place, [`build_guest_dtb`] walks the host tree and
+//! writes a new one with `vm-fdt`, copying every kept property byte for byte
+//! (phandles therefore stay valid) and substituting the nodes it owns. A fresh
+//! write has no NOP tokens, no stale strings, an empty reservation block, and
+//! cannot inherit a layout quirk of the input.
+//!
+//! # Untrusted input
+//!
+//! `fdt` 0.1.5 panics on malformed blobs and on missing standard nodes, and a
+//! panic at EL2 stops the machine. So: every blob is first checked by
+//! [`blob::check`](self::blob) (bounds, nesting, token order; NOPs removed),
+//! only `all_nodes`/`children`/`properties` of the crate are used, and all
+//! values are decoded here with explicit length checks (see `tree`). Errors
+//! are a [`DtbError`]; nothing in this module is meant to panic on any input
+//! (the tests feed truncated and randomly corrupted blobs to prove it).
+//!
+//! # Conventions
+//!
+//! * Cell counts are inherited from ancestors when a node does not state them
+//!   (as Linux and Xen read trees); the root defaults to 2/1.
+//! * Interrupt specifiers are the GICv3 binding's three cells; INTIDs are
+//!   reported (SPI n → n+32, PPI n → n+16).
+//! * Nodes with `status` other than `okay` are ignored by [`discover`].
+
+mod blob;
+mod discover;
+mod guest;
+mod tree;
+
+#[cfg(test)]
+mod tests;
+
+use alloc::string::String;
+use alloc::vec::Vec;
+use core::fmt;
+
+pub use discover::discover;
+pub use guest::{build_guest_dtb, default_removals, DEFAULT_REMOVE_COMPATIBLES};
+
+/// Why a device tree could not be read or written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DtbError {
+    /// Not a structurally valid flattened device tree.
+    Parse,
+    /// The buffer is shorter than the header (or its `totalsize`) says.
+    Truncated,
+    /// Valid, but uses something we do not handle (named).
+    Unsupported(&'static str),
+    /// A node or property we need is absent (named).
+    Missing(&'static str),
+    /// A property has the wrong size or an impossible value (named).
+    BadValue(&'static str),
+    /// A value does not fit in the cells the tree uses for it.
+    TooBig,
+    /// `vm-fdt` refused to write the guest tree (its reason).
+    Write(&'static str),
+}
+
+impl fmt::Display for DtbError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DtbError::Parse => write!(f, "malformed device tree"),
+            DtbError::Truncated => write!(f, "device tree truncated"),
+            DtbError::Unsupported(what) => write!(f, "unsupported device tree feature: {what}"),
+            DtbError::Missing(what) => write!(f, "device tree lacks {what}"),
+            DtbError::BadValue(what) => write!(f, "bad device tree value: {what}"),
+            DtbError::TooBig => write!(f, "value does not fit its device tree cells"),
+            DtbError::Write(why) => write!(f, "cannot write device tree: {why}"),
+        }
+    }
+}
+
+impl From<vm_fdt::Error> for DtbError {
+    fn from(e: vm_fdt::Error) -> Self {
+        use vm_fdt::Error as E;
+        DtbError::Write(match e {
+            E::InvalidNodeName => "invalid node name",
+            E::InvalidPropertyName => "invalid property name",
+            E::InvalidString => "string contains NUL",
+            E::NodeDepthTooLarge => "nesting too deep",
+            E::PropertyValueTooLarge | E::TotalSizeTooLarge => "too large",
+            E::DuplicatePhandle => "duplicate phandle",
+            _ => "writer misuse",
+        })
+    }
+}
+
+/// A physical address range.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Region {
+    pub base: u64,
+    pub size: u64,
+}
+
+impl Region {
+    /// One past the last byte (saturating).
+    pub fn end(&self) -> u64 {
+        self.base.saturating_add(self.size)
+    }
+}
+
+/// The GICv3 (or v4: the DTB cannot tell them apart) interrupt controller.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GicInfo {
+    /// 3 for `arm,gic-v3`; GICv4 shows only in GICD_PIDR2/GICR_TYPER.
+    pub version: u8,
+    pub gicd: Region,
+    /// Redistributor regions (`#redistributor-regions`, default 1).
+    pub gicr: Vec<Region>,
+    /// The first enabled `arm,gic-v3-its` child.
+    pub its: Option<Region>,
+    /// INTID of the virtual-interface maintenance interrupt (PPI 9 → 25).
+    pub maintenance_intid: Option<u32>,
+    /// The controller's phandle, if it has one.
+    pub phandle: Option<u32>,
+}
+
+/// The console UART: `/chosen/stdout-path` (or, failing that, the first
+/// `arm,pl011`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UartInfo {
+    pub base: u64,
+    pub size: u64,
+    pub intid: u32,
+    /// Full node path, e.g. `/pl011@9000000`.
+    pub path: String,
+    /// First `compatible` string (e.g. `arm,pl011`).
+    pub compatible: String,
+}
+
+/// An MMIO device with one interrupt (virtio-mmio slots).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MmioDevice {
+    pub base: u64,
+    pub size: u64,
+    pub intid: u32,
+    /// Edge-triggered (flags 1/2) rather than level (4/8).
+    pub edge: bool,
+    pub path: String,
+}
+
+/// Generic timer interrupts (`arm,armv8-timer`, order: secure phys,
+/// non-secure phys, virtual, hypervisor phys).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TimerInfo {
+    pub phys_intid: u32,
+    pub virt_intid: u32,
+    pub hyp_intid: u32,
+}
+
+/// A boot module from `/chosen/module@…` (Xen's multiboot binding).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BootModule {
+    pub base: u64,
+    pub size: u64,
+    /// The module node's `bootargs` (the guest kernel's command line).
+    pub bootargs: Option<String>,
+}
+
+/// Everything the hypervisor learns from the boot DTB.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Platform {
+    /// RAM from `device_type = "memory"` nodes, in tree order.
+    pub memory: Vec<Region>,
+    /// Memory-reservation block entries and `/reserved-memory/*` `reg`s.
+    pub reserved: Vec<Region>,
+    /// MPIDR affinity (the `cpu@` node's `reg`), in tree order.
+    pub cpus: Vec<u64>,
+    pub gic: GicInfo,
+    pub uart: Option<UartInfo>,
+    pub timer: TimerInfo,
+    /// Enabled `virtio,mmio` nodes, in tree order.
+    pub virtio_mmio: Vec<MmioDevice>,
+    /// `/psci` `method` ("smc" or "hvc").
+    pub psci_method: Option<String>,
+    /// `/chosen/bootargs`: the hypervisor's own options.
+    pub bootargs: Option<String>,
+    pub kernel: Option<BootModule>,
+    pub ramdisk: Option<BootModule>,
+}
+
+/// How to edit the host tree into the guest's.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GuestDtbConfig {
+    /// The guest's RAM (one `memory@` node replaces all host ones).
+    pub memory: Region,
+    /// One `cpu@` node per entry, `reg` = this affinity value.
+    pub vcpu_mpidrs: Vec<u64>,
+    /// Becomes `/chosen/bootargs`.
+    pub bootargs: String,
+    /// Becomes `linux,initrd-start`/`-end`; must lie inside `memory`.
+    pub initrd: Option<Region>,
+    /// Full paths of nodes to drop with their subtrees (see
+    /// [`default_removals`]).
+    pub remove_paths: Vec<String>,
+    /// `virtio,mmio` nodes to add at the root; one at the same path as a host
+    /// node replaces it.
+    pub extra_virtio_mmio: Vec<MmioDevice>,
+}

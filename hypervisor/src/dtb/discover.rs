@@ -1,0 +1,296 @@
+//! [`discover`]: the boot DTB → a [`Platform`] value.
+//!
+//! Each piece is found by binding (compatible string, `device_type`, or the
+//! standard `/chosen`, `/cpus`, `/aliases` paths), never by address, so the
+//! same code serves QEMU virt, FVP and boards. What the hypervisor cannot run
+//! without (RAM, CPUs, a GICv3, the timer PPIs) is an error when absent; the
+//! rest is optional.
+
+use alloc::string::{String, ToString};
+use alloc::vec::Vec;
+
+use fdt::Fdt;
+
+use super::blob;
+use super::tree::{
+    self, gic_irq, gic_irqs, is_compatible, is_enabled, prop, prop_str, prop_u32, Entry, Index,
+};
+use super::{BootModule, DtbError, GicInfo, MmioDevice, Platform, Region, TimerInfo, UartInfo};
+
+/// Reads the platform description from the boot DTB.
+pub fn discover(dtb: &[u8]) -> Result<Platform, DtbError> {
+    let checked = blob::check(dtb)?;
+    let fdt = Fdt::new(&checked.blob).map_err(|_| DtbError::Parse)?;
+    let idx = Index::new(&fdt)?;
+
+    let gic = gic(&idx)?;
+    let chosen = idx.find("/chosen");
+    let (kernel, ramdisk) = match chosen {
+        Some(c) => modules(&idx, c)?,
+        None => (None, None),
+    };
+    let psci_method = idx
+        .iter()
+        .find(|e| is_enabled(e.node) && compatible_prefix(e, "arm,psci"))
+        .and_then(|e| prop_str(e.node, "method"))
+        .map(String::from);
+    let platform = Platform {
+        memory: memory(&idx)?,
+        reserved: reserved(&idx, checked.reserved)?,
+        cpus: cpus(&idx)?,
+        uart: uart(&idx, chosen, gic.phandle),
+        timer: timer(&idx, gic.phandle)?,
+        virtio_mmio: virtio_mmio(&idx, gic.phandle)?,
+        psci_method,
+        bootargs: chosen
+            .and_then(|c| prop_str(idx.entries[c].node, "bootargs"))
+            .map(String::from),
+        kernel,
+        ramdisk,
+        gic,
+    };
+    Ok(platform)
+}
+
+fn compatible_prefix(e: &Entry<'_, '_>, prefix: &str) -> bool {
+    prop(e.node, "compatible").is_some_and(|v| tree::strings(v).any(|s| s.starts_with(prefix)))
+}
+
+fn memory(idx: &Index<'_, '_>) -> Result<Vec<Region>, DtbError> {
+    let mut out = Vec::new();
+    for e in idx
+        .iter()
+        .filter(|e| e.depth == 2 && prop_str(e.node, "device_type") == Some("memory"))
+    {
+        if is_enabled(e.node) {
+            out.extend(
+                tree::reg(e, "memory reg")?
+                    .into_iter()
+                    .filter(|r| r.size != 0),
+            );
+        }
+    }
+    if out.is_empty() {
+        return Err(DtbError::Missing("memory"));
+    }
+    Ok(out)
+}
+
+fn reserved(idx: &Index<'_, '_>, mut out: Vec<Region>) -> Result<Vec<Region>, DtbError> {
+    if let Some(rm) = idx.find("/reserved-memory") {
+        for (_, e) in idx.children_of(rm) {
+            if is_enabled(e.node) && prop(e.node, "reg").is_some() {
+                out.extend(tree::reg(e, "reserved-memory reg")?);
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn cpus(idx: &Index<'_, '_>) -> Result<Vec<u64>, DtbError> {
+    let cpus = idx.find("/cpus").ok_or(DtbError::Missing("/cpus"))?;
+    let mut out = Vec::new();
+    for (_, e) in idx.children_of(cpus) {
+        let is_cpu = match prop_str(e.node, "device_type") {
+            Some(t) => t == "cpu",
+            None => e.node.name.split('@').next() == Some("cpu"),
+        };
+        if !is_cpu || !is_enabled(e.node) {
+            continue;
+        }
+        let reg = tree::reg(e, "cpu reg")?;
+        if reg.len() != 1 {
+            return Err(DtbError::BadValue("cpu reg (want one MPIDR)"));
+        }
+        out.push(reg[0].base);
+    }
+    if out.is_empty() {
+        return Err(DtbError::Missing("cpu nodes"));
+    }
+    Ok(out)
+}
+
+fn gic(idx: &Index<'_, '_>) -> Result<GicInfo, DtbError> {
+    let (i, e) = idx
+        .iter()
+        .enumerate()
+        .find(|(_, e)| is_enabled(e.node) && is_compatible(e.node, "arm,gic-v3"))
+        .ok_or(DtbError::Missing("arm,gic-v3 interrupt controller"))?;
+    match prop_u32(e.node, "#interrupt-cells", "gic #interrupt-cells")? {
+        Some(3) => {}
+        Some(_) => return Err(DtbError::Unsupported("gic #interrupt-cells other than 3")),
+        None => return Err(DtbError::Missing("gic #interrupt-cells")),
+    }
+    let regs = tree::reg(e, "gic reg")?;
+    let n_redist =
+        prop_u32(e.node, "#redistributor-regions", "#redistributor-regions")?.unwrap_or(1) as usize;
+    if n_redist == 0 || regs.len() < 1 + n_redist {
+        return Err(DtbError::BadValue(
+            "gic reg (fewer regions than #redistributor-regions)",
+        ));
+    }
+    let maintenance_intid = match prop(e.node, "interrupts") {
+        None => None,
+        Some(v) => {
+            let cells = tree::cells_u32(v, "gic interrupts")?;
+            Some(gic_irq(cells.get(..3).ok_or(DtbError::BadValue("gic interrupts"))?)?.intid)
+        }
+    };
+    let mut its = None;
+    for (_, c) in idx.children_of(i) {
+        if is_enabled(c.node) && is_compatible(c.node, "arm,gic-v3-its") {
+            its = Some(tree::reg(c, "its reg")?[0]);
+            break;
+        }
+    }
+    Ok(GicInfo {
+        version: 3,
+        gicd: regs[0],
+        gicr: regs[1..1 + n_redist].to_vec(),
+        its,
+        maintenance_intid,
+        phandle: prop_u32(e.node, "phandle", "gic phandle")?,
+    })
+}
+
+fn timer(idx: &Index<'_, '_>, gic: Option<u32>) -> Result<TimerInfo, DtbError> {
+    let e = idx
+        .iter()
+        .find(|e| {
+            is_enabled(e.node)
+                && (is_compatible(e.node, "arm,armv8-timer")
+                    || is_compatible(e.node, "arm,armv7-timer"))
+        })
+        .ok_or(DtbError::Missing("arm,armv8-timer"))?;
+    let irqs = gic_irqs(e, gic, "timer interrupts")?;
+    if irqs.len() < 4 {
+        return Err(DtbError::BadValue("timer interrupts (want 4)"));
+    }
+    Ok(TimerInfo {
+        phys_intid: irqs[1].intid,
+        virt_intid: irqs[2].intid,
+        hyp_intid: irqs[3].intid,
+    })
+}
+
+fn mmio_device(
+    idx: &Index<'_, '_>,
+    e: &Entry<'_, '_>,
+    gic: Option<u32>,
+) -> Result<MmioDevice, DtbError> {
+    let reg = tree::reg(e, "device reg")?[0];
+    let irq = gic_irqs(e, gic, "device interrupts")?[0];
+    Ok(MmioDevice {
+        base: reg.base,
+        size: reg.size,
+        intid: irq.intid,
+        edge: irq.edge,
+        path: idx.path(e).to_string(),
+    })
+}
+
+fn virtio_mmio(idx: &Index<'_, '_>, gic: Option<u32>) -> Result<Vec<MmioDevice>, DtbError> {
+    idx.iter()
+        .filter(|e| is_enabled(e.node) && is_compatible(e.node, "virtio,mmio"))
+        .map(|e| mmio_device(idx, e, gic))
+        .collect()
+}
+
+/// The console: `stdout-path` (options after `:` dropped, aliases followed),
+/// else the first PL011. A UART we cannot decode is no console (`None`)
+/// rather than an error: the hypervisor can run without one.
+fn uart(idx: &Index<'_, '_>, chosen: Option<usize>, gic: Option<u32>) -> Option<UartInfo> {
+    let from_chosen = chosen.and_then(|c| {
+        let node = idx.entries[c].node;
+        let path = prop_str(node, "stdout-path").or_else(|| prop_str(node, "linux,stdout-path"))?;
+        let path = path.split(':').next()?;
+        idx.resolve(path)
+    });
+    let candidates = from_chosen.into_iter().chain(
+        idx.iter()
+            .enumerate()
+            .filter(|(_, e)| is_compatible(e.node, "arm,pl011"))
+            .map(|(i, _)| i),
+    );
+    for i in candidates {
+        let e = &idx.entries[i];
+        if !is_enabled(e.node) {
+            continue;
+        }
+        if let Ok(d) = mmio_device(idx, e, gic) {
+            let compatible = prop_str(e.node, "compatible").unwrap_or("").to_string();
+            return Some(UartInfo {
+                base: d.base,
+                size: d.size,
+                intid: d.intid,
+                path: d.path,
+                compatible,
+            });
+        }
+    }
+    None
+}
+
+/// Kind of a `/chosen` child under Xen's multiboot binding.
+#[derive(PartialEq)]
+enum ModuleKind {
+    Kernel,
+    Ramdisk,
+    Generic,
+    NotAModule,
+}
+
+fn module_kind(e: &Entry<'_, '_>) -> ModuleKind {
+    let Some(v) = prop(e.node, "compatible") else {
+        return ModuleKind::NotAModule;
+    };
+    // The specific kind wins wherever it appears: QEMU writes
+    // "multiboot,module", "multiboot,kernel" in that order.
+    if tree::strings(v).any(|s| s == "multiboot,kernel" || s == "xen,linux-zimage") {
+        ModuleKind::Kernel
+    } else if tree::strings(v).any(|s| s == "multiboot,ramdisk" || s == "xen,linux-initrd") {
+        ModuleKind::Ramdisk
+    } else if tree::strings(v).any(|s| s == "multiboot,module") {
+        ModuleKind::Generic
+    } else {
+        ModuleKind::NotAModule
+    }
+}
+
+/// Kernel and ramdisk from `/chosen`'s direct children. Explicitly typed
+/// modules take their slot (first one wins); untyped `multiboot,module`s then
+/// fill the empty slots in tree order, kernel first, as Xen guesses them.
+fn modules(
+    idx: &Index<'_, '_>,
+    chosen: usize,
+) -> Result<(Option<BootModule>, Option<BootModule>), DtbError> {
+    let mut kernel = None;
+    let mut ramdisk = None;
+    let mut generic = Vec::new();
+    for (_, e) in idx.children_of(chosen) {
+        let kind = module_kind(e);
+        if kind == ModuleKind::NotAModule || !is_enabled(e.node) {
+            continue;
+        }
+        let reg = tree::reg(e, "module reg")?[0];
+        let module = BootModule {
+            base: reg.base,
+            size: reg.size,
+            bootargs: prop_str(e.node, "bootargs").map(String::from),
+        };
+        match kind {
+            ModuleKind::Kernel if kernel.is_none() => kernel = Some(module),
+            ModuleKind::Ramdisk if ramdisk.is_none() => ramdisk = Some(module),
+            ModuleKind::Generic => generic.push(module),
+            _ => {}
+        }
+    }
+    for module in generic {
+        if kernel.is_none() {
+            kernel = Some(module);
+        } else if ramdisk.is_none() {
+            ramdisk = Some(module);
+        }
+    }
+    Ok((kernel, ramdisk))
+}
