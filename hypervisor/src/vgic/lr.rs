@@ -1,0 +1,265 @@
+//! Moving interrupt state between the model and the `ICH_LR<n>_EL2` values.
+//!
+//! Protocol: `sync_lrs` on every exit (folds back and zeroes every LR the
+//! model filled), `flush_lrs` on every entry (fills free LRs). Each vCPU keeps
+//! a shadow of which INTID it put in which slot, so sync never trusts the
+//! vINTID field of an LR value it is handed, and an interrupt sits in at most
+//! one vCPU's LRs (the `in_lr` field of the interrupt).
+
+use super::regs::*;
+use super::{Irq, Kicks, Vgic, NO_INTID, NO_VCPU, NR_PRIVATE, NUM_LRS_MAX};
+
+/// What `flush_lrs` did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlushResult {
+    /// Number of LRs written by this flush.
+    pub filled: usize,
+    /// Bitmap of the LR slots this vCPU's model owns after the flush (bit n =
+    /// `ICH_LR<n>_EL2` holds a model interrupt).
+    pub used_mask: u16,
+    /// Some deliverable or active interrupts did not fit: set ICH_HCR_EL2.UIE
+    /// so an underflow maintenance interrupt makes the vCPU exit once the LRs
+    /// drain, then sync and flush again.
+    pub overflow: bool,
+    /// At least one LR has EOI = 1 (a level-sensitive software interrupt):
+    /// its deactivation raises a maintenance interrupt; the caller only needs
+    /// that interrupt to cause an exit (then sync resamples the line).
+    pub eoi_maintenance: bool,
+}
+
+/// Decoded state bits of an LR.
+fn lr_state(v: u64) -> (bool, bool) {
+    (v & LR_PENDING != 0, v & LR_ACTIVE != 0)
+}
+
+/// Encodes one `ICH_LR<n>_EL2` value.
+pub fn encode_lr(
+    intid: u32,
+    priority: u8,
+    hw: Option<u16>,
+    eoi: bool,
+    pending: bool,
+    active: bool,
+) -> u64 {
+    let mut v = u64::from(intid) & LR_VINTID_MASK;
+    v |= u64::from(priority) << LR_PRIORITY_SHIFT;
+    v |= LR_GROUP1;
+    match hw {
+        Some(p) => v |= LR_HW | (u64::from(p) & LR_PINTID_MASK) << LR_PINTID_SHIFT,
+        None if eoi => v |= LR_EOI,
+        None => {}
+    }
+    if pending {
+        v |= LR_PENDING;
+    }
+    if active {
+        v |= LR_ACTIVE;
+    }
+    v
+}
+
+/// Up to `NUM_LRS_MAX` best candidates, kept sorted by key (lower is better).
+struct Best {
+    items: [(u32, u32); NUM_LRS_MAX],
+    len: usize,
+    cap: usize,
+}
+
+impl Best {
+    fn offer(&mut self, key: u32, intid: u32) {
+        if self.cap == 0 {
+            return;
+        }
+        if self.len == self.cap {
+            match self.items.get(self.len - 1) {
+                Some(&(worst, _)) if worst > key => self.len -= 1,
+                _ => return,
+            }
+        }
+        let mut i = self.len;
+        while i > 0 && self.items[i - 1].0 > key {
+            self.items[i] = self.items[i - 1];
+            i -= 1;
+        }
+        self.items[i] = (key, intid);
+        self.len += 1;
+    }
+}
+
+impl Vgic {
+    /// What the vCPU's LR would get for this interrupt: (pending, active),
+    /// or `None` when it has nothing to show to `vcpu`.
+    fn lr_candidate(&self, irq: &Irq, vcpu: usize) -> Option<(bool, bool)> {
+        if irq.in_flight() {
+            return None;
+        }
+        let pend =
+            irq.model_pending() && irq.enabled && self.grp1_enabled() && self.vcpu_awake(vcpu);
+        // A forwarded interrupt never goes in as pending+active: its pending
+        // state will come from the physical GIC after deactivation.
+        let pend = pend && !(irq.active && irq.hw.is_some());
+        (pend || irq.active).then_some((pend, irq.active))
+    }
+
+    /// Before entering `vcpu`: fills free list registers (state 0 and not
+    /// owned by an un-synced interrupt) with the best work for this vCPU:
+    /// active interrupts first, then pending ones by priority, then by INTID.
+    /// `lrs` holds the caller's `nr_lrs` LR values (at most [`NUM_LRS_MAX`]
+    /// are used); write them all to `ICH_LR<n>_EL2` afterwards.
+    pub fn flush_lrs(&mut self, vcpu: usize, lrs: &mut [u64]) -> FlushResult {
+        let mut res = FlushResult::default();
+        let Some(vs) = self.vcpus.get(vcpu) else {
+            return res;
+        };
+        let n = lrs.len().min(NUM_LRS_MAX);
+        let free = (0..n)
+            .filter(|&s| vs.lr_shadow[s] == NO_INTID && lrs[s] & LR_STATE_MASK == 0)
+            .count();
+        let mut best = Best {
+            items: [(0, 0); NUM_LRS_MAX],
+            len: 0,
+            cap: free,
+        };
+        let mut total = 0usize;
+        let key = |irq: &Irq, intid: u32, active: bool| -> u32 {
+            u32::from(!active) << 20 | u32::from(irq.priority) << 12 | intid
+        };
+        for (i, irq) in vs.private.iter().enumerate() {
+            if let Some((_, act)) = self.lr_candidate(irq, vcpu) {
+                total += 1;
+                best.offer(key(irq, i as u32, act), i as u32);
+            }
+        }
+        for (i, irq) in self.spis.iter().enumerate() {
+            let intid = NR_PRIVATE + i as u32;
+            let mine = if irq.active && irq.active_on != NO_VCPU {
+                irq.active_on as usize == vcpu
+            } else {
+                self.spi_target.get(i).is_some_and(|&t| t as usize == vcpu)
+            };
+            if !mine {
+                continue;
+            }
+            if let Some((_, act)) = self.lr_candidate(irq, vcpu) {
+                total += 1;
+                best.offer(key(irq, intid, act), intid);
+            }
+        }
+
+        let mut slot = 0usize;
+        for &(_, intid) in &best.items[..best.len] {
+            // Next free slot.
+            while slot < n
+                && (self.vcpus[vcpu].lr_shadow[slot] != NO_INTID || lrs[slot] & LR_STATE_MASK != 0)
+            {
+                slot += 1;
+            }
+            if slot >= n {
+                break;
+            }
+            let Some((pend, act)) = self
+                .irq(vcpu, intid)
+                .and_then(|irq| self.lr_candidate(irq, vcpu))
+            else {
+                continue;
+            };
+            let Some(irq) = self.irq_mut(vcpu, intid) else {
+                continue;
+            };
+            let eoi = irq.is_sw_level();
+            lrs[slot] = encode_lr(intid, irq.priority, irq.hw, eoi, pend, act);
+            irq.in_lr = vcpu as u16;
+            irq.lr_pend = pend;
+            irq.lr_latch = pend && irq.latch;
+            irq.clr_pend = false;
+            irq.clr_act = false;
+            irq.set_act = false;
+            if pend {
+                // The pending edge now lives in the LR.
+                irq.latch = false;
+            }
+            self.vcpus[vcpu].lr_shadow[slot] = intid;
+            res.filled += 1;
+            res.eoi_maintenance |= eoi;
+            slot += 1;
+        }
+        res.overflow = total > res.filled;
+        for (s, &lr) in lrs.iter().enumerate().take(n) {
+            if self.vcpus[vcpu].lr_shadow[s] != NO_INTID {
+                res.used_mask |= 1 << s;
+                if lr & LR_EOI != 0 && lr & LR_HW == 0 {
+                    res.eoi_maintenance = true;
+                }
+            }
+        }
+        res
+    }
+
+    /// After an exit of `vcpu`: folds the state of every LR this model filled
+    /// back into the model and zeroes those LRs (write them back, or just
+    /// rewrite all LRs at the next entry after `flush_lrs`). An LR with state 0
+    /// means the guest deactivated the interrupt: it is done (a level software
+    /// interrupt whose line is still high is pending again; a hardware one
+    /// is not re-pended). Returns vCPUs to kick: targets of SPIs that remain
+    /// pending but belong elsewhere now (re-routed while in flight).
+    pub fn sync_lrs(&mut self, vcpu: usize, lrs: &mut [u64]) -> Kicks {
+        let mut kicks = Kicks::none();
+        if vcpu >= self.vcpus.len() {
+            return kicks;
+        }
+        for s in 0..NUM_LRS_MAX {
+            let intid = self.vcpus[vcpu].lr_shadow[s];
+            if intid == NO_INTID {
+                continue;
+            }
+            self.vcpus[vcpu].lr_shadow[s] = NO_INTID;
+            let val = match lrs.get_mut(s) {
+                Some(v) => core::mem::take(v),
+                None => 0,
+            };
+            let (pend_lr, act_lr) = lr_state(val);
+            let Some(irq) = self.irq_mut(vcpu, intid) else {
+                continue;
+            };
+            if irq.in_lr as usize != vcpu {
+                continue;
+            }
+            let keep_pend = pend_lr && !irq.clr_pend && (!irq.is_sw_level() || irq.lr_latch);
+            irq.latch |= keep_pend;
+            let active = irq.set_act || (act_lr && !irq.clr_act);
+            irq.active = active;
+            if active && intid >= NR_PRIVATE {
+                irq.active_on = vcpu as u16;
+            }
+            irq.in_lr = NO_VCPU;
+            irq.lr_pend = false;
+            irq.lr_latch = false;
+            irq.clr_pend = false;
+            irq.clr_act = false;
+            irq.set_act = false;
+            if intid >= NR_PRIVATE {
+                if let Some(owner) = self.owner(vcpu, intid) {
+                    if owner != vcpu {
+                        if let Some(irq) = self.irq(vcpu, intid) {
+                            if self.deliverable_to(irq, owner) {
+                                kicks.add(owner);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        kicks
+    }
+
+    /// The INTIDs currently in `vcpu`'s list registers, by slot (test/debug aid).
+    pub fn lr_contents(&self, vcpu: usize) -> [Option<u32>; NUM_LRS_MAX] {
+        let mut out = [None; NUM_LRS_MAX];
+        if let Some(vs) = self.vcpus.get(vcpu) {
+            for (o, &i) in out.iter_mut().zip(vs.lr_shadow.iter()) {
+                *o = (i != NO_INTID).then_some(i);
+            }
+        }
+        out
+    }
+}
