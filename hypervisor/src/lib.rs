@@ -18,3 +18,14 @@ pub mod esr;
 pub mod psci;
 pub mod stage2;
 pub mod vpl011;
+
+/// The platform this binary is built for (`HV_PLATFORM`, default qemu-virt).
+#[allow(dead_code)]
+pub mod platform {
+    include!(env!("HV_PLATFORM_RS"));
+}
+
+#[cfg(all(target_arch = "aarch64", target_os = "none"))]
+pub mod arch;
+#[cfg(all(target_arch = "aarch64", target_os = "none"))]
+pub mod runtime;

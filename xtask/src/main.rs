@@ -1,1 +1,147 @@
-fn main() {}
+//! `cargo xtask <command>`: the project's single driver.
+//!
+//! - `build`: build the hypervisor image
+//! - `guest-image`: build the guest kernel + initramfs
+//! - `run [options]`: boot Linux under the hypervisor in QEMU
+//! - `test`: host unit tests and integration tests that boot real guests
+//! - `sim wakeup [options]`: the scheduler's discrete-event simulator
+
+mod sim;
+
+use std::path::PathBuf;
+use std::process::{exit, Command};
+use std::time::Duration;
+use xtask::qemu::RunOptions;
+
+const USAGE: &str = "usage: cargo xtask <command>
+
+commands:
+  run [options]        boot Linux under the hypervisor in QEMU (installs QEMU, builds the guest image)
+      --cmd \"<shell>\"    run a command in the guest, print its output, exit with its status
+      --gic 3|4            GIC version of the machine (default 3)
+      --pcpus N            physical CPUs (default 1)
+      --vcpus M            guest vCPUs (default 1)
+      --mem SIZE           guest RAM, e.g. 1G or 768M (default 1G)
+      --cpu MODEL          QEMU CPU model (default max,pauth-impdef=on)
+      --hv-args \"...\"      hypervisor boot arguments (e.g. \"loglvl=debug sched_ratelimit_us=0\")
+      --timeout SECS       kill QEMU after this long (default 600)
+      --kernel FILE --initrd FILE --append \"<cmdline>\"   boot your own guest
+      --icount             deterministic guest time (-icount shift=0,sleep=on)
+  test                 host unit tests + integration tests (boots real guests)
+  build                build the hypervisor image (target/xtask/hypervisor-qemu-virt.bin)
+  guest-image          build the guest kernel + initramfs (guest-images/out)
+  sim wakeup [--json FILE] ...   scheduler simulator (see `cargo xtask sim wakeup --help`)";
+
+fn parse_size_mb(s: &str) -> Result<u64, String> {
+    let (n, mul) = match s.chars().last() {
+        Some('G' | 'g') => (&s[..s.len() - 1], 1024),
+        Some('M' | 'm') => (&s[..s.len() - 1], 1),
+        _ => (s, 1),
+    };
+    n.parse::<u64>().map(|v| v * mul).map_err(|_| format!("bad size {s}"))
+}
+
+fn parse_run(args: &[String]) -> Result<RunOptions, String> {
+    let mut o = RunOptions::default();
+    let mut i = 0;
+    while i < args.len() {
+        let flag = args[i].as_str();
+        if flag == "--icount" {
+            o.icount = true;
+            i += 1;
+            continue;
+        }
+        let val = args.get(i + 1).ok_or_else(|| format!("{flag} needs a value"))?.clone();
+        let num = |v: &str| v.parse::<u32>().map_err(|_| format!("{flag}: bad number {v}"));
+        match flag {
+            "--cmd" => o.cmd = Some(val),
+            "--gic" => {
+                o.gic = match val.as_str() {
+                    "3" => 3,
+                    "4" => 4,
+                    _ => return Err("--gic takes 3 or 4".into()),
+                }
+            }
+            "--pcpus" => o.pcpus = num(&val)?.max(1),
+            "--vcpus" => o.vcpus = num(&val)?.max(1),
+            "--mem" => o.mem_mb = parse_size_mb(&val)?,
+            "--cpu" => o.cpu = val,
+            "--hv-args" => o.hv_args = val,
+            "--timeout" => o.timeout = Duration::from_secs(num(&val)? as u64),
+            "--kernel" => o.kernel = Some(PathBuf::from(val)),
+            "--initrd" => o.initrd = Some(PathBuf::from(val)),
+            "--append" => o.append = Some(val),
+            _ => return Err(format!("unknown option {flag}\n{USAGE}")),
+        }
+        i += 2;
+    }
+    if o.mem_mb < 128 {
+        return Err("--mem must be at least 128M".into());
+    }
+    Ok(o)
+}
+
+fn cmd_run(args: &[String]) -> Result<i32, String> {
+    let o = parse_run(args)?;
+    let r = xtask::qemu::run(&o)?;
+    if o.cmd.is_none() {
+        return Ok(r.qemu_status.unwrap_or(1));
+    }
+    if r.timed_out {
+        return Err("timed out".into());
+    }
+    match r.guest_exit {
+        Some(code) => Ok(code),
+        None => Err("the guest did not report its command's exit status (see the console above)".into()),
+    }
+}
+
+fn cmd_test(args: &[String]) -> Result<i32, String> {
+    // Prepare everything the integration tests need, so their output is
+    // about the tests, not about installs.
+    xtask::setup::ensure_qemu()?;
+    xtask::build::hypervisor("qemu-virt")?;
+    xtask::image::guest()?;
+    let st = Command::new(env!("CARGO"))
+        .current_dir(xtask::root())
+        .args(["test", "--workspace"])
+        .args(args)
+        .args(["--", "--test-threads=1"])
+        .status()
+        .map_err(|e| e.to_string())?;
+    Ok(st.code().unwrap_or(1))
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some(cmd) = args.first() else {
+        eprintln!("{USAGE}");
+        exit(2);
+    };
+    let rest = &args[1..];
+    let result = match cmd.as_str() {
+        "run" => cmd_run(rest),
+        "test" => cmd_test(rest),
+        "build" => xtask::build::hypervisor("qemu-virt").map(|p| {
+            println!("{}", p.display());
+            0
+        }),
+        "guest-image" => xtask::image::guest().map(|g| {
+            println!("{}\n{}", g.kernel.display(), g.initrd.display());
+            0
+        }),
+        "sim" => sim::main(rest).map(|_| 0),
+        "help" | "--help" | "-h" => {
+            println!("{USAGE}");
+            Ok(0)
+        }
+        other => Err(format!("unknown command {other}\n{USAGE}")),
+    };
+    match result {
+        Ok(code) => exit(code),
+        Err(e) => {
+            eprintln!("xtask: error: {e}");
+            exit(1);
+        }
+    }
+}

@@ -1,0 +1,177 @@
+//! The physical GICv3/v4 as the hypervisor uses it.
+//!
+//! Distributor and redistributors are set up with the `arm-gic` crate; the
+//! CPU interface runs with ICC_CTLR_EL1.EOImode = 1 so that a write to
+//! ICC_EOIR1_EL1 only drops priority and a forwarded interrupt stays active
+//! until the guest deactivates it through a HW=1 list register. The virtual
+//! CPU interface (ICH_*_EL2) is reached through the accessors below; what to
+//! put in the list registers is decided by the portable `vgic` model.
+
+use crate::{read_sysreg, write_sysreg};
+use arm_gic::gicv3::GicV3;
+use arm_gic::{IntId, UniqueMmioPointer};
+use core::ptr::NonNull;
+use spin::Mutex;
+
+pub struct PhysGic {
+    gic: GicV3<'static>,
+}
+
+// SAFETY: the GIC registers are shared device memory; all access goes
+// through the mutex below.
+unsafe impl Send for PhysGic {}
+
+static GIC: Mutex<Option<PhysGic>> = Mutex::new(None);
+
+/// Spurious interrupt IDs (1020-1023).
+pub const SPURIOUS: u32 = 1020;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GicSetupError {
+    /// The redistributor region could not be probed.
+    Redistributor,
+}
+
+/// Sets up the distributor and every redistributor (once, on the primary).
+pub fn init(gicd: u64, gicr: u64, cpus: usize) -> Result<(), GicSetupError> {
+    // SAFETY: the addresses come from the platform description, are mapped
+    // as device memory by the EL2 identity map, and only this driver (behind
+    // `GIC`) touches them.
+    let mut gic = unsafe {
+        GicV3::new(
+            UniqueMmioPointer::new(NonNull::new(gicd as *mut _).unwrap()),
+            NonNull::new(gicr as *mut _).unwrap(),
+            cpus,
+        )
+    }
+    .map_err(|_| GicSetupError::Redistributor)?;
+    gic.setup(0);
+    *GIC.lock() = Some(PhysGic { gic });
+    Ok(())
+}
+
+/// Per-CPU interface setup: system registers on, EOImode=1, all priorities
+/// allowed, group 1 enabled.
+pub fn init_cpu(cpu: usize) {
+    if let Some(g) = GIC.lock().as_mut() {
+        g.gic.init_cpu(cpu);
+    }
+    // ICC_SRE_EL2: SRE | DFB | DIB | Enable (EL1 may use system registers).
+    write_sysreg!("icc_sre_el2", 0xf);
+    super::sysreg::isb();
+    write_sysreg!("icc_ctlr_el1", 1 << 1);
+    write_sysreg!("icc_pmr_el1", 0xff);
+    write_sysreg!("icc_bpr1_el1", 0);
+    write_sysreg!("icc_igrpen1_el1", 1);
+    super::sysreg::isb();
+}
+
+/// Enables an interrupt; `cpu` names the redistributor for SGIs/PPIs.
+pub fn enable(intid: u32, cpu: usize, edge: bool) {
+    let id = if intid < 16 {
+        IntId::sgi(intid)
+    } else if intid < 32 {
+        IntId::ppi(intid - 16)
+    } else {
+        IntId::spi(intid - 32)
+    };
+    if let Some(g) = GIC.lock().as_mut() {
+        let trigger = if edge { arm_gic::Trigger::Edge } else { arm_gic::Trigger::Level };
+        let _ = g.gic.set_interrupt_priority(id, Some(cpu), 0x80);
+        if intid >= 16 {
+            let _ = g.gic.set_trigger(id, Some(cpu), trigger);
+        }
+        let _ = g.gic.enable_interrupt(id, Some(cpu), true);
+    }
+}
+
+/// Acknowledges the highest-priority pending group-1 interrupt.
+pub fn ack() -> Option<u32> {
+    let v = read_sysreg!("icc_iar1_el1") as u32 & 0xff_ffff;
+    if v >= SPURIOUS && v < 1024 {
+        None
+    } else {
+        Some(v)
+    }
+}
+
+/// Priority drop (EOImode=1: does not deactivate).
+pub fn eoi(intid: u32) {
+    write_sysreg!("icc_eoir1_el1", intid as u64);
+}
+
+/// Deactivates an interrupt the hypervisor handled itself.
+pub fn deactivate(intid: u32) {
+    write_sysreg!("icc_dir_el1", intid as u64);
+}
+
+/// Sends SGI `intid` to the CPU with affinity `mpidr`.
+pub fn send_sgi(intid: u32, mpidr: u64) {
+    let aff0 = mpidr & 0xf;
+    let v = ((mpidr >> 32 & 0xff) << 48)
+        | ((mpidr >> 16 & 0xff) << 32)
+        | ((mpidr >> 8 & 0xff) << 16)
+        | (((mpidr & 0xff) >> 4) << 44)
+        | ((intid as u64 & 0xf) << 24)
+        | (1 << aff0);
+    write_sysreg!("icc_sgi1r_el1", v);
+    super::sysreg::isb();
+}
+
+/// Number of list registers (ICH_VTR_EL2.ListRegs + 1).
+pub fn nr_lrs() -> usize {
+    (read_sysreg!("ich_vtr_el2") & 0x1f) as usize + 1
+}
+
+macro_rules! lr_access {
+    ($($n:literal),*) => {
+        /// Reads list register `n`.
+        pub fn read_lr(n: usize) -> u64 {
+            match n {
+                $($n => read_sysreg!(concat!("ich_lr", stringify!($n), "_el2")),)*
+                _ => 0,
+            }
+        }
+        /// Writes list register `n`.
+        pub fn write_lr(n: usize, v: u64) {
+            match n {
+                $($n => write_sysreg!(concat!("ich_lr", stringify!($n), "_el2"), v),)*
+                _ => {}
+            }
+        }
+    };
+}
+lr_access!(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+
+/// ICH_HCR_EL2 bits.
+pub const ICH_HCR_EN: u64 = 1 << 0;
+pub const ICH_HCR_UIE: u64 = 1 << 1;
+
+pub fn write_ich_hcr(v: u64) {
+    write_sysreg!("ich_hcr_el2", v);
+}
+
+pub fn read_misr() -> u64 {
+    read_sysreg!("ich_misr_el2")
+}
+
+/// The virtual CPU interface state of a vCPU that is not on a CPU.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct VcpuIfState {
+    pub vmcr: u64,
+    pub ap0r0: u64,
+    pub ap1r0: u64,
+}
+
+impl VcpuIfState {
+    pub fn save(&mut self) {
+        self.vmcr = read_sysreg!("ich_vmcr_el2");
+        self.ap0r0 = read_sysreg!("ich_ap0r0_el2");
+        self.ap1r0 = read_sysreg!("ich_ap1r0_el2");
+    }
+    pub fn restore(&self) {
+        write_sysreg!("ich_vmcr_el2", self.vmcr);
+        write_sysreg!("ich_ap0r0_el2", self.ap0r0);
+        write_sysreg!("ich_ap1r0_el2", self.ap1r0);
+    }
+}

@@ -1,0 +1,97 @@
+//! The hypervisor console: log output and the guest's emulated UART share the
+//! physical PL011. A hypervisor log line always starts on a fresh line, so it
+//! never splices into the middle of a guest line's bytes; guest bytes pass
+//! through unchanged.
+
+use crate::arch::pl011::Pl011;
+use core::fmt::Write;
+use spin::Mutex;
+
+struct Console {
+    uart: Option<Pl011>,
+    /// The last byte the guest wrote was not a newline.
+    guest_mid_line: bool,
+}
+
+static CONSOLE: Mutex<Console> = Mutex::new(Console { uart: None, guest_mid_line: false });
+
+struct Writer<'a>(&'a Pl011);
+
+impl Write for Writer<'_> {
+    fn write_str(&mut self, s: &str) -> core::fmt::Result {
+        for b in s.bytes() {
+            if b == b'\n' {
+                self.0.putc(b'\r');
+            }
+            self.0.putc(b);
+        }
+        Ok(())
+    }
+}
+
+/// Uses the PL011 at `base` (identity-mapped) from now on.
+pub fn init(base: usize) {
+    // SAFETY: the platform names this UART as the console; only this module
+    // drives it.
+    CONSOLE.lock().uart = Some(unsafe { Pl011::new(base) });
+}
+
+/// One byte from the guest's emulated UART.
+pub fn guest_putc(b: u8) {
+    let mut c = CONSOLE.lock();
+    if let Some(u) = &c.uart {
+        u.putc(b);
+    }
+    c.guest_mid_line = b != b'\n';
+}
+
+/// Bytes waiting on the physical UART.
+pub fn getc() -> Option<u8> {
+    CONSOLE.lock().uart.as_ref().and_then(|u| u.getc())
+}
+
+pub fn enable_rx_irq() {
+    if let Some(u) = &CONSOLE.lock().uart {
+        u.enable_rx_irq();
+    }
+}
+
+/// Prints a whole line (or lines) from the hypervisor.
+pub fn print_fmt(args: core::fmt::Arguments) {
+    let mut c = CONSOLE.lock();
+    let mid = c.guest_mid_line;
+    if let Some(u) = &c.uart {
+        let mut w = Writer(u);
+        if mid {
+            let _ = w.write_str("\n");
+        }
+        let _ = w.write_fmt(args);
+    }
+    c.guest_mid_line = false;
+}
+
+#[macro_export]
+macro_rules! hvprintln {
+    ($($arg:tt)*) => { $crate::runtime::console::print_fmt(format_args!("{}\n", format_args!($($arg)*))) };
+}
+
+struct Logger;
+
+impl log::Log for Logger {
+    fn enabled(&self, m: &log::Metadata) -> bool {
+        m.level() <= log::max_level()
+    }
+    fn log(&self, r: &log::Record) {
+        if self.enabled(r.metadata()) {
+            print_fmt(format_args!("(HV) {:<5} {}\n", r.level(), r.args()));
+        }
+    }
+    fn flush(&self) {}
+}
+
+static LOGGER: Logger = Logger;
+
+pub fn init_log(level: log::LevelFilter) {
+    let _ = log::set_logger(&LOGGER);
+    log::set_max_level(level);
+}

@@ -1,0 +1,17 @@
+// QEMU `virt` (`-machine virt,virtualization=on,gic-version=3|4`).
+//
+// Only what cannot be discovered before the device tree is read: the early
+// console and which 1 GiB windows of the physical address space hold
+// devices (everything else is discovered from the DTB QEMU passes in x0).
+
+pub const NAME: &str = "qemu-virt";
+/// PL011 UART0, usable before the DTB is parsed.
+pub const EARLY_UART: usize = 0x0900_0000;
+/// Devices live below RAM (0x4000_0000); PCIe's high window (256 GiB and up)
+/// is never touched by the hypervisor.
+pub fn is_device_gib(gib: u64) -> bool {
+    gib == 0
+}
+/// RAM kept for the hypervisor, the boot modules and the host DTB at the
+/// bottom of memory; the guest gets RAM above it.
+pub const HYP_RESERVED: u64 = 512 << 20;

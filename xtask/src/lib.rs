@@ -1,0 +1,26 @@
+//! The project's driver, as a library so integration tests use the same code
+//! paths as `cargo xtask run`.
+//!
+//! - [`setup`]: installs what is missing (rustup target, QEMU via apt)
+//! - [`build`]: builds the hypervisor and converts it to a flat arm64 Image
+//! - [`image`]: builds the guest kernel + initramfs (guest-images/build.sh)
+//! - [`qemu`]: composes the QEMU command line and runs it with a timeout
+
+pub mod build;
+pub mod image;
+pub mod qemu;
+pub mod setup;
+
+use std::path::PathBuf;
+
+/// The workspace root.
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// Where xtask puts its outputs (`target/xtask`).
+pub fn out_dir() -> PathBuf {
+    root().join("target").join("xtask")
+}
+
+pub type Result<T> = std::result::Result<T, String>;

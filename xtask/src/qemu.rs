@@ -1,0 +1,262 @@
+//! The QEMU command line for running the hypervisor with a Linux guest, and
+//! a runner that streams the console, enforces a timeout and reads the
+//! guest command's exit status (`@@GUEST-EXIT N@@`, printed by the guest
+//! image's /init).
+
+use crate::Result;
+use std::io::{BufRead, BufReader, Read};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Where the boot modules go in host RAM: below the guest's RAM, which the
+/// hypervisor places above `HYP_RESERVED` (512 MiB) from the RAM base.
+const KERNEL_ADDR: u64 = 0x5000_0000;
+const MODULE_GAP: u64 = 2 << 20;
+const RESERVED_MB: u64 = 512;
+
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    pub gic: u8,
+    pub pcpus: u32,
+    pub vcpus: u32,
+    pub mem_mb: u64,
+    pub cpu: String,
+    pub hv_args: String,
+    pub timeout: Duration,
+    pub cmd: Option<String>,
+    pub kernel: Option<PathBuf>,
+    pub initrd: Option<PathBuf>,
+    pub append: Option<String>,
+    pub icount: bool,
+    /// Extra QEMU arguments (e.g. a disk).
+    pub extra: Vec<String>,
+    /// Echo the console to stdout while running.
+    pub echo: bool,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        Self {
+            gic: 3,
+            pcpus: 1,
+            vcpus: 1,
+            mem_mb: 1024,
+            cpu: "max,pauth-impdef=on".into(),
+            hv_args: String::new(),
+            timeout: Duration::from_secs(600),
+            cmd: None,
+            kernel: None,
+            initrd: None,
+            append: None,
+            icount: false,
+            extra: Vec::new(),
+            echo: true,
+        }
+    }
+}
+
+/// What a run produced.
+#[derive(Debug)]
+pub struct RunResult {
+    pub console: String,
+    /// The guest command's exit status, when /init reported it.
+    pub guest_exit: Option<i32>,
+    pub qemu_status: Option<i32>,
+    pub timed_out: bool,
+}
+
+/// Base64 without padding issues (standard alphabet, '=' padded).
+pub fn base64(data: &[u8]) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut s = String::new();
+    for c in data.chunks(3) {
+        let n = (c[0] as u32) << 16 | (*c.get(1).unwrap_or(&0) as u32) << 8 | *c.get(2).unwrap_or(&0) as u32;
+        for i in 0..4 {
+            if i <= c.len() {
+                s.push(A[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                s.push('=');
+            }
+        }
+    }
+    s
+}
+
+/// The QEMU argument vector (without the program name).
+pub fn command_line(hv_bin: &PathBuf, kernel: &PathBuf, initrd: Option<&PathBuf>, o: &RunOptions) -> Vec<String> {
+    let mut guest_args = o.append.clone().unwrap_or_else(|| "console=ttyAMA0 earlycon=pl011,0x09000000".into());
+    if let Some(cmd) = &o.cmd {
+        guest_args.push_str(&format!(" guestcmd={}", base64(cmd.as_bytes())));
+    }
+    let mut hv_args = format!("dom0_mem={}M dom0_max_vcpus={}", o.mem_mb, o.vcpus);
+    if !o.hv_args.is_empty() {
+        hv_args.push(' ');
+        hv_args.push_str(&o.hv_args);
+    }
+    let kernel_len = std::fs::metadata(kernel).map(|m| m.len()).unwrap_or(64 << 20);
+    let initrd_addr = (KERNEL_ADDR + kernel_len + MODULE_GAP) & !(MODULE_GAP - 1);
+    let mut a: Vec<String> = vec![
+        "-machine".into(),
+        format!("virt,virtualization=on,gic-version={}", o.gic),
+        "-cpu".into(),
+        o.cpu.clone(),
+        "-smp".into(),
+        o.pcpus.to_string(),
+        "-m".into(),
+        format!("{}M", o.mem_mb + RESERVED_MB),
+        "-nographic".into(),
+        "-nic".into(),
+        "none".into(),
+        "-no-reboot".into(),
+        "-kernel".into(),
+        hv_bin.display().to_string(),
+        "-append".into(),
+        hv_args,
+        "-device".into(),
+        format!("guest-loader,addr={:#x},kernel={},bootargs={}", KERNEL_ADDR, kernel.display(), guest_args.replace(',', ",,")),
+    ];
+    if let Some(i) = initrd {
+        a.push("-device".into());
+        a.push(format!("guest-loader,addr={:#x},initrd={}", initrd_addr, i.display()));
+    }
+    if o.icount {
+        a.push("-icount".into());
+        a.push("shift=0,sleep=on".into());
+    }
+    a.extend(o.extra.iter().cloned());
+    a
+}
+
+fn shell_quote(s: &str) -> String {
+    if s.chars().all(|c| c.is_ascii_alphanumeric() || "-_=.,/:+@".contains(c)) {
+        s.into()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
+}
+
+/// Prints the QEMU command line the way a user can paste it.
+pub fn printable(args: &[String]) -> String {
+    let mut s = String::from("qemu-system-aarch64");
+    for a in args {
+        s.push(' ');
+        s.push_str(&shell_quote(a));
+    }
+    s
+}
+
+/// Builds everything needed and runs one QEMU session.
+pub fn run(o: &RunOptions) -> Result<RunResult> {
+    crate::setup::ensure_qemu()?;
+    let hv = crate::build::hypervisor("qemu-virt")?;
+    let (kernel, initrd) = match (&o.kernel, &o.initrd) {
+        (Some(k), i) => (k.clone(), i.clone()),
+        (None, _) => {
+            let g = crate::image::guest()?;
+            (g.kernel, Some(o.initrd.clone().unwrap_or(g.initrd)))
+        }
+    };
+    let args = command_line(&hv, &kernel, initrd.as_ref(), o);
+    eprintln!("xtask: {}", printable(&args));
+    if o.cmd.is_none() && o.echo {
+        // Interactive: the console is this terminal (Ctrl-A x quits QEMU).
+        let st = Command::new("qemu-system-aarch64").args(&args).arg("-serial").arg("mon:stdio").status().map_err(|e| e.to_string())?;
+        return Ok(RunResult { console: String::new(), guest_exit: None, qemu_status: st.code(), timed_out: false });
+    }
+    run_captured(&args, o.timeout, o.echo)
+}
+
+/// Runs QEMU with the console captured (and echoed), killing it after
+/// `timeout`.
+pub fn run_captured(args: &[String], timeout: Duration, echo: bool) -> Result<RunResult> {
+    let mut child = Command::new("qemu-system-aarch64")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("qemu-system-aarch64: {e}"))?;
+    let stdout = child.stdout.take().unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let console = Arc::new(Mutex::new(String::new()));
+    let c2 = console.clone();
+    let reader = std::thread::spawn(move || {
+        let mut r = BufReader::new(stdout);
+        let mut buf = Vec::new();
+        loop {
+            buf.clear();
+            match r.read_until(b'\n', &mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {
+                    let line = String::from_utf8_lossy(&buf).replace('\r', "");
+                    if echo {
+                        print!("{line}");
+                    }
+                    c2.lock().unwrap().push_str(&line);
+                }
+            }
+        }
+    });
+    let err_reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stderr.read_to_string(&mut s);
+        s
+    });
+    let start = Instant::now();
+    let mut timed_out = false;
+    let status = loop {
+        if let Some(st) = child.try_wait().map_err(|e| e.to_string())? {
+            break Some(st);
+        }
+        if start.elapsed() > timeout {
+            timed_out = true;
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let _ = reader.join();
+    let err = err_reader.join().unwrap_or_default();
+    if !err.trim().is_empty() {
+        eprintln!("qemu: {}", err.trim());
+    }
+    let console = console.lock().unwrap().clone();
+    let guest_exit = console.lines().rev().find_map(|l| {
+        let l = l.trim();
+        l.strip_prefix("@@GUEST-EXIT ").and_then(|r| r.strip_suffix("@@")).and_then(|n| n.trim().parse().ok())
+    });
+    if timed_out {
+        eprintln!("xtask: QEMU killed after {} s", timeout.as_secs());
+    }
+    Ok(RunResult { console, guest_exit, qemu_status: status.and_then(|s| s.code()), timed_out })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_matches_known_vectors() {
+        assert_eq!(base64(b""), "");
+        assert_eq!(base64(b"f"), "Zg==");
+        assert_eq!(base64(b"fo"), "Zm8=");
+        assert_eq!(base64(b"foo"), "Zm9v");
+        assert_eq!(base64(b"uname -m; nproc"), "dW5hbWUgLW07IG5wcm9j");
+    }
+
+    #[test]
+    fn command_line_has_modules_and_options() {
+        let o = RunOptions { cmd: Some("true".into()), gic: 4, pcpus: 2, ..Default::default() };
+        let a = command_line(&"hv.bin".into(), &"/nonexistent/Image".into(), Some(&"initrd".into()), &o);
+        let s = a.join(" ");
+        assert!(s.contains("virt,virtualization=on,gic-version=4"));
+        assert!(s.contains("-smp 2"));
+        assert!(s.contains("guest-loader,addr=0x50000000,kernel=/nonexistent/Image"));
+        assert!(s.contains("guestcmd=dHJ1ZQ=="));
+        assert!(s.contains("initrd=initrd"));
+        assert!(s.contains("dom0_mem=1024M dom0_max_vcpus=1"));
+    }
+}
