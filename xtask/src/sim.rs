@@ -1,0 +1,193 @@
+//! `cargo xtask sim wakeup [--json FILE] [--seconds N] [--service-us N]
+//! [--submit-us N] [--switch-cost-us N] [--granularity-us N] [--grace-us N]`
+//!
+//! Runs the scheduler simulator (`hypervisor::sched::sim`, which drives the
+//! real scheduler) over the seed workload in every mode and topology, prints
+//! a table, and optionally writes the JSON the benchmark harness reads:
+//! `{"cases":[{"mode":..,"ratelimit_us":..,"topology":..,"iops":..,"p50_us":..,"p99_us":..,"p999_us":..}]}`
+//! (latencies: I/O vCPU wake → running again). A second table shows the
+//! lock-holder scenario (submission latency), which is printed only.
+
+use hypervisor::sched::sim::{self, Scenario, SimParams, SimResult, Topology};
+use hypervisor::sched::SchedConfig;
+use std::fmt::Write as _;
+
+struct Opts {
+    json: Option<String>,
+    seconds: u64,
+    service_us: u64,
+    submit_us: u64,
+    switch_us: u64,
+    granularity_us: Option<u64>,
+    grace_us: Option<u64>,
+}
+
+const USAGE: &str = "usage: cargo xtask sim wakeup [--json FILE] [--seconds N] [--service-us N] \
+[--submit-us N] [--switch-cost-us N] [--granularity-us N] [--grace-us N]";
+
+fn parse(args: &[String]) -> Result<Opts, String> {
+    let mut it = args.iter();
+    match it.next().map(String::as_str) {
+        Some("wakeup") => {}
+        _ => return Err(USAGE.into()),
+    }
+    let mut o = Opts {
+        json: None,
+        seconds: 10,
+        service_us: 200,
+        submit_us: 20,
+        switch_us: 5,
+        granularity_us: None,
+        grace_us: None,
+    };
+    while let Some(flag) = it.next() {
+        let val = it.next().ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))?;
+        let num = || val.parse::<u64>().map_err(|_| format!("{flag}: not a number: {val}"));
+        match flag.as_str() {
+            "--json" => o.json = Some(val.clone()),
+            "--seconds" => o.seconds = num()?,
+            "--service-us" => o.service_us = num()?,
+            "--submit-us" => o.submit_us = num()?,
+            "--switch-cost-us" => o.switch_us = num()?,
+            "--granularity-us" => o.granularity_us = Some(num()?),
+            "--grace-us" => o.grace_us = Some(num()?),
+            _ => return Err(format!("unknown option {flag}\n{USAGE}")),
+        }
+    }
+    if o.seconds == 0 || o.submit_us == 0 {
+        return Err("--seconds and --submit-us must be > 0".into());
+    }
+    Ok(o)
+}
+
+struct Case {
+    mode: &'static str,
+    ratelimit_us: u64,
+    topology: Topology,
+    res: SimResult,
+}
+
+fn params(o: &Opts, cfg: SchedConfig, topology: Topology, scenario: Scenario) -> SimParams {
+    SimParams {
+        cfg,
+        topology,
+        scenario,
+        duration_ns: o.seconds * 1_000_000_000,
+        service_ns: o.service_us * 1000,
+        submit_ns: o.submit_us * 1000,
+        switch_ns: o.switch_us * 1000,
+    }
+}
+
+fn preempt_cfg(o: &Opts) -> SchedConfig {
+    let mut c = SchedConfig::default();
+    if let Some(g) = o.granularity_us {
+        c.wake_granularity_ns = g * 1000;
+    }
+    if let Some(g) = o.grace_us {
+        c.lhp_grace_ns = g * 1000;
+    }
+    c
+}
+
+fn us(ns: u64) -> f64 {
+    ns as f64 / 1000.0
+}
+
+pub fn main(args: &[String]) -> Result<(), String> {
+    let o = parse(args)?;
+    let mut modes: Vec<(&'static str, u64, SchedConfig)> = [1000, 100, 0]
+        .into_iter()
+        .map(|rl| ("xen-compat", rl, SchedConfig::xen_compat(rl)))
+        .collect();
+    let pc = preempt_cfg(&o);
+    modes.push(("wake-preempt", pc.ratelimit_ns / 1000, pc));
+
+    let mut cases = Vec::new();
+    for &(mode, rl, cfg) in &modes {
+        for topology in [Topology::OneP2V, Topology::TwoP2V] {
+            let res = sim::run(&params(&o, cfg, topology, Scenario::Wakeup)).map_err(|e| e.to_string())?;
+            cases.push(Case { mode, ratelimit_us: rl, topology, res });
+        }
+    }
+
+    println!(
+        "wakeup: {} s virtual, service {} us, submit {} us, context switch {} us; latency = I/O vCPU wake -> running",
+        o.seconds, o.service_us, o.submit_us, o.switch_us
+    );
+    println!(
+        "{:<13} {:>6} {:>5} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6}",
+        "mode", "rl_us", "topo", "iops", "p50_us", "p99_us", "p999_us", "max_us", "hog%"
+    );
+    for c in &cases {
+        let r = &c.res;
+        println!(
+            "{:<13} {:>6} {:>5} {:>9.0} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>6.1}",
+            c.mode,
+            c.ratelimit_us,
+            c.topology.name(),
+            r.iops(),
+            us(r.wake_to_run(50, 100)),
+            us(r.wake_to_run(99, 100)),
+            us(r.wake_to_run(999, 1000)),
+            us(r.wake_to_run(1, 1)),
+            100.0 * r.hog_run_ns as f64 / r.duration_ns as f64,
+        );
+    }
+
+    // Lock-holder preemption: completion IRQ on the hog vCPU, whose handler
+    // holds the queue lock around the SGI that wakes the I/O vCPU.
+    println!();
+    println!("lock-holder (1p2v): IRQ on the hog, lock held 5 us before and 5 us after the waking SGI; slat = lock attempt -> submitted");
+    println!(
+        "{:<34} {:>9} {:>9} {:>9} {:>10} {:>10}",
+        "case", "iops", "p99_us", "p999_us", "slat_p99", "slat_max"
+    );
+    let lhp = |wfe| Scenario::LockHolder { pre_sgi_ns: 5_000, post_sgi_ns: 5_000, wfe };
+    let no_grace = SchedConfig { lhp_grace_ns: 0, ..pc };
+    let lhp_cases: [(&str, SchedConfig, Scenario); 6] = [
+        ("xen-compat rl=1000, busy spin", SchedConfig::xen_compat(1000), lhp(None)),
+        ("xen-compat rl=0, busy spin", SchedConfig::xen_compat(0), lhp(None)),
+        ("wake-preempt no grace, busy spin", no_grace, lhp(None)),
+        ("wake-preempt no grace, wfe yield", no_grace, lhp(Some(2_000))),
+        ("wake-preempt grace, busy spin", pc, lhp(None)),
+        ("wake-preempt grace, wfe yield", pc, lhp(Some(2_000))),
+    ];
+    for (name, cfg, sc) in lhp_cases {
+        let r = sim::run(&params(&o, cfg, Topology::OneP2V, sc)).map_err(|e| e.to_string())?;
+        println!(
+            "{:<34} {:>9.0} {:>9.1} {:>9.1} {:>10.1} {:>10.1}",
+            name,
+            r.iops(),
+            us(r.wake_to_run(99, 100)),
+            us(r.wake_to_run(999, 1000)),
+            us(r.slat(99, 100)),
+            us(r.slat(1, 1)),
+        );
+    }
+
+    if let Some(path) = &o.json {
+        let mut s = String::from("{\"cases\":[");
+        for (i, c) in cases.iter().enumerate() {
+            if i > 0 {
+                s.push(',');
+            }
+            let r = &c.res;
+            let _ = write!(
+                s,
+                "{{\"mode\":\"{}\",\"ratelimit_us\":{},\"topology\":\"{}\",\"iops\":{:.1},\"p50_us\":{:.1},\"p99_us\":{:.1},\"p999_us\":{:.1}}}",
+                c.mode,
+                c.ratelimit_us,
+                c.topology.name(),
+                r.iops(),
+                us(r.wake_to_run(50, 100)),
+                us(r.wake_to_run(99, 100)),
+                us(r.wake_to_run(999, 1000)),
+            );
+        }
+        s.push_str("]}\n");
+        std::fs::write(path, s).map_err(|e| format!("writing {path}: {e}"))?;
+        println!("\nwrote {path}");
+    }
+    Ok(())
+}
