@@ -1,1 +1,86 @@
+//! Linux boots as a guest under the hypervisor, and misbehaviour is contained.
 
+use integration_tests::*;
+
+#[test]
+fn linux_boots_at_el1_under_the_hypervisor_gicv3() {
+    let r = run_cmd(r#"dmesg | grep -E "started at EL"; uname -m"#, |_| {});
+    assert_console(&r, "CPU: All CPU(s) started at EL1");
+    assert_console(&r, "aarch64");
+    assert_eq!(r.guest_exit, Some(0));
+    // The hypervisor saw the guest work: traps, injected interrupts.
+    assert!(stat(&r.console, 0, "mmio").unwrap() > 100);
+    assert!(stat(&r.console, 0, "injections").unwrap() > 10);
+}
+
+#[test]
+fn linux_boots_on_a_gicv4_machine() {
+    let r = run_cmd(r#"dmesg | grep -E "started at EL"; uname -m"#, |o| o.gic = 4);
+    assert_console(&r, "CPU: All CPU(s) started at EL1");
+    assert_console(&r, "aarch64");
+    assert_eq!(r.guest_exit, Some(0));
+}
+
+#[test]
+fn guest_exit_status_and_timer_wakeups() {
+    // `sleep` idles the vCPU: WFI traps, and the virtual timer wakes it.
+    let r = run_cmd("sleep 1; grep -c arch_timer /proc/interrupts; exit 7", |_| {});
+    assert_eq!(r.guest_exit, Some(7));
+    assert!(stat(&r.console, 0, "wfi_traps").unwrap() > 0, "no WFI traps recorded");
+}
+
+#[test]
+fn interactive_shell_on_the_console() {
+    let o = RunOptions {
+        echo: false,
+        input: Some("echo shell-$((6*7))\npoweroff -f\n".into()),
+        timeout: std::time::Duration::from_secs(420),
+        ..Default::default()
+    };
+    let r = run(&o);
+    assert_console(&r, "shell-42");
+    assert_console(&r, "dom0 powered off");
+}
+
+#[test]
+fn unmapped_guest_access_gets_an_external_abort() {
+    // 0x0c000000 is no RAM and no device: the guest process gets SIGBUS,
+    // the hypervisor logs one line and the guest keeps running.
+    let r = run_cmd("devmem 0x0c000000 32; echo status=$?; echo still-alive", |_| {});
+    assert_console(&r, "at IPA 0xc000000");
+    assert_console(&r, "injecting an external abort");
+    assert_console(&r, "still-alive");
+    assert!(stat(&r.console, 0, "aborts_injected").unwrap() >= 1);
+    assert_eq!(r.guest_exit, Some(0));
+}
+
+#[test]
+fn bad_gic_register_accesses_are_contained() {
+    // A 64-bit read of a 32-bit GICD register is an access-size error (abort);
+    // writes to read-only and reserved distributor registers are ignored.
+    let cmd = "devmem 0x08000000 64; \
+               devmem 0x08000004 32 0xffffffff; \
+               devmem 0x08000040 32 0xdeadbeef; \
+               devmem 0x0800fff0 32 0x12345678; \
+               echo typer=$(devmem 0x08000004 32); \
+               echo still-alive";
+    // iomem=relaxed: Linux's IO_STRICT_DEVMEM otherwise blocks /dev/mem on
+    // the GIC, which its driver has claimed.
+    let r = run_cmd(cmd, |o| o.append = Some("console=ttyAMA0 iomem=relaxed".into()));
+    assert_console(&r, "bad MMIO access at IPA 0x8000000");
+    assert_console(&r, "still-alive");
+    // GICD_TYPER is read-only: the wild write did not change it.
+    let typer = r.console.lines().find_map(|l| l.strip_prefix("typer=")).expect("typer line");
+    assert_ne!(typer.trim(), "0xFFFFFFFF");
+    assert_eq!(r.guest_exit, Some(0));
+}
+
+#[test]
+fn unknown_smccc_calls_return_not_supported() {
+    // Linux probes vendor hypervisor services and TRNG at boot with calls we
+    // do not implement; they must be answered NOT_SUPPORTED (and counted),
+    // and boot continues.
+    let r = run_cmd("cat /proc/cpuinfo | grep -c processor", |_| {});
+    assert!(stat(&r.console, 0, "unsupported_calls").unwrap() >= 1);
+    assert_eq!(r.guest_exit, Some(0));
+}

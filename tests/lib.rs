@@ -1,1 +1,45 @@
-//! Shared helpers for integration tests.
+//! Shared helpers for the integration tests: boot the real guest under the
+//! hypervisor in QEMU (through the same code as `cargo xtask run`) and look
+//! at what Linux and the hypervisor printed.
+
+use std::sync::Mutex;
+use std::time::Duration;
+pub use xtask::qemu::{RunOptions, RunResult};
+
+/// QEMU runs one at a time: this host has two cores.
+static QEMU: Mutex<()> = Mutex::new(());
+
+/// Boots the guest and runs `cmd` in it.
+pub fn run_cmd(cmd: &str, tweak: impl FnOnce(&mut RunOptions)) -> RunResult {
+    let mut o = RunOptions { cmd: Some(cmd.into()), echo: false, timeout: Duration::from_secs(420), ..Default::default() };
+    tweak(&mut o);
+    run(&o)
+}
+
+pub fn run(o: &RunOptions) -> RunResult {
+    let _g = QEMU.lock().unwrap_or_else(|e| e.into_inner());
+    let r = xtask::qemu::run(o).expect("running QEMU");
+    if r.timed_out {
+        panic!("QEMU timed out; console:\n{}", tail(&r.console, 80));
+    }
+    r
+}
+
+/// The last `n` lines, for failure messages.
+pub fn tail(s: &str, n: usize) -> String {
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// The value of `key=` in the hypervisor's `(HV) stats vcpuN:` line.
+pub fn stat(console: &str, vcpu: usize, key: &str) -> Option<u64> {
+    let prefix = format!("(HV) stats vcpu{vcpu}:");
+    let line = console.lines().find(|l| l.starts_with(&prefix))?;
+    line.split_whitespace().find_map(|w| w.strip_prefix(&format!("{key}=")).and_then(|v| v.parse().ok()))
+}
+
+/// Asserts `needle` appears in the console, showing its tail otherwise.
+#[track_caller]
+pub fn assert_console(r: &RunResult, needle: &str) {
+    assert!(r.console.contains(needle), "expected {needle:?} in the console; tail:\n{}", tail(&r.console, 60));
+}

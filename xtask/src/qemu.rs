@@ -34,6 +34,8 @@ pub struct RunOptions {
     pub extra: Vec<String>,
     /// Echo the console to stdout while running.
     pub echo: bool,
+    /// Typed on the guest console once /init is up (interactive-shell tests).
+    pub input: Option<String>,
 }
 
 impl Default for RunOptions {
@@ -53,6 +55,7 @@ impl Default for RunOptions {
             icount: false,
             extra: Vec::new(),
             echo: true,
+            input: None,
         }
     }
 }
@@ -160,20 +163,20 @@ pub fn run(o: &RunOptions) -> Result<RunResult> {
     };
     let args = command_line(&hv, &kernel, initrd.as_ref(), o);
     eprintln!("xtask: {}", printable(&args));
-    if o.cmd.is_none() && o.echo {
+    if o.cmd.is_none() && o.echo && o.input.is_none() {
         // Interactive: the console is this terminal (Ctrl-A x quits QEMU).
         let st = Command::new("qemu-system-aarch64").args(&args).arg("-serial").arg("mon:stdio").status().map_err(|e| e.to_string())?;
         return Ok(RunResult { console: String::new(), guest_exit: None, qemu_status: st.code(), timed_out: false });
     }
-    run_captured(&args, o.timeout, o.echo)
+    run_captured(&args, o.timeout, o.echo, o.input.as_deref())
 }
 
 /// Runs QEMU with the console captured (and echoed), killing it after
 /// `timeout`.
-pub fn run_captured(args: &[String], timeout: Duration, echo: bool) -> Result<RunResult> {
+pub fn run_captured(args: &[String], timeout: Duration, echo: bool, input: Option<&str>) -> Result<RunResult> {
     let mut child = Command::new("qemu-system-aarch64")
         .args(args)
-        .stdin(Stdio::null())
+        .stdin(if input.is_some() { Stdio::piped() } else { Stdio::null() })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -204,11 +207,26 @@ pub fn run_captured(args: &[String], timeout: Duration, echo: bool) -> Result<Ru
         let _ = stderr.read_to_string(&mut s);
         s
     });
+    let mut stdin = child.stdin.take();
+    let mut pending_input = input.map(|s| s.as_bytes().to_vec());
     let start = Instant::now();
     let mut timed_out = false;
     let status = loop {
         if let Some(st) = child.try_wait().map_err(|e| e.to_string())? {
             break Some(st);
+        }
+        if let (Some(bytes), Some(w)) = (&pending_input, stdin.as_mut()) {
+            if console.lock().unwrap().contains("guest: init ready") {
+                use std::io::Write;
+                std::thread::sleep(Duration::from_millis(500));
+                // Line by line, so the guest's 64-byte UART FIFO keeps up.
+                for line in bytes.split_inclusive(|&b| b == b'\n') {
+                    let _ = w.write_all(line);
+                    let _ = w.flush();
+                    std::thread::sleep(Duration::from_millis(300));
+                }
+                pending_input = None;
+            }
         }
         if start.elapsed() > timeout {
             timed_out = true;

@@ -69,6 +69,8 @@ pub struct Counters {
     pub aborts_injected: u64,
     pub undef_injected: u64,
     pub sgis_sent: u64,
+    /// HVC/SMC calls answered with SMCCC NOT_SUPPORTED.
+    pub unsupported_calls: u64,
 }
 
 pub struct Vcpu {
@@ -643,7 +645,11 @@ fn psci_call(vm: &mut Vm, cur: usize) {
             info!("dom0 requested a system reset");
             smc::psci_system_reset()
         }
-        Call::Unknown { .. } => psci::NOT_SUPPORTED,
+        Call::Unknown { function } => {
+            vm.vcpus[cur].counters.unsupported_calls += 1;
+            log::debug!("vCPU{cur}: unsupported SMCCC function {function:#x}");
+            psci::NOT_SUPPORTED
+        }
     };
     vm.vcpus[cur].regs.x[0] = ret as u64;
 }
@@ -652,8 +658,8 @@ fn print_counters(vm: &Vm) {
     for v in &vm.vcpus {
         let c = &v.counters;
         crate::hvprintln!(
-            "(HV) stats vcpu{}: exits={} wfi_traps={} wfe_traps={} hvc={} smc={} mmio={} sysreg={} irq_exits={} injections={} sgis_sent={} aborts_injected={} undef_injected={}",
-            v.id, c.exits, c.wfi_traps, c.wfe_traps, c.hvc, c.smc, c.mmio, c.sysreg, c.irq_exits, c.injections, c.sgis_sent, c.aborts_injected, c.undef_injected
+            "(HV) stats vcpu{}: exits={} wfi_traps={} wfe_traps={} hvc={} smc={} mmio={} sysreg={} irq_exits={} injections={} sgis_sent={} aborts_injected={} undef_injected={} unsupported_calls={}",
+            v.id, c.exits, c.wfi_traps, c.wfe_traps, c.hvc, c.smc, c.mmio, c.sysreg, c.irq_exits, c.injections, c.sgis_sent, c.aborts_injected, c.undef_injected, c.unsupported_calls
         );
     }
 }
