@@ -21,6 +21,10 @@ pub struct Config {
     pub dom0_max_vcpus: Option<u32>,
     /// Log level (`loglvl=error|warn|info|debug|trace`).
     pub loglvl: log::LevelFilter,
+    /// Scheduler weight of the guest's vCPUs (`dom0_weight=`, Credit2 default 256).
+    pub dom0_weight: u32,
+    /// Pin vCPU i to pCPU i mod N (`dom0_vcpus_pin`).
+    pub dom0_vcpus_pin: bool,
     /// Disk configuration (`dom0_disk=passthrough|none`).
     pub passthrough_virtio: bool,
     /// All `key=value` pairs in order, for other subsystems.
@@ -29,7 +33,15 @@ pub struct Config {
 
 impl Default for Config {
     fn default() -> Self {
-        Self { dom0_mem: None, dom0_max_vcpus: None, loglvl: log::LevelFilter::Info, passthrough_virtio: true, raw: Vec::new() }
+        Self {
+            dom0_mem: None,
+            dom0_max_vcpus: None,
+            loglvl: log::LevelFilter::Info,
+            dom0_weight: 256,
+            dom0_vcpus_pin: false,
+            passthrough_virtio: true,
+            raw: Vec::new(),
+        }
     }
 }
 
@@ -66,6 +78,10 @@ impl Config {
                         _ => return Err(bad()),
                     }
                 }
+                "dom0_weight" => {
+                    c.dom0_weight = v.parse().ok().filter(|&w: &u32| (1..=65535).contains(&w)).ok_or_else(bad)?
+                }
+                "dom0_vcpus_pin" => c.dom0_vcpus_pin = matches!(v, "" | "1" | "true" | "on"),
                 "dom0_disk" => {
                     c.passthrough_virtio = match v {
                         "passthrough" => true,
@@ -103,6 +119,10 @@ mod tests {
         assert!(c.raw.iter().any(|(k, v)| k == "sched_ratelimit_us" && v == "0"));
         assert!(Config::parse("dom0_mem=12").is_err());
         assert!(Config::parse("dom0_max_vcpus=0").is_err());
+        assert!(Config::parse("dom0_weight=0").is_err());
+        let p = Config::parse("dom0_vcpus_pin dom0_weight=512").unwrap();
+        assert!(p.dom0_vcpus_pin);
+        assert_eq!(p.dom0_weight, 512);
         assert!(Config::parse("loglvl=loud").is_err());
         assert_eq!(Config::parse("").unwrap(), Config::default());
     }

@@ -215,6 +215,26 @@ counters! {
     migrations,
     /// Nanoseconds of pCPU time consumed.
     run_ns,
+    /// Guest exits of any kind (EL2 trap code, from here on).
+    exits,
+    /// Exits for a physical interrupt.
+    irq_exits,
+    /// Emulated MMIO accesses.
+    mmio,
+    /// HVC calls.
+    hvc,
+    /// SMC calls (trapped).
+    smc,
+    /// Trapped system-register accesses.
+    sysreg,
+    /// vSGIs this vCPU sent.
+    sgis_sent,
+    /// HVC/SMC calls answered with SMCCC NOT_SUPPORTED.
+    unsupported_calls,
+    /// Synchronous external aborts injected for bad accesses.
+    aborts_injected,
+    /// Undefined-instruction exceptions injected.
+    undef_injected,
 }
 
 /// Everything recorded for one vCPU.

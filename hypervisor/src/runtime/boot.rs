@@ -1,8 +1,13 @@
 //! Boot: EL2 MMU, console, heap, platform discovery from the DTB, the
 //! physical GIC, and the Dom0-style VM.
 
-use super::{console, heap, vm};
-use crate::arch::{exception, gic, mmu};
+use super::percpu::{self, PCPUS};
+use super::{console, heap, vcpu, vm};
+use crate::arch::entry::MAX_CPUS;
+use crate::arch::{exception, gic, mmu, smc};
+use crate::read_sysreg;
+use core::sync::atomic::{AtomicU64, Ordering};
+use spin::Once;
 use crate::config::Config;
 use crate::dtb;
 use crate::platform;
@@ -47,9 +52,7 @@ pub fn primary_main(dtb_addr: u64) -> ! {
     // (HYP_RESERVED) and identity-mapped as normal memory.
     unsafe { heap::init(img_end, HEAP_SIZE) };
     console::init_log(log::LevelFilter::Info);
-    static mut RUN0: exception::CpuRun = exception::CpuRun::new();
-    // SAFETY: CPU 0's run block, used only by CPU 0.
-    exception::init_cpu(unsafe { &mut *core::ptr::addr_of_mut!(RUN0) });
+    exception::init_cpu(percpu::run_block(0));
     info!("hypervisor {} on {} (image {:#x}-{:#x}, dtb {:#x})", env!("CARGO_PKG_VERSION"), platform::NAME, img_start, img_end, dtb_addr);
 
     let Some(host_dtb) = dtb_slice(dtb_addr) else {
@@ -94,20 +97,64 @@ pub fn primary_main(dtb_addr: u64) -> ! {
         crate::arch::smc::psci_system_off();
     }
     gic::init_cpu(0);
+    GICR_BASE.store(gicr.base, Ordering::Relaxed);
+    register_pcpu(0);
+
+    // Secondary pCPUs: PSCI CPU_ON to firmware; they wait for the VM.
+    let me = read_sysreg!("mpidr_el1") & 0xff_00ff_ffff;
+    let mut nr_pcpus = 1;
+    for &mpidr in plat.cpus.iter().filter(|&&m| m & 0xff_00ff_ffff != me) {
+        if nr_pcpus >= MAX_CPUS {
+            break;
+        }
+        let entry = secondary_entry as *const () as u64;
+        let r = smc::psci_cpu_on(mpidr, entry, nr_pcpus as u64);
+        if r != 0 {
+            error!("pCPU with MPIDR {mpidr:#x} did not start (PSCI {r})");
+            continue;
+        }
+        while !PCPUS[nr_pcpus].online.load(Ordering::Acquire) {
+            core::hint::spin_loop();
+        }
+        nr_pcpus += 1;
+    }
+    info!("{nr_pcpus} pCPU(s) online");
 
     let reserved_end = (img_end + HEAP_SIZE) as u64;
-    match vm::Vm::create_dom0(&plat, &cfg, host_dtb, reserved_end) {
-        Ok(vm) => vm::run(vm),
+    match vm::Vm::create_dom0(&plat, &cfg, host_dtb, reserved_end, nr_pcpus) {
+        Ok(vm) => {
+            let vm: &'static vm::Vm = Box::leak(vm);
+            VM.call_once(|| vm);
+            vcpu::pcpu_loop(vm, 0)
+        }
         Err(e) => {
             error!("cannot create the guest: {e:?}");
-            crate::arch::smc::psci_system_off();
+            smc::psci_system_off();
         }
     }
 }
 
-pub fn secondary_main(_cpu: usize) -> ! {
+static VM: Once<&'static vm::Vm> = Once::new();
+static GICR_BASE: AtomicU64 = AtomicU64::new(0);
+
+extern "C" {
+    fn secondary_entry();
+}
+
+/// Records this pCPU's MPIDR and redistributor for IPIs and timer state.
+fn register_pcpu(cpu: usize) {
+    let mpidr = read_sysreg!("mpidr_el1") & 0xff_00ff_ffff;
+    PCPUS[cpu].mpidr.store(mpidr, Ordering::Relaxed);
+    let rd = gic::find_redistributor(GICR_BASE.load(Ordering::Relaxed), mpidr).unwrap_or(0);
+    PCPUS[cpu].rd_base.store(rd, Ordering::Relaxed);
+    PCPUS[cpu].online.store(true, Ordering::Release);
+}
+
+pub fn secondary_main(cpu: usize) -> ! {
     mmu::enable_secondary();
-    loop {
-        crate::arch::sysreg::wfi();
-    }
+    exception::init_cpu(percpu::run_block(cpu));
+    gic::init_cpu(cpu);
+    register_pcpu(cpu);
+    let vm = *VM.wait();
+    vcpu::pcpu_loop(vm, cpu)
 }

@@ -5,6 +5,8 @@
 pub mod boot;
 pub mod console;
 pub mod heap;
+pub mod percpu;
+pub mod vcpu;
 pub mod vm;
 
 use crate::arch::smc;

@@ -632,6 +632,13 @@ impl Vgic {
         Ok(kicks)
     }
 
+    /// Whether `intid` is pending or active for `vcpu` as the guest sees it.
+    /// The EL2 code uses it when it loads a vCPU, to give a forwarded private
+    /// interrupt (the virtual timer) the matching physical active state.
+    pub fn is_pending_or_active(&self, vcpu: usize, intid: u32) -> bool {
+        self.irq(vcpu, intid).is_some_and(|i| i.pending_view() || i.active_view())
+    }
+
     /// Whether `vcpu` has an interrupt that is pending, enabled, not active,
     /// in an enabled group and targeted at it while its redistributor is awake.
     /// The priority mask is the CPU interface's business and not checked.

@@ -39,7 +39,33 @@ pub struct El1Context {
     pub cntv_ctl: u64,
     pub cntv_cval: u64,
     pub vmpidr: u64,
+    /// Pointer-authentication keys (APIA, APIB, APDA, APDB, APGA; lo, hi),
+    /// switched only when the CPU has FEAT_PAuth.
+    pub pauth_keys: [u64; 10],
 }
+
+/// Whether the CPU implements pointer authentication (ID_AA64ISAR1_EL1
+/// APA/API/GPA/GPI, or ID_AA64ISAR2_EL1 APA3/GPA3).
+pub fn has_pauth() -> bool {
+    read_sysreg!("id_aa64isar1_el1") & 0xff0_0ff0 != 0 || read_sysreg!("s3_0_c0_c6_2") & 0xff000 != 0
+}
+
+macro_rules! pauth_keys {
+    ($save:ident, $restore:ident, $($i:literal => $reg:literal),*) => {
+        fn $save(keys: &mut [u64; 10]) {
+            $(keys[$i] = read_sysreg!($reg);)*
+        }
+        fn $restore(keys: &[u64; 10]) {
+            $(write_sysreg!($reg, keys[$i]);)*
+        }
+    };
+}
+
+// APIAKeyLo_EL1 .. APGAKeyHi_EL1 by encoding (op0=3, op1=0, CRn=2).
+pauth_keys!(save_pauth, restore_pauth,
+    0 => "s3_0_c2_c1_0", 1 => "s3_0_c2_c1_1", 2 => "s3_0_c2_c1_2", 3 => "s3_0_c2_c1_3",
+    4 => "s3_0_c2_c2_0", 5 => "s3_0_c2_c2_1", 6 => "s3_0_c2_c2_2", 7 => "s3_0_c2_c2_3",
+    8 => "s3_0_c2_c3_0", 9 => "s3_0_c2_c3_1");
 
 impl El1Context {
     /// Architectural reset state for a vCPU entering at EL1 with the MMU off.
@@ -76,6 +102,9 @@ impl El1Context {
         write_sysreg!("cntv_cval_el0", self.cntv_cval);
         write_sysreg!("cntv_ctl_el0", self.cntv_ctl);
         write_sysreg!("vmpidr_el2", self.vmpidr);
+        if has_pauth() {
+            restore_pauth(&self.pauth_keys);
+        }
         super::sysreg::isb();
     }
 
@@ -109,6 +138,9 @@ impl El1Context {
         self.cntv_ctl = read_sysreg!("cntv_ctl_el0");
         self.cntv_cval = read_sysreg!("cntv_cval_el0");
         self.vmpidr = read_sysreg!("vmpidr_el2");
+        if has_pauth() {
+            save_pauth(&mut self.pauth_keys);
+        }
         write_sysreg!("cntv_ctl_el0", 0);
     }
 }

@@ -175,3 +175,34 @@ impl VcpuIfState {
         write_sysreg!("ich_ap1r0_el2", self.ap1r0);
     }
 }
+
+/// Finds the redistributor frame (RD_base) whose GICR_TYPER affinity matches
+/// `mpidr`, walking the region from `gicr_base` until GICR_TYPER.Last.
+pub fn find_redistributor(gicr_base: u64, mpidr: u64) -> Option<u64> {
+    let want = ((mpidr >> 32 & 0xff) << 24) | (mpidr & 0xff_ffff);
+    let mut frame = gicr_base;
+    for _ in 0..512 {
+        // SAFETY: GICR_TYPER (offset 8) of a frame inside the redistributor
+        // region, identity-mapped as device memory.
+        let typer = unsafe { core::ptr::read_volatile((frame + 8) as *const u64) };
+        if typer >> 32 == want {
+            return Some(frame);
+        }
+        if typer & (1 << 4) != 0 {
+            return None;
+        }
+        // VLPIS (GICv4) frames have two extra 64 KiB pages.
+        frame += if typer & (1 << 1) != 0 { 0x40000 } else { 0x20000 };
+    }
+    None
+}
+
+/// Sets or clears the physical active state of a private interrupt on the
+/// redistributor at `rd_base` (GICR_ISACTIVER0 / GICR_ICACTIVER0).
+pub fn set_private_active(rd_base: u64, intid: u32, active: bool) {
+    let sgi_base = rd_base + 0x10000;
+    let off = if active { 0x300 } else { 0x380 };
+    // SAFETY: a write-1-to-set/clear register of this CPU's redistributor.
+    unsafe { core::ptr::write_volatile((sgi_base + off) as *mut u32, 1 << (intid & 31)) };
+    super::sysreg::dsb_sy();
+}

@@ -1,0 +1,104 @@
+//! Per-pCPU state: what other pCPUs may set (reschedule requests, timer
+//! re-arm requests) as atomics, the run block for guest entry, and time.
+
+use crate::arch::entry::MAX_CPUS;
+use crate::arch::exception::CpuRun;
+use crate::{read_sysreg, write_sysreg};
+use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+
+/// The physical SGI that asks a pCPU to look at its requests (and, as a
+/// side effect of the IRQ exit, to refill a running vCPU's list registers).
+pub const SGI_KICK: u32 = 1;
+
+pub struct PcpuShared {
+    pub mpidr: AtomicU64,
+    /// RD_base of this pCPU's redistributor.
+    pub rd_base: AtomicU64,
+    pub online: AtomicBool,
+    /// Call `schedule()` at the next opportunity.
+    pub resched: AtomicBool,
+    /// Earliest requested scheduler deadline (ns), u64::MAX = none.
+    pub rearm_at: AtomicU64,
+    /// The vCPU index running here, usize::MAX = none.
+    pub running: AtomicUsize,
+}
+
+impl PcpuShared {
+    const fn new() -> Self {
+        Self {
+            mpidr: AtomicU64::new(0),
+            rd_base: AtomicU64::new(0),
+            online: AtomicBool::new(false),
+            resched: AtomicBool::new(false),
+            rearm_at: AtomicU64::new(u64::MAX),
+            running: AtomicUsize::new(usize::MAX),
+        }
+    }
+}
+
+#[allow(clippy::declare_interior_mutable_const)]
+const INIT: PcpuShared = PcpuShared::new();
+pub static PCPUS: [PcpuShared; MAX_CPUS] = [INIT; MAX_CPUS];
+
+#[allow(clippy::declare_interior_mutable_const)]
+const RUN_INIT: CpuRun = CpuRun::new();
+static mut RUNS: [CpuRun; MAX_CPUS] = [RUN_INIT; MAX_CPUS];
+
+/// This pCPU's run block (guest entry/exit save area).
+pub fn run_block(cpu: usize) -> &'static mut CpuRun {
+    // SAFETY: each pCPU takes only its own entry, once, at bring-up.
+    unsafe { &mut (*core::ptr::addr_of_mut!(RUNS))[cpu] }
+}
+
+/// Asks pCPU `cpu` to reschedule, by SGI when it is not this one.
+pub fn request_resched(me: usize, cpu: usize) {
+    PCPUS[cpu].resched.store(true, Ordering::Release);
+    if cpu != me {
+        kick(cpu);
+    }
+}
+
+/// Asks pCPU `cpu` to move its scheduler deadline to `at` or earlier.
+pub fn request_rearm(me: usize, cpu: usize, at: u64) {
+    PCPUS[cpu].rearm_at.fetch_min(at, Ordering::AcqRel);
+    if cpu != me {
+        kick(cpu);
+    }
+}
+
+/// Interrupts pCPU `cpu` (a running vCPU there exits and refills its LRs).
+pub fn kick(cpu: usize) {
+    let mpidr = PCPUS[cpu].mpidr.load(Ordering::Acquire);
+    crate::arch::gic::send_sgi(SGI_KICK, mpidr);
+}
+
+/// Counter frequency in Hz.
+pub fn cntfrq() -> u64 {
+    read_sysreg!("cntfrq_el0").max(1)
+}
+
+/// The physical counter in nanoseconds (the scheduler's clock).
+pub fn now_ns() -> u64 {
+    let t = read_sysreg!("cntpct_el0");
+    ((t as u128 * 1_000_000_000) / cntfrq() as u128) as u64
+}
+
+pub fn ticks_to_ns(t: u64) -> u64 {
+    ((t as u128 * 1_000_000_000) / cntfrq() as u128) as u64
+}
+
+fn ns_to_ticks(ns: u64) -> u64 {
+    ((ns as u128 * cntfrq() as u128).div_ceil(1_000_000_000)) as u64
+}
+
+/// Arms the EL2 physical timer (CNTHP) at `ns`, or stops it.
+pub fn arm_hyp_timer(at: Option<u64>) {
+    match at {
+        Some(ns) => {
+            write_sysreg!("cnthp_cval_el2", ns_to_ticks(ns));
+            write_sysreg!("cnthp_ctl_el2", 1);
+        }
+        None => write_sysreg!("cnthp_ctl_el2", 2),
+    }
+    crate::arch::sysreg::isb();
+}

@@ -1,0 +1,623 @@
+//! Running vCPUs on pCPUs: the per-pCPU scheduling loop, guest entry and
+//! exit, and every trap (WFI/WFE, HVC/SMC PSCI, system registers, MMIO,
+//! aborts, physical interrupts).
+//!
+//! Locking: a pCPU holds a vCPU's context lock from load to save. The vGIC
+//! lock is taken before the scheduler lock when both are needed (a WFI check
+//! and the block that follows must be atomic against a concurrent injection,
+//! or a wake could be lost), and never while waiting for a vCPU lock.
+
+use super::console;
+use super::percpu::{self, now_ns, PCPUS, SGI_KICK};
+use super::vm::{inc, Vcpu, Vm, SPSR_EL1H_MASKED};
+use crate::arch::exception::{run_guest, ExitKind, GuestRegs};
+use crate::arch::{gic, smc, sysreg};
+use crate::esr::{self, Exit, MmioAccess};
+use crate::psci::{self, Call};
+use crate::sched::{RunState, VcpuId, WakeAction, WakeCause};
+use crate::vgic::Kicks;
+use crate::{read_sysreg, stage2, write_sysreg};
+use core::sync::atomic::Ordering;
+use log::{debug, info, warn};
+
+/// What the run loop does after an exit.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Next {
+    /// Re-enter the guest.
+    Enter,
+    /// Leave the vCPU and call the scheduler.
+    Schedule,
+}
+
+/// HCR_EL2 for guests: stage 2 on, IRQ/FIQ/SError to EL2, WFI and SMC
+/// trapped (WFE too when vCPUs outnumber pCPUs), EL1 is AArch64, broadcast
+/// maintenance inner shareable.
+fn guest_hcr(vm: &Vm) -> u64 {
+    let mut hcr: u64 = (1 << 0) // VM
+        | (1 << 1) // SWIO
+        | (1 << 3) // FMO
+        | (1 << 4) // IMO
+        | (1 << 5) // AMO
+        | (1 << 9) // FB
+        | (1 << 10) // BSU = inner shareable
+        | (1 << 13) // TWI
+        | (1 << 19) // TSC
+        | (1 << 31); // RW
+    if vm.overcommitted {
+        hcr |= 1 << 14; // TWE
+    }
+    // Pointer authentication: let the guest use its keys and instructions.
+    if read_sysreg!("id_aa64isar1_el1") & 0xff0_0ff0 != 0 {
+        hcr |= (1 << 40) | (1 << 41); // APK, API
+    }
+    hcr
+}
+
+/// Configures this pCPU's EL2 controls for running `vm`.
+fn load_vm(vm: &Vm) {
+    write_sysreg!("hcr_el2", guest_hcr(vm));
+    // CPTR_EL2: no FP/SIMD/SVE trap; SME untrapped when present (TSM is RES1
+    // otherwise).
+    let sme = (read_sysreg!("id_aa64pfr1_el1") >> 24) & 0xf != 0;
+    write_sysreg!("cptr_el2", 0x22ff | if sme { 0 } else { 1 << 12 });
+    // Counter readable at EL1/EL0; the EL1 physical timer is trapped.
+    write_sysreg!("cnthctl_el2", 1);
+    write_sysreg!("cntvoff_el2", 0);
+    write_sysreg!("vpidr_el2", read_sysreg!("midr_el1"));
+    let parange = read_sysreg!("id_aa64mmfr0_el1") & 0xf;
+    write_sysreg!("vtcr_el2", stage2::vtcr(parange.min(2)));
+    write_sysreg!("vttbr_el2", stage2::vttbr(vm.stage2_root, vm.vmid));
+    sysreg::isb();
+    sysreg::tlbi_vmalls12e1is();
+}
+
+/// Enables the physical interrupts this pCPU takes.
+fn enable_irqs(vm: &Vm, me: usize) {
+    gic::enable(SGI_KICK, me, true);
+    gic::enable(vm.maintenance_intid, me, false);
+    gic::enable(vm.hyp_timer_intid, me, false);
+    gic::enable(vm.virt_timer_intid, me, false);
+    if me == 0 {
+        gic::enable(vm.uart_intid, 0, false);
+        for &i in &vm.forwarded {
+            gic::enable(i, 0, true);
+        }
+        console::enable_rx_irq();
+    }
+}
+
+/// The pCPU's life: pick a vCPU, run it until it blocks, yields or is
+/// preempted, repeat; idle in WFI when there is nothing to run.
+pub fn pcpu_loop(vm: &'static Vm, me: usize) -> ! {
+    load_vm(vm);
+    enable_irqs(vm, me);
+    let mut deadline: Option<u64>;
+    loop {
+        PCPUS[me].resched.store(false, Ordering::Relaxed);
+        let now = now_ns();
+        let d = vm.sched.lock().schedule(now, me);
+        let d = match d {
+            Ok(d) => d,
+            Err(e) => {
+                warn!("pCPU{me}: scheduler: {e}");
+                Default::default()
+            }
+        };
+        log::trace!("pCPU{me}: schedule -> {:?}", d);
+        if let Some(k) = d.kick {
+            percpu::kick(k);
+        }
+        deadline = d.timer_at;
+        match d.next {
+            Some(VcpuId(v)) => run_vcpu(vm, me, v as usize, &mut deadline),
+            None => {
+                arm_timer(vm, me, &mut deadline);
+                if !PCPUS[me].resched.load(Ordering::Acquire) {
+                    sysreg::wfi();
+                }
+                handle_irqs(vm, me, None, &mut deadline);
+            }
+        }
+    }
+}
+
+/// Programs CNTHP for the earliest of the scheduler deadline and the virtual
+/// timers of vCPUs saved on this pCPU.
+fn arm_timer(vm: &Vm, me: usize, deadline: &mut Option<u64>) {
+    let req = PCPUS[me].rearm_at.swap(u64::MAX, Ordering::AcqRel);
+    if req != u64::MAX {
+        *deadline = Some(deadline.map_or(req, |d| d.min(req)));
+    }
+    let mut at = deadline.unwrap_or(u64::MAX);
+    for s in &vm.shared {
+        if s.vtimer_home.load(Ordering::Relaxed) == me {
+            at = at.min(s.vtimer_deadline.load(Ordering::Acquire));
+        }
+    }
+    percpu::arm_hyp_timer((at != u64::MAX).then_some(at));
+}
+
+fn load_vcpu(vm: &Vm, me: usize, v: &Vcpu) {
+    let vt = vm.virt_timer_intid;
+    vm.shared[v.id].vtimer_deadline.store(u64::MAX, Ordering::Release);
+    // The forwarded virtual timer: while its virtual interrupt is pending or
+    // active, keep the physical PPI active so it does not fire again.
+    let busy = vm.vgic.lock().is_pending_or_active(v.id, vt);
+    gic::set_private_active(PCPUS[me].rd_base.load(Ordering::Relaxed), vt, busy);
+    v.el1.restore();
+    v.fp.restore();
+    v.gicif.restore();
+}
+
+fn save_vcpu(vm: &Vm, me: usize, v: &mut Vcpu) {
+    v.el1.save(); // also stops the guest's timer
+    v.fp.save();
+    v.gicif.save();
+    gic::set_private_active(PCPUS[me].rd_base.load(Ordering::Relaxed), vm.virt_timer_intid, false);
+    let ctl = v.el1.cntv_ctl;
+    let deadline = if ctl & 1 != 0 && ctl & 2 == 0 { percpu::ticks_to_ns(v.el1.cntv_cval) } else { u64::MAX };
+    vm.shared[v.id].vtimer_home.store(me, Ordering::Relaxed);
+    vm.shared[v.id].vtimer_deadline.store(deadline, Ordering::Release);
+}
+
+fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Option<u64>) {
+    let mut guard = vm.vcpus[id].lock();
+    let v: &mut Vcpu = &mut guard;
+    vm.shared[id].running_on.store(me, Ordering::Release);
+    PCPUS[me].running.store(id, Ordering::Release);
+    load_vcpu(vm, me, v);
+    let n = vm.nr_lrs;
+    loop {
+        arm_timer(vm, me, deadline);
+        let fr = vm.vgic.lock().flush_lrs(id, &mut v.lrs[..n]);
+        vm.shared[id].counters.irqs_injected.fetch_add(fr.filled as u64, Ordering::Relaxed);
+        for i in 0..n {
+            gic::write_lr(i, v.lrs[i]);
+        }
+        gic::write_ich_hcr(gic::ICH_HCR_EN | if fr.overflow { gic::ICH_HCR_UIE } else { 0 });
+        let kind = run_guest(&mut v.regs);
+        for i in 0..n {
+            v.lrs[i] = gic::read_lr(i);
+        }
+        gic::write_ich_hcr(0);
+        let kicks = vm.vgic.lock().sync_lrs(id, &mut v.lrs[..n]);
+        process_kicks(vm, me, kicks, WakeCause::Interrupt);
+        inc(&vm.shared[id].counters.exits);
+        let next = match kind {
+            ExitKind::Sync => handle_sync(vm, me, v),
+            ExitKind::Irq | ExitKind::Fiq => {
+                inc(&vm.shared[id].counters.irq_exits);
+                handle_irqs(vm, me, Some(id), deadline);
+                Next::Enter
+            }
+            ExitKind::SError => {
+                warn!("vCPU{id}: SError from the guest (ESR {:#x}); injecting it", read_sysreg!("esr_el2"));
+                write_sysreg!("hcr_el2", guest_hcr(vm) | (1 << 8));
+                Next::Enter
+            }
+        };
+        if next == Next::Schedule || PCPUS[me].resched.load(Ordering::Acquire) {
+            break;
+        }
+        if let Some(d) = *deadline {
+            if now_ns() >= d {
+                break;
+            }
+        }
+    }
+    save_vcpu(vm, me, v);
+    PCPUS[me].running.store(usize::MAX, Ordering::Release);
+    vm.shared[id].running_on.store(usize::MAX, Ordering::Release);
+}
+
+/// Acts on the scheduler's answer to a wake.
+fn do_wake_action(me: usize, a: WakeAction) {
+    match a {
+        WakeAction::None => {}
+        WakeAction::Reschedule { pcpu } => percpu::request_resched(me, pcpu),
+        WakeAction::RearmTimer { pcpu, at } => percpu::request_rearm(me, pcpu, at),
+    }
+}
+
+/// Makes every kicked vCPU notice its new interrupt: wake it if blocked,
+/// interrupt its pCPU if it runs elsewhere.
+fn process_kicks(vm: &Vm, me: usize, kicks: Kicks, cause: WakeCause) {
+    if kicks.is_empty() {
+        return;
+    }
+    let now = now_ns();
+    for k in kicks.iter() {
+        let running = vm.shared[k].running_on.load(Ordering::Acquire);
+        if running == me {
+            continue; // refilled at the next entry
+        }
+        inc(&vm.shared[k].counters.kicks);
+        let (action, state) = {
+            let mut s = vm.sched.lock();
+            let a = s.wake(now, VcpuId(k as u32), cause).unwrap_or(WakeAction::None);
+            (a, s.state(VcpuId(k as u32)))
+        };
+        if let Some(RunState::Running(p)) = state {
+            if p != me {
+                percpu::kick(p);
+            }
+        }
+        do_wake_action(me, action);
+    }
+}
+
+/// Takes every pending physical interrupt. `cur` is the vCPU on this pCPU.
+fn handle_irqs(vm: &Vm, me: usize, cur: Option<usize>, deadline: &mut Option<u64>) {
+    while let Some(id) = gic::ack() {
+        if id == vm.virt_timer_intid {
+            // Forwarded: stays active until the guest deactivates it.
+            gic::eoi(id);
+            match cur {
+                Some(v) => {
+                    let _ = vm.vgic.lock().inject_edge(id, v);
+                }
+                None => gic::deactivate(id),
+            }
+        } else if vm.forwarded.contains(&id) {
+            gic::eoi(id);
+            let kicks = vm.vgic.lock().inject_edge(id, cur.unwrap_or(0));
+            if let Ok(k) = kicks {
+                process_kicks(vm, me, k, WakeCause::Interrupt);
+            }
+        } else if id == vm.uart_intid {
+            let level = {
+                let mut u = vm.uart.lock();
+                while u.rx_space() > 0 {
+                    match console::getc() {
+                        Some(b) => {
+                            u.receive(b);
+                        }
+                        None => break,
+                    }
+                }
+                u.irq_level()
+            };
+            gic::eoi(id);
+            gic::deactivate(id);
+            let kicks = vm.vgic.lock().set_level(vm.uart_intid, 0, level);
+            if let Ok(k) = kicks {
+                process_kicks(vm, me, k, WakeCause::Interrupt);
+            }
+        } else if id == vm.hyp_timer_intid {
+            gic::eoi(id);
+            gic::deactivate(id);
+            percpu::arm_hyp_timer(None);
+            timer_expired(vm, me, deadline);
+        } else {
+            // SGI_KICK, maintenance: the exit itself was the point; requests
+            // are in PCPUS[me], list registers are refilled at entry.
+            gic::eoi(id);
+            gic::deactivate(id);
+        }
+    }
+}
+
+/// The EL2 timer fired: virtual timers of saved vCPUs and the scheduler.
+fn timer_expired(vm: &Vm, me: usize, deadline: &mut Option<u64>) {
+    let now = now_ns();
+    for (v, s) in vm.shared.iter().enumerate() {
+        if s.vtimer_home.load(Ordering::Relaxed) != me || s.running_on.load(Ordering::Acquire) != usize::MAX {
+            continue;
+        }
+        let d = s.vtimer_deadline.load(Ordering::Acquire);
+        if d <= now && s.vtimer_deadline.compare_exchange(d, u64::MAX, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+            if let Ok(k) = vm.vgic.lock().inject_edge(vm.virt_timer_intid, v) {
+                process_kicks(vm, me, k, WakeCause::Timer);
+            }
+        }
+    }
+    if deadline.is_some_and(|d| d <= now) {
+        *deadline = None;
+        PCPUS[me].resched.store(true, Ordering::Release);
+    }
+}
+
+fn reg_read(regs: &GuestRegs, r: u8) -> u64 {
+    if r == 31 {
+        0
+    } else {
+        regs.x[r as usize]
+    }
+}
+
+fn reg_write(regs: &mut GuestRegs, r: u8, v: u64) {
+    if r != 31 {
+        regs.x[r as usize] = v;
+    }
+}
+
+fn handle_sync(vm: &Vm, me: usize, v: &mut Vcpu) -> Next {
+    let esr = read_sysreg!("esr_el2");
+    let far = read_sysreg!("far_el2");
+    let hpfar = read_sysreg!("hpfar_el2");
+    let ilen = esr::instruction_length(esr);
+    let c = &vm.shared[v.id].counters;
+    match esr::decode(esr, far, hpfar) {
+        Exit::Wfx { wfe } => {
+            v.regs.elr += ilen;
+            if wfe {
+                inc(&c.wfe_traps);
+                yield_cpu(vm, me, v.id)
+            } else {
+                inc(&c.wfi_traps);
+                block(vm, me, v.id)
+            }
+        }
+        Exit::Hvc { .. } => {
+            inc(&c.hvc);
+            psci_call(vm, me, v)
+        }
+        Exit::Smc { .. } => {
+            inc(&c.smc);
+            v.regs.elr += ilen;
+            psci_call(vm, me, v)
+        }
+        Exit::SysReg(s) => {
+            inc(&c.sysreg);
+            if !s.read && s.key() == esr::ICC_SGI1R_EL1 {
+                let value = reg_read(&v.regs, s.reg);
+                inc(&c.sgis_sent);
+                let _ = vm.sched.lock().note_critical_exit(now_ns(), me);
+                let kicks = vm.vgic.lock().send_sgi(v.id, value);
+                if let Ok(k) = kicks {
+                    process_kicks(vm, me, k, WakeCause::Sgi);
+                }
+                v.regs.elr += ilen;
+            } else if !s.read && (s.key() == esr::ICC_ASGI1R_EL1 || s.key() == esr::ICC_SGI0R_EL1) {
+                // Group 0 / alternate-group SGIs do not exist for this guest.
+                v.regs.elr += ilen;
+            } else {
+                inject_undef(vm, v);
+            }
+            Next::Enter
+        }
+        Exit::Mmio(a) => {
+            inc(&c.mmio);
+            if mmio(vm, me, v, &a).is_ok() {
+                v.regs.elr += ilen;
+            } else {
+                report_bad_access(vm, v, a.ipa, "bad MMIO access");
+                inject_abort(vm, v, true, far);
+            }
+            Next::Enter
+        }
+        Exit::DataAbort { ipa, iss } => {
+            report_bad_access(vm, v, ipa, if iss & (1 << 24) == 0 { "data abort without syndrome" } else { "data abort" });
+            inject_abort(vm, v, true, far);
+            Next::Enter
+        }
+        Exit::InstructionAbort { ipa } => {
+            report_bad_access(vm, v, ipa, "instruction abort");
+            inject_abort(vm, v, false, far);
+            Next::Enter
+        }
+        Exit::Undefined { .. } | Exit::Unknown { .. } => {
+            inject_undef(vm, v);
+            Next::Enter
+        }
+    }
+}
+
+/// WFI: block unless an interrupt is already deliverable. The check and the
+/// block happen under the vGIC lock so an injection cannot slip between.
+fn block(vm: &Vm, me: usize, id: usize) -> Next {
+    let vgic = vm.vgic.lock();
+    if vgic.has_deliverable(id) {
+        return Next::Enter;
+    }
+    let r = vm.sched.lock().block(now_ns(), me);
+    drop(vgic);
+    match r {
+        Ok(_) => Next::Schedule,
+        Err(e) => {
+            warn!("vCPU{id}: block: {e}");
+            Next::Enter
+        }
+    }
+}
+
+/// WFE while vCPUs outnumber pCPUs: the vCPU probably spins on a lock whose
+/// holder is preempted; yield, directly to a preempted sibling if any.
+fn yield_cpu(vm: &Vm, me: usize, id: usize) -> Next {
+    if !vm.overcommitted {
+        return Next::Enter;
+    }
+    let mut s = vm.sched.lock();
+    let target = (0..vm.shared.len()).filter(|&k| k != id).map(|k| VcpuId(k as u32)).find(|&k| s.is_preempted(k));
+    match s.yield_to(now_ns(), me, target) {
+        Ok(()) => Next::Schedule,
+        Err(_) => Next::Enter,
+    }
+}
+
+fn report_bad_access(vm: &Vm, v: &Vcpu, ipa: u64, what: &str) {
+    if vm.bad_accesses.fetch_add(1, Ordering::Relaxed) < 16 {
+        warn!("vCPU{}: {what} at IPA {ipa:#x} (PC {:#x}); injecting an external abort", v.id, v.regs.elr);
+    }
+}
+
+/// Emulated device access. Err: the access is not valid (abort the guest).
+fn mmio(vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess) -> Result<(), ()> {
+    let value = esr::store_value(a, reg_read(&v.regs, a.reg));
+    let in_gic = vm.vgic.lock().decode(a.ipa).is_some();
+    if in_gic {
+        if a.write {
+            let kicks = vm.vgic.lock().mmio_write(v.id, a.ipa, a.size, value).map_err(|_| ())?;
+            process_kicks(vm, me, kicks, WakeCause::Interrupt);
+        } else {
+            let r = vm.vgic.lock().mmio_read(v.id, a.ipa, a.size).map_err(|_| ())?;
+            reg_write(&mut v.regs, a.reg, esr::load_value(a, r));
+        }
+        return Ok(());
+    }
+    if let Some(u) = vm.uart_region {
+        if a.ipa >= u.base && a.ipa < u.base + crate::vpl011::FRAME_SIZE {
+            let off = a.ipa - u.base;
+            let level = {
+                let mut uart = vm.uart.lock();
+                if a.write {
+                    uart.write(off, a.size, value as u32, &mut console::guest_putc).map_err(|_| ())?;
+                } else {
+                    let r = uart.read(off, a.size).map_err(|_| ())? as u64;
+                    reg_write(&mut v.regs, a.reg, esr::load_value(a, r));
+                }
+                uart.irq_level()
+            };
+            if let Ok(k) = vm.vgic.lock().set_level(vm.uart_intid, v.id, level) {
+                process_kicks(vm, me, k, WakeCause::Interrupt);
+            }
+            return Ok(());
+        }
+    }
+    Err(())
+}
+
+/// Delivers a synchronous exception to the guest's EL1 vector table.
+fn inject_exception(v: &mut Vcpu, esr_el1: u64, far: Option<u64>) {
+    let regs = &mut v.regs;
+    let mode = regs.spsr & 0x1f;
+    let offset = match mode {
+        0b00100 => 0x000,            // EL1t
+        0b00101 => 0x200,            // EL1h
+        m if m & 0x10 != 0 => 0x600, // AArch32 EL0
+        _ => 0x400,                  // AArch64 EL0
+    };
+    write_sysreg!("esr_el1", esr_el1);
+    if let Some(f) = far {
+        write_sysreg!("far_el1", f);
+    }
+    write_sysreg!("elr_el1", regs.elr);
+    write_sysreg!("spsr_el1", regs.spsr);
+    regs.elr = read_sysreg!("vbar_el1") + offset;
+    regs.spsr = SPSR_EL1H_MASKED;
+}
+
+/// A synchronous external abort for a data (or instruction) access.
+fn inject_abort(vm: &Vm, v: &mut Vcpu, data: bool, far: u64) {
+    inc(&vm.shared[v.id].counters.aborts_injected);
+    let same_el = v.regs.spsr & 0x1f != 0 && v.regs.spsr & 0x10 == 0;
+    let ec: u64 = match (data, same_el) {
+        (true, true) => 0x25,
+        (true, false) => 0x24,
+        (false, true) => 0x21,
+        (false, false) => 0x20,
+    };
+    // IL=1, FSC = 0b010000 synchronous external abort.
+    inject_exception(v, (ec << 26) | (1 << 25) | 0x10, Some(far));
+}
+
+fn inject_undef(vm: &Vm, v: &mut Vcpu) {
+    inc(&vm.shared[v.id].counters.undef_injected);
+    inject_exception(v, 1 << 25, None);
+}
+
+fn find_vcpu(vm: &Vm, target: u64) -> Option<usize> {
+    let mask = 0xff_00ff_ffff;
+    (0..vm.vcpus.len()).find(|&i| super::vm::vcpu_mpidr(i) & mask == target & mask)
+}
+
+fn psci_call(vm: &Vm, me: usize, v: &mut Vcpu) -> Next {
+    let x = v.regs.x;
+    let mut next = Next::Enter;
+    let ret: i64 = match psci::decode(x[0], x[1], x[2], x[3]) {
+        Call::Version => psci::VERSION_1_1 as i64,
+        Call::Features { function } => psci::features(function),
+        Call::SmcccVersion => psci::SMCCC_VERSION_1_1 as i64,
+        Call::SmcccArchFeatures { .. } => psci::NOT_SUPPORTED,
+        Call::MigrateInfoType => psci::MIGRATE_NOT_REQUIRED,
+        Call::CpuSuspend => {
+            // Standby: like WFI.
+            next = block(vm, me, v.id);
+            psci::SUCCESS
+        }
+        Call::CpuOn { target, entry, context } => match find_vcpu(vm, target) {
+            None => psci::INVALID_PARAMETERS,
+            Some(t) if vm.shared[t].online.load(Ordering::Acquire) => psci::ALREADY_ON,
+            Some(_) if !vm.contains_ram(entry, 4) || entry % 4 != 0 => psci::INVALID_ADDRESS,
+            Some(t) => cpu_on(vm, me, t, entry, context),
+        },
+        Call::AffinityInfo { target, level } => match find_vcpu(vm, target) {
+            _ if level != 0 => psci::INVALID_PARAMETERS,
+            None => psci::INVALID_PARAMETERS,
+            Some(t) if vm.shared[t].online.load(Ordering::Acquire) => psci::AFF_ON,
+            Some(_) => psci::AFF_OFF,
+        },
+        Call::CpuOff => {
+            vm.shared[v.id].online.store(false, Ordering::Release);
+            match vm.sched.lock().power_off(now_ns(), me) {
+                Ok(_) => next = Next::Schedule,
+                Err(e) => warn!("vCPU{}: CPU_OFF: {e}", v.id),
+            }
+            psci::SUCCESS
+        }
+        Call::SystemOff => power_off(vm),
+        Call::SystemReset => {
+            print_stats(vm);
+            info!("dom0 requested a system reset");
+            smc::psci_system_reset()
+        }
+        Call::Unknown { function } => {
+            inc(&vm.shared[v.id].counters.unsupported_calls);
+            debug!("vCPU{}: unsupported SMCCC function {function:#x}", v.id);
+            psci::NOT_SUPPORTED
+        }
+    };
+    v.regs.x[0] = ret as u64;
+    next
+}
+
+/// PSCI CPU_ON of an offline vCPU: reset its state, enter at `entry` with
+/// `context` in x0, and let the scheduler run it.
+fn cpu_on(vm: &Vm, me: usize, t: usize, entry: u64, context: u64) -> i64 {
+    if vm.shared[t].online.swap(true, Ordering::AcqRel) {
+        return psci::ALREADY_ON;
+    }
+    {
+        // Offline vCPUs are not on any pCPU, but a CPU_OFF may still be
+        // saving this one: the lock waits for it.
+        let mut tv = vm.vcpus[t].lock();
+        tv.regs = GuestRegs::default();
+        tv.regs.x[0] = context;
+        tv.regs.elr = entry;
+        tv.regs.spsr = SPSR_EL1H_MASKED;
+        tv.el1 = crate::arch::context::El1Context::reset(super::vm::vcpu_mpidr(t));
+        tv.fp = Default::default();
+        tv.gicif = Default::default();
+    }
+    let r = vm.sched.lock().power_on(now_ns(), VcpuId(t as u32));
+    match r {
+        Ok(a) => {
+            do_wake_action(me, a);
+            psci::SUCCESS
+        }
+        Err(e) => {
+            warn!("CPU_ON vCPU{t}: {e}");
+            vm.shared[t].online.store(false, Ordering::Release);
+            psci::INTERNAL_FAILURE
+        }
+    }
+}
+
+/// Prints every vCPU's counters and scheduler statistics in the stable
+/// `vcpuN.name=value` format (see `crate::stats`).
+pub fn print_stats(vm: &Vm) {
+    let sched = vm.sched.lock();
+    for (i, s) in vm.shared.iter().enumerate() {
+        let mut st = sched.stats(VcpuId(i as u32)).cloned().unwrap_or_default();
+        s.counters.fill(&mut st.counters);
+        let mut text = alloc::string::String::new();
+        let _ = st.write_text(i as u32, &mut text);
+        crate::hvprintln!("(HV) stats begin vcpu{i}\n{}(HV) stats end vcpu{i}", text);
+    }
+}
+
+fn power_off(vm: &Vm) -> ! {
+    print_stats(vm);
+    info!("dom0 powered off; no VM left, powering off the machine");
+    smc::psci_system_off()
+}
