@@ -10,7 +10,7 @@ fn linux_boots_at_el1_under_the_hypervisor_gicv3() {
     assert_eq!(r.guest_exit, Some(0));
     // The hypervisor saw the guest work: traps, injected interrupts.
     assert!(stat(&r.console, 0, "mmio").unwrap() > 100);
-    assert!(stat(&r.console, 0, "injections").unwrap() > 10);
+    assert!(stat(&r.console, 0, "irqs_injected").unwrap() > 10);
 }
 
 #[test]

@@ -31,11 +31,11 @@ pub fn tail(s: &str, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
-/// The value of `key=` in the hypervisor's `(HV) stats vcpuN:` line.
+/// A counter from the statistics the hypervisor prints at power-off
+/// (`vcpuN.key=value` lines, see `hypervisor::stats`).
 pub fn stat(console: &str, vcpu: usize, key: &str) -> Option<u64> {
-    let prefix = format!("(HV) stats vcpu{vcpu}:");
-    let line = console.lines().find(|l| l.starts_with(&prefix))?;
-    line.split_whitespace().find_map(|w| w.strip_prefix(&format!("{key}=")).and_then(|v| v.parse().ok()))
+    let prefix = format!("vcpu{vcpu}.{key}=");
+    console.lines().rev().find_map(|l| l.trim().strip_prefix(&prefix).and_then(|v| v.trim().parse().ok()))
 }
 
 /// Asserts `needle` appears in the console, showing its tail otherwise.

@@ -1,0 +1,68 @@
+//! SMP guests on fewer pCPUs: the scheduler multiplexes vCPUs, vCPUs come
+//! and go through PSCI, and CPU hogs cannot starve anyone.
+
+use integration_tests::*;
+
+#[test]
+fn two_vcpus_on_one_pcpu() {
+    let r = run_cmd("nproc", |o| {
+        o.pcpus = 1;
+        o.vcpus = 2;
+    });
+    assert_eq!(r.guest_exit, Some(0));
+    assert!(r.console.lines().any(|l| l.trim() == "2"), "nproc did not print 2:\n{}", tail(&r.console, 40));
+    // Both vCPUs ran, were switched in many times, and were woken by IPIs.
+    for v in 0..2 {
+        assert!(stat(&r.console, v, "schedule_ins").unwrap() > 1, "vcpu{v} never switched in");
+        assert!(stat(&r.console, v, "run_ns").unwrap() > 0);
+    }
+    assert!(stat(&r.console, 0, "sgis_sent").unwrap() + stat(&r.console, 1, "sgis_sent").unwrap() > 0);
+    // The kick -> schedule-in histogram is printed.
+    assert!(r.console.contains("vcpu1.kick_to_run_ns.count="));
+}
+
+#[test]
+fn four_vcpus_on_two_pcpus() {
+    let r = run_cmd("nproc", |o| {
+        o.pcpus = 2;
+        o.vcpus = 4;
+    });
+    assert_eq!(r.guest_exit, Some(0));
+    assert!(r.console.lines().any(|l| l.trim() == "4"), "nproc did not print 4:\n{}", tail(&r.console, 40));
+    assert_console(&r, "2 pCPU(s) online");
+}
+
+#[test]
+fn busy_loops_on_every_vcpu_share_the_pcpu_and_the_guest_answers() {
+    let cmd = r#"for i in 0 1; do taskset -c $i sh -c 'e=$(($(date +%s)+8)); while [ $(date +%s) -lt $e ]; do :; done' & done; wait; echo hogs-done; echo answers"#;
+    let r = run_cmd(cmd, |o| {
+        o.pcpus = 1;
+        o.vcpus = 2;
+    });
+    assert_console(&r, "hogs-done");
+    assert_console(&r, "answers");
+    assert_eq!(r.guest_exit, Some(0));
+    let (a, b) = (stat(&r.console, 0, "run_ns").unwrap(), stat(&r.console, 1, "run_ns").unwrap());
+    // Fair share: neither hog got less than a third of the pCPU.
+    assert!(a * 2 > b && b * 2 > a, "unfair split: vcpu0 {a} ns, vcpu1 {b} ns");
+    assert!(stat(&r.console, 0, "preempt_slice").unwrap() > 0);
+}
+
+#[test]
+fn cpu_hotplug_off_and_on_again() {
+    // CPU_OFF, then CPU_ON of the same vCPU (it must restart cleanly), and
+    // a second online write is a no-op for Linux (no double CPU_ON).
+    let cmd = "echo 0 > /sys/devices/system/cpu/cpu1/online; nproc; \
+               echo 1 > /sys/devices/system/cpu/cpu1/online; echo 1 > /sys/devices/system/cpu/cpu1/online; nproc; \
+               taskset -c 1 echo on-cpu1";
+    let r = run_cmd(cmd, |o| {
+        o.pcpus = 1;
+        o.vcpus = 2;
+    });
+    assert_console(&r, "psci: CPU1 killed");
+    assert_eq!(r.console.matches("CPU1: Booted secondary processor").count(), 2, "vCPU1 did not come back");
+    assert_console(&r, "on-cpu1");
+    let counts: Vec<&str> = r.console.lines().map(str::trim).filter(|l| *l == "1" || *l == "2").collect();
+    assert_eq!(counts, ["1", "2"], "nproc before/after:\n{}", tail(&r.console, 40));
+    assert_eq!(r.guest_exit, Some(0));
+}
