@@ -6,6 +6,7 @@
 //! - [`image`]: builds the guest kernel + initramfs (guest-images/build.sh)
 //! - [`qemu`]: composes the QEMU command line and runs it with a timeout
 
+pub mod bench;
 pub mod build;
 pub mod image;
 pub mod qemu;

@@ -1,0 +1,106 @@
+//! Repeats → one figure per case.
+//!
+//! Each metric's median is taken on its own (the median IOPS and the median
+//! p99 may come from different repeats): with 3 repeats on a noisy host that
+//! is what discards one outlier per metric. An even count gives the mean of
+//! the two middle values. Histograms are not medians: the kick→schedule-in
+//! histograms of all repeats are merged (added), since they count events.
+
+use super::{Case, CaseResult, FioResult};
+use hypervisor::stats::{Counters, Log2Histogram};
+
+/// Median of the finite values (`None` when there is none).
+pub fn median(values: &[f64]) -> Option<f64> {
+    let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    Some(if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 })
+}
+
+/// One case, aggregated over its successful repeats.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Summary {
+    pub case: Case,
+    /// Per-metric medians; `clat_percentiles_us` holds the median of each
+    /// percentile that every repeat printed.
+    pub fio: FioResult,
+    pub repeats: usize,
+    /// Failed repeats (their messages).
+    pub errors: Vec<String>,
+    /// The fio vCPU's kick→schedule-in histogram, merged over repeats
+    /// (`None` when the hypervisor printed no stats).
+    pub kick_to_run: Option<Log2Histogram>,
+    /// The fio vCPU's counters, summed over repeats (`None` without stats).
+    pub fio_vcpu_counters: Option<Counters>,
+    /// Median disk interrupts per guest CPU, when the guest reported them.
+    pub disk_irqs_per_cpu: Option<Vec<u64>>,
+    /// Stats parse problems of individual repeats.
+    pub stats_errors: Vec<String>,
+}
+
+/// Medians over the samples of one case; `None` when no repeat succeeded.
+pub fn summarize(r: &CaseResult) -> Option<Summary> {
+    let s = &r.samples;
+    if s.is_empty() {
+        return None;
+    }
+    let med = |f: fn(&FioResult) -> f64| median(&s.iter().map(|x| f(&x.fio)).collect::<Vec<_>>()).unwrap_or(f64::NAN);
+    // Percentile curve: the percents every repeat has, each median'ed.
+    let mut clat = Vec::new();
+    for &(p, _) in &s[0].fio.clat_percentiles_us {
+        let vals: Vec<f64> =
+            s.iter().filter_map(|x| x.fio.clat_percentiles_us.iter().find(|q| q.0 == p).map(|q| q.1)).collect();
+        if vals.len() == s.len() {
+            clat.push((p, median(&vals).unwrap_or(f64::NAN)));
+        }
+    }
+    let ios: Vec<f64> = s.iter().map(|x| x.fio.total_ios as f64).collect();
+    let fio = FioResult {
+        iops: med(|f| f.iops),
+        clat_p50_us: med(|f| f.clat_p50_us),
+        clat_p99_us: med(|f| f.clat_p99_us),
+        clat_p999_us: med(|f| f.clat_p999_us),
+        slat_mean_us: med(|f| f.slat_mean_us),
+        slat_measured: s.iter().all(|x| x.fio.slat_measured),
+        clat_mean_us: med(|f| f.clat_mean_us),
+        clat_percentiles_us: clat,
+        total_ios: median(&ios).unwrap_or(0.0) as u64,
+    };
+
+    let vcpu = r.case.topology.fio_vcpu();
+    let mut hist: Option<Log2Histogram> = None;
+    let mut counters: Option<Counters> = None;
+    for st in s.iter().filter_map(|x| x.stats.get(&vcpu)) {
+        hist.get_or_insert_with(Log2Histogram::new).merge(&st.kick_to_run_ns);
+        let c = counters.get_or_insert_with(Counters::default);
+        for name in Counters::NAMES {
+            if let (Some(dst), Some(v)) = (c.get_mut(name), st.counters.get(name)) {
+                *dst += v;
+            }
+        }
+    }
+
+    let irq_samples: Vec<&Vec<u64>> = s.iter().filter_map(|x| x.disk_irqs_per_cpu.as_ref()).collect();
+    let disk_irqs_per_cpu = irq_samples.first().map(|first| {
+        (0..first.len())
+            .map(|cpu| {
+                let v: Vec<f64> = irq_samples.iter().filter_map(|x| x.get(cpu)).map(|&n| n as f64).collect();
+                median(&v).unwrap_or(0.0).round() as u64
+            })
+            .collect()
+    });
+
+    Some(Summary {
+        case: r.case,
+        fio,
+        repeats: s.len(),
+        errors: r.errors.clone(),
+        kick_to_run: hist,
+        fio_vcpu_counters: counters,
+        disk_irqs_per_cpu,
+        stats_errors: s.iter().filter_map(|x| x.stats_error.clone()).collect(),
+    })
+}

@@ -1,0 +1,431 @@
+//! `cargo xtask bench wakeup`: fio inside a Linux guest, across a matrix of
+//! topologies, IRQ placements, schedulers, disks and clocks (issue 5).
+//!
+//! Why this exists: the project's claim is that a guest's I/O latency does
+//! not collapse when its vCPUs share a pCPU with a CPU hog. The proof is the
+//! seed experiment (fio 4 KiB random read, iodepth 1, psync, on vCPU1; a busy
+//! loop on vCPU0) run under the Xen-compatible wake path (the control) and
+//! under preempt-on-wake, in one invocation, reported as *ratios within the
+//! run* because this host is shared and emulated.
+//!
+//! This module is the host-side, testable part of the harness; the runner
+//! that starts QEMU calls it in this order:
+//!
+//! 1. [`matrix`] lists the [`Case`]s (or the runner builds its own);
+//! 2. per case and repeat: [`run_options`] gives the QEMU/hypervisor
+//!    configuration (topology, `-icount`, [`hypervisor_args`], the guest
+//!    command from [`guest_command`], a disk), `crate::qemu::run_captured`
+//!    (or `qemu::run`) boots it, and [`parse_console`] turns the console text
+//!    into a [`Sample`]; [`Progress`] prints `case i/n (elapsed mm:ss)`;
+//! 3. [`write_report`] takes one [`CaseResult`] per case (all its samples and
+//!    the errors of failed repeats), takes medians ([`summarize`]) and writes
+//!    `report.md`, `results.json` and `latency.svg` into the output directory
+//!    ([`out_dir`]: `target/bench/wakeup/`).
+//!
+//! Files: [`parse`] (console → fio JSON and hypervisor stats), [`aggregate`]
+//! (medians, histogram merging), [`report`] (markdown, targets, JSON),
+//! [`svg`] (the latency plot).
+
+pub mod aggregate;
+pub mod parse;
+pub mod report;
+pub mod svg;
+
+#[cfg(test)]
+mod tests;
+
+pub use aggregate::{median, summarize, Summary};
+pub use parse::{extract_fio_json, parse_console, parse_fio_json, FioResult, Sample};
+pub use report::{
+    check_targets, render_report, results_json, write_report, ReportFiles, ResultCase, ResultsFile, Status, TargetCheck,
+};
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+/// A fieldless enum with a stable lower-case spelling used on the command
+/// line, in `results.json` and in the report (`Display`/`FromStr`/serde all
+/// use the same string).
+macro_rules! spelled_enum {
+    ($(#[doc = $doc:literal])* $name:ident { $($(#[doc = $vdoc:literal])* $var:ident = $s:literal,)* }) => {
+        $(#[doc = $doc])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+        pub enum $name {
+            $($(#[doc = $vdoc])* #[serde(rename = $s)] $var,)*
+        }
+
+        impl $name {
+            /// Every value, in matrix order.
+            pub const ALL: &'static [$name] = &[$($name::$var),*];
+
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$var => $s,)*
+                }
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl FromStr for $name {
+            type Err = String;
+            fn from_str(s: &str) -> Result<Self, String> {
+                match s {
+                    $($s => Ok($name::$var),)*
+                    _ => Err(format!(
+                        "unknown {} {s:?} (expected one of: {})",
+                        stringify!($name).to_lowercase(),
+                        [$($s),*].join(", ")
+                    )),
+                }
+            }
+        }
+    };
+}
+
+spelled_enum! {
+    /// pCPUs × vCPUs of the guest.
+    Topology {
+        /// fio alone on its own pCPU, no hog: the no-contention baseline.
+        OneP1V = "1p1v",
+        /// One pCPU, two vCPUs (hog on vCPU0, fio on vCPU1): the seed's overcommit.
+        OneP2V = "1p2v",
+        /// Two pCPUs, two vCPUs with the hog (real-time clock only: under
+        /// `-icount` QEMU runs all pCPUs on one host thread).
+        TwoP2V = "2p2v",
+    }
+}
+
+spelled_enum! {
+    /// Where the disk's interrupt goes inside the guest.
+    Irq {
+        /// `/proc/irq/N/smp_affinity` set to the fio vCPU.
+        Pinned = "pinned",
+        /// Left where Linux puts it.
+        Unpinned = "unpinned",
+    }
+}
+
+spelled_enum! {
+    /// The hypervisor's wake path.
+    Sched {
+        /// Credit2 semantics (`sched_wake_preempt=off`): the control group.
+        XenCompat = "xen-compat",
+        /// Immediate preempt-on-wake (`sched_wake_preempt=on`).
+        WakePreempt = "wake-preempt",
+    }
+}
+
+spelled_enum! {
+    /// What serves the guest's `/dev/vda`.
+    Disk {
+        /// QEMU's virtio-blk-device mapped into the guest (Dom0-style).
+        Passthrough = "passthrough",
+        /// Our virtio-blk device model in front of QEMU's device.
+        Backend = "backend",
+        /// Our device model over an in-memory image with a fixed service time.
+        Ram = "ram",
+    }
+}
+
+spelled_enum! {
+    /// Where guest-visible time comes from.
+    Clock {
+        /// `-icount shift=0,sleep=on`: deterministic, 1 insn = 1 ns; the default for ratios.
+        Icount = "icount",
+        /// Host time (noisy on a shared host).
+        Realtime = "realtime",
+    }
+}
+
+impl Topology {
+    pub fn pcpus(self) -> u32 {
+        match self {
+            Topology::OneP1V | Topology::OneP2V => 1,
+            Topology::TwoP2V => 2,
+        }
+    }
+    pub fn vcpus(self) -> u32 {
+        match self {
+            Topology::OneP1V => 1,
+            Topology::OneP2V | Topology::TwoP2V => 2,
+        }
+    }
+    /// Whether a CPU hog runs on vCPU0 (every topology with a second vCPU).
+    pub fn has_hog(self) -> bool {
+        self.vcpus() > 1
+    }
+    /// The vCPU fio (and a pinned disk IRQ) runs on: the last one.
+    pub fn fio_vcpu(self) -> u32 {
+        self.vcpus() - 1
+    }
+}
+
+/// One configuration of the benchmark.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Case {
+    pub topology: Topology,
+    pub irq: Irq,
+    pub sched: Sched,
+    /// `sched_ratelimit_us`; wake-preempt cases use Xen's default 1000 (its
+    /// wakes ignore the ratelimit; the value still bounds deferred wakes).
+    pub ratelimit_us: u32,
+    pub disk: Disk,
+    pub clock: Clock,
+}
+
+impl fmt::Display for Case {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {} {}", self.topology, self.irq, self.sched)?;
+        if self.sched == Sched::XenCompat {
+            write!(f, " rl={}", self.ratelimit_us)?;
+        }
+        write!(f, " {} {}", self.disk, self.clock)
+    }
+}
+
+impl Case {
+    /// A short label for tables and the plot legend, e.g. `1p2v unp xen-1000 ram icount`.
+    pub fn label(&self) -> String {
+        let irq = match self.irq {
+            Irq::Pinned => "pin",
+            Irq::Unpinned => "unp",
+        };
+        let sched = match self.sched {
+            Sched::XenCompat => format!("xen-{}", self.ratelimit_us),
+            Sched::WakePreempt => "preempt".to_string(),
+        };
+        format!("{} {irq} {sched} {} {}", self.topology, self.disk, self.clock)
+    }
+}
+
+/// Xen's default ratelimit, used by the wake-preempt cases.
+pub const DEFAULT_RATELIMIT_US: u32 = 1000;
+/// The xen-compat ratelimits of the full matrix.
+pub const XEN_RATELIMITS_US: [u32; 3] = [1000, 100, 0];
+/// Service time of the `ram` disk (below the 1 ms ratelimit, like NVMe).
+pub const RAM_DISK_LATENCY_US: u32 = 200;
+/// fio runtime per run, seconds (issue default).
+pub const DEFAULT_RUNTIME_S: u32 = 10;
+/// Repeats per case (issue default; `--quick` uses 1).
+pub const DEFAULT_REPEATS: u32 = 3;
+/// The guest's name of the benchmark disk in /proc/interrupts.
+pub const DISK_IRQ_NAME: &str = "virtio0";
+
+/// Marker lines around fio's JSON on the console.
+pub const FIO_BEGIN: &str = "@@FIO-JSON-BEGIN@@";
+pub const FIO_END: &str = "@@FIO-JSON-END@@";
+/// Prefix of the line reporting the disk IRQ's /proc/interrupts line after fio.
+pub const IRQ_MARK: &str = "@@BENCH-IRQ@@";
+
+/// The (scheduler, ratelimit) pairs: xen-compat at each ratelimit, then wake-preempt.
+fn scheds(quick: bool) -> Vec<(Sched, u32)> {
+    let xen: &[u32] = if quick { &[1000] } else { &XEN_RATELIMITS_US };
+    let mut v: Vec<(Sched, u32)> = xen.iter().map(|&r| (Sched::XenCompat, r)).collect();
+    v.push((Sched::WakePreempt, DEFAULT_RATELIMIT_US));
+    v
+}
+
+/// The benchmark matrix of issue 5.
+///
+/// - `quick` (wins over `full`): 1p1v and 1p2v, unpinned IRQ, xen-compat
+///   1000 vs wake-preempt, ram disk, icount: 4 cases (run them once).
+/// - default (`!full`): the icount matrix, i.e. the deterministic one the
+///   ratios come from: {1p1v, 1p2v} × IRQ × {xen 1000, 100, 0, preempt} ×
+///   {passthrough, backend, ram}.
+/// - `full`: the icount matrix plus the real-time one, which adds 2p2v.
+///
+/// 1p1v has one vCPU, so its IRQ can only be where fio runs: it appears
+/// once, as `unpinned`, and is the baseline for both IRQ settings of 1p2v.
+/// Order: clock, disk, scheduler, topology, IRQ; so consecutive cases
+/// differ in the cheapest dimension and a run cut short has compared
+/// like with like.
+pub fn matrix(full: bool, quick: bool) -> Vec<Case> {
+    if quick {
+        let mut v = Vec::new();
+        for (sched, ratelimit_us) in scheds(true) {
+            for topology in [Topology::OneP1V, Topology::OneP2V] {
+                v.push(Case {
+                    topology,
+                    irq: Irq::Unpinned,
+                    sched,
+                    ratelimit_us,
+                    disk: Disk::Ram,
+                    clock: Clock::Icount,
+                });
+            }
+        }
+        return v;
+    }
+    let clocks: &[Clock] = if full { &[Clock::Icount, Clock::Realtime] } else { &[Clock::Icount] };
+    let mut v = Vec::new();
+    for &clock in clocks {
+        let topologies: &[Topology] = match clock {
+            Clock::Icount => &[Topology::OneP1V, Topology::OneP2V],
+            Clock::Realtime => Topology::ALL,
+        };
+        for &disk in Disk::ALL {
+            for (sched, ratelimit_us) in scheds(false) {
+                for &topology in topologies {
+                    let irqs: &[Irq] =
+                        if topology.vcpus() == 1 { &[Irq::Unpinned] } else { &[Irq::Unpinned, Irq::Pinned] };
+                    for &irq in irqs {
+                        v.push(Case { topology, irq, sched, ratelimit_us, disk, clock });
+                    }
+                }
+            }
+        }
+    }
+    v
+}
+
+/// The hypervisor boot arguments of a case. Provisional names, kept in this
+/// one function (`dom0_max_vcpus`/`dom0_mem` come from
+/// `qemu::RunOptions`, see [`run_options`]).
+pub fn hypervisor_args(case: &Case) -> String {
+    let wake = match case.sched {
+        Sched::XenCompat => "off",
+        Sched::WakePreempt => "on",
+    };
+    let mut s = format!("sched=credit2 sched_wake_preempt={wake} sched_ratelimit_us={}", case.ratelimit_us);
+    match case.disk {
+        Disk::Passthrough => s.push_str(" dom0_disk=passthrough"),
+        Disk::Backend => s.push_str(" dom0_disk=backend"),
+        Disk::Ram => s.push_str(&format!(" dom0_disk=ram dom0_disk_latency_us={RAM_DISK_LATENCY_US}")),
+    }
+    s
+}
+
+/// The fio command line (4 KiB random read, qd 1, direct, psync, JSON).
+pub fn fio_command(runtime_s: u32) -> String {
+    format!(
+        "fio --name=randread --filename=/dev/vda --rw=randread --bs=4k --iodepth=1 --direct=1 \
+         --ioengine=psync --runtime={runtime_s} --time_based --output-format=json"
+    )
+}
+
+/// The guest's shell script (busybox sh) for a case; pass it as
+/// `RunOptions::cmd` (it travels base64-encoded in `guestcmd=`, so keep it
+/// well under the 2048-byte kernel command line: at most ~600 bytes,
+/// ~800 in base64).
+///
+/// 1. With two vCPUs, start the hog on vCPU0.
+/// 2. `pinned`: find the disk's IRQ number in /proc/interrupts by
+///    [`DISK_IRQ_NAME`] and write the fio vCPU's mask to its `smp_affinity`
+///    (a failure is printed as `bench: ...` and exits 3: a "pinned" result
+///    that is not pinned would be a lie).
+/// 3. Run fio on the last vCPU, JSON into a file (so the console carries
+///    nothing during the measurement), then kill the hog.
+/// 4. Print the disk IRQ's /proc/interrupts line (`@@BENCH-IRQ@@ ...`: which
+///    vCPU took the interrupts) and the JSON between [`FIO_BEGIN`] and
+///    [`FIO_END`]; exit with fio's status.
+pub fn guest_command(case: &Case, runtime_s: u32) -> String {
+    let t = case.topology;
+    let cpu = t.fio_vcpu();
+    let mut s = String::new();
+    if t.has_hog() {
+        s.push_str("taskset -c 0 sh -c 'while :; do :; done' & H=$!\n");
+    }
+    if case.irq == Irq::Pinned {
+        s.push_str(&format!("N=$(sed -n 's/^ *\\([0-9]*\\):.*{DISK_IRQ_NAME}$/\\1/p' /proc/interrupts | head -n1)\n"));
+        s.push_str(&format!(
+            "[ -n \"$N\" ] && echo {:x} > /proc/irq/$N/smp_affinity || {{ echo \"bench: cannot pin IRQ '$N'\"; {}exit 3; }}\n",
+            1u32 << cpu,
+            if t.has_hog() { "kill $H; " } else { "" }
+        ));
+    }
+    s.push_str(&format!("taskset -c {cpu} {} > /tmp/fio.json; R=$?\n", fio_command(runtime_s)));
+    if t.has_hog() {
+        s.push_str("kill $H\n");
+    }
+    s.push_str(&format!("echo \"{IRQ_MARK} $(grep '{DISK_IRQ_NAME}$' /proc/interrupts)\"\n"));
+    s.push_str(&format!("echo {FIO_BEGIN}; cat /tmp/fio.json; echo; echo {FIO_END}\n"));
+    s.push_str("exit $R\n");
+    s
+}
+
+/// How long one run may take before QEMU is killed: boot plus fio, with
+/// room for icount's 10–60× slowdown of wall time.
+pub fn run_timeout(case: &Case, runtime_s: u32) -> Duration {
+    let secs = match case.clock {
+        Clock::Icount => 300 + 60 * runtime_s as u64,
+        Clock::Realtime => 180 + 3 * runtime_s as u64,
+    };
+    Duration::from_secs(secs)
+}
+
+/// The `qemu::RunOptions` of one run of a case, for the runner: topology,
+/// clock, hypervisor arguments, guest command, timeout, and the QEMU disk
+/// (`disk_image`, attached as a virtio-blk-device; the `ram` disk does not
+/// need it, but it is attached anyway so the guest's device numbering is
+/// the same in every case). The console is not echoed: show [`Progress`].
+pub fn run_options(case: &Case, runtime_s: u32, disk_image: &std::path::Path) -> crate::qemu::RunOptions {
+    crate::qemu::RunOptions {
+        pcpus: case.topology.pcpus(),
+        vcpus: case.topology.vcpus(),
+        hv_args: hypervisor_args(case),
+        cmd: Some(guest_command(case, runtime_s)),
+        timeout: run_timeout(case, runtime_s),
+        icount: case.clock == Clock::Icount,
+        extra: vec![
+            "-drive".into(),
+            format!("if=none,file={},format=raw,id=d0", disk_image.display()),
+            "-device".into(),
+            "virtio-blk-device,drive=d0".into(),
+        ],
+        echo: false,
+        ..Default::default()
+    }
+}
+
+/// `target/bench/wakeup/`.
+pub fn out_dir() -> PathBuf {
+    crate::root().join("target").join("bench").join("wakeup")
+}
+
+/// Progress line printer: `case i/n (elapsed mm:ss): <case>`.
+#[derive(Clone, Copy, Debug)]
+pub struct Progress {
+    /// 1-based index of the case being run.
+    pub i: usize,
+    pub n: usize,
+    pub started: Instant,
+}
+
+impl Progress {
+    pub fn new(n: usize) -> Self {
+        Self { i: 0, n, started: Instant::now() }
+    }
+
+    /// Formats the line for an elapsed time (testable without a clock).
+    pub fn format(i: usize, n: usize, elapsed: Duration, case: &dyn fmt::Display) -> String {
+        let s = elapsed.as_secs();
+        format!("case {i}/{n} (elapsed {:02}:{:02}): {case}", s / 60, s % 60)
+    }
+
+    pub fn line(&self, case: &dyn fmt::Display) -> String {
+        Self::format(self.i, self.n, self.started.elapsed(), case)
+    }
+
+    /// Advance to the next case and print its line to stderr.
+    pub fn next(&mut self, case: &dyn fmt::Display) {
+        self.i += 1;
+        eprintln!("{}", self.line(case));
+    }
+}
+
+/// Everything measured for one case: one [`Sample`] per successful repeat,
+/// and a message per failed one (timeout, no fio JSON, ...).
+#[derive(Clone, Debug, PartialEq)]
+pub struct CaseResult {
+    pub case: Case,
+    pub samples: Vec<Sample>,
+    pub errors: Vec<String>,
+}

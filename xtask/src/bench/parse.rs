@@ -1,0 +1,213 @@
+//! Console text → fio results and hypervisor statistics.
+//!
+//! The console is one stream shared by the guest's userspace, the guest
+//! kernel (printk lines such as `[   12.345678] virtio_blk ...`) and the
+//! hypervisor (its stats at power-off). printk does not wait for a userspace
+//! line to end, so a kernel line can land *inside* fio's JSON, even in the
+//! middle of one of its lines. [`extract_fio_json`] undoes both cases:
+//! whole kernel lines are dropped, and a line cut by one is rejoined with
+//! its continuation.
+//!
+//! fio's JSON (3.33, `--output-format=json`) is read with serde_json; only
+//! the fields the report needs are taken, so other fio versions with the
+//! same fields work too.
+
+use super::{FIO_BEGIN, FIO_END, IRQ_MARK};
+use hypervisor::stats::{parse_text, VcpuStats};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::collections::BTreeMap;
+
+/// fio's figures for one run (times in µs).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FioResult {
+    pub iops: f64,
+    pub clat_p50_us: f64,
+    pub clat_p99_us: f64,
+    pub clat_p999_us: f64,
+    /// Mean submission latency: fio's `slat_ns.mean` when fio measured it
+    /// (`slat_ns.N > 0`, async engines). fio records no slat for sync
+    /// engines such as psync (N = 0, see the fixture): then this is
+    /// `lat_ns.mean - clat_ns.mean`, the time from fio's I/O setup to the
+    /// `pread` call, and [`FioResult::slat_measured`] is false. With psync,
+    /// the kernel's submission (virtqueue lock, kick) is inside clat.
+    pub slat_mean_us: f64,
+    /// Whether `slat_mean_us` is fio's own slat (see there).
+    pub slat_measured: bool,
+    pub clat_mean_us: f64,
+    /// Every completion-latency percentile fio printed, as (percent, µs),
+    /// sorted by percent: the curve of the latency plot.
+    pub clat_percentiles_us: Vec<(f64, f64)>,
+    /// Number of completed reads.
+    pub total_ios: u64,
+}
+
+/// What one run of a case produced.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sample {
+    pub fio: FioResult,
+    /// Hypervisor statistics per vCPU (empty when none were printed, e.g.
+    /// without the hypervisor).
+    pub stats: BTreeMap<u32, VcpuStats>,
+    /// Why the stats text did not parse, when it did not (the fio figures
+    /// are still valid then).
+    pub stats_error: Option<String>,
+    /// Interrupts of the disk per guest CPU after fio (`@@BENCH-IRQ@@`
+    /// line), when the guest printed it.
+    pub disk_irqs_per_cpu: Option<Vec<u64>>,
+}
+
+/// Whether `line[at..]` starts with a printk timestamp `[  12.345678]`.
+fn timestamp_at(line: &str, at: usize) -> bool {
+    let b = &line.as_bytes()[at..];
+    if b.first() != Some(&b'[') {
+        return false;
+    }
+    let mut i = 1;
+    while i < b.len() && b[i] == b' ' {
+        i += 1;
+    }
+    let d0 = i;
+    while i < b.len() && b[i].is_ascii_digit() {
+        i += 1;
+    }
+    if i == d0 || i >= b.len() || b[i] != b'.' {
+        return false;
+    }
+    i += 1;
+    let d1 = i;
+    while i < b.len() && b[i].is_ascii_digit() {
+        i += 1;
+    }
+    i > d1 && i < b.len() && b[i] == b']'
+}
+
+/// Byte offset of the first printk timestamp in `line`, if any.
+fn find_timestamp(line: &str) -> Option<usize> {
+    line.match_indices('[').map(|(i, _)| i).find(|&i| timestamp_at(line, i))
+}
+
+/// Removes kernel log lines from the text of a marker block. A kernel line
+/// in the middle of a userspace line leaves `head[ 1.2] msg` + `tail`:
+/// `head` and `tail` are rejoined (without a newline, which is what the
+/// userspace line had there; JSON does not care either way).
+fn strip_kernel_lines(block: &str) -> String {
+    let mut out = String::with_capacity(block.len());
+    for raw in block.lines() {
+        let line = raw.trim_end_matches('\r');
+        match find_timestamp(line) {
+            Some(0) => {}
+            Some(p) => out.push_str(&line[..p]), // cut: continues on the next line
+            None => {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    out
+}
+
+/// The text between the last complete [`FIO_BEGIN`] / [`FIO_END`] pair, with
+/// kernel log lines removed and anything before fio's first `{` and after its
+/// last `}` (e.g. fio's `note:` lines) dropped.
+pub fn extract_fio_json(console: &str) -> Result<String, String> {
+    // Markers are matched as whole (trimmed) lines, and a marker line may
+    // itself be hit by printk; then it is simply missed and we report that.
+    let mut begin = None;
+    let mut block = None;
+    let mut pos = 0;
+    for line in console.split_inclusive('\n') {
+        let t = line.trim();
+        if t == FIO_BEGIN {
+            begin = Some(pos + line.len());
+        } else if t == FIO_END {
+            if let Some(b) = begin.take() {
+                block = Some((b, pos));
+            }
+        }
+        pos += line.len();
+    }
+    let (b, e) = match (block, begin) {
+        (Some(be), _) => be,
+        (None, Some(_)) => {
+            return Err(format!("fio JSON starts ({FIO_BEGIN}) but never ends ({FIO_END}): run cut short?"))
+        }
+        (None, None) => return Err(format!("no {FIO_BEGIN} marker on the console (did fio run?)")),
+    };
+    let text = strip_kernel_lines(&console[b..e]);
+    let start = text.find('{').ok_or("the fio block holds no JSON object (fio failed? see the console)")?;
+    let end = text.rfind('}').filter(|&end| end > start).ok_or("the fio JSON block is truncated")?;
+    Ok(text[start..=end].to_string())
+}
+
+fn num(v: &Value, path: &str) -> Result<f64, String> {
+    let mut cur = v;
+    for key in path.split('/') {
+        cur = match key.parse::<usize>() {
+            Ok(i) if cur.is_array() => &cur[i],
+            _ => &cur[key],
+        };
+    }
+    cur.as_f64().ok_or_else(|| format!("fio JSON: no number at {path}"))
+}
+
+/// Parses fio's JSON output: `jobs[0].read` (IOPS, `clat_ns` percentiles,
+/// `slat_ns.mean`), converted to µs.
+pub fn parse_fio_json(json: &str) -> Result<FioResult, String> {
+    let v: Value = serde_json::from_str(json).map_err(|e| format!("fio JSON: {e}"))?;
+    if let Some(err) = v["jobs"][0]["error"].as_i64().filter(|&e| e != 0) {
+        return Err(format!("fio reported error {err} for job 0"));
+    }
+    let read = &v["jobs"][0]["read"];
+    if read.is_null() {
+        return Err("fio JSON: no jobs[0].read".into());
+    }
+    let pct = read["clat_ns"]["percentile"].as_object().ok_or("fio JSON: no jobs[0].read.clat_ns.percentile")?;
+    let mut clat: Vec<(f64, f64)> =
+        pct.iter().filter_map(|(k, v)| Some((k.parse::<f64>().ok()?, v.as_f64()? / 1000.0))).collect();
+    clat.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let at = |p: &str| -> Result<f64, String> {
+        pct.get(p)
+            .and_then(Value::as_f64)
+            .map(|ns| ns / 1000.0)
+            .ok_or_else(|| format!("fio JSON: no clat percentile {p}"))
+    };
+    let slat_measured = read["slat_ns"]["N"].as_u64().unwrap_or(0) > 0;
+    let clat_mean_us = num(read, "clat_ns/mean")? / 1000.0;
+    let slat_mean_us = if slat_measured {
+        num(read, "slat_ns/mean")? / 1000.0
+    } else {
+        (num(read, "lat_ns/mean")? / 1000.0 - clat_mean_us).max(0.0)
+    };
+    Ok(FioResult {
+        iops: num(read, "iops")?,
+        clat_p50_us: at("50.000000")?,
+        clat_p99_us: at("99.000000")?,
+        clat_p999_us: at("99.900000")?,
+        slat_mean_us,
+        slat_measured,
+        clat_mean_us,
+        clat_percentiles_us: clat,
+        total_ios: read["total_ios"].as_u64().unwrap_or(0),
+    })
+}
+
+/// Per-CPU interrupt counts from the last `@@BENCH-IRQ@@` line, e.g.
+/// `@@BENCH-IRQ@@  13:   3  9876  GICv3  79 Edge  virtio0`.
+fn parse_irq_line(console: &str) -> Option<Vec<u64>> {
+    let line = console.lines().rev().find_map(|l| l.trim().strip_prefix(IRQ_MARK))?;
+    let (_, rest) = line.split_once(':')?;
+    let counts: Vec<u64> = rest.split_whitespace().map_while(|w| w.parse().ok()).collect();
+    (!counts.is_empty()).then_some(counts)
+}
+
+/// One run's console → [`Sample`]. Fails only when fio's figures are
+/// missing or unreadable.
+pub fn parse_console(console: &str) -> Result<Sample, String> {
+    let fio = parse_fio_json(&extract_fio_json(console)?)?;
+    let (stats, stats_error) = match parse_text(console) {
+        Ok(s) => (s, None),
+        Err(e) => (BTreeMap::new(), Some(e.to_string())),
+    };
+    Ok(Sample { fio, stats, stats_error, disk_irqs_per_cpu: parse_irq_line(console) })
+}

@@ -1,0 +1,531 @@
+//! Host tests of the bench harness: parsing a real console (plain QEMU, fio
+//! 3.33, recorded with [`guest_command`]'s script), aggregation, the matrix,
+//! and the three report files.
+
+use super::*;
+use hypervisor::stats::Log2Histogram;
+
+const CONSOLE: &str = include_str!("testdata/console-1p2v.txt");
+
+fn fixture_case() -> Case {
+    Case {
+        topology: Topology::OneP2V,
+        irq: Irq::Unpinned,
+        sched: Sched::XenCompat,
+        ratelimit_us: 1000,
+        disk: Disk::Ram,
+        clock: Clock::Realtime,
+    }
+}
+
+fn b64decode(s: &str) -> Vec<u8> {
+    const A: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = Vec::new();
+    let (mut acc, mut bits) = (0u32, 0);
+    for c in s.bytes().take_while(|&c| c != b'=') {
+        acc = acc << 6 | A.iter().position(|&a| a == c).expect("base64") as u32;
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+        }
+    }
+    out
+}
+
+#[test]
+fn fixture_was_recorded_with_the_current_guest_command() {
+    let arg = CONSOLE
+        .lines()
+        .find_map(|l| l.split_once("Kernel command line: ").map(|x| x.1))
+        .and_then(|l| l.split_whitespace().find_map(|w| w.strip_prefix("guestcmd=")))
+        .expect("guestcmd on the recorded kernel command line");
+    let script = String::from_utf8(b64decode(arg)).unwrap();
+    assert_eq!(
+        script,
+        guest_command(&fixture_case(), 5),
+        "guest_command() changed: re-record testdata/console-1p2v.txt (see record_console_fixture)"
+    );
+}
+
+#[test]
+fn parses_the_recorded_console() {
+    assert!(CONSOLE.contains("[    0.000000] Booting Linux"), "real kernel lines are part of the fixture");
+    let s = parse_console(CONSOLE).unwrap();
+    let f = &s.fio;
+    // The figures in the recorded JSON.
+    let want_iops: f64 = CONSOLE
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("\"iops\" : "))
+        .unwrap()
+        .trim_end_matches(',')
+        .parse()
+        .unwrap();
+    assert_eq!(f.iops, want_iops);
+    assert!(f.iops > 10.0);
+    assert!(f.total_ios > 0);
+    assert_eq!(f.clat_percentiles_us.len(), 17, "fio's default percentile list");
+    assert!(f.clat_p50_us > 0.0 && f.clat_p50_us <= f.clat_p99_us && f.clat_p99_us <= f.clat_p999_us);
+    assert_eq!(f.clat_percentiles_us.iter().find(|p| p.0 == 99.0).unwrap().1, f.clat_p99_us);
+    // psync: fio records no slat; the proxy is lat - clat, small but > 0.
+    assert!(!f.slat_measured);
+    assert!(f.slat_mean_us > 0.0 && f.slat_mean_us < f.clat_p50_us, "{}", f.slat_mean_us);
+    // Unpinned: the disk IRQ went to one CPU; the line has both CPUs' counts.
+    let irqs = s.disk_irqs_per_cpu.as_ref().unwrap();
+    assert_eq!(irqs.len(), 2);
+    assert!(irqs.iter().sum::<u64>() >= f.total_ios);
+    // No hypervisor there, so no stats.
+    assert!(s.stats.is_empty() && s.stats_error.is_none());
+}
+
+/// Kernel lines inside the JSON block, whole and in the middle of a line.
+#[test]
+fn kernel_lines_inside_the_block_are_removed() {
+    let clean = parse_console(CONSOLE).unwrap();
+    let mut noisy = String::new();
+    let mut in_block = false;
+    for line in CONSOLE.lines() {
+        if line == FIO_BEGIN {
+            in_block = true;
+        }
+        if in_block && line.trim_start().starts_with("\"iops\" : ") {
+            // printk lands in the middle of the number.
+            let (a, b) = line.split_at(line.len() - 5);
+            noisy.push_str(a);
+            noisy.push_str("[  123.456789] virtio_blk virtio0: cut in\n");
+            noisy.push_str(b);
+            noisy.push('\n');
+            continue;
+        }
+        noisy.push_str(line);
+        noisy.push('\n');
+        if in_block && line.trim() == "\"jobs\" : [" {
+            noisy.push_str("[   99.000001] rcu: INFO: rcu_sched self-detected stall on CPU\n");
+            noisy.push_str("[   99.000002]  { 1} } ] \"not json\"\n");
+        }
+        if line == FIO_END {
+            in_block = false;
+        }
+    }
+    assert_eq!(noisy.matches("[  123.456789] virtio_blk virtio0: cut in").count(), 3, "read, write, trim iops lines");
+    // The noise does break a naive reading of the block.
+    let raw = noisy.split(FIO_BEGIN).nth(1).unwrap().split(FIO_END).next().unwrap();
+    assert!(serde_json::from_str::<serde_json::Value>(raw).is_err());
+    let parsed = parse_console(&noisy).unwrap();
+    assert_eq!(parsed, clean);
+}
+
+#[test]
+fn console_errors_are_explained() {
+    assert!(parse_console("no markers here").unwrap_err().contains(FIO_BEGIN));
+    let cut = CONSOLE.split(FIO_END).next().unwrap();
+    assert!(parse_console(cut).unwrap_err().contains("never ends"));
+    let empty = format!("{FIO_BEGIN}\nfio: failed to open /dev/vda\n\n{FIO_END}\n");
+    assert!(parse_console(&empty).unwrap_err().contains("no JSON"));
+    let failed = format!("{FIO_BEGIN}\n{{\"jobs\":[{{\"error\":5,\"read\":{{}}}}]}}\n{FIO_END}\n");
+    assert!(parse_console(&failed).unwrap_err().contains("error 5"));
+}
+
+#[test]
+fn the_last_fio_block_wins() {
+    let first = format!("{FIO_BEGIN}\n{{\"jobs\":[{{\"error\":5}}]}}\n{FIO_END}\n");
+    let s = parse_console(&format!("{first}{CONSOLE}")).unwrap();
+    assert_eq!(s, parse_console(CONSOLE).unwrap());
+}
+
+const STATS: &str = "\
+vcpu0.wakes_interrupt=3
+vcpu0.kicks=5
+vcpu0.kick_to_run_ns.count=0
+vcpu0.kick_to_run_ns.sum=0
+vcpu0.kick_to_run_ns.min=0
+vcpu0.kick_to_run_ns.max=0
+vcpu1.wakes_interrupt=1000
+vcpu1.ratelimit_deferrals=990
+vcpu1.preempt_wake=0
+vcpu1.kick_to_run_ns.count=1000
+vcpu1.kick_to_run_ns.sum=5000000000
+vcpu1.kick_to_run_ns.min=3000
+vcpu1.kick_to_run_ns.max=9900000
+vcpu1.kick_to_run_ns.bucket[2048,4096)=10
+vcpu1.kick_to_run_ns.bucket[4194304,8388608)=700
+vcpu1.kick_to_run_ns.bucket[8388608,16777216)=290
+";
+
+#[test]
+fn parses_hypervisor_stats_text() {
+    let console = format!("{CONSOLE}[   30.1] reboot: Power down\n{STATS}hv: bye\n");
+    let s = parse_console(&console).unwrap();
+    assert_eq!(s.stats.len(), 2);
+    let v1 = &s.stats[&1];
+    assert_eq!(v1.counters.wakes_interrupt, 1000);
+    assert_eq!(v1.counters.ratelimit_deferrals, 990);
+    let h = &v1.kick_to_run_ns;
+    assert_eq!(h.count(), 1000);
+    assert_eq!(h.bucket(Log2Histogram::bucket_of(5_000_000)), 700);
+    assert_eq!(h.max(), Some(9_900_000));
+    assert!(h.quantile(99, 100).unwrap() > 8_000_000);
+    // A corrupted stats line costs the stats, not the fio figures.
+    let bad = format!("{CONSOLE}vcpu1.kick_to_run_ns.count=1000[  1.0] x\n");
+    let s = parse_console(&bad).unwrap();
+    assert!(s.stats.is_empty() && s.stats_error.is_some());
+}
+
+fn sample_with(iops: f64, p99: f64, slat: f64) -> Sample {
+    let mut s = parse_console(CONSOLE).unwrap();
+    s.fio.iops = iops;
+    s.fio.clat_p99_us = p99;
+    s.fio.slat_mean_us = slat;
+    s
+}
+
+#[test]
+fn median_and_summary() {
+    assert_eq!(median(&[]), None);
+    assert_eq!(median(&[3.0]), Some(3.0));
+    assert_eq!(median(&[5.0, 1.0, 3.0]), Some(3.0));
+    assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), Some(2.5));
+    assert_eq!(median(&[f64::NAN, 2.0, 9.0, 1.0]), Some(2.0));
+
+    let mut a = sample_with(100.0, 9000.0, 1.0);
+    let b = sample_with(300.0, 1000.0, 3.0);
+    let c = sample_with(200.0, 5000.0, 50.0);
+    a.stats = hypervisor::stats::parse_text(STATS).unwrap();
+    let mut c2 = c.clone();
+    c2.stats = a.stats.clone();
+    let r = CaseResult { case: fixture_case(), samples: vec![a, b, c2], errors: vec!["timeout".into()] };
+    let s = summarize(&r).unwrap();
+    assert_eq!(s.repeats, 3);
+    assert_eq!(s.fio.iops, 200.0);
+    assert_eq!(s.fio.clat_p99_us, 5000.0);
+    assert_eq!(s.fio.slat_mean_us, 3.0);
+    assert_eq!(s.errors, vec!["timeout".to_string()]);
+    // Histograms of the fio vCPU (vcpu1) add up over repeats.
+    assert_eq!(s.kick_to_run.as_ref().unwrap().count(), 2000);
+    assert_eq!(s.fio_vcpu_counters.as_ref().unwrap().ratelimit_deferrals, 1980);
+    assert!(summarize(&CaseResult { case: fixture_case(), samples: vec![], errors: vec!["x".into()] }).is_none());
+}
+
+#[test]
+fn matrix_sizes() {
+    let quick = matrix(false, true);
+    assert_eq!(quick.len(), 4);
+    assert_eq!(matrix(true, true), quick, "quick wins over full");
+    for c in &quick {
+        assert_eq!((c.irq, c.disk, c.clock), (Irq::Unpinned, Disk::Ram, Clock::Icount));
+        assert!(c.sched == Sched::WakePreempt || c.ratelimit_us == 1000);
+        assert_ne!(c.topology, Topology::TwoP2V);
+    }
+    // icount: 3 disks x 4 schedulers x (1p1v + 1p2v x 2 IRQ) = 36.
+    let default = matrix(false, false);
+    assert_eq!(default.len(), 36);
+    assert!(default.iter().all(|c| c.clock == Clock::Icount));
+    // full adds real time with 2p2v: 3 x 4 x (1 + 2 + 2) = 60.
+    let full = matrix(true, false);
+    assert_eq!(full.len(), 96);
+    assert!(full.iter().filter(|c| c.topology == Topology::TwoP2V).all(|c| c.clock == Clock::Realtime));
+    assert_eq!(full.iter().filter(|c| c.topology == Topology::TwoP2V).count(), 24);
+    let mut uniq = full.clone();
+    uniq.sort();
+    uniq.dedup();
+    assert_eq!(uniq.len(), full.len());
+    assert!(full.iter().all(|c| !(c.topology == Topology::OneP1V && c.irq == Irq::Pinned)));
+}
+
+#[test]
+fn spellings_round_trip() {
+    for c in matrix(true, false) {
+        assert_eq!(c.topology.to_string().parse::<Topology>().unwrap(), c.topology);
+        assert_eq!(c.irq.to_string().parse::<Irq>().unwrap(), c.irq);
+        assert_eq!(c.sched.to_string().parse::<Sched>().unwrap(), c.sched);
+        assert_eq!(c.disk.to_string().parse::<Disk>().unwrap(), c.disk);
+        assert_eq!(c.clock.to_string().parse::<Clock>().unwrap(), c.clock);
+    }
+    assert!("3p3v".parse::<Topology>().unwrap_err().contains("1p1v, 1p2v, 2p2v"));
+    assert_eq!(fixture_case().to_string(), "1p2v unpinned xen-compat rl=1000 ram realtime");
+}
+
+#[test]
+fn guest_commands() {
+    let base = Case { clock: Clock::Icount, ..fixture_case() };
+    let two = guest_command(&base, 10);
+    assert!(two.starts_with("taskset -c 0 sh -c 'while :; do :; done' &"));
+    assert!(two.contains("taskset -c 1 fio --name=randread --filename=/dev/vda --rw=randread --bs=4k --iodepth=1 --direct=1 --ioengine=psync --runtime=10 --time_based --output-format=json"));
+    assert!(two.contains("kill $H"));
+    assert!(!two.contains("smp_affinity"));
+    let pinned = guest_command(&Case { irq: Irq::Pinned, ..base }, 10);
+    assert!(pinned.contains("echo 2 > /proc/irq/$N/smp_affinity"));
+    assert!(pinned.contains("virtio0$"));
+    let one = guest_command(&Case { topology: Topology::OneP1V, ..base }, 10);
+    assert!(!one.contains("while :") && !one.contains("kill"));
+    assert!(one.contains("taskset -c 0 fio"));
+    // Fits the 2048-byte kernel command line with room to spare.
+    for c in matrix(true, false) {
+        let arg = crate::qemu::base64(guest_command(&c, 600).as_bytes());
+        assert!(arg.len() < 1400, "{c}: {} bytes", arg.len());
+    }
+}
+
+#[test]
+fn hypervisor_args_parse_as_scheduler_options() {
+    use hypervisor::sched::{SchedConfig, WakeMode};
+    for c in matrix(true, false) {
+        let a = hypervisor_args(&c);
+        let cfg = SchedConfig::from_bootargs(&a).unwrap_or_else(|e| panic!("{a}: {e:?}"));
+        assert_eq!(cfg.ratelimit_ns, c.ratelimit_us as u64 * 1000);
+        let want = if c.sched == Sched::WakePreempt { WakeMode::Preempt } else { WakeMode::XenCompat };
+        assert_eq!(cfg.wake_mode, want);
+    }
+    let ram = hypervisor_args(&Case { sched: Sched::WakePreempt, ..fixture_case() });
+    assert_eq!(
+        ram,
+        "sched=credit2 sched_wake_preempt=on sched_ratelimit_us=1000 dom0_disk=ram dom0_disk_latency_us=200"
+    );
+    let o = run_options(&Case { topology: Topology::TwoP2V, ..fixture_case() }, 10, std::path::Path::new("/tmp/d.img"));
+    assert_eq!((o.pcpus, o.vcpus, o.icount), (2, 2, false));
+    assert!(o.extra.join(" ").contains("file=/tmp/d.img"));
+}
+
+#[test]
+fn progress_line() {
+    let l = Progress::format(3, 12, std::time::Duration::from_secs(65), &fixture_case());
+    assert_eq!(l, "case 3/12 (elapsed 01:05): 1p2v unpinned xen-compat rl=1000 ram realtime");
+}
+
+/// The quick matrix with made-up figures around the recorded sample:
+/// baseline 1000 IOPS, wake-preempt 950, the control 100.
+fn quick_results() -> Vec<CaseResult> {
+    let mut out = Vec::new();
+    for case in matrix(false, true) {
+        let (iops, p99, slat) = match (case.topology, case.sched) {
+            (Topology::OneP1V, _) => (1000.0, 1500.0, 2.0),
+            (_, Sched::WakePreempt) => (950.0, 2000.0, 5.0),
+            _ => (100.0, 10158.0, 2.5),
+        };
+        let mut s = sample_with(iops, p99, slat);
+        if case.topology == Topology::OneP2V {
+            s.stats = hypervisor::stats::parse_text(STATS).unwrap();
+        }
+        out.push(CaseResult { case, samples: vec![s], errors: vec![] });
+    }
+    out
+}
+
+#[test]
+fn report_has_targets_and_ratios() {
+    let r = quick_results();
+    let md = render_report(&r);
+    assert!(md.contains("## Targets"));
+    for t in report::TARGETS {
+        assert!(md.contains(t), "{t}");
+    }
+    let checks = check_targets(&r.iter().filter_map(summarize).collect::<Vec<_>>());
+    let status = |n: usize| checks.iter().filter(|c| c.target == n).map(|c| c.status).collect::<Vec<_>>();
+    assert_eq!(status(1), vec![Status::Met]); // 0.95x IOPS, 1.33x p99
+    assert_eq!(status(2), vec![Status::Met]); // 9.5x
+    assert_eq!(status(3), vec![Status::NotMeasured]); // quick has no pinned cases
+    assert_eq!(status(4), vec![Status::Missed]); // slat 5 vs 2 = 2.5x
+    assert!(
+        md.contains("| **met** | IOPS 950 vs 1000 = 0.95× (≥ 0.90×); p99 2000 vs 1500 µs = 1.33× (≤ 2×) |"),
+        "{md}"
+    );
+    assert!(md.contains("**not measured**"));
+    assert!(md.contains("**missed** | mean slat 5.00 vs 2.00 µs = 2.50× (≤ 2×) (lat−clat, see note)"));
+    assert!(md.contains("### 1p2v / 1p1v"));
+    assert!(md.contains("| 1p2v unpinned wake-preempt ram icount | 0.95× | 1.33× | 2.50× |"), "{md}");
+    assert!(md.contains("| 1p2v unpinned xen-compat rl=1000 ram icount | 0.10× |"));
+    assert!(md.contains("### unpinned / pinned IRQ"));
+    assert!(md.contains("### wake-preempt / xen-compat"));
+    assert!(md.contains("| 1p2v unpinned wake-preempt ram icount | 1000 µs | 9.50× | 0.20× | 2.00× |"), "{md}");
+    // Per-case histogram from the stats text; cases without stats say so.
+    assert!(md.contains("1000 wakes; p50"));
+    assert!(md.contains("| [4194, 8389) | 700 |"), "{md}");
+    assert!(md.contains("no kick→schedule-in samples"));
+    assert!(md.contains("latency.svg"));
+}
+
+#[test]
+fn failed_cases_are_listed_not_exported() {
+    let mut r = quick_results();
+    r[0].samples.clear();
+    r[0].errors.push("QEMU killed after 900 s\nmore".into());
+    let md = render_report(&r);
+    assert!(md.contains("4 case(s), 1 failed"));
+    assert!(md.contains(&format!("- {}: QEMU killed after 900 s", r[0].case)));
+    let sums: Vec<Summary> = r.iter().filter_map(summarize).collect();
+    let back: ResultsFile = serde_json::from_str(&results_json(&sums)).unwrap();
+    assert_eq!(back.cases.len(), 3);
+}
+
+#[test]
+fn results_json_matches_the_issue_schema() {
+    let r = quick_results();
+    let sums: Vec<Summary> = r.iter().filter_map(summarize).collect();
+    let text = results_json(&sums);
+    // Typed read-back (unknown fields rejected)...
+    let back: ResultsFile = serde_json::from_str(&text).unwrap();
+    assert_eq!(back.cases.len(), 4);
+    let c = &back.cases[1];
+    assert_eq!(
+        (c.topology, c.irq, c.sched, c.ratelimit_us, c.disk, c.clock),
+        (Topology::OneP2V, Irq::Unpinned, Sched::XenCompat, 1000, Disk::Ram, Clock::Icount)
+    );
+    assert_eq!((c.iops, c.clat_p99_us, c.slat_mean_us, c.repeats), (100.0, 10158.0, 2.5, 1));
+    // ...and the exact key set and spellings of the issue's example.
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let obj = v["cases"][1].as_object().unwrap();
+    let mut keys: Vec<&str> = obj.keys().map(|k| k.as_str()).collect();
+    keys.sort();
+    assert_eq!(
+        keys,
+        [
+            "clat_p50_us",
+            "clat_p999_us",
+            "clat_p99_us",
+            "clock",
+            "disk",
+            "iops",
+            "irq",
+            "ratelimit_us",
+            "repeats",
+            "sched",
+            "slat_mean_us",
+            "topology"
+        ]
+    );
+    assert_eq!(obj["topology"], "1p2v");
+    assert_eq!(obj["sched"], "xen-compat");
+    assert_eq!(obj["clock"], "icount");
+    assert!(obj["iops"].is_number() && obj["repeats"].is_u64());
+    assert_eq!(v.as_object().unwrap().len(), 1);
+}
+
+/// A minimal XML well-formedness check: tags nest and close, quotes balance.
+fn check_xml(s: &str) -> Result<(), String> {
+    let mut stack: Vec<String> = Vec::new();
+    let mut rest = s;
+    while let Some(i) = rest.find('<') {
+        let text = &rest[..i];
+        if text.contains('>') {
+            return Err(format!("stray '>' in {text:?}"));
+        }
+        let end = rest[i..].find('>').ok_or("unterminated tag")? + i;
+        let tag = &rest[i + 1..end];
+        if !tag.matches('"').count().is_multiple_of(2) {
+            return Err(format!("unbalanced quotes in <{tag}>"));
+        }
+        if let Some(name) = tag.strip_prefix('/') {
+            let open = stack.pop().ok_or(format!("</{name}> without opening tag"))?;
+            if open != name {
+                return Err(format!("<{open}> closed by </{name}>"));
+            }
+        } else if !tag.ends_with('/') {
+            stack.push(tag.split_whitespace().next().unwrap_or("").to_string());
+        }
+        rest = &rest[end + 1..];
+    }
+    if !stack.is_empty() {
+        return Err(format!("unclosed: {stack:?}"));
+    }
+    Ok(())
+}
+
+#[test]
+fn svg_is_well_formed_with_one_curve_per_case() {
+    let r = quick_results();
+    let sums: Vec<Summary> = r.iter().filter_map(summarize).collect();
+    let svg = svg::latency_plot(&sums);
+    assert!(svg.starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\""));
+    assert!(svg.trim_end().ends_with("</svg>"));
+    check_xml(&svg).unwrap();
+    assert_eq!(svg.matches("<polyline class=\"clat\"").count(), sums.len());
+    // Two 1p2v cases carry stats: their kick->run curves are dashed.
+    assert_eq!(svg.matches("<polyline class=\"kick\"").count(), 2);
+    for s in &sums {
+        assert!(svg.contains(&s.case.to_string()));
+    }
+    // Log axis labels in decades, and every point inside the canvas.
+    assert!(svg.contains("100 µs") && svg.contains("1 ms"));
+    for pl in svg.split("points=\"").skip(1) {
+        for pt in pl.split('"').next().unwrap().split_whitespace() {
+            let (x, y) = pt.split_once(',').unwrap();
+            let (x, y): (f64, f64) = (x.parse().unwrap(), y.parse().unwrap());
+            assert!((0.0..=860.0).contains(&x) && (0.0..=600.0).contains(&y), "{pt}");
+        }
+    }
+    assert!(check_xml("<svg><g></svg>").is_err());
+    // No cases: still a valid (empty) plot.
+    check_xml(&svg::latency_plot(&[])).unwrap();
+}
+
+#[test]
+fn write_report_writes_three_files() {
+    // BENCH_REPORT_DIR keeps the files for a look (e.g. /tmp/bench-report).
+    let keep = std::env::var_os("BENCH_REPORT_DIR");
+    let dir = keep
+        .clone()
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::env::temp_dir().join(format!("bench-report-test-{}", std::process::id())));
+    let files = write_report(&dir, &quick_results()).unwrap();
+    let md = std::fs::read_to_string(&files.report_md).unwrap();
+    assert!(md.starts_with("# Wake-latency benchmark"));
+    let json: ResultsFile = serde_json::from_str(&std::fs::read_to_string(&files.results_json).unwrap()).unwrap();
+    assert_eq!(json.cases.len(), 4);
+    assert!(std::fs::read_to_string(&files.latency_svg).unwrap().starts_with("<svg"));
+    if keep.is_none() {
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
+
+/// Re-records `testdata/console-1p2v.txt` with plain QEMU (no hypervisor):
+/// `GUEST_IMAGE_DIR=/tmp/gi-bench cargo test -p xtask bench::tests::record_console_fixture -- --ignored`
+#[test]
+#[ignore]
+fn record_console_fixture() {
+    let dir = std::env::var("GUEST_IMAGE_DIR").unwrap_or_else(|_| "/tmp/gi-bench".into());
+    let out = std::env::var("FIXTURE_OUT").unwrap_or_else(|_| "/tmp/console-1p2v.txt".into());
+    let disk = "/tmp/bench-disk.img";
+    let st = std::process::Command::new("truncate").args(["-s", "256M", disk]).status().unwrap();
+    assert!(st.success());
+    let irq: Irq = std::env::var("FIXTURE_IRQ").unwrap_or_else(|_| "unpinned".into()).parse().unwrap();
+    let case = Case {
+        topology: Topology::OneP2V,
+        irq,
+        sched: Sched::XenCompat,
+        ratelimit_us: 1000,
+        disk: Disk::Ram,
+        clock: Clock::Realtime,
+    };
+    let cmd = guest_command(&case, 5);
+    eprintln!("{cmd}");
+    let append = format!("console=ttyAMA0 guestcmd={}", crate::qemu::base64(cmd.as_bytes()));
+    let o = std::process::Command::new("timeout")
+        .args([
+            "300",
+            "qemu-system-aarch64",
+            "-machine",
+            "virt,gic-version=3",
+            "-cpu",
+            "max,pauth-impdef=on",
+            "-smp",
+            "2",
+            "-m",
+            "1G",
+            "-nographic",
+            "-nic",
+            "none",
+        ])
+        .arg("-kernel")
+        .arg(format!("{dir}/Image"))
+        .arg("-initrd")
+        .arg(format!("{dir}/initramfs.cpio"))
+        .arg("-append")
+        .arg(&append)
+        .args(["-drive", &format!("if=none,file={disk},format=raw,id=d0"), "-device", "virtio-blk-device,drive=d0"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let console = String::from_utf8_lossy(&o.stdout).replace('\r', "");
+    std::fs::write(&out, &console).unwrap();
+    assert!(console.contains(FIO_END), "no fio output; console in {out}");
+}
