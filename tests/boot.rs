@@ -4,9 +4,11 @@ use integration_tests::*;
 
 #[test]
 fn linux_boots_at_el1_under_the_hypervisor_gicv3() {
-    let r = run_cmd(r#"dmesg | grep -E "started at EL"; uname -m"#, |_| {});
+    let r = run_cmd(r#"dmesg | grep -E "started at EL"; uname -m; echo sve=$(grep -c -w -E "sve|sme" /proc/cpuinfo)"#, |_| {});
     assert_console(&r, "CPU: All CPU(s) started at EL1");
     assert_console(&r, "aarch64");
+    // SVE/SME state is not switched between vCPUs: the guest must not see them.
+    assert_console(&r, "sve=0");
     assert_eq!(r.guest_exit, Some(0));
     // The hypervisor saw the guest work: traps, injected interrupts.
     assert!(stat(&r.console, 0, "mmio").unwrap() > 100);
@@ -33,13 +35,16 @@ fn guest_exit_status_and_timer_wakeups() {
 fn interactive_shell_on_the_console() {
     let o = RunOptions {
         echo: false,
-        input: Some("echo shell-$((6*7))\npoweroff -f\n".into()),
+        // Ctrl-\ asks the hypervisor for its statistics on the console.
+        input: Some("echo shell-$((6*7))\n\x1c\npoweroff -f\n".into()),
         timeout: std::time::Duration::from_secs(420),
         ..Default::default()
     };
     let r = run(&o);
     assert_console(&r, "shell-42");
     assert_console(&r, "dom0 powered off");
+    // Printed once on request and once at power-off.
+    assert_eq!(r.console.matches("(HV) stats begin vcpu0").count(), 2, "{}", tail(&r.console, 30));
 }
 
 #[test]

@@ -15,6 +15,7 @@ pub mod stats;
 pub mod vgic;
 pub mod config;
 pub mod esr;
+pub mod idregs;
 pub mod psci;
 pub mod stage2;
 pub mod vpl011;

@@ -20,6 +20,10 @@ use crate::{read_sysreg, stage2, write_sysreg};
 use core::sync::atomic::Ordering;
 use log::{debug, info, warn};
 
+/// Typing Ctrl-\\ on the console prints the statistics (it is not passed
+/// to the guest).
+pub const STATS_KEY: u8 = 0x1c;
+
 /// What the run loop does after an exit.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Next {
@@ -41,6 +45,7 @@ fn guest_hcr(vm: &Vm) -> u64 {
         | (1 << 9) // FB
         | (1 << 10) // BSU = inner shareable
         | (1 << 13) // TWI
+        | (1 << 18) // TID3: ID registers are emulated (crate::idregs)
         | (1 << 19) // TSC
         | (1 << 31); // RW
     if vm.overcommitted {
@@ -56,10 +61,9 @@ fn guest_hcr(vm: &Vm) -> u64 {
 /// Configures this pCPU's EL2 controls for running `vm`.
 fn load_vm(vm: &Vm) {
     write_sysreg!("hcr_el2", guest_hcr(vm));
-    // CPTR_EL2: no FP/SIMD/SVE trap; SME untrapped when present (TSM is RES1
-    // otherwise).
-    let sme = (read_sysreg!("id_aa64pfr1_el1") >> 24) & 0xf != 0;
-    write_sysreg!("cptr_el2", 0x22ff | if sme { 0 } else { 1 << 12 });
+    // CPTR_EL2: FP/SIMD for the guest; SVE (TZ) and SME (TSM) trapped: the
+    // guest does not see them (crate::idregs), so their use is undefined.
+    write_sysreg!("cptr_el2", 0x32ff);
     // Counter readable at EL1/EL0; the EL1 physical timer is trapped.
     write_sysreg!("cnthctl_el2", 1);
     write_sysreg!("cntvoff_el2", 0);
@@ -265,10 +269,12 @@ fn handle_irqs(vm: &Vm, me: usize, cur: Option<usize>, deadline: &mut Option<u64
                 process_kicks(vm, me, k, WakeCause::Interrupt);
             }
         } else if id == vm.uart_intid {
+            let mut stats_key = false;
             let level = {
                 let mut u = vm.uart.lock();
                 while u.rx_space() > 0 {
                     match console::getc() {
+                        Some(STATS_KEY) => stats_key = true,
                         Some(b) => {
                             u.receive(b);
                         }
@@ -279,6 +285,9 @@ fn handle_irqs(vm: &Vm, me: usize, cur: Option<usize>, deadline: &mut Option<u64
             };
             gic::eoi(id);
             gic::deactivate(id);
+            if stats_key {
+                print_stats(vm);
+            }
             let kicks = vm.vgic.lock().set_level(vm.uart_intid, 0, level);
             if let Ok(k) = kicks {
                 process_kicks(vm, me, k, WakeCause::Interrupt);
@@ -367,6 +376,11 @@ fn handle_sync(vm: &Vm, me: usize, v: &mut Vcpu) -> Next {
                 if let Ok(k) = kicks {
                     process_kicks(vm, me, k, WakeCause::Sgi);
                 }
+                v.regs.elr += ilen;
+            } else if s.read && crate::idregs::is_id_space(s.op0, s.op1, s.crn, s.crm) {
+                let reg = crate::idregs::IdReg { crm: s.crm, op2: s.op2 };
+                let value = crate::idregs::sanitize(reg, sysreg::read_id_reg(s.crm, s.op2));
+                reg_write(&mut v.regs, s.reg, value);
                 v.regs.elr += ilen;
             } else if !s.read && (s.key() == esr::ICC_ASGI1R_EL1 || s.key() == esr::ICC_SGI0R_EL1) {
                 // Group 0 / alternate-group SGIs do not exist for this guest.

@@ -60,3 +60,27 @@ pub fn tlbi_vmalls12e1is() {
 pub fn mpidr() -> u64 {
     read_sysreg!("mpidr_el1")
 }
+
+macro_rules! id_reg_read {
+    ($crm:expr, $op2:expr; $($c:literal),*) => {
+        match ($crm, $op2) {
+            $(
+                ($c, 0) => read_sysreg!(concat!("s3_0_c0_c", stringify!($c), "_0")),
+                ($c, 1) => read_sysreg!(concat!("s3_0_c0_c", stringify!($c), "_1")),
+                ($c, 2) => read_sysreg!(concat!("s3_0_c0_c", stringify!($c), "_2")),
+                ($c, 3) => read_sysreg!(concat!("s3_0_c0_c", stringify!($c), "_3")),
+                ($c, 4) => read_sysreg!(concat!("s3_0_c0_c", stringify!($c), "_4")),
+                ($c, 5) => read_sysreg!(concat!("s3_0_c0_c", stringify!($c), "_5")),
+                ($c, 6) => read_sysreg!(concat!("s3_0_c0_c", stringify!($c), "_6")),
+                ($c, 7) => read_sysreg!(concat!("s3_0_c0_c", stringify!($c), "_7")),
+            )*
+            _ => 0,
+        }
+    };
+}
+
+/// Reads the ID register at op0=3, op1=0, CRn=0, `crm` (1..=7), `op2` at
+/// EL2 (unallocated encodings in this space read as zero).
+pub fn read_id_reg(crm: u8, op2: u8) -> u64 {
+    id_reg_read!(crm, op2; 1, 2, 3, 4, 5, 6, 7)
+}
