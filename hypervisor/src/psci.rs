@@ -93,9 +93,44 @@ pub fn features(function: u32) -> i64 {
 /// MIGRATE_INFO_TYPE: 2 = no Trusted OS that needs migration.
 pub const MIGRATE_NOT_REQUIRED: i64 = 2;
 
+/// Checks a CPU_ON request against the VM's vCPUs (`mpidrs`, whether each
+/// is `online`) and its RAM (`[ram_start, ram_end)`): the vCPU index to
+/// start, or the PSCI error the caller returns.
+pub fn validate_cpu_on(target: u64, entry: u64, mpidrs: &[u64], online: &[bool], ram_start: u64, ram_end: u64) -> Result<usize, i64> {
+    const AFF_MASK: u64 = 0xff_00ff_ffff;
+    let t = mpidrs.iter().position(|&m| m & AFF_MASK == target & AFF_MASK && target & !AFF_MASK & !(1 << 31) == 0);
+    let t = t.ok_or(INVALID_PARAMETERS)?;
+    if online.get(t).copied().unwrap_or(true) {
+        return Err(ALREADY_ON);
+    }
+    if entry % 4 != 0 || entry < ram_start || entry.checked_add(4).is_none_or(|e| e > ram_end) {
+        return Err(INVALID_ADDRESS);
+    }
+    Ok(t)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_on_validation() {
+        let mpidrs = [0x0, 0x1, 0x100];
+        let online = [true, false, false];
+        let ram = (0x6000_0000, 0xa000_0000);
+        assert_eq!(validate_cpu_on(0x1, 0x6008_0000, &mpidrs, &online, ram.0, ram.1), Ok(1));
+        assert_eq!(validate_cpu_on(0x100, 0x6008_0000, &mpidrs, &online, ram.0, ram.1), Ok(2));
+        // Twice: the caller marks it online after the first.
+        assert_eq!(validate_cpu_on(0x0, 0x6008_0000, &mpidrs, &online, ram.0, ram.1), Err(ALREADY_ON));
+        // No such vCPU, or junk in the non-affinity bits.
+        assert_eq!(validate_cpu_on(0x7, 0x6008_0000, &mpidrs, &online, ram.0, ram.1), Err(INVALID_PARAMETERS));
+        assert_eq!(validate_cpu_on(0x1 | (1 << 50), 0x6008_0000, &mpidrs, &online, ram.0, ram.1), Err(INVALID_PARAMETERS));
+        // Entry points outside RAM, misaligned, or wrapping.
+        assert_eq!(validate_cpu_on(0x1, 0x1000, &mpidrs, &online, ram.0, ram.1), Err(INVALID_ADDRESS));
+        assert_eq!(validate_cpu_on(0x1, 0x6008_0002, &mpidrs, &online, ram.0, ram.1), Err(INVALID_ADDRESS));
+        assert_eq!(validate_cpu_on(0x1, 0x9fff_fffe, &mpidrs, &online, ram.0, ram.1), Err(INVALID_ADDRESS));
+        assert_eq!(validate_cpu_on(0x1, u64::MAX & !3, &mpidrs, &online, ram.0, ram.1), Err(INVALID_ADDRESS));
+    }
 
     #[test]
     fn decodes_cpu_on_32_truncates() {

@@ -30,7 +30,8 @@ commands:
   test                 host unit tests + integration tests (boots real guests)
   build                build the hypervisor image (target/xtask/hypervisor-qemu-virt.bin)
   guest-image          build the guest kernel + initramfs (guest-images/out)
-  sim wakeup [--json FILE] ...   scheduler simulator (see `cargo xtask sim wakeup --help`)";
+  sim wakeup [--json FILE] ...   scheduler simulator (see `cargo xtask sim wakeup --help`)
+  bench wakeup [--quick] ...     fio wake-latency benchmark in guests (see `cargo xtask bench wakeup --help`)";
 
 fn parse_size_mb(s: &str) -> Result<u64, String> {
     let (n, mul) = match s.chars().last() {
@@ -131,6 +132,10 @@ fn main() {
             0
         }),
         "sim" => sim::main(rest).map(|_| 0),
+        "bench" => match rest.first().map(String::as_str) {
+            Some("wakeup") => xtask::bench::runner::wakeup(&rest[1..]).map(|_| 0),
+            _ => Err(format!("usage: cargo xtask bench wakeup [options]\n{}", xtask::bench::runner::USAGE)),
+        },
         "help" | "--help" | "-h" => {
             println!("{USAGE}");
             Ok(0)

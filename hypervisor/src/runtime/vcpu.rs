@@ -549,12 +549,14 @@ fn psci_call(vm: &Vm, me: usize, v: &mut Vcpu) -> Next {
             next = block(vm, me, v.id);
             psci::SUCCESS
         }
-        Call::CpuOn { target, entry, context } => match find_vcpu(vm, target) {
-            None => psci::INVALID_PARAMETERS,
-            Some(t) if vm.shared[t].online.load(Ordering::Acquire) => psci::ALREADY_ON,
-            Some(_) if !vm.contains_ram(entry, 4) || entry % 4 != 0 => psci::INVALID_ADDRESS,
-            Some(t) => cpu_on(vm, me, t, entry, context),
-        },
+        Call::CpuOn { target, entry, context } => {
+            let mpidrs: alloc::vec::Vec<u64> = (0..vm.vcpus.len()).map(super::vm::vcpu_mpidr).collect();
+            let online: alloc::vec::Vec<bool> = vm.shared.iter().map(|s| s.online.load(Ordering::Acquire)).collect();
+            match psci::validate_cpu_on(target, entry, &mpidrs, &online, vm.ram.base, vm.ram.end()) {
+                Ok(t) => cpu_on(vm, me, t, entry, context),
+                Err(e) => e,
+            }
+        }
         Call::AffinityInfo { target, level } => match find_vcpu(vm, target) {
             _ if level != 0 => psci::INVALID_PARAMETERS,
             None => psci::INVALID_PARAMETERS,

@@ -29,6 +29,7 @@
 pub mod aggregate;
 pub mod parse;
 pub mod report;
+pub mod runner;
 pub mod svg;
 
 #[cfg(test)]
