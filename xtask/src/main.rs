@@ -103,13 +103,29 @@ fn cmd_test(args: &[String]) -> Result<i32, String> {
     xtask::setup::ensure_qemu()?;
     xtask::build::hypervisor("qemu-virt")?;
     xtask::image::guest()?;
-    let st = Command::new(env!("CARGO"))
+    let mut child = Command::new(env!("CARGO"))
         .current_dir(xtask::root())
-        .args(["test", "--workspace"])
+        .args(["test", "--workspace", "--lib", "--bins", "--tests"])
         .args(args)
         .args(["--", "--test-threads=1"])
-        .status()
+        .stdout(std::process::Stdio::piped())
+        .spawn()
         .map_err(|e| e.to_string())?;
+    // Echo the output and add up the per-binary results into one closing line.
+    let (mut passed, mut failed) = (0u64, 0u64);
+    let out = child.stdout.take().unwrap();
+    for line in std::io::BufRead::lines(std::io::BufReader::new(out)).map_while(Result::ok) {
+        println!("{line}");
+        if let Some(rest) = line.strip_prefix("test result: ") {
+            let num = |key: &str| {
+                rest.split(';').find_map(|part| part.trim().strip_suffix(key).and_then(|n| n.trim().rsplit(' ').next()?.parse::<u64>().ok()))
+            };
+            passed += num(" passed").unwrap_or(0);
+            failed += num(" failed").unwrap_or(0);
+        }
+    }
+    let st = child.wait().map_err(|e| e.to_string())?;
+    println!("tests: {passed} passed, {failed} failed");
     Ok(st.code().unwrap_or(1))
 }
 
