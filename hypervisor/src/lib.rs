@@ -19,6 +19,7 @@ pub mod idregs;
 pub mod psci;
 pub mod stage2;
 pub mod vpl011;
+pub mod virtio;
 
 /// The platform this binary is built for (`HV_PLATFORM`, default qemu-virt).
 #[allow(dead_code)]
