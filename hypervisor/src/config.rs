@@ -12,6 +12,28 @@ pub enum ConfigError {
     BadValue { key: String, value: String },
 }
 
+/// Where the guest's disk comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DiskMode {
+    /// QEMU's virtio-mmio devices are mapped into the guest (Dom0-style).
+    Passthrough,
+    /// The hypervisor's virtio-blk device over a RAM image with a fixed
+    /// service time (`dom0_disk_latency_us`).
+    Ram,
+    /// The hypervisor's virtio-blk device over the physical virtio-blk
+    /// device, driven by the hypervisor.
+    Backend,
+    /// No disk, and no passthrough devices.
+    None,
+}
+
+impl DiskMode {
+    /// Whether the hypervisor emulates the guest's disk.
+    pub fn emulated(self) -> bool {
+        matches!(self, DiskMode::Ram | DiskMode::Backend)
+    }
+}
+
 /// Parsed hypervisor options.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
@@ -25,8 +47,12 @@ pub struct Config {
     pub dom0_weight: u32,
     /// Pin vCPU i to pCPU i mod N (`dom0_vcpus_pin`).
     pub dom0_vcpus_pin: bool,
-    /// Disk configuration (`dom0_disk=passthrough|none`).
-    pub passthrough_virtio: bool,
+    /// The guest's disk (`dom0_disk=`).
+    pub disk: DiskMode,
+    /// RAM disk size (`dom0_disk_size=`, default 128M).
+    pub disk_size: u64,
+    /// Service time of each RAM-disk request (`dom0_disk_latency_us=`).
+    pub disk_latency_us: u64,
     /// All `key=value` pairs in order, for other subsystems.
     pub raw: Vec<(String, String)>,
 }
@@ -39,7 +65,9 @@ impl Default for Config {
             loglvl: log::LevelFilter::Info,
             dom0_weight: 256,
             dom0_vcpus_pin: false,
-            passthrough_virtio: true,
+            disk: DiskMode::Passthrough,
+            disk_size: 128 << 20,
+            disk_latency_us: 0,
             raw: Vec::new(),
         }
     }
@@ -83,11 +111,19 @@ impl Config {
                 }
                 "dom0_vcpus_pin" => c.dom0_vcpus_pin = matches!(v, "" | "1" | "true" | "on"),
                 "dom0_disk" => {
-                    c.passthrough_virtio = match v {
-                        "passthrough" => true,
-                        "none" => false,
+                    c.disk = match v {
+                        "passthrough" => DiskMode::Passthrough,
+                        "ram" => DiskMode::Ram,
+                        "backend" => DiskMode::Backend,
+                        "none" => DiskMode::None,
                         _ => return Err(bad()),
                     }
+                }
+                "dom0_disk_size" => {
+                    c.disk_size = parse_size(v).filter(|&s| s >= 1 << 20 && s % 512 == 0 && s <= 4 << 30).ok_or_else(bad)?
+                }
+                "dom0_disk_latency_us" => {
+                    c.disk_latency_us = v.parse().ok().filter(|&l: &u64| l <= 10_000_000).ok_or_else(bad)?
                 }
                 _ => {}
             }
@@ -125,5 +161,11 @@ mod tests {
         assert_eq!(p.dom0_weight, 512);
         assert!(Config::parse("loglvl=loud").is_err());
         assert_eq!(Config::parse("").unwrap(), Config::default());
+        let d = Config::parse("dom0_disk=ram dom0_disk_latency_us=200 dom0_disk_size=64M").unwrap();
+        assert_eq!(d.disk, DiskMode::Ram);
+        assert_eq!(d.disk_latency_us, 200);
+        assert_eq!(d.disk_size, 64 << 20);
+        assert!(Config::parse("dom0_disk=floppy").is_err());
+        assert!(Config::parse("dom0_disk_size=100").is_err());
     }
 }

@@ -27,6 +27,8 @@ commands:
       --timeout SECS       kill QEMU after this long (default 600)
       --kernel FILE --initrd FILE --append \"<cmdline>\"   boot your own guest
       --icount             deterministic guest time (-icount shift=0,sleep=on)
+      --disk passthrough|ram|backend|none   the guest's disk (default: QEMU's devices passed through)
+      --disk-latency-us N  service time of each request on the RAM disk
   test                 host unit tests + integration tests (boots real guests)
   build                build the hypervisor image (target/xtask/hypervisor-qemu-virt.bin)
   guest-image          build the guest kernel + initramfs (guest-images/out)
@@ -44,6 +46,7 @@ fn parse_size_mb(s: &str) -> Result<u64, String> {
 
 fn parse_run(args: &[String]) -> Result<RunOptions, String> {
     let mut o = RunOptions::default();
+    let (mut disk, mut latency): (Option<String>, Option<u32>) = (None, None);
     let mut i = 0;
     while i < args.len() {
         let flag = args[i].as_str();
@@ -72,12 +75,33 @@ fn parse_run(args: &[String]) -> Result<RunOptions, String> {
             "--kernel" => o.kernel = Some(PathBuf::from(val)),
             "--initrd" => o.initrd = Some(PathBuf::from(val)),
             "--append" => o.append = Some(val),
+            "--disk" => {
+                disk = match val.as_str() {
+                    "passthrough" | "ram" | "backend" | "none" => Some(val),
+                    _ => return Err("--disk takes passthrough, ram, backend or none".into()),
+                }
+            }
+            "--disk-latency-us" => latency = Some(num(&val)?),
             _ => return Err(format!("unknown option {flag}\n{USAGE}")),
         }
         i += 2;
     }
     if o.mem_mb < 128 {
         return Err("--mem must be at least 128M".into());
+    }
+    if let Some(d) = disk {
+        let mut args = format!("dom0_disk={d}");
+        if d == "ram" {
+            args.push_str(&format!(" dom0_disk_latency_us={}", latency.unwrap_or(0)));
+        }
+        if d == "passthrough" || d == "backend" {
+            // A QEMU virtio-blk device with a scratch image.
+            let img = xtask::qemu::scratch_disk().map_err(|e| format!("disk image: {e}"))?;
+            o.extra.extend(["-drive".into(), format!("if=none,file={},format=raw,id=d0", img.display()), "-device".into(), "virtio-blk-device,drive=d0".into()]);
+        }
+        o.hv_args = if o.hv_args.is_empty() { args } else { format!("{args} {}", o.hv_args) };
+    } else if latency.is_some() {
+        return Err("--disk-latency-us goes with --disk ram".into());
     }
     Ok(o)
 }

@@ -98,6 +98,16 @@ pub fn command_line(hv_bin: &PathBuf, kernel: &PathBuf, initrd: Option<&PathBuf>
         hv_args.push(' ');
         hv_args.push_str(&o.hv_args);
     }
+    // A RAM disk (dom0_disk=ram) lives in host RAM below the guest's.
+    let disk_mb = if hv_args.split_whitespace().any(|w| w == "dom0_disk=ram") {
+        hv_args
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("dom0_disk_size="))
+            .and_then(|v| v.strip_suffix('M').and_then(|n| n.parse::<u64>().ok()).or_else(|| v.strip_suffix('G').and_then(|n| n.parse::<u64>().ok()).map(|g| g * 1024)))
+            .unwrap_or(128)
+    } else {
+        0
+    };
     let kernel_len = std::fs::metadata(kernel).map(|m| m.len()).unwrap_or(64 << 20);
     let initrd_addr = (KERNEL_ADDR + kernel_len + MODULE_GAP) & !(MODULE_GAP - 1);
     let mut a: Vec<String> = vec![
@@ -108,7 +118,7 @@ pub fn command_line(hv_bin: &PathBuf, kernel: &PathBuf, initrd: Option<&PathBuf>
         "-smp".into(),
         o.pcpus.to_string(),
         "-m".into(),
-        format!("{}M", o.mem_mb + RESERVED_MB),
+        format!("{}M", o.mem_mb + RESERVED_MB + disk_mb),
         "-nographic".into(),
         "-nic".into(),
         "none".into(),
@@ -277,4 +287,14 @@ mod tests {
         assert!(s.contains("initrd=initrd"));
         assert!(s.contains("dom0_mem=1024M dom0_max_vcpus=1"));
     }
+}
+
+/// A sparse 256 MiB scratch image for QEMU's virtio-blk device
+/// (`target/xtask/disk.img`).
+pub fn scratch_disk() -> std::io::Result<PathBuf> {
+    std::fs::create_dir_all(crate::out_dir())?;
+    let path = crate::out_dir().join("disk.img");
+    let f = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path)?;
+    f.set_len(256 << 20)?;
+    Ok(path)
 }

@@ -133,6 +133,11 @@ fn arm_timer(vm: &Vm, me: usize, deadline: &mut Option<u64>) {
         *deadline = Some(deadline.map_or(req, |d| d.min(req)));
     }
     let mut at = deadline.unwrap_or(u64::MAX);
+    if let Some(disk) = &vm.disk {
+        if disk.home.load(Ordering::Acquire) == me {
+            at = at.min(disk.deadline.load(Ordering::Acquire));
+        }
+    }
     for s in &vm.shared {
         if s.vtimer_home.load(Ordering::Relaxed) == me {
             at = at.min(s.vtimer_deadline.load(Ordering::Acquire));
@@ -306,9 +311,24 @@ fn handle_irqs(vm: &Vm, me: usize, cur: Option<usize>, deadline: &mut Option<u64
     }
 }
 
-/// The EL2 timer fired: virtual timers of saved vCPUs and the scheduler.
+/// Mirrors the disk's interrupt line into the vGIC (and wakes its target).
+fn disk_irq(vm: &Vm, me: usize, disk: &super::vblk::VDisk, level: bool) {
+    if let Ok(k) = vm.vgic.lock().set_level(disk.intid, 0, level) {
+        process_kicks(vm, me, k, WakeCause::Interrupt);
+    }
+}
+
+/// The EL2 timer fired: virtual timers of saved vCPUs, disk completions and
+/// the scheduler.
 fn timer_expired(vm: &Vm, me: usize, deadline: &mut Option<u64>) {
     let now = now_ns();
+    if let Some(disk) = &vm.disk {
+        if disk.home.load(Ordering::Acquire) == me {
+            if let Some(level) = disk.poll(now, me) {
+                disk_irq(vm, me, disk, level);
+            }
+        }
+    }
     for (v, s) in vm.shared.iter().enumerate() {
         if s.vtimer_home.load(Ordering::Relaxed) != me || s.running_on.load(Ordering::Acquire) != usize::MAX {
             continue;
@@ -466,6 +486,19 @@ fn mmio(vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess) -> Result<(), ()> {
         } else {
             let r = vm.vgic.lock().mmio_read(v.id, a.ipa, a.size).map_err(|_| ())?;
             reg_write(&mut v.regs, a.reg, esr::load_value(a, r));
+        }
+        return Ok(());
+    }
+    if let Some(disk) = vm.disk.as_ref().filter(|d| d.contains(a.ipa)) {
+        let level = if a.write {
+            disk.write(a.ipa, a.size, value, now_ns(), me)?
+        } else {
+            let r = disk.read(a.ipa, a.size)?;
+            reg_write(&mut v.regs, a.reg, esr::load_value(a, r));
+            None
+        };
+        if let Some(l) = level {
+            disk_irq(vm, me, disk, l);
         }
         return Ok(());
     }
@@ -629,6 +662,11 @@ pub fn print_stats(vm: &Vm) {
         let mut text = alloc::string::String::new();
         let _ = st.write_text(i as u32, &mut text);
         crate::hvprintln!("(HV) stats begin vcpu{i}\n{}(HV) stats end vcpu{i}", text);
+    }
+    if let Some(disk) = &vm.disk {
+        let mut text = alloc::string::String::new();
+        disk.write_text(&mut text);
+        crate::hvprintln!("(HV) stats begin blk0\n{}(HV) stats end blk0", text);
     }
 }
 

@@ -9,7 +9,8 @@ use crate::arch::context::{El1Context, FpContext};
 use crate::arch::exception::GuestRegs;
 use crate::arch::gic::{self, VcpuIfState};
 use crate::arch::sysreg;
-use crate::config::Config;
+use crate::config::{Config, DiskMode};
+use super::vblk::VDisk;
 use crate::dtb::{self, GuestDtbConfig, Platform, Region};
 use crate::stage2::{MemType, Stage2, Stage2Error};
 use crate::vgic::{Vgic, VgicConfig, VgicError};
@@ -127,6 +128,18 @@ pub struct Vm {
     pub overcommitted: bool,
     /// Guest data aborts reported (the log is rate-limited).
     pub bad_accesses: AtomicU64,
+    /// The hypervisor's virtio-blk device, when the guest has one.
+    pub disk: Option<VDisk>,
+}
+
+/// Whether a virtio-mmio slot holds a device (MagicValue "virt" and a
+/// non-zero DeviceID).
+fn virtio_mmio_present(base: u64) -> bool {
+    // SAFETY: virtio-mmio registers from the platform's DTB, identity-mapped
+    // as device memory; reading MagicValue and DeviceID has no side effects.
+    unsafe {
+        core::ptr::read_volatile(base as *const u32) == 0x7472_6976 && core::ptr::read_volatile((base + 8) as *const u32) != 0
+    }
 }
 
 fn align_up(v: u64, a: u64) -> u64 {
@@ -184,12 +197,13 @@ impl Vm {
         .max()
         .unwrap_or(ram0.base);
         let floor = align_up(reserved_top.max(ram0.base + crate::platform::HYP_RESERVED.min(ram0.size / 2)), 2 * MB);
+        let disk_bytes = if cfg.disk == DiskMode::Ram { align_up(cfg.disk_size, 2 * MB) } else { 0 };
         let size = match cfg.dom0_mem {
             Some(m) => align_up(m, 2 * MB),
-            None => ram0.end().saturating_sub(floor) & !(2 * MB - 1),
+            None => ram0.end().saturating_sub(floor + disk_bytes) & !(2 * MB - 1),
         };
-        if size < 64 * MB || ram0.end() < floor + size {
-            return Err(VmError::Memory("not enough RAM above the hypervisor and boot modules for dom0_mem"));
+        if size < 64 * MB || ram0.end() < floor + size + disk_bytes {
+            return Err(VmError::Memory("not enough RAM above the hypervisor and boot modules for dom0_mem (and the RAM disk)"));
         }
         let ram = Region { base: (ram0.end() - size) & !(2 * MB - 1), size };
 
@@ -232,13 +246,32 @@ impl Vm {
             clean_dcache(i.base, i.size);
         }
 
-        // Passthrough: the virtio-mmio devices QEMU gives us (Dom0-style).
-        let passthrough: Vec<_> = if cfg.passthrough_virtio { plat.virtio_mmio.clone() } else { Vec::new() };
-
-        // Device tree.
+        // Disks. Passthrough: the virtio-mmio devices QEMU gives us, mapped
+        // into the guest (Dom0-style). Emulated: our virtio-blk device takes
+        // the slot of the first QEMU device (or the last slot), so the guest
+        // DTB keeps its node; slots sharing its 4 KiB page are not passed
+        // through (stage 2 maps pages) and are hidden from the guest.
+        let present: Vec<&dtb::MmioDevice> = plat.virtio_mmio.iter().filter(|d| virtio_mmio_present(d.base)).collect();
+        let disk_slot = if cfg.disk.emulated() {
+            present.iter().copied().max_by_key(|d| d.base).or_else(|| plat.virtio_mmio.iter().max_by_key(|d| d.base)).cloned()
+        } else {
+            None
+        };
+        let same_page = |d: &dtb::MmioDevice| disk_slot.as_ref().is_some_and(|s| s.base & !(PAGE - 1) == d.base & !(PAGE - 1));
+        let passthrough: Vec<dtb::MmioDevice> = match cfg.disk {
+            DiskMode::Passthrough => plat.virtio_mmio.clone(),
+            DiskMode::None => Vec::new(),
+            DiskMode::Ram | DiskMode::Backend => plat.virtio_mmio.iter().filter(|d| !same_page(d)).cloned().collect(),
+        };
         let mut remove = dtb::default_removals(host_dtb)?;
-        if !cfg.passthrough_virtio {
-            remove.extend(plat.virtio_mmio.iter().map(|d| d.path.clone()));
+        for d in &plat.virtio_mmio {
+            let ours = disk_slot.as_ref().is_some_and(|s| s.base == d.base);
+            if !ours && !passthrough.iter().any(|p| p.base == d.base) {
+                remove.push(d.path.clone());
+            }
+        }
+        if cfg.disk == DiskMode::Backend {
+            return Err(VmError::Memory("dom0_disk=backend (the physical virtio-blk behind our device) is not implemented yet"));
         }
         let bootargs = kernel_mod.bootargs.clone().unwrap_or_else(|| String::from("console=ttyAMA0"));
         let vcpu_mpidrs: Vec<u64> = (0..nr_vcpus).map(vcpu_mpidr).collect();
@@ -331,6 +364,23 @@ impl Vm {
         }
         shared[0].online.store(true, Ordering::Release);
         sched.power_on(0, VcpuId(0)).map_err(VmError::Sched)?;
+        let disk = match (&disk_slot, cfg.disk) {
+            (Some(slot), DiskMode::Ram) => {
+                let at = ram.base - disk_bytes;
+                // SAFETY: [at, ram.base) is RAM above everything the
+                // hypervisor keeps and below guest RAM (checked above): it
+                // is ours alone, identity-mapped, and the guest has no
+                // stage-2 mapping of it. Guest RAM is identity-mapped.
+                let image = unsafe {
+                    core::ptr::write_bytes(at as *mut u8, 0, disk_bytes as usize);
+                    core::slice::from_raw_parts_mut(at as *mut u8, disk_bytes as usize)
+                };
+                info!("dom0 disk: virtio-blk at {:#x} (INTID {}), RAM image {} MiB, service time {} us", slot.base, slot.intid, disk_bytes / MB, cfg.disk_latency_us);
+                // SAFETY: as above.
+                Some(unsafe { VDisk::new_ram(slot.base, slot.intid, image, cfg.disk_latency_us * 1000, ram.base, ram.size) })
+            }
+            _ => None,
+        };
         info!(
             "dom0: {} vCPU(s) on {} pCPU(s), RAM {:#x}-{:#x}, kernel {:#x} ({} KiB), initrd {:?}, dtb {:#x}, {} passthrough device(s)",
             nr_vcpus,
@@ -362,6 +412,7 @@ impl Vm {
             nr_lrs: gic::nr_lrs().min(crate::vgic::NUM_LRS_MAX),
             overcommitted: nr_vcpus > nr_pcpus,
             bad_accesses: AtomicU64::new(0),
+            disk,
         }))
     }
 
