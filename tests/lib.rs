@@ -43,3 +43,9 @@ pub fn stat(console: &str, vcpu: usize, key: &str) -> Option<u64> {
 pub fn assert_console(r: &RunResult, needle: &str) {
     assert!(r.console.contains(needle), "expected {needle:?} in the console; tail:\n{}", tail(&r.console, 60));
 }
+
+/// A `name=value` statistics line printed by the hypervisor (e.g. `blk0.writes`).
+pub fn stat_line(console: &str, name: &str) -> Option<u64> {
+    let prefix = format!("{name}=");
+    console.lines().rev().find_map(|l| l.trim().strip_prefix(&prefix).and_then(|v| v.trim().parse().ok()))
+}
