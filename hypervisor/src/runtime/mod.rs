@@ -6,6 +6,7 @@ pub mod boot;
 pub mod console;
 pub mod heap;
 pub mod percpu;
+pub mod physblk;
 pub mod vblk;
 pub mod vcpu;
 pub mod vm;

@@ -3,6 +3,7 @@
 //! timer (request service time) and the vGIC (its interrupt line).
 
 use crate::virtio::{BackendError, BackendRequest, BlkConfig, BlockBackend, Completion, Effects, IdentityMappedRam, RamBackend, VirtioBlk};
+use super::physblk::PhysBlk;
 use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use spin::Mutex;
 
@@ -10,17 +11,21 @@ use spin::Mutex;
 pub enum Backend {
     /// A RAM image with a fixed service time.
     Ram(RamBackend<&'static mut [u8]>),
+    /// The physical virtio-blk device; completions come by interrupt.
+    Phys(PhysBlk),
 }
 
 impl BlockBackend for Backend {
     fn submit(&mut self, req: BackendRequest) -> Result<(), BackendError> {
         match self {
             Backend::Ram(r) => r.submit(req),
+            Backend::Phys(p) => p.submit(req),
         }
     }
     fn free_slots(&self) -> usize {
         match self {
             Backend::Ram(r) => r.free_slots(),
+            Backend::Phys(p) => p.free_slots(),
         }
     }
 }
@@ -29,11 +34,14 @@ impl Backend {
     fn next_deadline(&self) -> Option<u64> {
         match self {
             Backend::Ram(r) => r.next_deadline(),
+            // Completions made synchronously (flush) are collected at once.
+            Backend::Phys(p) => p.has_ready().then_some(0),
         }
     }
     fn poll(&mut self, now: u64) -> alloc::vec::Vec<Completion> {
         match self {
             Backend::Ram(r) => r.poll(now),
+            Backend::Phys(p) => p.poll(),
         }
     }
 }
@@ -54,6 +62,8 @@ pub struct VDisk {
     pub deadline: AtomicU64,
     /// The pCPU whose EL2 timer watches `deadline`.
     pub home: AtomicUsize,
+    /// The physical device's interrupt, taken by the hypervisor (backend mode).
+    pub phys_intid: Option<u32>,
 }
 
 impl VDisk {
@@ -77,6 +87,25 @@ impl VDisk {
             }),
             deadline: AtomicU64::new(u64::MAX),
             home: AtomicUsize::new(0),
+            phys_intid: None,
+        }
+    }
+
+    /// The guest's device over the physical virtio-blk device.
+    ///
+    /// # Safety
+    /// As for [`VDisk::new_ram`] (guest RAM identity-mapped).
+    pub unsafe fn new_phys(base: u64, intid: u32, phys: PhysBlk, ram_base: u64, ram_size: u64) -> Self {
+        let cfg = BlkConfig::new(phys.capacity_sectors(), phys.read_only());
+        // SAFETY: guaranteed by the caller.
+        let mem = unsafe { IdentityMappedRam::new(ram_base, ram_size) };
+        Self {
+            base,
+            intid,
+            state: Mutex::new(DiskState { dev: VirtioBlk::new(cfg), backend: Backend::Phys(phys), mem }),
+            deadline: AtomicU64::new(u64::MAX),
+            home: AtomicUsize::new(0),
+            phys_intid: Some(intid),
         }
     }
 
@@ -125,6 +154,12 @@ impl VDisk {
         if self.deadline.load(Ordering::Acquire) > now {
             return None;
         }
+        self.collect(now, me)
+    }
+
+    /// Collects and completes whatever the backend finished (the physical
+    /// device's interrupt, or a deadline that passed).
+    pub fn collect(&self, now: u64, me: usize) -> Option<bool> {
         let mut st = self.state.lock();
         let st = &mut *st;
         let mut level = None;

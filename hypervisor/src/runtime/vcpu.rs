@@ -86,6 +86,9 @@ fn enable_irqs(vm: &Vm, me: usize) {
         for &i in &vm.forwarded {
             gic::enable(i, 0, true);
         }
+        if let Some(i) = vm.disk.as_ref().and_then(|d| d.phys_intid) {
+            gic::enable(i, 0, false);
+        }
         console::enable_rx_irq();
     }
 }
@@ -266,6 +269,14 @@ fn handle_irqs(vm: &Vm, me: usize, cur: Option<usize>, deadline: &mut Option<u64
                     let _ = vm.vgic.lock().inject_edge(id, v);
                 }
                 None => gic::deactivate(id),
+            }
+        } else if let Some(disk) = vm.disk.as_ref().filter(|d| d.phys_intid == Some(id)) {
+            // The physical disk behind the guest's virtio-blk finished work.
+            let level = disk.collect(now_ns(), me);
+            gic::eoi(id);
+            gic::deactivate(id);
+            if let Some(l) = level {
+                disk_irq(vm, me, disk, l);
             }
         } else if vm.forwarded.contains(&id) {
             gic::eoi(id);

@@ -10,6 +10,7 @@ use crate::arch::exception::GuestRegs;
 use crate::arch::gic::{self, VcpuIfState};
 use crate::arch::sysreg;
 use crate::config::{Config, DiskMode};
+use super::physblk::PhysBlk;
 use super::vblk::VDisk;
 use crate::dtb::{self, GuestDtbConfig, Platform, Region};
 use crate::stage2::{MemType, Stage2, Stage2Error};
@@ -270,8 +271,8 @@ impl Vm {
                 remove.push(d.path.clone());
             }
         }
-        if cfg.disk == DiskMode::Backend {
-            return Err(VmError::Memory("dom0_disk=backend (the physical virtio-blk behind our device) is not implemented yet"));
+        if cfg.disk == DiskMode::Backend && !disk_slot.as_ref().is_some_and(|s| virtio_mmio_present(s.base)) {
+            return Err(VmError::Memory("dom0_disk=backend needs a virtio-blk device on the machine (QEMU -device virtio-blk-device)"));
         }
         let bootargs = kernel_mod.bootargs.clone().unwrap_or_else(|| String::from("console=ttyAMA0"));
         let vcpu_mpidrs: Vec<u64> = (0..nr_vcpus).map(vcpu_mpidr).collect();
@@ -378,6 +379,14 @@ impl Vm {
                 info!("dom0 disk: virtio-blk at {:#x} (INTID {}), RAM image {} MiB, service time {} us", slot.base, slot.intid, disk_bytes / MB, cfg.disk_latency_us);
                 // SAFETY: as above.
                 Some(unsafe { VDisk::new_ram(slot.base, slot.intid, image, cfg.disk_latency_us * 1000, ram.base, ram.size) })
+            }
+            (Some(slot), DiskMode::Backend) => {
+                // SAFETY: the device is not passed through (its page is not
+                // in stage 2): only the hypervisor drives it.
+                let phys = unsafe { PhysBlk::new(slot.base, slot.size.max(0x200) as usize) }.map_err(|_| VmError::Memory("the physical virtio-blk device did not initialise"))?;
+                info!("dom0 disk: virtio-blk at {:#x} (INTID {}) over the physical virtio-blk ({} sectors)", slot.base, slot.intid, phys.capacity_sectors());
+                // SAFETY: guest RAM is identity-mapped.
+                Some(unsafe { VDisk::new_phys(slot.base, slot.intid, phys, ram.base, ram.size) })
             }
             _ => None,
         };
