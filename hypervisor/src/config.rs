@@ -53,6 +53,10 @@ pub struct Config {
     pub disk_size: u64,
     /// Service time of each RAM-disk request (`dom0_disk_latency_us=`).
     pub disk_latency_us: u64,
+    /// How late a blocked vCPU's virtual-timer wake may be (`timer_slop_ns=`):
+    /// deadlines are rounded up to a multiple of it so nearby timers share
+    /// one EL2 timer interrupt, as Xen's `timer_slop`. 0 = exact.
+    pub timer_slop_ns: u64,
     /// All `key=value` pairs in order, for other subsystems.
     pub raw: Vec<(String, String)>,
 }
@@ -68,6 +72,7 @@ impl Default for Config {
             disk: DiskMode::Passthrough,
             disk_size: 128 << 20,
             disk_latency_us: 0,
+            timer_slop_ns: 0,
             raw: Vec::new(),
         }
     }
@@ -119,6 +124,7 @@ impl Config {
                         _ => return Err(bad()),
                     }
                 }
+                "timer_slop_ns" => c.timer_slop_ns = v.parse().ok().filter(|&n: &u64| n <= 10_000_000).ok_or_else(bad)?,
                 "dom0_disk_size" => {
                     c.disk_size = parse_size(v).filter(|&s| s >= 1 << 20 && s % 512 == 0 && s <= 4 << 30).ok_or_else(bad)?
                 }
@@ -167,5 +173,30 @@ mod tests {
         assert_eq!(d.disk_size, 64 << 20);
         assert!(Config::parse("dom0_disk=floppy").is_err());
         assert!(Config::parse("dom0_disk_size=100").is_err());
+        assert_eq!(Config::parse("timer_slop_ns=50000").unwrap().timer_slop_ns, 50_000);
+        assert!(Config::parse("timer_slop_ns=x").is_err());
+    }
+}
+
+/// A virtual-timer deadline (ns) as armed with `slop`: rounded up to a
+/// multiple of it (never earlier than asked).
+pub fn apply_slop(deadline: u64, slop: u64) -> u64 {
+    if slop == 0 || deadline == u64::MAX {
+        deadline
+    } else {
+        deadline.div_ceil(slop).saturating_mul(slop)
+    }
+}
+
+#[cfg(test)]
+mod slop_tests {
+    #[test]
+    fn slop_rounds_up_never_down() {
+        use super::apply_slop;
+        assert_eq!(apply_slop(123_456, 0), 123_456);
+        assert_eq!(apply_slop(123_456, 50_000), 150_000);
+        assert_eq!(apply_slop(150_000, 50_000), 150_000);
+        assert_eq!(apply_slop(u64::MAX, 50_000), u64::MAX);
+        assert!(apply_slop(u64::MAX - 10, 50_000) >= u64::MAX - 10);
     }
 }

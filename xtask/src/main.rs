@@ -33,7 +33,8 @@ commands:
   build                build the hypervisor image (target/xtask/hypervisor-qemu-virt.bin)
   guest-image          build the guest kernel + initramfs (guest-images/out)
   sim wakeup [--json FILE] ...   scheduler simulator (see `cargo xtask sim wakeup --help`)
-  bench wakeup [--quick] ...     fio wake-latency benchmark in guests (see `cargo xtask bench wakeup --help`)";
+  bench wakeup [--quick] ...     fio wake-latency benchmark in guests (see `cargo xtask bench wakeup --help`)
+  bench timer [--runtime S]      cyclictest timer latency, timer_slop_ns 0 vs 50000";
 
 fn parse_size_mb(s: &str) -> Result<u64, String> {
     let (n, mul) = match s.chars().last() {
@@ -174,6 +175,7 @@ fn main() {
         "sim" => sim::main(rest).map(|_| 0),
         "bench" => match rest.first().map(String::as_str) {
             Some("wakeup") => xtask::bench::runner::wakeup(&rest[1..]).map(|_| 0),
+            Some("timer") => xtask::bench::timer::run(&rest[1..]).map(|_| 0),
             _ => Err(format!("usage: cargo xtask bench wakeup [options]\n{}", xtask::bench::runner::USAGE)),
         },
         "help" | "--help" | "-h" => {

@@ -131,6 +131,8 @@ pub struct Vm {
     pub bad_accesses: AtomicU64,
     /// The hypervisor's virtio-blk device, when the guest has one.
     pub disk: Option<VDisk>,
+    /// `timer_slop_ns`.
+    pub timer_slop_ns: u64,
 }
 
 /// Whether a virtio-mmio slot holds a device (MagicValue "virt" and a
@@ -422,6 +424,7 @@ impl Vm {
             overcommitted: nr_vcpus > nr_pcpus,
             bad_accesses: AtomicU64::new(0),
             disk,
+            timer_slop_ns: cfg.timer_slop_ns,
         }))
     }
 

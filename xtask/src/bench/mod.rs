@@ -31,6 +31,7 @@ pub mod parse;
 pub mod report;
 pub mod runner;
 pub mod svg;
+pub mod timer;
 
 #[cfg(test)]
 mod tests;
