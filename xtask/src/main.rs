@@ -150,8 +150,48 @@ fn cmd_test(args: &[String]) -> Result<i32, String> {
         }
     }
     let st = child.wait().map_err(|e| e.to_string())?;
+    let mut code = st.code().unwrap_or(1);
+    // The virtqueue parser's fuzz target, for a bounded time, when cargo-fuzz
+    // and a nightly toolchain are installed.
+    match fuzz_virtqueue() {
+        Some(true) => passed += 1,
+        Some(false) => {
+            failed += 1;
+            code = if code == 0 { 1 } else { code };
+        }
+        None => println!("fuzz: skipped (cargo-fuzz or a nightly toolchain is not installed)"),
+    }
     println!("tests: {passed} passed, {failed} failed");
-    Ok(st.code().unwrap_or(1))
+    Ok(code)
+}
+
+/// Runs `cargo +nightly fuzz run virtqueue` for XTASK_FUZZ_SECONDS (default
+/// 30); `None` when cargo-fuzz is not available.
+fn fuzz_virtqueue() -> Option<bool> {
+    let have = Command::new("cargo")
+        .args(["+nightly", "fuzz", "--version"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !have {
+        return None;
+    }
+    let secs = std::env::var("XTASK_FUZZ_SECONDS").ok().and_then(|v| v.parse::<u32>().ok()).unwrap_or(30);
+    println!("fuzz: cargo +nightly fuzz run virtqueue for {secs} s");
+    // Start from the minimized corpus the repository carries.
+    let corpus = xtask::root().join("fuzz").join("corpus").join("virtqueue");
+    if !corpus.exists() {
+        let _ = std::fs::create_dir_all(&corpus);
+        let _ = Command::new("tar").arg("-C").arg(&corpus).arg("-xzf").arg(xtask::root().join("fuzz").join("seeds-virtqueue.tar.gz")).status();
+    }
+    let ok = Command::new("cargo")
+        .current_dir(xtask::root().join("fuzz"))
+        .args(["+nightly", "fuzz", "run", "virtqueue", "--", &format!("-max_total_time={secs}"), "-max_len=4096", "-rss_limit_mb=2048"])
+        .status()
+        .is_ok_and(|s| s.success());
+    println!("fuzz: virtqueue {}", if ok { "ok" } else { "FAILED (crash artifact in fuzz/artifacts/)" });
+    Some(ok)
 }
 
 fn main() {
