@@ -36,25 +36,16 @@ fn fio_verify_on_the_ram_disk() {
 
 #[test]
 fn fio_verify_on_the_passthrough_disk() {
-    let img = xtask::qemu::scratch_disk().unwrap();
     let cmd = "fio --name=v --filename=/dev/vda --rw=randwrite --bs=4k --size=8M --direct=1 \
                --ioengine=psync --verify=crc32c --do_verify=1 --output-format=terse --terse-version=3 >/tmp/out; \
                s=$?; echo fio-status=$s; exit $s";
-    let r = run_cmd(cmd, |o| {
-        o.extra = vec![
-            "-drive".into(),
-            format!("if=none,file={},format=raw,id=d0", img.display()),
-            "-device".into(),
-            "virtio-blk-device,drive=d0".into(),
-        ];
-    });
+    let r = run_cmd(cmd, with_qemu_disk);
     assert_console(&r, "fio-status=0");
     assert_eq!(r.guest_exit, Some(0));
 }
 
 #[test]
 fn passthrough_irq_follows_smp_affinity() {
-    let img = xtask::qemu::scratch_disk().unwrap();
     // Read with the disk IRQ on CPU0, then on CPU1; print the per-CPU counts.
     let cmd = "n=$(grep virtio0 /proc/interrupts | cut -d: -f1 | tr -d ' '); \
                echo 1 > /proc/irq/$n/smp_affinity; dd if=/dev/vda of=/dev/null bs=4k count=500 iflag=direct 2>/dev/null; \
@@ -64,12 +55,7 @@ fn passthrough_irq_follows_smp_affinity() {
     let r = run_cmd(cmd, |o| {
         o.pcpus = 1;
         o.vcpus = 2;
-        o.extra = vec![
-            "-drive".into(),
-            format!("if=none,file={},format=raw,id=d0", img.display()),
-            "-device".into(),
-            "virtio-blk-device,drive=d0".into(),
-        ];
+        with_qemu_disk(o);
     });
     let counts = |tag: &str| -> (u64, u64) {
         let l = r.console.lines().find(|l| l.starts_with(tag)).unwrap_or_else(|| panic!("no {tag} line:\n{}", tail(&r.console, 30)));
@@ -84,14 +70,8 @@ fn passthrough_irq_follows_smp_affinity() {
 }
 
 fn backend_disk(o: &mut RunOptions) {
-    let img = xtask::qemu::scratch_disk().unwrap();
     o.hv_args = "dom0_disk=backend".into();
-    o.extra = vec![
-        "-drive".into(),
-        format!("if=none,file={},format=raw,id=d0", img.display()),
-        "-device".into(),
-        "virtio-blk-device,drive=d0".into(),
-    ];
+    with_qemu_disk(o);
 }
 
 #[test]

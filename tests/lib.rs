@@ -49,3 +49,15 @@ pub fn stat_line(console: &str, name: &str) -> Option<u64> {
     let prefix = format!("{name}=");
     console.lines().rev().find_map(|l| l.trim().strip_prefix(&prefix).and_then(|v| v.trim().parse().ok()))
 }
+
+/// Attaches QEMU's virtio-blk device with the scratch image (the disk that
+/// is passed through, or that the hypervisor drives in backend mode).
+pub fn with_qemu_disk(o: &mut RunOptions) {
+    let img = xtask::qemu::scratch_disk().expect("scratch disk image");
+    o.extra = vec![
+        "-drive".into(),
+        format!("if=none,file={},format=raw,id=d0", img.display()),
+        "-device".into(),
+        "virtio-blk-device,drive=d0".into(),
+    ];
+}
