@@ -84,7 +84,8 @@ pub fn parse(console: &str) -> Result<CyclicResult> {
     };
     let overflows = field("# Histogram Overflows:").unwrap_or(0);
     Ok(CyclicResult {
-        samples: field("# Total:").ok_or("no total")?,
+        // cyclictest's histogram total leaves out the samples beyond it.
+        samples: field("# Total:").ok_or("no total")? + overflows,
         min_us: field("# Min Latencies:").ok_or("no min")?,
         avg_us: field("# Avg Latencies:").ok_or("no avg")?,
         max_us: field("# Max Latencies:").ok_or("no max")?,
@@ -185,7 +186,7 @@ mod tests {
     #[test]
     fn parses_cyclictest_summary() {
         let r = parse(CONSOLE).unwrap();
-        assert_eq!(r, CyclicResult { samples: 3000, min_us: 4, avg_us: 13, max_us: 125, over_100us: 9 });
+        assert_eq!(r, CyclicResult { samples: 3002, min_us: 4, avg_us: 13, max_us: 125, over_100us: 9 });
         assert!(parse("nothing").is_err());
         assert!(parse("@@CT-BEGIN@@\n# Total: 1\n").is_err());
     }
@@ -198,7 +199,7 @@ mod tests {
         assert!(hypervisor_args(&c[1]).contains("timer_slop_ns=50000"));
         let results = vec![(c[0], parse(CONSOLE)), (c[1], Err("boom".to_string()))];
         let md = render(&results);
-        assert!(md.contains("| 1p2v wake-preempt -i50 timer_slop_ns=0 | 3000 | 4 | 13 | 125 | 9 |"));
+        assert!(md.contains("| 1p2v wake-preempt -i50 timer_slop_ns=0 | 3002 | 4 | 13 | 125 | 9 |"));
         assert!(md.contains("failed: boom"));
         let j: serde_json::Value = serde_json::from_str(&results_json(&results)).unwrap();
         assert_eq!(j["cases"].as_array().unwrap().len(), 1);
