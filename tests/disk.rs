@@ -52,8 +52,9 @@ fn passthrough_irq_follows_smp_affinity() {
                echo A $(grep virtio0 /proc/interrupts); \
                echo 2 > /proc/irq/$n/smp_affinity; dd if=/dev/vda of=/dev/null bs=4k skip=600 count=500 iflag=direct 2>/dev/null; \
                echo B $(grep virtio0 /proc/interrupts)";
+    // Two pCPUs: the physical SPI also follows the target vCPU's pCPU.
     let r = run_cmd(cmd, |o| {
-        o.pcpus = 1;
+        o.pcpus = 2;
         o.vcpus = 2;
         with_qemu_disk(o);
     });

@@ -179,6 +179,7 @@ fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Option<u64>) {
     vm.shared[id].running_on.store(me, Ordering::Release);
     PCPUS[me].running.store(id, Ordering::Release);
     load_vcpu(vm, me, v);
+    follow_routes(vm, me, id);
     let n = vm.nr_lrs;
     loop {
         arm_timer(vm, me, deadline);
@@ -221,6 +222,21 @@ fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Option<u64>) {
     save_vcpu(vm, me, v);
     PCPUS[me].running.store(usize::MAX, Ordering::Release);
     vm.shared[id].running_on.store(usize::MAX, Ordering::Release);
+}
+
+/// Passthrough SPIs that the guest routes to vCPU `id` are routed
+/// physically to this pCPU while `id` runs here, so they arrive where they
+/// are injected (no IPI to another pCPU). Only changes are written.
+fn follow_routes(vm: &Vm, me: usize, id: usize) {
+    if vm.nr_pcpus < 2 || vm.forwarded.is_empty() {
+        return;
+    }
+    let vgic = vm.vgic.lock();
+    for (i, &intid) in vm.forwarded.iter().enumerate() {
+        if vgic.route_of(intid) == Some(id) && vm.forwarded_pcpu[i].swap(me, Ordering::AcqRel) != me {
+            gic::route_spi(vm.gicd_base, intid, PCPUS[me].mpidr.load(Ordering::Relaxed));
+        }
+    }
 }
 
 /// Acts on the scheduler's answer to a wake.

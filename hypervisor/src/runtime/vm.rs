@@ -120,6 +120,10 @@ pub struct Vm {
     pub hyp_timer_intid: u32,
     /// Physical SPIs forwarded to the guest as HW interrupts.
     pub forwarded: Vec<u32>,
+    /// The pCPU each forwarded SPI is physically routed to (same order).
+    pub forwarded_pcpu: Vec<AtomicUsize>,
+    /// Physical distributor base (for routing forwarded SPIs).
+    pub gicd_base: u64,
     pub vcpus: Vec<Mutex<Vcpu>>,
     pub shared: Vec<VcpuShared>,
     pub sched: Mutex<Scheduler>,
@@ -415,7 +419,9 @@ impl Vm {
             virt_timer_intid: vt,
             maintenance_intid: plat.gic.maintenance_intid.unwrap_or(25),
             hyp_timer_intid: plat.timer.hyp_intid,
+            forwarded_pcpu: forwarded.iter().map(|_| AtomicUsize::new(0)).collect(),
             forwarded,
+            gicd_base: plat.gic.gicd.base,
             vcpus,
             shared,
             sched: Mutex::new(sched),

@@ -206,3 +206,15 @@ pub fn set_private_active(rd_base: u64, intid: u32, active: bool) {
     unsafe { core::ptr::write_volatile((sgi_base + off) as *mut u32, 1 << (intid & 31)) };
     super::sysreg::dsb_sy();
 }
+
+/// Routes SPI `intid` to the CPU with affinity `mpidr` (GICD_IROUTER<n>,
+/// affinity routing, IRM = 0).
+pub fn route_spi(gicd: u64, intid: u32, mpidr: u64) {
+    if !(32..1020).contains(&intid) {
+        return;
+    }
+    let aff = (mpidr & 0xff_00ff_ffff) & !(1 << 31);
+    // SAFETY: GICD_IROUTER<intid> of the identity-mapped distributor; the
+    // hypervisor owns the physical routing of every SPI.
+    unsafe { core::ptr::write_volatile((gicd + 0x6000 + 8 * intid as u64) as *mut u64, aff) };
+}
