@@ -66,3 +66,23 @@ fn cpu_hotplug_off_and_on_again() {
     assert_eq!(counts, ["1", "2"], "nproc before/after:\n{}", tail(&r.console, 40));
     assert_eq!(r.guest_exit, Some(0));
 }
+
+#[test]
+fn an_ipi_flood_does_not_starve_the_other_vcpu() {
+    // vCPU1 floods IPIs (every `taskset -c 0` makes the guest kernel send
+    // reschedule/function-call IPIs to vCPU0) while vCPU0 runs a busy loop;
+    // both share one pCPU and each must keep a fair share of it.
+    let cmd = r#"taskset -c 0 sh -c 'e=$(($(date +%s)+6)); while [ $(date +%s) -lt $e ]; do :; done' & H=$!
+        taskset -c 1 sh -c 'e=$(($(date +%s)+6)); while [ $(date +%s) -lt $e ]; do taskset -c 0 true; done'
+        wait $H; grep -E "IPI[01]:" /proc/interrupts; echo flood-done"#;
+    let r = run_cmd(cmd, |o| {
+        o.pcpus = 1;
+        o.vcpus = 2;
+    });
+    assert_console(&r, "flood-done");
+    assert_eq!(r.guest_exit, Some(0));
+    let sent = stat(&r.console, 1, "sgis_sent").unwrap();
+    assert!(sent > 100, "vCPU1 sent only {sent} SGIs");
+    let (a, b) = (stat(&r.console, 0, "run_ns").unwrap(), stat(&r.console, 1, "run_ns").unwrap());
+    assert!(a * 2 > b && b * 2 > a, "unfair split under an IPI flood: vcpu0 {a} ns, vcpu1 {b} ns");
+}
