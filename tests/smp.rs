@@ -86,3 +86,21 @@ fn an_ipi_flood_does_not_starve_the_other_vcpu() {
     let (a, b) = (stat(&r.console, 0, "run_ns").unwrap(), stat(&r.console, 1, "run_ns").unwrap());
     assert!(a * 2 > b && b * 2 > a, "unfair split under an IPI flood: vcpu0 {a} ns, vcpu1 {b} ns");
 }
+
+#[test]
+fn fp_state_survives_vcpu_switches() {
+    // Floating-point loops on both vCPUs of one pCPU, switched many times
+    // mid-computation: every result must equal the one computed alone.
+    let cmd = r#"echo 'BEGIN{s=0; for(i=1;i<=100000;i++) s+=1.0/i+(i*0.7)/(i+3.0); printf "%.15f\n", s}' > /tmp/h.awk
+        ref=$(awk -f /tmp/h.awk)
+        taskset -c 0 sh -c 'awk -f /tmp/h.awk > /tmp/a; awk -f /tmp/h.awk >> /tmp/a' &
+        taskset -c 1 sh -c 'awk -f /tmp/h.awk > /tmp/b; awk -f /tmp/h.awk >> /tmp/b'; wait
+        echo ref=$ref; cat /tmp/a /tmp/b | sort | uniq -c
+        [ $(cat /tmp/a /tmp/b | grep -c -x "$ref") = 4 ] && echo FP-OK"#;
+    let r = run_cmd(&cmd, |o| {
+        o.pcpus = 1;
+        o.vcpus = 2;
+    });
+    assert_console(&r, "FP-OK");
+    assert!(stat(&r.console, 0, "schedule_ins").unwrap() > 10);
+}
