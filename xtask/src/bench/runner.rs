@@ -12,6 +12,7 @@ pub const USAGE: &str = "usage: cargo xtask bench wakeup [--quick | --full] [--r
   --runtime S    fio runtime per case (default 10)
   --repeats N    repeats per case, the median is reported (default 3; 1 with --quick)
   --only S       run only the cases whose label contains S
+  --hv-args \"..\" extra hypervisor boot arguments for every case (e.g. sched_lhp_grace_us=20)
 Writes target/bench/wakeup/{report.md,results.json,latency.svg}.";
 
 /// A raw disk image for the passthrough and backend disks (sparse, 256 MiB).
@@ -26,6 +27,7 @@ fn disk_image() -> Result<PathBuf> {
 
 pub fn wakeup(args: &[String]) -> Result<()> {
     let (mut quick, mut full, mut runtime, mut repeats, mut only) = (false, false, DEFAULT_RUNTIME_S, None, None);
+    let mut extra_hv_args: Option<String> = None;
     let mut i = 0;
     while i < args.len() {
         let val = || args.get(i + 1).cloned().ok_or_else(|| format!("{} needs a value", args[i]));
@@ -44,6 +46,10 @@ pub fn wakeup(args: &[String]) -> Result<()> {
                 only = Some(val()?);
                 i += 1;
             }
+            "--hv-args" => {
+                extra_hv_args = Some(val()?);
+                i += 1;
+            }
             "--help" | "-h" => {
                 println!("{USAGE}");
                 return Ok(());
@@ -55,7 +61,7 @@ pub fn wakeup(args: &[String]) -> Result<()> {
     let repeats = repeats.unwrap_or(if quick { 1 } else { DEFAULT_REPEATS });
     let cases: Vec<Case> = matrix(full, quick)
         .into_iter()
-        .filter(|c| only.as_ref().is_none_or(|s| c.label().contains(s.as_str())))
+        .filter(|c| only.as_ref().is_none_or(|s| c.label().contains(s.as_str()) || c.to_string().contains(s.as_str())))
         .collect();
     if cases.is_empty() {
         return Err("no case matches".into());
@@ -67,7 +73,10 @@ pub fn wakeup(args: &[String]) -> Result<()> {
         progress.next(case);
         let mut r = CaseResult { case: *case, samples: Vec::new(), errors: Vec::new() };
         for rep in 0..repeats {
-            let o = run_options(case, runtime, &disk);
+            let mut o = run_options(case, runtime, &disk);
+            if let Some(extra) = &extra_hv_args {
+                o.hv_args = format!("{} {extra}", o.hv_args);
+            }
             match crate::qemu::run(&o) {
                 Ok(run) if run.timed_out => r.errors.push(format!("repeat {rep}: QEMU timed out")),
                 Ok(run) => match parse_console(&run.console) {
