@@ -259,7 +259,7 @@ fn wake_granularity_prevents_ping_pong() {
 
 #[test]
 fn lhp_grace_defers_wake_preemption() {
-    let mut s = hog_and_blocked_io(SchedConfig::default());
+    let mut s = hog_and_blocked_io(SchedConfig { lhp_grace_ns: 50 * US, ..SchedConfig::default() });
     // The hog traps on an SGI send at 300 µs and wakes vcpu1.
     s.note_critical_exit(T0 + 300 * US, 0).unwrap();
     assert_eq!(
@@ -282,7 +282,7 @@ fn lhp_grace_defers_wake_preemption() {
 
 #[test]
 fn directed_yield_runs_the_target() {
-    let mut s = sched(SchedConfig::default(), 1, &[(0, 256, None), (1, 256, None), (2, 256, None)]);
+    let mut s = sched(SchedConfig { lhp_grace_ns: 50 * US, ..SchedConfig::default() }, 1, &[(0, 256, None), (1, 256, None), (2, 256, None)]);
     assert_eq!(s.schedule(0, 0).unwrap().next, Some(v(0)));
     // vcpu0 is preempted at the end of its slice by the richest waiter.
     let d = s.schedule(2 * MS, 0).unwrap();
