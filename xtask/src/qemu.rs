@@ -292,8 +292,14 @@ mod tests {
 /// A sparse 256 MiB scratch image for QEMU's virtio-blk device
 /// (`target/xtask/disk.img`).
 pub fn scratch_disk() -> std::io::Result<PathBuf> {
-    std::fs::create_dir_all(crate::out_dir())?;
-    let path = crate::out_dir().join("disk.img");
+    sparse_image(crate::out_dir().join("disk.img"))
+}
+
+/// Creates (or keeps) a sparse 256 MiB raw image at `path`.
+pub fn sparse_image(path: PathBuf) -> std::io::Result<PathBuf> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
     let f = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path)?;
     f.set_len(256 << 20)?;
     Ok(path)

@@ -506,16 +506,19 @@ fn report_bad_access(vm: &Vm, v: &Vcpu, ipa: u64, what: &str) {
 /// Emulated device access. Err: the access is not valid (abort the guest).
 fn mmio(vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess) -> Result<(), ()> {
     let value = esr::store_value(a, reg_read(&v.regs, a.reg));
-    let in_gic = vm.vgic.lock().decode(a.ipa).is_some();
-    if in_gic {
-        if a.write {
-            let kicks = vm.vgic.lock().mmio_write(v.id, a.ipa, a.size, value).map_err(|_| ())?;
-            process_kicks(vm, me, kicks, WakeCause::Interrupt);
-        } else {
-            let r = vm.vgic.lock().mmio_read(v.id, a.ipa, a.size).map_err(|_| ())?;
-            reg_write(&mut v.regs, a.reg, esr::load_value(a, r));
+    {
+        let mut vgic = vm.vgic.lock();
+        if vgic.decode(a.ipa).is_some() {
+            if a.write {
+                let kicks = vgic.mmio_write(v.id, a.ipa, a.size, value).map_err(|_| ())?;
+                drop(vgic);
+                process_kicks(vm, me, kicks, WakeCause::Interrupt);
+            } else {
+                let r = vgic.mmio_read(v.id, a.ipa, a.size).map_err(|_| ())?;
+                reg_write(&mut v.regs, a.reg, esr::load_value(a, r));
+            }
+            return Ok(());
         }
-        return Ok(());
     }
     if let Some(disk) = vm.disk.as_ref().filter(|d| d.contains(a.ipa)) {
         let level = if a.write {

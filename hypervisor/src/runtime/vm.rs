@@ -434,9 +434,6 @@ impl Vm {
         }))
     }
 
-    pub fn contains_ram(&self, ipa: u64, len: u64) -> bool {
-        ipa >= self.ram.base && ipa.checked_add(len).is_some_and(|e| e <= self.ram.end())
-    }
 }
 
 /// EL1h with D, A, I, F masked: the state Linux expects at entry.

@@ -15,14 +15,10 @@ pub const USAGE: &str = "usage: cargo xtask bench wakeup [--quick | --full] [--r
   --hv-args \"..\" extra hypervisor boot arguments for every case (e.g. sched_lhp_grace_us=20)
 Writes target/bench/wakeup/{report.md,results.json,latency.svg}.";
 
-/// A raw disk image for the passthrough and backend disks (sparse, 256 MiB).
+/// A raw disk image for the passthrough and backend disks (sparse, 256 MiB),
+/// apart from the tests' image so a benchmark and a test can run together.
 fn disk_image() -> Result<PathBuf> {
-    let dir = crate::root().join("target").join("bench");
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    let path = dir.join("disk.img");
-    let f = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path).map_err(|e| e.to_string())?;
-    f.set_len(256 << 20).map_err(|e| e.to_string())?;
-    Ok(path)
+    crate::qemu::sparse_image(crate::root().join("target").join("bench").join("disk.img")).map_err(|e| e.to_string())
 }
 
 pub fn wakeup(args: &[String]) -> Result<()> {
