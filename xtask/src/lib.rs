@@ -1,6 +1,7 @@
 //! The project's driver, as a library so integration tests use the same code
 //! paths as `cargo xtask run`.
 //!
+//! - [`cli`]: the command line (clap), its help text and checks
 //! - [`setup`]: installs what is missing (rustup target, QEMU via apt)
 //! - [`build`]: builds the hypervisor and converts it to a flat arm64 Image
 //! - [`image`]: builds the guest kernel + initramfs (guest-images/build.sh)
@@ -8,6 +9,7 @@
 
 pub mod bench;
 pub mod build;
+pub mod cli;
 pub mod image;
 pub mod qemu;
 pub mod setup;

@@ -5,110 +5,20 @@
 //! - `run [options]`: boot Linux under the hypervisor in QEMU
 //! - `test`: host unit tests and integration tests that boot real guests
 //! - `sim wakeup [options]`: the scheduler's discrete-event simulator
+//! - `bench wakeup|timer [options]`: benchmarks in Linux guests
+//!
+//! The options are parsed with clap (`xtask::cli`); `--help` on any command
+//! lists them.
 
 mod sim;
 
-use std::path::PathBuf;
-use std::process::{exit, Command};
-use std::time::Duration;
-use xtask::qemu::RunOptions;
+use clap::error::ErrorKind;
+use clap::{CommandFactory, Parser};
+use std::process::exit;
+use xtask::cli::{BenchCommand, Cli, Command, RunArgs, SimCommand, TestArgs};
 
-const USAGE: &str = "usage: cargo xtask <command>
-
-commands:
-  run [options]        boot Linux under the hypervisor in QEMU (installs QEMU, builds the guest image)
-      --cmd \"<shell>\"    run a command in the guest, print its output, exit with its status
-      --gic 3|4            GIC version of the machine (default 3)
-      --pcpus N            physical CPUs (default 1)
-      --vcpus M            guest vCPUs (default 1)
-      --mem SIZE           guest RAM, e.g. 1G or 768M (default 1G)
-      --cpu MODEL          QEMU CPU model (default max,pauth-impdef=on)
-      --hv-args \"...\"      hypervisor boot arguments (e.g. \"loglvl=debug sched_ratelimit_us=0\")
-      --timeout SECS       kill QEMU after this long (default 600)
-      --kernel FILE --initrd FILE --append \"<cmdline>\"   boot your own guest
-      --icount             deterministic guest time (-icount shift=0,sleep=on)
-      --disk passthrough|ram|backend|none   the guest's disk (default: QEMU's devices passed through)
-      --disk-latency-us N  service time of each request on the RAM disk
-  test                 host unit tests + integration tests (boots real guests)
-  build                build the hypervisor image (target/xtask/hypervisor-qemu-virt.bin)
-  guest-image          build the guest kernel + initramfs (guest-images/out)
-  sim wakeup [--json FILE] ...   scheduler simulator (see `cargo xtask sim wakeup --help`)
-  bench wakeup [--quick] ...     fio wake-latency benchmark in guests (see `cargo xtask bench wakeup --help`)
-  bench timer [--runtime S]      cyclictest timer latency, timer_slop_ns 0 vs 50000";
-
-fn parse_size_mb(s: &str) -> Result<u64, String> {
-    let (n, mul) = match s.chars().last() {
-        Some('G' | 'g') => (&s[..s.len() - 1], 1024),
-        Some('M' | 'm') => (&s[..s.len() - 1], 1),
-        _ => (s, 1),
-    };
-    n.parse::<u64>().map(|v| v * mul).map_err(|_| format!("bad size {s}"))
-}
-
-fn parse_run(args: &[String]) -> Result<RunOptions, String> {
-    let mut o = RunOptions::default();
-    let (mut disk, mut latency): (Option<String>, Option<u32>) = (None, None);
-    let mut i = 0;
-    while i < args.len() {
-        let flag = args[i].as_str();
-        if flag == "--icount" {
-            o.icount = true;
-            i += 1;
-            continue;
-        }
-        let val = args.get(i + 1).ok_or_else(|| format!("{flag} needs a value"))?.clone();
-        let num = |v: &str| v.parse::<u32>().map_err(|_| format!("{flag}: bad number {v}"));
-        match flag {
-            "--cmd" => o.cmd = Some(val),
-            "--gic" => {
-                o.gic = match val.as_str() {
-                    "3" => 3,
-                    "4" => 4,
-                    _ => return Err("--gic takes 3 or 4".into()),
-                }
-            }
-            "--pcpus" => o.pcpus = num(&val)?.max(1),
-            "--vcpus" => o.vcpus = num(&val)?.max(1),
-            "--mem" => o.mem_mb = parse_size_mb(&val)?,
-            "--cpu" => o.cpu = val,
-            "--hv-args" => o.hv_args = val,
-            "--timeout" => o.timeout = Duration::from_secs(num(&val)? as u64),
-            "--kernel" => o.kernel = Some(PathBuf::from(val)),
-            "--initrd" => o.initrd = Some(PathBuf::from(val)),
-            "--append" => o.append = Some(val),
-            "--disk" => {
-                disk = match val.as_str() {
-                    "passthrough" | "ram" | "backend" | "none" => Some(val),
-                    _ => return Err("--disk takes passthrough, ram, backend or none".into()),
-                }
-            }
-            "--disk-latency-us" => latency = Some(num(&val)?),
-            _ => return Err(format!("unknown option {flag}\n{USAGE}")),
-        }
-        i += 2;
-    }
-    if o.mem_mb < 128 {
-        return Err("--mem must be at least 128M".into());
-    }
-    if let Some(d) = disk {
-        let mut args = format!("dom0_disk={d}");
-        if d == "ram" {
-            args.push_str(&format!(" dom0_disk_latency_us={}", latency.unwrap_or(0)));
-        }
-        if d == "passthrough" || d == "backend" {
-            // A QEMU virtio-blk device with a scratch image.
-            let img = xtask::qemu::scratch_disk().map_err(|e| format!("disk image: {e}"))?;
-            o.extra.extend(["-drive".into(), format!("if=none,file={},format=raw,id=d0", img.display()), "-device".into(), "virtio-blk-device,drive=d0".into()]);
-        }
-        o.hv_args = if o.hv_args.is_empty() { args } else { format!("{args} {}", o.hv_args) };
-    } else if latency.is_some() {
-        return Err("--disk-latency-us goes with --disk ram".into());
-    }
-    Ok(o)
-}
-
-fn cmd_run(args: &[String]) -> Result<i32, String> {
-    let o = parse_run(args)?;
+fn cmd_run(args: &RunArgs) -> Result<i32, String> {
+    let o = args.run_options(xtask::qemu::scratch_disk)?;
     let r = xtask::qemu::run(&o)?;
     if o.cmd.is_none() {
         return Ok(r.qemu_status.unwrap_or(1));
@@ -122,17 +32,15 @@ fn cmd_run(args: &[String]) -> Result<i32, String> {
     }
 }
 
-fn cmd_test(args: &[String]) -> Result<i32, String> {
+fn cmd_test(args: &TestArgs) -> Result<i32, String> {
     // Prepare everything the integration tests need, so their output is
     // about the tests, not about installs.
     xtask::setup::ensure_qemu()?;
     xtask::build::hypervisor("qemu-virt")?;
     xtask::image::guest()?;
-    let mut child = Command::new(env!("CARGO"))
+    let mut child = std::process::Command::new(env!("CARGO"))
         .current_dir(xtask::root())
-        .args(["test", "--workspace", "--lib", "--bins", "--tests"])
-        .args(args)
-        .args(["--", "--test-threads=1"])
+        .args(args.cargo_test_args())
         .stdout(std::process::Stdio::piped())
         .spawn()
         .map_err(|e| e.to_string())?;
@@ -168,7 +76,7 @@ fn cmd_test(args: &[String]) -> Result<i32, String> {
 /// Runs `cargo +nightly fuzz run virtqueue` for XTASK_FUZZ_SECONDS (default
 /// 30); `None` when cargo-fuzz is not available.
 fn fuzz_virtqueue() -> Option<bool> {
-    let have = Command::new("cargo")
+    let have = std::process::Command::new("cargo")
         .args(["+nightly", "fuzz", "--version"])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
@@ -183,9 +91,9 @@ fn fuzz_virtqueue() -> Option<bool> {
     let corpus = xtask::root().join("fuzz").join("corpus").join("virtqueue");
     if !corpus.exists() {
         let _ = std::fs::create_dir_all(&corpus);
-        let _ = Command::new("tar").arg("-C").arg(&corpus).arg("-xzf").arg(xtask::root().join("fuzz").join("seeds-virtqueue.tar.gz")).status();
+        let _ = std::process::Command::new("tar").arg("-C").arg(&corpus).arg("-xzf").arg(xtask::root().join("fuzz").join("seeds-virtqueue.tar.gz")).status();
     }
-    let ok = Command::new("cargo")
+    let ok = std::process::Command::new("cargo")
         .current_dir(xtask::root().join("fuzz"))
         .args(["+nightly", "fuzz", "run", "virtqueue", "--", &format!("-max_total_time={secs}"), "-max_len=4096", "-rss_limit_mb=2048"])
         .status()
@@ -195,34 +103,30 @@ fn fuzz_virtqueue() -> Option<bool> {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let Some(cmd) = args.first() else {
-        eprintln!("{USAGE}");
-        exit(2);
-    };
-    let rest = &args[1..];
-    let result = match cmd.as_str() {
-        "run" => cmd_run(rest),
-        "test" => cmd_test(rest),
-        "build" => xtask::build::hypervisor("qemu-virt").map(|p| {
+    let cli = Cli::parse();
+    // Checks between options, reported like clap's own errors.
+    if let Command::Run(args) = &cli.command {
+        if let Err(e) = args.check() {
+            let mut cmd = Cli::command();
+            cmd.build();
+            let run = cmd.find_subcommand_mut("run").expect("the run command");
+            run.error(ErrorKind::ArgumentConflict, e).exit();
+        }
+    }
+    let result = match &cli.command {
+        Command::Run(args) => cmd_run(args),
+        Command::Test(args) => cmd_test(args),
+        Command::Build => xtask::build::hypervisor("qemu-virt").map(|p| {
             println!("{}", p.display());
             0
         }),
-        "guest-image" => xtask::image::guest().map(|g| {
+        Command::GuestImage => xtask::image::guest().map(|g| {
             println!("{}\n{}", g.kernel.display(), g.initrd.display());
             0
         }),
-        "sim" => sim::main(rest).map(|_| 0),
-        "bench" => match rest.first().map(String::as_str) {
-            Some("wakeup") => xtask::bench::runner::wakeup(&rest[1..]).map(|_| 0),
-            Some("timer") => xtask::bench::timer::run(&rest[1..]).map(|_| 0),
-            _ => Err(format!("usage: cargo xtask bench wakeup [options]\n{}", xtask::bench::runner::USAGE)),
-        },
-        "help" | "--help" | "-h" => {
-            println!("{USAGE}");
-            Ok(0)
-        }
-        other => Err(format!("unknown command {other}\n{USAGE}")),
+        Command::Sim(SimCommand::Wakeup(args)) => sim::main(args).map(|_| 0),
+        Command::Bench(BenchCommand::Wakeup(args)) => xtask::bench::runner::wakeup(args).map(|_| 0),
+        Command::Bench(BenchCommand::Timer(args)) => xtask::bench::timer::run(args).map(|_| 0),
     };
     match result {
         Ok(code) => exit(code),

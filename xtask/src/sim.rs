@@ -7,58 +7,12 @@
 //! `{"cases":[{"mode":..,"ratelimit_us":..,"topology":..,"iops":..,"p50_us":..,"p99_us":..,"p999_us":..}]}`
 //! (latencies: I/O vCPU wake → running again). A second table shows the
 //! lock-holder scenario (submission latency), which is printed only.
+//! The options and their defaults are in [`xtask::cli::SimWakeupArgs`].
 
 use hypervisor::sched::sim::{self, Scenario, SimParams, SimResult, Topology};
 use hypervisor::sched::SchedConfig;
 use std::fmt::Write as _;
-
-struct Opts {
-    json: Option<String>,
-    seconds: u64,
-    service_us: u64,
-    submit_us: u64,
-    switch_us: u64,
-    granularity_us: Option<u64>,
-    grace_us: Option<u64>,
-}
-
-const USAGE: &str = "usage: cargo xtask sim wakeup [--json FILE] [--seconds N] [--service-us N] \
-[--submit-us N] [--switch-cost-us N] [--granularity-us N] [--grace-us N]";
-
-fn parse(args: &[String]) -> Result<Opts, String> {
-    let mut it = args.iter();
-    match it.next().map(String::as_str) {
-        Some("wakeup") => {}
-        _ => return Err(USAGE.into()),
-    }
-    let mut o = Opts {
-        json: None,
-        seconds: 10,
-        service_us: 200,
-        submit_us: 20,
-        switch_us: 5,
-        granularity_us: None,
-        grace_us: None,
-    };
-    while let Some(flag) = it.next() {
-        let val = it.next().ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))?;
-        let num = || val.parse::<u64>().map_err(|_| format!("{flag}: not a number: {val}"));
-        match flag.as_str() {
-            "--json" => o.json = Some(val.clone()),
-            "--seconds" => o.seconds = num()?,
-            "--service-us" => o.service_us = num()?,
-            "--submit-us" => o.submit_us = num()?,
-            "--switch-cost-us" => o.switch_us = num()?,
-            "--granularity-us" => o.granularity_us = Some(num()?),
-            "--grace-us" => o.grace_us = Some(num()?),
-            _ => return Err(format!("unknown option {flag}\n{USAGE}")),
-        }
-    }
-    if o.seconds == 0 || o.submit_us == 0 {
-        return Err("--seconds and --submit-us must be > 0".into());
-    }
-    Ok(o)
-}
+use xtask::cli::SimWakeupArgs as Opts;
 
 struct Case {
     mode: &'static str,
@@ -75,7 +29,7 @@ fn params(o: &Opts, cfg: SchedConfig, topology: Topology, scenario: Scenario) ->
         duration_ns: o.seconds * 1_000_000_000,
         service_ns: o.service_us * 1000,
         submit_ns: o.submit_us * 1000,
-        switch_ns: o.switch_us * 1000,
+        switch_ns: o.switch_cost_us * 1000,
     }
 }
 
@@ -94,26 +48,25 @@ fn us(ns: u64) -> f64 {
     ns as f64 / 1000.0
 }
 
-pub fn main(args: &[String]) -> Result<(), String> {
-    let o = parse(args)?;
+pub fn main(o: &Opts) -> Result<(), String> {
     let mut modes: Vec<(&'static str, u64, SchedConfig)> = [1000, 100, 0]
         .into_iter()
         .map(|rl| ("xen-compat", rl, SchedConfig::xen_compat(rl)))
         .collect();
-    let pc = preempt_cfg(&o);
+    let pc = preempt_cfg(o);
     modes.push(("wake-preempt", pc.ratelimit_ns / 1000, pc));
 
     let mut cases = Vec::new();
     for &(mode, rl, cfg) in &modes {
         for topology in [Topology::OneP2V, Topology::TwoP2V] {
-            let res = sim::run(&params(&o, cfg, topology, Scenario::Wakeup)).map_err(|e| e.to_string())?;
+            let res = sim::run(&params(o, cfg, topology, Scenario::Wakeup)).map_err(|e| e.to_string())?;
             cases.push(Case { mode, ratelimit_us: rl, topology, res });
         }
     }
 
     println!(
         "wakeup: {} s virtual, service {} us, submit {} us, context switch {} us; latency = I/O vCPU wake -> running",
-        o.seconds, o.service_us, o.submit_us, o.switch_us
+        o.seconds, o.service_us, o.submit_us, o.switch_cost_us
     );
     println!(
         "{:<13} {:>6} {:>5} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6}",
@@ -154,7 +107,7 @@ pub fn main(args: &[String]) -> Result<(), String> {
         ("wake-preempt grace, wfe yield", pc, lhp(Some(2_000))),
     ];
     for (name, cfg, sc) in lhp_cases {
-        let r = sim::run(&params(&o, cfg, Topology::OneP2V, sc)).map_err(|e| e.to_string())?;
+        let r = sim::run(&params(o, cfg, Topology::OneP2V, sc)).map_err(|e| e.to_string())?;
         println!(
             "{:<34} {:>9.0} {:>9.1} {:>9.1} {:>10.1} {:>10.1}",
             name,
@@ -186,8 +139,8 @@ pub fn main(args: &[String]) -> Result<(), String> {
             );
         }
         s.push_str("]}\n");
-        std::fs::write(path, s).map_err(|e| format!("writing {path}: {e}"))?;
-        println!("\nwrote {path}");
+        std::fs::write(path, s).map_err(|e| format!("writing {}: {e}", path.display()))?;
+        println!("\nwrote {}", path.display());
     }
     Ok(())
 }

@@ -1,19 +1,10 @@
 //! The runner of `cargo xtask bench wakeup`: boots one QEMU per case and
 //! repeat, collects fio's and the hypervisor's figures, writes the report.
 
-use super::{matrix, parse_console, run_options, write_report, Case, CaseResult, Progress, DEFAULT_REPEATS, DEFAULT_RUNTIME_S};
+use super::{matrix, parse_console, run_options, write_report, Case, CaseResult, Progress};
+use crate::cli::BenchWakeupArgs;
 use crate::Result;
 use std::path::PathBuf;
-
-pub const USAGE: &str = "usage: cargo xtask bench wakeup [--quick | --full] [--runtime SECS] [--repeats N] [--only SUBSTRING]
-
-  --quick        1p1v and 1p2v, unpinned IRQ, xen-compat 1000 vs wake-preempt, ram disk, icount, 1 repeat
-  --full         also the real-time clock matrix (with 2p2v)
-  --runtime S    fio runtime per case (default 10)
-  --repeats N    repeats per case, the median is reported (default 3; 1 with --quick)
-  --only S       run only the cases whose label contains S
-  --hv-args \"..\" extra hypervisor boot arguments for every case (e.g. sched_lhp_grace_us=20)
-Writes target/bench/wakeup/{report.md,results.json,latency.svg}.";
 
 /// A raw disk image for the passthrough and backend disks (sparse, 256 MiB),
 /// apart from the tests' image so a benchmark and a test can run together.
@@ -21,41 +12,9 @@ fn disk_image() -> Result<PathBuf> {
     crate::qemu::sparse_image(crate::root().join("target").join("bench").join("disk.img")).map_err(|e| e.to_string())
 }
 
-pub fn wakeup(args: &[String]) -> Result<()> {
-    let (mut quick, mut full, mut runtime, mut repeats, mut only) = (false, false, DEFAULT_RUNTIME_S, None, None);
-    let mut extra_hv_args: Option<String> = None;
-    let mut i = 0;
-    while i < args.len() {
-        let val = || args.get(i + 1).cloned().ok_or_else(|| format!("{} needs a value", args[i]));
-        match args[i].as_str() {
-            "--quick" => quick = true,
-            "--full" => full = true,
-            "--runtime" => {
-                runtime = val()?.parse().map_err(|_| "bad --runtime")?;
-                i += 1;
-            }
-            "--repeats" => {
-                repeats = Some(val()?.parse::<u32>().map_err(|_| "bad --repeats")?.max(1));
-                i += 1;
-            }
-            "--only" => {
-                only = Some(val()?);
-                i += 1;
-            }
-            "--hv-args" => {
-                extra_hv_args = Some(val()?);
-                i += 1;
-            }
-            "--help" | "-h" => {
-                println!("{USAGE}");
-                return Ok(());
-            }
-            other => return Err(format!("unknown option {other}\n{USAGE}")),
-        }
-        i += 1;
-    }
-    let repeats = repeats.unwrap_or(if quick { 1 } else { DEFAULT_REPEATS });
-    let cases: Vec<Case> = matrix(full, quick)
+pub fn wakeup(args: &BenchWakeupArgs) -> Result<()> {
+    let (runtime, repeats, only) = (args.runtime, args.repeats(), &args.only);
+    let cases: Vec<Case> = matrix(args.full, args.quick)
         .into_iter()
         .filter(|c| only.as_ref().is_none_or(|s| c.label().contains(s.as_str()) || c.to_string().contains(s.as_str())))
         .collect();
@@ -70,7 +29,7 @@ pub fn wakeup(args: &[String]) -> Result<()> {
         let mut r = CaseResult { case: *case, samples: Vec::new(), errors: Vec::new() };
         for rep in 0..repeats {
             let mut o = run_options(case, runtime, &disk);
-            if let Some(extra) = &extra_hv_args {
+            if let Some(extra) = &args.hv_args {
                 o.hv_args = format!("{} {extra}", o.hv_args);
             }
             match crate::qemu::run(&o) {

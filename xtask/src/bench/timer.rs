@@ -6,6 +6,7 @@
 //! (deadlines rounded up to 50 µs, as a slack-based timer would). Reported:
 //! min/avg/max latency and the samples over 100 µs.
 
+use crate::cli::BenchTimerArgs;
 use crate::qemu::RunOptions;
 use crate::Result;
 use std::fmt::Write as _;
@@ -127,23 +128,8 @@ pub fn results_json(results: &[(TimerCase, std::result::Result<CyclicResult, Str
     serde_json::json!({ "cases": cases }).to_string()
 }
 
-pub fn run(args: &[String]) -> Result<()> {
-    let mut seconds = 5u32;
-    let mut i = 0;
-    while i < args.len() {
-        match args[i].as_str() {
-            "--runtime" => {
-                seconds = args.get(i + 1).and_then(|v| v.parse().ok()).ok_or("--runtime needs seconds")?;
-                i += 1;
-            }
-            "--help" | "-h" => {
-                println!("usage: cargo xtask bench timer [--runtime SECS]   (default 5; writes target/bench/timer/)");
-                return Ok(());
-            }
-            o => return Err(format!("unknown option {o}")),
-        }
-        i += 1;
-    }
+pub fn run(args: &BenchTimerArgs) -> Result<()> {
+    let seconds = args.runtime;
     let cases = cases();
     let mut progress = super::Progress::new(cases.len());
     let mut results = Vec::new();

@@ -1,0 +1,320 @@
+//! The command line of `cargo xtask`, parsed with clap (derive): every
+//! subcommand has `--help`, and a misspelt option or subcommand gets a
+//! suggestion. The option names, defaults and checks are the ones the
+//! README documents; the doc comments below are the help text.
+//!
+//! The types here only describe and check the options; `main.rs` and the
+//! modules that do the work ([`crate::qemu`], [`crate::bench`]) take them.
+
+use crate::qemu::RunOptions;
+use clap::builder::TypedValueParser as _;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The project's driver: build, run, test and benchmark the hypervisor.
+#[derive(Debug, Parser)]
+#[command(name = "cargo xtask", bin_name = "cargo xtask", arg_required_else_help = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Boot Linux under the hypervisor in QEMU (installs QEMU, builds the guest image)
+    ///
+    /// Without --cmd the console is this terminal: `poweroff -f` (or `exit`)
+    /// in the guest shell powers it off, Ctrl-A x quits QEMU at any time.
+    Run(RunArgs),
+    /// Host unit tests + integration tests (boots real guests)
+    Test(TestArgs),
+    /// Build the hypervisor image (target/xtask/hypervisor-qemu-virt.bin)
+    Build,
+    /// Build the guest kernel + initramfs (guest-images/out)
+    GuestImage,
+    /// The scheduler's discrete-event simulator
+    #[command(subcommand, arg_required_else_help = true)]
+    Sim(SimCommand),
+    /// Benchmarks inside Linux guests
+    #[command(subcommand, arg_required_else_help = true)]
+    Bench(BenchCommand),
+}
+
+/// The guest's disk (`--disk`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DiskKind {
+    /// QEMU's virtio-blk device (a scratch image) mapped into the guest, Dom0-style
+    Passthrough,
+    /// The hypervisor's virtio-blk over a RAM image
+    Ram,
+    /// The hypervisor's virtio-blk in front of QEMU's device
+    Backend,
+    /// No disk
+    None,
+}
+
+impl DiskKind {
+    /// The spelling of `dom0_disk=` (the same as on the command line).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DiskKind::Passthrough => "passthrough",
+            DiskKind::Ram => "ram",
+            DiskKind::Backend => "backend",
+            DiskKind::None => "none",
+        }
+    }
+}
+
+/// `cargo xtask run`: see [`RunArgs::run_options`] for how they map onto
+/// [`RunOptions`].
+#[derive(Clone, Debug, Args)]
+pub struct RunArgs {
+    /// Run a command in the guest after boot, print its output, power off, exit with its status
+    #[arg(long, value_name = "SHELL", allow_hyphen_values = true)]
+    pub cmd: Option<String>,
+    /// GIC version of the QEMU machine
+    #[arg(long, value_name = "VERSION", default_value = "3", value_parser = gic_parser())]
+    pub gic: u8,
+    /// Physical CPUs (0 counts as 1)
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub pcpus: u32,
+    /// Guest vCPUs (0 counts as 1)
+    #[arg(long, value_name = "M", default_value_t = 1)]
+    pub vcpus: u32,
+    /// Guest RAM, e.g. 768M or 2G (a bare number is MiB; at least 128M)
+    #[arg(long = "mem", value_name = "SIZE", default_value = "1G", value_parser = parse_mem)]
+    pub mem_mb: u64,
+    /// QEMU CPU model
+    #[arg(long, value_name = "MODEL", default_value = "max,pauth-impdef=on")]
+    pub cpu: String,
+    /// Extra hypervisor boot arguments (e.g. "loglvl=debug sched_ratelimit_us=0")
+    #[arg(long, value_name = "ARGS", default_value = "", hide_default_value = true, allow_hyphen_values = true)]
+    pub hv_args: String,
+    /// Kill QEMU after this long
+    #[arg(long, value_name = "SECS", default_value_t = 600)]
+    pub timeout: u64,
+    /// Boot your own guest kernel
+    #[arg(long, value_name = "FILE")]
+    pub kernel: Option<PathBuf>,
+    /// Boot your own guest initrd
+    #[arg(long, value_name = "FILE")]
+    pub initrd: Option<PathBuf>,
+    /// Boot your own guest kernel command line
+    #[arg(long, value_name = "CMDLINE", allow_hyphen_values = true)]
+    pub append: Option<String>,
+    /// Deterministic guest time (-icount shift=0,sleep=on)
+    #[arg(long)]
+    pub icount: bool,
+    /// The guest's disk [default: QEMU's devices passed through, no disk image]
+    #[arg(long, value_name = "KIND")]
+    pub disk: Option<DiskKind>,
+    /// Service time of every RAM-disk request, exact on the EL2 timer (guest virtual time under --icount); only with --disk ram
+    #[arg(long, value_name = "N")]
+    pub disk_latency_us: Option<u32>,
+}
+
+/// `--gic`: 3 or 4 (listed in the help and in the error).
+fn gic_parser() -> impl clap::builder::TypedValueParser<Value = u8> {
+    clap::builder::PossibleValuesParser::new(["3", "4"]).map(|s| if s == "4" { 4 } else { 3 })
+}
+
+/// A size in MiB: `1G`, `768M`, or a bare number of MiB.
+pub fn parse_size_mb(s: &str) -> Result<u64, String> {
+    let (n, mul) = match s.chars().last() {
+        Some('G' | 'g') => (&s[..s.len() - 1], 1024),
+        Some('M' | 'm') => (&s[..s.len() - 1], 1),
+        _ => (s, 1),
+    };
+    n.parse::<u64>().ok().and_then(|v| v.checked_mul(mul)).ok_or_else(|| format!("bad size {s}"))
+}
+
+/// `--mem`: a size of at least 128 MiB.
+fn parse_mem(s: &str) -> Result<u64, String> {
+    let mb = parse_size_mb(s)?;
+    if mb < 128 {
+        return Err("must be at least 128M".into());
+    }
+    Ok(mb)
+}
+
+impl RunArgs {
+    /// The checks between options that clap does not express.
+    pub fn check(&self) -> Result<(), String> {
+        if self.disk_latency_us.is_some() && self.disk != Some(DiskKind::Ram) {
+            return Err("--disk-latency-us goes with --disk ram".into());
+        }
+        Ok(())
+    }
+
+    /// The runner's options. `scratch_disk` makes the QEMU disk image that
+    /// `--disk passthrough|backend` attach (the caller passes
+    /// [`crate::qemu::scratch_disk`]).
+    pub fn run_options(&self, scratch_disk: impl FnOnce() -> std::io::Result<PathBuf>) -> Result<RunOptions, String> {
+        self.check()?;
+        let mut o = RunOptions {
+            gic: self.gic,
+            pcpus: self.pcpus.max(1),
+            vcpus: self.vcpus.max(1),
+            mem_mb: self.mem_mb,
+            cpu: self.cpu.clone(),
+            hv_args: self.hv_args.clone(),
+            timeout: Duration::from_secs(self.timeout),
+            cmd: self.cmd.clone(),
+            kernel: self.kernel.clone(),
+            initrd: self.initrd.clone(),
+            append: self.append.clone(),
+            icount: self.icount,
+            ..Default::default()
+        };
+        if let Some(d) = self.disk {
+            let mut args = format!("dom0_disk={}", d.as_str());
+            if d == DiskKind::Ram {
+                args.push_str(&format!(" dom0_disk_latency_us={}", self.disk_latency_us.unwrap_or(0)));
+            }
+            if d == DiskKind::Passthrough || d == DiskKind::Backend {
+                // A QEMU virtio-blk device with a scratch image.
+                let img = scratch_disk().map_err(|e| format!("disk image: {e}"))?;
+                o.extra.extend([
+                    "-drive".into(),
+                    format!("if=none,file={},format=raw,id=d0", img.display()),
+                    "-device".into(),
+                    "virtio-blk-device,drive=d0".into(),
+                ]);
+            }
+            o.hv_args = if o.hv_args.is_empty() { args } else { format!("{args} {}", o.hv_args) };
+        }
+        Ok(o)
+    }
+}
+
+/// `cargo xtask test [CARGO_TEST_ARGS]... [-- TEST_ARGS...]`
+#[derive(Clone, Debug, Args)]
+pub struct TestArgs {
+    /// Passed on to `cargo test --workspace --lib --bins --tests` (e.g. `-p xtask`, a test name)
+    #[arg(allow_hyphen_values = true, value_name = "CARGO_TEST_ARGS")]
+    pub cargo_args: Vec<String>,
+    /// Passed on to the test binaries, after --test-threads=1 (e.g. --nocapture)
+    #[arg(last = true, value_name = "TEST_ARGS")]
+    pub test_args: Vec<String>,
+}
+
+impl TestArgs {
+    /// The arguments of `cargo test`: the workspace's lib, bin and test
+    /// targets, the forwarded cargo arguments, and for the test binaries
+    /// `--test-threads=1` (the integration tests boot QEMU one at a time)
+    /// and whatever came after `--`.
+    pub fn cargo_test_args(&self) -> Vec<String> {
+        // clap leaves a `--` that follows a cargo argument among them.
+        let (cargo, after) = match self.cargo_args.iter().position(|a| a == "--") {
+            Some(i) => (&self.cargo_args[..i], &self.cargo_args[i + 1..]),
+            None => (&self.cargo_args[..], &[][..]),
+        };
+        let mut v: Vec<String> = ["test", "--workspace", "--lib", "--bins", "--tests"].map(String::from).to_vec();
+        v.extend(cargo.iter().cloned());
+        v.extend(["--".to_string(), "--test-threads=1".to_string()]);
+        v.extend(after.iter().chain(&self.test_args).cloned());
+        v
+    }
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SimCommand {
+    /// Wake latency of an I/O vCPU beside a CPU hog, every scheduler mode and topology
+    ///
+    /// Runs the scheduler simulator (hypervisor::sched::sim, which drives the
+    /// real scheduler) over the seed workload, prints a table and the
+    /// lock-holder scenario, and with --json writes the JSON the benchmark
+    /// harness reads.
+    Wakeup(SimWakeupArgs),
+}
+
+/// `cargo xtask sim wakeup`
+#[derive(Clone, Debug, Args)]
+pub struct SimWakeupArgs {
+    /// Also write the results as JSON to FILE
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Virtual seconds to simulate
+    #[arg(long, value_name = "N", default_value_t = 10, value_parser = parse_positive)]
+    pub seconds: u64,
+    /// Disk service time of each request, µs
+    #[arg(long, value_name = "N", default_value_t = 200)]
+    pub service_us: u64,
+    /// CPU time the I/O vCPU spends submitting a request, µs
+    #[arg(long, value_name = "N", default_value_t = 20, value_parser = parse_positive)]
+    pub submit_us: u64,
+    /// Cost of a context switch, µs
+    #[arg(long, value_name = "N", default_value_t = 5)]
+    pub switch_cost_us: u64,
+    /// Wake-preempt granularity, µs [default: the scheduler's]
+    #[arg(long, value_name = "N")]
+    pub granularity_us: Option<u64>,
+    /// Lock-holder grace, µs [default: the scheduler's]
+    #[arg(long, value_name = "N")]
+    pub grace_us: Option<u64>,
+}
+
+/// `--seconds`, `--submit-us`: a number > 0.
+fn parse_positive(s: &str) -> Result<u64, String> {
+    match s.parse::<u64>() {
+        Ok(0) => Err("must be > 0".into()),
+        Ok(v) => Ok(v),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// fio wake-latency benchmark in guests, xen-compat vs wake-preempt
+    ///
+    /// fio 4 KiB randread qd1 on the last vCPU beside a CPU hog, across
+    /// topologies, IRQ placements, schedulers, disks and clocks.
+    #[command(after_help = "Writes target/bench/wakeup/{report.md,results.json,latency.svg}.")]
+    Wakeup(BenchWakeupArgs),
+    /// cyclictest timer latency, timer_slop_ns 0 vs 50000
+    #[command(after_help = "Writes target/bench/timer/{report.md,results.json}.")]
+    Timer(BenchTimerArgs),
+}
+
+/// `cargo xtask bench wakeup`
+#[derive(Clone, Debug, Args)]
+pub struct BenchWakeupArgs {
+    /// 1p1v and 1p2v, unpinned IRQ, xen-compat 1000 vs wake-preempt, ram disk, icount, 1 repeat (wins over --full)
+    #[arg(long)]
+    pub quick: bool,
+    /// Also the real-time clock matrix (with 2p2v)
+    #[arg(long)]
+    pub full: bool,
+    /// fio runtime per case, seconds
+    #[arg(long, value_name = "SECS", default_value_t = crate::bench::DEFAULT_RUNTIME_S)]
+    pub runtime: u32,
+    /// Repeats per case, the median is reported (0 counts as 1) [default: 3; 1 with --quick]
+    #[arg(long, value_name = "N")]
+    pub repeats: Option<u32>,
+    /// Run only the cases whose label contains S
+    #[arg(long, value_name = "S")]
+    pub only: Option<String>,
+    /// Extra hypervisor boot arguments for every case (e.g. sched_lhp_grace_us=20)
+    #[arg(long, value_name = "ARGS", allow_hyphen_values = true)]
+    pub hv_args: Option<String>,
+}
+
+impl BenchWakeupArgs {
+    /// Repeats per case: `--repeats` (at least 1), else 1 with `--quick`
+    /// and [`crate::bench::DEFAULT_REPEATS`] without.
+    pub fn repeats(&self) -> u32 {
+        self.repeats.map(|r| r.max(1)).unwrap_or(if self.quick { 1 } else { crate::bench::DEFAULT_REPEATS })
+    }
+}
+
+/// `cargo xtask bench timer`
+#[derive(Clone, Debug, Args)]
+pub struct BenchTimerArgs {
+    /// cyclictest runtime per case, seconds
+    #[arg(long, value_name = "SECS", default_value_t = 5)]
+    pub runtime: u32,
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,433 @@
+//! Parsing tests: the documented command lines parse to what they did
+//! before clap, `--help` shows every option, mistakes get suggestions.
+
+use super::*;
+use clap::error::ErrorKind;
+use clap::CommandFactory;
+
+/// Splits a command line the way a POSIX shell does for the quoting the
+/// README uses ('...' and "..." without escapes inside).
+fn words(line: &str) -> Vec<String> {
+    let (mut v, mut cur, mut quote, mut in_word) = (Vec::new(), String::new(), None, false);
+    for c in line.chars() {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), c) => cur.push(c),
+            (None, '\'' | '"') => {
+                quote = Some(c);
+                in_word = true;
+            }
+            (None, c) if c.is_whitespace() => {
+                if in_word {
+                    v.push(std::mem::take(&mut cur));
+                    in_word = false;
+                }
+            }
+            (None, c) => {
+                cur.push(c);
+                in_word = true;
+            }
+        }
+    }
+    assert!(quote.is_none(), "unterminated quote in {line}");
+    if in_word {
+        v.push(cur);
+    }
+    v
+}
+
+/// Parses `cargo xtask <line>`.
+fn parse(line: &str) -> Result<Cli, clap::Error> {
+    let mut argv = vec!["cargo-xtask".to_string()];
+    argv.extend(words(line));
+    Cli::try_parse_from(argv)
+}
+
+fn ok(line: &str) -> Command {
+    match parse(line) {
+        Ok(c) => c.command,
+        Err(e) => panic!("`cargo xtask {line}` does not parse:\n{e}"),
+    }
+}
+
+fn err(line: &str) -> clap::Error {
+    match parse(line) {
+        Ok(c) => panic!("`cargo xtask {line}` parsed: {c:?}"),
+        Err(e) => e,
+    }
+}
+
+fn run_args(line: &str) -> RunArgs {
+    match ok(line) {
+        Command::Run(a) => a,
+        c => panic!("{line}: {c:?}"),
+    }
+}
+
+/// `RunArgs::run_options` with a fixed image path for the QEMU disk.
+fn run_options(line: &str) -> Result<RunOptions, String> {
+    run_args(line).run_options(|| Ok(PathBuf::from("/scratch/disk.img")))
+}
+
+fn bench_wakeup(line: &str) -> BenchWakeupArgs {
+    match ok(line) {
+        Command::Bench(BenchCommand::Wakeup(a)) => a,
+        c => panic!("{line}: {c:?}"),
+    }
+}
+
+fn sim_wakeup(line: &str) -> SimWakeupArgs {
+    match ok(line) {
+        Command::Sim(SimCommand::Wakeup(a)) => a,
+        c => panic!("{line}: {c:?}"),
+    }
+}
+
+#[test]
+fn command_definition_is_consistent() {
+    Cli::command().debug_assert();
+}
+
+/// Every command line the README, the docs and the old usage text show.
+#[test]
+fn documented_examples_parse() {
+    for line in [
+        "run",
+        "test",
+        "build",
+        "guest-image",
+        "run --cmd 'dmesg | grep -E \"started at EL\"; uname -m'",
+        "run --cmd 'uname -m' --timeout 300",
+        "run --gic 4 --pcpus 2 --vcpus 4 --mem 768M",
+        "run --mem 2G --cpu max,pauth-impdef=on --hv-args \"loglvl=debug sched_ratelimit_us=0\"",
+        "run --kernel /tmp/Image --initrd /tmp/initrd.cpio.gz --append \"console=ttyAMA0 earlycon=pl011,0x09000000\"",
+        "run --icount --disk ram --disk-latency-us 200",
+        "run --disk passthrough",
+        "run --disk backend",
+        "run --disk none",
+        "bench wakeup --quick",
+        "bench wakeup --quick --runtime 5",
+        "bench wakeup --quick --only \"1p2v unp\" --hv-args sched_lhp_grace_us=20",
+        "bench wakeup --repeats 1",
+        "bench wakeup --full",
+        "bench timer",
+        "bench timer --runtime 5",
+        "sim wakeup",
+        "sim wakeup --json /tmp/sim.json",
+        "sim wakeup --granularity-us 600",
+        "sim wakeup --seconds 1 --service-us 100 --submit-us 10 --switch-cost-us 2 --grace-us 40",
+    ] {
+        ok(line);
+    }
+}
+
+#[test]
+fn run_defaults_are_the_runners_defaults() {
+    let o = run_options("run").unwrap();
+    assert_eq!(format!("{o:?}"), format!("{:?}", RunOptions::default()));
+}
+
+#[test]
+fn run_options_map_onto_the_runner() {
+    let o = run_options(
+        "run --cmd 'uname -m; nproc' --gic 4 --pcpus 2 --vcpus 0 --mem 768M --cpu cortex-a57 \
+         --hv-args 'loglvl=debug' --timeout 300 --icount --kernel K --initrd I --append 'console=ttyAMA0'",
+    )
+    .unwrap();
+    assert_eq!(o.cmd.as_deref(), Some("uname -m; nproc"));
+    assert_eq!((o.gic, o.pcpus, o.vcpus, o.mem_mb), (4, 2, 1, 768));
+    assert_eq!(o.cpu, "cortex-a57");
+    assert_eq!(o.hv_args, "loglvl=debug");
+    assert_eq!(o.timeout, Duration::from_secs(300));
+    assert!(o.icount);
+    assert_eq!(o.kernel, Some(PathBuf::from("K")));
+    assert_eq!(o.initrd, Some(PathBuf::from("I")));
+    assert_eq!(o.append.as_deref(), Some("console=ttyAMA0"));
+    assert!(o.extra.is_empty());
+    // Sizes: G, M, or MiB without a suffix.
+    assert_eq!(run_args("run --mem 2G").mem_mb, 2048);
+    assert_eq!(run_args("run --mem 1g").mem_mb, 1024);
+    assert_eq!(run_args("run --mem 512").mem_mb, 512);
+    // Values that start with a dash are values.
+    assert_eq!(run_args("run --cmd --help").cmd.as_deref(), Some("--help"));
+}
+
+#[test]
+fn run_disk_options_become_boot_arguments() {
+    let o = run_options("run --disk ram --disk-latency-us 200 --hv-args loglvl=debug").unwrap();
+    assert_eq!(o.hv_args, "dom0_disk=ram dom0_disk_latency_us=200 loglvl=debug");
+    assert!(o.extra.is_empty());
+    assert_eq!(run_options("run --disk ram").unwrap().hv_args, "dom0_disk=ram dom0_disk_latency_us=0");
+    assert_eq!(run_options("run --disk none").unwrap().hv_args, "dom0_disk=none");
+    for kind in ["passthrough", "backend"] {
+        let o = run_options(&format!("run --disk {kind}")).unwrap();
+        assert_eq!(o.hv_args, format!("dom0_disk={kind}"));
+        assert_eq!(
+            o.extra,
+            ["-drive", "if=none,file=/scratch/disk.img,format=raw,id=d0", "-device", "virtio-blk-device,drive=d0"]
+        );
+    }
+    // Only passthrough and backend make a disk image.
+    let o = run_args("run --disk ram").run_options(|| panic!("no image for the RAM disk")).unwrap();
+    assert!(o.extra.is_empty());
+    let e = run_args("run --disk backend").run_options(|| Err(std::io::Error::other("full"))).unwrap_err();
+    assert_eq!(e, "disk image: full");
+}
+
+#[test]
+fn run_rejects_bad_values() {
+    let e = err("run --mem 64M").to_string();
+    assert!(e.contains("must be at least 128M"), "{e}");
+    assert!(err("run --mem 127").to_string().contains("must be at least 128M"));
+    assert!(err("run --mem 1.5G").to_string().contains("bad size 1.5G"));
+    assert!(err("run --mem 99999999999999999999G").to_string().contains("bad size"));
+    let e = err("run --gic 5");
+    assert_eq!(e.kind(), ErrorKind::InvalidValue);
+    assert!(e.to_string().contains("[possible values: 3, 4]"), "{e}");
+    let e = err("run --disk floppy").to_string();
+    assert!(e.contains("[possible values: passthrough, ram, backend, none]"), "{e}");
+    assert_eq!(err("run --pcpus two").kind(), ErrorKind::ValueValidation);
+    assert_eq!(err("run --cmd").kind(), ErrorKind::InvalidValue);
+    assert_eq!(err("run extra").kind(), ErrorKind::UnknownArgument);
+    // The RAM disk's service time needs the RAM disk.
+    for line in ["run --disk-latency-us 5", "run --disk backend --disk-latency-us 5"] {
+        assert_eq!(run_args(line).check().unwrap_err(), "--disk-latency-us goes with --disk ram");
+        assert_eq!(run_options(line).unwrap_err(), "--disk-latency-us goes with --disk ram");
+    }
+    assert!(run_args("run --disk ram --disk-latency-us 5").check().is_ok());
+}
+
+#[test]
+fn test_forwards_its_arguments_to_cargo_test() {
+    let args = |line: &str| match ok(line) {
+        Command::Test(a) => a.cargo_test_args().join(" "),
+        c => panic!("{c:?}"),
+    };
+    // What `.ci/run` runs.
+    assert_eq!(args("test"), "test --workspace --lib --bins --tests -- --test-threads=1");
+    assert_eq!(args("test -p xtask"), "test --workspace --lib --bins --tests -p xtask -- --test-threads=1");
+    assert_eq!(
+        args("test --release -p hypervisor sched"),
+        "test --workspace --lib --bins --tests --release -p hypervisor sched -- --test-threads=1"
+    );
+    // After `--`: the test binaries' arguments, wherever the `--` is.
+    assert_eq!(args("test -- --nocapture"), "test --workspace --lib --bins --tests -- --test-threads=1 --nocapture");
+    assert_eq!(
+        args("test -p xtask -- --nocapture cli"),
+        "test --workspace --lib --bins --tests -p xtask -- --test-threads=1 --nocapture cli"
+    );
+}
+
+#[test]
+fn bench_options_and_defaults() {
+    let b = bench_wakeup("bench wakeup");
+    assert!(!b.quick && !b.full);
+    assert_eq!((b.runtime, b.repeats(), b.only.as_deref(), b.hv_args.as_deref()), (10, 3, None, None));
+    assert_eq!(bench_wakeup("bench wakeup --quick").repeats(), 1);
+    assert_eq!(bench_wakeup("bench wakeup --quick --repeats 3").repeats(), 3);
+    assert_eq!(bench_wakeup("bench wakeup --repeats 0").repeats(), 1);
+    // --quick wins over --full, as before: both are accepted.
+    let b = bench_wakeup("bench wakeup --quick --full --runtime 5 --only '1p2v unp' --hv-args 'sched_lhp_grace_us=20 loglvl=debug'");
+    assert!(b.quick && b.full);
+    assert_eq!(b.runtime, 5);
+    assert_eq!(b.only.as_deref(), Some("1p2v unp"));
+    assert_eq!(b.hv_args.as_deref(), Some("sched_lhp_grace_us=20 loglvl=debug"));
+    match ok("bench timer") {
+        Command::Bench(BenchCommand::Timer(t)) => assert_eq!(t.runtime, 5),
+        c => panic!("{c:?}"),
+    }
+    match ok("bench timer --runtime 2") {
+        Command::Bench(BenchCommand::Timer(t)) => assert_eq!(t.runtime, 2),
+        c => panic!("{c:?}"),
+    }
+    assert_eq!(err("bench wakeup --runtime x").kind(), ErrorKind::ValueValidation);
+    assert_eq!(err("bench").kind(), ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand);
+    assert_eq!(err("bench nothing").kind(), ErrorKind::InvalidSubcommand);
+}
+
+#[test]
+fn sim_options_and_defaults() {
+    let s = sim_wakeup("sim wakeup");
+    assert_eq!(
+        (s.json, s.seconds, s.service_us, s.submit_us, s.switch_cost_us, s.granularity_us, s.grace_us),
+        (None, 10, 200, 20, 5, None, None)
+    );
+    let s = sim_wakeup("sim wakeup --json out.json --seconds 2 --service-us 100 --submit-us 10 --switch-cost-us 0 --granularity-us 600 --grace-us 40");
+    assert_eq!(
+        (s.json, s.seconds, s.service_us, s.submit_us, s.switch_cost_us, s.granularity_us, s.grace_us),
+        (Some(PathBuf::from("out.json")), 2, 100, 10, 0, Some(600), Some(40))
+    );
+    for line in ["sim wakeup --seconds 0", "sim wakeup --submit-us 0"] {
+        let e = err(line).to_string();
+        assert!(e.contains("must be > 0"), "{e}");
+    }
+    assert_eq!(err("sim").kind(), ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand);
+}
+
+/// Every (sub)command, with its path, e.g. `["bench", "wakeup"]`, less
+/// clap's own `help` subcommands.
+fn all_commands() -> Vec<(Vec<String>, clap::Command)> {
+    fn walk(path: Vec<String>, cmd: &clap::Command, out: &mut Vec<(Vec<String>, clap::Command)>) {
+        out.push((path.clone(), cmd.clone()));
+        for sub in cmd.get_subcommands().filter(|s| s.get_name() != "help") {
+            let mut p = path.clone();
+            p.push(sub.get_name().to_string());
+            walk(p, sub, out);
+        }
+    }
+    let mut cmd = Cli::command();
+    cmd.build();
+    let mut out = Vec::new();
+    walk(Vec::new(), &cmd, &mut out);
+    out
+}
+
+#[test]
+fn help_of_every_command_shows_every_option() {
+    let cmds = all_commands();
+    for want in [
+        "run",
+        "test",
+        "build",
+        "guest-image",
+        "sim",
+        "sim wakeup",
+        "bench",
+        "bench wakeup",
+        "bench timer",
+    ] {
+        assert!(cmds.iter().any(|(p, _)| p.join(" ") == want), "no command {want}");
+    }
+    for (path, mut cmd) in cmds {
+        // What `cargo xtask <path> --help` and `-h` print.
+        let e = parse(&format!("{} --help", path.join(" "))).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::DisplayHelp, "{path:?}");
+        let long = e.to_string();
+        let short = cmd.render_help().to_string();
+        for arg in cmd.get_arguments() {
+            let name = match arg.get_long() {
+                Some(l) => format!("--{l}"),
+                None => arg.get_value_names().map(|v| v[0].to_string()).unwrap_or_else(|| arg.get_id().to_string()),
+            };
+            assert!(long.contains(&name), "`{} --help` lacks {name}:\n{long}", path.join(" "));
+            assert!(short.contains(&name), "`{} -h` lacks {name}:\n{short}", path.join(" "));
+        }
+    }
+}
+
+/// The options documented before clap keep their names.
+#[test]
+fn option_names_are_the_documented_ones() {
+    let longs = |path: &[&str]| -> Vec<String> {
+        let cmds = all_commands();
+        let (_, cmd) = cmds.iter().find(|(p, _)| p.iter().map(String::as_str).eq(path.iter().copied())).unwrap();
+        let mut v: Vec<String> = cmd.get_arguments().filter_map(|a| a.get_long()).map(|l| format!("--{l}")).collect();
+        v.sort();
+        v
+    };
+    let sorted = |a: &[&str]| {
+        let mut v: Vec<String> = a.iter().map(|s| s.to_string()).collect();
+        v.sort();
+        v
+    };
+    assert_eq!(
+        longs(&["run"]),
+        sorted(&[
+            "--cmd",
+            "--gic",
+            "--pcpus",
+            "--vcpus",
+            "--mem",
+            "--cpu",
+            "--hv-args",
+            "--timeout",
+            "--kernel",
+            "--initrd",
+            "--append",
+            "--icount",
+            "--disk",
+            "--disk-latency-us",
+            "--help"
+        ])
+    );
+    assert_eq!(
+        longs(&["bench", "wakeup"]),
+        sorted(&["--quick", "--full", "--runtime", "--repeats", "--only", "--hv-args", "--help"])
+    );
+    assert_eq!(longs(&["bench", "timer"]), sorted(&["--runtime", "--help"]));
+    assert_eq!(
+        longs(&["sim", "wakeup"]),
+        sorted(&[
+            "--json",
+            "--seconds",
+            "--service-us",
+            "--submit-us",
+            "--switch-cost-us",
+            "--granularity-us",
+            "--grace-us",
+            "--help"
+        ])
+    );
+}
+
+/// The README's table of `cargo xtask run` options names exactly the
+/// options `run` has.
+#[test]
+fn readme_run_table_matches_the_parser() {
+    let readme = std::fs::read_to_string(crate::root().join("README.md")).unwrap();
+    let start = readme.find("### `cargo xtask run` options").expect("README section");
+    let table: Vec<&str> = readme[start..].lines().skip_while(|l| !l.starts_with('|')).take_while(|l| l.starts_with('|')).collect();
+    let mut documented: Vec<String> = table
+        .iter()
+        .filter_map(|row| row.split('|').nth(1))
+        .flat_map(|cell| {
+            cell.split(['`', ' ', '/'])
+                .filter(|w| w.starts_with("--") && w[2..].starts_with(|c: char| c.is_ascii_lowercase()))
+                .map(String::from)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    documented.sort();
+    documented.dedup();
+    let cmds = all_commands();
+    let (_, run) = cmds.iter().find(|(p, _)| p == &["run"]).unwrap();
+    let mut parsed: Vec<String> =
+        run.get_arguments().filter_map(|a| a.get_long()).filter(|l| *l != "help").map(|l| format!("--{l}")).collect();
+    parsed.sort();
+    assert_eq!(documented, parsed);
+}
+
+#[test]
+fn misspelt_options_and_commands_get_suggestions() {
+    for (line, tip) in [
+        ("run --vcpu 2", "tip: a similar argument exists: '--vcpus'"),
+        ("run --hvargs loglvl=debug", "tip: a similar argument exists: '--hv-args'"),
+        ("run --disk-latency 5", "tip: a similar argument exists: '--disk-latency-us'"),
+        ("bench wakeup --quik", "tip: a similar argument exists: '--quick'"),
+        ("bench wakeup --repeat 2", "tip: a similar argument exists: '--repeats'"),
+        ("bench timer --runtim 2", "tip: a similar argument exists: '--runtime'"),
+        ("sim wakeup --grace 40", "tip: a similar argument exists: '--grace-us'"),
+        ("runn", "tip: a similar subcommand exists: 'run'"),
+        ("bulid", "tip: a similar subcommand exists: 'build'"),
+        ("bench wakup", "tip: a similar subcommand exists: 'wakeup'"),
+        ("guest-imag", "tip: a similar subcommand exists: 'guest-image'"),
+    ] {
+        let e = err(line);
+        assert!(matches!(e.kind(), ErrorKind::UnknownArgument | ErrorKind::InvalidSubcommand), "{line}: {:?}", e.kind());
+        let msg = e.to_string();
+        assert!(msg.contains(tip), "`cargo xtask {line}`:\n{msg}");
+    }
+    let e = err("run --disk backed").to_string();
+    assert!(e.contains("tip: a similar value exists: 'backend'"), "{e}");
+}
+
+#[test]
+fn no_command_prints_the_help() {
+    let e = err("");
+    assert_eq!(e.kind(), ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand);
+    let help = e.to_string();
+    for cmd in ["run", "test", "build", "guest-image", "sim", "bench"] {
+        assert!(help.contains(&format!("  {cmd} ")), "{help}");
+    }
+    assert_eq!(err("help run").kind(), ErrorKind::DisplayHelp);
+}
