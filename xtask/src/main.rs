@@ -26,6 +26,7 @@ commands:
       --hv-args \"...\"      hypervisor boot arguments (e.g. \"loglvl=debug sched_ratelimit_us=0\")
       --timeout SECS       kill QEMU after this long (default 600)
       --kernel FILE --initrd FILE --append \"<cmdline>\"   boot your own guest
+      --kernel-addr ADDR --initrd-addr ADDR   where QEMU's guest-loader puts them (default 0x50000000, after the kernel)
       --icount             deterministic guest time (-icount shift=0,sleep=on)
       --disk passthrough|ram|backend|none   the guest's disk (default: QEMU's devices passed through)
       --disk-latency-us N  service time of each request on the RAM disk
@@ -76,6 +77,8 @@ fn parse_run(args: &[String]) -> Result<RunOptions, String> {
             "--kernel" => o.kernel = Some(PathBuf::from(val)),
             "--initrd" => o.initrd = Some(PathBuf::from(val)),
             "--append" => o.append = Some(val),
+            "--kernel-addr" => o.kernel_addr = Some(parse_addr(&val)?),
+            "--initrd-addr" => o.initrd_addr = Some(parse_addr(&val)?),
             "--disk" => {
                 disk = match val.as_str() {
                     "passthrough" | "ram" | "backend" | "none" => Some(val),
@@ -110,16 +113,16 @@ fn parse_run(args: &[String]) -> Result<RunOptions, String> {
 fn cmd_run(args: &[String]) -> Result<i32, String> {
     let o = parse_run(args)?;
     let r = xtask::qemu::run(&o)?;
-    if o.cmd.is_none() {
-        return Ok(r.qemu_status.unwrap_or(1));
+    xtask::qemu::exit_code(&o, &r)
+}
+
+/// An address: hex with `0x`, or decimal.
+fn parse_addr(s: &str) -> Result<u64, String> {
+    match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(h) => u64::from_str_radix(&h.replace('_', ""), 16),
+        None => s.parse(),
     }
-    if r.timed_out {
-        return Err("timed out".into());
-    }
-    match r.guest_exit {
-        Some(code) => Ok(code),
-        None => Err("the guest did not report its command's exit status (see the console above)".into()),
-    }
+    .map_err(|_| format!("bad address {s}"))
 }
 
 fn cmd_test(args: &[String]) -> Result<i32, String> {
