@@ -337,7 +337,7 @@ fn random_layouts_plan_disjointly_or_fail_with_one_line() {
             ram.push(r(0x1_0000_0000 + MIB * rng.below(4096), MIB * (64 + rng.below(2048))));
         }
         let anywhere = r(0x3000_0000, 0x1_0000_0000);
-        let mut pick = |rng: &mut Rng, max: u64| {
+        let pick = |rng: &mut Rng, max: u64| {
             if rng.below(8) == 0 {
                 rng.region_in(anywhere, max)
             } else {
