@@ -4,11 +4,13 @@
 //! the host, so `cargo test` exercises it with fakes: device-tree discovery and
 //! guest DTB editing (`dtb`), the vGIC register model (`vgic`), the
 //! Credit2-compatible scheduler (`sched`), trap decoding (`esr`), stage-2 table
-//! building (`stage2`), the emulated PL011 (`vpl011`) and PSCI (`psci`).
+//! building (`stage2`), the emulated PL011 (`vpl011`), PSCI (`psci`) and the
+//! boot-layout plan (`boot`).
 //! On the bare-metal aarch64 target the EL2 runtime (`arch`, `vm`) is added.
 #![cfg_attr(not(test), no_std)]
 extern crate alloc;
 
+pub mod boot;
 pub mod dtb;
 pub mod sched;
 pub mod stats;

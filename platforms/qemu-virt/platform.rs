@@ -12,6 +12,7 @@ pub const EARLY_UART: usize = 0x0900_0000;
 pub fn is_device_gib(gib: u64) -> bool {
     gib == 0
 }
-/// RAM kept for the hypervisor, the boot modules and the host DTB at the
-/// bottom of memory; the guest gets RAM above it.
+/// Without `dom0_mem`, guest RAM starts at least this far above the lowest
+/// RAM (the boot-layout plan, `boot::plan`, places the heap and avoids the
+/// DTB and modules wherever they are).
 pub const HYP_RESERVED: u64 = 512 << 20;

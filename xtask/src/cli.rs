@@ -103,6 +103,12 @@ pub struct RunArgs {
     /// Boot your own guest kernel command line
     #[arg(long, value_name = "CMDLINE", allow_hyphen_values = true)]
     pub append: Option<String>,
+    /// Where QEMU's guest-loader puts the guest kernel [default: 0x50000000]
+    #[arg(long, value_name = "ADDR", value_parser = parse_addr)]
+    pub kernel_addr: Option<u64>,
+    /// Where QEMU's guest-loader puts the initrd [default: after the kernel]
+    #[arg(long, value_name = "ADDR", value_parser = parse_addr)]
+    pub initrd_addr: Option<u64>,
     /// Deterministic guest time (-icount shift=0,sleep=on)
     #[arg(long)]
     pub icount: bool,
@@ -127,6 +133,15 @@ pub fn parse_size_mb(s: &str) -> Result<u64, String> {
         _ => (s, 1),
     };
     n.parse::<u64>().ok().and_then(|v| v.checked_mul(mul)).ok_or_else(|| format!("bad size {s}"))
+}
+
+/// An address: hex with `0x`, or decimal.
+pub fn parse_addr(s: &str) -> Result<u64, String> {
+    match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(h) => u64::from_str_radix(&h.replace('_', ""), 16),
+        None => s.parse(),
+    }
+    .map_err(|_| format!("bad address {s}"))
 }
 
 /// `--mem`: a size of at least 128 MiB.
@@ -164,6 +179,8 @@ impl RunArgs {
             kernel: self.kernel.clone(),
             initrd: self.initrd.clone(),
             append: self.append.clone(),
+            kernel_addr: self.kernel_addr,
+            initrd_addr: self.initrd_addr,
             icount: self.icount,
             ..Default::default()
         };

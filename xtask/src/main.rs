@@ -20,16 +20,7 @@ use xtask::cli::{BenchCommand, Cli, Command, RunArgs, SimCommand, TestArgs};
 fn cmd_run(args: &RunArgs) -> Result<i32, String> {
     let o = args.run_options(xtask::qemu::scratch_disk)?;
     let r = xtask::qemu::run(&o)?;
-    if o.cmd.is_none() {
-        return Ok(r.qemu_status.unwrap_or(1));
-    }
-    if r.timed_out {
-        return Err("timed out".into());
-    }
-    match r.guest_exit {
-        Some(code) => Ok(code),
-        None => Err("the guest did not report its command's exit status (see the console above)".into()),
-    }
+    xtask::qemu::exit_code(&o, &r)
 }
 
 fn cmd_test(args: &TestArgs) -> Result<i32, String> {

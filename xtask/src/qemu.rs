@@ -36,6 +36,11 @@ pub struct RunOptions {
     pub echo: bool,
     /// Typed on the guest console once /init is up (interactive-shell tests).
     pub input: Option<String>,
+    /// Where QEMU's guest-loader puts the kernel (default 0x50000000).
+    pub kernel_addr: Option<u64>,
+    /// Where it puts the initrd (default: the next 2 MiB boundary after
+    /// the kernel file, plus 2 MiB).
+    pub initrd_addr: Option<u64>,
 }
 
 impl Default for RunOptions {
@@ -56,6 +61,8 @@ impl Default for RunOptions {
             extra: Vec::new(),
             echo: true,
             input: None,
+            kernel_addr: None,
+            initrd_addr: None,
         }
     }
 }
@@ -68,6 +75,34 @@ pub struct RunResult {
     pub guest_exit: Option<i32>,
     pub qemu_status: Option<i32>,
     pub timed_out: bool,
+    /// The hypervisor's `(HV) fatal: ` line, when it stopped on an error.
+    pub hv_fatal: Option<String>,
+}
+
+/// How the hypervisor starts the one line it prints before it powers off
+/// on an error it cannot continue from (`hv_fatal!`). PSCI SYSTEM_OFF makes
+/// QEMU exit 0 whatever the reason, so this line is how a run tells.
+pub const HV_FATAL: &str = "(HV) fatal: ";
+
+/// The hypervisor's fatal line in a console transcript, if any.
+pub fn fatal_line(console: &str) -> Option<String> {
+    console.lines().map(str::trim).find(|l| l.starts_with(HV_FATAL)).map(String::from)
+}
+
+/// What `cargo xtask run` exits with: the guest command's status (with a
+/// command) or QEMU's (interactive); an error when the hypervisor stopped
+/// on a fatal error, the run timed out, or the guest never reported.
+pub fn exit_code(o: &RunOptions, r: &RunResult) -> Result<i32> {
+    if let Some(line) = &r.hv_fatal {
+        return Err(format!("the hypervisor stopped: {line}"));
+    }
+    if o.cmd.is_none() {
+        return Ok(r.qemu_status.unwrap_or(1));
+    }
+    if r.timed_out {
+        return Err("timed out".into());
+    }
+    r.guest_exit.ok_or_else(|| "the guest did not report its command's exit status (see the console above)".into())
 }
 
 /// Base64 without padding issues (standard alphabet, '=' padded).
@@ -109,7 +144,8 @@ pub fn command_line(hv_bin: &PathBuf, kernel: &PathBuf, initrd: Option<&PathBuf>
         0
     };
     let kernel_len = std::fs::metadata(kernel).map(|m| m.len()).unwrap_or(64 << 20);
-    let initrd_addr = (KERNEL_ADDR + kernel_len + MODULE_GAP) & !(MODULE_GAP - 1);
+    let kernel_addr = o.kernel_addr.unwrap_or(KERNEL_ADDR);
+    let initrd_addr = o.initrd_addr.unwrap_or((kernel_addr + kernel_len + MODULE_GAP) & !(MODULE_GAP - 1));
     let mut a: Vec<String> = vec![
         "-machine".into(),
         format!("virt,virtualization=on,gic-version={}", o.gic),
@@ -128,7 +164,7 @@ pub fn command_line(hv_bin: &PathBuf, kernel: &PathBuf, initrd: Option<&PathBuf>
         "-append".into(),
         hv_args,
         "-device".into(),
-        format!("guest-loader,addr={:#x},kernel={},bootargs={}", KERNEL_ADDR, kernel.display(), guest_args.replace(',', ",,")),
+        format!("guest-loader,addr={:#x},kernel={},bootargs={}", kernel_addr, kernel.display(), guest_args.replace(',', ",,")),
     ];
     if let Some(i) = initrd {
         a.push("-device".into());
@@ -171,14 +207,36 @@ pub fn run(o: &RunOptions) -> Result<RunResult> {
             (g.kernel, Some(o.initrd.clone().unwrap_or(g.initrd)))
         }
     };
-    let args = command_line(&hv, &kernel, initrd.as_ref(), o);
-    eprintln!("xtask: {}", printable(&args));
+    let mut args = command_line(&hv, &kernel, initrd.as_ref(), o);
     if o.cmd.is_none() && o.echo && o.input.is_none() {
-        // Interactive: the console is this terminal (Ctrl-A x quits QEMU).
-        let st = Command::new("qemu-system-aarch64").args(&args).arg("-serial").arg("mon:stdio").status().map_err(|e| e.to_string())?;
-        return Ok(RunResult { console: String::new(), guest_exit: None, qemu_status: st.code(), timed_out: false });
+        // Interactive: the console is this terminal (Ctrl-A x quits QEMU),
+        // and a copy goes to a log so the run can tell a fatal hypervisor
+        // error from a clean power-off.
+        std::fs::create_dir_all(crate::out_dir()).map_err(|e| e.to_string())?;
+        let log = crate::out_dir().join(format!("console-{}.log", std::process::id()));
+        args.extend(interactive_console(&log));
+        eprintln!("xtask: {}", printable(&args));
+        let st = Command::new("qemu-system-aarch64").args(&args).status().map_err(|e| e.to_string())?;
+        let console = std::fs::read(&log).map(|b| String::from_utf8_lossy(&b).replace('\r', "")).unwrap_or_default();
+        let _ = std::fs::remove_file(&log);
+        return Ok(RunResult { hv_fatal: fatal_line(&console), console, guest_exit: None, qemu_status: st.code(), timed_out: false });
     }
+    eprintln!("xtask: {}", printable(&args));
     run_captured(&args, o.timeout, o.echo, o.input.as_deref())
+}
+
+/// The console on this terminal with the monitor multiplexed (what
+/// `-serial mon:stdio` gives: Ctrl-A x quits, Ctrl-C goes to the guest),
+/// also written to `log`.
+pub fn interactive_console(log: &std::path::Path) -> Vec<String> {
+    vec![
+        "-chardev".into(),
+        format!("stdio,id=con,mux=on,signal=off,logfile={}", log.display()),
+        "-serial".into(),
+        "chardev:con".into(),
+        "-mon".into(),
+        "chardev=con,mode=readline".into(),
+    ]
 }
 
 /// Runs QEMU with the console captured (and echoed), killing it after
@@ -259,7 +317,7 @@ pub fn run_captured(args: &[String], timeout: Duration, echo: bool, input: Optio
     if timed_out {
         eprintln!("xtask: QEMU killed after {} s", timeout.as_secs());
     }
-    Ok(RunResult { console, guest_exit, qemu_status: status.and_then(|s| s.code()), timed_out })
+    Ok(RunResult { hv_fatal: fatal_line(&console), console, guest_exit, qemu_status: status.and_then(|s| s.code()), timed_out })
 }
 
 #[cfg(test)]
@@ -286,6 +344,40 @@ mod tests {
         assert!(s.contains("guestcmd=dHJ1ZQ=="));
         assert!(s.contains("initrd=initrd"));
         assert!(s.contains("dom0_mem=1024M dom0_max_vcpus=1"));
+        // Module addresses of QEMU's guest-loader documentation.
+        let o = RunOptions { kernel_addr: Some(0x4200_0000), initrd_addr: Some(0x4700_0000), ..o };
+        let s = command_line(&"hv.bin".into(), &"/nonexistent/Image".into(), Some(&"initrd".into()), &o).join(" ");
+        assert!(s.contains("guest-loader,addr=0x42000000,kernel=/nonexistent/Image"), "{s}");
+        assert!(s.contains("guest-loader,addr=0x47000000,initrd=initrd"), "{s}");
+    }
+
+    fn result(console: &str, guest_exit: Option<i32>) -> RunResult {
+        RunResult { console: console.into(), guest_exit, qemu_status: Some(0), timed_out: false, hv_fatal: fatal_line(console) }
+    }
+
+    #[test]
+    fn a_fatal_hypervisor_line_fails_the_run() {
+        let bad = "(HV) INFO  options: dom0_mem=4G\r\n(HV) fatal: boot layout: dom0_mem (4096 MiB) is larger than RAM (1536 MiB)\r\n";
+        assert_eq!(fatal_line(bad).as_deref(), Some("(HV) fatal: boot layout: dom0_mem (4096 MiB) is larger than RAM (1536 MiB)"));
+        // Interactive: QEMU exits 0 after PSCI SYSTEM_OFF, the run must not.
+        let interactive = RunOptions::default();
+        let e = exit_code(&interactive, &result(bad, None)).unwrap_err();
+        assert!(e.contains("dom0_mem (4096 MiB) is larger than RAM"), "{e}");
+        assert_eq!(exit_code(&interactive, &result("(HV) INFO  dom0 powered off\n", None)), Ok(0));
+        // With a command: a fatal line wins even over a reported status.
+        let cmd = RunOptions { cmd: Some("true".into()), ..Default::default() };
+        assert!(exit_code(&cmd, &result(bad, None)).is_err());
+        assert!(exit_code(&cmd, &result(&format!("@@GUEST-EXIT 0@@\n{bad}"), Some(0))).is_err());
+        assert_eq!(exit_code(&cmd, &result("@@GUEST-EXIT 3@@\n", Some(3))), Ok(3));
+        assert!(exit_code(&cmd, &result("", None)).is_err());
+        // The guest printing the words is not the hypervisor's line.
+        assert_eq!(fatal_line("guest: echo (HV) fatal: x\n"), None);
+    }
+
+    #[test]
+    fn the_interactive_console_is_logged() {
+        let a = interactive_console(std::path::Path::new("/tmp/c.log")).join(" ");
+        assert_eq!(a, "-chardev stdio,id=con,mux=on,signal=off,logfile=/tmp/c.log -serial chardev:con -mon chardev=con,mode=readline");
     }
 }
 

@@ -1,5 +1,7 @@
-//! Boot: EL2 MMU, console, heap, platform discovery from the DTB, the
-//! physical GIC, and the Dom0-style VM.
+//! Boot: EL2 MMU, console, bootstrap heap, platform discovery from the DTB,
+//! the boot-layout plan (`crate::boot::plan`), the main heap, the physical
+//! GIC, and the Dom0-style VM. Every stop on an error is one `(HV) fatal:`
+//! line (`hv_fatal!`) and PSCI SYSTEM_OFF.
 
 use super::percpu::{self, PCPUS};
 use super::{console, heap, vcpu, vm};
@@ -8,8 +10,11 @@ use crate::arch::{exception, gic, mmu, smc};
 use crate::read_sysreg;
 use core::sync::atomic::{AtomicU64, Ordering};
 use spin::Once;
-use crate::config::Config;
-use crate::dtb;
+use crate::boot::image as boot_image;
+use crate::boot::plan::{self, LayoutError, Plan};
+use crate::config::{Config, DiskMode};
+use crate::dtb::{self, BootModule, Platform, Region};
+use crate::hv_fatal;
 use crate::platform;
 use alloc::boxed::Box;
 use log::{error, info};
@@ -19,54 +24,75 @@ extern "C" {
     static __image_end: u8;
 }
 
-/// Heap right after the image.
-const HEAP_SIZE: usize = 48 << 20;
+/// Size of the main heap; where it goes is planned (`boot::plan`).
+const HEAP_SIZE: u64 = 48 << 20;
 
 /// Reads the DTB's total size from its header (big-endian at offset 4).
 fn dtb_slice(addr: u64) -> Option<&'static [u8]> {
-    if addr == 0 || addr % 8 != 0 {
+    // Only normal memory of the identity map (39 bits) may be read.
+    let normal = |a: u64| a >> 30 < 512 && !platform::is_device_gib(a >> 30);
+    if addr == 0 || addr % 8 != 0 || !normal(addr) {
         return None;
     }
-    // SAFETY: the boot protocol puts a DTB at `addr` in RAM (identity-mapped);
-    // the header is checked before the length is trusted.
+    // SAFETY: the boot protocol puts a DTB at `addr`; it is identity-mapped
+    // normal memory (checked above); the header is checked before the
+    // length is trusted.
     unsafe {
         let hdr = core::slice::from_raw_parts(addr as *const u8, 8);
         if hdr[0..4] != [0xd0, 0x0d, 0xfe, 0xed] {
             return None;
         }
         let size = u32::from_be_bytes([hdr[4], hdr[5], hdr[6], hdr[7]]) as usize;
-        if size > 2 << 20 {
+        if size > 2 << 20 || !normal(addr + size as u64 - 1) {
             return None;
         }
         Some(core::slice::from_raw_parts(addr as *const u8, size))
     }
 }
 
+/// Checks the boot inputs, reads the kernel's arm64 header (once the
+/// module is known to lie in RAM and overlap nothing) and plans the layout.
+fn plan_layout(plat: &Platform, kernel: &BootModule, cfg: &Config, image: Region, dtb: &[u8]) -> Result<Plan, LayoutError> {
+    let mut inputs = plan::Inputs {
+        ram: &plat.memory,
+        image,
+        dtb: Region { base: dtb.as_ptr() as u64, size: dtb.len() as u64 },
+        reserved: &plat.reserved,
+        kernel: plan::Kernel { module: Region { base: kernel.base, size: kernel.size }, image_size: 0 },
+        initrd: plat.ramdisk.as_ref().map(|r| Region { base: r.base, size: r.size }),
+        dom0_mem: cfg.dom0_mem,
+        ram_disk: if cfg.disk == DiskMode::Ram { cfg.disk_size } else { 0 },
+        heap_size: HEAP_SIZE,
+        keep_low: platform::HYP_RESERVED,
+    };
+    plan::check(&inputs)?;
+    // SAFETY: the module lies in RAM (checked just above), identity-mapped
+    // as normal memory, and nothing has written it.
+    let header = unsafe { core::slice::from_raw_parts(kernel.base as *const u8, kernel.size.min(64) as usize) };
+    inputs.kernel.image_size = boot_image::arm64_image_size(header, kernel.size)?;
+    plan::plan(&inputs)
+}
+
+/// Boot: nothing outside the image is written until the layout is planned.
+/// The bootstrap heap (in .bss) serves discovery and planning; then the
+/// planned main heap is added and the guest built where the plan says.
 pub fn primary_main(dtb_addr: u64) -> ! {
     mmu::enable(platform::is_device_gib);
     console::init(platform::EARLY_UART);
+    heap::init_bootstrap();
+    console::init_log(log::LevelFilter::Info);
+    exception::init_cpu(percpu::run_block(0));
     // SAFETY: the image symbols come from the linker script.
     let (img_start, img_end) =
         (core::ptr::addr_of!(__image_start) as usize, core::ptr::addr_of!(__image_end) as usize);
-    // SAFETY: the range after the image is RAM reserved for the hypervisor
-    // (HYP_RESERVED) and identity-mapped as normal memory.
-    unsafe { heap::init(img_end, HEAP_SIZE) };
-    console::init_log(log::LevelFilter::Info);
-    exception::init_cpu(percpu::run_block(0));
     info!("hypervisor {} on {} (image {:#x}-{:#x}, dtb {:#x})", env!("CARGO_PKG_VERSION"), platform::NAME, img_start, img_end, dtb_addr);
 
-    let Some(host_dtb) = dtb_slice(dtb_addr) else {
-        error!("no valid device tree at x0 = {dtb_addr:#x}; cannot continue");
-        crate::arch::smc::psci_system_off();
+    let Some(dtb) = dtb_slice(dtb_addr) else {
+        hv_fatal!("no valid device tree at x0 = {dtb_addr:#x}");
     };
-    // Keep a copy: the original may sit where guest memory goes.
-    let host_dtb: &'static [u8] = Box::leak(host_dtb.to_vec().into_boxed_slice());
-    let plat = match dtb::discover(host_dtb) {
+    let plat = match dtb::discover(dtb) {
         Ok(p) => p,
-        Err(e) => {
-            error!("device tree: {e:?}");
-            crate::arch::smc::psci_system_off();
-        }
+        Err(e) => hv_fatal!("device tree: {e}"),
     };
     let cfg = match Config::parse(plat.bootargs.as_deref().unwrap_or("")) {
         Ok(c) => c,
@@ -88,13 +114,34 @@ pub fn primary_main(dtb_addr: u64) -> ! {
         plat.gic.gicd.base,
         plat.gic.gicr.first().map_or(0, |r| r.base)
     );
+    let Some(kernel) = &plat.kernel else {
+        hv_fatal!("no guest kernel: the device tree has no /chosen/module@... (multiboot,kernel)");
+    };
+    let image = Region { base: img_start as u64, size: (img_end - img_start) as u64 };
+    let plan = match plan_layout(&plat, kernel, &cfg, image, dtb) {
+        Ok(p) => p,
+        Err(e) => hv_fatal!("boot layout: {e}"),
+    };
+    info!(
+        "layout: heap {:#x}-{:#x}, guest RAM {:#x}-{:#x}, RAM disk {:#x?}",
+        plan.heap.base,
+        plan.heap.end(),
+        plan.guest_ram.base,
+        plan.guest_ram.end(),
+        plan.ram_disk.map(|d| (d.base, d.end()))
+    );
+    // SAFETY: the plan put the heap in RAM that holds nothing the
+    // hypervisor keeps (image, DTB, modules, reserved regions) and that is
+    // identity-mapped normal memory; it is added once.
+    unsafe { heap::add(plan.heap.base as usize, plan.heap.size as usize) };
+    // Keep a copy, though the plan keeps guest memory off the original.
+    let host_dtb: &'static [u8] = Box::leak(dtb.to_vec().into_boxed_slice());
+
     let Some(gicr) = plat.gic.gicr.first() else {
-        error!("no GIC redistributor region");
-        crate::arch::smc::psci_system_off();
+        hv_fatal!("no GIC redistributor region");
     };
     if let Err(e) = gic::init(plat.gic.gicd.base, gicr.base, plat.cpus.len()) {
-        error!("GIC: {e:?}");
-        crate::arch::smc::psci_system_off();
+        hv_fatal!("GIC: {e:?}");
     }
     gic::init_cpu(0);
     GICR_BASE.store(gicr.base, Ordering::Relaxed);
@@ -120,17 +167,13 @@ pub fn primary_main(dtb_addr: u64) -> ! {
     }
     info!("{nr_pcpus} pCPU(s) online");
 
-    let reserved_end = (img_end + HEAP_SIZE) as u64;
-    match vm::Vm::create_dom0(&plat, &cfg, host_dtb, reserved_end, nr_pcpus) {
+    match vm::Vm::create_dom0(&plat, &cfg, &plan, host_dtb, nr_pcpus) {
         Ok(vm) => {
             let vm: &'static vm::Vm = Box::leak(vm);
             VM.call_once(|| vm);
             vcpu::pcpu_loop(vm, 0)
         }
-        Err(e) => {
-            error!("cannot create the guest: {e:?}");
-            smc::psci_system_off();
-        }
+        Err(e) => hv_fatal!("cannot create the guest: {e}"),
     }
 }
 

@@ -1,4 +1,9 @@
 //! The hypervisor heap (buddy allocator) and stage-2 table frames.
+//!
+//! The heap starts as a bootstrap region inside the image (.bss), so device
+//! tree discovery and the boot-layout plan can allocate before the
+//! hypervisor knows where the DTB, the boot modules and reserved memory lie;
+//! the planned main heap is added to it afterwards (`add`).
 
 use crate::stage2::TableAlloc;
 use buddy_system_allocator::LockedHeap;
@@ -7,13 +12,34 @@ use core::alloc::Layout;
 #[global_allocator]
 static HEAP: LockedHeap<32> = LockedHeap::empty();
 
-/// Hands `[start, start+size)` to the allocator.
+/// Size of the bootstrap heap: room for a 2 MiB DTB copy (the largest the
+/// boot code accepts) besides discovery's own allocations. The buddy
+/// allocator finds an aligned 2 MiB block in any 4 MiB range.
+const BOOT_HEAP_SIZE: usize = 4 << 20;
+
+#[repr(C, align(4096))]
+struct BootHeap([u8; BOOT_HEAP_SIZE]);
+
+static mut BOOT_HEAP: BootHeap = BootHeap([0; BOOT_HEAP_SIZE]);
+
+/// Hands the bootstrap region (part of the image) to the allocator. Called
+/// once, by the primary CPU, after the MMU is on and before any allocation.
+pub fn init_bootstrap() {
+    let start = core::ptr::addr_of_mut!(BOOT_HEAP) as usize;
+    // SAFETY: BOOT_HEAP is in the image's .bss (zeroed by the entry code,
+    // identity-mapped normal memory); nothing but the allocator uses it, and
+    // this runs once, so the range is added once.
+    unsafe { HEAP.lock().init(start, BOOT_HEAP_SIZE) };
+}
+
+/// Adds `[start, start+size)` (the planned main heap) to the allocator.
 ///
 /// # Safety
-/// The range must be identity-mapped normal memory used by nothing else.
-pub unsafe fn init(start: usize, size: usize) {
+/// The range must be identity-mapped normal memory used by nothing else,
+/// and not already part of the heap.
+pub unsafe fn add(start: usize, size: usize) {
     // SAFETY: guaranteed by the caller.
-    unsafe { HEAP.lock().init(start, size) };
+    unsafe { HEAP.lock().add_to_heap(start, start + size) };
 }
 
 /// Stage-2 table frames from the heap (VA == PA under the identity map).

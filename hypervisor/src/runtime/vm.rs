@@ -9,6 +9,7 @@ use crate::arch::context::{El1Context, FpContext};
 use crate::arch::exception::GuestRegs;
 use crate::arch::gic::{self, VcpuIfState};
 use crate::arch::sysreg;
+use crate::boot::plan::{self, LayoutError, ModuleCopy, Plan};
 use crate::config::{Config, DiskMode};
 use super::physblk::PhysBlk;
 use super::vblk::VDisk;
@@ -31,14 +32,24 @@ const PAGE: u64 = 4096;
 #[derive(Debug)]
 pub enum VmError {
     NoKernel,
-    /// The kernel module is not an arm64 Image.
-    BadKernelImage,
-    /// Guest RAM does not fit where it must go.
+    /// Something the guest needs is missing or does not fit.
     Memory(&'static str),
+    /// A passthrough device overlaps RAM or the hypervisor's own ranges.
+    Layout(LayoutError),
     Stage2(Stage2Error),
     Dtb(dtb::DtbError),
     Vgic(VgicError),
     Sched(SchedError),
+}
+
+impl core::fmt::Display for VmError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            VmError::Memory(why) => write!(f, "{why}"),
+            VmError::Layout(e) => write!(f, "{e}"),
+            other => write!(f, "{other:?}"),
+        }
+    }
 }
 
 impl From<Stage2Error> for VmError {
@@ -149,21 +160,34 @@ fn virtio_mmio_present(base: u64) -> bool {
     }
 }
 
-fn align_up(v: u64, a: u64) -> u64 {
-    (v + a - 1) & !(a - 1)
-}
-
-fn overlaps(a: (u64, u64), b: (u64, u64)) -> bool {
-    a.0 < b.1 && b.0 < a.1
-}
-
-/// Reads `image_size` from an arm64 Image header (0 means "unknown").
-fn arm64_image_size(kernel: &[u8]) -> Result<u64, VmError> {
-    if kernel.len() < 64 || kernel[0x38..0x3c] != *b"ARM\x64" {
-        return Err(VmError::BadKernelImage);
+/// Copies a boot module into guest RAM and zeroes the rest of its room
+/// (the kernel's BSS beyond the file).
+fn copy_module(c: &ModuleCopy) {
+    let len = c.src.size.min(c.dst.size);
+    // SAFETY: the plan checked that `src` lies in RAM and `dst` in guest
+    // RAM, which overlaps nothing the hypervisor keeps (the modules among
+    // them), so the two do not overlap; both are identity-mapped normal
+    // memory and the guest does not run yet.
+    unsafe {
+        core::ptr::copy_nonoverlapping(c.src.base as *const u8, c.dst.base as *mut u8, len as usize);
+        core::ptr::write_bytes((c.dst.base + len) as *mut u8, 0, (c.dst.size - len) as usize);
     }
-    let size = u64::from_le_bytes(kernel[16..24].try_into().unwrap());
-    Ok(if size == 0 { kernel.len() as u64 } else { size })
+    clean_dcache(c.dst.base, c.dst.size);
+}
+
+/// Passthrough device frames must not reach RAM or anything the hypervisor
+/// owns (its memory, the GIC, its UART and virtio-blk slot): the guest would
+/// map them through stage 2.
+fn check_passthrough(plat: &Platform, plan: &Plan, devices: &[dtb::MmioDevice], own_disk: Option<&dtb::MmioDevice>) -> Result<(), VmError> {
+    let mut hyp: Vec<(&'static str, Region)> =
+        Vec::from([("hypervisor image", plan.image), ("hypervisor heap", plan.heap), ("GIC distributor", plat.gic.gicd)]);
+    hyp.extend(plan.ram_disk.map(|r| ("RAM disk", r)));
+    hyp.extend(plat.gic.gicr.iter().map(|r| ("GIC redistributors", *r)));
+    hyp.extend(plat.gic.its.map(|r| ("GIC ITS", r)));
+    hyp.extend(plat.uart.as_ref().map(|u| ("hypervisor UART", Region { base: u.base, size: u.size })));
+    hyp.extend(own_disk.map(|d| ("hypervisor virtio-blk", Region { base: d.base, size: d.size })));
+    let ranges: Vec<Region> = devices.iter().map(|d| Region { base: d.base, size: d.size }).collect();
+    plan::check_passthrough(&plat.memory, &hyp, &ranges).map_err(VmError::Layout)
 }
 
 /// vMPIDR of vCPU `i`: Aff0 = i % 16, Aff1 = i / 16.
@@ -185,73 +209,21 @@ fn clean_dcache(start: u64, len: u64) {
 }
 
 impl Vm {
-    /// Builds the Dom0-style guest from the boot modules.
-    pub fn create_dom0(plat: &Platform, cfg: &Config, host_dtb: &[u8], hyp_end: u64, nr_pcpus: usize) -> Result<Box<Vm>, VmError> {
+    /// Builds the Dom0-style guest from the boot modules, where `plan` says.
+    pub fn create_dom0(plat: &Platform, cfg: &Config, plan: &Plan, host_dtb: &[u8], nr_pcpus: usize) -> Result<Box<Vm>, VmError> {
         let kernel_mod = plat.kernel.as_ref().ok_or(VmError::NoKernel)?;
-        let ram0 = *plat.memory.first().ok_or(VmError::Memory("no memory node"))?;
         let nr_vcpus = cfg.dom0_max_vcpus.unwrap_or(1) as usize;
-
-        // Guest RAM: the top of the first bank, above everything we keep.
-        let reserved_top = [
-            Some((ram0.base, hyp_end)),
-            Some((kernel_mod.base, kernel_mod.base + kernel_mod.size)),
-            plat.ramdisk.as_ref().map(|r| (r.base, r.base + r.size)),
-        ]
-        .into_iter()
-        .flatten()
-        .filter(|r| r.0 >= ram0.base && r.0 < ram0.end())
-        .map(|r| r.1)
-        .max()
-        .unwrap_or(ram0.base);
-        let floor = align_up(reserved_top.max(ram0.base + crate::platform::HYP_RESERVED.min(ram0.size / 2)), 2 * MB);
-        let disk_bytes = if cfg.disk == DiskMode::Ram { align_up(cfg.disk_size, 2 * MB) } else { 0 };
-        let size = match cfg.dom0_mem {
-            Some(m) => align_up(m, 2 * MB),
-            None => ram0.end().saturating_sub(floor + disk_bytes) & !(2 * MB - 1),
-        };
-        if size < 64 * MB || ram0.end() < floor + size + disk_bytes {
-            return Err(VmError::Memory("not enough RAM above the hypervisor and boot modules for dom0_mem (and the RAM disk)"));
+        let ram = plan.guest_ram;
+        // Kernel at the bottom of guest RAM (image_size reserved), initrd
+        // next, the DTB in the last 2 MiB: see `boot::plan`.
+        copy_module(&plan.kernel);
+        if let Some(c) = &plan.initrd {
+            copy_module(c);
         }
-        let ram = Region { base: (ram0.end() - size) & !(2 * MB - 1), size };
-
-        // Kernel at the bottom of guest RAM (2 MiB aligned, text_offset 0).
-        // SAFETY: boot modules are in RAM, identity-mapped, and described by
-        // the bootloader's DTB; their ranges were bounded above.
-        let kernel = unsafe { core::slice::from_raw_parts(kernel_mod.base as *const u8, kernel_mod.size as usize) };
-        let image_size = arm64_image_size(kernel)?;
-        let kernel_at = ram.base;
-        let mut next = align_up(kernel_at + image_size, 2 * MB);
-        let initrd = match &plat.ramdisk {
-            Some(r) => {
-                let at = next;
-                next = align_up(at + r.size, 2 * MB);
-                Some(Region { base: at, size: r.size })
-            }
-            None => None,
-        };
-        let dtb_at = ram.end() - 2 * MB;
-        if next > dtb_at {
-            return Err(VmError::Memory("kernel and initrd do not fit in guest RAM"));
-        }
-        // The copies go into guest RAM, which must not overlap the sources.
-        let guest = (ram.base, ram.end());
-        if overlaps(guest, (kernel_mod.base, kernel_mod.base + kernel_mod.size))
-            || plat.ramdisk.as_ref().is_some_and(|r| overlaps(guest, (r.base, r.base + r.size)))
-        {
-            return Err(VmError::Memory("boot modules overlap guest RAM"));
-        }
-        // SAFETY: destination is guest RAM we own, source is the module; they
-        // do not overlap (checked above).
-        unsafe {
-            core::ptr::copy_nonoverlapping(kernel.as_ptr(), kernel_at as *mut u8, kernel.len());
-            if let (Some(src), Some(dst)) = (&plat.ramdisk, &initrd) {
-                core::ptr::copy_nonoverlapping(src.base as *const u8, dst.base as *mut u8, src.size as usize);
-            }
-        }
-        clean_dcache(kernel_at, kernel.len() as u64);
-        if let Some(i) = &initrd {
-            clean_dcache(i.base, i.size);
-        }
+        let kernel_at = plan.kernel.dst.base;
+        let image_size = plan.kernel.dst.size;
+        let initrd = plan.initrd.map(|c| c.dst);
+        let dtb_at = plan.guest_dtb.base;
 
         // Disks. Passthrough: the virtio-mmio devices QEMU gives us, mapped
         // into the guest (Dom0-style). Emulated: our virtio-blk device takes
@@ -270,6 +242,7 @@ impl Vm {
             DiskMode::None => Vec::new(),
             DiskMode::Ram | DiskMode::Backend => plat.virtio_mmio.iter().filter(|d| !same_page(d)).cloned().collect(),
         };
+        check_passthrough(plat, plan, &passthrough, disk_slot.as_ref())?;
         let mut remove = dtb::default_removals(host_dtb)?;
         for d in &plat.virtio_mmio {
             let ours = disk_slot.as_ref().is_some_and(|s| s.base == d.base);
@@ -293,10 +266,10 @@ impl Vm {
                 extra_virtio_mmio: Vec::new(),
             },
         )?;
-        if guest_dtb.len() as u64 > 2 * MB {
+        if guest_dtb.len() as u64 > plan.guest_dtb.size {
             return Err(VmError::Memory("guest DTB larger than 2 MiB"));
         }
-        // SAFETY: the last 2 MiB of guest RAM, reserved for the DTB above.
+        // SAFETY: the last 2 MiB of guest RAM, reserved for the DTB by the plan.
         unsafe { core::ptr::copy_nonoverlapping(guest_dtb.as_ptr(), dtb_at as *mut u8, guest_dtb.len()) };
         clean_dcache(dtb_at, guest_dtb.len() as u64);
 
@@ -373,11 +346,14 @@ impl Vm {
         sched.power_on(0, VcpuId(0)).map_err(VmError::Sched)?;
         let disk = match (&disk_slot, cfg.disk) {
             (Some(slot), DiskMode::Ram) => {
-                let at = ram.base - disk_bytes;
-                // SAFETY: [at, ram.base) is RAM above everything the
-                // hypervisor keeps and below guest RAM (checked above): it
-                // is ours alone, identity-mapped, and the guest has no
-                // stage-2 mapping of it. Guest RAM is identity-mapped.
+                let Some(Region { base: at, size: disk_bytes }) = plan.ram_disk else {
+                    return Err(VmError::Memory("dom0_disk=ram without a planned RAM disk"));
+                };
+                // SAFETY: the plan put the RAM disk in RAM that holds
+                // nothing the hypervisor keeps and lies outside guest RAM
+                // and the heap: it is ours alone, identity-mapped, and the
+                // guest has no stage-2 mapping of it. Guest RAM is
+                // identity-mapped.
                 let image = unsafe {
                     core::ptr::write_bytes(at as *mut u8, 0, disk_bytes as usize);
                     core::slice::from_raw_parts_mut(at as *mut u8, disk_bytes as usize)

@@ -343,6 +343,8 @@ fn option_names_are_the_documented_ones() {
             "--timeout",
             "--kernel",
             "--initrd",
+            "--kernel-addr",
+            "--initrd-addr",
             "--append",
             "--icount",
             "--disk",

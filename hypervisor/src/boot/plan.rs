@@ -1,0 +1,453 @@
+//! The boot-layout planner: where the hypervisor heap, the guest's RAM, the
+//! RAM disk and the copies of the boot modules go.
+//!
+//! # Why a plan
+//!
+//! Firmware and bootloaders put things wherever they like: the hypervisor
+//! image (with its BSS), the DTB, the guest kernel and initrd (Xen's
+//! multiboot modules; QEMU's guest-loader documentation puts them at
+//! 0x42000000 and 0x47000000, right behind an image at 0x40200000),
+//! `/memreserve/` entries and `/reserved-memory` regions. Before the
+//! hypervisor writes a byte outside its own image, [`plan`] checks those
+//! inputs (no range wraps, the modules lie in RAM, nothing it must keep
+//! overlaps anything else it must keep) and places everything it will write
+//! in RAM that none of them uses. The EL2 code applies the result and
+//! decides nothing itself. Every error is a [`LayoutError`] whose `Display`
+//! is one line naming the ranges in conflict.
+//!
+//! # Policy
+//!
+//! * Kept (never written): the image, the DTB, the modules, reserved
+//!   regions. Reserved regions may cover the DTB (firmware often reserves
+//!   it), nothing else that is kept.
+//! * The heap: the lowest free 2 MiB-aligned range of `heap_size`, so it
+//!   sits near the image and leaves the top of RAM to the guest.
+//! * Guest RAM (identity-mapped): `dom0_mem` at the top of the highest free
+//!   range that holds it. Without `dom0_mem`: the largest free range above
+//!   the bottom `keep_low` of RAM, less the RAM disk.
+//! * The RAM disk image: the highest free range left.
+//! * Inside guest RAM, as arm64 Linux wants it: the kernel at the (2 MiB
+//!   aligned) base with its header's `image_size` reserved, the initrd at
+//!   the next 2 MiB boundary, the guest DTB in the last 2 MiB.
+//!
+//! Everything placed is 2 MiB aligned, so stage 2 can use block mappings.
+
+use crate::dtb::Region;
+use alloc::vec::Vec;
+use core::fmt;
+
+const MIB: u64 = 1 << 20;
+/// Alignment of everything the planner places.
+pub const ALIGN: u64 = 2 * MIB;
+/// The smallest guest RAM worth booting Linux in.
+pub const MIN_GUEST_RAM: u64 = 64 * MIB;
+/// Room for the guest DTB at the top of guest RAM.
+pub const GUEST_DTB_SIZE: u64 = 2 * MIB;
+
+/// The guest kernel module and the RAM it needs once loaded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Kernel {
+    /// Where the module (the Image file) lies.
+    pub module: Region,
+    /// The header's `image_size` (see [`super::image::arm64_image_size`]).
+    pub image_size: u64,
+}
+
+/// What the planner is told.
+#[derive(Clone, Copy, Debug)]
+pub struct Inputs<'a> {
+    /// RAM banks (`/memory` nodes).
+    pub ram: &'a [Region],
+    /// The hypervisor image, BSS included (`__image_start..__image_end`).
+    pub image: Region,
+    /// The boot DTB (`totalsize` bytes at x0).
+    pub dtb: Region,
+    /// `/memreserve/` entries and `/reserved-memory` regions.
+    pub reserved: &'a [Region],
+    pub kernel: Kernel,
+    pub initrd: Option<Region>,
+    /// `dom0_mem` in bytes, if given.
+    pub dom0_mem: Option<u64>,
+    /// Size of the RAM disk image (`dom0_disk=ram`), 0 for none.
+    pub ram_disk: u64,
+    /// Size of the hypervisor's main heap.
+    pub heap_size: u64,
+    /// Without `dom0_mem`, guest RAM starts at least this far above the
+    /// lowest RAM (at most half of the lowest bank).
+    pub keep_low: u64,
+}
+
+/// A module copied into guest RAM: `src.size` bytes are copied, the rest
+/// of `dst` is zeroed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ModuleCopy {
+    pub src: Region,
+    pub dst: Region,
+}
+
+/// Where everything goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Plan {
+    /// The hypervisor image (an input, kept for later checks).
+    pub image: Region,
+    /// The main heap (stage-2 tables, the guest DTB being built, buffers).
+    pub heap: Region,
+    /// The guest's RAM, identity-mapped.
+    pub guest_ram: Region,
+    /// The RAM disk image, outside guest RAM.
+    pub ram_disk: Option<Region>,
+    /// The kernel: `dst.size` is the reserved `image_size`.
+    pub kernel: ModuleCopy,
+    pub initrd: Option<ModuleCopy>,
+    /// Where the guest DTB goes (its last [`GUEST_DTB_SIZE`] bytes).
+    pub guest_dtb: Region,
+}
+
+/// Why the boot layout does not work. `Display` is one line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LayoutError {
+    /// `base + size` does not fit in 64 bits.
+    Wraps { name: &'static str, base: u64, size: u64 },
+    /// A module of size 0.
+    Empty { name: &'static str, base: u64 },
+    /// A module not entirely inside RAM.
+    OutsideRam { name: &'static str, range: Region },
+    /// Two ranges that must not share a byte do.
+    Overlap { a: (&'static str, Region), b: (&'static str, Region) },
+    /// `dom0_mem` (plus the RAM disk) exceeds all RAM.
+    Dom0MemTooLarge { dom0_mem: u64, ram_disk: u64, ram: u64 },
+    /// No free RAM range is large enough for `what`.
+    NoRoom { what: &'static str, size: u64, largest: u64 },
+    /// Guest RAM would be smaller than [`MIN_GUEST_RAM`].
+    GuestTooSmall { size: u64 },
+    /// The kernel, initrd and guest DTB do not fit in guest RAM.
+    ModulesDoNotFit { need: u64, guest_ram: Region },
+    /// The kernel module is not an arm64 Image.
+    BadKernel(&'static str),
+}
+
+/// `[base, end)` in hex.
+struct Range(Region);
+
+impl fmt::Display for Range {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0.base.checked_add(self.0.size) {
+            Some(end) => write!(f, "[{:#x}, {:#x})", self.0.base, end),
+            None => write!(f, "[{:#x}, +{:#x})", self.0.base, self.0.size),
+        }
+    }
+}
+
+/// A byte count in MiB (KiB or bytes when not a whole number of them).
+struct Size(u64);
+
+impl fmt::Display for Size {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            n if n % MIB == 0 => write!(f, "{} MiB", n / MIB),
+            n if n % 1024 == 0 => write!(f, "{} KiB", n / 1024),
+            n => write!(f, "{n} bytes"),
+        }
+    }
+}
+
+impl fmt::Display for LayoutError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            LayoutError::Wraps { name, base, size } => {
+                write!(f, "{name} at {base:#x} of size {size:#x} wraps past the end of the address space")
+            }
+            LayoutError::Empty { name, base } => write!(f, "{name} at {base:#x} is empty"),
+            LayoutError::OutsideRam { name, range } => write!(f, "{name} {} is not inside RAM", Range(range)),
+            LayoutError::Overlap { a, b } => write!(f, "{} {} overlaps {} {}", a.0, Range(a.1), b.0, Range(b.1)),
+            LayoutError::Dom0MemTooLarge { dom0_mem, ram_disk: 0, ram } => {
+                write!(f, "dom0_mem ({}) is larger than RAM ({})", Size(dom0_mem), Size(ram))
+            }
+            LayoutError::Dom0MemTooLarge { dom0_mem, ram_disk, ram } => write!(
+                f,
+                "dom0_mem ({}) plus the RAM disk ({}) is larger than RAM ({})",
+                Size(dom0_mem),
+                Size(ram_disk),
+                Size(ram)
+            ),
+            LayoutError::NoRoom { what, size, largest } => write!(
+                f,
+                "no free RAM range of {} for the {what} (largest free range: {})",
+                Size(size),
+                Size(largest)
+            ),
+            LayoutError::GuestTooSmall { size } => write!(
+                f,
+                "only {} of RAM is left for the guest, it needs at least {}",
+                Size(size),
+                Size(MIN_GUEST_RAM)
+            ),
+            LayoutError::ModulesDoNotFit { need, guest_ram } => write!(
+                f,
+                "the kernel, initrd and guest DTB need {} but guest RAM {} has {}",
+                Size(need),
+                Range(guest_ram),
+                Size(guest_ram.size)
+            ),
+            LayoutError::BadKernel(why) => write!(f, "the kernel module is not an arm64 Image: {why}"),
+        }
+    }
+}
+
+fn align_up(v: u64, a: u64) -> Option<u64> {
+    Some(v.checked_add(a - 1)? & !(a - 1))
+}
+
+fn align_down(v: u64, a: u64) -> u64 {
+    v & !(a - 1)
+}
+
+/// One past the last byte (saturating: only checked ranges reach here,
+/// except RAM banks and devices in [`check_passthrough`]).
+fn end(r: Region) -> u64 {
+    r.base.saturating_add(r.size)
+}
+
+fn overlaps(a: Region, b: Region) -> bool {
+    a.base < end(b) && b.base < end(a)
+}
+
+/// Checks that `[base, base + size)` is a non-empty range that does not
+/// wrap.
+pub fn range(name: &'static str, base: u64, size: u64) -> Result<Region, LayoutError> {
+    if size == 0 {
+        return Err(LayoutError::Empty { name, base });
+    }
+    base.checked_add(size).ok_or(LayoutError::Wraps { name, base, size })?;
+    Ok(Region { base, size })
+}
+
+/// RAM banks sorted, with touching or overlapping banks merged.
+fn ram_spans(ram: &[Region]) -> Result<Vec<Region>, LayoutError> {
+    let mut banks = Vec::new();
+    for r in ram.iter().filter(|r| r.size != 0) {
+        banks.push(range("RAM", r.base, r.size)?);
+    }
+    banks.sort();
+    let mut out: Vec<Region> = Vec::new();
+    for b in banks {
+        match out.last_mut() {
+            Some(last) if b.base <= end(*last) => last.size = end(*last).max(end(b)) - last.base,
+            _ => out.push(b),
+        }
+    }
+    Ok(out)
+}
+
+/// A module checked for use: non-empty, not wrapping, inside RAM.
+fn module(ram: &[Region], name: &'static str, base: u64, size: u64) -> Result<Region, LayoutError> {
+    let r = range(name, base, size)?;
+    if ram_spans(ram)?.iter().any(|s| s.base <= r.base && end(r) <= end(*s)) {
+        Ok(r)
+    } else {
+        Err(LayoutError::OutsideRam { name, range: r })
+    }
+}
+
+/// `free` minus every range in `used` (both sorted or not; the result is
+/// sorted and disjoint).
+fn subtract(free: &[Region], used: &[Region]) -> Vec<Region> {
+    let mut out: Vec<Region> = free.to_vec();
+    for u in used.iter().filter(|u| u.size != 0) {
+        let mut next = Vec::new();
+        for f in out {
+            if !overlaps(f, *u) {
+                next.push(f);
+                continue;
+            }
+            if f.base < u.base {
+                next.push(Region { base: f.base, size: u.base - f.base });
+            }
+            if end(*u) < end(f) {
+                next.push(Region { base: end(*u), size: end(f) - end(*u) });
+            }
+        }
+        out = next;
+    }
+    out.sort();
+    out
+}
+
+/// The part of `r` usable at [`ALIGN`] granularity.
+fn aligned(r: Region) -> Option<Region> {
+    let base = align_up(r.base, ALIGN)?;
+    let top = align_down(end(r), ALIGN);
+    (top > base).then(|| Region { base, size: top - base })
+}
+
+fn largest(free: &[Region]) -> u64 {
+    free.iter().filter_map(|r| aligned(*r)).map(|r| r.size).max().unwrap_or(0)
+}
+
+/// The lowest aligned `size` bytes of free RAM.
+fn lowest_fit(free: &[Region], size: u64) -> Option<Region> {
+    free.iter().filter_map(|r| aligned(*r)).find(|r| r.size >= size).map(|r| Region { base: r.base, size })
+}
+
+/// The highest aligned `size` bytes of free RAM.
+fn highest_fit(free: &[Region], size: u64) -> Option<Region> {
+    free.iter()
+        .rev()
+        .filter_map(|r| aligned(*r))
+        .find(|r| r.size >= size)
+        .map(|r| Region { base: end(r) - size, size })
+}
+
+/// The inputs, checked: RAM spans, the ranges kept (named) and reserved.
+struct Checked {
+    spans: Vec<Region>,
+    kept: Vec<(&'static str, Region)>,
+    reserved: Vec<Region>,
+    kernel: Region,
+    initrd: Option<Region>,
+}
+
+fn check_inputs(i: &Inputs<'_>) -> Result<Checked, LayoutError> {
+    let spans = ram_spans(i.ram)?;
+    let image = range("hypervisor image", i.image.base, i.image.size)?;
+    let dtb = range("device tree", i.dtb.base, i.dtb.size)?;
+    let kernel = module(i.ram, "kernel", i.kernel.module.base, i.kernel.module.size)?;
+    let initrd = match i.initrd {
+        Some(r) => Some(module(i.ram, "initrd", r.base, r.size)?),
+        None => None,
+    };
+    let mut reserved = Vec::new();
+    for r in i.reserved.iter().filter(|r| r.size != 0) {
+        reserved.push(range("reserved region", r.base, r.size)?);
+    }
+
+    // What must be kept, in the order errors name them.
+    let mut kept: Vec<(&'static str, Region)> = Vec::from([("kernel", kernel)]);
+    kept.extend(initrd.map(|r| ("initrd", r)));
+    kept.push(("device tree", dtb));
+    kept.push(("hypervisor image", image));
+    for (n, a) in kept.iter().enumerate() {
+        if let Some(b) = kept[n + 1..].iter().find(|b| overlaps(a.1, b.1)) {
+            return Err(LayoutError::Overlap { a: *a, b: *b });
+        }
+        if a.0 == "device tree" {
+            continue;
+        }
+        if let Some(r) = reserved.iter().find(|r| overlaps(a.1, **r)) {
+            return Err(LayoutError::Overlap { a: *a, b: ("reserved region", *r) });
+        }
+    }
+    Ok(Checked { spans, kept, reserved, kernel, initrd })
+}
+
+/// Checks the inputs without placing anything (`kernel.image_size` is not
+/// looked at): no range wraps, the modules lie in RAM, nothing kept
+/// overlaps. Once this passes the EL2 code may read the kernel's header.
+pub fn check(i: &Inputs<'_>) -> Result<(), LayoutError> {
+    check_inputs(i).map(|_| ())
+}
+
+/// Checks the inputs and plans the layout.
+pub fn plan(i: &Inputs<'_>) -> Result<Plan, LayoutError> {
+    let Checked { spans, kept, reserved, kernel, initrd } = check_inputs(i)?;
+    let image = i.image;
+
+    let mut used: Vec<Region> = kept.iter().map(|k| k.1).collect();
+    used.extend(reserved.iter().copied());
+    let free = subtract(&spans, &used);
+
+    let heap_size = align_up(i.heap_size.max(1), ALIGN).ok_or(LayoutError::NoRoom {
+        what: "hypervisor heap",
+        size: i.heap_size,
+        largest: largest(&free),
+    })?;
+    let heap = lowest_fit(&free, heap_size).ok_or(LayoutError::NoRoom {
+        what: "hypervisor heap",
+        size: heap_size,
+        largest: largest(&free),
+    })?;
+    let free = subtract(&free, &[heap]);
+
+    let ram_total: u64 = spans.iter().map(|s| s.size).sum();
+    let disk = match i.ram_disk {
+        0 => 0,
+        d => align_up(d, ALIGN).unwrap_or(u64::MAX),
+    };
+    let size = match i.dom0_mem {
+        Some(m) => {
+            let m = align_up(m, ALIGN).unwrap_or(u64::MAX);
+            if m.saturating_add(disk) > ram_total {
+                return Err(LayoutError::Dom0MemTooLarge { dom0_mem: m, ram_disk: disk, ram: ram_total });
+            }
+            m
+        }
+        None => {
+            let low = spans.first().map_or(0, |s| s.base.saturating_add(i.keep_low.min(s.size / 2)));
+            let above = subtract(&free, &[Region { base: 0, size: low }]);
+            largest(&above).saturating_sub(disk)
+        }
+    };
+    if size < MIN_GUEST_RAM {
+        return Err(LayoutError::GuestTooSmall { size });
+    }
+    let guest_ram = highest_fit(&free, size).ok_or(LayoutError::NoRoom {
+        what: "guest RAM (dom0_mem)",
+        size,
+        largest: largest(&free),
+    })?;
+    let free = subtract(&free, &[guest_ram]);
+    let ram_disk = match disk {
+        0 => None,
+        d => Some(highest_fit(&free, d).ok_or(LayoutError::NoRoom {
+            what: "RAM disk (dom0_disk_size)",
+            size: d,
+            largest: largest(&free),
+        })?),
+    };
+
+    // Inside guest RAM: kernel, initrd, and the DTB at the top.
+    let kernel_room = i.kernel.image_size.max(kernel.size);
+    let kernel_copy = ModuleCopy { src: kernel, dst: Region { base: guest_ram.base, size: kernel_room } };
+    let mut next = guest_ram.base.checked_add(kernel_room).and_then(|e| align_up(e, ALIGN));
+    let initrd_copy = initrd.map(|src| {
+        let dst = Region { base: next.unwrap_or(u64::MAX), size: src.size };
+        next = next.and_then(|n| n.checked_add(src.size)).and_then(|e| align_up(e, ALIGN));
+        ModuleCopy { src, dst }
+    });
+    let guest_dtb = Region { base: end(guest_ram) - GUEST_DTB_SIZE, size: GUEST_DTB_SIZE };
+    match next {
+        Some(n) if n <= guest_dtb.base => {}
+        _ => {
+            let need = align_up(kernel_room, ALIGN)
+                .and_then(|k| k.checked_add(initrd.map_or(Some(0), |r| align_up(r.size, ALIGN))?))
+                .and_then(|n| n.checked_add(GUEST_DTB_SIZE))
+                .unwrap_or(u64::MAX);
+            return Err(LayoutError::ModulesDoNotFit { need, guest_ram });
+        }
+    }
+    Ok(Plan { image, heap, guest_ram, ram_disk, kernel: kernel_copy, initrd: initrd_copy, guest_dtb })
+}
+
+/// Checks that no passthrough device range (mapped into the guest page by
+/// page) overlaps RAM or a range the hypervisor owns (`hyp`: its image,
+/// heap, RAM disk, and the devices it drives itself).
+pub fn check_passthrough(
+    ram: &[Region],
+    hyp: &[(&'static str, Region)],
+    devices: &[Region],
+) -> Result<(), LayoutError> {
+    const PAGE: u64 = 4096;
+    for d in devices {
+        let r = range("passthrough device", d.base, d.size)?;
+        let top = align_up(end(r), PAGE).ok_or(LayoutError::Wraps { name: "passthrough device", base: d.base, size: d.size })?;
+        let base = align_down(r.base, PAGE);
+        let pages = Region { base, size: top - base };
+        if let Some(bank) = ram.iter().find(|b| b.size != 0 && overlaps(pages, **b)) {
+            return Err(LayoutError::Overlap { a: ("passthrough device", pages), b: ("RAM", *bank) });
+        }
+        if let Some(h) = hyp.iter().find(|h| h.1.size != 0 && overlaps(pages, h.1)) {
+            return Err(LayoutError::Overlap { a: ("passthrough device", pages), b: *h });
+        }
+    }
+    Ok(())
+}

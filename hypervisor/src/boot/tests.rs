@@ -1,0 +1,378 @@
+//! Host tests of the boot-layout planner and the arm64 Image header.
+
+use super::image::arm64_image_size;
+use super::plan::*;
+use crate::dtb::Region;
+use alloc::format;
+use alloc::string::ToString;
+use alloc::vec::Vec;
+
+const MIB: u64 = 1 << 20;
+
+fn r(base: u64, size: u64) -> Region {
+    Region { base, size }
+}
+
+fn end(x: Region) -> u64 {
+    x.base + x.size
+}
+
+fn disjoint(a: Region, b: Region) -> bool {
+    a.size == 0 || b.size == 0 || end(a) <= b.base || end(b) <= a.base
+}
+
+/// QEMU virt with `-m 1536M`: one bank at 1 GiB.
+const RAM: [Region; 1] = [Region { base: 0x4000_0000, size: 1536 * MIB }];
+/// The Debian cloud kernel of the guest image: file and `image_size`.
+const KERNEL_FILE: u64 = 27_303_872;
+const KERNEL_IMAGE_SIZE: u64 = 0x1ab_0000;
+/// The guest image's initramfs.
+const INITRD_FILE: u64 = 86_894_080;
+
+/// The hypervisor loaded at 0x40200000 (6 MiB with BSS), QEMU's 1 MiB DTB
+/// at 0x48000000, the modules where the runner puts them, `dom0_mem=1024M`.
+fn inputs(kernel_at: u64, initrd: Option<Region>) -> Inputs<'static> {
+    Inputs {
+        ram: &RAM,
+        image: r(0x4020_0000, 6 * MIB),
+        dtb: r(0x4800_0000, MIB),
+        reserved: &[],
+        kernel: Kernel { module: r(kernel_at, KERNEL_FILE), image_size: KERNEL_IMAGE_SIZE },
+        initrd,
+        dom0_mem: Some(1024 * MIB),
+        ram_disk: 0,
+        heap_size: 48 * MIB,
+        keep_low: 512 * MIB,
+    }
+}
+
+/// Everything the planner was told to keep.
+fn kept(i: &Inputs<'_>) -> Vec<Region> {
+    let mut k = Vec::from([i.image, i.dtb, i.kernel.module]);
+    k.extend(i.initrd);
+    k.extend(i.reserved.iter().copied());
+    k
+}
+
+/// The invariants every plan must satisfy.
+fn check_plan(i: &Inputs<'_>, p: &Plan) {
+    let written: Vec<Region> = [Some(p.heap), Some(p.guest_ram), p.ram_disk].into_iter().flatten().collect();
+    for (n, w) in written.iter().enumerate() {
+        assert_eq!(w.base % ALIGN, 0, "{w:x?} not aligned in {p:x?}");
+        assert!(i.ram.iter().any(|b| b.base <= w.base && end(*w) <= end(*b)), "{w:x?} outside RAM in {p:x?}");
+        for k in kept(i) {
+            assert!(disjoint(*w, k), "{w:x?} overlaps kept {k:x?} in {p:x?} for {i:x?}");
+        }
+        for o in &written[n + 1..] {
+            assert!(disjoint(*w, *o), "{w:x?} overlaps {o:x?}");
+        }
+    }
+    assert!(p.heap.size >= i.heap_size);
+    let g = p.guest_ram;
+    let mut inside = Vec::from([p.kernel.dst, p.guest_dtb]);
+    inside.extend(p.initrd.map(|c| c.dst));
+    for (n, x) in inside.iter().enumerate() {
+        assert!(g.base <= x.base && end(*x) <= end(g), "{x:x?} outside guest RAM {g:x?}");
+        for o in &inside[n + 1..] {
+            assert!(disjoint(*x, *o), "{x:x?} overlaps {o:x?} in guest RAM");
+        }
+    }
+    assert_eq!(p.kernel.dst.base % ALIGN, 0);
+    assert_eq!(p.kernel.src, i.kernel.module);
+    assert!(p.kernel.dst.size >= i.kernel.image_size.max(i.kernel.module.size));
+    assert_eq!(p.initrd.map(|c| c.src), i.initrd);
+    assert_eq!(p.initrd.map(|c| c.dst.size), i.initrd.map(|r| r.size));
+    if let Some(m) = i.dom0_mem {
+        assert_eq!(g.size, m.div_ceil(ALIGN) * ALIGN);
+    }
+    assert_eq!(p.ram_disk.map_or(0, |d| d.size), i.ram_disk.div_ceil(ALIGN) * ALIGN);
+}
+
+fn plan_ok(i: &Inputs<'_>) -> Plan {
+    let p = plan(i).unwrap_or_else(|e| panic!("{e}"));
+    check_plan(i, &p);
+    p
+}
+
+#[test]
+fn qemu_documented_addresses_plan_the_heap_around_the_modules() {
+    // QEMU's guest-loader documentation: kernel at 0x42000000, initrd at
+    // 0x47000000 (an initrd that ends below QEMU's DTB at 0x48000000).
+    let i = inputs(0x4200_0000, Some(r(0x4700_0000, 8 * MIB)));
+    let p = plan_ok(&i);
+    // A heap at the image end (the old fixed layout) would cover the kernel.
+    assert!(!disjoint(r(end(i.image), 48 * MIB), i.kernel.module));
+    // The first 48 MiB gap: after the kernel file, before the initrd.
+    assert_eq!(p.heap, r(0x43c0_0000, 48 * MIB));
+    assert_eq!(p.guest_ram, r(0x6000_0000, 1024 * MIB));
+    assert_eq!(p.kernel.dst.base, 0x6000_0000);
+    assert_eq!(p.guest_dtb, r(0x9fe0_0000, 2 * MIB));
+}
+
+#[test]
+fn qemu_dtb_inside_a_large_initrd_at_0x47000000_is_an_overlap() {
+    // QEMU puts its DTB at RAM + 128 MiB whatever the guest-loader modules
+    // are: an 83 MiB initrd at 0x47000000 has the DTB written over it.
+    let i = inputs(0x4200_0000, Some(r(0x4700_0000, INITRD_FILE)));
+    let e = plan(&i).unwrap_err();
+    assert_eq!(e, LayoutError::Overlap { a: ("initrd", r(0x4700_0000, INITRD_FILE)), b: ("device tree", r(0x4800_0000, MIB)) });
+    assert_eq!(e.to_string(), "initrd [0x47000000, 0x4c2de600) overlaps device tree [0x48000000, 0x48100000)");
+}
+
+#[test]
+fn modules_right_after_the_image() {
+    let k = 0x4080_0000;
+    let initrd = r((k + KERNEL_FILE).div_ceil(4096) * 4096, INITRD_FILE);
+    let i = inputs(k, Some(initrd));
+    let p = plan_ok(&i);
+    // The heap skips the modules and the DTB.
+    assert_eq!(p.heap, r(0x4820_0000, 48 * MIB));
+}
+
+#[test]
+fn the_runners_default_layout_is_unchanged() {
+    // `cargo xtask run`: modules from 0x50000000, guest RAM at the top.
+    let i = inputs(0x5000_0000, Some(r(0x51c0_0000, INITRD_FILE)));
+    let p = plan_ok(&i);
+    assert_eq!(p.heap, r(0x4080_0000, 48 * MIB));
+    assert_eq!(p.guest_ram, r(0x6000_0000, 1024 * MIB));
+    let ram = [r(0x4000_0000, (1536 + 128) * MIB)];
+    let i = Inputs { ram: &ram, ram_disk: 128 * MIB, ..i };
+    let p = plan_ok(&i);
+    assert_eq!(p.guest_ram, r(0x6800_0000, 1024 * MIB));
+    assert_eq!(p.ram_disk, Some(r(0x6000_0000, 128 * MIB)));
+}
+
+#[test]
+fn wrapping_ranges_are_errors() {
+    let i = inputs(0x5000_0000, Some(r(0xffff_ffff_ffff_f000, 0x2000)));
+    let e = plan(&i).unwrap_err();
+    assert_eq!(e, LayoutError::Wraps { name: "initrd", base: 0xffff_ffff_ffff_f000, size: 0x2000 });
+    assert_eq!(e.to_string(), "initrd at 0xfffffffffffff000 of size 0x2000 wraps past the end of the address space");
+    let i = Inputs { kernel: Kernel { module: r(u64::MAX, 2), image_size: 0 }, ..inputs(0, None) };
+    assert!(matches!(plan(&i), Err(LayoutError::Wraps { name: "kernel", .. })));
+    let reserved = [r(0x8000_0000, u64::MAX)];
+    let i = Inputs { reserved: &reserved, ..inputs(0x5000_0000, None) };
+    assert!(matches!(plan(&i), Err(LayoutError::Wraps { name: "reserved region", .. })));
+    let ram = [r(0x4000_0000, u64::MAX - 0x1000)];
+    let i = Inputs { ram: &ram, ..inputs(0x5000_0000, None) };
+    assert!(matches!(plan(&i), Err(LayoutError::Wraps { name: "RAM", .. })));
+}
+
+#[test]
+fn modules_outside_ram_are_errors() {
+    let i = inputs(0x5000_0000, Some(r(0x2_0000_0000, INITRD_FILE)));
+    let e = plan(&i).unwrap_err();
+    assert_eq!(e, LayoutError::OutsideRam { name: "initrd", range: r(0x2_0000_0000, INITRD_FILE) });
+    assert_eq!(e.to_string(), "initrd [0x200000000, 0x2052de600) is not inside RAM");
+    // Straddling the end of RAM, or below it (a device window).
+    let i = inputs(0xa000_0000 - MIB, None);
+    assert!(matches!(plan(&i), Err(LayoutError::OutsideRam { name: "kernel", .. })));
+    let i = inputs(0x0c00_0000, None);
+    assert!(matches!(plan(&i), Err(LayoutError::OutsideRam { name: "kernel", .. })));
+    // Empty modules say so.
+    let i = inputs(0x5000_0000, Some(r(0x5800_0000, 0)));
+    assert_eq!(plan(&i), Err(LayoutError::Empty { name: "initrd", base: 0x5800_0000 }));
+}
+
+#[test]
+fn overlapping_kept_ranges_are_errors() {
+    let i = inputs(0x5000_0000, Some(r(0x5100_0000, INITRD_FILE)));
+    let e = plan(&i).unwrap_err();
+    assert_eq!(e, LayoutError::Overlap { a: ("kernel", r(0x5000_0000, KERNEL_FILE)), b: ("initrd", r(0x5100_0000, INITRD_FILE)) });
+    assert_eq!(e.to_string(), "kernel [0x50000000, 0x51a09fc0) overlaps initrd [0x51000000, 0x562de600)");
+    // A module in the image's BSS, which QEMU does not know about.
+    let i = inputs(0x4030_0000, None);
+    assert!(matches!(plan(&i), Err(LayoutError::Overlap { a: ("kernel", _), b: ("hypervisor image", _) })));
+    // `check` (run before the kernel header is read) finds the same.
+    assert!(matches!(check(&i), Err(LayoutError::Overlap { a: ("kernel", _), b: ("hypervisor image", _) })));
+    let fine = Inputs { kernel: Kernel { module: r(0x5000_0000, KERNEL_FILE), image_size: 0 }, ..i };
+    assert_eq!(check(&fine), Ok(()));
+    // The DTB over the image.
+    let i = Inputs { dtb: r(0x4070_0000, MIB), ..inputs(0x5000_0000, None) };
+    assert!(matches!(plan(&i), Err(LayoutError::Overlap { a: ("device tree", _), b: ("hypervisor image", _) })));
+}
+
+#[test]
+fn reserved_memory_is_avoided_and_never_holds_a_module() {
+    // Reserved right behind the image and at the top of RAM.
+    let reserved = [r(0x4080_0000, 64 * MIB), r(0x9f00_0000, 16 * MIB), r(0x4800_0000, 4096)];
+    let i = Inputs { reserved: &reserved, ..inputs(0x5000_0000, Some(r(0x51c0_0000, INITRD_FILE))) };
+    let p = plan_ok(&i);
+    assert_eq!(p.heap.base, 0x4480_0000);
+    assert_eq!(p.guest_ram, r(0x5f00_0000, 1024 * MIB));
+    // A module in reserved memory is an error; the DTB may be reserved
+    // (the third entry above: firmware often reserves its DTB).
+    let reserved = [r(0x5100_0000, MIB)];
+    let i = Inputs { reserved: &reserved, ..inputs(0x5000_0000, None) };
+    let e = plan(&i).unwrap_err();
+    assert_eq!(e.to_string(), "kernel [0x50000000, 0x51a09fc0) overlaps reserved region [0x51000000, 0x51100000)");
+}
+
+#[test]
+fn dom0_mem_larger_than_ram_is_an_error() {
+    let i = Inputs { dom0_mem: Some(4096 * MIB), ..inputs(0x5000_0000, None) };
+    let e = plan(&i).unwrap_err();
+    assert_eq!(e, LayoutError::Dom0MemTooLarge { dom0_mem: 4096 * MIB, ram_disk: 0, ram: 1536 * MIB });
+    assert_eq!(e.to_string(), "dom0_mem (4096 MiB) is larger than RAM (1536 MiB)");
+    let i = Inputs { dom0_mem: Some(1500 * MIB), ram_disk: 128 * MIB, ..inputs(0x5000_0000, None) };
+    assert_eq!(plan(&i).unwrap_err().to_string(), "dom0_mem (1500 MiB) plus the RAM disk (128 MiB) is larger than RAM (1536 MiB)");
+    // Smaller than RAM but larger than any free range.
+    let i = Inputs { dom0_mem: Some(1400 * MIB), ..inputs(0x5000_0000, None) };
+    let e = plan(&i).unwrap_err();
+    assert!(matches!(e, LayoutError::NoRoom { what: "guest RAM (dom0_mem)", size, .. } if size == 1400 * MIB), "{e}");
+    // Absurd values do not overflow.
+    let i = Inputs { dom0_mem: Some(u64::MAX), ram_disk: u64::MAX, ..inputs(0x5000_0000, None) };
+    assert!(matches!(plan(&i), Err(LayoutError::Dom0MemTooLarge { .. })));
+}
+
+#[test]
+fn kernel_image_size_beyond_the_file_is_reserved_in_guest_ram() {
+    let i = inputs(0x5000_0000, Some(r(0x51c0_0000, INITRD_FILE)));
+    let p = plan_ok(&i);
+    assert_eq!(p.kernel.src, r(0x5000_0000, KERNEL_FILE));
+    assert_eq!(p.kernel.dst, r(0x6000_0000, KERNEL_IMAGE_SIZE));
+    // BSS that crosses a 2 MiB boundary the file does not: the initrd goes
+    // after image_size, not after the file (which ends below 0x61c00000).
+    let big_bss = 0x1c0_1000;
+    let i = Inputs { kernel: Kernel { module: r(0x5000_0000, KERNEL_FILE), image_size: big_bss }, ..i };
+    let p = plan_ok(&i);
+    assert_eq!(p.kernel.dst, r(0x6000_0000, big_bss));
+    assert_eq!(p.initrd.unwrap().dst, r(0x61e0_0000, INITRD_FILE));
+    // A header that claims less than the file reserves the file.
+    let i = Inputs { kernel: Kernel { module: r(0x5000_0000, KERNEL_FILE), image_size: 4096 }, ..i };
+    assert_eq!(plan_ok(&i).kernel.dst.size, KERNEL_FILE);
+}
+
+#[test]
+fn arm64_image_header() {
+    let mut h = [0u8; 64];
+    h[0x38..0x3c].copy_from_slice(b"ARM\x64");
+    h[16..24].copy_from_slice(&KERNEL_IMAGE_SIZE.to_le_bytes());
+    assert_eq!(arm64_image_size(&h, KERNEL_FILE), Ok(KERNEL_IMAGE_SIZE));
+    // image_size 0 (kernels before 3.17) or below the file: the file.
+    assert_eq!(arm64_image_size(&h, KERNEL_IMAGE_SIZE + 1), Ok(KERNEL_IMAGE_SIZE + 1));
+    h[16..24].fill(0);
+    assert_eq!(arm64_image_size(&h, KERNEL_FILE), Ok(KERNEL_FILE));
+    assert!(matches!(arm64_image_size(&h, 10), Err(LayoutError::BadKernel(_))));
+    assert!(matches!(arm64_image_size(&h[..32], KERNEL_FILE), Err(LayoutError::BadKernel(_))));
+    h[0x38] = b'X';
+    let e = arm64_image_size(&h, KERNEL_FILE).unwrap_err();
+    assert_eq!(e.to_string(), "the kernel module is not an arm64 Image: no arm64 Image magic (ARM\\x64 at offset 0x38)");
+}
+
+#[test]
+fn no_room_for_the_heap_or_the_modules() {
+    // 128 MiB of RAM with 80 MiB of initrd: no 48 MiB gap for the heap.
+    let ram = [r(0x4000_0000, 128 * MIB)];
+    let i = Inputs { ram: &ram, dom0_mem: None, ..inputs(0x4080_0000, Some(r(0x4280_0000, 80 * MIB))) };
+    let e = plan(&i).unwrap_err();
+    assert!(matches!(e, LayoutError::NoRoom { what: "hypervisor heap", .. }), "{e}");
+    assert!(e.to_string().starts_with("no free RAM range of 48 MiB for the hypervisor heap"), "{e}");
+    // Guest RAM too small for the kernel, initrd and DTB.
+    let i = Inputs { dom0_mem: Some(64 * MIB), ..inputs(0x5000_0000, Some(r(0x51c0_0000, INITRD_FILE))) };
+    let e = plan(&i).unwrap_err();
+    assert_eq!(e, LayoutError::ModulesDoNotFit { need: 28 * MIB + 84 * MIB + 2 * MIB, guest_ram: r(0x9c00_0000, 64 * MIB) });
+    // A header image_size near 2^64 does not overflow.
+    let i = Inputs { kernel: Kernel { module: r(0x5000_0000, KERNEL_FILE), image_size: u64::MAX - 10 }, ..i };
+    assert!(matches!(plan(&i), Err(LayoutError::ModulesDoNotFit { .. })));
+    // Below the minimum guest RAM.
+    let i = Inputs { dom0_mem: Some(32 * MIB), ..inputs(0x5000_0000, None) };
+    assert_eq!(plan(&i), Err(LayoutError::GuestTooSmall { size: 32 * MIB }));
+}
+
+#[test]
+fn without_dom0_mem_the_guest_gets_the_largest_range_above_keep_low() {
+    let ram = [r(0x4000_0000, 2048 * MIB)];
+    let i = Inputs { ram: &ram, dom0_mem: None, ram_disk: 128 * MIB, ..inputs(0x5000_0000, Some(r(0x51c0_0000, INITRD_FILE))) };
+    let p = plan_ok(&i);
+    assert_eq!(p.guest_ram, r(0x6800_0000, 2048 * MIB - 512 * MIB - 128 * MIB));
+    assert_eq!(p.ram_disk, Some(r(0x6000_0000, 128 * MIB)));
+    // Modules above keep_low push the guest above them.
+    let i = Inputs { kernel: Kernel { module: r(0x7000_0000, KERNEL_FILE), image_size: KERNEL_IMAGE_SIZE }, initrd: None, ram_disk: 0, ..i };
+    let p = plan_ok(&i);
+    assert_eq!(p.guest_ram, r(0x71c0_0000, 0xc000_0000 - 0x71c0_0000));
+}
+
+#[test]
+fn passthrough_devices_must_not_touch_ram_or_the_hypervisor() {
+    let uart = ("hypervisor UART", r(0x0900_0000, 0x1000));
+    let slots = [r(0x0a00_3e00, 0x200), r(0x0a00_0000, 0x200)];
+    assert_eq!(check_passthrough(&RAM, &[uart], &slots), Ok(()));
+    let e = check_passthrough(&RAM, &[uart], &[r(0x5000_0100, 0x200)]).unwrap_err();
+    assert_eq!(e.to_string(), "passthrough device [0x50000000, 0x50001000) overlaps RAM [0x40000000, 0xa0000000)");
+    let e = check_passthrough(&RAM, &[uart], &[r(0x0900_0800, 0x200)]).unwrap_err();
+    assert_eq!(e, LayoutError::Overlap { a: ("passthrough device", r(0x0900_0000, 0x1000)), b: uart });
+    assert!(matches!(check_passthrough(&RAM, &[], &[r(u64::MAX - 0x100, 0x200)]), Err(LayoutError::Wraps { .. })));
+    assert!(matches!(check_passthrough(&RAM, &[], &[r(u64::MAX - 0x100, 0x100)]), Err(LayoutError::Wraps { .. })));
+}
+
+/// xorshift64*: deterministic pseudo-random inputs.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    fn region_in(&mut self, within: Region, max: u64) -> Region {
+        let size = 4096 * (1 + self.below(max / 4096));
+        let base = within.base + 4096 * self.below(within.size / 4096);
+        r(base, size)
+    }
+}
+
+#[test]
+fn random_layouts_plan_disjointly_or_fail_with_one_line() {
+    let mut rng = Rng(0x1234_5678_9abc_def1);
+    let (mut ok, mut failed) = (0, 0);
+    for _ in 0..20_000 {
+        let mut ram = Vec::from([r(0x4000_0000, MIB * (128 + rng.below(3000)))]);
+        if rng.below(3) == 0 {
+            ram.push(r(0x1_0000_0000 + MIB * rng.below(4096), MIB * (64 + rng.below(2048))));
+        }
+        let anywhere = r(0x3000_0000, 0x1_0000_0000);
+        let pick = |rng: &mut Rng, max: u64| {
+            if rng.below(8) == 0 {
+                rng.region_in(anywhere, max)
+            } else {
+                let bank = ram[rng.below(ram.len() as u64) as usize];
+                rng.region_in(bank, max)
+            }
+        };
+        let dtb = pick(&mut rng, 2 * MIB);
+        let module = pick(&mut rng, 64 * MIB);
+        let initrd = (rng.below(4) != 0).then(|| pick(&mut rng, 128 * MIB));
+        let reserved: Vec<Region> = (0..rng.below(4)).map(|_| pick(&mut rng, 32 * MIB)).collect();
+        let i = Inputs {
+            ram: &ram,
+            image: r(0x4020_0000, 2 * MIB * (1 + rng.below(4))),
+            dtb,
+            reserved: &reserved,
+            kernel: Kernel { module, image_size: module.size + 4096 * rng.below(2048) },
+            initrd,
+            dom0_mem: (rng.below(3) != 0).then(|| MIB * (32 + rng.below(4096))),
+            ram_disk: if rng.below(3) == 0 { MIB * (1 + rng.below(512)) } else { 0 },
+            heap_size: 48 * MIB,
+            keep_low: 512 * MIB,
+        };
+        match plan(&i) {
+            Ok(p) => {
+                check_plan(&i, &p);
+                ok += 1;
+            }
+            Err(e) => {
+                let line = format!("{e}");
+                assert!(!line.is_empty() && !line.contains('\n'), "{line:?}");
+                failed += 1;
+            }
+        }
+    }
+    // Both outcomes are exercised.
+    assert!(ok > 1000 && failed > 1000, "ok {ok}, failed {failed}");
+}
