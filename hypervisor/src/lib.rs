@@ -7,6 +7,8 @@
 //! building (`stage2`), the emulated PL011 (`vpl011`) and PSCI (`psci`).
 //! On the bare-metal aarch64 target the EL2 runtime (`arch`, `vm`) is added.
 #![cfg_attr(not(test), no_std)]
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks)]
 extern crate alloc;
 
 pub mod dtb;
@@ -17,7 +19,10 @@ pub mod config;
 pub mod esr;
 pub mod idregs;
 pub mod psci;
+pub mod regs;
 pub mod stage2;
+pub mod traps;
+pub mod vdebug;
 pub mod vpl011;
 pub mod virtio;
 
