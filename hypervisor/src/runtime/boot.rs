@@ -4,9 +4,8 @@
 use super::percpu::{self, PCPUS};
 use super::{console, heap, vcpu, vm};
 use crate::arch::entry::MAX_CPUS;
-use crate::arch::{exception, gic, mmu, smc};
-use crate::read_sysreg;
-use core::sync::atomic::{AtomicU64, Ordering};
+use crate::arch::{exception, gic, mmu, smc, sysreg};
+use core::sync::atomic::Ordering;
 use spin::Once;
 use crate::config::Config;
 use crate::dtb;
@@ -43,8 +42,11 @@ fn dtb_slice(addr: u64) -> Option<&'static [u8]> {
 }
 
 pub fn primary_main(dtb_addr: u64) -> ! {
-    mmu::enable(platform::is_device_gib);
-    console::init(platform::EARLY_UART);
+    // SAFETY: the primary CPU, once, MMU off, before any secondary starts.
+    unsafe { mmu::enable(platform::is_device_gib) };
+    // SAFETY: the platform's early console is a PL011 only the console
+    // module drives.
+    unsafe { console::init(platform::EARLY_UART) };
     // SAFETY: the image symbols come from the linker script.
     let (img_start, img_end) =
         (core::ptr::addr_of!(__image_start) as usize, core::ptr::addr_of!(__image_end) as usize);
@@ -52,7 +54,8 @@ pub fn primary_main(dtb_addr: u64) -> ! {
     // (HYP_RESERVED) and identity-mapped as normal memory.
     unsafe { heap::init(img_end, HEAP_SIZE) };
     console::init_log(log::LevelFilter::Info);
-    exception::init_cpu(percpu::run_block(0));
+    // SAFETY: pCPU 0 takes its own run block, once.
+    exception::init_cpu(unsafe { percpu::run_block(0) });
     info!("hypervisor {} on {} (image {:#x}-{:#x}, dtb {:#x})", env!("CARGO_PKG_VERSION"), platform::NAME, img_start, img_end, dtb_addr);
 
     let Some(host_dtb) = dtb_slice(dtb_addr) else {
@@ -77,7 +80,9 @@ pub fn primary_main(dtb_addr: u64) -> ! {
     };
     console::init_log(cfg.loglvl);
     if let Some(u) = &plat.uart {
-        console::init(u.base as usize);
+        // SAFETY: the DTB's console UART (the same device as the early
+        // console on the platforms we support), driven only by `console`.
+        unsafe { console::init(u.base as usize) };
     }
     info!("options: {}", plat.bootargs.as_deref().unwrap_or(""));
     info!(
@@ -92,16 +97,21 @@ pub fn primary_main(dtb_addr: u64) -> ! {
         error!("no GIC redistributor region");
         crate::arch::smc::psci_system_off();
     };
-    if let Err(e) = gic::init(plat.gic.gicd.base, gicr.base, plat.cpus.len()) {
+    // SAFETY: the GIC frames the DTB names, inside the platform's device
+    // windows (mapped as device memory); from here only `gic` touches them.
+    if let Err(e) = unsafe { gic::init(plat.gic.gicd.base, gicr.base, plat.cpus.len()) } {
         error!("GIC: {e:?}");
         crate::arch::smc::psci_system_off();
     }
     gic::init_cpu(0);
-    GICR_BASE.store(gicr.base, Ordering::Relaxed);
+    if let Err(e) = crate::vgic::usable_lrs(gic::nr_lrs()) {
+        error!("GIC: {e}; cannot run guests");
+        smc::psci_system_off();
+    }
     register_pcpu(0);
 
     // Secondary pCPUs: PSCI CPU_ON to firmware; they wait for the VM.
-    let me = read_sysreg!("mpidr_el1") & 0xff_00ff_ffff;
+    let me = sysreg::mpidr();
     let mut nr_pcpus = 1;
     for &mpidr in plat.cpus.iter().filter(|&&m| m & 0xff_00ff_ffff != me) {
         if nr_pcpus >= MAX_CPUS {
@@ -135,24 +145,23 @@ pub fn primary_main(dtb_addr: u64) -> ! {
 }
 
 static VM: Once<&'static vm::Vm> = Once::new();
-static GICR_BASE: AtomicU64 = AtomicU64::new(0);
 
 extern "C" {
     fn secondary_entry();
 }
 
-/// Records this pCPU's MPIDR and redistributor for IPIs and timer state.
+/// Records this pCPU's MPIDR for IPIs (`gic::init_cpu` found its
+/// redistributor).
 fn register_pcpu(cpu: usize) {
-    let mpidr = read_sysreg!("mpidr_el1") & 0xff_00ff_ffff;
-    PCPUS[cpu].mpidr.store(mpidr, Ordering::Relaxed);
-    let rd = gic::find_redistributor(GICR_BASE.load(Ordering::Relaxed), mpidr).unwrap_or(0);
-    PCPUS[cpu].rd_base.store(rd, Ordering::Relaxed);
+    PCPUS[cpu].mpidr.store(sysreg::mpidr(), Ordering::Relaxed);
     PCPUS[cpu].online.store(true, Ordering::Release);
 }
 
 pub fn secondary_main(cpu: usize) -> ! {
     mmu::enable_secondary();
-    exception::init_cpu(percpu::run_block(cpu));
+    // SAFETY: this pCPU takes its own run block, once (PSCI CPU_ON passes
+    // each secondary a distinct index).
+    exception::init_cpu(unsafe { percpu::run_block(cpu) });
     gic::init_cpu(cpu);
     register_pcpu(cpu);
     let vm = *VM.wait();
