@@ -89,3 +89,26 @@ fn unknown_smccc_calls_return_not_supported() {
     assert!(stat(&r.console, 0, "unsupported_calls").unwrap() >= 1);
     assert_eq!(r.guest_exit, Some(0));
 }
+
+#[test]
+fn pmu_and_debug_registers_are_not_shared_with_the_guest() {
+    // The PMU is neither switched between vCPUs nor virtualised: the guest
+    // must not find one (its counters would be shared and could count the
+    // hypervisor). Debug registers trap and are emulated: Linux resets its
+    // breakpoints, MDSCR and OS lock on every CPU at boot, and none of that
+    // may fault.
+    let cmd = r#"echo pmus=$(ls /sys/bus/event_source/devices | grep -c armv8); echo oopses=$(dmesg | grep -ciE "oops|undefined instruction|internal error|call trace"); dmesg | grep hw-breakpoint; nproc"#;
+    let r = run_cmd(cmd, |o| {
+        o.pcpus = 1;
+        o.vcpus = 2;
+    });
+    assert_console(&r, "pmus=0");
+    assert_console(&r, "oopses=0");
+    assert_console(&r, "hw-breakpoint: found");
+    assert!(r.console.lines().any(|l| l.trim() == "2"), "vCPU1 did not come up:\n{}", tail(&r.console, 40));
+    for v in 0..2 {
+        assert_eq!(stat(&r.console, v, "undef_injected"), Some(0), "vcpu{v} took an UNDEF");
+        assert!(stat(&r.console, v, "debug_emulated").unwrap_or(0) > 0, "vcpu{v}: debug registers did not trap");
+    }
+    assert_eq!(r.guest_exit, Some(0));
+}

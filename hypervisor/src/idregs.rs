@@ -5,9 +5,17 @@
 //! are hidden, so an overcommitted guest never relies on registers another
 //! vCPU may clobber: SVE and SME (the Z/P/ZA registers beyond V0-V31), MTE
 //! (tag state), AMU and SPE/TRBE (counters and buffers the guest cannot own),
-//! and the GICv3 CPU interface's "system register" bit stays as is (the
-//! virtual interface provides it). Everything else reads as the hardware's
-//! value, as KVM does for the features it supports.
+//! the PMU and the trace unit (their registers trap, see `crate::traps`), and
+//! the GICv3 CPU interface's "system register" bit stays as is (the virtual
+//! interface provides it). The debug feature register keeps only what the
+//! emulated debug registers (`crate::vdebug`) describe: the debug
+//! architecture version and the breakpoint/watchpoint counts. Everything
+//! else reads as the hardware's value, as KVM does for the features it
+//! supports.
+//!
+//! Hiding the PMU matters beyond isolation: Linux's early CPU setup writes
+//! PMUSERENR_EL0 (with the MMU off, before it has a vector table) whenever
+//! ID_AA64DFR0_EL1.PMUVer says there is a PMU, and that write now traps.
 
 /// The encoding of an ID register in the trapped space: CRm (1..=7), op2.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -21,6 +29,10 @@ pub const ID_AA64PFR1_EL1: IdReg = IdReg { crm: 4, op2: 1 };
 pub const ID_AA64ZFR0_EL1: IdReg = IdReg { crm: 4, op2: 4 };
 pub const ID_AA64SMFR0_EL1: IdReg = IdReg { crm: 4, op2: 5 };
 pub const ID_AA64DFR0_EL1: IdReg = IdReg { crm: 5, op2: 0 };
+pub const ID_AA64DFR1_EL1: IdReg = IdReg { crm: 5, op2: 1 };
+/// AArch32 debug feature registers (what an AArch32 EL0 would be told).
+pub const ID_DFR0_EL1: IdReg = IdReg { crm: 1, op2: 2 };
+pub const ID_DFR1_EL1: IdReg = IdReg { crm: 3, op2: 5 };
 
 const fn field(shift: u32) -> u64 {
     0xf << shift
@@ -34,8 +46,15 @@ pub fn sanitize(reg: IdReg, hw: u64) -> u64 {
         // MTE [11:8], SME [27:24], MTE_frac [43:40].
         ID_AA64PFR1_EL1 => hw & !(field(8) | field(24) | field(40)),
         ID_AA64ZFR0_EL1 | ID_AA64SMFR0_EL1 => 0,
-        // PMSVer (SPE) [35:32], TraceBuffer (TRBE) [47:44].
-        ID_AA64DFR0_EL1 => hw & !(field(32) | field(44)),
+        // Keep DebugVer [3:0], BRPs [15:12], WRPs [23:20], CTX_CMPs [31:28]
+        // and DoubleLock [39:36]; zero the PMU (PMUVer, MTPMU, PMSS, HPMN0,
+        // SEBEP), trace (TraceVer, TraceFilt, TraceBuffer, ExtTrcBuff), SPE
+        // and BRBE fields and anything newer.
+        ID_AA64DFR0_EL1 => hw & (field(0) | field(12) | field(20) | field(28) | field(36)),
+        // Extended breakpoint counts and PMU/SPMU features: none.
+        ID_AA64DFR1_EL1 | ID_DFR1_EL1 => 0,
+        // AArch32: keep CopDbg, CopSDbg, MMapDbg [11:0]; no trace, no PMU.
+        ID_DFR0_EL1 => hw & (field(0) | field(4) | field(8)),
         _ => hw,
     }
 }
@@ -61,6 +80,19 @@ mod tests {
         assert_eq!(sanitize(ID_AA64PFR1_EL1, pfr1), 0x1);
         assert_eq!(sanitize(ID_AA64ZFR0_EL1, u64::MAX), 0);
         assert_eq!(sanitize(IdReg { crm: 6, op2: 0 }, 0x1234), 0x1234);
+    }
+
+    #[test]
+    fn hides_pmu_trace_spe_keeps_breakpoints() {
+        // QEMU 7.2 `max`: DebugVer 6 (v8.0 debug), PMUVer 6 (PMUv3p5), BRPs 5,
+        // WRPs 3, CTX_CMPs 1; plus made-up SPE, TraceFilt, TRBE, BRBE bits.
+        let dfr0 = 0x0000_0000_1030_5606u64 | (1 << 32) | (1 << 40) | (1 << 44) | (1 << 52) | (1 << 4);
+        let g = sanitize(ID_AA64DFR0_EL1, dfr0);
+        assert_eq!((g >> 8) & 0xf, 0, "PMUVer hidden");
+        assert_eq!(g, 0x0000_0000_1030_5006, "debug version and breakpoint counts kept, nothing else");
+        assert_eq!(sanitize(ID_AA64DFR1_EL1, u64::MAX), 0);
+        // AArch32 PerfMon [27:24] and trace fields hidden.
+        assert_eq!(sanitize(ID_DFR0_EL1, 0x0300_6666), 0x0000_0666);
     }
 
     #[test]

@@ -11,6 +11,9 @@
 //! hundred lines. Table memory comes through [`TableAlloc`], so the host tests
 //! run it over a `Vec` and the EL2 build over the frame allocator.
 
+use aarch64_cpu::registers::{VTCR_EL2, VTTBR_EL2};
+use tock_registers::LocalRegisterCopy;
+
 /// Errors while building stage-2 tables.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Stage2Error {
@@ -22,6 +25,8 @@ pub enum Stage2Error {
     AlreadyMapped,
     /// No memory for a table.
     NoMemory,
+    /// A table address the allocator did not hand out (a corrupted table).
+    UnknownTable,
 }
 
 /// Memory type of a stage-2 mapping.
@@ -37,8 +42,9 @@ pub enum MemType {
 pub trait TableAlloc {
     /// A zeroed, 4 KiB aligned frame; returns its physical address.
     fn alloc_table(&mut self) -> Option<u64>;
-    /// The table at physical address `pa`, as 512 descriptors.
-    fn table(&mut self, pa: u64) -> &mut [u64; 512];
+    /// The table at physical address `pa`, as 512 descriptors, if `pa` is a
+    /// frame this allocator handed out.
+    fn table(&mut self, pa: u64) -> Option<&mut [u64; 512]>;
 }
 
 pub const IPA_BITS: u32 = 39;
@@ -55,20 +61,26 @@ const MEMATTR_DEVICE_NGNRE: u64 = 0b0001 << 2;
 const XN: u64 = 0b10 << 53;
 const ADDR_MASK: u64 = 0x0000_ffff_ffff_f000;
 
-/// VTCR_EL2 for this layout with the given physical address size field.
-pub const fn vtcr(ps: u64) -> u64 {
-    let t0sz = 64 - IPA_BITS as u64;
-    let sl0 = 1; // start at level 1
-    let irgn0 = 1; // write-back write-allocate
-    let orgn0 = 1;
-    let sh0 = 3; // inner shareable
-    let tg0 = 0; // 4 KiB
-    (1 << 31) | ((ps & 7) << 16) | (tg0 << 14) | (sh0 << 12) | (orgn0 << 10) | (irgn0 << 8) | (sl0 << 6) | t0sz
+/// VTCR_EL2 for this layout: 39-bit IPA walked from level 1, 4 KiB granule,
+/// write-back inner-shareable table walks, physical address size `ps` (a
+/// PARange encoding).
+pub fn vtcr(ps: u64) -> LocalRegisterCopy<u64, VTCR_EL2::Register> {
+    let v = VTCR_EL2::RES1::SET
+        + VTCR_EL2::PS.val(ps)
+        + VTCR_EL2::TG0::Granule4KB
+        + VTCR_EL2::SH0::Inner
+        + VTCR_EL2::ORGN0::NormalWBRAWA
+        + VTCR_EL2::IRGN0::NormalWBRAWA
+        + VTCR_EL2::SL0::Granule4KBLevel1
+        + VTCR_EL2::T0SZ.val(64 - u64::from(IPA_BITS));
+    LocalRegisterCopy::new(v.value)
 }
 
 /// VTTBR_EL2 value for a root table and VMID.
-pub const fn vttbr(root: u64, vmid: u16) -> u64 {
-    ((vmid as u64) << 48) | (root & ADDR_MASK)
+pub fn vttbr(root: u64, vmid: u16) -> LocalRegisterCopy<u64, VTTBR_EL2::Register> {
+    // BADDR holds the table address from bit 1 up.
+    let v = VTTBR_EL2::VMID.val(u64::from(vmid)) + VTTBR_EL2::BADDR.val((root & ADDR_MASK) >> 1);
+    LocalRegisterCopy::new(v.value)
 }
 
 fn leaf_attrs(mem: MemType) -> u64 {
@@ -151,10 +163,10 @@ impl Stage2 {
         let mut table = self.root;
         for l in 1..level {
             let idx = ((ipa >> shift(l)) & 511) as usize;
-            let desc = alloc.table(table)[idx];
+            let desc = alloc.table(table).ok_or(Stage2Error::UnknownTable)?[idx];
             table = if desc & DESC_VALID == 0 {
                 let next = alloc.alloc_table().ok_or(Stage2Error::NoMemory)?;
-                alloc.table(table)[idx] = next | DESC_TABLE;
+                alloc.table(table).ok_or(Stage2Error::UnknownTable)?[idx] = next | DESC_TABLE;
                 next
             } else if desc & 0b11 == DESC_TABLE {
                 desc & ADDR_MASK
@@ -164,7 +176,7 @@ impl Stage2 {
         }
         let idx = ((ipa >> shift(level)) & 511) as usize;
         let kind = if level == 3 { DESC_PAGE } else { DESC_BLOCK };
-        alloc.table(table)[idx] = (pa & ADDR_MASK) | leaf_attrs(mem) | kind;
+        alloc.table(table).ok_or(Stage2Error::UnknownTable)?[idx] = (pa & ADDR_MASK) | leaf_attrs(mem) | kind;
         Ok(())
     }
 
@@ -175,7 +187,7 @@ impl Stage2 {
         }
         let mut table = self.root;
         for level in 1..=3 {
-            let desc = alloc.table(table)[((ipa >> shift(level)) & 511) as usize];
+            let desc = alloc.table(table)?[((ipa >> shift(level)) & 511) as usize];
             if desc & DESC_VALID == 0 {
                 return None;
             }
@@ -218,8 +230,8 @@ mod tests {
             self.tables.insert(pa, Box::new([0; 512]));
             Some(pa)
         }
-        fn table(&mut self, pa: u64) -> &mut [u64; 512] {
-            self.tables.get_mut(&pa).expect("table")
+        fn table(&mut self, pa: u64) -> Option<&mut [u64; 512]> {
+            self.tables.get_mut(&pa).map(|t| &mut **t)
         }
     }
 
@@ -267,11 +279,27 @@ mod tests {
     }
 
     #[test]
+    fn tables_from_another_allocator_are_refused() {
+        // The allocator only lends out frames it handed out: tables built
+        // with one cannot be walked through another.
+        let mut a = FakeMem::default();
+        let mut s2 = Stage2::new(&mut a).unwrap();
+        s2.map(&mut a, 0x4000_0000, 0x4000_0000, 0x20_0000, MemType::Normal).unwrap();
+        let mut b = FakeMem::default();
+        assert_eq!(s2.translate(&mut b, 0x4000_0000), None);
+        assert_eq!(s2.map(&mut b, 0x1000, 0x1000, 0x1000, MemType::Normal), Err(Stage2Error::UnknownTable));
+    }
+
+    #[test]
     fn vtcr_and_vttbr_fields() {
         let v = vtcr(2);
-        assert_eq!(v & 0x3f, 25);
-        assert_eq!((v >> 6) & 3, 1);
-        assert_eq!((v >> 16) & 7, 2);
-        assert_eq!(vttbr(0x4123_4000, 3), (3 << 48) | 0x4123_4000);
+        assert_eq!(v.read(VTCR_EL2::T0SZ), 25);
+        assert_eq!(v.read(VTCR_EL2::SL0), 1, "walk starts at level 1");
+        assert_eq!(v.read(VTCR_EL2::PS), 2);
+        assert_eq!(v.read(VTCR_EL2::TG0), 0, "4 KiB granule");
+        // The value the raw-bits version produced.
+        assert_eq!(v.get(), 0x8002_3559);
+        assert_eq!(vttbr(0x4123_4000, 3).get(), (3 << 48) | 0x4123_4000);
+        assert_eq!(vttbr(0x4123_4000, 3).read(VTTBR_EL2::VMID), 3);
     }
 }

@@ -235,6 +235,8 @@ counters! {
     aborts_injected,
     /// Undefined-instruction exceptions injected.
     undef_injected,
+    /// Debug-register accesses emulated (trapped by MDCR_EL2.TDA/TDOSA/TDRA).
+    debug_emulated,
 }
 
 /// Everything recorded for one vCPU.

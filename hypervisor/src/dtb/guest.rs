@@ -57,6 +57,9 @@ pub const DEFAULT_REMOVE_COMPATIBLES: &[&str] = &[
     "arm,pl031",
     // QEMU's dynamic sysbus (empty on a plain virt machine).
     "qemu,platform",
+    // The PMU: its registers trap and the ID registers hide it
+    // (`crate::traps`), so the guest must not look for it.
+    "arm,armv8-pmuv3",
 ];
 
 /// Full paths of the nodes a Dom0-style guest must not see (see

@@ -172,6 +172,7 @@ fn default_removals_on_qemu_virt() {
             "/pl031@9010000",
             "/pl061@9030000",
             "/platform-bus@c000000",
+            "/pmu",
         ]
     );
 }

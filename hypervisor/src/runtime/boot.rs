@@ -6,9 +6,8 @@
 use super::percpu::{self, PCPUS};
 use super::{console, heap, vcpu, vm};
 use crate::arch::entry::MAX_CPUS;
-use crate::arch::{exception, gic, mmu, smc};
-use crate::read_sysreg;
-use core::sync::atomic::{AtomicU64, Ordering};
+use crate::arch::{exception, gic, mmu, smc, sysreg};
+use core::sync::atomic::Ordering;
 use spin::Once;
 use crate::boot::image as boot_image;
 use crate::boot::plan::{self, LayoutError, Plan};
@@ -77,11 +76,15 @@ fn plan_layout(plat: &Platform, kernel: &BootModule, cfg: &Config, image: Region
 /// The bootstrap heap (in .bss) serves discovery and planning; then the
 /// planned main heap is added and the guest built where the plan says.
 pub fn primary_main(dtb_addr: u64) -> ! {
-    mmu::enable(platform::is_device_gib);
-    console::init(platform::EARLY_UART);
+    // SAFETY: the primary CPU, once, MMU off, before any secondary starts.
+    unsafe { mmu::enable(platform::is_device_gib) };
+    // SAFETY: the platform's early console is a PL011 only the console
+    // module drives.
+    unsafe { console::init(platform::EARLY_UART) };
     heap::init_bootstrap();
     console::init_log(log::LevelFilter::Info);
-    exception::init_cpu(percpu::run_block(0));
+    // SAFETY: pCPU 0 takes its own run block, once.
+    exception::init_cpu(unsafe { percpu::run_block(0) });
     // SAFETY: the image symbols come from the linker script.
     let (img_start, img_end) =
         (core::ptr::addr_of!(__image_start) as usize, core::ptr::addr_of!(__image_end) as usize);
@@ -103,7 +106,9 @@ pub fn primary_main(dtb_addr: u64) -> ! {
     };
     console::init_log(cfg.loglvl);
     if let Some(u) = &plat.uart {
-        console::init(u.base as usize);
+        // SAFETY: the DTB's console UART (the same device as the early
+        // console on the platforms we support), driven only by `console`.
+        unsafe { console::init(u.base as usize) };
     }
     info!("options: {}", plat.bootargs.as_deref().unwrap_or(""));
     info!(
@@ -140,15 +145,19 @@ pub fn primary_main(dtb_addr: u64) -> ! {
     let Some(gicr) = plat.gic.gicr.first() else {
         hv_fatal!("no GIC redistributor region");
     };
-    if let Err(e) = gic::init(plat.gic.gicd.base, gicr.base, plat.cpus.len()) {
+    // SAFETY: the GIC frames the DTB names, inside the platform's device
+    // windows (mapped as device memory); from here only `gic` touches them.
+    if let Err(e) = unsafe { gic::init(plat.gic.gicd.base, gicr.base, plat.cpus.len()) } {
         hv_fatal!("GIC: {e:?}");
     }
     gic::init_cpu(0);
-    GICR_BASE.store(gicr.base, Ordering::Relaxed);
+    if let Err(e) = crate::vgic::usable_lrs(gic::nr_lrs()) {
+        hv_fatal!("GIC: {e}; cannot run guests");
+    }
     register_pcpu(0);
 
     // Secondary pCPUs: PSCI CPU_ON to firmware; they wait for the VM.
-    let me = read_sysreg!("mpidr_el1") & 0xff_00ff_ffff;
+    let me = sysreg::mpidr();
     let mut nr_pcpus = 1;
     for &mpidr in plat.cpus.iter().filter(|&&m| m & 0xff_00ff_ffff != me) {
         if nr_pcpus >= MAX_CPUS {
@@ -178,24 +187,23 @@ pub fn primary_main(dtb_addr: u64) -> ! {
 }
 
 static VM: Once<&'static vm::Vm> = Once::new();
-static GICR_BASE: AtomicU64 = AtomicU64::new(0);
 
 extern "C" {
     fn secondary_entry();
 }
 
-/// Records this pCPU's MPIDR and redistributor for IPIs and timer state.
+/// Records this pCPU's MPIDR for IPIs (`gic::init_cpu` found its
+/// redistributor).
 fn register_pcpu(cpu: usize) {
-    let mpidr = read_sysreg!("mpidr_el1") & 0xff_00ff_ffff;
-    PCPUS[cpu].mpidr.store(mpidr, Ordering::Relaxed);
-    let rd = gic::find_redistributor(GICR_BASE.load(Ordering::Relaxed), mpidr).unwrap_or(0);
-    PCPUS[cpu].rd_base.store(rd, Ordering::Relaxed);
+    PCPUS[cpu].mpidr.store(sysreg::mpidr(), Ordering::Relaxed);
     PCPUS[cpu].online.store(true, Ordering::Release);
 }
 
 pub fn secondary_main(cpu: usize) -> ! {
     mmu::enable_secondary();
-    exception::init_cpu(percpu::run_block(cpu));
+    // SAFETY: this pCPU takes its own run block, once (PSCI CPU_ON passes
+    // each secondary a distinct index).
+    exception::init_cpu(unsafe { percpu::run_block(cpu) });
     gic::init_cpu(cpu);
     register_pcpu(cpu);
     let vm = *VM.wait();

@@ -30,9 +30,13 @@ impl Write for Writer<'_> {
 }
 
 /// Uses the PL011 at `base` (identity-mapped) from now on.
-pub fn init(base: usize) {
-    // SAFETY: the platform names this UART as the console; only this module
-    // drives it.
+///
+/// # Safety
+///
+/// `base` must be the register frame of a PL011, mapped as device memory,
+/// that nothing but this module drives.
+pub unsafe fn init(base: usize) {
+    // SAFETY: the caller's guarantee is `Pl011::new`'s contract.
     CONSOLE.lock().uart = Some(unsafe { Pl011::new(base) });
 }
 

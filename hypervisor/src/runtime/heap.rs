@@ -6,6 +6,7 @@
 //! the planned main heap is added to it afterwards (`add`).
 
 use crate::stage2::TableAlloc;
+use alloc::vec::Vec;
 use buddy_system_allocator::LockedHeap;
 use core::alloc::Layout;
 
@@ -43,22 +44,32 @@ pub unsafe fn add(start: usize, size: usize) {
 }
 
 /// Stage-2 table frames from the heap (VA == PA under the identity map).
-pub struct HeapFrames;
+/// It remembers the frames it handed out and gives access to those only.
+#[derive(Default)]
+pub struct HeapFrames {
+    frames: Vec<u64>,
+}
 
 impl TableAlloc for HeapFrames {
     fn alloc_table(&mut self) -> Option<u64> {
         let layout = Layout::from_size_align(4096, 4096).ok()?;
-        // SAFETY: non-zero size layout.
+        // SAFETY: a non-zero-size layout; the frame is never freed (stage-2
+        // tables live as long as their VM, which is forever).
         let p = unsafe { alloc::alloc::alloc_zeroed(layout) };
         if p.is_null() {
-            None
-        } else {
-            Some(p as u64)
+            return None;
         }
+        self.frames.try_reserve(1).ok()?;
+        self.frames.push(p as u64);
+        Some(p as u64)
     }
-    fn table(&mut self, pa: u64) -> &mut [u64; 512] {
-        // SAFETY: `pa` was returned by `alloc_table` (stage-2 code only
-        // passes addresses it stored), so it is a live 4 KiB frame of ours.
-        unsafe { &mut *(pa as *mut [u64; 512]) }
+    fn table(&mut self, pa: u64) -> Option<&mut [u64; 512]> {
+        if !self.frames.contains(&pa) {
+            return None;
+        }
+        // SAFETY: `pa` is a live, 4 KiB-aligned, zero-initialised heap frame
+        // that `alloc_table` handed out and that nothing else references;
+        // the `&mut self` borrow keeps this the only reference through us.
+        Some(unsafe { &mut *(pa as *mut [u64; 512]) })
     }
 }

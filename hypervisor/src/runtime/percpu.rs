@@ -3,7 +3,9 @@
 
 use crate::arch::entry::MAX_CPUS;
 use crate::arch::exception::CpuRun;
-use crate::{read_sysreg, write_sysreg};
+use crate::arch::sysreg::CNTHP_CVAL_EL2;
+use aarch64_cpu::registers::{CNTFRQ_EL0, CNTHP_CTL_EL2, CNTPCT_EL0};
+use tock_registers::interfaces::{Readable, Writeable};
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 /// The physical SGI that asks a pCPU to look at its requests (and, as a
@@ -12,8 +14,6 @@ pub const SGI_KICK: u32 = 1;
 
 pub struct PcpuShared {
     pub mpidr: AtomicU64,
-    /// RD_base of this pCPU's redistributor.
-    pub rd_base: AtomicU64,
     pub online: AtomicBool,
     /// Call `schedule()` at the next opportunity.
     pub resched: AtomicBool,
@@ -27,7 +27,6 @@ impl PcpuShared {
     const fn new() -> Self {
         Self {
             mpidr: AtomicU64::new(0),
-            rd_base: AtomicU64::new(0),
             online: AtomicBool::new(false),
             resched: AtomicBool::new(false),
             rearm_at: AtomicU64::new(u64::MAX),
@@ -45,8 +44,14 @@ const RUN_INIT: CpuRun = CpuRun::new();
 static mut RUNS: [CpuRun; MAX_CPUS] = [RUN_INIT; MAX_CPUS];
 
 /// This pCPU's run block (guest entry/exit save area).
-pub fn run_block(cpu: usize) -> &'static mut CpuRun {
-    // SAFETY: each pCPU takes only its own entry, once, at bring-up.
+///
+/// # Safety
+///
+/// Call once per `cpu`, from that pCPU: the block is handed out as
+/// `&'static mut`, so a second call for the same index would alias it.
+pub unsafe fn run_block(cpu: usize) -> &'static mut CpuRun {
+    // SAFETY: the caller takes each entry once; indexing panics (at boot)
+    // rather than going out of bounds for a bad `cpu`.
     unsafe { &mut (*core::ptr::addr_of_mut!(RUNS))[cpu] }
 }
 
@@ -74,12 +79,12 @@ pub fn kick(cpu: usize) {
 
 /// Counter frequency in Hz.
 pub fn cntfrq() -> u64 {
-    read_sysreg!("cntfrq_el0").max(1)
+    CNTFRQ_EL0.get().max(1)
 }
 
 /// The physical counter in nanoseconds (the scheduler's clock).
 pub fn now_ns() -> u64 {
-    let t = read_sysreg!("cntpct_el0");
+    let t = CNTPCT_EL0.get();
     ((t as u128 * 1_000_000_000) / cntfrq() as u128) as u64
 }
 
@@ -95,10 +100,10 @@ fn ns_to_ticks(ns: u64) -> u64 {
 pub fn arm_hyp_timer(at: Option<u64>) {
     match at {
         Some(ns) => {
-            write_sysreg!("cnthp_cval_el2", ns_to_ticks(ns));
-            write_sysreg!("cnthp_ctl_el2", 1);
+            CNTHP_CVAL_EL2.set(ns_to_ticks(ns));
+            CNTHP_CTL_EL2.write(CNTHP_CTL_EL2::ENABLE::SET + CNTHP_CTL_EL2::IMASK::CLEAR);
         }
-        None => write_sysreg!("cnthp_ctl_el2", 2),
+        None => CNTHP_CTL_EL2.write(CNTHP_CTL_EL2::ENABLE::CLEAR + CNTHP_CTL_EL2::IMASK::SET),
     }
     crate::arch::sysreg::isb();
 }

@@ -11,12 +11,15 @@ use super::console;
 use super::percpu::{self, now_ns, PCPUS, SGI_KICK};
 use super::vm::{inc, Vcpu, Vm, SPSR_EL1H_MASKED};
 use crate::arch::exception::{run_guest, ExitKind, GuestRegs};
-use crate::arch::{gic, smc, sysreg};
+use crate::arch::{context, el2, gic, smc, sysreg};
 use crate::esr::{self, Exit, MmioAccess};
 use crate::psci::{self, Call};
+use crate::regs::ISS_ABORT;
 use crate::sched::{RunState, VcpuId, WakeAction, WakeCause};
+use crate::traps::{self, VirtualSError};
+use crate::vdebug::{self, DebugReg};
 use crate::vgic::Kicks;
-use crate::{read_sysreg, stage2, write_sysreg};
+use aarch64_cpu::registers::ESR_EL1;
 use core::sync::atomic::Ordering;
 use log::{debug, info, warn};
 
@@ -33,46 +36,13 @@ enum Next {
     Schedule,
 }
 
-/// HCR_EL2 for guests: stage 2 on, IRQ/FIQ/SError to EL2, WFI and SMC
-/// trapped (WFE too when vCPUs outnumber pCPUs), EL1 is AArch64, broadcast
-/// maintenance inner shareable.
-fn guest_hcr(vm: &Vm) -> u64 {
-    let mut hcr: u64 = (1 << 0) // VM
-        | (1 << 1) // SWIO
-        | (1 << 3) // FMO
-        | (1 << 4) // IMO
-        | (1 << 5) // AMO
-        | (1 << 9) // FB
-        | (1 << 10) // BSU = inner shareable
-        | (1 << 13) // TWI
-        | (1 << 18) // TID3: ID registers are emulated (crate::idregs)
-        | (1 << 19) // TSC
-        | (1 << 31); // RW
-    if vm.overcommitted {
-        hcr |= 1 << 14; // TWE
-    }
-    // Pointer authentication: let the guest use its keys and instructions.
-    if read_sysreg!("id_aa64isar1_el1") & 0xff0_0ff0 != 0 {
-        hcr |= (1 << 40) | (1 << 41); // APK, API
-    }
-    hcr
-}
-
-/// Configures this pCPU's EL2 controls for running `vm`.
+/// Configures this pCPU's EL2 controls for running `vm`: the trap
+/// configuration for what this CPU implements (`crate::traps`: HCR_EL2,
+/// CPTR_EL2, MDCR_EL2, CNTHCTL_EL2, host-tested), WFE trapped when vCPUs
+/// outnumber pCPUs, and the VM's stage 2.
 fn load_vm(vm: &Vm) {
-    write_sysreg!("hcr_el2", guest_hcr(vm));
-    // CPTR_EL2: FP/SIMD for the guest; SVE (TZ) and SME (TSM) trapped: the
-    // guest does not see them (crate::idregs), so their use is undefined.
-    write_sysreg!("cptr_el2", 0x32ff);
-    // Counter readable at EL1/EL0; the EL1 physical timer is trapped.
-    write_sysreg!("cnthctl_el2", 1);
-    write_sysreg!("cntvoff_el2", 0);
-    write_sysreg!("vpidr_el2", read_sysreg!("midr_el1"));
-    let parange = read_sysreg!("id_aa64mmfr0_el1") & 0xf;
-    write_sysreg!("vtcr_el2", stage2::vtcr(parange.min(2)));
-    write_sysreg!("vttbr_el2", stage2::vttbr(vm.stage2_root, vm.vmid));
-    sysreg::isb();
-    sysreg::tlbi_vmalls12e1is();
+    let t = traps::guest_traps(&el2::cpu_features(), vm.overcommitted);
+    el2::load_guest_config(&t, vm.stage2_root, vm.vmid);
 }
 
 /// Enables the physical interrupts this pCPU takes.
@@ -155,17 +125,26 @@ fn load_vcpu(vm: &Vm, me: usize, v: &Vcpu) {
     // The forwarded virtual timer: while its virtual interrupt is pending or
     // active, keep the physical PPI active so it does not fire again.
     let busy = vm.vgic.lock().is_pending_or_active(v.id, vt);
-    gic::set_private_active(PCPUS[me].rd_base.load(Ordering::Relaxed), vt, busy);
+    gic::set_private_active(me, vt, busy);
     v.el1.restore();
     v.fp.restore();
     v.gicif.restore();
+    // A virtual SError the vCPU has not taken yet goes with it.
+    if v.vserror.is_pending() {
+        el2::set_vserror_syndrome(el2::cpu_features().ras);
+        el2::set_hcr(v.vserror.on_entry(el2::hcr()));
+    }
 }
 
 fn save_vcpu(vm: &Vm, me: usize, v: &mut Vcpu) {
     v.el1.save(); // also stops the guest's timer
     v.fp.save();
     v.gicif.save();
-    gic::set_private_active(PCPUS[me].rd_base.load(Ordering::Relaxed), vm.virt_timer_intid, false);
+    if v.vserror.is_pending() {
+        // Not taken yet: it stays the vCPU's, not the pCPU's.
+        el2::set_hcr(VirtualSError::on_switch_out(el2::hcr()));
+    }
+    gic::set_private_active(me, vm.virt_timer_intid, false);
     let ctl = v.el1.cntv_ctl;
     let deadline = if ctl & 1 != 0 && ctl & 2 == 0 { percpu::ticks_to_ns(v.el1.cntv_cval) } else { u64::MAX };
     let deadline = crate::config::apply_slop(deadline, vm.timer_slop_ns);
@@ -188,12 +167,15 @@ fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Option<u64>) {
         for i in 0..n {
             gic::write_lr(i, v.lrs[i]);
         }
-        gic::write_ich_hcr(gic::ICH_HCR_EN | if fr.overflow { gic::ICH_HCR_UIE } else { 0 });
+        gic::vcpu_if_on(fr.overflow);
         let kind = run_guest(&mut v.regs);
+        if v.vserror.is_pending() {
+            v.vserror.on_exit(el2::hcr());
+        }
         for i in 0..n {
             v.lrs[i] = gic::read_lr(i);
         }
-        gic::write_ich_hcr(0);
+        gic::vcpu_if_off();
         let kicks = vm.vgic.lock().sync_lrs(id, &mut v.lrs[..n]);
         process_kicks(vm, me, kicks, WakeCause::Interrupt);
         inc(&vm.shared[id].counters.exits);
@@ -205,8 +187,10 @@ fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Option<u64>) {
                 Next::Enter
             }
             ExitKind::SError => {
-                warn!("vCPU{id}: SError from the guest (ESR {:#x}); injecting it", read_sysreg!("esr_el2"));
-                write_sysreg!("hcr_el2", guest_hcr(vm) | (1 << 8));
+                warn!("vCPU{id}: SError from the guest (ESR {:#x}); injecting it", el2::exit_syndrome().esr);
+                v.vserror.raise();
+                el2::set_vserror_syndrome(el2::cpu_features().ras);
+                el2::set_hcr(v.vserror.on_entry(el2::hcr()));
                 Next::Enter
             }
         };
@@ -234,7 +218,7 @@ fn follow_routes(vm: &Vm, me: usize, id: usize) {
     let vgic = vm.vgic.lock();
     for (i, &intid) in vm.forwarded.iter().enumerate() {
         if vgic.route_of(intid) == Some(id) && vm.forwarded_pcpu[i].swap(me, Ordering::AcqRel) != me {
-            gic::route_spi(vm.gicd_base, intid, PCPUS[me].mpidr.load(Ordering::Relaxed));
+            gic::route_spi(intid, PCPUS[me].mpidr.load(Ordering::Relaxed));
         }
     }
 }
@@ -389,9 +373,7 @@ fn reg_write(regs: &mut GuestRegs, r: u8, v: u64) {
 }
 
 fn handle_sync(vm: &Vm, me: usize, v: &mut Vcpu) -> Next {
-    let esr = read_sysreg!("esr_el2");
-    let far = read_sysreg!("far_el2");
-    let hpfar = read_sysreg!("hpfar_el2");
+    let el2::ExitSyndrome { esr, far, hpfar } = el2::exit_syndrome();
     let ilen = esr::instruction_length(esr);
     let c = &vm.shared[v.id].counters;
     match esr::decode(esr, far, hpfar) {
@@ -433,7 +415,11 @@ fn handle_sync(vm: &Vm, me: usize, v: &mut Vcpu) -> Next {
             } else if !s.read && (s.key() == esr::ICC_ASGI1R_EL1 || s.key() == esr::ICC_SGI0R_EL1) {
                 // Group 0 / alternate-group SGIs do not exist for this guest.
                 v.regs.elr += ilen;
+            } else if let Some(reg) = vdebug::classify(&s) {
+                debug_access(vm, v, &s, reg, ilen);
             } else {
+                // Everything else the configuration traps (PMU, AMU, SPE,
+                // trace, EL1 physical timer): the guest was told it is absent.
                 inject_undef(vm, v);
             }
             Next::Enter
@@ -449,7 +435,8 @@ fn handle_sync(vm: &Vm, me: usize, v: &mut Vcpu) -> Next {
             Next::Enter
         }
         Exit::DataAbort { ipa, iss } => {
-            report_bad_access(vm, v, ipa, if iss & (1 << 24) == 0 { "data abort without syndrome" } else { "data abort" });
+            let isv = ISS_ABORT::ISV.is_set(u64::from(iss));
+            report_bad_access(vm, v, ipa, if isv { "data abort" } else { "data abort without syndrome" });
             inject_abort(vm, v, true, far);
             Next::Enter
         }
@@ -565,13 +552,7 @@ fn inject_exception(v: &mut Vcpu, esr_el1: u64, far: Option<u64>) {
         m if m & 0x10 != 0 => 0x600, // AArch32 EL0
         _ => 0x400,                  // AArch64 EL0
     };
-    write_sysreg!("esr_el1", esr_el1);
-    if let Some(f) = far {
-        write_sysreg!("far_el1", f);
-    }
-    write_sysreg!("elr_el1", regs.elr);
-    write_sysreg!("spsr_el1", regs.spsr);
-    regs.elr = read_sysreg!("vbar_el1") + offset;
+    regs.elr = context::enter_el1_exception(esr_el1, far, regs.elr, regs.spsr) + offset;
     regs.spsr = SPSR_EL1H_MASKED;
 }
 
@@ -579,19 +560,34 @@ fn inject_exception(v: &mut Vcpu, esr_el1: u64, far: Option<u64>) {
 fn inject_abort(vm: &Vm, v: &mut Vcpu, data: bool, far: u64) {
     inc(&vm.shared[v.id].counters.aborts_injected);
     let same_el = v.regs.spsr & 0x1f != 0 && v.regs.spsr & 0x10 == 0;
-    let ec: u64 = match (data, same_el) {
-        (true, true) => 0x25,
-        (true, false) => 0x24,
-        (false, true) => 0x21,
-        (false, false) => 0x20,
+    let ec = match (data, same_el) {
+        (true, true) => ESR_EL1::EC::DataAbortCurrentEL,
+        (true, false) => ESR_EL1::EC::DataAbortLowerEL,
+        (false, true) => ESR_EL1::EC::InstrAbortCurrentEL,
+        (false, false) => ESR_EL1::EC::InstrAbortLowerEL,
     };
-    // IL=1, FSC = 0b010000 synchronous external abort.
-    inject_exception(v, (ec << 26) | (1 << 25) | 0x10, Some(far));
+    let iss = ISS_ABORT::FSC::SyncExternalAbort.value;
+    inject_exception(v, (ec + ESR_EL1::IL::SET + ESR_EL1::ISS.val(iss)).value, Some(far));
 }
 
 fn inject_undef(vm: &Vm, v: &mut Vcpu) {
     inc(&vm.shared[v.id].counters.undef_injected);
-    inject_exception(v, 1 << 25, None);
+    inject_exception(v, (ESR_EL1::EC::Unknown + ESR_EL1::IL::SET).value, None);
+}
+
+/// A trapped debug-register access (MDCR_EL2.TDA/TDOSA/TDRA), emulated as
+/// `crate::vdebug` says.
+fn debug_access(vm: &Vm, v: &mut Vcpu, s: &esr::SysRegAccess, reg: DebugReg, ilen: u64) {
+    let value = reg_read(&v.regs, s.reg);
+    match v.el1.debug.access(reg, s.read, value) {
+        vdebug::Action::Read(x) => reg_write(&mut v.regs, s.reg, x),
+        vdebug::Action::ReadMdscr => reg_write(&mut v.regs, s.reg, context::read_mdscr()),
+        vdebug::Action::WriteMdscr(x) => context::write_mdscr(x),
+        vdebug::Action::Ignore => {}
+        vdebug::Action::Undefined => return inject_undef(vm, v),
+    }
+    inc(&vm.shared[v.id].counters.debug_emulated);
+    v.regs.elr += ilen;
 }
 
 fn find_vcpu(vm: &Vm, target: u64) -> Option<usize> {
@@ -668,6 +664,7 @@ fn cpu_on(vm: &Vm, me: usize, t: usize, entry: u64, context: u64) -> i64 {
         tv.el1 = crate::arch::context::El1Context::reset(super::vm::vcpu_mpidr(t));
         tv.fp = Default::default();
         tv.gicif = Default::default();
+        tv.vserror = Default::default();
     }
     let r = vm.sched.lock().power_on(now_ns(), VcpuId(t as u32));
     match r {

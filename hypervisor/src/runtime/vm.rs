@@ -7,8 +7,8 @@
 use super::heap::HeapFrames;
 use crate::arch::context::{El1Context, FpContext};
 use crate::arch::exception::GuestRegs;
+use crate::arch::cache;
 use crate::arch::gic::{self, VcpuIfState};
-use crate::arch::sysreg;
 use crate::boot::plan::{self, LayoutError, ModuleCopy, Plan};
 use crate::config::{Config, DiskMode};
 use super::physblk::PhysBlk;
@@ -18,7 +18,6 @@ use crate::stage2::{MemType, Stage2, Stage2Error};
 use crate::vgic::{Vgic, VgicConfig, VgicError};
 use crate::sched::{SchedConfig, SchedError, Scheduler, VcpuId};
 use crate::vpl011::VPl011;
-use crate::read_sysreg;
 use alloc::boxed::Box;
 use alloc::string::String;
 use alloc::vec::Vec;
@@ -87,7 +86,7 @@ macro_rules! trap_counters {
 
 trap_counters!(
     exits, irq_exits, mmio, hvc, smc, sysreg, sgis_sent, unsupported_calls, aborts_injected,
-    undef_injected, wfi_traps, wfe_traps, irqs_injected, kicks,
+    undef_injected, debug_emulated, wfi_traps, wfe_traps, irqs_injected, kicks,
 );
 
 /// Adds one to a counter.
@@ -104,6 +103,8 @@ pub struct Vcpu {
     pub fp: FpContext,
     pub gicif: VcpuIfState,
     pub lrs: [u64; crate::vgic::NUM_LRS_MAX],
+    /// A virtual SError waiting for the guest to take it.
+    pub vserror: crate::traps::VirtualSError,
 }
 
 /// What other pCPUs may look at without the vCPU's lock.
@@ -133,8 +134,6 @@ pub struct Vm {
     pub forwarded: Vec<u32>,
     /// The pCPU each forwarded SPI is physically routed to (same order).
     pub forwarded_pcpu: Vec<AtomicUsize>,
-    /// Physical distributor base (for routing forwarded SPIs).
-    pub gicd_base: u64,
     pub vcpus: Vec<Mutex<Vcpu>>,
     pub shared: Vec<VcpuShared>,
     pub sched: Mutex<Scheduler>,
@@ -172,7 +171,7 @@ fn copy_module(c: &ModuleCopy) {
         core::ptr::copy_nonoverlapping(c.src.base as *const u8, c.dst.base as *mut u8, len as usize);
         core::ptr::write_bytes((c.dst.base + len) as *mut u8, 0, (c.dst.size - len) as usize);
     }
-    clean_dcache(c.dst.base, c.dst.size);
+    cache::clean_to_poc(c.dst.base, c.dst.size);
 }
 
 /// Passthrough device frames must not reach RAM or anything the hypervisor
@@ -193,19 +192,6 @@ fn check_passthrough(plat: &Platform, plan: &Plan, devices: &[dtb::MmioDevice], 
 /// vMPIDR of vCPU `i`: Aff0 = i % 16, Aff1 = i / 16.
 pub fn vcpu_mpidr(i: usize) -> u64 {
     ((i as u64 / 16) << 8) | (i as u64 % 16)
-}
-
-/// Cleans a range to the point of coherency so a guest running with its MMU
-/// and caches off sees what the hypervisor wrote.
-fn clean_dcache(start: u64, len: u64) {
-    let line = 4u64 << ((read_sysreg!("ctr_el0") >> 16) & 0xf);
-    let mut p = start & !(line - 1);
-    while p < start + len {
-        // SAFETY: cache maintenance by VA on identity-mapped RAM.
-        unsafe { core::arch::asm!("dc cvac, {0}", in(reg) p, options(nostack)) };
-        p += line;
-    }
-    sysreg::dsb_sy();
 }
 
 impl Vm {
@@ -271,10 +257,10 @@ impl Vm {
         }
         // SAFETY: the last 2 MiB of guest RAM, reserved for the DTB by the plan.
         unsafe { core::ptr::copy_nonoverlapping(guest_dtb.as_ptr(), dtb_at as *mut u8, guest_dtb.len()) };
-        clean_dcache(dtb_at, guest_dtb.len() as u64);
+        cache::clean_to_poc(dtb_at, guest_dtb.len() as u64);
 
         // Stage 2: RAM, and the passthrough device frames (page granular).
-        let mut frames = HeapFrames;
+        let mut frames = HeapFrames::default();
         let mut s2 = Stage2::new(&mut frames)?;
         s2.map(&mut frames, ram.base, ram.base, ram.size, MemType::Normal)?;
         let mut mapped_pages: Vec<u64> = Vec::new();
@@ -289,10 +275,9 @@ impl Vm {
             }
         }
 
-        // vGIC at the host's addresses.
-        // SAFETY: GICD_TYPER of the identity-mapped physical distributor.
-        let typer = unsafe { core::ptr::read_volatile((plat.gic.gicd.base + 4) as *const u32) };
-        let nr_spis = ((typer & 0x1f) + 1) * 32 - 32;
+        // vGIC at the host's addresses, with as many SPIs as the hardware.
+        let nr_lrs = crate::vgic::usable_lrs(gic::nr_lrs())?;
+        let nr_spis = gic::nr_spis();
         let gicr_base = plat.gic.gicr.first().map_or(0, |r| r.base);
         let mut vgic = Vgic::try_new(VgicConfig {
             gicd_base: plat.gic.gicd.base,
@@ -326,6 +311,7 @@ impl Vm {
                 fp: FpContext::default(),
                 gicif: VcpuIfState::default(),
                 lrs: [0; crate::vgic::NUM_LRS_MAX],
+                vserror: Default::default(),
             }));
             shared.push(VcpuShared {
                 online: AtomicBool::new(false),
@@ -397,12 +383,11 @@ impl Vm {
             hyp_timer_intid: plat.timer.hyp_intid,
             forwarded_pcpu: forwarded.iter().map(|_| AtomicUsize::new(0)).collect(),
             forwarded,
-            gicd_base: plat.gic.gicd.base,
             vcpus,
             shared,
             sched: Mutex::new(sched),
             nr_pcpus,
-            nr_lrs: gic::nr_lrs().min(crate::vgic::NUM_LRS_MAX),
+            nr_lrs,
             overcommitted: nr_vcpus > nr_pcpus,
             bad_accesses: AtomicU64::new(0),
             disk,

@@ -87,6 +87,20 @@ use regs::*;
 
 /// The most list registers any GICv3 implementation has (ICH_VTR_EL2.ListRegs + 1 ≤ 16).
 pub const NUM_LRS_MAX: usize = 16;
+/// The fewest list registers the flush protocol works with: on overflow it
+/// sets ICH_HCR_EL2.UIE, whose maintenance interrupt fires while at most one
+/// LR is valid, so with a single LR it would fire on every entry before the
+/// guest could run (and deactivate what fills the LR).
+pub const NUM_LRS_MIN: usize = 2;
+
+/// How many list registers to use on a CPU that implements `implemented`
+/// (ICH_VTR_EL2.ListRegs + 1), or an error when it has too few.
+pub fn usable_lrs(implemented: usize) -> Result<usize, VgicError> {
+    if implemented < NUM_LRS_MIN {
+        return Err(VgicError::TooFewListRegisters(implemented));
+    }
+    Ok(implemented.min(NUM_LRS_MAX))
+}
 /// The most vCPUs one vGIC serves (size of [`Kicks`]).
 pub const MAX_VCPUS: usize = 256;
 /// Largest number of SPIs (INTIDs 32..=1019).
@@ -119,6 +133,8 @@ pub enum VgicError {
     /// The address is not inside a GIC frame of this VM, or a configuration
     /// value is out of range.
     OutOfRange,
+    /// The CPU interface has fewer list registers than [`NUM_LRS_MIN`].
+    TooFewListRegisters(usize),
 }
 
 impl fmt::Display for VgicError {
@@ -128,6 +144,9 @@ impl fmt::Display for VgicError {
             VgicError::BadIntid(i) => write!(f, "bad INTID {i}"),
             VgicError::BadVcpu(v) => write!(f, "bad vCPU {v}"),
             VgicError::OutOfRange => write!(f, "out of range"),
+            VgicError::TooFewListRegisters(n) => {
+                write!(f, "the GIC CPU interface has {n} list register(s); at least {NUM_LRS_MIN} are needed")
+            }
         }
     }
 }

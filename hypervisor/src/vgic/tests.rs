@@ -867,3 +867,37 @@ fn fuzz(mut g: Vgic, n: usize, seed: u64) -> (u32, u32, usize) {
     std::println!("fuzz: {ok_writes} writes ok, {errors} rejected, {filled} LRs filled");
     (ok_writes, errors, filled)
 }
+
+#[test]
+fn one_list_register_is_rejected() {
+    // With one LR an active interrupt and a pending one overflow, and the
+    // overflow's underflow maintenance interrupt (UIE: at most one LR
+    // valid) would fire on every entry: the guest could never run to
+    // deactivate the active one.
+    let mut g = booted(1, 32);
+    enable(&mut g, 0, 33);
+    enable(&mut g, 0, 34);
+    g.inject_edge(33, 0).unwrap();
+    let mut one = [0u64; 1];
+    g.flush_lrs(0, &mut one);
+    one[0] = (one[0] & !LR_STATE_MASK) | LR_ACTIVE;
+    g.sync_lrs(0, &mut one);
+    g.inject_edge(34, 0).unwrap();
+    let r = g.flush_lrs(0, &mut one);
+    let valid = one.iter().filter(|&&v| v & LR_STATE_MASK != 0).count();
+    assert!(r.overflow && valid <= 1, "UIE would be asserted at entry");
+    g.sync_lrs(0, &mut one);
+    // Two LRs hold both: no overflow, no UIE.
+    let mut two = [0u64; 2];
+    let r = g.flush_lrs(0, &mut two);
+    assert!(!r.overflow);
+    assert_eq!(r.filled, 2);
+
+    assert_eq!(usable_lrs(1), Err(VgicError::TooFewListRegisters(1)));
+    assert_eq!(usable_lrs(0), Err(VgicError::TooFewListRegisters(0)));
+    assert_eq!(usable_lrs(2), Ok(2));
+    assert_eq!(usable_lrs(4), Ok(4));
+    assert_eq!(usable_lrs(32), Ok(NUM_LRS_MAX));
+    let msg = format!("{}", VgicError::TooFewListRegisters(1));
+    assert!(msg.contains("1 list register") && msg.contains("at least 2"), "{msg}");
+}

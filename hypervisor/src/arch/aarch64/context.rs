@@ -5,7 +5,14 @@
 //! registers while the hypervisor handles traps, and is saved only when a
 //! pCPU switches to another vCPU.
 
-use crate::{read_sysreg, write_sysreg};
+use super::sysreg;
+use crate::regs::SCTLR_EL1_RESET;
+use aarch64_cpu::registers::{
+    AFSR0_EL1, AFSR1_EL1, AMAIR_EL1, CNTKCTL_EL1, CNTV_CTL_EL0, CNTV_CVAL_EL0, CONTEXTIDR_EL1, CPACR_EL1, CSSELR_EL1,
+    ELR_EL1, ESR_EL1, FAR_EL1, MAIR_EL1, MDSCR_EL1, PAR_EL1, SCTLR_EL1, SPSR_EL1, SP_EL0, SP_EL1, TCR_EL1,
+    TPIDRRO_EL0, TPIDR_EL0, TPIDR_EL1, TTBR0_EL1, TTBR1_EL1, VBAR_EL1, VMPIDR_EL2,
+};
+use tock_registers::interfaces::{Readable, Writeable};
 
 /// EL1 state that belongs to the guest.
 #[repr(C)]
@@ -42,26 +49,38 @@ pub struct El1Context {
     /// Pointer-authentication keys (APIA, APIB, APDA, APDB, APGA; lo, hi),
     /// switched only when the CPU has FEAT_PAuth.
     pub pauth_keys: [u64; 10],
+    /// The guest's debug state that is emulated, not in the hardware.
+    pub debug: crate::vdebug::VDebug,
 }
 
-/// Whether the CPU implements pointer authentication (ID_AA64ISAR1_EL1
-/// APA/API/GPA/GPI, or ID_AA64ISAR2_EL1 APA3/GPA3).
+/// Whether the CPU implements pointer authentication (see
+/// `crate::traps::CpuFeatures::pauth`).
 pub fn has_pauth() -> bool {
-    read_sysreg!("id_aa64isar1_el1") & 0xff0_0ff0 != 0 || read_sysreg!("s3_0_c0_c6_2") & 0xff000 != 0
+    super::el2::has_pauth()
 }
 
+/// Accessors for the pointer-authentication key registers, by encoding
+/// (op0=3, op1=0, CRn=2): their names need the assembler's PAuth extension.
 macro_rules! pauth_keys {
     ($save:ident, $restore:ident, $($i:literal => $reg:literal),*) => {
         fn $save(keys: &mut [u64; 10]) {
-            $(keys[$i] = read_sysreg!($reg);)*
+            $(
+                // SAFETY: reads a key register (FEAT_PAuth is checked by
+                // the caller); no memory effects.
+                unsafe { core::arch::asm!(concat!("mrs {0}, ", $reg), out(reg) keys[$i], options(nomem, nostack, preserves_flags)) };
+            )*
         }
         fn $restore(keys: &[u64; 10]) {
-            $(write_sysreg!($reg, keys[$i]);)*
+            $(
+                // SAFETY: writes a key register of the guest's EL1 context;
+                // the hypervisor does not use pointer authentication.
+                unsafe { core::arch::asm!(concat!("msr ", $reg, ", {0}"), in(reg) keys[$i], options(nomem, nostack, preserves_flags)) };
+            )*
         }
     };
 }
 
-// APIAKeyLo_EL1 .. APGAKeyHi_EL1 by encoding (op0=3, op1=0, CRn=2).
+// APIAKeyLo_EL1 .. APGAKeyHi_EL1.
 pauth_keys!(save_pauth, restore_pauth,
     0 => "s3_0_c2_c1_0", 1 => "s3_0_c2_c1_1", 2 => "s3_0_c2_c1_2", 3 => "s3_0_c2_c1_3",
     4 => "s3_0_c2_c2_0", 5 => "s3_0_c2_c2_1", 6 => "s3_0_c2_c2_2", 7 => "s3_0_c2_c2_3",
@@ -70,79 +89,104 @@ pauth_keys!(save_pauth, restore_pauth,
 impl El1Context {
     /// Architectural reset state for a vCPU entering at EL1 with the MMU off.
     pub fn reset(vmpidr: u64) -> Self {
-        Self { sctlr: 0x30d0_0800, vmpidr: vmpidr | (1 << 31), ..Default::default() }
+        let vmpidr = VMPIDR_EL2::RES1::SET.modify(vmpidr);
+        Self { sctlr: SCTLR_EL1_RESET.value, vmpidr, ..Default::default() }
     }
 
     /// Loads this state into the EL1 registers.
     pub fn restore(&self) {
-        write_sysreg!("sctlr_el1", self.sctlr);
-        write_sysreg!("cpacr_el1", self.cpacr);
-        write_sysreg!("ttbr0_el1", self.ttbr0);
-        write_sysreg!("ttbr1_el1", self.ttbr1);
-        write_sysreg!("tcr_el1", self.tcr);
-        write_sysreg!("mair_el1", self.mair);
-        write_sysreg!("amair_el1", self.amair);
-        write_sysreg!("vbar_el1", self.vbar);
-        write_sysreg!("contextidr_el1", self.contextidr);
-        write_sysreg!("tpidr_el0", self.tpidr_el0);
-        write_sysreg!("tpidrro_el0", self.tpidrro_el0);
-        write_sysreg!("tpidr_el1", self.tpidr_el1);
-        write_sysreg!("sp_el0", self.sp_el0);
-        write_sysreg!("sp_el1", self.sp_el1);
-        write_sysreg!("elr_el1", self.elr_el1);
-        write_sysreg!("spsr_el1", self.spsr_el1);
-        write_sysreg!("esr_el1", self.esr_el1);
-        write_sysreg!("far_el1", self.far_el1);
-        write_sysreg!("afsr0_el1", self.afsr0);
-        write_sysreg!("afsr1_el1", self.afsr1);
-        write_sysreg!("par_el1", self.par);
-        write_sysreg!("cntkctl_el1", self.cntkctl);
-        write_sysreg!("csselr_el1", self.csselr);
-        write_sysreg!("mdscr_el1", self.mdscr);
-        write_sysreg!("cntv_cval_el0", self.cntv_cval);
-        write_sysreg!("cntv_ctl_el0", self.cntv_ctl);
-        write_sysreg!("vmpidr_el2", self.vmpidr);
+        SCTLR_EL1.set(self.sctlr);
+        CPACR_EL1.set(self.cpacr);
+        TTBR0_EL1.set(self.ttbr0);
+        TTBR1_EL1.set(self.ttbr1);
+        TCR_EL1.set(self.tcr);
+        MAIR_EL1.set(self.mair);
+        AMAIR_EL1.set(self.amair);
+        VBAR_EL1.set(self.vbar);
+        CONTEXTIDR_EL1.set(self.contextidr);
+        TPIDR_EL0.set(self.tpidr_el0);
+        TPIDRRO_EL0.set(self.tpidrro_el0);
+        TPIDR_EL1.set(self.tpidr_el1);
+        SP_EL0.set(self.sp_el0);
+        SP_EL1.set(self.sp_el1);
+        ELR_EL1.set(self.elr_el1);
+        SPSR_EL1.set(self.spsr_el1);
+        ESR_EL1.set(self.esr_el1);
+        FAR_EL1.set(self.far_el1);
+        AFSR0_EL1.set(self.afsr0);
+        AFSR1_EL1.set(self.afsr1);
+        PAR_EL1.set(self.par);
+        CNTKCTL_EL1.set(self.cntkctl);
+        CSSELR_EL1.set(self.csselr);
+        MDSCR_EL1.set(self.mdscr);
+        CNTV_CVAL_EL0.set(self.cntv_cval);
+        CNTV_CTL_EL0.set(self.cntv_ctl);
+        VMPIDR_EL2.set(self.vmpidr);
         if has_pauth() {
             restore_pauth(&self.pauth_keys);
         }
-        super::sysreg::isb();
+        sysreg::isb();
     }
 
     /// Saves the EL1 registers and stops the guest's virtual timer so it
     /// cannot fire for the next vCPU on this pCPU.
     pub fn save(&mut self) {
-        self.sctlr = read_sysreg!("sctlr_el1");
-        self.cpacr = read_sysreg!("cpacr_el1");
-        self.ttbr0 = read_sysreg!("ttbr0_el1");
-        self.ttbr1 = read_sysreg!("ttbr1_el1");
-        self.tcr = read_sysreg!("tcr_el1");
-        self.mair = read_sysreg!("mair_el1");
-        self.amair = read_sysreg!("amair_el1");
-        self.vbar = read_sysreg!("vbar_el1");
-        self.contextidr = read_sysreg!("contextidr_el1");
-        self.tpidr_el0 = read_sysreg!("tpidr_el0");
-        self.tpidrro_el0 = read_sysreg!("tpidrro_el0");
-        self.tpidr_el1 = read_sysreg!("tpidr_el1");
-        self.sp_el0 = read_sysreg!("sp_el0");
-        self.sp_el1 = read_sysreg!("sp_el1");
-        self.elr_el1 = read_sysreg!("elr_el1");
-        self.spsr_el1 = read_sysreg!("spsr_el1");
-        self.esr_el1 = read_sysreg!("esr_el1");
-        self.far_el1 = read_sysreg!("far_el1");
-        self.afsr0 = read_sysreg!("afsr0_el1");
-        self.afsr1 = read_sysreg!("afsr1_el1");
-        self.par = read_sysreg!("par_el1");
-        self.cntkctl = read_sysreg!("cntkctl_el1");
-        self.csselr = read_sysreg!("csselr_el1");
-        self.mdscr = read_sysreg!("mdscr_el1");
-        self.cntv_ctl = read_sysreg!("cntv_ctl_el0");
-        self.cntv_cval = read_sysreg!("cntv_cval_el0");
-        self.vmpidr = read_sysreg!("vmpidr_el2");
+        self.sctlr = SCTLR_EL1.get();
+        self.cpacr = CPACR_EL1.get();
+        self.ttbr0 = TTBR0_EL1.get();
+        self.ttbr1 = TTBR1_EL1.get();
+        self.tcr = TCR_EL1.get();
+        self.mair = MAIR_EL1.get();
+        self.amair = AMAIR_EL1.get();
+        self.vbar = VBAR_EL1.get();
+        self.contextidr = CONTEXTIDR_EL1.get();
+        self.tpidr_el0 = TPIDR_EL0.get();
+        self.tpidrro_el0 = TPIDRRO_EL0.get();
+        self.tpidr_el1 = TPIDR_EL1.get();
+        self.sp_el0 = SP_EL0.get();
+        self.sp_el1 = SP_EL1.get();
+        self.elr_el1 = ELR_EL1.get();
+        self.spsr_el1 = SPSR_EL1.get();
+        self.esr_el1 = ESR_EL1.get();
+        self.far_el1 = FAR_EL1.get();
+        self.afsr0 = AFSR0_EL1.get();
+        self.afsr1 = AFSR1_EL1.get();
+        self.par = PAR_EL1.get();
+        self.cntkctl = CNTKCTL_EL1.get();
+        self.csselr = CSSELR_EL1.get();
+        self.mdscr = MDSCR_EL1.get();
+        self.cntv_ctl = CNTV_CTL_EL0.get();
+        self.cntv_cval = CNTV_CVAL_EL0.get();
+        self.vmpidr = VMPIDR_EL2.get();
         if has_pauth() {
             save_pauth(&mut self.pauth_keys);
         }
-        write_sysreg!("cntv_ctl_el0", 0);
+        CNTV_CTL_EL0.set(0);
     }
+}
+
+/// The loaded guest's MDSCR_EL1 (the register is part of the EL1 context).
+pub fn read_mdscr() -> u64 {
+    MDSCR_EL1.get()
+}
+
+/// Writes the loaded guest's MDSCR_EL1.
+pub fn write_mdscr(v: u64) {
+    MDSCR_EL1.set(v);
+}
+
+/// Makes the loaded guest's EL1 registers describe a synchronous exception
+/// taken from the state (`elr`, `spsr`) with syndrome `esr` and, for
+/// aborts, fault address `far`. Returns VBAR_EL1, where the guest's vectors
+/// are.
+pub fn enter_el1_exception(esr: u64, far: Option<u64>, elr: u64, spsr: u64) -> u64 {
+    ESR_EL1.set(esr);
+    if let Some(f) = far {
+        FAR_EL1.set(f);
+    }
+    ELR_EL1.set(elr);
+    SPSR_EL1.set(spsr);
+    VBAR_EL1.get()
 }
 
 /// FP/SIMD registers (V0-V31, FPCR, FPSR).

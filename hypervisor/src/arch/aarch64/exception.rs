@@ -10,6 +10,9 @@
 //! An exception taken at EL2 itself is a hypervisor bug: it is reported and
 //! the CPU stops.
 
+use aarch64_cpu::registers::{TPIDR_EL2, VBAR_EL2};
+use tock_registers::interfaces::Writeable;
+
 /// The guest's general-purpose registers, ELR_EL2 and SPSR_EL2.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -49,10 +52,12 @@ extern "C" {
 
 /// Installs the vector table and this CPU's run block.
 pub fn init_cpu(run: &'static mut CpuRun) {
-    // SAFETY: taking the address of the linker-placed vector table.
+    // Only the address of the linker-placed vector table is taken.
     let vbar = core::ptr::addr_of!(el2_vectors) as u64;
-    crate::write_sysreg!("vbar_el2", vbar);
-    crate::write_sysreg!("tpidr_el2", run as *mut CpuRun as u64);
+    VBAR_EL2.set(vbar);
+    // The run block is this CPU's for good (`'static mut`): the exit path
+    // reaches it through TPIDR_EL2.
+    TPIDR_EL2.set(run as *mut CpuRun as u64);
     super::sysreg::isb();
 }
 

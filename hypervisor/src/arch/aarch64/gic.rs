@@ -1,4 +1,5 @@
-//! The physical GICv3/v4 as the hypervisor uses it.
+//! The physical GICv3/v4 as the hypervisor uses it: the only code that
+//! touches the distributor, the redistributors and the CPU interface.
 //!
 //! Distributor and redistributors are set up with the `arm-gic` crate; the
 //! CPU interface runs with ICC_CTLR_EL1.EOImode = 1 so that a write to
@@ -6,22 +7,80 @@
 //! until the guest deactivates it through a HW=1 list register. The virtual
 //! CPU interface (ICH_*_EL2) is reached through the accessors below; what to
 //! put in the list registers is decided by the portable `vgic` model.
+//!
+//! Distributor accesses go through the `GIC` lock. A pCPU's own
+//! redistributor SGI frame (the active state of its private interrupts)
+//! is written without it: those registers are write-1-to-set/clear and only
+//! that pCPU writes them.
 
-use crate::{read_sysreg, write_sysreg};
+use super::entry::MAX_CPUS;
+use super::sysreg::{self, ICC_BPR1_EL1, ICC_CTLR_EL1, ICC_DIR_EL1, ICC_EOIR1_EL1, ICC_IAR1_EL1, ICC_IGRPEN1_EL1, ICC_PMR_EL1, ICC_SGI1R_EL1};
+use crate::regs;
+use aarch64_cpu::registers::{
+    ICC_SRE_EL2, ICH_AP0R0_EL2, ICH_AP1R0_EL2, ICH_HCR_EL2, ICH_LR0_EL2, ICH_LR10_EL2, ICH_LR11_EL2, ICH_LR12_EL2,
+    ICH_LR13_EL2, ICH_LR14_EL2, ICH_LR15_EL2, ICH_LR1_EL2, ICH_LR2_EL2, ICH_LR3_EL2, ICH_LR4_EL2, ICH_LR5_EL2,
+    ICH_LR6_EL2, ICH_LR7_EL2, ICH_LR8_EL2, ICH_LR9_EL2, ICH_VMCR_EL2, ICH_VTR_EL2, MPIDR_EL1,
+};
 use arm_gic::gicv3::GicV3;
 use arm_gic::{IntId, UniqueMmioPointer};
 use core::ptr::NonNull;
+use core::sync::atomic::{AtomicU64, Ordering};
 use spin::Mutex;
+use tock_registers::interfaces::{Readable, Writeable};
+use tock_registers::{register_bitfields, LocalRegisterCopy};
+
+register_bitfields! {u64,
+    /// Redistributor Type Register (RD_base + 0x8).
+    GICR_TYPER [
+        /// Aff3.Aff2.Aff1.Aff0 of the PE this redistributor serves.
+        Affinity OFFSET(32) NUMBITS(32) [],
+        /// The last redistributor frame of the region.
+        Last OFFSET(4) NUMBITS(1) [],
+        /// GICv4 virtual LPIs: the frame has two more 64 KiB pages.
+        VLPIS OFFSET(1) NUMBITS(1) []
+    ],
+
+    /// Interrupt Routing Register for one SPI (GICD_IROUTER<n>).
+    GICD_IROUTER [
+        Aff3 OFFSET(32) NUMBITS(8) [],
+        /// 1 = any participating PE (not used: SPIs follow their vCPU).
+        IRM OFFSET(31) NUMBITS(1) [],
+        Aff2 OFFSET(16) NUMBITS(8) [],
+        Aff1 OFFSET(8) NUMBITS(8) [],
+        Aff0 OFFSET(0) NUMBITS(8) []
+    ]
+}
+
+/// Distributor offset of GICD_IROUTER<0>.
+const GICD_IROUTER0: u64 = 0x6000;
+/// Redistributor offset of GICR_TYPER.
+const GICR_TYPER_OFF: u64 = 0x8;
+/// The SGI_base frame follows the RD_base frame.
+const GICR_SGI_BASE: u64 = 0x10000;
+/// SGI_base offsets of GICR_ISACTIVER0 and GICR_ICACTIVER0.
+const GICR_ISACTIVER0: u64 = 0x300;
+const GICR_ICACTIVER0: u64 = 0x380;
+/// Redistributor frame sizes: RD_base + SGI_base (+ VLPI_base + reserved).
+const GICR_FRAME_V3: u64 = 0x20000;
+const GICR_FRAME_V4: u64 = 0x40000;
 
 pub struct PhysGic {
     gic: GicV3<'static>,
+    gicd: u64,
+    gicr: u64,
 }
 
-// SAFETY: the GIC registers are shared device memory; all access goes
-// through the mutex below.
+// SAFETY: the GIC registers are device memory shared by all CPUs and the
+// driver holds no CPU-local state; every access to `PhysGic` goes through
+// the `GIC` mutex, so moving it between CPUs is sound.
 unsafe impl Send for PhysGic {}
 
 static GIC: Mutex<Option<PhysGic>> = Mutex::new(None);
+
+/// RD_base of each pCPU's redistributor, found by [`init_cpu`]; 0 = none.
+#[allow(clippy::declare_interior_mutable_const)]
+const NO_RD: AtomicU64 = AtomicU64::new(0);
+static RD_BASE: [AtomicU64; MAX_CPUS] = [NO_RD; MAX_CPUS];
 
 /// Spurious interrupt IDs (1020-1023).
 pub const SPURIOUS: u32 = 1020;
@@ -33,47 +92,62 @@ pub enum GicSetupError {
 }
 
 /// Sets up the distributor and every redistributor (once, on the primary).
-pub fn init(gicd: u64, gicr: u64, cpus: usize) -> Result<(), GicSetupError> {
-    // SAFETY: the addresses come from the platform description, are mapped
-    // as device memory by the EL2 identity map, and only this driver (behind
-    // `GIC`) touches them.
-    let mut gic = unsafe {
-        GicV3::new(
-            UniqueMmioPointer::new(NonNull::new(gicd as *mut _).unwrap()),
-            NonNull::new(gicr as *mut _).unwrap(),
-            cpus,
-        )
-    }
-    .map_err(|_| GicSetupError::Redistributor)?;
+///
+/// # Safety
+///
+/// `gicd` and `gicr` must be the physical GIC's distributor and
+/// redistributor regions, identity-mapped as device memory, and nothing but
+/// this module may access them afterwards.
+pub unsafe fn init(gicd: u64, gicr: u64, cpus: usize) -> Result<(), GicSetupError> {
+    let (Some(d), Some(r)) = (NonNull::new(gicd as *mut _), NonNull::new(gicr as *mut _)) else {
+        return Err(GicSetupError::Redistributor);
+    };
+    // SAFETY: the caller guarantees both regions are the GIC's, mapped as
+    // device memory and owned by this module from now on.
+    let mut gic = unsafe { GicV3::new(UniqueMmioPointer::new(d), r, cpus) }.map_err(|_| GicSetupError::Redistributor)?;
     gic.setup(0);
-    *GIC.lock() = Some(PhysGic { gic });
+    *GIC.lock() = Some(PhysGic { gic, gicd, gicr });
     Ok(())
 }
 
 /// Per-CPU interface setup: system registers on, EOImode=1, all priorities
-/// allowed, group 1 enabled.
+/// allowed, group 1 enabled; finds this CPU's redistributor.
 pub fn init_cpu(cpu: usize) {
     if let Some(g) = GIC.lock().as_mut() {
         g.gic.init_cpu(cpu);
+        let rd = find_redistributor(g, sysreg::mpidr()).unwrap_or(0);
+        if let Some(slot) = RD_BASE.get(cpu) {
+            slot.store(rd, Ordering::Release);
+        }
     }
-    // ICC_SRE_EL2: SRE | DFB | DIB | Enable (EL1 may use system registers).
-    write_sysreg!("icc_sre_el2", 0xf);
-    super::sysreg::isb();
-    write_sysreg!("icc_ctlr_el1", 1 << 1);
-    write_sysreg!("icc_pmr_el1", 0xff);
-    write_sysreg!("icc_bpr1_el1", 0);
-    write_sysreg!("icc_igrpen1_el1", 1);
-    super::sysreg::isb();
+    // EL1 may use the system-register interface; no FIQ/IRQ bypass.
+    ICC_SRE_EL2.write(ICC_SRE_EL2::SRE::SET + ICC_SRE_EL2::DFB::SET + ICC_SRE_EL2::DIB::SET + ICC_SRE_EL2::ENABLE::SET);
+    sysreg::isb();
+    ICC_CTLR_EL1.write(regs::ICC_CTLR_EL1::EOImode::DropOnly);
+    ICC_PMR_EL1.write(regs::ICC_PMR_EL1::Priority.val(0xff));
+    ICC_BPR1_EL1.write(regs::ICC_BPR1_EL1::BinaryPoint.val(0));
+    ICC_IGRPEN1_EL1.write(regs::ICC_IGRPEN1_EL1::Enable::SET);
+    sysreg::isb();
+}
+
+/// The number of SPIs the distributor implements (from GICD_TYPER).
+pub fn nr_spis() -> u32 {
+    GIC.lock().as_ref().map_or(0, |g| g.gic.typer().num_spis())
+}
+
+fn int_id(intid: u32) -> Option<IntId> {
+    match intid {
+        0..=15 => Some(IntId::sgi(intid)),
+        16..=31 => Some(IntId::ppi(intid - 16)),
+        32..=1019 => Some(IntId::spi(intid - 32)),
+        _ => None,
+    }
 }
 
 /// Enables an interrupt; `cpu` names the redistributor for SGIs/PPIs.
 pub fn enable(intid: u32, cpu: usize, edge: bool) {
-    let id = if intid < 16 {
-        IntId::sgi(intid)
-    } else if intid < 32 {
-        IntId::ppi(intid - 16)
-    } else {
-        IntId::spi(intid - 32)
+    let Some(id) = int_id(intid) else {
+        return;
     };
     if let Some(g) = GIC.lock().as_mut() {
         let trigger = if edge { arm_gic::Trigger::Edge } else { arm_gic::Trigger::Level };
@@ -87,8 +161,8 @@ pub fn enable(intid: u32, cpu: usize, edge: bool) {
 
 /// Acknowledges the highest-priority pending group-1 interrupt.
 pub fn ack() -> Option<u32> {
-    let v = read_sysreg!("icc_iar1_el1") as u32 & 0xff_ffff;
-    if v >= SPURIOUS && v < 1024 {
+    let v = ICC_IAR1_EL1.read(regs::ICC_INTID::INTID) as u32;
+    if (SPURIOUS..1024).contains(&v) {
         None
     } else {
         Some(v)
@@ -97,62 +171,71 @@ pub fn ack() -> Option<u32> {
 
 /// Priority drop (EOImode=1: does not deactivate).
 pub fn eoi(intid: u32) {
-    write_sysreg!("icc_eoir1_el1", intid as u64);
+    ICC_EOIR1_EL1.write(regs::ICC_INTID::INTID.val(u64::from(intid)));
 }
 
 /// Deactivates an interrupt the hypervisor handled itself.
 pub fn deactivate(intid: u32) {
-    write_sysreg!("icc_dir_el1", intid as u64);
+    ICC_DIR_EL1.write(regs::ICC_INTID::INTID.val(u64::from(intid)));
 }
 
 /// Sends SGI `intid` to the CPU with affinity `mpidr`.
 pub fn send_sgi(intid: u32, mpidr: u64) {
-    let aff0 = mpidr & 0xf;
-    let v = ((mpidr >> 32 & 0xff) << 48)
-        | ((mpidr >> 16 & 0xff) << 32)
-        | ((mpidr >> 8 & 0xff) << 16)
-        | (((mpidr & 0xff) >> 4) << 44)
-        | ((intid as u64 & 0xf) << 24)
-        | (1 << aff0);
-    write_sysreg!("icc_sgi1r_el1", v);
-    super::sysreg::isb();
+    use regs::ICC_SGI1R_EL1 as S;
+    let m = LocalRegisterCopy::<u64, MPIDR_EL1::Register>::new(mpidr);
+    let aff0 = m.read(MPIDR_EL1::Aff0);
+    // TargetList is a bitmap of Aff0 values within the range RS * 16.
+    ICC_SGI1R_EL1.write(
+        S::Aff3.val(m.read(MPIDR_EL1::Aff3))
+            + S::Aff2.val(m.read(MPIDR_EL1::Aff2))
+            + S::Aff1.val(m.read(MPIDR_EL1::Aff1))
+            + S::RS.val(aff0 / 16)
+            + S::INTID.val(u64::from(intid))
+            + S::TargetList.val(1 << (aff0 % 16)),
+    );
+    sysreg::isb();
 }
 
 /// Number of list registers (ICH_VTR_EL2.ListRegs + 1).
 pub fn nr_lrs() -> usize {
-    (read_sysreg!("ich_vtr_el2") & 0x1f) as usize + 1
+    ICH_VTR_EL2.read(ICH_VTR_EL2::ListRegs) as usize + 1
 }
 
 macro_rules! lr_access {
-    ($($n:literal),*) => {
+    ($($n:literal => $reg:ident),*) => {
         /// Reads list register `n`.
         pub fn read_lr(n: usize) -> u64 {
             match n {
-                $($n => read_sysreg!(concat!("ich_lr", stringify!($n), "_el2")),)*
+                $($n => $reg.get(),)*
                 _ => 0,
             }
         }
         /// Writes list register `n`.
         pub fn write_lr(n: usize, v: u64) {
             match n {
-                $($n => write_sysreg!(concat!("ich_lr", stringify!($n), "_el2"), v),)*
+                $($n => $reg.set(v),)*
                 _ => {}
             }
         }
     };
 }
-lr_access!(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+lr_access!(
+    0 => ICH_LR0_EL2, 1 => ICH_LR1_EL2, 2 => ICH_LR2_EL2, 3 => ICH_LR3_EL2,
+    4 => ICH_LR4_EL2, 5 => ICH_LR5_EL2, 6 => ICH_LR6_EL2, 7 => ICH_LR7_EL2,
+    8 => ICH_LR8_EL2, 9 => ICH_LR9_EL2, 10 => ICH_LR10_EL2, 11 => ICH_LR11_EL2,
+    12 => ICH_LR12_EL2, 13 => ICH_LR13_EL2, 14 => ICH_LR14_EL2, 15 => ICH_LR15_EL2
+);
 
-/// ICH_HCR_EL2 bits.
-pub const ICH_HCR_EN: u64 = 1 << 0;
-pub const ICH_HCR_UIE: u64 = 1 << 1;
-
-pub fn write_ich_hcr(v: u64) {
-    write_sysreg!("ich_hcr_el2", v);
+/// Turns the virtual CPU interface on for entering a vCPU, with the
+/// underflow maintenance interrupt when `underflow` (the LRs overflowed).
+pub fn vcpu_if_on(underflow: bool) {
+    ICH_HCR_EL2.write(ICH_HCR_EL2::En::SET + ICH_HCR_EL2::UIE.val(u64::from(underflow)));
 }
 
-pub fn read_misr() -> u64 {
-    read_sysreg!("ich_misr_el2")
+/// Turns the virtual CPU interface off after an exit (this also silences
+/// maintenance interrupts while EL2 runs).
+pub fn vcpu_if_off() {
+    ICH_HCR_EL2.set(0);
 }
 
 /// The virtual CPU interface state of a vCPU that is not on a CPU.
@@ -165,56 +248,75 @@ pub struct VcpuIfState {
 
 impl VcpuIfState {
     pub fn save(&mut self) {
-        self.vmcr = read_sysreg!("ich_vmcr_el2");
-        self.ap0r0 = read_sysreg!("ich_ap0r0_el2");
-        self.ap1r0 = read_sysreg!("ich_ap1r0_el2");
+        self.vmcr = ICH_VMCR_EL2.get();
+        self.ap0r0 = ICH_AP0R0_EL2.get();
+        self.ap1r0 = ICH_AP1R0_EL2.get();
     }
     pub fn restore(&self) {
-        write_sysreg!("ich_vmcr_el2", self.vmcr);
-        write_sysreg!("ich_ap0r0_el2", self.ap0r0);
-        write_sysreg!("ich_ap1r0_el2", self.ap1r0);
+        ICH_VMCR_EL2.set(self.vmcr);
+        ICH_AP0R0_EL2.set(self.ap0r0);
+        ICH_AP1R0_EL2.set(self.ap1r0);
     }
 }
 
 /// Finds the redistributor frame (RD_base) whose GICR_TYPER affinity matches
-/// `mpidr`, walking the region from `gicr_base` until GICR_TYPER.Last.
-pub fn find_redistributor(gicr_base: u64, mpidr: u64) -> Option<u64> {
-    let want = ((mpidr >> 32 & 0xff) << 24) | (mpidr & 0xff_ffff);
-    let mut frame = gicr_base;
+/// `mpidr`, walking the region until GICR_TYPER.Last.
+fn find_redistributor(g: &PhysGic, mpidr: u64) -> Option<u64> {
+    let m = LocalRegisterCopy::<u64, MPIDR_EL1::Register>::new(mpidr);
+    let want = (m.read(MPIDR_EL1::Aff3) << 24)
+        | (m.read(MPIDR_EL1::Aff2) << 16)
+        | (m.read(MPIDR_EL1::Aff1) << 8)
+        | m.read(MPIDR_EL1::Aff0);
+    let mut frame = g.gicr;
     for _ in 0..512 {
-        // SAFETY: GICR_TYPER (offset 8) of a frame inside the redistributor
-        // region, identity-mapped as device memory.
-        let typer = unsafe { core::ptr::read_volatile((frame + 8) as *const u64) };
-        if typer >> 32 == want {
+        // SAFETY: GICR_TYPER of a frame inside the redistributor region
+        // (`init`'s contract), read-only and without side effects; the walk
+        // stops at the frame marked Last.
+        let typer = unsafe { core::ptr::read_volatile((frame + GICR_TYPER_OFF) as *const u64) };
+        let typer = LocalRegisterCopy::<u64, GICR_TYPER::Register>::new(typer);
+        if typer.read(GICR_TYPER::Affinity) == want {
             return Some(frame);
         }
-        if typer & (1 << 4) != 0 {
+        if typer.is_set(GICR_TYPER::Last) {
             return None;
         }
-        // VLPIS (GICv4) frames have two extra 64 KiB pages.
-        frame += if typer & (1 << 1) != 0 { 0x40000 } else { 0x20000 };
+        frame += if typer.is_set(GICR_TYPER::VLPIS) { GICR_FRAME_V4 } else { GICR_FRAME_V3 };
     }
     None
 }
 
-/// Sets or clears the physical active state of a private interrupt on the
-/// redistributor at `rd_base` (GICR_ISACTIVER0 / GICR_ICACTIVER0).
-pub fn set_private_active(rd_base: u64, intid: u32, active: bool) {
-    let sgi_base = rd_base + 0x10000;
-    let off = if active { 0x300 } else { 0x380 };
-    // SAFETY: a write-1-to-set/clear register of this CPU's redistributor.
-    unsafe { core::ptr::write_volatile((sgi_base + off) as *mut u32, 1 << (intid & 31)) };
-    super::sysreg::dsb_sy();
+/// Sets or clears the physical active state of private interrupt `intid`
+/// on pCPU `cpu`'s redistributor (GICR_ISACTIVER0 / GICR_ICACTIVER0). Call
+/// it on `cpu` itself.
+pub fn set_private_active(cpu: usize, intid: u32, active: bool) {
+    let rd = RD_BASE.get(cpu).map_or(0, |r| r.load(Ordering::Acquire));
+    if rd == 0 || intid >= 32 {
+        return;
+    }
+    let reg = rd + GICR_SGI_BASE + if active { GICR_ISACTIVER0 } else { GICR_ICACTIVER0 };
+    // SAFETY: a write-1-to-set/clear register of a redistributor that
+    // `init_cpu` found inside the GIC's region; one bit per private INTID.
+    unsafe { core::ptr::write_volatile(reg as *mut u32, 1 << intid) };
+    sysreg::dsb_sy();
 }
 
 /// Routes SPI `intid` to the CPU with affinity `mpidr` (GICD_IROUTER<n>,
 /// affinity routing, IRM = 0).
-pub fn route_spi(gicd: u64, intid: u32, mpidr: u64) {
+pub fn route_spi(intid: u32, mpidr: u64) {
     if !(32..1020).contains(&intid) {
         return;
     }
-    let aff = (mpidr & 0xff_00ff_ffff) & !(1 << 31);
-    // SAFETY: GICD_IROUTER<intid> of the identity-mapped distributor; the
-    // hypervisor owns the physical routing of every SPI.
-    unsafe { core::ptr::write_volatile((gicd + 0x6000 + 8 * intid as u64) as *mut u64, aff) };
+    let m = LocalRegisterCopy::<u64, MPIDR_EL1::Register>::new(mpidr);
+    let v = GICD_IROUTER::Aff3.val(m.read(MPIDR_EL1::Aff3))
+        + GICD_IROUTER::IRM::CLEAR
+        + GICD_IROUTER::Aff2.val(m.read(MPIDR_EL1::Aff2))
+        + GICD_IROUTER::Aff1.val(m.read(MPIDR_EL1::Aff1))
+        + GICD_IROUTER::Aff0.val(m.read(MPIDR_EL1::Aff0));
+    if let Some(g) = GIC.lock().as_ref() {
+        let reg = g.gicd + GICD_IROUTER0 + 8 * u64::from(intid);
+        // SAFETY: GICD_IROUTER<intid> (an SPI, checked above) of the
+        // distributor `init` was given; the GIC lock is held, and the
+        // hypervisor owns the physical routing of every SPI.
+        unsafe { core::ptr::write_volatile(reg as *mut u64, v.value) };
+    }
 }

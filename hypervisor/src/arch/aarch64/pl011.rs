@@ -1,13 +1,31 @@
 //! The physical PL011 console: polled transmit, interrupt-driven receive.
 
 use core::ptr::{read_volatile, write_volatile};
+use tock_registers::register_bitfields;
 
 const DR: usize = 0x00;
 const FR: usize = 0x18;
 const IMSC: usize = 0x38;
 const ICR: usize = 0x44;
-const FR_TXFF: u32 = 1 << 5;
-const FR_RXFE: u32 = 1 << 4;
+
+register_bitfields! {u32,
+    /// Flag register.
+    UARTFR [
+        /// Transmit FIFO full.
+        TXFF OFFSET(5) NUMBITS(1) [],
+        /// Receive FIFO empty.
+        RXFE OFFSET(4) NUMBITS(1) []
+    ],
+    /// Interrupt mask set/clear (1 = enabled); ICR uses the same bits.
+    UARTIMSC [
+        /// Receive timeout.
+        RTIM OFFSET(6) NUMBITS(1) [],
+        /// Receive.
+        RXIM OFFSET(4) NUMBITS(1) [],
+        /// All eleven interrupt sources.
+        ALL OFFSET(0) NUMBITS(11) []
+    ]
+}
 
 pub struct Pl011 {
     base: usize,
@@ -26,17 +44,19 @@ impl Pl011 {
     }
 
     pub fn putc(&self, c: u8) {
-        // SAFETY: the frame is valid by construction (see `new`).
+        // SAFETY: FR and DR are 32-bit registers of the PL011 frame that
+        // `new`'s caller vouched for (mapped as device memory, ours alone).
         unsafe {
-            while read_volatile(self.reg(FR)) & FR_TXFF != 0 {}
+            while UARTFR::TXFF.is_set(read_volatile(self.reg(FR))) {}
             write_volatile(self.reg(DR), c as u32);
         }
     }
 
     pub fn getc(&self) -> Option<u8> {
-        // SAFETY: as above.
+        // SAFETY: FR and DR of our PL011 frame (see `new`); reading DR pops
+        // the receive FIFO, which only this driver uses.
         unsafe {
-            if read_volatile(self.reg(FR)) & FR_RXFE != 0 {
+            if UARTFR::RXFE.is_set(read_volatile(self.reg(FR))) {
                 None
             } else {
                 Some(read_volatile(self.reg(DR)) as u8)
@@ -46,10 +66,11 @@ impl Pl011 {
 
     /// Enables the receive and receive-timeout interrupts.
     pub fn enable_rx_irq(&self) {
-        // SAFETY: as above.
+        // SAFETY: ICR and IMSC of our PL011 frame (see `new`): interrupt
+        // clear and mask, no memory effects.
         unsafe {
-            write_volatile(self.reg(ICR), 0x7ff);
-            write_volatile(self.reg(IMSC), (1 << 4) | (1 << 6));
+            write_volatile(self.reg(ICR), UARTIMSC::ALL.val(0x7ff).value);
+            write_volatile(self.reg(IMSC), (UARTIMSC::RXIM::SET + UARTIMSC::RTIM::SET).value);
         }
     }
 }

@@ -1,43 +1,137 @@
-//! `mrs`/`msr` for system registers, by name.
+//! System-register access.
+//!
+//! Registers `aarch64-cpu` types are used from `aarch64_cpu::registers`.
+//! For the ones it lacks, this file defines accessors in the crate's style
+//! (a unit struct implementing tock-registers' `Readable`/`Writeable`, so
+//! `read(FIELD)`, `write(FIELD::X + ...)`, `modify`, `get`, `set` work the
+//! same) over the layouts in `crate::regs`. Barriers, TLB maintenance and
+//! the ID registers by encoding are here too.
 
-/// Reads a system register by its assembler name.
-#[macro_export]
-macro_rules! read_sysreg {
-    ($name:expr) => {{
-        let v: u64;
-        // SAFETY: reading a system register has no side effects on memory.
-        unsafe { core::arch::asm!(concat!("mrs {0}, ", $name), out(reg) v, options(nomem, nostack, preserves_flags)) };
-        v
-    }};
+use crate::regs;
+use tock_registers::interfaces::{Readable, Writeable};
+
+/// Implements `Readable` with `mrs` of the register named `$asm`.
+macro_rules! impl_read {
+    ($acc:ident, $asm:literal, $layout:ty) => {
+        impl Readable for $acc {
+            type T = u64;
+            type R = $layout;
+            #[inline]
+            fn get(&self) -> u64 {
+                let v: u64;
+                // SAFETY: an `mrs` reads a system register into a general
+                // register: no memory access, no effect on Rust-visible
+                // state (reading ICC_IAR1_EL1 acknowledges an interrupt,
+                // which only the GIC sees).
+                unsafe { core::arch::asm!(concat!("mrs {0}, ", $asm), out(reg) v, options(nomem, nostack, preserves_flags)) };
+                v
+            }
+        }
+    };
 }
 
-/// Writes a system register by its assembler name.
-#[macro_export]
-macro_rules! write_sysreg {
-    ($name:expr, $v:expr) => {{
-        let v: u64 = $v;
-        // SAFETY: callers write EL2 or guest EL1 registers that configure
-        // translation, traps or guest state; each call site documents why the
-        // value is valid there.
-        unsafe { core::arch::asm!(concat!("msr ", $name, ", {0}"), in(reg) v, options(nostack, preserves_flags)) };
+/// Implements `Writeable` with `msr` to the register named `$asm`.
+macro_rules! impl_write {
+    ($acc:ident, $asm:literal, $layout:ty) => {
+        impl Writeable for $acc {
+            type T = u64;
+            type R = $layout;
+            #[inline]
+            fn set(&self, v: u64) {
+                // SAFETY: an `msr` to a register of the GIC CPU interface, the
+                // EL2 timer, the PMU or a guest-visible EL2 control: none of
+                // them changes how the hypervisor's own memory is translated
+                // or accessed. No `nomem`: the compiler keeps memory accesses
+                // on their side of the write.
+                unsafe { core::arch::asm!(concat!("msr ", $asm, ", {0}"), in(reg) v, options(nostack, preserves_flags)) };
+            }
+        }
+    };
+}
+
+/// Declares an accessor `$name` for the system register `$asm` with the
+/// field layout `$layout`, readable (`r`), writable (`w`) or both (`rw`).
+macro_rules! sys_reg {
+    ($(#[$doc:meta])* $name:ident, $asm:literal, $layout:ty, rw) => {
+        sys_reg!(@def $(#[$doc])* $name);
+        impl_read!($name, $asm, $layout);
+        impl_write!($name, $asm, $layout);
+    };
+    ($(#[$doc:meta])* $name:ident, $asm:literal, $layout:ty, r) => {
+        sys_reg!(@def $(#[$doc])* $name);
+        impl_read!($name, $asm, $layout);
+    };
+    ($(#[$doc:meta])* $name:ident, $asm:literal, $layout:ty, w) => {
+        sys_reg!(@def $(#[$doc])* $name);
+        impl_write!($name, $asm, $layout);
+    };
+    (@def $(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[allow(non_camel_case_types)]
+        #[derive(Clone, Copy)]
+        pub struct $name;
+    };
+}
+
+sys_reg!(
+    /// VPIDR_EL2 (the MIDR_EL1 guests read).
+    VPIDR_EL2, "vpidr_el2", regs::VPIDR_EL2::Register, rw
+);
+sys_reg!(
+    /// VSESR_EL2 (FEAT_RAS only).
+    VSESR_EL2, "s3_4_c5_c2_3", regs::VSESR_EL2::Register, rw
+);
+sys_reg!(ICH_EISR_EL2, "ich_eisr_el2", regs::ICH_EISR_EL2::Register, r);
+sys_reg!(ICH_ELRSR_EL2, "ich_elrsr_el2", regs::ICH_ELRSR_EL2::Register, r);
+sys_reg!(ICC_CTLR_EL1, "icc_ctlr_el1", regs::ICC_CTLR_EL1::Register, rw);
+sys_reg!(ICC_PMR_EL1, "icc_pmr_el1", regs::ICC_PMR_EL1::Register, rw);
+sys_reg!(ICC_BPR1_EL1, "icc_bpr1_el1", regs::ICC_BPR1_EL1::Register, rw);
+sys_reg!(ICC_IGRPEN1_EL1, "icc_igrpen1_el1", regs::ICC_IGRPEN1_EL1::Register, rw);
+sys_reg!(
+    /// Reading acknowledges the highest-priority pending group-1 interrupt.
+    ICC_IAR1_EL1, "icc_iar1_el1", regs::ICC_INTID::Register, r
+);
+sys_reg!(ICC_EOIR1_EL1, "icc_eoir1_el1", regs::ICC_INTID::Register, w);
+sys_reg!(ICC_DIR_EL1, "icc_dir_el1", regs::ICC_INTID::Register, w);
+sys_reg!(ICC_SGI1R_EL1, "icc_sgi1r_el1", regs::ICC_SGI1R_EL1::Register, w);
+sys_reg!(CNTHP_CVAL_EL2, "cnthp_cval_el2", regs::CNTHP_CVAL_EL2::Register, rw);
+sys_reg!(CTR_EL0, "ctr_el0", regs::CTR_EL0::Register, r);
+sys_reg!(
+    /// UNDEFINED without FEAT_PMUv3 (check ID_AA64DFR0_EL1.PMUVer first).
+    PMCR_EL0, "pmcr_el0", regs::PMCR_EL0::Register, rw
+);
+sys_reg!(
+    /// UNDEFINED without FEAT_PMUv3.
+    PMUSERENR_EL0, "pmuserenr_el0", regs::PMUSERENR_EL0::Register, rw
+);
+sys_reg!(ID_AA64ISAR2_EL1, "s3_0_c0_c6_2", regs::ID_AA64ISAR2_EL1::Register, r);
+
+/// Reads a system register by encoding name (`s3_0_c0_c4_0`); for the ID
+/// space, which has no useful names for reserved encodings.
+macro_rules! mrs {
+    ($asm:expr) => {{
+        let v: u64;
+        // SAFETY: reads an ID register: no memory access, no side effects.
+        unsafe { core::arch::asm!(concat!("mrs {0}, ", $asm), out(reg) v, options(nomem, nostack, preserves_flags)) };
+        v
     }};
 }
 
 #[inline(always)]
 pub fn isb() {
-    // SAFETY: a barrier.
+    // SAFETY: a barrier: no memory or register effects beyond ordering.
     unsafe { core::arch::asm!("isb", options(nostack, preserves_flags)) };
 }
 
 #[inline(always)]
 pub fn dsb_sy() {
-    // SAFETY: a barrier.
+    // SAFETY: a barrier: no memory or register effects beyond ordering.
     unsafe { core::arch::asm!("dsb sy", options(nostack, preserves_flags)) };
 }
 
 #[inline(always)]
 pub fn dsb_ish() {
-    // SAFETY: a barrier.
+    // SAFETY: a barrier: no memory or register effects beyond ordering.
     unsafe { core::arch::asm!("dsb ish", options(nostack, preserves_flags)) };
 }
 
@@ -52,27 +146,35 @@ pub fn wfi() {
 /// Invalidates all stage-1 and stage-2 TLB entries for the current VMID
 /// (VTTBR_EL2 must hold it) on the inner shareable domain.
 pub fn tlbi_vmalls12e1is() {
-    // SAFETY: TLB maintenance only.
+    // SAFETY: drops guest (EL1&0 regime) translations of the current VMID;
+    // the hypervisor's own EL2 translations are not affected.
     unsafe { core::arch::asm!("dsb ishst", "tlbi vmalls12e1is", "dsb ish", "isb", options(nostack, preserves_flags)) };
 }
 
-/// The index of this pCPU (set at boot in TPIDR_EL2's per-CPU block).
+/// This pCPU's MPIDR_EL1 affinity fields (Aff3..Aff0, without the U/MT and
+/// RES1 bits).
 pub fn mpidr() -> u64 {
-    read_sysreg!("mpidr_el1")
+    use aarch64_cpu::registers::MPIDR_EL1;
+    let m = MPIDR_EL1.extract();
+    let aff = MPIDR_EL1::Aff3.val(m.read(MPIDR_EL1::Aff3))
+        + MPIDR_EL1::Aff2.val(m.read(MPIDR_EL1::Aff2))
+        + MPIDR_EL1::Aff1.val(m.read(MPIDR_EL1::Aff1))
+        + MPIDR_EL1::Aff0.val(m.read(MPIDR_EL1::Aff0));
+    aff.value
 }
 
 macro_rules! id_reg_read {
     ($crm:expr, $op2:expr; $($c:literal),*) => {
         match ($crm, $op2) {
             $(
-                ($c, 0) => read_sysreg!(concat!("s3_0_c0_c", stringify!($c), "_0")),
-                ($c, 1) => read_sysreg!(concat!("s3_0_c0_c", stringify!($c), "_1")),
-                ($c, 2) => read_sysreg!(concat!("s3_0_c0_c", stringify!($c), "_2")),
-                ($c, 3) => read_sysreg!(concat!("s3_0_c0_c", stringify!($c), "_3")),
-                ($c, 4) => read_sysreg!(concat!("s3_0_c0_c", stringify!($c), "_4")),
-                ($c, 5) => read_sysreg!(concat!("s3_0_c0_c", stringify!($c), "_5")),
-                ($c, 6) => read_sysreg!(concat!("s3_0_c0_c", stringify!($c), "_6")),
-                ($c, 7) => read_sysreg!(concat!("s3_0_c0_c", stringify!($c), "_7")),
+                ($c, 0) => mrs!(concat!("s3_0_c0_c", stringify!($c), "_0")),
+                ($c, 1) => mrs!(concat!("s3_0_c0_c", stringify!($c), "_1")),
+                ($c, 2) => mrs!(concat!("s3_0_c0_c", stringify!($c), "_2")),
+                ($c, 3) => mrs!(concat!("s3_0_c0_c", stringify!($c), "_3")),
+                ($c, 4) => mrs!(concat!("s3_0_c0_c", stringify!($c), "_4")),
+                ($c, 5) => mrs!(concat!("s3_0_c0_c", stringify!($c), "_5")),
+                ($c, 6) => mrs!(concat!("s3_0_c0_c", stringify!($c), "_6")),
+                ($c, 7) => mrs!(concat!("s3_0_c0_c", stringify!($c), "_7")),
             )*
             _ => 0,
         }

@@ -1,0 +1,92 @@
+//! This pCPU's EL2 controls for running guests: the trap configuration
+//! computed by [`crate::traps`] and the VM's stage 2 applied, the exit
+//! syndrome, and a vCPU's virtual SError.
+
+use super::sysreg::{self, ID_AA64ISAR2_EL1, PMCR_EL0, VPIDR_EL2, VSESR_EL2};
+use crate::regs;
+use crate::stage2;
+use crate::traps::{self, CpuFeatures, GuestTraps, Hcr, IdRegs};
+use aarch64_cpu::registers::{
+    CNTHCTL_EL2, CNTVOFF_EL2, CPTR_EL2, ESR_EL2, FAR_EL2, HCR_EL2, HPFAR_EL2, ID_AA64DFR0_EL1, ID_AA64ISAR1_EL1,
+    ID_AA64MMFR0_EL1, ID_AA64PFR0_EL1, ID_AA64PFR1_EL1, MDCR_EL2, MIDR_EL1, OSLAR_EL1, VTCR_EL2, VTTBR_EL2,
+};
+use tock_registers::interfaces::{Readable, Writeable};
+
+/// This CPU's ID registers as EL2 sees them (PMCR_EL0 only if a PMUv3
+/// exists: it is UNDEFINED otherwise).
+pub fn id_regs() -> IdRegs {
+    let dfr0 = ID_AA64DFR0_EL1.get();
+    IdRegs {
+        pfr0: ID_AA64PFR0_EL1.get(),
+        pfr1: ID_AA64PFR1_EL1.get(),
+        dfr0,
+        isar1: ID_AA64ISAR1_EL1.get(),
+        isar2: ID_AA64ISAR2_EL1.get(),
+        pmcr: traps::pmu_version(dfr0).map(|_| PMCR_EL0.get()),
+    }
+}
+
+/// What this CPU implements.
+pub fn cpu_features() -> CpuFeatures {
+    CpuFeatures::from_id_regs(&id_regs())
+}
+
+/// Whether this CPU has pointer authentication (reads two ID registers).
+pub fn has_pauth() -> bool {
+    let ids = IdRegs { isar1: ID_AA64ISAR1_EL1.get(), isar2: ID_AA64ISAR2_EL1.get(), ..IdRegs::default() };
+    CpuFeatures::from_id_regs(&ids).pauth
+}
+
+/// Configures this pCPU for running a VM's guests: the trap configuration,
+/// guest-visible identity and timer offset, and the VM's stage 2 (VMID
+/// `vmid`, root table `stage2_root`).
+pub fn load_guest_config(t: &GuestTraps, stage2_root: u64, vmid: u16) {
+    HCR_EL2.set(t.hcr.get());
+    CPTR_EL2.set(t.cptr.get());
+    MDCR_EL2.set(t.mdcr.get());
+    CNTHCTL_EL2.set(t.cnthctl.get());
+    CNTVOFF_EL2.set(0);
+    VPIDR_EL2.write(regs::VPIDR_EL2::VALUE.val(MIDR_EL1.get()));
+    // The debug registers trap (MDCR_EL2.TDOSA); the guest's OS lock is
+    // emulated, so the hardware one is cleared here once: with it set, the
+    // guest's single-step and other debug exceptions would never fire.
+    OSLAR_EL1.write(OSLAR_EL1::OSLK::Unlocked);
+    // Stage-2 output addresses: at most 40 bits (1 TiB).
+    let parange = ID_AA64MMFR0_EL1.read(ID_AA64MMFR0_EL1::PARange).min(2);
+    VTCR_EL2.set(stage2::vtcr(parange).get());
+    VTTBR_EL2.set(stage2::vttbr(stage2_root, vmid).get());
+    sysreg::isb();
+    sysreg::tlbi_vmalls12e1is();
+}
+
+/// The syndrome registers of the exception that just left the guest.
+#[derive(Clone, Copy, Debug)]
+pub struct ExitSyndrome {
+    pub esr: u64,
+    pub far: u64,
+    pub hpfar: u64,
+}
+
+pub fn exit_syndrome() -> ExitSyndrome {
+    ExitSyndrome { esr: ESR_EL2.get(), far: FAR_EL2.get(), hpfar: HPFAR_EL2.get() }
+}
+
+/// HCR_EL2 as it is now (the hardware clears VSE when a virtual SError is
+/// taken).
+pub fn hcr() -> Hcr {
+    HCR_EL2.extract()
+}
+
+pub fn set_hcr(h: Hcr) {
+    HCR_EL2.set(h.get());
+}
+
+/// Gives a virtual SError about to be raised its syndrome: with FEAT_RAS
+/// the guest's ESR_EL1 gets VSESR_EL2 (IMPLEMENTATION DEFINED syndrome,
+/// as for a physical SError we could not classify); without it there is
+/// nothing to set.
+pub fn set_vserror_syndrome(features_ras: bool) {
+    if features_ras {
+        VSESR_EL2.write(regs::VSESR_EL2::IDS::SET);
+    }
+}

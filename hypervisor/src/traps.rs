@@ -1,0 +1,417 @@
+//! The EL2 trap configuration for guests, as a pure function of what the CPU
+//! implements, and the per-vCPU virtual SError.
+//!
+//! The rule: a guest reaches a piece of CPU state directly only if the
+//! hypervisor switches it between vCPUs (or it is the guest's alone).
+//! Everything else traps to EL2, and the ID registers the guest reads
+//! ([`crate::idregs`]) say the feature is absent, so a well-behaved guest
+//! never touches it and a hostile one gets an UNDEFINED exception:
+//!
+//! | state | switched? | trap | guest sees |
+//! |---|---|---|---|
+//! | FP/SIMD V0-V31 | yes | none | FP, AdvSIMD |
+//! | SVE Z/P/FFR, ZCR | no | CPTR_EL2.TZ | no SVE |
+//! | SME ZA/ZT0, SMCR | no | CPTR_EL2.TSM | no SME |
+//! | activity monitors | no | CPTR_EL2.TAM | no AMU |
+//! | trace unit (sysregs, TRFCR, TRBE) | no | CPTR_EL2.TTA, MDCR_EL2.TTRF, E2TB | no trace |
+//! | PMU counters, PMCR | no | MDCR_EL2.TPM, TPMCR; counting at EL2 prohibited (HPMD, HCCD) | no PMU |
+//! | statistical profiling (SPE) | no | MDCR_EL2.TPMS, E2PB | no SPE |
+//! | debug registers, OS lock | MDSCR only | MDCR_EL2.TDA, TDOSA, TDRA | emulated ([`crate::vdebug`]) |
+//! | EL1 physical timer | no | CNTHCTL_EL2.EL1PCEN = 0 | virtual timer only |
+//! | ID registers | - | HCR_EL2.TID3 | sanitized values |
+//!
+//! This is what KVM does for a guest without a virtual PMU (no PMU in the
+//! ID registers, accesses UNDEFINED); for debug it takes Xen's simpler
+//! road (breakpoint and watchpoint registers read as zero and ignore
+//! writes) but keeps MDSCR_EL1, which is already switched, so single-step
+//! inside the guest works.
+
+use crate::regs::{cptr_el2_res1, ID_AA64ISAR2_EL1, ID_AA64PFR0_RAS, ID_AA64PFR1_SME, CPTR_EL2};
+use aarch64_cpu::registers::{
+    CNTHCTL_EL2, HCR_EL2, ID_AA64DFR0_EL1, ID_AA64ISAR1_EL1, ID_AA64PFR0_EL1, MDCR_EL2,
+};
+use tock_registers::LocalRegisterCopy;
+
+pub type Hcr = LocalRegisterCopy<u64, HCR_EL2::Register>;
+pub type Cptr = LocalRegisterCopy<u64, CPTR_EL2::Register>;
+pub type Mdcr = LocalRegisterCopy<u64, MDCR_EL2::Register>;
+pub type Cnthctl = LocalRegisterCopy<u64, CNTHCTL_EL2::Register>;
+
+/// ID register values read at EL2 (the hardware's, not a guest's view).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IdRegs {
+    pub pfr0: u64,
+    pub pfr1: u64,
+    pub dfr0: u64,
+    pub isar1: u64,
+    pub isar2: u64,
+    /// PMCR_EL0, read only when [`pmu_version`] says there is a PMUv3
+    /// (the register is UNDEFINED otherwise).
+    pub pmcr: Option<u64>,
+}
+
+/// The CPU's PMUv3 version (ID_AA64DFR0_EL1.PMUVer), or `None` when there
+/// is no architected PMU (0: none, 0xf: IMPLEMENTATION DEFINED).
+pub fn pmu_version(dfr0: u64) -> Option<u8> {
+    let v = LocalRegisterCopy::<u64, ID_AA64DFR0_EL1::Register>::new(dfr0).read(ID_AA64DFR0_EL1::PMUVer) as u8;
+    (v != 0 && v != 0xf).then_some(v)
+}
+
+/// The PMUv3 of a CPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pmu {
+    /// ID_AA64DFR0_EL1.PMUVer (1 = PMUv3, 4 = v3p1, 6 = v3p5, ...).
+    pub version: u8,
+    /// PMCR_EL0.N, the number of event counters.
+    pub counters: u8,
+}
+
+impl Pmu {
+    /// FEAT_PMUv3p1: MDCR_EL2.HPMD exists.
+    pub fn has_hpmd(&self) -> bool {
+        self.version >= 4
+    }
+    /// FEAT_PMUv3p5: MDCR_EL2.HCCD exists.
+    pub fn has_hccd(&self) -> bool {
+        self.version >= 6
+    }
+}
+
+/// What the CPU implements, as far as the trap configuration cares.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CpuFeatures {
+    /// Pointer authentication (any algorithm).
+    pub pauth: bool,
+    pub sve: bool,
+    pub sme: bool,
+    /// FEAT_AMUv1 (activity monitors).
+    pub amu: bool,
+    /// FEAT_RAS: VSESR_EL2 gives a virtual SError its syndrome.
+    pub ras: bool,
+    pub pmu: Option<Pmu>,
+    /// FEAT_SPE (statistical profiling).
+    pub spe: bool,
+    /// FEAT_TRF (trace filter control, TRFCR_EL1).
+    pub trf: bool,
+}
+
+impl CpuFeatures {
+    /// Decodes the ID registers.
+    pub fn from_id_regs(ids: &IdRegs) -> Self {
+        let pfr0 = LocalRegisterCopy::<u64, ID_AA64PFR0_EL1::Register>::new(ids.pfr0);
+        let pfr1 = LocalRegisterCopy::<u64, aarch64_cpu::registers::ID_AA64PFR1_EL1::Register>::new(ids.pfr1);
+        let dfr0 = LocalRegisterCopy::<u64, ID_AA64DFR0_EL1::Register>::new(ids.dfr0);
+        let isar1 = LocalRegisterCopy::<u64, ID_AA64ISAR1_EL1::Register>::new(ids.isar1);
+        let isar2 = LocalRegisterCopy::<u64, ID_AA64ISAR2_EL1::Register>::new(ids.isar2);
+        let pauth = [ID_AA64ISAR1_EL1::APA, ID_AA64ISAR1_EL1::API, ID_AA64ISAR1_EL1::GPA, ID_AA64ISAR1_EL1::GPI]
+            .iter()
+            .any(|&f| isar1.read(f) != 0)
+            || isar2.read(ID_AA64ISAR2_EL1::APA3) != 0
+            || isar2.read(ID_AA64ISAR2_EL1::GPA3) != 0;
+        let pmu = match (pmu_version(ids.dfr0), ids.pmcr) {
+            (Some(version), Some(pmcr)) => {
+                let n = LocalRegisterCopy::<u64, crate::regs::PMCR_EL0::Register>::new(pmcr).read(crate::regs::PMCR_EL0::N);
+                Some(Pmu { version, counters: n as u8 })
+            }
+            _ => None,
+        };
+        Self {
+            pauth,
+            sve: pfr0.read(ID_AA64PFR0_EL1::SVE) != 0,
+            sme: pfr1.read(ID_AA64PFR1_SME) != 0,
+            amu: pfr0.read(ID_AA64PFR0_EL1::AMU) != 0,
+            ras: pfr0.read(ID_AA64PFR0_RAS) != 0,
+            pmu,
+            spe: dfr0.read(ID_AA64DFR0_EL1::PMSVer) != 0,
+            trf: dfr0.read(ID_AA64DFR0_EL1::TraceFilt) != 0,
+        }
+    }
+}
+
+/// The EL2 controls a pCPU runs guests with.
+#[derive(Clone, Copy, Debug)]
+pub struct GuestTraps {
+    pub hcr: Hcr,
+    pub cptr: Cptr,
+    pub mdcr: Mdcr,
+    pub cnthctl: Cnthctl,
+}
+
+/// The trap configuration for running guests on a CPU with `cpu`'s
+/// features. `trap_wfe`: vCPUs outnumber pCPUs, so a vCPU spinning in WFE
+/// should give its pCPU away.
+pub fn guest_traps(cpu: &CpuFeatures, trap_wfe: bool) -> GuestTraps {
+    // Stage 2 on; physical IRQ, FIQ and SError to EL2 (and virtual ones to
+    // the guest); broadcast TLB/cache maintenance inner shareable; WFI
+    // blocks in the scheduler; ID registers emulated; SMC is PSCI to us;
+    // EL1 is AArch64.
+    let mut hcr = HCR_EL2::VM::Enable
+        + HCR_EL2::SWIO::SET
+        + HCR_EL2::FMO::EnableVirtualFIQ
+        + HCR_EL2::IMO::EnableVirtualIRQ
+        + HCR_EL2::AMO::SET
+        + HCR_EL2::FB::SET
+        + HCR_EL2::BSU::InnerShareable
+        + HCR_EL2::TWI::SET
+        + HCR_EL2::TID3::SET
+        + HCR_EL2::TSC::EnableTrapEl1SmcToEl2
+        + HCR_EL2::RW::EL1IsAarch64;
+    if trap_wfe {
+        hcr += HCR_EL2::TWE::SET;
+    }
+    if cpu.pauth {
+        // The keys are switched with the EL1 context: no traps.
+        hcr += HCR_EL2::APK::DisableTrapPointerAuthKeyRegsToEl2 + HCR_EL2::API::DisableTrapPointerAuthInstToEl2;
+    }
+
+    // FP/SIMD is the guest's (switched); SVE and SME trap (TZ and TSM are
+    // RES1 on CPUs without them, so they are set either way); trace
+    // registers trap; activity monitors trap where they exist.
+    let mut cptr = cptr_el2_res1() + CPTR_EL2::TZ::SET + CPTR_EL2::TSM::SET + CPTR_EL2::TTA::SET;
+    if cpu.amu {
+        cptr += CPTR_EL2::TAM::SET;
+    }
+
+    // Debug registers trap (emulated); debug exceptions stay the guest's
+    // (TDE = 0). Fields of absent features stay 0 (they are RES0).
+    let mut mdcr = MDCR_EL2::TDA::SET + MDCR_EL2::TDOSA::SET + MDCR_EL2::TDRA::SET + MDCR_EL2::TDE::RouteToEL1;
+    if let Some(pmu) = cpu.pmu {
+        // Every PMU access traps; all counters stay in the guest's range
+        // (HPMN = N, as at reset: HPMN = 0 is UNPREDICTABLE without
+        // FEAT_HPMN0) with the EL2-reserved range disabled (HPME = 0), and
+        // no counter counts while EL2 runs.
+        mdcr += MDCR_EL2::TPM::SET + MDCR_EL2::TPMCR::SET + MDCR_EL2::HPMN.val(u64::from(pmu.counters)) + MDCR_EL2::HPME::CLEAR;
+        if pmu.has_hpmd() {
+            mdcr += MDCR_EL2::HPMD::SET;
+        }
+        if pmu.has_hccd() {
+            mdcr += MDCR_EL2::HCCD::SET;
+        }
+    }
+    if cpu.spe {
+        // Profiling registers trap; the buffer is owned by EL2 (E2PB = 0b00
+        // traps EL1's buffer registers too).
+        mdcr += MDCR_EL2::TPMS::SET + MDCR_EL2::E2PB::OwnedByEL2OrEL1;
+    }
+    if cpu.trf {
+        mdcr += MDCR_EL2::TTRF::SET;
+    }
+
+    // The counter is readable at EL1/EL0; the EL1 physical timer is not
+    // (guests use the virtual timer, which is switched).
+    let cnthctl = CNTHCTL_EL2::EL1PCTEN::SET + CNTHCTL_EL2::EL1PCEN::CLEAR;
+
+    GuestTraps {
+        hcr: Hcr::new(hcr.value),
+        cptr: Cptr::new(cptr.value),
+        mdcr: Mdcr::new(mdcr.value),
+        cnthctl: Cnthctl::new(cnthctl.value),
+    }
+}
+
+/// A vCPU's virtual SError (HCR_EL2.VSE), which belongs to the vCPU, not to
+/// the pCPU: raised on the pCPU only while that vCPU is loaded.
+///
+/// The hardware clears HCR_EL2.VSE when the guest takes the virtual SError
+/// (Arm ARM D1.3.3 "Virtual interrupts"); until then it stays pending,
+/// across exits and across being switched out and back in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VirtualSError {
+    pending: bool,
+}
+
+impl VirtualSError {
+    /// Makes an SError pending for the vCPU.
+    pub fn raise(&mut self) {
+        self.pending = true;
+    }
+
+    pub fn is_pending(&self) -> bool {
+        self.pending
+    }
+
+    /// HCR_EL2 for running this vCPU: `hcr` with VSE = pending.
+    pub fn on_entry(&self, hcr: Hcr) -> Hcr {
+        let mut h = hcr;
+        h.modify(HCR_EL2::VSE.val(u64::from(self.pending)));
+        h
+    }
+
+    /// After an exit, with HCR_EL2 as the hardware left it: a pending
+    /// SError whose VSE bit was cleared has been taken.
+    pub fn on_exit(&mut self, hcr_now: Hcr) {
+        if self.pending && !hcr_now.is_set(HCR_EL2::VSE) {
+            self.pending = false;
+        }
+    }
+
+    /// HCR_EL2 for the pCPU once this vCPU is switched out (after
+    /// [`Self::on_exit`]): no virtual SError for whoever runs next.
+    pub fn on_switch_out(hcr: Hcr) -> Hcr {
+        let mut h = hcr;
+        h.modify(HCR_EL2::VSE::CLEAR);
+        h
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A CPU like QEMU's `max`: pointer authentication, PMUv3p5 with 6
+    /// counters, SVE and SME, RAS, no AMU/SPE/TRF.
+    fn qemu_max() -> CpuFeatures {
+        CpuFeatures {
+            pauth: true,
+            sve: true,
+            sme: true,
+            amu: false,
+            ras: true,
+            pmu: Some(Pmu { version: 6, counters: 6 }),
+            spe: false,
+            trf: false,
+        }
+    }
+
+    #[test]
+    fn hcr_field_by_field() {
+        let t = guest_traps(&qemu_max(), false);
+        let h = t.hcr;
+        for f in [
+            HCR_EL2::VM,
+            HCR_EL2::SWIO,
+            HCR_EL2::FMO,
+            HCR_EL2::IMO,
+            HCR_EL2::AMO,
+            HCR_EL2::FB,
+            HCR_EL2::TWI,
+            HCR_EL2::TID3,
+            HCR_EL2::TSC,
+            HCR_EL2::RW,
+            HCR_EL2::APK,
+            HCR_EL2::API,
+        ] {
+            assert!(h.is_set(f), "HCR_EL2 bit {} clear", f.shift);
+        }
+        assert_eq!(h.read(HCR_EL2::BSU), 1, "inner shareable");
+        for f in [HCR_EL2::TWE, HCR_EL2::VSE, HCR_EL2::VI, HCR_EL2::VF, HCR_EL2::TGE, HCR_EL2::E2H, HCR_EL2::TVM, HCR_EL2::DC] {
+            assert!(!h.is_set(f), "HCR_EL2 bit {} set", f.shift);
+        }
+        // Nothing else is set: the whole value is accounted for above.
+        assert_eq!(h.get(), 0x0000_0300_800c_263b);
+        assert!(guest_traps(&qemu_max(), true).hcr.is_set(HCR_EL2::TWE));
+        let no_pauth = guest_traps(&CpuFeatures { pauth: false, ..qemu_max() }, false).hcr;
+        assert!(!no_pauth.is_set(HCR_EL2::APK) && !no_pauth.is_set(HCR_EL2::API), "APK/API are trap controls: 0 traps");
+    }
+
+    #[test]
+    fn sve_sme_trace_and_amu_trap_fp_does_not() {
+        let c = guest_traps(&qemu_max(), false).cptr;
+        assert!(c.is_set(CPTR_EL2::TZ), "SVE is not switched: must trap");
+        assert!(c.is_set(CPTR_EL2::TSM), "SME is not switched: must trap");
+        assert!(c.is_set(CPTR_EL2::TTA), "trace registers must trap");
+        assert!(!c.is_set(CPTR_EL2::TFP), "FP/SIMD is switched: no trap");
+        assert!(!c.is_set(CPTR_EL2::TCPAC), "CPACR_EL1 is switched");
+        assert!(!c.is_set(CPTR_EL2::TAM), "no AMU here: TAM is RES0");
+        assert_eq!(c.get(), 0x0010_33ff);
+        let amu = guest_traps(&CpuFeatures { amu: true, ..qemu_max() }, false).cptr;
+        assert!(amu.is_set(CPTR_EL2::TAM));
+        // Without SVE/SME the bits are RES1: still set.
+        let plain = guest_traps(&CpuFeatures { sve: false, sme: false, ..qemu_max() }, false).cptr;
+        assert!(plain.is_set(CPTR_EL2::TZ) && plain.is_set(CPTR_EL2::TSM));
+    }
+
+    #[test]
+    fn pmu_and_debug_trap() {
+        let m = guest_traps(&qemu_max(), false).mdcr;
+        assert!(m.is_set(MDCR_EL2::TPM), "PMU registers must trap");
+        assert!(m.is_set(MDCR_EL2::TPMCR), "PMCR_EL0 must trap");
+        assert_eq!(m.read(MDCR_EL2::HPMN), 6, "HPMN = PMCR_EL0.N");
+        assert!(!m.is_set(MDCR_EL2::HPME), "no EL2-reserved counters enabled");
+        assert!(m.is_set(MDCR_EL2::HPMD), "no counting at EL2");
+        assert!(m.is_set(MDCR_EL2::HCCD), "no cycle counting at EL2");
+        assert!(m.is_set(MDCR_EL2::TDA), "debug registers must trap");
+        assert!(m.is_set(MDCR_EL2::TDOSA), "OS lock registers must trap");
+        assert!(m.is_set(MDCR_EL2::TDRA), "debug ROM address must trap");
+        assert!(!m.is_set(MDCR_EL2::TDE), "debug exceptions stay with the guest");
+        // Absent features leave their (RES0) fields alone.
+        assert!(!m.is_set(MDCR_EL2::TPMS) && !m.is_set(MDCR_EL2::TTRF));
+        assert_eq!(m.get(), 0x0082_0e66);
+
+        let spe_trf = guest_traps(&CpuFeatures { spe: true, trf: true, ..qemu_max() }, false).mdcr;
+        assert!(spe_trf.is_set(MDCR_EL2::TPMS) && spe_trf.is_set(MDCR_EL2::TTRF));
+        assert_eq!(spe_trf.read(MDCR_EL2::E2PB), 0, "profiling buffer owned by EL2: EL1 traps");
+
+        // PMUv3 without v3p1/v3p5: HPMD and HCCD do not exist.
+        let v3 = guest_traps(&CpuFeatures { pmu: Some(Pmu { version: 1, counters: 4 }), ..qemu_max() }, false).mdcr;
+        assert!(v3.is_set(MDCR_EL2::TPM) && !v3.is_set(MDCR_EL2::HPMD) && !v3.is_set(MDCR_EL2::HCCD));
+        assert_eq!(v3.read(MDCR_EL2::HPMN), 4);
+
+        // No PMU: its fields are RES0, debug still traps.
+        let none = guest_traps(&CpuFeatures { pmu: None, ..qemu_max() }, false).mdcr;
+        assert_eq!(none.get(), 0x0e00);
+    }
+
+    #[test]
+    fn el1_physical_timer_traps_counter_does_not() {
+        let t = guest_traps(&qemu_max(), false).cnthctl;
+        assert!(t.is_set(CNTHCTL_EL2::EL1PCTEN));
+        assert!(!t.is_set(CNTHCTL_EL2::EL1PCEN));
+        assert_eq!(t.get(), 1);
+    }
+
+    #[test]
+    fn features_from_id_registers() {
+        // QEMU 7.2 `max`: ISAR1 APA=5/API=0/GPA=1, PFR0 SVE=1 RAS=1,
+        // PFR1 SME=1, DFR0 PMUVer=6 DebugVer=6 BRPs=5 WRPs=3.
+        let ids = IdRegs {
+            pfr0: 0x0000_0001_1001_1011 | (1 << 28),
+            pfr1: 1 << 24,
+            dfr0: 0x0000_0000_0030_5606,
+            isar1: 0x0000_0000_0100_0050,
+            isar2: 0,
+            pmcr: Some(6 << 11),
+        };
+        let f = CpuFeatures::from_id_regs(&ids);
+        assert_eq!(f, CpuFeatures { amu: false, ..qemu_max() });
+        // No PMCR read (no PMU): no PMU.
+        assert_eq!(CpuFeatures::from_id_regs(&IdRegs { pmcr: None, ..ids }).pmu, None);
+        assert_eq!(pmu_version(0xf00), None, "IMPLEMENTATION DEFINED PMU");
+        assert_eq!(pmu_version(0x100), Some(1));
+        // QARMA3 alone (ISAR2) counts as pointer authentication.
+        let q3 = IdRegs { isar1: 0, isar2: 1 << 12, ..ids };
+        assert!(CpuFeatures::from_id_regs(&q3).pauth);
+        assert!(!CpuFeatures::from_id_regs(&IdRegs { isar1: 0, ..ids }).pauth);
+    }
+
+    #[test]
+    fn virtual_serror_belongs_to_its_vcpu() {
+        let base = guest_traps(&qemu_max(), false).hcr;
+        let mut a = VirtualSError::default();
+        let b = VirtualSError::default();
+        assert!(!a.on_entry(base).is_set(HCR_EL2::VSE));
+
+        // A takes a physical SError that is reflected to it.
+        a.raise();
+        let running_a = a.on_entry(base);
+        assert!(running_a.is_set(HCR_EL2::VSE));
+        // A exits before taking it (the guest had SErrors masked): still
+        // pending; the pCPU switches to B, which must not see it.
+        a.on_exit(running_a);
+        assert!(a.is_pending());
+        let idle = VirtualSError::on_switch_out(running_a);
+        assert!(!idle.is_set(HCR_EL2::VSE));
+        assert!(!b.on_entry(idle).is_set(HCR_EL2::VSE), "B inherited A's SError");
+        // Back on A (any pCPU): raised again.
+        let again = a.on_entry(idle);
+        assert!(again.is_set(HCR_EL2::VSE));
+        // A takes it: the hardware clears VSE; it is gone for good.
+        let mut taken = again;
+        taken.modify(HCR_EL2::VSE::CLEAR);
+        a.on_exit(taken);
+        assert!(!a.is_pending());
+        assert!(!a.on_entry(base).is_set(HCR_EL2::VSE));
+        // The rest of HCR_EL2 is untouched throughout.
+        assert_eq!(VirtualSError::on_switch_out(again).get(), base.get());
+    }
+}
