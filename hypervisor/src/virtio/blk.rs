@@ -20,10 +20,12 @@
 //!
 //! IOERR without touching the backend when: the header is short; IN has
 //! device-readable data or OUT has device-writable data (wrong direction); the
-//! data length is not a multiple of 512 or exceeds
+//! data length is zero, not a multiple of 512 or exceeds
 //! [`BlkConfig::max_request_bytes`]; the sector range passes the capacity
 //! (or overflows); a data segment is outside guest RAM; OUT on a read-only
-//! device.
+//! device. A zero-length IN or OUT is valid framing but transfers nothing;
+//! Linux never sends one, and it is answered IOERR rather than passed on, so
+//! no backend ever sees an empty transfer (`virtio-drivers` asserts on one).
 //!
 //! # Chains that cannot be answered
 //!
@@ -321,6 +323,8 @@ pub enum RequestError {
     ShortHeader,
     /// Data in the wrong direction for the request type.
     WrongDirection,
+    /// An IN or OUT without data.
+    Empty,
     Misaligned(u64),
     TooLarge(u64),
     PastEnd { sector: u64, len: u64 },
@@ -713,6 +717,9 @@ impl VirtioBlk {
 
     /// IOERR for data length `len` at `sector`.
     fn check_range(&self, sector: u64, len: u64) -> Result<(), RequestError> {
+        if len == 0 {
+            return Err(RequestError::Empty);
+        }
         if !len.is_multiple_of(SECTOR_SIZE) {
             return Err(RequestError::Misaligned(len));
         }
