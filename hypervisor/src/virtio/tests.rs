@@ -10,6 +10,7 @@ use alloc::string::String;
 use alloc::vec;
 use alloc::vec::Vec;
 
+
 const RAM: u64 = 0x4000_0000;
 const RAM_SIZE: usize = 4 << 20;
 const QSZ: u16 = 16;
@@ -946,13 +947,16 @@ fn virtio_reset_with_requests_in_flight() {
     rig.kick();
     assert_eq!(rig.dev.in_flight(), 1);
     rig.wr(STATUS, 0);
-    assert_eq!(rig.dev.in_flight(), 0);
+    // Orphaned, not forgotten: the backend still holds it.
+    assert_eq!((rig.dev.in_flight(), rig.dev.orphans()), (1, 1));
+    assert_eq!(rig.dev.in_flight_bytes(), 512);
     let snapshot = rig.mem.bytes.clone();
     rig.drain();
     // The late completion touched nothing.
     assert!(rig.mem.bytes == snapshot);
     assert_eq!(rig.dev.counters().stale_completions, 1);
-    // Queue disable (QueueReady = 0) also forgets its requests.
+    assert_eq!((rig.dev.in_flight(), rig.dev.orphans(), rig.dev.in_flight_bytes()), (0, 0, 0));
+    // Queue disable (QueueReady = 0) also orphans its requests.
     rig.mem.bytes[0..0x8000].fill(0);
     rig.avail_idx = 0;
     rig.used_seen = 0;
@@ -963,10 +967,115 @@ fn virtio_reset_with_requests_in_flight() {
     rig.kick();
     rig.wr(QUEUE_READY, 0);
     assert_eq!(rig.rd(QUEUE_READY), 0);
+    assert_eq!(rig.dev.orphans(), 1);
     let snapshot = rig.mem.bytes.clone();
     rig.drain();
     assert!(rig.mem.bytes == snapshot);
-    assert_eq!(rig.dev.counters().stale_completions, 2);
+    let c = rig.dev.counters();
+    assert_eq!((c.stale_completions, c.orphaned, c.unknown_completions), (2, 2, 0));
+    assert_eq!((c.completions, c.submitted(), c.in_flight), (2, 2, 0));
+}
+
+/// Issue 8 item 3: a guest that toggles QueueReady (or resets) while reads
+/// are in flight. The device used to forget the requests and their byte
+/// budget while the RAM backend kept them, so each toggle admitted a new
+/// budget's worth: the backend's pending list (and, at the deadline, the
+/// read buffers it allocates all at once) grew without bound until the
+/// 48 MiB heap ran out. Now orphans keep their budget until the backend
+/// finishes them, and requests beyond it stay in the ring.
+#[test]
+fn virtio_queue_toggling_cannot_grow_the_backend() {
+    const LEN: u32 = 8192;
+    let cost = u64::from(LEN) + 16 + 1;
+    let mut cfg = BlkConfig::new(DISK_SECTORS, false);
+    cfg.max_in_flight_bytes = 3 * cost;
+    let budget = cfg.max_in_flight_bytes;
+    let mut rig = rig_with(cfg, 1_000_000, false);
+    // Eight reads into one buffer, offered once: every re-enable starts the
+    // ring over from entry 0 and the device sees them all again.
+    let buf = rig.alloc(u64::from(LEN));
+    for i in 0..8u64 {
+        let h = rig.header(T_IN, i * 16);
+        let st = rig.status_byte();
+        let head = rig.chain(&[r(h, 16), w(buf, LEN), w(st, 1)]);
+        rig.offer(head);
+    }
+    rig.kick();
+    let mut toggles = 0;
+    for round in 0..200u64 {
+        if round % 3 == 0 {
+            rig.wr(STATUS, 0);
+            rig.used_seen = 0;
+            assert!(rig.handshake(u64::MAX));
+        } else {
+            rig.wr(QUEUE_READY, 0);
+            rig.wr(QUEUE_READY, 1);
+            // The re-enabled queue starts its used ring over.
+            rig.used_seen = 0;
+        }
+        toggles += 1;
+        rig.kick();
+        assert!(rig.be.pending() <= 3, "round {round}: the backend holds {} requests", rig.be.pending());
+        assert!(rig.dev.in_flight_bytes() <= budget, "round {round}");
+        // Time passes (a fifth of the service time a round).
+        rig.now += 200_000;
+        rig.poll();
+        rig.used();
+    }
+    assert!(toggles > 100);
+    let c = rig.dev.counters().clone();
+    // Reads were admitted as the backend finished them, not more.
+    assert!(c.reads >= 100 && c.reads <= 3 * (rig.now / 1_000_000 + 1), "{c:?}");
+    assert!(c.in_flight_bytes_hwm <= budget);
+    assert!(c.orphaned > 50 && c.stalls > 100, "{c:?}");
+    // A last QueueReady = 0 orphans what is left; its completions write
+    // nothing (no data, no status, no used element).
+    rig.wr(QUEUE_READY, 0);
+    let snapshot = rig.mem.bytes.clone();
+    rig.drain();
+    assert!(rig.mem.bytes == snapshot);
+    let c = rig.dev.counters().clone();
+    assert_eq!((c.in_flight, c.in_flight_bytes), (0, 0));
+    assert_eq!(c.completions, c.submitted(), "every request accounted for");
+    assert_eq!(c.stale_completions, c.orphaned);
+    assert_eq!(c.unknown_completions, 0);
+    // Only live completions were answered: each raised exactly one used
+    // element (the ring was drained after every round).
+    assert_eq!(c.completions - c.stale_completions, c.bytes_read / u64::from(LEN));
+}
+
+/// The request bound holds too when requests are small: at most
+/// `max_in_flight_requests` held, orphans included.
+#[test]
+fn virtio_request_budget_counts_orphans() {
+    let mut cfg = BlkConfig::new(DISK_SECTORS, false);
+    cfg.max_in_flight_requests = 4;
+    let mut rig = rig_with(cfg, 1_000_000, false);
+    // Five chains of three descriptors fill the rig's 16-entry table.
+    for i in 0..5u64 {
+        let h = rig.header(T_IN, i);
+        let b = rig.alloc(512);
+        let st = rig.status_byte();
+        let head = rig.chain(&[r(h, 16), w(b, 512), w(st, 1)]);
+        rig.offer(head);
+    }
+    for _ in 0..20 {
+        rig.kick();
+        assert!(rig.be.pending() <= 4);
+        rig.wr(QUEUE_READY, 0);
+        rig.wr(QUEUE_READY, 1);
+    }
+    // Orphans finishing free room: the stalled queue is served again
+    // without the guest notifying.
+    rig.kick();
+    rig.now = 1_000_000;
+    rig.poll();
+    assert_eq!(rig.be.pending(), 4);
+    assert_eq!(rig.dev.orphans(), 0);
+    rig.drain();
+    assert_eq!(rig.used().len(), 5);
+    let c = rig.dev.counters();
+    assert_eq!((c.stale_completions, c.orphaned, c.completions), (4, 4, 9));
 }
 
 /// A backend that asserts what virtio-drivers asserts (a non-empty,
@@ -1207,7 +1316,10 @@ fn garbage_run(seed: u64, rounds: usize) {
             }
         }
         let qsize = rig.dev.transport().queues[0].size.max(1) as usize;
-        assert!(rig.dev.in_flight() <= qsize.max(QSZ as usize), "round {round}");
+        let cfg = rig.dev.config();
+        assert!(rig.dev.in_flight() - rig.dev.orphans() <= qsize.max(QSZ as usize), "round {round}");
+        assert!(rig.dev.in_flight() <= cfg.max_in_flight_requests, "round {round}");
+        assert!(rig.dev.in_flight_bytes() <= cfg.max_in_flight_bytes.max(u64::from(cfg.max_request_bytes)), "round {round}");
         assert_eq!(rig.irq, rig.dev.irq_level());
     }
     rig.drain();
