@@ -10,6 +10,7 @@ use alloc::string::String;
 use alloc::vec;
 use alloc::vec::Vec;
 
+mod phys;
 
 const RAM: u64 = 0x4000_0000;
 const RAM_SIZE: usize = 4 << 20;
