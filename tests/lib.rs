@@ -2,7 +2,8 @@
 //! hypervisor in QEMU (through the same code as `cargo xtask run`) and look
 //! at what Linux and the hypervisor printed.
 
-use std::sync::Mutex;
+use std::path::PathBuf;
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 pub use xtask::qemu::{RunOptions, RunResult};
 
@@ -101,4 +102,73 @@ pub fn small_initrd() -> std::path::PathBuf {
     let path = xtask::out_dir().join("initramfs-small.cpio");
     std::fs::write(&path, out).expect("writing the small initramfs");
     path
+}
+
+/// The shell functions that drive a virtio-mmio virtio-blk device by hand
+/// with busybox devmem (tests/guest/virtq.sh).
+pub const VIRTQ_SH: &str = include_str!("guest/virtq.sh");
+
+/// Guest RAM Linux uses when [`with_virtq`] is applied: the rest of the
+/// guest's RAM (`mem_mb` above it) is free for hand-made virtqueues.
+pub const VIRTQ_LINUX_MB: u64 = 768;
+
+/// Makes [`VIRTQ_SH`] available in the guest as `/tests/virtq.sh` (in an
+/// initramfs built from the guest image's plus this file) and boots Linux
+/// with `mem=` [`VIRTQ_LINUX_MB`], so the RAM above is free for the rings
+/// and buffers and /dev/mem may map it (CONFIG_STRICT_DEVMEM only refuses
+/// System RAM).
+pub fn with_virtq(o: &mut RunOptions) {
+    static INITRD: OnceLock<PathBuf> = OnceLock::new();
+    let initrd = INITRD.get_or_init(|| initrd_with(&[("tests/virtq.sh", VIRTQ_SH.as_bytes())]).expect("initramfs with the test scripts"));
+    assert!(o.mem_mb > VIRTQ_LINUX_MB + 64, "with_virtq needs guest RAM above mem=");
+    o.initrd = Some(initrd.clone());
+    o.append = Some(format!("{} mem={}M", xtask::qemu::DEFAULT_GUEST_ARGS, VIRTQ_LINUX_MB));
+}
+
+/// The guest image's initramfs followed by a second cpio archive holding
+/// `files` (path inside the guest, contents), which Linux unpacks over the
+/// first; written to target/xtask/initramfs-tests.cpio.
+fn initrd_with(files: &[(&str, &[u8])]) -> std::io::Result<PathBuf> {
+    let base = xtask::image::guest().map_err(std::io::Error::other)?.initrd;
+    let mut data = std::fs::read(base)?;
+    // The next archive must start 4-byte aligned; zeros between archives
+    // are skipped.
+    data.resize(data.len().next_multiple_of(512), 0);
+    let mut dirs: Vec<&str> = Vec::new();
+    for (path, _) in files {
+        let mut d = *path;
+        while let Some((parent, _)) = d.rsplit_once('/') {
+            if !dirs.contains(&parent) {
+                dirs.push(parent);
+            }
+            d = parent;
+        }
+    }
+    dirs.sort();
+    for (i, d) in dirs.iter().enumerate() {
+        cpio_entry(&mut data, 0x7000_0000 + i as u32, d, 0o040755, &[]);
+    }
+    for (i, (path, body)) in files.iter().enumerate() {
+        cpio_entry(&mut data, 0x7100_0000 + i as u32, path, 0o100755, body);
+    }
+    cpio_entry(&mut data, 0, "TRAILER!!!", 0, &[]);
+    data.resize(data.len().next_multiple_of(512), 0);
+    let out = xtask::out_dir().join("initramfs-tests.cpio");
+    std::fs::create_dir_all(xtask::out_dir())?;
+    std::fs::write(&out, data)?;
+    Ok(out)
+}
+
+/// One "newc" cpio entry.
+fn cpio_entry(out: &mut Vec<u8>, ino: u32, name: &str, mode: u32, body: &[u8]) {
+    let fields = [ino, mode, 0, 0, 1, 0, body.len() as u32, 0, 0, 0, 0, name.len() as u32 + 1, 0];
+    out.extend_from_slice(b"070701");
+    for f in fields {
+        out.extend_from_slice(format!("{f:08x}").as_bytes());
+    }
+    out.extend_from_slice(name.as_bytes());
+    out.push(0);
+    out.resize(out.len().next_multiple_of(4), 0);
+    out.extend_from_slice(body);
+    out.resize(out.len().next_multiple_of(4), 0);
 }

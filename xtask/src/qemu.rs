@@ -16,6 +16,9 @@ const KERNEL_ADDR: u64 = 0x5000_0000;
 const MODULE_GAP: u64 = 2 << 20;
 const RESERVED_MB: u64 = 512;
 
+/// The guest kernel's command line when `RunOptions::append` is `None`.
+pub const DEFAULT_GUEST_ARGS: &str = "console=ttyAMA0 earlycon=pl011,0x09000000";
+
 #[derive(Clone, Debug)]
 pub struct RunOptions {
     pub gic: u8,
@@ -124,7 +127,7 @@ pub fn base64(data: &[u8]) -> String {
 
 /// The QEMU argument vector (without the program name).
 pub fn command_line(hv_bin: &PathBuf, kernel: &PathBuf, initrd: Option<&PathBuf>, o: &RunOptions) -> Vec<String> {
-    let mut guest_args = o.append.clone().unwrap_or_else(|| "console=ttyAMA0 earlycon=pl011,0x09000000".into());
+    let mut guest_args = o.append.clone().unwrap_or_else(|| DEFAULT_GUEST_ARGS.into());
     if let Some(cmd) = &o.cmd {
         guest_args.push_str(&format!(" guestcmd={}", base64(cmd.as_bytes())));
     }

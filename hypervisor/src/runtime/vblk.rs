@@ -1,6 +1,7 @@
-//! The hypervisor's virtio-blk device for a VM (`dom0_disk=ram`): the
-//! portable device model (`crate::virtio`) wired to guest traps, the EL2
-//! timer (request service time) and the vGIC (its interrupt line).
+//! The hypervisor's virtio-blk device for a VM (`dom0_disk=ram|backend`):
+//! the portable device model (`crate::virtio`) wired to guest traps, the EL2
+//! timer (request service time), the physical disk's interrupt (backend) and
+//! the vGIC (its interrupt line).
 
 use crate::virtio::{BackendError, BackendRequest, BlkConfig, BlockBackend, Completion, Effects, IdentityMappedRam, RamBackend, VirtioBlk};
 use super::physblk::PhysBlk;
@@ -34,7 +35,8 @@ impl Backend {
     fn next_deadline(&self) -> Option<u64> {
         match self {
             Backend::Ram(r) => r.next_deadline(),
-            // Completions made synchronously (flush) are collected at once.
+            // Completions made without the device (FLUSH on a device
+            // without a cache, a broken device) are collected at once.
             Backend::Phys(p) => p.has_ready().then_some(0),
         }
     }

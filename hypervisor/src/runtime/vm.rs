@@ -11,7 +11,6 @@ use crate::arch::cache;
 use crate::arch::gic::{self, VcpuIfState};
 use crate::boot::plan::{self, LayoutError, ModuleCopy, Plan};
 use crate::config::{Config, DiskMode};
-use super::physblk::PhysBlk;
 use super::vblk::VDisk;
 use crate::dtb::{self, GuestDtbConfig, Platform, Region};
 use crate::stage2::{MemType, Stage2, Stage2Error};
@@ -351,7 +350,10 @@ impl Vm {
             (Some(slot), DiskMode::Backend) => {
                 // SAFETY: the device is not passed through (its page is not
                 // in stage 2): only the hypervisor drives it.
-                let phys = unsafe { PhysBlk::new(slot.base, slot.size.max(0x200) as usize) }.map_err(|_| VmError::Memory("the physical virtio-blk device did not initialise"))?;
+                let phys = unsafe { super::physblk::open(slot.base, slot.size.max(0x200) as usize) }.map_err(|e| {
+                    log::error!("physical virtio-blk: {e:?}");
+                    VmError::Memory("the physical virtio-blk device did not initialise")
+                })?;
                 info!("dom0 disk: virtio-blk at {:#x} (INTID {}) over the physical virtio-blk ({} sectors)", slot.base, slot.intid, phys.capacity_sectors());
                 // SAFETY: guest RAM is identity-mapped.
                 Some(unsafe { VDisk::new_phys(slot.base, slot.intid, phys, ram.base, ram.size) })

@@ -20,10 +20,12 @@
 //!
 //! IOERR without touching the backend when: the header is short; IN has
 //! device-readable data or OUT has device-writable data (wrong direction); the
-//! data length is not a multiple of 512 or exceeds
+//! data length is zero, not a multiple of 512 or exceeds
 //! [`BlkConfig::max_request_bytes`]; the sector range passes the capacity
 //! (or overflows); a data segment is outside guest RAM; OUT on a read-only
-//! device.
+//! device. A zero-length IN or OUT is valid framing but transfers nothing;
+//! Linux never sends one, and it is answered IOERR rather than passed on, so
+//! no backend ever sees an empty transfer (`virtio-drivers` asserts on one).
 //!
 //! # Chains that cannot be answered
 //!
@@ -39,19 +41,32 @@
 //! Broken *rings* (avail index jumping by more than the queue size, rings
 //! outside RAM at QueueReady) always mean DEVICE_NEEDS_RESET.
 //!
-//! # In flight
+//! # In flight, and what a reset does to it
 //!
 //! Every backend request carries a device-unique token; the device keeps
-//! (queue, head, where the read data and status go) per token until
-//! [`VirtioBlk::complete`]. At most `queue size` requests are in flight and
-//! at most what [`BlockBackend::free_slots`] allows, with at most
-//! [`BlkConfig::max_in_flight_bytes`] of data: when any of these is
-//! exhausted the remaining chains stay in the avail ring, and the completion
-//! that frees room returns [`Effects::notify`] so the caller processes the
-//! queue again. A reset (Status = 0) or QueueReady = 0 forgets the in-flight
-//! requests of the affected queues: their later completions are dropped
-//! without touching guest memory (the driver may have reused the buffers),
-//! and counted as `stale_completions`.
+//! (queue, head, where the read data and status go) per token until the
+//! backend's [`Completion`] comes back through [`VirtioBlk::complete`].
+//!
+//! A reset (Status = 0) or QueueReady = 0 *orphans* the in-flight requests of
+//! the affected queues: the backend still holds them (a RAM disk's pending
+//! list, a physical device's DMA buffers), so the device keeps counting them
+//! until the backend really finishes; their completions are then dropped
+//! without touching guest memory (the driver may have reused the buffers, and
+//! a re-enabled queue starts over) and counted as `stale_completions`.
+//!
+//! The budget covers orphans and live requests alike, so a guest that resets
+//! or toggles QueueReady in a loop cannot make the backend hold more than:
+//! at most [`BlkConfig::max_in_flight_requests`] requests, at most
+//! `queue size` live ones per queue, at most what
+//! [`BlockBackend::free_slots`] allows, and at most
+//! [`BlkConfig::max_in_flight_bytes`] of data (one request is admitted when
+//! nothing at all is held). When any of these is exhausted the remaining
+//! chains stay in the avail ring (they are not fetched, nothing is
+//! allocated for them), and the completion that frees room returns
+//! [`Effects::notify`] so the caller processes the queue again.
+//!
+//! Accounting: `reads + writes + flushes` (requests handed to the backend)
+//! always equals `completions + in_flight`.
 
 use super::mmio::{Effects, Event, MmioError, MmioTransport};
 use super::queue::{ChainError, QueueError, Segment};
@@ -114,8 +129,11 @@ pub struct BlkConfig {
     /// held by the device/backend until completion, read buffers by the
     /// backend): further chains wait in the ring. Bounds the hypervisor heap
     /// a guest can tie up; one request is always admitted when none is in
-    /// flight.
+    /// flight. Requests orphaned by a reset count until the backend
+    /// finishes them.
     pub max_in_flight_bytes: u64,
+    /// Most requests held by the backend at once (live and orphaned).
+    pub max_in_flight_requests: usize,
     /// Offer VIRTIO_F_INDIRECT_DESC.
     pub indirect_desc: bool,
     pub bad_chain_policy: BadChainPolicy,
@@ -137,6 +155,7 @@ impl BlkConfig {
             blk_size: 512,
             max_request_bytes: 4 << 20,
             max_in_flight_bytes: 16 << 20,
+            max_in_flight_requests: 128,
             indirect_desc: true,
             bad_chain_policy: BadChainPolicy::ReturnUnused,
             // "HVVB", like QEMU's "QEMU" (0x554d4551).
@@ -258,15 +277,26 @@ pub struct BlkCounters {
     pub interrupts: u64,
     /// Times the device left requests in the ring for want of room.
     pub stalls: u64,
-    /// Completions for requests forgotten by a reset.
+    /// Backend completions of requests the device had handed over (live or
+    /// orphaned): `reads + writes + flushes == completions + in_flight`.
+    pub completions: u64,
+    /// Requests orphaned by a reset or QueueReady = 0 while in flight.
+    pub orphaned: u64,
+    /// Completions of orphaned requests (dropped, guest memory untouched).
     pub stale_completions: u64,
+    /// Completions with a token the device does not hold (a backend bug).
+    pub unknown_completions: u64,
+    /// Requests the backend holds now (live and orphaned) and the most ever.
     pub in_flight: u64,
     pub in_flight_hwm: u64,
+    /// Data bytes of those requests now, and the most ever.
+    pub in_flight_bytes: u64,
+    pub in_flight_bytes_hwm: u64,
 }
 
 impl BlkCounters {
     /// Names, in print order.
-    pub const NAMES: [&'static str; 17] = [
+    pub const NAMES: [&'static str; 22] = [
         "reads",
         "writes",
         "flushes",
@@ -281,12 +311,17 @@ impl BlkCounters {
         "notifies",
         "interrupts",
         "stalls",
+        "completions",
+        "orphaned",
         "stale_completions",
+        "unknown_completions",
         "in_flight",
         "in_flight_hwm",
+        "in_flight_bytes",
+        "in_flight_bytes_hwm",
     ];
 
-    pub fn values(&self) -> [u64; 17] {
+    pub fn values(&self) -> [u64; 22] {
         [
             self.reads,
             self.writes,
@@ -302,10 +337,20 @@ impl BlkCounters {
             self.notifies,
             self.interrupts,
             self.stalls,
+            self.completions,
+            self.orphaned,
             self.stale_completions,
+            self.unknown_completions,
             self.in_flight,
             self.in_flight_hwm,
+            self.in_flight_bytes,
+            self.in_flight_bytes_hwm,
         ]
+    }
+
+    /// Requests handed to the backend so far.
+    pub fn submitted(&self) -> u64 {
+        self.reads + self.writes + self.flushes
     }
 }
 
@@ -321,6 +366,8 @@ pub enum RequestError {
     ShortHeader,
     /// Data in the wrong direction for the request type.
     WrongDirection,
+    /// An IN or OUT without data.
+    Empty,
     Misaligned(u64),
     TooLarge(u64),
     PastEnd { sector: u64, len: u64 },
@@ -351,6 +398,10 @@ struct InFlight {
     /// Data bytes of a read or write (checked ≤ max_request_bytes).
     data_len: u32,
     status_gpa: u64,
+    /// The guest reset the device or disabled the queue after submission:
+    /// the completion is awaited (the backend still holds the request and
+    /// its budget) but dropped.
+    orphaned: bool,
 }
 
 /// The emulated virtio-blk device behind one virtio-mmio frame.
@@ -358,9 +409,12 @@ pub struct VirtioBlk {
     cfg: BlkConfig,
     config_space: [u8; CONFIG_LEN],
     transport: MmioTransport,
+    /// Every request the backend holds, live or orphaned.
     in_flight: BTreeMap<u64, InFlight>,
     /// Sum of `data_len` over `in_flight`.
     in_flight_bytes: u64,
+    /// How many of `in_flight` are orphaned.
+    orphans: usize,
     next_token: u64,
     counters: BlkCounters,
     stalled: Vec<bool>,
@@ -418,6 +472,7 @@ impl VirtioBlk {
             transport,
             in_flight: BTreeMap::new(),
             in_flight_bytes: 0,
+            orphans: 0,
             next_token: 1,
             counters: BlkCounters::default(),
             stalled: vec![false; 1],
@@ -444,9 +499,21 @@ impl VirtioBlk {
         self.transport.irq_level()
     }
 
-    /// Requests handed to the backend and not yet completed.
+    /// Requests handed to the backend and not yet completed by it,
+    /// including those orphaned by a reset.
     pub fn in_flight(&self) -> usize {
         self.in_flight.len()
+    }
+
+    /// Of [`in_flight`](Self::in_flight), those orphaned by a reset or
+    /// QueueReady = 0.
+    pub fn orphans(&self) -> usize {
+        self.orphans
+    }
+
+    /// Data bytes of the requests the backend holds.
+    pub fn in_flight_bytes(&self) -> u64 {
+        self.in_flight_bytes
     }
 
     /// The most recent bad request or chain, if any.
@@ -475,11 +542,11 @@ impl VirtioBlk {
         match ev {
             Event::None => {}
             Event::Reset => {
-                self.in_flight.clear();
+                self.orphan(|_| true);
                 self.stalled.iter_mut().for_each(|s| *s = false);
             }
             Event::QueueDisabled(q) => {
-                self.in_flight.retain(|_, r| r.queue != q);
+                self.orphan(|r| r.queue == q);
                 if let Some(s) = self.stalled.get_mut(usize::from(q)) {
                     *s = false;
                 }
@@ -489,9 +556,27 @@ impl VirtioBlk {
                 self.note(RequestError::Queue(e));
             }
         }
-        self.in_flight_bytes = self.in_flight.values().map(|r| u64::from(r.data_len)).sum();
-        self.counters.in_flight = self.in_flight.len() as u64;
         Ok(fx)
+    }
+
+    /// The guest took back the queues `which` selects: their in-flight
+    /// requests stay counted (and keep their budget) until the backend
+    /// completes them, but nothing will be written for them.
+    fn orphan(&mut self, which: impl Fn(&InFlight) -> bool) {
+        for r in self.in_flight.values_mut().filter(|r| !r.orphaned && which(r)) {
+            r.orphaned = true;
+            r.wsegs = Vec::new();
+            self.orphans += 1;
+            self.counters.orphaned += 1;
+        }
+    }
+
+    fn update_in_flight(&mut self) {
+        let c = &mut self.counters;
+        c.in_flight = self.in_flight.len() as u64;
+        c.in_flight_hwm = c.in_flight_hwm.max(c.in_flight);
+        c.in_flight_bytes = self.in_flight_bytes;
+        c.in_flight_bytes_hwm = c.in_flight_bytes_hwm.max(self.in_flight_bytes);
     }
 
     fn note(&mut self, e: RequestError) {
@@ -574,7 +659,10 @@ impl VirtioBlk {
             if self.transport.needs_reset() {
                 break;
             }
-            if self.in_flight.len() >= size || backend.free_slots() == 0 {
+            // Live requests (the device has one queue) against the queue
+            // size; everything held, orphans included, against the budget.
+            let held = self.in_flight.len();
+            if held - self.orphans >= size || held >= self.cfg.max_in_flight_requests || backend.free_slots() == 0 {
                 self.stalled[qi] = true;
                 self.counters.stalls += 1;
                 break;
@@ -591,7 +679,7 @@ impl VirtioBlk {
             let walked = self.transport.queues[qi].walk_chain(mem, head, indirect, &mut segs);
             // Byte budget: a request's data is at most its chain's length.
             let cost: u64 = segs.iter().map(|s| u64::from(s.len)).sum();
-            if walked.is_ok() && !self.in_flight.is_empty() && self.in_flight_bytes + cost > self.cfg.max_in_flight_bytes {
+            if walked.is_ok() && held > 0 && self.in_flight_bytes + cost > self.cfg.max_in_flight_bytes {
                 self.segs = segs;
                 self.stalled[qi] = true;
                 self.counters.stalls += 1;
@@ -606,7 +694,7 @@ impl VirtioBlk {
             segs.clear();
             self.segs = segs;
         }
-        self.counters.in_flight = self.in_flight.len() as u64;
+        self.update_in_flight();
         fx
     }
 
@@ -699,9 +787,9 @@ impl VirtioBlk {
                     Kind::Flush => self.counters.flushes += 1,
                 }
                 let wsegs = if kind == Kind::Read { segs.iter().filter(|s| s.writable).copied().collect() } else { Vec::new() };
-                self.in_flight.insert(token, InFlight { queue: q, head, kind, wsegs, data_len, status_gpa });
+                self.in_flight.insert(token, InFlight { queue: q, head, kind, wsegs, data_len, status_gpa, orphaned: false });
                 self.in_flight_bytes += u64::from(data_len);
-                self.counters.in_flight_hwm = self.counters.in_flight_hwm.max(self.in_flight.len() as u64);
+                self.update_in_flight();
                 Effects::default()
             }
             Err(e) => {
@@ -713,6 +801,9 @@ impl VirtioBlk {
 
     /// IOERR for data length `len` at `sector`.
     fn check_range(&self, sector: u64, len: u64) -> Result<(), RequestError> {
+        if len == 0 {
+            return Err(RequestError::Empty);
+        }
         if !len.is_multiple_of(SECTOR_SIZE) {
             return Err(RequestError::Misaligned(len));
         }
@@ -733,59 +824,72 @@ impl VirtioBlk {
     }
 
     /// A backend finished request `c.token`: copy read data into the guest,
-    /// write the status, publish the used element, raise the interrupt. If
-    /// the device had left chains in the ring for want of room, the result's
-    /// `notify` asks the caller to process that queue again.
+    /// write the status, publish the used element, raise the interrupt. A
+    /// request orphaned by a reset only gives its budget back. If the device
+    /// had left chains in the ring for want of room, the result's `notify`
+    /// asks the caller to process that queue again.
     pub fn complete(&mut self, mem: &mut dyn GuestMemory, c: Completion) -> Effects {
         let Some(r) = self.in_flight.remove(&c.token) else {
-            self.counters.stale_completions += 1;
+            self.counters.unknown_completions += 1;
             return Effects::default();
         };
-        self.counters.in_flight = self.in_flight.len() as u64;
+        self.counters.completions += 1;
         self.in_flight_bytes = self.in_flight_bytes.saturating_sub(u64::from(r.data_len));
-        let mut fx = if self.transport.needs_reset() {
+        self.update_in_flight();
+        let mut fx = if r.orphaned {
+            // The guest reset this queue after submitting: its memory is
+            // no longer ours to write.
+            self.orphans -= 1;
+            self.counters.stale_completions += 1;
+            Effects::default()
+        } else if self.transport.needs_reset() {
             // The driver must reset; leave its memory alone meanwhile.
             Effects::default()
         } else {
-            let (st, written) = match (&c.result, r.kind) {
-                (Ok(data), Kind::Read) if data.len() == r.data_len as usize => match scatter(mem, &r.wsegs, data) {
-                    Ok(()) => {
-                        self.counters.bytes_read += data.len() as u64;
-                        (S_OK, r.data_len)
-                    }
-                    Err(e) => {
-                        self.counters.io_errors += 1;
-                        self.note(RequestError::Mem(e));
-                        (S_IOERR, 0)
-                    }
-                },
-                (Ok(_), Kind::Read) => {
-                    self.counters.io_errors += 1;
-                    self.counters.backend_errors += 1;
-                    self.note(RequestError::Backend(BackendError::Io));
-                    (S_IOERR, 0)
-                }
-                (Ok(_), Kind::Write) => {
-                    self.counters.bytes_written += u64::from(r.data_len);
-                    (S_OK, 0)
-                }
-                (Ok(_), Kind::Flush) => (S_OK, 0),
-                (Err(e), _) => {
-                    self.counters.io_errors += 1;
-                    self.counters.backend_errors += 1;
-                    self.note(RequestError::Backend(*e));
-                    (S_IOERR, 0)
-                }
-            };
+            let (st, written) = self.outcome(mem, &r, &c.result);
             self.answer(mem, r.queue, r.head, r.status_gpa, st, written)
         };
-        if let Some(s) = self.stalled.get_mut(usize::from(r.queue)) {
-            if *s {
-                *s = false;
-                fx.notify = Some(r.queue);
-            }
+        // Room was freed: resume a queue that had to stop.
+        if let Some(q) = self.stalled.iter().position(|&s| s) {
+            self.stalled[q] = false;
+            fx.notify = Some(q as u16);
         }
         fx
+    }
+
+    /// The status (and bytes written) for the backend's `result` of `r`;
+    /// read data is copied into the guest here.
+    fn outcome(&mut self, mem: &mut dyn GuestMemory, r: &InFlight, result: &Result<Vec<u8>, BackendError>) -> (u8, u32) {
+        match (result, r.kind) {
+            (Ok(data), Kind::Read) if data.len() == r.data_len as usize => match scatter(mem, &r.wsegs, data) {
+                Ok(()) => {
+                    self.counters.bytes_read += data.len() as u64;
+                    (S_OK, r.data_len)
+                }
+                Err(e) => {
+                    self.counters.io_errors += 1;
+                    self.note(RequestError::Mem(e));
+                    (S_IOERR, 0)
+                }
+            },
+            (Ok(_), Kind::Read) => {
+                self.counters.io_errors += 1;
+                self.counters.backend_errors += 1;
+                self.note(RequestError::Backend(BackendError::Io));
+                (S_IOERR, 0)
+            }
+            (Ok(_), Kind::Write) => {
+                self.counters.bytes_written += u64::from(r.data_len);
+                (S_OK, 0)
+            }
+            (Ok(_), Kind::Flush) => (S_OK, 0),
+            (Err(e), _) => {
+                self.counters.io_errors += 1;
+                self.counters.backend_errors += 1;
+                self.note(RequestError::Backend(*e));
+                (S_IOERR, 0)
+            }
+        }
     }
 
     /// Print the counters as `prefix.name=value` lines, all of them, in

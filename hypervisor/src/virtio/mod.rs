@@ -14,7 +14,10 @@
 //!   ties the transport, the queue and a [`BlockBackend`] together, plus the
 //!   device counters;
 //! * [`ram`]: [`RamBackend`], a disk image in memory that completes every
-//!   request after a fixed service time.
+//!   request after a fixed service time;
+//! * [`phys`]: [`phys::PhysDisk`], a physical virtio-blk device driven through
+//!   `virtio-drivers`' virtqueue, every request (FLUSH included) without
+//!   waiting.
 //!
 //! # Why guest memory is only ever *copied*
 //!
@@ -62,6 +65,7 @@
 
 pub mod blk;
 pub mod mmio;
+pub mod phys;
 pub mod queue;
 pub mod ram;
 

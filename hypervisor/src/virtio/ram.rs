@@ -28,7 +28,9 @@ pub struct RamBackend<S: AsRef<[u8]> + AsMut<[u8]> = Vec<u8>> {
     latency_ns: u64,
     /// (deadline, request), in submit order.
     pending: VecDeque<(u64, BackendRequest)>,
-    /// Most requests accepted at once (`free_slots`).
+    /// Most requests accepted at once (`free_slots`). Unbounded by default:
+    /// the device bounds what it hands over (requests and bytes, counting
+    /// those a guest reset orphaned until they complete here).
     pub max_in_flight: usize,
     /// Flushes seen (there is nothing to flush; counted for tests).
     pub flushes: u64,

@@ -10,6 +10,8 @@ use alloc::string::String;
 use alloc::vec;
 use alloc::vec::Vec;
 
+mod phys;
+
 const RAM: u64 = 0x4000_0000;
 const RAM_SIZE: usize = 4 << 20;
 const QSZ: u16 = 16;
@@ -946,13 +948,16 @@ fn virtio_reset_with_requests_in_flight() {
     rig.kick();
     assert_eq!(rig.dev.in_flight(), 1);
     rig.wr(STATUS, 0);
-    assert_eq!(rig.dev.in_flight(), 0);
+    // Orphaned, not forgotten: the backend still holds it.
+    assert_eq!((rig.dev.in_flight(), rig.dev.orphans()), (1, 1));
+    assert_eq!(rig.dev.in_flight_bytes(), 512);
     let snapshot = rig.mem.bytes.clone();
     rig.drain();
     // The late completion touched nothing.
     assert!(rig.mem.bytes == snapshot);
     assert_eq!(rig.dev.counters().stale_completions, 1);
-    // Queue disable (QueueReady = 0) also forgets its requests.
+    assert_eq!((rig.dev.in_flight(), rig.dev.orphans(), rig.dev.in_flight_bytes()), (0, 0, 0));
+    // Queue disable (QueueReady = 0) also orphans its requests.
     rig.mem.bytes[0..0x8000].fill(0);
     rig.avail_idx = 0;
     rig.used_seen = 0;
@@ -963,10 +968,192 @@ fn virtio_reset_with_requests_in_flight() {
     rig.kick();
     rig.wr(QUEUE_READY, 0);
     assert_eq!(rig.rd(QUEUE_READY), 0);
+    assert_eq!(rig.dev.orphans(), 1);
     let snapshot = rig.mem.bytes.clone();
     rig.drain();
     assert!(rig.mem.bytes == snapshot);
-    assert_eq!(rig.dev.counters().stale_completions, 2);
+    let c = rig.dev.counters();
+    assert_eq!((c.stale_completions, c.orphaned, c.unknown_completions), (2, 2, 0));
+    assert_eq!((c.completions, c.submitted(), c.in_flight), (2, 2, 0));
+}
+
+/// Issue 8 item 3: a guest that toggles QueueReady (or resets) while reads
+/// are in flight. The device used to forget the requests and their byte
+/// budget while the RAM backend kept them, so each toggle admitted a new
+/// budget's worth: the backend's pending list (and, at the deadline, the
+/// read buffers it allocates all at once) grew without bound until the
+/// 48 MiB heap ran out. Now orphans keep their budget until the backend
+/// finishes them, and requests beyond it stay in the ring.
+#[test]
+fn virtio_queue_toggling_cannot_grow_the_backend() {
+    const LEN: u32 = 8192;
+    let cost = u64::from(LEN) + 16 + 1;
+    let mut cfg = BlkConfig::new(DISK_SECTORS, false);
+    cfg.max_in_flight_bytes = 3 * cost;
+    let budget = cfg.max_in_flight_bytes;
+    let mut rig = rig_with(cfg, 1_000_000, false);
+    // Eight reads into one buffer, offered once: every re-enable starts the
+    // ring over from entry 0 and the device sees them all again.
+    let buf = rig.alloc(u64::from(LEN));
+    for i in 0..8u64 {
+        let h = rig.header(T_IN, i * 16);
+        let st = rig.status_byte();
+        let head = rig.chain(&[r(h, 16), w(buf, LEN), w(st, 1)]);
+        rig.offer(head);
+    }
+    rig.kick();
+    let mut toggles = 0;
+    for round in 0..200u64 {
+        if round % 3 == 0 {
+            rig.wr(STATUS, 0);
+            rig.used_seen = 0;
+            assert!(rig.handshake(u64::MAX));
+        } else {
+            rig.wr(QUEUE_READY, 0);
+            rig.wr(QUEUE_READY, 1);
+            // The re-enabled queue starts its used ring over.
+            rig.used_seen = 0;
+        }
+        toggles += 1;
+        rig.kick();
+        assert!(rig.be.pending() <= 3, "round {round}: the backend holds {} requests", rig.be.pending());
+        assert!(rig.dev.in_flight_bytes() <= budget, "round {round}");
+        // Time passes (a fifth of the service time a round).
+        rig.now += 200_000;
+        rig.poll();
+        rig.used();
+    }
+    assert!(toggles > 100);
+    let c = rig.dev.counters().clone();
+    // Reads were admitted as the backend finished them, not more.
+    assert!(c.reads >= 100 && c.reads <= 3 * (rig.now / 1_000_000 + 1), "{c:?}");
+    assert!(c.in_flight_bytes_hwm <= budget);
+    assert!(c.orphaned > 50 && c.stalls > 100, "{c:?}");
+    // A last QueueReady = 0 orphans what is left; its completions write
+    // nothing (no data, no status, no used element).
+    rig.wr(QUEUE_READY, 0);
+    let snapshot = rig.mem.bytes.clone();
+    rig.drain();
+    assert!(rig.mem.bytes == snapshot);
+    let c = rig.dev.counters().clone();
+    assert_eq!((c.in_flight, c.in_flight_bytes), (0, 0));
+    assert_eq!(c.completions, c.submitted(), "every request accounted for");
+    assert_eq!(c.stale_completions, c.orphaned);
+    assert_eq!(c.unknown_completions, 0);
+    // Only live completions were answered: each raised exactly one used
+    // element (the ring was drained after every round).
+    assert_eq!(c.completions - c.stale_completions, c.bytes_read / u64::from(LEN));
+}
+
+/// The request bound holds too when requests are small: at most
+/// `max_in_flight_requests` held, orphans included.
+#[test]
+fn virtio_request_budget_counts_orphans() {
+    let mut cfg = BlkConfig::new(DISK_SECTORS, false);
+    cfg.max_in_flight_requests = 4;
+    let mut rig = rig_with(cfg, 1_000_000, false);
+    // Five chains of three descriptors fill the rig's 16-entry table.
+    for i in 0..5u64 {
+        let h = rig.header(T_IN, i);
+        let b = rig.alloc(512);
+        let st = rig.status_byte();
+        let head = rig.chain(&[r(h, 16), w(b, 512), w(st, 1)]);
+        rig.offer(head);
+    }
+    for _ in 0..20 {
+        rig.kick();
+        assert!(rig.be.pending() <= 4);
+        rig.wr(QUEUE_READY, 0);
+        rig.wr(QUEUE_READY, 1);
+    }
+    // Orphans finishing free room: the stalled queue is served again
+    // without the guest notifying.
+    rig.kick();
+    rig.now = 1_000_000;
+    rig.poll();
+    assert_eq!(rig.be.pending(), 4);
+    assert_eq!(rig.dev.orphans(), 0);
+    rig.drain();
+    assert_eq!(rig.used().len(), 5);
+    let c = rig.dev.counters();
+    assert_eq!((c.stale_completions, c.orphaned, c.completions), (4, 4, 9));
+}
+
+/// A backend that asserts what virtio-drivers asserts (a non-empty,
+/// whole-sector transfer), over the RAM disk.
+struct StrictBackend(RamBackend);
+
+impl BlockBackend for StrictBackend {
+    fn submit(&mut self, req: BackendRequest) -> Result<(), BackendError> {
+        match &req.op {
+            BackendOp::Read { len, .. } => {
+                assert_ne!(*len, 0);
+                assert_eq!(*len % 512, 0);
+            }
+            BackendOp::Write { data, .. } => {
+                assert_ne!(data.len(), 0);
+                assert_eq!(data.len() % 512, 0);
+            }
+            BackendOp::Flush => {}
+        }
+        self.0.submit(req)
+    }
+}
+
+/// Issue 8 item 2: an IN or OUT with no data (header and status only, or
+/// with empty data descriptors) used to be passed to the backend, where
+/// virtio-drivers' `assert_ne!(buf.len(), 0)` panicked at EL2 and powered
+/// the machine off. Now it is answered IOERR and no backend sees it; so are
+/// the other lengths virtio-drivers cannot take.
+#[test]
+fn virtio_bad_lengths_never_reach_the_backend() {
+    let mut rig = rig();
+    let mut be = StrictBackend(RamBackend::new(vec![0u8; (DISK_SECTORS * 512) as usize], false, 0));
+    let mut submit = |rig: &mut Rig, ds: &[D], st: u64| -> (u32, u8) {
+        let head = rig.chain(ds);
+        rig.offer(head);
+        let fx = rig.dev.mmio_write(QUEUE_NOTIFY, 4, 0, &rig.mem).unwrap();
+        let fx = rig.dev.process_queue(fx.notify.unwrap(), &mut rig.mem, &mut be, 0);
+        rig.apply(fx);
+        for c in be.0.poll(u64::MAX) {
+            let fx = rig.dev.complete(&mut rig.mem, c);
+            rig.apply(fx);
+        }
+        let u = rig.used();
+        assert_eq!(u.len(), 1);
+        (u[0].1, rig.mem.read_u8(st).unwrap())
+    };
+    let b = rig.alloc(8192);
+    let cases = [
+        (T_IN, 0, vec![]),                   // header + status only
+        (T_OUT, 0, vec![]),                  // header + status only
+        (T_IN, 0, vec![w(b, 0), w(b, 0)]),   // empty data descriptors
+        (T_OUT, 0, vec![r(b, 0)]),
+        (T_IN, 0, vec![w(b, 100)]),          // not whole sectors
+        (T_OUT, 0, vec![r(b, 513)]),
+        (T_IN, DISK_SECTORS, vec![w(b, 512)]), // past the end
+        (T_IN, u64::MAX, vec![w(b, 512)]),   // sector overflow
+        (T_OUT, u64::MAX - 7, vec![r(b, 4096)]),
+    ];
+    for (i, (ty, sector, data)) in cases.into_iter().enumerate() {
+        let h = rig.header(ty, sector);
+        let st = rig.status_byte();
+        let mut ds = vec![r(h, 16)];
+        ds.extend(data);
+        ds.push(w(st, 1));
+        assert_eq!(submit(&mut rig, &ds, st), (1, S_IOERR), "case {i}: type {ty} sector {sector}");
+    }
+    // Too large for one request (over max_request_bytes): IOERR as well.
+    let h = rig.header(T_IN, 0);
+    let st = rig.status_byte();
+    assert_eq!(submit(&mut rig, &[r(h, 16), w(b, 5 << 20), w(st, 1)], st), (1, S_IOERR));
+    let c = rig.dev.counters().clone();
+    assert_eq!((c.reads, c.writes, c.io_errors), (0, 0, 10));
+    assert_eq!(rig.dev.last_error(), Some(RequestError::TooLarge(5 << 20)));
+    // The device still serves a good request.
+    let h = rig.header(T_IN, 0);
+    let st = rig.status_byte();
+    assert_eq!(submit(&mut rig, &[r(h, 16), w(b, 512), w(st, 1)], st), (513, S_OK));
 }
 
 #[test]
@@ -1130,7 +1317,10 @@ fn garbage_run(seed: u64, rounds: usize) {
             }
         }
         let qsize = rig.dev.transport().queues[0].size.max(1) as usize;
-        assert!(rig.dev.in_flight() <= qsize.max(QSZ as usize), "round {round}");
+        let cfg = rig.dev.config();
+        assert!(rig.dev.in_flight() - rig.dev.orphans() <= qsize.max(QSZ as usize), "round {round}");
+        assert!(rig.dev.in_flight() <= cfg.max_in_flight_requests, "round {round}");
+        assert!(rig.dev.in_flight_bytes() <= cfg.max_in_flight_bytes.max(u64::from(cfg.max_request_bytes)), "round {round}");
         assert_eq!(rig.irq, rig.dev.irq_level());
     }
     rig.drain();
