@@ -6,6 +6,7 @@
 //! - [`build`]: builds the hypervisor and converts it to a flat arm64 Image
 //! - [`image`]: builds the guest kernel + initramfs (guest-images/build.sh)
 //! - [`qemu`]: composes the QEMU command line and runs it with a timeout
+//! - [`bench`]: the benchmarks in Linux guests (`cargo xtask bench`)
 
 pub mod bench;
 pub mod build;
