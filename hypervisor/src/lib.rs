@@ -1,15 +1,25 @@
 //! The hypervisor library.
 //!
 //! Everything that does not need EL2 lives here as plain Rust that builds on
-//! the host, so `cargo test` exercises it with fakes: device-tree discovery and
-//! guest DTB editing (`dtb`), the vGIC register model (`vgic`), the
-//! Credit2-compatible scheduler (`sched`), trap decoding (`esr`), stage-2 table
-//! building (`stage2`), the emulated PL011 (`vpl011`), PSCI (`psci`), the
-//! boot-layout plan (`boot`), the EL2 trap configuration (`traps`) over
-//! typed register layouts (`regs`, with `aarch64-cpu`), the guest's ID
-//! registers (`idregs`) and its emulated debug registers (`vdebug`).
-//! On the bare-metal aarch64 target the EL2 runtime (`arch`, `runtime`) is
-//! added.
+//! the host, so `cargo test` exercises it with fakes:
+//! - `boot`: the boot-layout plan and the arm64 Image header
+//! - `dtb`: device-tree discovery and guest DTB editing
+//! - `config`: hypervisor options from `/chosen/bootargs`
+//! - `regs`: register layouts `aarch64-cpu` lacks; `traps`: the EL2 trap
+//!   configuration over them; `idregs`: the guest's ID registers; `vdebug`:
+//!   its emulated debug registers
+//! - `esr`: trap decoding; `psci`: PSCI/SMCCC decoding; `stage2`: stage-2
+//!   table building
+//! - `vgic`: the virtual GICv3 register model and list registers
+//! - `virtio`: the hypervisor's virtio-blk device and its RAM backend
+//! - `vpl011`: the emulated PL011
+//! - `sched`: the Credit2-compatible scheduler and its simulator
+//! - `stats`: per-vCPU counters and histograms in a stable text format
+//!
+//! On the bare-metal aarch64 target the EL2 code is added: `arch` (the only
+//! inline assembly and system-register access) and `runtime` (boot, the run
+//! loop, the devices' EL2 side). Where each piece lives and how a trap, an
+//! interrupt and an I/O request flow through them: docs/ARCHITECTURE.md.
 //!
 //! `unsafe` is held to two rules the compiler enforces: every unsafe block
 //! says why it is sound (`// SAFETY:`), and an `unsafe fn` body still marks

@@ -6,6 +6,9 @@
 //! - [`build`]: builds the hypervisor and converts it to a flat arm64 Image
 //! - [`image`]: builds the guest kernel + initramfs (guest-images/build.sh)
 //! - [`qemu`]: composes the QEMU command line and runs it with a timeout
+//! - [`bench`]: the benchmarks in Linux guests (`cargo xtask bench`)
+//! - `arch_doc` (tests only): keeps docs/ARCHITECTURE.md, README's
+//!   architecture section and the module lists true to the tree
 
 pub mod bench;
 pub mod build;
@@ -13,6 +16,9 @@ pub mod cli;
 pub mod image;
 pub mod qemu;
 pub mod setup;
+
+#[cfg(test)]
+mod arch_doc;
 
 use std::path::PathBuf;
 

@@ -1,6 +1,12 @@
-//! The EL2 runtime: boot flow (`boot`), the VM and its vCPUs (`vm`), the
-//! console (`console`) and the heap (`heap`). Built only for the bare-metal
-//! aarch64 target.
+//! The EL2 runtime, built only for the bare-metal aarch64 target:
+//! - `boot`: the boot flow, from the primary CPU's entry to the VM
+//! - `heap`: the bootstrap and planned heap, stage-2 table frames
+//! - `console`: log and guest output on the physical UART
+//! - `percpu`: per-pCPU shared state, run blocks, kicks, the EL2 timer
+//! - `vm`: the Dom0-style VM, its vCPUs and their creation
+//! - `vcpu`: the per-pCPU scheduling loop and every trap and interrupt
+//! - `vblk`: the guest's virtio-blk wired to traps, timer and vGIC
+//! - `physblk`: the physical virtio-blk as that device's backend
 
 pub mod boot;
 pub mod console;

@@ -1,5 +1,6 @@
-//! The Dom0-style VM and its vCPUs: creation (memory, kernel, initrd, DTB,
-//! vGIC, stage 2) and the run loop that handles every guest exit.
+//! The Dom0-style VM and its vCPUs: their state and creation (memory,
+//! kernel, initrd, DTB, vGIC, stage 2, scheduler, disk). The run loop that
+//! handles every guest exit is in `runtime::vcpu`.
 //!
 //! Guest RAM is identity-mapped (IPA == PA), as Xen does for Dom0 on Arm
 //! without an IOMMU, so passthrough devices can DMA to guest addresses.
