@@ -93,6 +93,9 @@ pub struct Vcpu {
     pub fp: FpContext,
     pub gicif: VcpuIfState,
     pub lrs: [u64; crate::vgic::NUM_LRS_MAX],
+    /// An SGI trap showed critical-section evidence and opened a lock-holder
+    /// grace; the next exit without that evidence closes it.
+    pub lhp_grace: bool,
 }
 
 /// What other pCPUs may look at without the vCPU's lock.
@@ -353,6 +356,7 @@ impl Vm {
                 fp: FpContext::default(),
                 gicif: VcpuIfState::default(),
                 lrs: [0; crate::vgic::NUM_LRS_MAX],
+                lhp_grace: false,
             }));
             shared.push(VcpuShared {
                 online: AtomicBool::new(false),
