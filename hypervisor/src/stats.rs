@@ -209,6 +209,8 @@ counters! {
     ratelimit_deferrals,
     /// Wake-preemptions of this vCPU deferred by the lock-holder grace period.
     lhp_deferrals,
+    /// Wake-preemptions by this vCPU deferred by the runner's protected minimum run.
+    min_run_deferrals,
     /// Times this vCPU was put on a pCPU (switch-ins, not continuations).
     schedule_ins,
     /// Moves between pCPU runqueues.

@@ -270,6 +270,9 @@ pub struct SimWakeupArgs {
     /// Lock-holder grace, µs [default: the scheduler's]
     #[arg(long, value_name = "N")]
     pub grace_us: Option<u64>,
+    /// Protected run of a vCPU preempted by a wake (sched_wake_min_run_us), µs [default: the scheduler's]
+    #[arg(long, value_name = "N")]
+    pub min_run_us: Option<u64>,
 }
 
 /// `--seconds`, `--submit-us`: a number > 0.

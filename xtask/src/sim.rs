@@ -1,16 +1,21 @@
 //! `cargo xtask sim wakeup [--json FILE] [--seconds N] [--service-us N]
-//! [--submit-us N] [--switch-cost-us N] [--granularity-us N] [--grace-us N]`
+//! [--submit-us N] [--switch-cost-us N] [--granularity-us N] [--grace-us N]
+//! [--min-run-us N]`
 //!
 //! Runs the scheduler simulator (`hypervisor::sched::sim`, which drives the
 //! real scheduler) over the seed workload in every mode and topology, prints
 //! a table, and optionally writes the JSON the benchmark harness reads:
 //! `{"cases":[{"mode":..,"ratelimit_us":..,"topology":..,"iops":..,"p50_us":..,"p99_us":..,"p999_us":..}]}`
-//! (latencies: I/O vCPU wake → running again). A second table shows the
-//! lock-holder scenario (submission latency), which is printed only.
+//! (latencies: I/O vCPU wake → running again). The hog's share (`hog%`)
+//! counts its guest progress only: the context switches are charged to the
+//! incoming vCPU and are nobody's progress. Further tables, printed only:
+//! the lock-holder scenario (submission latency), a fast waker against the
+//! hog (the preemption-rate bound, `--min-run-us`), and a hog that floods
+//! the SGI register (the bounded lock-holder grace).
 //! The options and their defaults are in [`xtask::cli::SimWakeupArgs`].
 
 use hypervisor::sched::sim::{self, Scenario, SimParams, SimResult, Topology};
-use hypervisor::sched::SchedConfig;
+use hypervisor::sched::{CritEvidence, SchedConfig};
 use std::fmt::Write as _;
 use xtask::cli::SimWakeupArgs as Opts;
 
@@ -41,6 +46,9 @@ fn preempt_cfg(o: &Opts) -> SchedConfig {
     if let Some(g) = o.grace_us {
         c.lhp_grace_ns = g * 1000;
     }
+    if let Some(m) = o.min_run_us {
+        c.wake_min_run_ns = m * 1000;
+    }
     c
 }
 
@@ -69,13 +77,13 @@ pub fn main(o: &Opts) -> Result<(), String> {
         o.seconds, o.service_us, o.submit_us, o.switch_cost_us
     );
     println!(
-        "{:<13} {:>6} {:>5} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6}",
-        "mode", "rl_us", "topo", "iops", "p50_us", "p99_us", "p999_us", "max_us", "hog%"
+        "{:<13} {:>6} {:>5} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} {:>9}",
+        "mode", "rl_us", "topo", "iops", "p50_us", "p99_us", "p999_us", "max_us", "hog%", "preempt/s"
     );
     for c in &cases {
         let r = &c.res;
         println!(
-            "{:<13} {:>6} {:>5} {:>9.0} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>6.1}",
+            "{:<13} {:>6} {:>5} {:>9.0} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>6.1} {:>9.0}",
             c.mode,
             c.ratelimit_us,
             c.topology.name(),
@@ -84,7 +92,8 @@ pub fn main(o: &Opts) -> Result<(), String> {
             us(r.wake_to_run(99, 100)),
             us(r.wake_to_run(999, 1000)),
             us(r.wake_to_run(1, 1)),
-            100.0 * r.hog_run_ns as f64 / r.duration_ns as f64,
+            100.0 * r.hog_share(),
+            r.hog_preempts_per_s(),
         );
     }
 
@@ -116,6 +125,55 @@ pub fn main(o: &Opts) -> Result<(), String> {
             us(r.wake_to_run(999, 1000)),
             us(r.slat(99, 100)),
             us(r.slat(1, 1)),
+        );
+    }
+
+    // Preemption-rate bound: a waker that wakes 50 µs after it blocks and
+    // runs 5 µs, against the hog.
+    println!();
+    println!(
+        "fast waker (1p2v): wakes 50 us after it blocks, runs 5 us, context switch {} us; hog% = hog's guest progress",
+        o.switch_cost_us
+    );
+    println!("{:<34} {:>9} {:>6} {:>9} {:>9} {:>9}", "case", "wakes/s", "hog%", "preempt/s", "p99_us", "max_us");
+    let min_run_us = pc.wake_min_run_ns / 1000;
+    let fast_cases = [
+        ("wake-preempt min-run 0".to_string(), SchedConfig { wake_min_run_ns: 0, ..pc }),
+        (format!("wake-preempt min-run {min_run_us}"), pc),
+    ];
+    for (name, cfg) in fast_cases {
+        let p = SimParams { service_ns: 50_000, submit_ns: 5_000, ..params(&o, cfg, Topology::OneP2V, Scenario::Wakeup) };
+        let r = sim::run(&p).map_err(|e| e.to_string())?;
+        println!(
+            "{:<34} {:>9.0} {:>6.1} {:>9.0} {:>9.1} {:>9.1}",
+            name,
+            r.iops(),
+            100.0 * r.hog_share(),
+            r.hog_preempts_per_s(),
+            us(r.wake_to_run(99, 100)),
+            us(r.wake_to_run(1, 1)),
+        );
+    }
+
+    // Bounded lock-holder grace: the hog writes the SGI register every 30 µs
+    // (empty target list); the other vCPU wakes every 1 ms and runs 50 µs.
+    println!();
+    println!("SGI flood (1p2v): hog writes ICC_SGI1R_EL1 every 30 us; vCPU B wakes every 1 ms, runs 50 us");
+    println!("{:<34} {:>9} {:>9} {:>9}", "case", "B_ms/s", "p99_us", "max_us");
+    let flood = |evidence| Scenario::SgiFlood { sgi_every_ns: 30_000, evidence, wake_every_ns: 1_000_000 };
+    let flood_cases = [
+        ("IRQs masked at each write", flood(CritEvidence::IrqsMasked)),
+        ("IRQs enabled at each write", flood(CritEvidence::None)),
+    ];
+    for (name, sc) in flood_cases {
+        let p = SimParams { submit_ns: 50_000, ..params(&o, pc, Topology::OneP2V, sc) };
+        let r = sim::run(&p).map_err(|e| e.to_string())?;
+        println!(
+            "{:<34} {:>9.1} {:>9.1} {:>9.1}",
+            name,
+            r.io_guest_ns as f64 / 1e6 / o.seconds as f64,
+            us(r.wake_to_run(99, 100)),
+            us(r.wake_to_run(1, 1)),
         );
     }
 

@@ -15,7 +15,7 @@ use crate::arch::{context, el2, gic, smc, sysreg};
 use crate::esr::{self, Exit, MmioAccess};
 use crate::psci::{self, Call};
 use crate::regs::ISS_ABORT;
-use crate::sched::{RunState, VcpuId, WakeAction, WakeCause};
+use crate::sched::{CritEvidence, RunState, VcpuId, WakeAction, WakeCause};
 use crate::traps::{self, VirtualSError};
 use crate::vdebug::{self, DebugReg};
 use crate::vgic::Kicks;
@@ -179,6 +179,12 @@ fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Option<u64>) {
         let kicks = vm.vgic.lock().sync_lrs(id, &mut v.lrs[..n]);
         process_kicks(vm, me, kicks, WakeCause::Interrupt);
         inc(&vm.shared[id].counters.exits);
+        if v.lhp_grace && CritEvidence::from_spsr(v.regs.spsr) == CritEvidence::None {
+            // The critical section the SGI trap's grace was for is over.
+            v.lhp_grace = false;
+            let a = vm.sched.lock().note_critical_exit(now_ns(), me, CritEvidence::None);
+            do_wake_action(me, a.unwrap_or(WakeAction::None));
+        }
         let next = match kind {
             ExitKind::Sync => handle_sync(vm, me, v),
             ExitKind::Irq | ExitKind::Fiq => {
@@ -401,7 +407,12 @@ fn handle_sync(vm: &Vm, me: usize, v: &mut Vcpu) -> Next {
             if !s.read && s.key() == esr::ICC_SGI1R_EL1 {
                 let value = reg_read(&v.regs, s.reg);
                 inc(&c.sgis_sent);
-                let _ = vm.sched.lock().note_critical_exit(now_ns(), me);
+                // A lock holder sends its wake-up IPIs with IRQs masked: only
+                // then does a wake-preemption of this vCPU wait (a grace).
+                let evidence = CritEvidence::from_spsr(v.regs.spsr);
+                let a = vm.sched.lock().note_critical_exit(now_ns(), me, evidence);
+                v.lhp_grace = evidence == CritEvidence::IrqsMasked;
+                do_wake_action(me, a.unwrap_or(WakeAction::None));
                 let kicks = vm.vgic.lock().send_sgi(v.id, value);
                 if let Ok(k) = kicks {
                     process_kicks(vm, me, k, WakeCause::Sgi);

@@ -105,6 +105,9 @@ pub struct Vcpu {
     pub lrs: [u64; crate::vgic::NUM_LRS_MAX],
     /// A virtual SError waiting for the guest to take it.
     pub vserror: crate::traps::VirtualSError,
+    /// An SGI trap showed critical-section evidence and opened a lock-holder
+    /// grace; the next exit without that evidence closes it.
+    pub lhp_grace: bool,
 }
 
 /// What other pCPUs may look at without the vCPU's lock.
@@ -312,6 +315,7 @@ impl Vm {
                 gicif: VcpuIfState::default(),
                 lrs: [0; crate::vgic::NUM_LRS_MAX],
                 vserror: Default::default(),
+                lhp_grace: false,
             }));
             shared.push(VcpuShared {
                 online: AtomicBool::new(false),

@@ -13,7 +13,11 @@
 //! to a different vCPU (or from idle) costs `switch_ns` before the guest
 //! runs; the wake→run latency reported is wake time → guest running again,
 //! so it includes that cost. Reschedule requests (local or IPI) take effect
-//! immediately: IPI delivery is folded into the switch cost.
+//! immediately: IPI delivery is folded into the switch cost. The switch
+//! is EL2 time on the pCPU after `schedule()`, so the scheduler charges it
+//! to the incoming vCPU's run time (as on the real pCPU); the guest makes no
+//! progress during it. [`SimResult::hog_guest_ns`] counts only the hog's
+//! own progress, so the switches show in its share.
 //!
 //! [`Scenario::LockHolder`] models the lock-holder preemption of FACTS: the
 //! completion interrupt lands on the hog vCPU, whose handler takes the
@@ -26,7 +30,7 @@
 use alloc::vec;
 use alloc::vec::Vec;
 
-use super::{SchedConfig, SchedError, Scheduler, VcpuId, WakeAction, WakeCause, DEFAULT_WEIGHT};
+use super::{CritEvidence, SchedConfig, SchedError, Scheduler, VcpuId, WakeAction, WakeCause, DEFAULT_WEIGHT};
 
 pub const HOG: VcpuId = VcpuId(0);
 pub const IO: VcpuId = VcpuId(1);
@@ -55,6 +59,11 @@ pub enum Scenario {
     /// The device interrupt goes to the hog, whose handler holds the queue
     /// lock for `pre_sgi_ns`, sends the waking SGI, holds it `post_sgi_ns` more.
     LockHolder { pre_sgi_ns: u64, post_sgi_ns: u64, wfe: Option<u64> },
+    /// The hog writes the SGI register (an empty target list: it wakes
+    /// nobody) every `sgi_every_ns` of its run time, showing `evidence`;
+    /// the I/O vCPU is woken by its timer on a fixed `wake_every_ns` grid
+    /// and runs `submit_ns` each time (`service_ns` is unused).
+    SgiFlood { sgi_every_ns: u64, evidence: CritEvidence, wake_every_ns: u64 },
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -91,8 +100,14 @@ pub struct SimResult {
     pub wake_to_run_ns: Vec<u64>,
     /// First lock attempt → submitted, sorted, ns.
     pub slat_ns: Vec<u64>,
+    /// Run time the scheduler charged (context switches included).
     pub hog_run_ns: u64,
     pub io_run_ns: u64,
+    /// Time the vCPU's guest code ran (context switches excluded).
+    pub hog_guest_ns: u64,
+    pub io_guest_ns: u64,
+    /// Times the hog was preempted by a wake.
+    pub hog_preempt_wake: u64,
 }
 
 impl SimResult {
@@ -108,6 +123,20 @@ impl SimResult {
     }
     pub fn slat(&self, num: u64, den: u64) -> u64 {
         quantile(&self.slat_ns, num, den)
+    }
+    /// The hog's share of the pCPU, counting its guest progress only.
+    pub fn hog_share(&self) -> f64 {
+        if self.duration_ns == 0 {
+            return 0.0;
+        }
+        self.hog_guest_ns as f64 / self.duration_ns as f64
+    }
+    /// Wake-preemptions of the hog per second.
+    pub fn hog_preempts_per_s(&self) -> f64 {
+        if self.duration_ns == 0 {
+            return 0.0;
+        }
+        self.hog_preempt_wake as f64 * 1e9 / self.duration_ns as f64
     }
 }
 
@@ -152,6 +181,8 @@ struct Engine {
     device_done: Option<u64>,
     /// Remaining CPU time of the current phase, per vCPU (0 = hog, 1 = io).
     left: [u64; 2],
+    /// Guest progress so far, per vCPU.
+    guest_ns: [u64; 2],
     hog: HogPhase,
     hog_irq_pending: bool,
     io: IoPhase,
@@ -163,6 +194,14 @@ struct Engine {
 
 fn ix(v: VcpuId) -> usize {
     v.0 as usize
+}
+
+/// The hog's "spin" phase: forever, or until its next SGI write.
+fn hog_spin_ns(p: &SimParams) -> u64 {
+    match p.scenario {
+        Scenario::SgiFlood { sgi_every_ns, .. } => sgi_every_ns.max(1),
+        _ => INFINITE,
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -195,7 +234,8 @@ pub fn run(p: &SimParams) -> Result<SimResult, SchedError> {
         timer: vec![None; nr],
         resched: vec![None; nr],
         device_done: None,
-        left: [INFINITE, 0],
+        left: [hog_spin_ns(p), 0],
+        guest_ns: [0, 0],
         hog: HogPhase::Spin,
         hog_irq_pending: false,
         io: IoPhase::Acquire,
@@ -209,8 +249,16 @@ pub fn run(p: &SimParams) -> Result<SimResult, SchedError> {
     let a = e.sched.power_on(0, IO)?;
     e.apply(a);
     e.run_loop()?;
+    e.now = e.now.max(p.duration_ns);
+    for pc in 0..nr {
+        e.progress(pc);
+        e.sched.schedule(e.now, pc)?; // burn the runners' time up to the end
+    }
     e.res.hog_run_ns = e.sched.stats(HOG).map_or(0, |s| s.counters.run_ns);
     e.res.io_run_ns = e.sched.stats(IO).map_or(0, |s| s.counters.run_ns);
+    e.res.hog_preempt_wake = e.sched.stats(HOG).map_or(0, |s| s.counters.preempt_wake);
+    e.res.hog_guest_ns = e.guest_ns[ix(HOG)];
+    e.res.io_guest_ns = e.guest_ns[ix(IO)];
     e.res.wake_to_run_ns.sort_unstable();
     e.res.slat_ns.sort_unstable();
     Ok(e.res)
@@ -283,6 +331,7 @@ impl Engine {
         if let Some(v) = self.on[pc] {
             if self.now > self.guest_from[pc] {
                 let d = self.now - self.guest_from[pc];
+                self.guest_ns[ix(v)] += d;
                 let l = &mut self.left[ix(v)];
                 if *l != INFINITE {
                     *l = l.saturating_sub(d);
@@ -356,6 +405,9 @@ impl Engine {
                 // Errors cannot happen for a registered vCPU; keep going if one did.
                 let _ = self.wake_io(WakeCause::Interrupt);
             }
+            Scenario::SgiFlood { .. } => {
+                let _ = self.wake_io(WakeCause::Timer);
+            }
             Scenario::LockHolder { .. } => {
                 if let Some(s) = self.sched.stats_mut(HOG) {
                     s.counters.irqs_injected += 1;
@@ -388,24 +440,36 @@ impl Engine {
         if v == HOG {
             match self.hog {
                 HogPhase::IrqBeforeSgi => {
-                    // SGI trap: the EL2 code marks the critical exit, then wakes the target.
-                    self.sched.note_critical_exit(self.now, pc)?;
+                    // SGI trap inside the IRQ handler (IRQs masked): the EL2
+                    // code passes that evidence, then wakes the target.
+                    let a = self.sched.note_critical_exit(self.now, pc, CritEvidence::IrqsMasked)?;
+                    self.apply(a);
                     self.wake_io(WakeCause::Sgi)?;
                     self.hog = HogPhase::IrqAfterSgi;
                     self.left[ix(HOG)] = match self.p.scenario {
                         Scenario::LockHolder { post_sgi_ns, .. } => post_sgi_ns,
-                        Scenario::Wakeup => 0,
+                        _ => 0,
                     };
                 }
                 HogPhase::IrqAfterSgi => {
                     self.lock_held_by = None;
                     self.hog = HogPhase::Spin;
-                    self.left[ix(HOG)] = INFINITE;
+                    self.left[ix(HOG)] = hog_spin_ns(&self.p);
                     if self.hog_irq_pending {
                         self.start_irq();
                     }
                 }
-                HogPhase::Spin => self.left[ix(HOG)] = INFINITE,
+                HogPhase::Spin => {
+                    if let Scenario::SgiFlood { evidence, .. } = self.p.scenario {
+                        // An SGI write with an empty target list: a trap, no wake.
+                        if let Some(s) = self.sched.stats_mut(HOG) {
+                            s.counters.sgis_sent += 1;
+                        }
+                        let a = self.sched.note_critical_exit(self.now, pc, evidence)?;
+                        self.apply(a);
+                    }
+                    self.left[ix(HOG)] = hog_spin_ns(&self.p);
+                }
             }
             return Ok(());
         }
@@ -446,7 +510,14 @@ impl Engine {
                 if let Some(f) = self.slat_from.take() {
                     self.res.slat_ns.push(self.now - f);
                 }
-                self.device_done = Some(self.now + self.p.service_ns);
+                self.device_done = Some(match self.p.scenario {
+                    // The next tick of the I/O vCPU's periodic timer.
+                    Scenario::SgiFlood { wake_every_ns, .. } => {
+                        let period = wake_every_ns.max(1);
+                        (self.now / period + 1) * period
+                    }
+                    _ => self.now + self.p.service_ns,
+                });
                 // Wait for the completion: WFI with nothing pending.
                 if let Some(s) = self.sched.stats_mut(IO) {
                     s.counters.wfi_traps += 1;

@@ -57,6 +57,14 @@ fn bootargs() {
     assert_eq!(c.wake_mode, WakeMode::Preempt);
     assert_eq!(c.wake_granularity_ns, 250 * US);
     assert_eq!(c.lhp_grace_ns, 20 * US);
+    assert_eq!(SchedConfig::default().wake_min_run_ns, 100 * US);
+    let c = SchedConfig::from_bootargs("sched_wake_min_run_us=250").unwrap();
+    assert_eq!(c.wake_min_run_ns, 250 * US);
+    assert_eq!(SchedConfig::from_bootargs("sched_wake_min_run_us=0").unwrap().wake_min_run_ns, 0);
+    assert_eq!(
+        SchedConfig::from_bootargs("sched_wake_min_run_us=1e3"),
+        Err(SchedError::BadBootArg("sched_wake_min_run_us"))
+    );
     assert_eq!(SchedConfig::from_bootargs("").unwrap(), SchedConfig::default());
     assert_eq!(
         SchedConfig::from_bootargs("sched_ratelimit_us=50"),
@@ -261,7 +269,7 @@ fn wake_granularity_prevents_ping_pong() {
 fn lhp_grace_defers_wake_preemption() {
     let mut s = hog_and_blocked_io(SchedConfig { lhp_grace_ns: 50 * US, ..SchedConfig::default() });
     // The hog traps on an SGI send at 300 µs and wakes vcpu1.
-    s.note_critical_exit(T0 + 300 * US, 0).unwrap();
+    s.note_critical_exit(T0 + 300 * US, 0, CritEvidence::IrqsMasked).unwrap();
     assert_eq!(
         s.wake(T0 + 300 * US, v(1), WakeCause::Sgi),
         Ok(WakeAction::RearmTimer { pcpu: 0, at: T0 + 350 * US })
@@ -276,8 +284,142 @@ fn lhp_grace_defers_wake_preemption() {
     assert_eq!(s.stats(v(0)).unwrap().counters.preempt_wake, 1);
     // Xen-compat has no grace (faithful control group).
     let mut s = hog_and_blocked_io(SchedConfig::xen_compat(0));
-    s.note_critical_exit(T0 + 300 * US, 0).unwrap();
+    s.note_critical_exit(T0 + 300 * US, 0, CritEvidence::IrqsMasked).unwrap();
     assert_eq!(s.wake(T0 + 300 * US, v(1), WakeCause::Sgi), Ok(WakeAction::Reschedule { pcpu: 0 }));
+}
+
+#[test]
+fn crit_evidence_from_spsr() {
+    use CritEvidence::{IrqsMasked, None as No};
+    assert_eq!(CritEvidence::from_spsr(0x3c5), IrqsMasked, "EL1h, DAIF masked");
+    assert_eq!(CritEvidence::from_spsr(0x084), IrqsMasked, "EL1t, I");
+    assert_eq!(CritEvidence::from_spsr(0x345), No, "EL1h, I clear (D, A, F set)");
+    assert_eq!(CritEvidence::from_spsr(0x005), No, "EL1h, all unmasked");
+    assert_eq!(CritEvidence::from_spsr(0x080), No, "EL0t with I set");
+    assert_eq!(CritEvidence::from_spsr(0x089), No, "EL2h is not a guest EL1");
+    assert_eq!(CritEvidence::from_spsr(0x093), No, "AArch32 SVC");
+    assert_eq!(CritEvidence::from_spsr(0xffff_ffff_0000_0385), IrqsMasked, "upper bits ignored");
+}
+
+#[test]
+fn lhp_grace_needs_evidence() {
+    // An SGI trap from a vCPU with IRQs enabled opens no grace.
+    let mut s = hog_and_blocked_io(SchedConfig::default());
+    let t = T0 + 300 * US;
+    assert_eq!(s.note_critical_exit(t, 0, CritEvidence::None), Ok(WakeAction::None));
+    assert_eq!(s.wake(t, v(1), WakeCause::Sgi), Ok(WakeAction::Reschedule { pcpu: 0 }));
+    assert_eq!(s.schedule(t, 0).unwrap().next, Some(v(1)));
+    assert_eq!(s.stats(v(1)).unwrap().counters.lhp_deferrals, 0);
+}
+
+#[test]
+fn lhp_grace_ends_at_an_exit_without_evidence() {
+    let mut s = hog_and_blocked_io(SchedConfig::default());
+    let t = T0 + 300 * US;
+    s.note_critical_exit(t, 0, CritEvidence::IrqsMasked).unwrap();
+    assert_eq!(s.wake(t, v(1), WakeCause::Sgi), Ok(WakeAction::RearmTimer { pcpu: 0, at: t + 40 * US }));
+    // An exit still inside the critical section changes nothing...
+    assert_eq!(s.note_critical_exit(t + 5 * US, 0, CritEvidence::IrqsMasked), Ok(WakeAction::None));
+    // ...the first one outside it ends the deferral there and then.
+    assert_eq!(s.note_critical_exit(t + 10 * US, 0, CritEvidence::None), Ok(WakeAction::Reschedule { pcpu: 0 }));
+    let d = s.schedule(t + 10 * US, 0).unwrap();
+    assert_eq!(d.next, Some(v(1)));
+    assert_eq!(s.stats(v(1)).unwrap().kick_to_run_ns.max(), Some(10 * US));
+    // With nothing pending, closing a grace asks for nothing.
+    assert_eq!(s.note_critical_exit(t + 20 * US, 0, CritEvidence::None), Ok(WakeAction::None));
+}
+
+#[test]
+fn lhp_grace_is_capped_per_pending_preemption() {
+    let mut s = hog_and_blocked_io(SchedConfig::default());
+    let t = T0 + 300 * US;
+    s.note_critical_exit(t, 0, CritEvidence::IrqsMasked).unwrap();
+    assert_eq!(s.wake(t, v(1), WakeCause::Sgi), Ok(WakeAction::RearmTimer { pcpu: 0, at: t + 40 * US }));
+    // More critical exits do not push the preemption past wake + grace.
+    for k in 1..4 {
+        s.note_critical_exit(t + k * 10 * US, 0, CritEvidence::IrqsMasked).unwrap();
+        let d = s.schedule(t + k * 10 * US, 0).unwrap();
+        assert_eq!((d.next, d.timer_at), (Some(v(0)), Some(t + 40 * US)), "exit {k}");
+    }
+    assert_eq!(s.schedule(t + 40 * US, 0).unwrap().next, Some(v(1)));
+    // A grace opened long before the wake only defers it for what is left of it.
+    let mut s = hog_and_blocked_io(SchedConfig::default());
+    s.note_critical_exit(t, 0, CritEvidence::IrqsMasked).unwrap();
+    assert_eq!(s.wake(t + 30 * US, v(1), WakeCause::Sgi), Ok(WakeAction::RearmTimer { pcpu: 0, at: t + 40 * US }));
+}
+
+/// vcpu0 wake-preempted by vcpu1 at `T0 + 200 µs`; vcpu1 runs 10 µs and
+/// blocks, so vcpu0 is switched back in at the returned time.
+fn hog_back_after_wake_preemption(cfg: SchedConfig) -> (Scheduler, u64) {
+    let mut s = hog_and_blocked_io(cfg);
+    let t = T0 + 200 * US;
+    assert_eq!(s.wake(t, v(1), WakeCause::Interrupt), Ok(WakeAction::Reschedule { pcpu: 0 }));
+    assert_eq!(s.schedule(t, 0).unwrap().next, Some(v(1)));
+    s.block(t + 10 * US, 0).unwrap();
+    assert_eq!(s.schedule(t + 10 * US, 0).unwrap().next, Some(v(0)));
+    assert_eq!(s.stats(v(0)).unwrap().counters.preempt_wake, 1);
+    (s, t + 10 * US)
+}
+
+#[test]
+fn wake_preempted_vcpu_gets_a_protected_run() {
+    let (mut s, back) = hog_back_after_wake_preemption(SchedConfig::default());
+    // vcpu1 wakes 20 µs later: deferred to the end of vcpu0's 100 µs.
+    assert_eq!(
+        s.wake(back + 20 * US, v(1), WakeCause::Interrupt),
+        Ok(WakeAction::RearmTimer { pcpu: 0, at: back + 100 * US })
+    );
+    assert_eq!(s.stats(v(1)).unwrap().counters.min_run_deferrals, 1);
+    let d = s.schedule(back + 50 * US, 0).unwrap();
+    assert_eq!((d.next, d.timer_at), (Some(v(0)), Some(back + 100 * US)));
+    let d = s.schedule(back + 100 * US, 0).unwrap();
+    assert_eq!(d.next, Some(v(1)));
+    assert_eq!(s.stats(v(0)).unwrap().counters.preempt_wake, 2);
+    assert_eq!(s.stats(v(1)).unwrap().kick_to_run_ns.max(), Some(80 * US));
+    // After its protected run a wake preempts it at once.
+    let (mut s, back) = hog_back_after_wake_preemption(SchedConfig::default());
+    assert_eq!(s.wake(back + 100 * US, v(1), WakeCause::Interrupt), Ok(WakeAction::Reschedule { pcpu: 0 }));
+    // Off (0): no protection.
+    let (mut s, back) =
+        hog_back_after_wake_preemption(SchedConfig { wake_min_run_ns: 0, ..SchedConfig::default() });
+    assert_eq!(s.wake(back + 20 * US, v(1), WakeCause::Interrupt), Ok(WakeAction::Reschedule { pcpu: 0 }));
+}
+
+#[test]
+fn protected_run_and_grace_defer_to_the_later_end() {
+    let (mut s, back) = hog_back_after_wake_preemption(SchedConfig::default());
+    // Grace until back + 110 µs outlasts the protected run (back + 100 µs).
+    s.note_critical_exit(back + 70 * US, 0, CritEvidence::IrqsMasked).unwrap();
+    assert_eq!(
+        s.wake(back + 70 * US, v(1), WakeCause::Sgi),
+        Ok(WakeAction::RearmTimer { pcpu: 0, at: back + 110 * US })
+    );
+    assert_eq!(s.stats(v(1)).unwrap().counters.lhp_deferrals, 1);
+    // The guest unmasks: the protected run still holds, the grace does not.
+    assert_eq!(
+        s.note_critical_exit(back + 80 * US, 0, CritEvidence::None),
+        Ok(WakeAction::RearmTimer { pcpu: 0, at: back + 100 * US })
+    );
+    let d = s.schedule(back + 80 * US, 0).unwrap();
+    assert_eq!((d.next, d.timer_at), (Some(v(0)), Some(back + 100 * US)));
+    assert_eq!(s.schedule(back + 100 * US, 0).unwrap().next, Some(v(1)));
+
+    // A critical section entered during the protected run: the grace runs
+    // from the end of that run, so the runner is not preempted inside it.
+    let (mut s, back) = hog_back_after_wake_preemption(SchedConfig::default());
+    assert_eq!(
+        s.wake(back + 20 * US, v(1), WakeCause::Interrupt),
+        Ok(WakeAction::RearmTimer { pcpu: 0, at: back + 100 * US })
+    );
+    s.note_critical_exit(back + 95 * US, 0, CritEvidence::IrqsMasked).unwrap();
+    let d = s.schedule(back + 100 * US, 0).unwrap();
+    assert_eq!((d.next, d.timer_at), (Some(v(0)), Some(back + 135 * US)));
+    // ...and never more than the grace past it, whatever follows.
+    s.note_critical_exit(back + 130 * US, 0, CritEvidence::IrqsMasked).unwrap();
+    let d = s.schedule(back + 135 * US, 0).unwrap();
+    assert_eq!((d.next, d.timer_at), (Some(v(0)), Some(back + 140 * US)));
+    assert_eq!(s.schedule(back + 140 * US, 0).unwrap().next, Some(v(1)));
+    assert_eq!(s.stats(v(1)).unwrap().kick_to_run_ns.max(), Some(120 * US));
 }
 
 #[test]
@@ -485,6 +627,57 @@ fn sim_lock_holder_slat_stays_bounded() {
         assert!(good.wake_to_run(99, 100) <= 100 * US);
         assert!(good.iops() > 3.0 * bad.iops());
     }
+}
+
+/// Issue 8, item 6: vCPU A (the hog) writes the SGI register every 30 µs
+/// with IRQs masked, the worst case for the grace; vCPU B wakes every 1 ms
+/// and runs 50 µs. Before the per-wake cap every write pushed the grace
+/// 40 µs on, and B never ran again after its first block.
+#[test]
+fn sim_sgi_flood_cannot_starve_a_woken_vcpu() {
+    for evidence in [CritEvidence::IrqsMasked, CritEvidence::None] {
+        let cfg = SchedConfig::default();
+        let mut p = SimParams::wakeup(cfg, Topology::OneP2V);
+        p.duration_ns = 1000 * MS;
+        p.submit_ns = 50 * US;
+        p.scenario = Scenario::SgiFlood { sgi_every_ns: 30 * US, evidence, wake_every_ns: 1 * MS };
+        let r = sim::run(&p).unwrap();
+        // wake→run includes the 5 µs context switch.
+        let max = r.wake_to_run(1, 1);
+        assert!(max <= cfg.lhp_grace_ns + 10 * US, "{evidence:?}: max wake->run {max}");
+        assert!(r.io_guest_ns >= 49 * MS, "{evidence:?}: B ran {}", r.io_guest_ns);
+        // Every grid tick but the first (B is still runnable from power-on then) is a wake.
+        assert!(r.wake_to_run_ns.len() >= 998, "{evidence:?}: {} wakes", r.wake_to_run_ns.len());
+        if evidence == CritEvidence::None {
+            assert!(max <= p.switch_ns, "no evidence, no grace: {max}");
+        }
+    }
+}
+
+/// Issue 8, item 7: a waker that wakes 50 µs after it blocks and runs 5 µs,
+/// against a hog, with a 5 µs context switch charged to the incoming vCPU.
+#[test]
+fn sim_fast_waker_cannot_chop_a_hog() {
+    let fast_waker = |cfg: SchedConfig| {
+        let mut p = SimParams::wakeup(cfg, Topology::OneP2V);
+        p.duration_ns = 1000 * MS;
+        p.service_ns = 50 * US;
+        p.submit_ns = 5 * US;
+        p.switch_ns = 5 * US;
+        sim::run(&p).unwrap()
+    };
+    let cfg = SchedConfig::default();
+    let r = fast_waker(cfg);
+    assert!(r.hog_preempts_per_s() <= 10_000.0, "hog preempted {}/s", r.hog_preempts_per_s());
+    assert!(r.hog_share() >= 0.8, "hog share {}", r.hog_share());
+    let p99 = r.wake_to_run(99, 100);
+    assert!(p99 <= cfg.wake_min_run_ns + 10 * US, "waker p99 {p99}");
+    // The switches are visible: the hog's guest time is below what it was charged.
+    assert!(r.hog_guest_ns + r.hog_preempt_wake * 5 * US <= r.hog_run_ns);
+    // Without the protected run (today's behaviour before it) both bounds break.
+    let off = fast_waker(SchedConfig { wake_min_run_ns: 0, ..cfg });
+    assert!(off.hog_preempts_per_s() > 15_000.0, "{}", off.hog_preempts_per_s());
+    assert!(off.hog_share() < 0.8, "{}", off.hog_share());
 }
 
 #[test]

@@ -116,6 +116,7 @@ fn documented_examples_parse() {
         "sim wakeup --json /tmp/sim.json",
         "sim wakeup --granularity-us 600",
         "sim wakeup --seconds 1 --service-us 100 --submit-us 10 --switch-cost-us 2 --grace-us 40",
+        "sim wakeup --seconds 1 --min-run-us 0",
     ] {
         ok(line);
     }
@@ -367,6 +368,7 @@ fn option_names_are_the_documented_ones() {
             "--switch-cost-us",
             "--granularity-us",
             "--grace-us",
+            "--min-run-us",
             "--help"
         ])
     );
