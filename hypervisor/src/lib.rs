@@ -4,7 +4,8 @@
 //! the host, so `cargo test` exercises it with fakes: device-tree discovery and
 //! guest DTB editing (`dtb`), the vGIC register model (`vgic`), the
 //! Credit2-compatible scheduler (`sched`), trap decoding (`esr`), stage-2 table
-//! building (`stage2`), the emulated PL011 (`vpl011`) and PSCI (`psci`).
+//! building (`stage2`), timer arithmetic (`time`), the emulated PL011
+//! (`vpl011`) and PSCI (`psci`).
 //! On the bare-metal aarch64 target the EL2 runtime (`arch`, `vm`) is added.
 #![cfg_attr(not(test), no_std)]
 extern crate alloc;
@@ -18,6 +19,7 @@ pub mod esr;
 pub mod idregs;
 pub mod psci;
 pub mod stage2;
+pub mod time;
 pub mod vpl011;
 pub mod virtio;
 

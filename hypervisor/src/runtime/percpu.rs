@@ -79,16 +79,16 @@ pub fn cntfrq() -> u64 {
 
 /// The physical counter in nanoseconds (the scheduler's clock).
 pub fn now_ns() -> u64 {
-    let t = read_sysreg!("cntpct_el0");
-    ((t as u128 * 1_000_000_000) / cntfrq() as u128) as u64
+    ticks_to_ns(read_sysreg!("cntpct_el0"))
 }
 
+/// Counter ticks in ns, saturating (see `crate::time`).
 pub fn ticks_to_ns(t: u64) -> u64 {
-    ((t as u128 * 1_000_000_000) / cntfrq() as u128) as u64
+    crate::time::ticks_to_ns(t, cntfrq())
 }
 
 fn ns_to_ticks(ns: u64) -> u64 {
-    ((ns as u128 * cntfrq() as u128).div_ceil(1_000_000_000)) as u64
+    crate::time::ns_to_ticks(ns, cntfrq())
 }
 
 /// Arms the EL2 physical timer (CNTHP) at `ns`, or stops it.

@@ -166,8 +166,7 @@ fn save_vcpu(vm: &Vm, me: usize, v: &mut Vcpu) {
     v.fp.save();
     v.gicif.save();
     gic::set_private_active(PCPUS[me].rd_base.load(Ordering::Relaxed), vm.virt_timer_intid, false);
-    let ctl = v.el1.cntv_ctl;
-    let deadline = if ctl & 1 != 0 && ctl & 2 == 0 { percpu::ticks_to_ns(v.el1.cntv_cval) } else { u64::MAX };
+    let deadline = crate::time::vtimer_deadline_ns(v.el1.cntv_ctl, v.el1.cntv_cval, percpu::cntfrq());
     let deadline = crate::config::apply_slop(deadline, vm.timer_slop_ns);
     vm.shared[v.id].vtimer_home.store(me, Ordering::Relaxed);
     vm.shared[v.id].vtimer_deadline.store(deadline, Ordering::Release);
