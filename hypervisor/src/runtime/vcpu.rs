@@ -143,7 +143,7 @@ fn arm_timer(vm: &Vm, me: usize, deadline: &mut Option<u64>) {
     }
     for s in &vm.shared {
         if s.vtimer_home.load(Ordering::Relaxed) == me {
-            at = at.min(s.vtimer_deadline.load(Ordering::Acquire));
+            at = at.min(s.vtimer_deadline.load(Ordering::Acquire)).min(s.wake_at.load(Ordering::Acquire));
         }
     }
     percpu::arm_hyp_timer((at != u64::MAX).then_some(at));
@@ -152,6 +152,7 @@ fn arm_timer(vm: &Vm, me: usize, deadline: &mut Option<u64>) {
 fn load_vcpu(vm: &Vm, me: usize, v: &Vcpu) {
     let vt = vm.virt_timer_intid;
     vm.shared[v.id].vtimer_deadline.store(u64::MAX, Ordering::Release);
+    vm.shared[v.id].wake_at.store(u64::MAX, Ordering::Release);
     // The forwarded virtual timer: while its virtual interrupt is pending or
     // active, keep the physical PPI active so it does not fire again.
     let busy = vm.vgic.lock().is_pending_or_active(v.id, vt);
@@ -259,19 +260,24 @@ fn process_kicks(vm: &Vm, me: usize, kicks: Kicks, cause: WakeCause) {
         if running == me {
             continue; // refilled at the next entry
         }
-        inc(&vm.shared[k].counters.kicks);
-        let (action, state) = {
-            let mut s = vm.sched.lock();
-            let a = s.wake(now, VcpuId(k as u32), cause).unwrap_or(WakeAction::None);
-            (a, s.state(VcpuId(k as u32)))
-        };
-        if let Some(RunState::Running(p)) = state {
-            if p != me {
-                percpu::kick(p);
-            }
-        }
-        do_wake_action(me, action);
+        wake_vcpu(vm, me, k, now, cause);
     }
+}
+
+/// Wakes vCPU `k` if blocked, or interrupts its pCPU if it runs elsewhere.
+fn wake_vcpu(vm: &Vm, me: usize, k: usize, now: u64, cause: WakeCause) {
+    inc(&vm.shared[k].counters.kicks);
+    let (action, state) = {
+        let mut s = vm.sched.lock();
+        let a = s.wake(now, VcpuId(k as u32), cause).unwrap_or(WakeAction::None);
+        (a, s.state(VcpuId(k as u32)))
+    };
+    if let Some(RunState::Running(p)) = state {
+        if p != me {
+            percpu::kick(p);
+        }
+    }
+    do_wake_action(me, action);
 }
 
 /// Takes every pending physical interrupt. `cur` is the vCPU on this pCPU.
@@ -366,6 +372,11 @@ fn timer_expired(vm: &Vm, me: usize, deadline: &mut Option<u64>) {
                 process_kicks(vm, me, k, WakeCause::Timer);
             }
         }
+        // The limit of a WFIT: the vCPU runs again, with nothing injected.
+        let w = s.wake_at.load(Ordering::Acquire);
+        if w <= now && s.wake_at.compare_exchange(w, u64::MAX, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+            wake_vcpu(vm, me, v, now, WakeCause::Timer);
+        }
     }
     if deadline.is_some_and(|d| d <= now) {
         *deadline = None;
@@ -394,14 +405,16 @@ fn handle_sync(vm: &Vm, me: usize, v: &mut Vcpu) -> Next {
     let ilen = esr::instruction_length(esr);
     let c = &vm.shared[v.id].counters;
     match esr::decode(esr, far, hpfar) {
-        Exit::Wfx { wfe } => {
+        Exit::Wfx { wfe, timeout } => {
             v.regs.elr += ilen;
             if wfe {
+                // WFE and WFET: never block, so WFET's limit cannot be missed.
                 inc(&c.wfe_traps);
                 yield_cpu(vm, me, v.id)
             } else {
                 inc(&c.wfi_traps);
-                block(vm, me, v.id)
+                let limit = timeout.limit_ns(|r| reg_read(&v.regs, r), percpu::cntfrq());
+                block(vm, me, v.id, limit)
             }
         }
         Exit::Hvc { .. } => {
@@ -466,17 +479,25 @@ fn handle_sync(vm: &Vm, me: usize, v: &mut Vcpu) -> Next {
 
 /// WFI: block unless an interrupt is already deliverable. The check and the
 /// block happen under the vGIC lock so an injection cannot slip between.
-fn block(vm: &Vm, me: usize, id: usize) -> Next {
+/// `limit` (ns, u64::MAX = none) ends a WFIT's wait: the pCPU where the vCPU
+/// is saved watches it on the EL2 timer (`arm_timer`, `timer_expired`).
+fn block(vm: &Vm, me: usize, id: usize, limit: u64) -> Next {
+    let now = now_ns();
+    if limit <= now {
+        return Next::Enter;
+    }
     let vgic = vm.vgic.lock();
     if vgic.has_deliverable(id) {
         return Next::Enter;
     }
+    vm.shared[id].wake_at.store(limit, Ordering::Release);
     let r = vm.sched.lock().block(now_ns(), me);
     drop(vgic);
     match r {
         Ok(_) => Next::Schedule,
         Err(e) => {
             warn!("vCPU{id}: block: {e}");
+            vm.shared[id].wake_at.store(u64::MAX, Ordering::Release);
             Next::Enter
         }
     }
@@ -609,7 +630,7 @@ fn psci_call(vm: &Vm, me: usize, v: &mut Vcpu) -> Next {
         Call::MigrateInfoType => psci::MIGRATE_NOT_REQUIRED,
         Call::CpuSuspend => {
             // Standby: like WFI.
-            next = block(vm, me, v.id);
+            next = block(vm, me, v.id, u64::MAX);
             psci::SUCCESS
         }
         Call::CpuOn { target, entry, context } => {

@@ -102,6 +102,9 @@ pub struct VcpuShared {
     pub vtimer_deadline: AtomicU64,
     /// The pCPU that watches that deadline (where the vCPU was saved).
     pub vtimer_home: AtomicUsize,
+    /// While it is blocked in WFIT: when (ns) the wait ends even without an
+    /// interrupt, watched like `vtimer_deadline`; u64::MAX = none.
+    pub wake_at: AtomicU64,
     /// The pCPU running it, usize::MAX = none.
     pub running_on: AtomicUsize,
     pub counters: TrapCounters,
@@ -358,6 +361,7 @@ impl Vm {
                 online: AtomicBool::new(false),
                 vtimer_deadline: AtomicU64::new(u64::MAX),
                 vtimer_home: AtomicUsize::new(0),
+                wake_at: AtomicU64::new(u64::MAX),
                 running_on: AtomicUsize::new(usize::MAX),
                 counters: TrapCounters::default(),
             });
