@@ -153,6 +153,9 @@ fn load_vcpu(vm: &Vm, me: usize, v: &Vcpu) {
     let vt = vm.virt_timer_intid;
     vm.shared[v.id].vtimer_deadline.store(u64::MAX, Ordering::Release);
     vm.shared[v.id].wake_at.store(u64::MAX, Ordering::Release);
+    // Derived afresh below (running_on is already set: a later change by
+    // another pCPU asks again, see `deactivate_hw`).
+    vm.shared[v.id].ppi_resync.store(0, Ordering::Release);
     // The forwarded virtual timer: while its virtual interrupt is pending or
     // active, keep the physical PPI active so it does not fire again.
     let busy = vm.vgic.lock().is_pending_or_active(v.id, vt);
@@ -194,7 +197,12 @@ fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Option<u64>) {
             v.lrs[i] = gic::read_lr(i);
         }
         gic::write_ich_hcr(0);
-        let kicks = vm.vgic.lock().sync_lrs(id, &mut v.lrs[..n]);
+        let (kicks, hw) = {
+            let mut vgic = vm.vgic.lock();
+            (vgic.sync_lrs(id, &mut v.lrs[..n]), vgic.take_hw_deactivations())
+        };
+        deactivate_hw(vm, me, id, hw);
+        resync_private_active(vm, me, id);
         process_kicks(vm, me, kicks, WakeCause::Interrupt);
         inc(&vm.shared[id].counters.exits);
         let next = match kind {
@@ -235,6 +243,45 @@ fn follow_routes(vm: &Vm, me: usize, id: usize) {
     for (i, &intid) in vm.forwarded.iter().enumerate() {
         if vgic.route_of(intid) == Some(id) && vm.forwarded_pcpu[i].swap(me, Ordering::AcqRel) != me {
             gic::route_spi(vm.gicd_base, intid, PCPUS[me].mpidr.load(Ordering::Relaxed));
+        }
+    }
+}
+
+/// Deactivates the physical side of forwarded interrupts whose virtual state
+/// the guest ended by ICPENDR/ICACTIVER (`Vgic::take_hw_deactivations`);
+/// `cur` is the vCPU running on this pCPU. An SPI is deactivated in the
+/// distributor. A private interrupt (the virtual timer) is active on the
+/// pCPU that runs its vCPU: here, or that pCPU re-derives it at its next
+/// exit; a vCPU that is not running gets it derived when it is loaded.
+fn deactivate_hw(vm: &Vm, me: usize, cur: usize, list: alloc::vec::Vec<crate::vgic::HwDeactivation>) {
+    for d in list {
+        if d.intid >= 32 {
+            gic::clear_spi_active(vm.gicd_base, d.pintid);
+        } else if d.vcpu == cur {
+            gic::set_private_active(PCPUS[me].rd_base.load(Ordering::Relaxed), d.pintid, false);
+        } else if let Some(s) = vm.shared.get(d.vcpu) {
+            s.ppi_resync.fetch_or(1 << d.intid, Ordering::AcqRel);
+            let p = s.running_on.load(Ordering::Acquire);
+            if p != usize::MAX && p != me {
+                percpu::kick(p);
+            }
+        }
+    }
+}
+
+/// The `ppi_resync` requests for vCPU `id`, running here: set each forwarded
+/// private interrupt's physical active state to the vGIC's view.
+fn resync_private_active(vm: &Vm, me: usize, id: usize) {
+    let s = &vm.shared[id];
+    if s.ppi_resync.load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    let bits = s.ppi_resync.swap(0, Ordering::AcqRel);
+    let vgic = vm.vgic.lock();
+    for intid in (0..32).filter(|i| bits & (1 << i) != 0) {
+        if let Some(p) = vgic.hw_of(id, intid) {
+            let busy = vgic.is_pending_or_active(id, intid);
+            gic::set_private_active(PCPUS[me].rd_base.load(Ordering::Relaxed), p, busy);
         }
     }
 }
@@ -531,7 +578,9 @@ fn mmio(vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess) -> Result<(), ()> {
         if vgic.decode(a.ipa).is_some() {
             if a.write {
                 let kicks = vgic.mmio_write(v.id, a.ipa, a.size, value).map_err(|_| ())?;
+                let hw = vgic.take_hw_deactivations();
                 drop(vgic);
+                deactivate_hw(vm, me, v.id, hw);
                 process_kicks(vm, me, kicks, WakeCause::Interrupt);
             } else {
                 let r = vgic.mmio_read(v.id, a.ipa, a.size).map_err(|_| ())?;

@@ -21,7 +21,7 @@ use crate::read_sysreg;
 use alloc::boxed::Box;
 use alloc::string::String;
 use alloc::vec::Vec;
-use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use log::info;
 use spin::Mutex;
 
@@ -107,6 +107,10 @@ pub struct VcpuShared {
     pub wake_at: AtomicU64,
     /// The pCPU running it, usize::MAX = none.
     pub running_on: AtomicUsize,
+    /// Bit n: the physical active state of forwarded private INTID n (the
+    /// virtual timer) must be re-derived from the vGIC by the pCPU that runs
+    /// this vCPU, at its next exit (another vCPU changed it by MMIO).
+    pub ppi_resync: AtomicU32,
     pub counters: TrapCounters,
 }
 
@@ -362,6 +366,7 @@ impl Vm {
                 vtimer_deadline: AtomicU64::new(u64::MAX),
                 vtimer_home: AtomicUsize::new(0),
                 wake_at: AtomicU64::new(u64::MAX),
+                ppi_resync: AtomicU32::new(0),
                 running_on: AtomicUsize::new(usize::MAX),
                 counters: TrapCounters::default(),
             });

@@ -207,6 +207,19 @@ pub fn set_private_active(rd_base: u64, intid: u32, active: bool) {
     super::sysreg::dsb_sy();
 }
 
+/// Deactivates SPI `intid` in the distributor (GICD_ICACTIVER<n>), from
+/// any CPU, whichever CPU acknowledged it.
+pub fn clear_spi_active(gicd: u64, intid: u32) {
+    if !(32..1020).contains(&intid) {
+        return;
+    }
+    let reg = gicd + 0x380 + 4 * (intid as u64 / 32);
+    // SAFETY: a write-1-to-clear register of the identity-mapped distributor;
+    // only the bit of `intid`, an SPI the hypervisor forwards, is written.
+    unsafe { core::ptr::write_volatile(reg as *mut u32, 1 << (intid % 32)) };
+    super::sysreg::dsb_sy();
+}
+
 /// Routes SPI `intid` to the CPU with affinity `mpidr` (GICD_IROUTER<n>,
 /// affinity routing, IRM = 0).
 pub fn route_spi(gicd: u64, intid: u32, mpidr: u64) {
