@@ -64,11 +64,38 @@ pub const ICC_SGI1R_EL1: u32 = sysreg_key(3, 0, 12, 11, 5);
 pub const ICC_ASGI1R_EL1: u32 = sysreg_key(3, 0, 12, 11, 6);
 pub const ICC_SGI0R_EL1: u32 = sysreg_key(3, 0, 12, 11, 7);
 
+/// The timeout of a trapped WFx instruction (ESR ISS.TI, RV, RN).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WfxTimeout {
+    /// WFI or WFE: wait without a limit.
+    None,
+    /// WFIT or WFET: the wait ends when CNTVCT_EL0 reaches the value of
+    /// this register (31 is XZR, i.e. 0: already passed).
+    Reg(u8),
+    /// WFIT or WFET whose syndrome does not name the register (ISS.RV = 0):
+    /// the limit is unknown, so the wait must end at once (a spurious
+    /// wake-up is always allowed; waiting past the limit is not).
+    Unknown,
+}
+
+impl WfxTimeout {
+    /// Until when (ns of the counter, CNTVOFF = 0) the wait may last:
+    /// `u64::MAX` without a limit, 0 when it must end at once. `reg` reads a
+    /// guest register (31 reads as 0).
+    pub fn limit_ns(self, reg: impl Fn(u8) -> u64, freq_hz: u64) -> u64 {
+        match self {
+            WfxTimeout::None => u64::MAX,
+            WfxTimeout::Reg(r) => crate::time::ticks_to_ns(reg(r), freq_hz),
+            WfxTimeout::Unknown => 0,
+        }
+    }
+}
+
 /// Why the guest exited, as far as the syndrome tells.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Exit {
-    /// WFI (`wfe == false`) or WFE.
-    Wfx { wfe: bool },
+    /// WFI/WFIT (`wfe == false`) or WFE/WFET, with the timeout of WFIT/WFET.
+    Wfx { wfe: bool, timeout: WfxTimeout },
     Hvc { imm: u16 },
     Smc { imm: u16 },
     SysReg(SysRegAccess),
@@ -109,7 +136,7 @@ pub fn decode(esr: u64, far: u64, hpfar: u64) -> Exit {
     let ec = exception_class(esr);
     let iss = (esr & 0x01ff_ffff) as u32;
     match ec {
-        ec::WFX => Exit::Wfx { wfe: iss & 0b11 == 1 },
+        ec::WFX => decode_wfx(iss),
         ec::HVC64 => Exit::Hvc { imm: iss as u16 },
         ec::SMC64 => Exit::Smc { imm: iss as u16 },
         ec::SYSREG => Exit::SysReg(SysRegAccess {
@@ -126,6 +153,20 @@ pub fn decode(esr: u64, far: u64, hpfar: u64) -> Exit {
         ec::FP_ASIMD | ec::SVE | ec::SME => Exit::Undefined { ec },
         _ => Exit::Unknown { ec, iss },
     }
+}
+
+/// ISS of EC 0x01: TI\[1:0\] (0b00 WFI, 0b01 WFE, 0b10 WFIT, 0b11 WFET),
+/// RV\[2\] (RN valid, WFIT/WFET only), RN\[9:5\].
+fn decode_wfx(iss: u32) -> Exit {
+    let ti = iss & 0b11;
+    let timeout = if ti & 0b10 == 0 {
+        WfxTimeout::None
+    } else if iss & (1 << 2) != 0 {
+        WfxTimeout::Reg(((iss >> 5) & 0x1f) as u8)
+    } else {
+        WfxTimeout::Unknown
+    };
+    Exit::Wfx { wfe: ti & 1 == 1, timeout }
 }
 
 fn decode_dabt(iss: u32, far: u64, hpfar: u64) -> Exit {
@@ -185,8 +226,33 @@ mod tests {
 
     #[test]
     fn wfi_and_wfe() {
-        assert_eq!(decode(esr(ec::WFX, true, 0), 0, 0), Exit::Wfx { wfe: false });
-        assert_eq!(decode(esr(ec::WFX, true, 1), 0, 0), Exit::Wfx { wfe: true });
+        assert_eq!(decode(esr(ec::WFX, true, 0), 0, 0), Exit::Wfx { wfe: false, timeout: WfxTimeout::None });
+        assert_eq!(decode(esr(ec::WFX, true, 1), 0, 0), Exit::Wfx { wfe: true, timeout: WfxTimeout::None });
+    }
+
+    #[test]
+    fn wfit_and_wfet_carry_their_timeout_register() {
+        // WFIT X5: TI = 0b10, RV = 1, RN = 5.
+        let wfit = (5 << 5) | (1 << 2) | 0b10;
+        assert_eq!(decode(esr(ec::WFX, true, wfit), 0, 0), Exit::Wfx { wfe: false, timeout: WfxTimeout::Reg(5) });
+        // WFET X30: TI = 0b11.
+        let wfet = (30 << 5) | (1 << 2) | 0b11;
+        assert_eq!(decode(esr(ec::WFX, true, wfet), 0, 0), Exit::Wfx { wfe: true, timeout: WfxTimeout::Reg(30) });
+        // WFIT XZR: a limit of 0, already passed.
+        let wfit_xzr = (31 << 5) | (1 << 2) | 0b10;
+        assert_eq!(decode(esr(ec::WFX, true, wfit_xzr), 0, 0), Exit::Wfx { wfe: false, timeout: WfxTimeout::Reg(31) });
+        // RV = 0: the register is not known, the wait may not block.
+        assert_eq!(decode(esr(ec::WFX, true, (7 << 5) | 0b10), 0, 0), Exit::Wfx { wfe: false, timeout: WfxTimeout::Unknown });
+        assert_eq!(decode(esr(ec::WFX, true, 0b11), 0, 0), Exit::Wfx { wfe: true, timeout: WfxTimeout::Unknown });
+        // Limits in ns of the 62.5 MHz QEMU counter.
+        let regs = |r: u8| if r == 31 { 0 } else { 625 * u64::from(r) };
+        assert_eq!(WfxTimeout::None.limit_ns(regs, 62_500_000), u64::MAX);
+        assert_eq!(WfxTimeout::Reg(5).limit_ns(regs, 62_500_000), 50_000);
+        assert_eq!(WfxTimeout::Reg(31).limit_ns(regs, 62_500_000), 0);
+        assert_eq!(WfxTimeout::Unknown.limit_ns(regs, 62_500_000), 0);
+        assert_eq!(WfxTimeout::Reg(1).limit_ns(|_| u64::MAX, 62_500_000), u64::MAX);
+        // RN and RV are RES0 for WFI/WFE: ignored.
+        assert_eq!(decode(esr(ec::WFX, true, (3 << 5) | (1 << 2)), 0, 0), Exit::Wfx { wfe: false, timeout: WfxTimeout::None });
     }
 
     #[test]

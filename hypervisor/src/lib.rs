@@ -15,6 +15,7 @@
 //! - `vpl011`: the emulated PL011
 //! - `sched`: the Credit2-compatible scheduler and its simulator
 //! - `stats`: per-vCPU counters and histograms in a stable text format
+//! - `time`: counter-tick/ns arithmetic that saturates
 //!
 //! On the bare-metal aarch64 target the EL2 code is added: `arch` (the only
 //! inline assembly and system-register access) and `runtime` (boot, the run
@@ -40,6 +41,7 @@ pub mod idregs;
 pub mod psci;
 pub mod regs;
 pub mod stage2;
+pub mod time;
 pub mod traps;
 pub mod vdebug;
 pub mod vpl011;

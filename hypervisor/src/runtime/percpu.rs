@@ -84,16 +84,16 @@ pub fn cntfrq() -> u64 {
 
 /// The physical counter in nanoseconds (the scheduler's clock).
 pub fn now_ns() -> u64 {
-    let t = CNTPCT_EL0.get();
-    ((t as u128 * 1_000_000_000) / cntfrq() as u128) as u64
+    ticks_to_ns(CNTPCT_EL0.get())
 }
 
+/// Counter ticks in ns, saturating (see `crate::time`).
 pub fn ticks_to_ns(t: u64) -> u64 {
-    ((t as u128 * 1_000_000_000) / cntfrq() as u128) as u64
+    crate::time::ticks_to_ns(t, cntfrq())
 }
 
 fn ns_to_ticks(ns: u64) -> u64 {
-    ((ns as u128 * cntfrq() as u128).div_ceil(1_000_000_000)) as u64
+    crate::time::ns_to_ticks(ns, cntfrq())
 }
 
 /// Arms the EL2 physical timer (CNTHP) at `ns`, or stops it.

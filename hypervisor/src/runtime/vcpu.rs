@@ -113,7 +113,7 @@ fn arm_timer(vm: &Vm, me: usize, deadline: &mut Option<u64>) {
     }
     for s in &vm.shared {
         if s.vtimer_home.load(Ordering::Relaxed) == me {
-            at = at.min(s.vtimer_deadline.load(Ordering::Acquire));
+            at = at.min(s.vtimer_deadline.load(Ordering::Acquire)).min(s.wake_at.load(Ordering::Acquire));
         }
     }
     percpu::arm_hyp_timer((at != u64::MAX).then_some(at));
@@ -122,6 +122,10 @@ fn arm_timer(vm: &Vm, me: usize, deadline: &mut Option<u64>) {
 fn load_vcpu(vm: &Vm, me: usize, v: &Vcpu) {
     let vt = vm.virt_timer_intid;
     vm.shared[v.id].vtimer_deadline.store(u64::MAX, Ordering::Release);
+    vm.shared[v.id].wake_at.store(u64::MAX, Ordering::Release);
+    // Derived afresh below (running_on is already set: a later change by
+    // another pCPU asks again, see `deactivate_hw`).
+    vm.shared[v.id].ppi_resync.store(0, Ordering::Release);
     // The forwarded virtual timer: while its virtual interrupt is pending or
     // active, keep the physical PPI active so it does not fire again.
     let busy = vm.vgic.lock().is_pending_or_active(v.id, vt);
@@ -145,8 +149,7 @@ fn save_vcpu(vm: &Vm, me: usize, v: &mut Vcpu) {
         el2::set_hcr(VirtualSError::on_switch_out(el2::hcr()));
     }
     gic::set_private_active(me, vm.virt_timer_intid, false);
-    let ctl = v.el1.cntv_ctl;
-    let deadline = if ctl & 1 != 0 && ctl & 2 == 0 { percpu::ticks_to_ns(v.el1.cntv_cval) } else { u64::MAX };
+    let deadline = crate::time::vtimer_deadline_ns(v.el1.cntv_ctl, v.el1.cntv_cval, percpu::cntfrq());
     let deadline = crate::config::apply_slop(deadline, vm.timer_slop_ns);
     vm.shared[v.id].vtimer_home.store(me, Ordering::Relaxed);
     vm.shared[v.id].vtimer_deadline.store(deadline, Ordering::Release);
@@ -176,7 +179,12 @@ fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Option<u64>) {
             v.lrs[i] = gic::read_lr(i);
         }
         gic::vcpu_if_off();
-        let kicks = vm.vgic.lock().sync_lrs(id, &mut v.lrs[..n]);
+        let (kicks, hw) = {
+            let mut vgic = vm.vgic.lock();
+            (vgic.sync_lrs(id, &mut v.lrs[..n]), vgic.take_hw_deactivations())
+        };
+        deactivate_hw(vm, me, id, hw);
+        resync_private_active(vm, me, id);
         process_kicks(vm, me, kicks, WakeCause::Interrupt);
         inc(&vm.shared[id].counters.exits);
         if v.lhp_grace && CritEvidence::from_spsr(v.regs.spsr) == CritEvidence::None {
@@ -229,6 +237,45 @@ fn follow_routes(vm: &Vm, me: usize, id: usize) {
     }
 }
 
+/// Deactivates the physical side of forwarded interrupts whose virtual state
+/// the guest ended by ICPENDR/ICACTIVER (`Vgic::take_hw_deactivations`);
+/// `cur` is the vCPU running on this pCPU. An SPI is deactivated in the
+/// distributor. A private interrupt (the virtual timer) is active on the
+/// pCPU that runs its vCPU: here, or that pCPU re-derives it at its next
+/// exit; a vCPU that is not running gets it derived when it is loaded.
+fn deactivate_hw(vm: &Vm, me: usize, cur: usize, list: alloc::vec::Vec<crate::vgic::HwDeactivation>) {
+    for d in list {
+        if d.intid >= 32 {
+            gic::clear_spi_active(d.pintid);
+        } else if d.vcpu == cur {
+            gic::set_private_active(me, d.pintid, false);
+        } else if let Some(s) = vm.shared.get(d.vcpu) {
+            s.ppi_resync.fetch_or(1 << d.intid, Ordering::AcqRel);
+            let p = s.running_on.load(Ordering::Acquire);
+            if p != usize::MAX && p != me {
+                percpu::kick(p);
+            }
+        }
+    }
+}
+
+/// The `ppi_resync` requests for vCPU `id`, running here: set each forwarded
+/// private interrupt's physical active state to the vGIC's view.
+fn resync_private_active(vm: &Vm, me: usize, id: usize) {
+    let s = &vm.shared[id];
+    if s.ppi_resync.load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    let bits = s.ppi_resync.swap(0, Ordering::AcqRel);
+    let vgic = vm.vgic.lock();
+    for intid in (0..32).filter(|i| bits & (1 << i) != 0) {
+        if let Some(p) = vgic.hw_of(id, intid) {
+            let busy = vgic.is_pending_or_active(id, intid);
+            gic::set_private_active(me, p, busy);
+        }
+    }
+}
+
 /// Acts on the scheduler's answer to a wake.
 fn do_wake_action(me: usize, a: WakeAction) {
     match a {
@@ -250,19 +297,24 @@ fn process_kicks(vm: &Vm, me: usize, kicks: Kicks, cause: WakeCause) {
         if running == me {
             continue; // refilled at the next entry
         }
-        inc(&vm.shared[k].counters.kicks);
-        let (action, state) = {
-            let mut s = vm.sched.lock();
-            let a = s.wake(now, VcpuId(k as u32), cause).unwrap_or(WakeAction::None);
-            (a, s.state(VcpuId(k as u32)))
-        };
-        if let Some(RunState::Running(p)) = state {
-            if p != me {
-                percpu::kick(p);
-            }
-        }
-        do_wake_action(me, action);
+        wake_vcpu(vm, me, k, now, cause);
     }
+}
+
+/// Wakes vCPU `k` if blocked, or interrupts its pCPU if it runs elsewhere.
+fn wake_vcpu(vm: &Vm, me: usize, k: usize, now: u64, cause: WakeCause) {
+    inc(&vm.shared[k].counters.kicks);
+    let (action, state) = {
+        let mut s = vm.sched.lock();
+        let a = s.wake(now, VcpuId(k as u32), cause).unwrap_or(WakeAction::None);
+        (a, s.state(VcpuId(k as u32)))
+    };
+    if let Some(RunState::Running(p)) = state {
+        if p != me {
+            percpu::kick(p);
+        }
+    }
+    do_wake_action(me, action);
 }
 
 /// Takes every pending physical interrupt. `cur` is the vCPU on this pCPU.
@@ -357,6 +409,11 @@ fn timer_expired(vm: &Vm, me: usize, deadline: &mut Option<u64>) {
                 process_kicks(vm, me, k, WakeCause::Timer);
             }
         }
+        // The limit of a WFIT: the vCPU runs again, with nothing injected.
+        let w = s.wake_at.load(Ordering::Acquire);
+        if w <= now && s.wake_at.compare_exchange(w, u64::MAX, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+            wake_vcpu(vm, me, v, now, WakeCause::Timer);
+        }
     }
     if deadline.is_some_and(|d| d <= now) {
         *deadline = None;
@@ -383,14 +440,16 @@ fn handle_sync(vm: &Vm, me: usize, v: &mut Vcpu) -> Next {
     let ilen = esr::instruction_length(esr);
     let c = &vm.shared[v.id].counters;
     match esr::decode(esr, far, hpfar) {
-        Exit::Wfx { wfe } => {
+        Exit::Wfx { wfe, timeout } => {
             v.regs.elr += ilen;
             if wfe {
+                // WFE and WFET: never block, so WFET's limit cannot be missed.
                 inc(&c.wfe_traps);
                 yield_cpu(vm, me, v.id)
             } else {
                 inc(&c.wfi_traps);
-                block(vm, me, v.id)
+                let limit = timeout.limit_ns(|r| reg_read(&v.regs, r), percpu::cntfrq());
+                block(vm, me, v.id, limit)
             }
         }
         Exit::Hvc { .. } => {
@@ -465,17 +524,25 @@ fn handle_sync(vm: &Vm, me: usize, v: &mut Vcpu) -> Next {
 
 /// WFI: block unless an interrupt is already deliverable. The check and the
 /// block happen under the vGIC lock so an injection cannot slip between.
-fn block(vm: &Vm, me: usize, id: usize) -> Next {
+/// `limit` (ns, u64::MAX = none) ends a WFIT's wait: the pCPU where the vCPU
+/// is saved watches it on the EL2 timer (`arm_timer`, `timer_expired`).
+fn block(vm: &Vm, me: usize, id: usize, limit: u64) -> Next {
+    let now = now_ns();
+    if limit <= now {
+        return Next::Enter;
+    }
     let vgic = vm.vgic.lock();
     if vgic.has_deliverable(id) {
         return Next::Enter;
     }
+    vm.shared[id].wake_at.store(limit, Ordering::Release);
     let r = vm.sched.lock().block(now_ns(), me);
     drop(vgic);
     match r {
         Ok(_) => Next::Schedule,
         Err(e) => {
             warn!("vCPU{id}: block: {e}");
+            vm.shared[id].wake_at.store(u64::MAX, Ordering::Release);
             Next::Enter
         }
     }
@@ -509,7 +576,9 @@ fn mmio(vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess) -> Result<(), ()> {
         if vgic.decode(a.ipa).is_some() {
             if a.write {
                 let kicks = vgic.mmio_write(v.id, a.ipa, a.size, value).map_err(|_| ())?;
+                let hw = vgic.take_hw_deactivations();
                 drop(vgic);
+                deactivate_hw(vm, me, v.id, hw);
                 process_kicks(vm, me, kicks, WakeCause::Interrupt);
             } else {
                 let r = vgic.mmio_read(v.id, a.ipa, a.size).map_err(|_| ())?;
@@ -617,7 +686,7 @@ fn psci_call(vm: &Vm, me: usize, v: &mut Vcpu) -> Next {
         Call::MigrateInfoType => psci::MIGRATE_NOT_REQUIRED,
         Call::CpuSuspend => {
             // Standby: like WFI.
-            next = block(vm, me, v.id);
+            next = block(vm, me, v.id, u64::MAX);
             psci::SUCCESS
         }
         Call::CpuOn { target, entry, context } => {

@@ -21,7 +21,7 @@ use crate::vpl011::VPl011;
 use alloc::boxed::Box;
 use alloc::string::String;
 use alloc::vec::Vec;
-use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use log::info;
 use spin::Mutex;
 
@@ -117,8 +117,15 @@ pub struct VcpuShared {
     pub vtimer_deadline: AtomicU64,
     /// The pCPU that watches that deadline (where the vCPU was saved).
     pub vtimer_home: AtomicUsize,
+    /// While it is blocked in WFIT: when (ns) the wait ends even without an
+    /// interrupt, watched like `vtimer_deadline`; u64::MAX = none.
+    pub wake_at: AtomicU64,
     /// The pCPU running it, usize::MAX = none.
     pub running_on: AtomicUsize,
+    /// Bit n: the physical active state of forwarded private INTID n (the
+    /// virtual timer) must be re-derived from the vGIC by the pCPU that runs
+    /// this vCPU, at its next exit (another vCPU changed it by MMIO).
+    pub ppi_resync: AtomicU32,
     pub counters: TrapCounters,
 }
 
@@ -321,6 +328,8 @@ impl Vm {
                 online: AtomicBool::new(false),
                 vtimer_deadline: AtomicU64::new(u64::MAX),
                 vtimer_home: AtomicUsize::new(0),
+                wake_at: AtomicU64::new(u64::MAX),
+                ppi_resync: AtomicU32::new(0),
                 running_on: AtomicUsize::new(usize::MAX),
                 counters: TrapCounters::default(),
             });

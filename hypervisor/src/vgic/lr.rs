@@ -201,7 +201,9 @@ impl Vgic {
     /// means the guest deactivated the interrupt: it is done (a level software
     /// interrupt whose line is still high is pending again; a hardware one
     /// is not re-pended). Returns vCPUs to kick: targets of SPIs that remain
-    /// pending but belong elsewhere now (re-routed while in flight).
+    /// pending but belong elsewhere now (re-routed while in flight). A HW
+    /// interrupt whose LR state a guest ICPENDR/ICACTIVER write emptied is
+    /// queued for [`Vgic::take_hw_deactivations`].
     pub fn sync_lrs(&mut self, vcpu: usize, lrs: &mut [u64]) -> Kicks {
         let mut kicks = Kicks::none();
         if vcpu >= self.vcpus.len() {
@@ -228,6 +230,12 @@ impl Vgic {
             irq.latch |= keep_pend;
             let active = irq.set_act || (act_lr && !irq.clr_act);
             irq.active = active;
+            // A HW LR still pending or active that the guest's ICPENDR or
+            // ICACTIVER emptied: zeroing it never reaches the physical GIC.
+            let hw_dropped = match irq.hw {
+                Some(p) if (pend_lr || act_lr) && !irq.latch && !active => Some(p),
+                _ => None,
+            };
             if active && intid >= NR_PRIVATE {
                 irq.active_on = vcpu as u16;
             }
@@ -237,6 +245,9 @@ impl Vgic {
             irq.clr_pend = false;
             irq.clr_act = false;
             irq.set_act = false;
+            if let Some(p) = hw_dropped {
+                self.note_hw_deactivation(vcpu, intid, p);
+            }
             if intid >= NR_PRIVATE {
                 if let Some(owner) = self.owner(vcpu, intid) {
                     if owner != vcpu {

@@ -12,7 +12,7 @@
 //!   for INTIDs beyond `nr_irqs`.
 
 use super::regs::*;
-use super::{Kicks, MmioTarget, Vgic, VgicError, NR_PRIVATE};
+use super::{Kicks, MmioTarget, Vgic, VgicError, NO_VCPU, NR_PRIVATE};
 
 /// The per-interrupt bit registers shared by GICD and the SGI frame.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -406,6 +406,7 @@ impl Vgic {
                         continue;
                     };
                     let flying = irq.in_flight();
+                    let busy_before = irq.latch || irq.active;
                     match r {
                         BitReg::Group => irq.group1 = one,
                         BitReg::GrpMod => irq.grpmod = one,
@@ -434,6 +435,23 @@ impl Vgic {
                                 irq.active = false;
                             }
                         }
+                    }
+                    // A forwarded interrupt not in an LR that this write
+                    // made idle: its physical twin is still active. (In an
+                    // LR, sync_lrs reports it once the write is applied.)
+                    let dropped = match irq.hw {
+                        Some(p) if !flying && busy_before && !irq.latch && !irq.active => Some(p),
+                        _ => None,
+                    };
+                    if let Some(p) = dropped {
+                        let vcpu = if intid < NR_PRIVATE {
+                            rd
+                        } else if irq.active_on != NO_VCPU {
+                            irq.active_on as usize
+                        } else {
+                            route.unwrap_or(rd)
+                        };
+                        self.note_hw_deactivation(vcpu, intid, p);
                     }
                     if !matches!(r, BitReg::Group | BitReg::GrpMod) {
                         kicks.merge(self.kick_for(rd, intid));

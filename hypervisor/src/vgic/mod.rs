@@ -64,9 +64,12 @@
 //!   physical IRQ do a priority drop only (ICC_EOIR1) and call `inject_edge`;
 //!   the guest's deactivation deactivates the physical interrupt. Program the
 //!   physical route from `route_of(intid)` after IROUTER/WAKER writes. If a
-//!   guest clears the active state of a forwarded interrupt through
-//!   ICACTIVER while it is not in an LR, the physical one stays active: the
-//!   caller must deactivate it (ICC_DIR_EL1) itself.
+//!   guest ends the pending or active state of a forwarded interrupt with an
+//!   ICPENDR/ICACTIVER write (distributor or redistributor), no HW list
+//!   register deactivates the physical one: the model reports it, and after
+//!   every `sync_lrs` and `mmio_write` the caller takes
+//!   [`Vgic::take_hw_deactivations`] and deactivates each physical interrupt
+//!   (an SPI in the distributor, a PPI on the pCPU where that vCPU runs).
 //!
 //! The model never panics on guest input: every index is checked, bad access
 //! sizes give [`VgicError::BadAccessSize`], reserved offsets read as zero and
@@ -206,6 +209,22 @@ impl fmt::Debug for Kicks {
     }
 }
 
+/// A forwarded (HW) interrupt whose virtual pending and active state the
+/// guest ended with an ICPENDR/ICACTIVER write rather than through a HW list
+/// register: the physical interrupt is still active and, unless the caller
+/// deactivates it, the device or timer behind it never interrupts again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HwDeactivation {
+    /// For a private interrupt, the vCPU it belongs to (its physical twin is
+    /// active on the pCPU that runs that vCPU); for an SPI, the vCPU whose
+    /// state it was.
+    pub vcpu: usize,
+    /// The virtual INTID.
+    pub intid: u32,
+    /// The physical INTID to deactivate.
+    pub pintid: u32,
+}
+
 /// Sentinel for "no vCPU" in compact u16 fields.
 const NO_VCPU: u16 = u16::MAX;
 /// Sentinel for an empty list-register shadow slot.
@@ -316,6 +335,9 @@ pub struct Vgic {
     irouter: Vec<u64>,
     /// Cached delivery target of each SPI (from IROUTER and WAKER state).
     spi_target: Vec<u16>,
+    /// Physical deactivations the caller has not taken yet (one entry per
+    /// interrupt at most, so bounded by the number of HW interrupts).
+    hw_deactivations: Vec<HwDeactivation>,
 }
 
 impl Vgic {
@@ -348,6 +370,7 @@ impl Vgic {
             spis: vec![Irq::reset(false); nr_spis as usize],
             irouter: vec![0; nr_spis as usize],
             spi_target: vec![NO_VCPU; nr_spis as usize],
+            hw_deactivations: Vec::new(),
         };
         v.retarget_all();
         v
@@ -617,6 +640,22 @@ impl Vgic {
     /// The physical INTID an interrupt is forwarded from, if any.
     pub fn hw_of(&self, vcpu: usize, intid: u32) -> Option<u32> {
         self.irq(vcpu, intid)?.hw.map(u32::from)
+    }
+
+    /// The physical interrupts to deactivate because the guest ended their
+    /// virtual state without a HW list register (see [`HwDeactivation`]).
+    /// Call after every `sync_lrs` and `mmio_write`; the list is then empty.
+    pub fn take_hw_deactivations(&mut self) -> Vec<HwDeactivation> {
+        core::mem::take(&mut self.hw_deactivations)
+    }
+
+    /// Records that `intid` (forwarded from `pintid`) went idle behind the
+    /// physical GIC's back.
+    fn note_hw_deactivation(&mut self, vcpu: usize, intid: u32, pintid: u16) {
+        let d = HwDeactivation { vcpu, intid, pintid: u32::from(pintid) };
+        if !self.hw_deactivations.contains(&d) {
+            self.hw_deactivations.push(d);
+        }
     }
 
     /// Emulates a write of `icc_sgi1r` to ICC_SGI1R_EL1 by `from_vcpu`:

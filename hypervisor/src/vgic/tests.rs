@@ -901,3 +901,105 @@ fn one_list_register_is_rejected() {
     let msg = format!("{}", VgicError::TooFewListRegisters(1));
     assert!(msg.contains("1 list register") && msg.contains("at least 2"), "{msg}");
 }
+
+/// A forwarded SPI 40 (physical 72) and the virtual timer PPI 27 of vCPU 1
+/// (physical 27), both enabled.
+fn hw_booted() -> Vgic {
+    let mut g = booted(2, 32);
+    g.set_hw(40, Some(72)).unwrap();
+    g.set_hw_private(1, 27, Some(27)).unwrap();
+    enable(&mut g, 0, 40);
+    enable(&mut g, 1, 27);
+    g
+}
+
+fn hw_done(vcpu: usize, intid: u32, pintid: u32) -> HwDeactivation {
+    HwDeactivation { vcpu, intid, pintid }
+}
+
+#[test]
+fn icactiver_on_a_forwarded_interrupt_in_an_lr_deactivates_the_physical_one() {
+    let mut g = hw_booted();
+    g.inject_edge(40, 0).unwrap();
+    let mut lrs = [0u64; 4];
+    g.flush_lrs(0, &mut lrs);
+    lrs[0] = (lrs[0] & !LR_STATE_MASK) | LR_ACTIVE; // the guest acked it
+    // Another vCPU clears its active state while it sits in vCPU 0's LR.
+    g.mmio_write(1, GICD + ICACTIVER + 4, 4, 1 << 8).unwrap();
+    assert!(g.take_hw_deactivations().is_empty(), "applied at sync, not before");
+    g.sync_lrs(0, &mut lrs);
+    assert_eq!(g.take_hw_deactivations(), vec![hw_done(0, 40, 72)]);
+    assert!(g.take_hw_deactivations().is_empty(), "taken once");
+    assert_eq!(g.flush_lrs(0, &mut lrs).filled, 0, "nothing left to show");
+    // The device interrupts again (the physical one was deactivated): delivered.
+    g.inject_edge(40, 0).unwrap();
+    assert!(g.has_deliverable(0));
+}
+
+#[test]
+fn icpendr_on_a_pending_forwarded_interrupt_deactivates_the_physical_one() {
+    let mut g = hw_booted();
+    // Pending in the model (not in an LR): reported by the write itself.
+    g.inject_edge(40, 0).unwrap();
+    g.mmio_write(0, GICD + ICPENDR + 4, 4, 1 << 8).unwrap();
+    assert_eq!(g.take_hw_deactivations(), vec![hw_done(0, 40, 72)]);
+    assert!(!g.has_deliverable(0));
+    // Pending in an LR (the LR is dropped at sync): reported by sync.
+    g.inject_edge(40, 0).unwrap();
+    let mut lrs = [0u64; 4];
+    g.flush_lrs(0, &mut lrs);
+    assert_eq!(lrs[0] & LR_STATE_MASK, LR_PENDING);
+    g.mmio_write(0, GICD + ICPENDR + 4, 4, 1 << 8).unwrap();
+    assert!(g.take_hw_deactivations().is_empty());
+    g.sync_lrs(0, &mut lrs);
+    assert_eq!(g.take_hw_deactivations(), vec![hw_done(0, 40, 72)]);
+}
+
+#[test]
+fn redistributor_icactiver0_on_the_virtual_timer_names_its_vcpu() {
+    let mut g = hw_booted();
+    // The timer fired for vCPU 1, which acked it; then it was saved.
+    g.inject_edge(27, 1).unwrap();
+    let mut lrs = [0u64; 4];
+    g.flush_lrs(1, &mut lrs);
+    lrs[0] = (lrs[0] & !LR_STATE_MASK) | LR_ACTIVE;
+    g.sync_lrs(1, &mut lrs);
+    assert!(g.take_hw_deactivations().is_empty(), "still active: nothing to do");
+    // vCPU 0 clears it through vCPU 1's redistributor.
+    g.mmio_write(0, sgi(1) + ICACTIVER, 4, 1 << 27).unwrap();
+    assert_eq!(g.take_hw_deactivations(), vec![hw_done(1, 27, 27)]);
+    assert!(!g.is_pending_or_active(1, 27));
+    // Same through GICR_ICPENDR0 while pending in vCPU 1's LR.
+    g.inject_edge(27, 1).unwrap();
+    g.flush_lrs(1, &mut lrs);
+    g.mmio_write(1, sgi(1) + ICPENDR, 4, 1 << 27).unwrap();
+    g.sync_lrs(1, &mut lrs);
+    assert_eq!(g.take_hw_deactivations(), vec![hw_done(1, 27, 27)]);
+}
+
+#[test]
+fn no_physical_deactivation_when_hardware_or_nothing_needs_it() {
+    let mut g = hw_booted();
+    let mut lrs = [0u64; 4];
+    // The guest deactivated through the HW LR: the GIC did it already.
+    g.inject_edge(40, 0).unwrap();
+    g.flush_lrs(0, &mut lrs);
+    lrs[0] &= !LR_STATE_MASK;
+    g.sync_lrs(0, &mut lrs);
+    // Clearing an idle forwarded interrupt, or a software one.
+    g.mmio_write(0, GICD + ICACTIVER + 4, 4, 1 << 8).unwrap();
+    g.mmio_write(0, GICD + ICPENDR + 4, 4, 1 << 8).unwrap();
+    enable(&mut g, 0, 41);
+    g.inject_edge(41, 0).unwrap();
+    g.mmio_write(0, GICD + ICPENDR + 4, 4, 1 << 9).unwrap();
+    // Active with a software re-pend (ISPENDR): clearing active leaves it
+    // pending, so the physical one stays active until the guest's next EOI.
+    g.inject_edge(40, 0).unwrap();
+    g.flush_lrs(0, &mut lrs);
+    lrs[0] = (lrs[0] & !LR_STATE_MASK) | LR_ACTIVE;
+    g.sync_lrs(0, &mut lrs);
+    g.mmio_write(0, GICD + ISPENDR + 4, 4, 1 << 8).unwrap();
+    g.mmio_write(0, GICD + ICACTIVER + 4, 4, 1 << 8).unwrap();
+    assert!(g.take_hw_deactivations().is_empty());
+    assert!(g.has_deliverable(0));
+}

@@ -300,6 +300,22 @@ pub fn set_private_active(cpu: usize, intid: u32, active: bool) {
     sysreg::dsb_sy();
 }
 
+/// Deactivates SPI `intid` in the distributor (GICD_ICACTIVER<n>), from
+/// any CPU, whichever CPU acknowledged it.
+pub fn clear_spi_active(intid: u32) {
+    if !(32..1020).contains(&intid) {
+        return;
+    }
+    if let Some(g) = GIC.lock().as_ref() {
+        let reg = g.gicd + 0x380 + 4 * u64::from(intid / 32);
+        // SAFETY: a write-1-to-clear register of the distributor `init` was
+        // given; only the bit of `intid`, an SPI the hypervisor forwards, is
+        // written, under the GIC lock.
+        unsafe { core::ptr::write_volatile(reg as *mut u32, 1 << (intid % 32)) };
+    }
+    sysreg::dsb_sy();
+}
+
 /// Routes SPI `intid` to the CPU with affinity `mpidr` (GICD_IROUTER<n>,
 /// affinity routing, IRM = 0).
 pub fn route_spi(intid: u32, mpidr: u64) {

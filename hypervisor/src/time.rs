@@ -1,0 +1,82 @@
+//! Generic-timer arithmetic: counter ticks to nanoseconds and back, and the
+//! deadline a guest's virtual timer asks for.
+//!
+//! Every deadline in the hypervisor is a `u64` of nanoseconds where
+//! `u64::MAX` means "never". A guest chooses CNTV_CVAL freely, so a value near
+//! 2^64 ticks must not wrap into a small number of nanoseconds (that would be
+//! a spurious, immediate timer interrupt): the conversions saturate at
+//! `u64::MAX`, which a deadline that far away honestly is.
+
+/// `ticks` of a counter running at `freq_hz` (0 is treated as 1 Hz), in
+/// nanoseconds, rounded down; `u64::MAX` when it does not fit.
+pub fn ticks_to_ns(ticks: u64, freq_hz: u64) -> u64 {
+    let ns = u128::from(ticks) * 1_000_000_000 / u128::from(freq_hz.max(1));
+    u64::try_from(ns).unwrap_or(u64::MAX)
+}
+
+/// `ns` nanoseconds in ticks of a counter running at `freq_hz`, rounded up
+/// (a timer armed with it never fires early); `u64::MAX` when it does not fit.
+pub fn ns_to_ticks(ns: u64, freq_hz: u64) -> u64 {
+    let ticks = (u128::from(ns) * u128::from(freq_hz.max(1))).div_ceil(1_000_000_000);
+    u64::try_from(ticks).unwrap_or(u64::MAX)
+}
+
+/// CNTV_CTL_EL0.ENABLE and IMASK.
+const CTL_ENABLE: u64 = 1 << 0;
+const CTL_IMASK: u64 = 1 << 1;
+
+/// When (ns of the counter, CNTVOFF = 0) the virtual timer of a vCPU that is
+/// not running would raise its interrupt: `u64::MAX` if it is disabled or
+/// masked, or so far away that the time does not fit.
+pub fn vtimer_deadline_ns(cntv_ctl: u64, cntv_cval: u64, freq_hz: u64) -> u64 {
+    if cntv_ctl & CTL_ENABLE != 0 && cntv_ctl & CTL_IMASK == 0 {
+        ticks_to_ns(cntv_cval, freq_hz)
+    } else {
+        u64::MAX
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const QEMU_HZ: u64 = 62_500_000;
+
+    #[test]
+    fn conversions_are_exact_for_ordinary_values() {
+        assert_eq!(ticks_to_ns(62_500_000, QEMU_HZ), 1_000_000_000);
+        assert_eq!(ticks_to_ns(1, QEMU_HZ), 16);
+        assert_eq!(ns_to_ticks(16, QEMU_HZ), 1);
+        // Rounded up: 17 ns is two ticks, never an early timer.
+        assert_eq!(ns_to_ticks(17, QEMU_HZ), 2);
+        assert_eq!(ticks_to_ns(123, 0), 123_000_000_000);
+    }
+
+    #[test]
+    fn huge_counter_values_saturate_instead_of_wrapping() {
+        // 2^60 ticks at 62.5 MHz is 2^64 ns: a plain `as u64` made it 0,
+        // a deadline in the past, i.e. an immediate spurious timer.
+        assert_eq!(ticks_to_ns(1 << 60, QEMU_HZ), u64::MAX);
+        assert_eq!(ticks_to_ns(u64::MAX, QEMU_HZ), u64::MAX);
+        assert_eq!(ticks_to_ns(u64::MAX - 5, 1), u64::MAX);
+        assert_eq!(ns_to_ticks(u64::MAX, 2_000_000_000), u64::MAX);
+        // Monotonic all the way up.
+        let ticks = (0..64).flat_map(|s| [1u64 << s, (1u64 << s) | 1]).chain([u64::MAX]);
+        let ns: Vec<u64> = ticks.map(|t| ticks_to_ns(t, QEMU_HZ)).collect();
+        assert!(ns.windows(2).all(|w| w[0] <= w[1]), "{ns:?}");
+    }
+
+    #[test]
+    fn vtimer_deadline_of_a_cval_near_2_pow_64_is_never() {
+        assert_eq!(vtimer_deadline_ns(CTL_ENABLE, 1 << 60, QEMU_HZ), u64::MAX);
+        assert_eq!(vtimer_deadline_ns(CTL_ENABLE, u64::MAX - 1, QEMU_HZ), u64::MAX);
+        // With timer slop on top, still never (and never earlier).
+        let d = vtimer_deadline_ns(CTL_ENABLE, (1 << 60) - 1, QEMU_HZ);
+        assert!(d > u64::MAX - 32, "{d}");
+        assert_eq!(crate::config::apply_slop(d, 50_000), u64::MAX);
+        // Ordinary values, and disabled or masked timers.
+        assert_eq!(vtimer_deadline_ns(CTL_ENABLE, 625, QEMU_HZ), 10_000);
+        assert_eq!(vtimer_deadline_ns(0, 625, QEMU_HZ), u64::MAX);
+        assert_eq!(vtimer_deadline_ns(CTL_ENABLE | CTL_IMASK, 625, QEMU_HZ), u64::MAX);
+    }
+}
