@@ -49,7 +49,14 @@ impl Pl011 {
         // SAFETY: as above.
         unsafe {
             write_volatile(self.reg(ICR), 0x7ff);
-            write_volatile(self.reg(IMSC), (1 << 4) | (1 << 6));
         }
+        self.set_rx_irq(true);
+    }
+
+    /// Unmasks (`true`) or masks the receive and receive-timeout interrupts
+    /// (the only ones used: transmit is polled).
+    pub fn set_rx_irq(&self, on: bool) {
+        // SAFETY: as above.
+        unsafe { write_volatile(self.reg(IMSC), if on { (1 << 4) | (1 << 6) } else { 0 }) };
     }
 }
