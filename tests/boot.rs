@@ -48,6 +48,35 @@ fn interactive_shell_on_the_console() {
 }
 
 #[test]
+fn console_flood_before_the_shell_reads_still_gets_a_command_answered() {
+    // 16 KiB of shell comments, far more than the emulated UART's 64-byte
+    // FIFO, typed before the guest's shell reads: once before the hypervisor
+    // runs (input already waiting when it enables its UART interrupt) and
+    // once while Linux boots (the FIFO fills up while nothing reads it). The
+    // flood must neither livelock the pCPU taking the UART interrupt nor
+    // wedge or lose the input; the command typed afterwards is answered.
+    let line = format!("#{}\n", "flood".repeat(12));
+    let flood = line.repeat(16 * 1024 / line.len()).into_bytes();
+    for after in ["", "Booting Linux"] {
+        let o = RunOptions {
+            echo: false,
+            early_input: Some(EarlyInput { after: after.into(), bytes: flood.clone() }),
+            input: Some("\necho flood-$((6*7))\npoweroff -f\n".into()),
+            timeout: std::time::Duration::from_secs(420),
+            ..Default::default()
+        };
+        let r = run(&o);
+        assert_console(&r, "flood-42");
+        assert_console(&r, "dom0 powered off");
+        // The hypervisor held the input back (flow control) and lost none.
+        let held = stat_line(&r.console, "uart0.rx_holds").expect("uart0 stats");
+        assert!(held >= 1, "flood after {after:?}: it never filled the guest's FIFO");
+        assert!(stat_line(&r.console, "uart0.rx_bytes").unwrap() >= flood.len() as u64);
+        assert_eq!(stat_line(&r.console, "uart0.rx_overruns"), Some(0));
+    }
+}
+
+#[test]
 fn unmapped_guest_access_gets_an_external_abort() {
     // 0x0c000000 is no RAM and no device: the guest process gets SIGBUS,
     // the hypervisor logs one line and the guest keeps running.

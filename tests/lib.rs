@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
-pub use xtask::qemu::{RunOptions, RunResult};
+pub use xtask::qemu::{EarlyInput, RunOptions, RunResult};
 
 /// QEMU runs one at a time: this host has two cores.
 static QEMU: Mutex<()> = Mutex::new(());

@@ -44,6 +44,19 @@ pub struct RunOptions {
     /// Where it puts the initrd (default: the next 2 MiB boundary after
     /// the kernel file, plus 2 MiB).
     pub initrd_addr: Option<u64>,
+    /// Typed on the console before the guest's shell reads (console-flood
+    /// tests).
+    pub early_input: Option<EarlyInput>,
+}
+
+/// Console input written before the guest reads its console.
+#[derive(Clone, Debug, Default)]
+pub struct EarlyInput {
+    /// Written once the console shows this text; "" = as soon as QEMU
+    /// starts, before even the hypervisor runs.
+    pub after: String,
+    /// QEMU takes them as fast as the UART accepts them.
+    pub bytes: Vec<u8>,
 }
 
 impl Default for RunOptions {
@@ -66,6 +79,7 @@ impl Default for RunOptions {
             input: None,
             kernel_addr: None,
             initrd_addr: None,
+            early_input: None,
         }
     }
 }
@@ -211,7 +225,7 @@ pub fn run(o: &RunOptions) -> Result<RunResult> {
         }
     };
     let mut args = command_line(&hv, &kernel, initrd.as_ref(), o);
-    if o.cmd.is_none() && o.echo && o.input.is_none() {
+    if o.cmd.is_none() && o.echo && o.input.is_none() && o.early_input.is_none() {
         // Interactive: the console is this terminal (Ctrl-A x quits QEMU),
         // and a copy goes to a log so the run can tell a fatal hypervisor
         // error from a clean power-off.
@@ -225,7 +239,7 @@ pub fn run(o: &RunOptions) -> Result<RunResult> {
         return Ok(RunResult { hv_fatal: fatal_line(&console), console, guest_exit: None, qemu_status: st.code(), timed_out: false });
     }
     eprintln!("xtask: {}", printable(&args));
-    run_captured(&args, o.timeout, o.echo, o.input.as_deref())
+    run_captured(&args, o.timeout, o.echo, o.input.as_deref(), o.early_input.as_ref())
 }
 
 /// The console on this terminal with the monitor multiplexed (what
@@ -243,11 +257,13 @@ pub fn interactive_console(log: &std::path::Path) -> Vec<String> {
 }
 
 /// Runs QEMU with the console captured (and echoed), killing it after
-/// `timeout`.
-pub fn run_captured(args: &[String], timeout: Duration, echo: bool, input: Option<&str>) -> Result<RunResult> {
+/// `timeout`. `early_input` is written to the console when it says, `input`
+/// line by line once the guest's /init is up.
+pub fn run_captured(args: &[String], timeout: Duration, echo: bool, input: Option<&str>, early_input: Option<&EarlyInput>) -> Result<RunResult> {
+    let piped = input.is_some() || early_input.is_some();
     let mut child = Command::new("qemu-system-aarch64")
         .args(args)
-        .stdin(if input.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdin(if piped { Stdio::piped() } else { Stdio::null() })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -278,26 +294,19 @@ pub fn run_captured(args: &[String], timeout: Duration, echo: bool, input: Optio
         let _ = stderr.read_to_string(&mut s);
         s
     });
-    let mut stdin = child.stdin.take();
-    let mut pending_input = input.map(|s| s.as_bytes().to_vec());
+    // The console input is written by its own thread: QEMU reads stdin only
+    // as fast as the guest's UART takes it, so a write may block for long.
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = child.stdin.take().map(|w| {
+        let (console, done) = (console.clone(), done.clone());
+        let (input, early) = (input.map(|s| s.as_bytes().to_vec()), early_input.cloned());
+        std::thread::spawn(move || write_console_input(w, early, input, &console, &done))
+    });
     let start = Instant::now();
     let mut timed_out = false;
     let status = loop {
         if let Some(st) = child.try_wait().map_err(|e| e.to_string())? {
             break Some(st);
-        }
-        if let (Some(bytes), Some(w)) = (&pending_input, stdin.as_mut()) {
-            if console.lock().unwrap().contains("guest: init ready") {
-                use std::io::Write;
-                std::thread::sleep(Duration::from_millis(500));
-                // Line by line, so the guest's 64-byte UART FIFO keeps up.
-                for line in bytes.split_inclusive(|&b| b == b'\n') {
-                    let _ = w.write_all(line);
-                    let _ = w.flush();
-                    std::thread::sleep(Duration::from_millis(300));
-                }
-                pending_input = None;
-            }
         }
         if start.elapsed() > timeout {
             timed_out = true;
@@ -307,6 +316,10 @@ pub fn run_captured(args: &[String], timeout: Duration, echo: bool, input: Optio
         }
         std::thread::sleep(Duration::from_millis(100));
     };
+    done.store(true, std::sync::atomic::Ordering::Release);
+    if let Some(w) = writer {
+        let _ = w.join();
+    }
     let _ = reader.join();
     let err = err_reader.join().unwrap_or_default();
     if !err.trim().is_empty() {
@@ -321,6 +334,40 @@ pub fn run_captured(args: &[String], timeout: Duration, echo: bool, input: Optio
         eprintln!("xtask: QEMU killed after {} s", timeout.as_secs());
     }
     Ok(RunResult { hv_fatal: fatal_line(&console), console, guest_exit, qemu_status: status.and_then(|s| s.code()), timed_out })
+}
+
+/// Feeds QEMU's stdin: `early` when the console shows its marker, then
+/// `input` line by line once the guest's /init is up. Returns when done,
+/// when QEMU is gone (writes fail) or when `done` is set.
+fn write_console_input(mut w: std::process::ChildStdin, early: Option<EarlyInput>, input: Option<Vec<u8>>, console: &Mutex<String>, done: &std::sync::atomic::AtomicBool) {
+    use std::io::Write;
+    use std::sync::atomic::Ordering;
+    let wait_for = |marker: &str| loop {
+        if console.lock().unwrap().contains(marker) {
+            return true;
+        }
+        if done.load(Ordering::Acquire) {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    if let Some(e) = early {
+        if !wait_for(&e.after) || w.write_all(&e.bytes).and_then(|_| w.flush()).is_err() {
+            return;
+        }
+    }
+    let Some(bytes) = input else { return };
+    if !wait_for("guest: init ready") {
+        return;
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    // Line by line, so the guest's 64-byte UART FIFO keeps up.
+    for line in bytes.split_inclusive(|&b| b == b'\n') {
+        if done.load(Ordering::Acquire) || w.write_all(line).and_then(|_| w.flush()).is_err() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
 }
 
 #[cfg(test)]

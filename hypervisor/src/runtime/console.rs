@@ -60,6 +60,21 @@ pub fn enable_rx_irq() {
     }
 }
 
+/// The physical UART's receive side, as the guest's emulated UART pumps it
+/// (`VPl011::pump_rx`: flow control by masking the receive interrupt).
+pub struct PhysRx;
+
+impl crate::vpl011::RxSource for PhysRx {
+    fn getc(&mut self) -> Option<u8> {
+        getc()
+    }
+    fn set_rx_irq(&mut self, on: bool) {
+        if let Some(u) = &CONSOLE.lock().uart {
+            u.set_rx_irq(on);
+        }
+    }
+}
+
 /// Prints a whole line (or lines) from the hypervisor.
 pub fn print_fmt(args: core::fmt::Arguments) {
     let mut c = CONSOLE.lock();

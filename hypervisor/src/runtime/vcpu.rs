@@ -60,6 +60,9 @@ fn enable_irqs(vm: &Vm, me: usize) {
             gic::enable(i, 0, false);
         }
         console::enable_rx_irq();
+        // Input that arrived before: enabling the interrupt cleared its
+        // pending state, and a full physical FIFO never raises it again.
+        console_input(vm, me);
     }
 }
 
@@ -344,29 +347,9 @@ fn handle_irqs(vm: &Vm, me: usize, cur: Option<usize>, deadline: &mut Option<u64
                 process_kicks(vm, me, k, WakeCause::Interrupt);
             }
         } else if id == vm.uart_intid {
-            let mut stats_key = false;
-            let level = {
-                let mut u = vm.uart.lock();
-                while u.rx_space() > 0 {
-                    match console::getc() {
-                        Some(STATS_KEY) => stats_key = true,
-                        Some(b) => {
-                            u.receive(b);
-                        }
-                        None => break,
-                    }
-                }
-                u.irq_level()
-            };
+            console_input(vm, me);
             gic::eoi(id);
             gic::deactivate(id);
-            if stats_key {
-                print_stats(vm);
-            }
-            let kicks = vm.vgic.lock().set_level(vm.uart_intid, 0, level);
-            if let Ok(k) = kicks {
-                process_kicks(vm, me, k, WakeCause::Interrupt);
-            }
         } else if id == vm.hyp_timer_intid {
             gic::eoi(id);
             gic::deactivate(id);
@@ -378,6 +361,23 @@ fn handle_irqs(vm: &Vm, me: usize, cur: Option<usize>, deadline: &mut Option<u64
             gic::eoi(id);
             gic::deactivate(id);
         }
+    }
+}
+
+/// Physical console input: fills the guest's UART FIFO (when it is full the
+/// physical receive interrupt is masked until the guest reads, see `mmio`),
+/// mirrors its interrupt line, and prints the statistics on Ctrl-\\.
+fn console_input(vm: &Vm, me: usize) {
+    let (level, stats_key) = {
+        let mut u = vm.uart.lock();
+        let keys = u.pump_rx(&mut console::PhysRx, STATS_KEY);
+        (u.irq_level(), keys > 0)
+    };
+    if stats_key {
+        print_stats(vm);
+    }
+    if let Ok(k) = vm.vgic.lock().set_level(vm.uart_intid, 0, level) {
+        process_kicks(vm, me, k, WakeCause::Interrupt);
     }
 }
 
@@ -603,6 +603,7 @@ fn mmio(vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess) -> Result<(), ()> {
     if let Some(u) = vm.uart_region {
         if a.ipa >= u.base && a.ipa < u.base + crate::vpl011::FRAME_SIZE {
             let off = a.ipa - u.base;
+            let mut stats_key = false;
             let level = {
                 let mut uart = vm.uart.lock();
                 if a.write {
@@ -610,9 +611,17 @@ fn mmio(vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess) -> Result<(), ()> {
                 } else {
                     let r = uart.read(off, a.size).map_err(|_| ())? as u64;
                     reg_write(&mut v.regs, a.reg, esr::load_value(a, r));
+                    // Input held back while the FIFO was full: the read
+                    // made room, take more (and unmask once drained).
+                    if uart.rx_held() {
+                        stats_key = uart.pump_rx(&mut console::PhysRx, STATS_KEY) > 0;
+                    }
                 }
                 uart.irq_level()
             };
+            if stats_key {
+                print_stats(vm);
+            }
             if let Ok(k) = vm.vgic.lock().set_level(vm.uart_intid, v.id, level) {
                 process_kicks(vm, me, k, WakeCause::Interrupt);
             }
@@ -776,6 +785,13 @@ pub fn print_stats(vm: &Vm) {
         disk.write_text(&mut text);
         crate::hvprintln!("(HV) stats begin blk0\n{}(HV) stats end blk0", text);
     }
+    let (rx_bytes, rx_holds, rx_overruns) = {
+        let u = vm.uart.lock();
+        (u.rx_bytes, u.rx_holds, u.rx_overruns)
+    };
+    crate::hvprintln!(
+        "(HV) stats begin uart0\nuart0.rx_bytes={rx_bytes}\nuart0.rx_holds={rx_holds}\nuart0.rx_overruns={rx_overruns}\n(HV) stats end uart0"
+    );
 }
 
 fn power_off(vm: &Vm) -> ! {

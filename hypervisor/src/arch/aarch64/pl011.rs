@@ -70,7 +70,15 @@ impl Pl011 {
         // clear and mask, no memory effects.
         unsafe {
             write_volatile(self.reg(ICR), UARTIMSC::ALL.val(0x7ff).value);
-            write_volatile(self.reg(IMSC), (UARTIMSC::RXIM::SET + UARTIMSC::RTIM::SET).value);
         }
+        self.set_rx_irq(true);
+    }
+
+    /// Unmasks (`true`) or masks the receive and receive-timeout interrupts
+    /// (the only ones used: transmit is polled).
+    pub fn set_rx_irq(&self, on: bool) {
+        let imsc = if on { (UARTIMSC::RXIM::SET + UARTIMSC::RTIM::SET).value } else { 0 };
+        // SAFETY: as above.
+        unsafe { write_volatile(self.reg(IMSC), imsc) };
     }
 }
