@@ -10,6 +10,7 @@
 //!   its emulated debug registers
 //! - `esr`: trap decoding; `psci`: PSCI/SMCCC decoding; `stage2`: stage-2
 //!   table building
+//! - `intid`: the GIC's interrupt IDs as a checked type (`IntId`)
 //! - `vgic`: the virtual GICv3 register model and list registers
 //! - `virtio`: the hypervisor's virtio-blk device and its RAM backend
 //! - `vpl011`: the emulated PL011
@@ -38,6 +39,7 @@ pub mod vgic;
 pub mod config;
 pub mod esr;
 pub mod idregs;
+pub mod intid;
 pub mod psci;
 pub mod regs;
 pub mod stage2;

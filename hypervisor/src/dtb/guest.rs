@@ -159,7 +159,7 @@ fn check_config(cfg: &GuestDtbConfig) -> Result<(), DtbError> {
         return Err(DtbError::BadValue("bootargs contains NUL"));
     }
     for (i, d) in cfg.extra_virtio_mmio.iter().enumerate() {
-        if !(32..1020).contains(&d.intid) {
+        if !d.intid.is_spi() {
             return Err(DtbError::BadValue("virtio-mmio interrupt must be an SPI"));
         }
         if cfg.extra_virtio_mmio[..i].iter().any(|o| o.base == d.base) {
@@ -382,7 +382,7 @@ impl Builder<'_> {
         let n = self.w.begin_node(&format!("virtio_mmio@{:x}", d.base))?;
         self.w.property_null("dma-coherent")?;
         self.w
-            .property_array_u32("interrupts", &[0, d.intid - 32, if d.edge { 1 } else { 4 }])?;
+            .property_array_u32("interrupts", &[0, d.intid.number(), if d.edge { 1 } else { 4 }])?;
         self.w.property(
             "reg",
             &tree::encode_reg(

@@ -48,6 +48,7 @@ mod tree;
 #[cfg(test)]
 mod tests;
 
+use crate::intid::IntId;
 use alloc::string::String;
 use alloc::vec::Vec;
 use core::fmt;
@@ -128,7 +129,7 @@ pub struct GicInfo {
     /// The first enabled `arm,gic-v3-its` child.
     pub its: Option<Region>,
     /// INTID of the virtual-interface maintenance interrupt (PPI 9 → 25).
-    pub maintenance_intid: Option<u32>,
+    pub maintenance_intid: Option<IntId>,
     /// The controller's phandle, if it has one.
     pub phandle: Option<u32>,
 }
@@ -139,7 +140,7 @@ pub struct GicInfo {
 pub struct UartInfo {
     pub base: u64,
     pub size: u64,
-    pub intid: u32,
+    pub intid: IntId,
     /// Full node path, e.g. `/pl011@9000000`.
     pub path: String,
     /// First `compatible` string (e.g. `arm,pl011`).
@@ -151,7 +152,7 @@ pub struct UartInfo {
 pub struct MmioDevice {
     pub base: u64,
     pub size: u64,
-    pub intid: u32,
+    pub intid: IntId,
     /// Edge-triggered (flags 1/2) rather than level (4/8).
     pub edge: bool,
     pub path: String,
@@ -161,9 +162,9 @@ pub struct MmioDevice {
 /// non-secure phys, virtual, hypervisor phys).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TimerInfo {
-    pub phys_intid: u32,
-    pub virt_intid: u32,
-    pub hyp_intid: u32,
+    pub phys_intid: IntId,
+    pub virt_intid: IntId,
+    pub hyp_intid: IntId,
 }
 
 /// A boot module from `/chosen/module@…` (Xen's multiboot binding).

@@ -22,6 +22,11 @@ use fdt::Fdt;
 
 use super::*;
 
+/// A raw INTID the test knows is valid.
+fn id(v: u32) -> IntId {
+    IntId::try_from(v).unwrap()
+}
+
 const V3_SMP2: &[u8] = include_bytes!("testdata/qemu-virt-gicv3-smp2.dtb");
 const V4_SMP4: &[u8] = include_bytes!("testdata/qemu-virt-gicv4-smp4.dtb");
 
@@ -51,21 +56,21 @@ fn check_qemu_platform(p: &Platform, ncpus: usize) {
             size: 0x2_0000
         })
     );
-    assert_eq!(p.gic.maintenance_intid, Some(25));
+    assert_eq!(p.gic.maintenance_intid, Some(id(25)));
     assert!(p.gic.phandle.is_some());
     let uart = p.uart.as_ref().expect("uart");
     assert_eq!(
         (uart.base, uart.size, uart.intid),
-        (0x0900_0000, 0x1000, 33)
+        (0x0900_0000, 0x1000, id(33))
     );
     assert_eq!(uart.path, "/pl011@9000000");
     assert_eq!(uart.compatible, "arm,pl011");
     assert_eq!(
         p.timer,
         TimerInfo {
-            phys_intid: 30,
-            virt_intid: 27,
-            hyp_intid: 26
+            phys_intid: id(30),
+            virt_intid: id(27),
+            hyp_intid: id(26)
         }
     );
     assert_eq!(p.virtio_mmio.len(), 32);
@@ -74,10 +79,10 @@ fn check_qemu_platform(p: &Platform, ncpus: usize) {
         .iter()
         .find(|d| d.base == 0x0a00_3e00)
         .expect("virtio slot 31");
-    assert_eq!((blk.size, blk.intid, blk.edge), (0x200, 79, true));
+    assert_eq!((blk.size, blk.intid, blk.edge), (0x200, id(79), true));
     assert_eq!(blk.path, "/virtio_mmio@a003e00");
     assert_eq!(p.virtio_mmio[0].base, 0x0a00_0000);
-    assert_eq!(p.virtio_mmio[0].intid, 48);
+    assert_eq!(p.virtio_mmio[0].intid, id(48));
     assert_eq!(p.psci_method.as_deref(), Some("smc"));
     assert_eq!(p.bootargs, None);
     let k = p.kernel.as_ref().expect("kernel module");
@@ -125,7 +130,7 @@ fn guest_config(host: &[u8]) -> GuestDtbConfig {
         extra_virtio_mmio: vec![MmioDevice {
             base: 0x0a00_4000,
             size: 0x200,
-            intid: 80,
+            intid: id(80),
             edge: true,
             path: String::new(),
         }],
@@ -255,14 +260,14 @@ fn guest_dtb_round_trip() {
         assert_eq!(p.cpus, cfg.vcpu_mpidrs);
         assert_eq!(p.gic.gicd.base, 0x0800_0000);
         assert_eq!(p.gic.its, None);
-        assert_eq!(p.gic.maintenance_intid, Some(25));
+        assert_eq!(p.gic.maintenance_intid, Some(id(25)));
         assert_eq!(p.psci_method.as_deref(), Some("hvc"));
         assert_eq!(p.bootargs.as_deref(), Some(cfg.bootargs.as_str()));
         assert_eq!(p.kernel, None);
         assert_eq!(p.virtio_mmio.len(), 33);
-        assert_eq!(p.virtio_mmio[32].intid, 80);
+        assert_eq!(p.virtio_mmio[32].intid, id(80));
         assert_eq!(p.uart.unwrap().base, 0x0900_0000);
-        assert_eq!(p.timer.virt_intid, 27);
+        assert_eq!(p.timer.virt_intid, id(27));
         let _ = ncpus;
     }
 }
@@ -328,7 +333,7 @@ fn guest_dtb_without_removals_or_initrd() {
 fn guest_dtb_replaces_host_node_at_same_path() {
     let mut cfg = guest_config(V3_SMP2);
     cfg.extra_virtio_mmio[0].base = 0x0a00_3e00;
-    cfg.extra_virtio_mmio[0].intid = 79;
+    cfg.extra_virtio_mmio[0].intid = id(79);
     cfg.extra_virtio_mmio[0].edge = false;
     let out = build_guest_dtb(V3_SMP2, &cfg).unwrap();
     let p = discover(&out).unwrap();
@@ -360,7 +365,7 @@ fn guest_config_is_checked() {
         Err(DtbError::BadValue(_))
     ));
     let mut c = good.clone();
-    c.extra_virtio_mmio[0].intid = 27;
+    c.extra_virtio_mmio[0].intid = id(27);
     assert!(matches!(
         build_guest_dtb(V3_SMP2, &c),
         Err(DtbError::BadValue(_))
@@ -538,28 +543,28 @@ fn interrupt_specifiers() {
     assert_eq!(
         gic_irq(&[0, 1, 4]),
         Ok(Irq {
-            intid: 33,
+            intid: id(33),
             edge: false
         })
     );
     assert_eq!(
         gic_irq(&[1, 9, 4]),
         Ok(Irq {
-            intid: 25,
+            intid: id(25),
             edge: false
         })
     );
     assert_eq!(
         gic_irq(&[0, 47, 1]),
         Ok(Irq {
-            intid: 79,
+            intid: id(79),
             edge: true
         })
     );
     assert_eq!(
         gic_irq(&[2, 0, 4]),
         Ok(Irq {
-            intid: 4096,
+            intid: id(4096),
             edge: false
         })
     );

@@ -18,6 +18,7 @@ use alloc::vec::Vec;
 use fdt::node::FdtNode;
 use fdt::Fdt;
 
+use crate::intid::IntId;
 use super::blob::MAX_DEPTH;
 use super::{DtbError, Region};
 
@@ -298,7 +299,7 @@ impl<'b, 'a> Index<'b, 'a> {
 /// What the GIC binding's 3-cell interrupt specifier says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Irq {
-    pub intid: u32,
+    pub intid: IntId,
     pub edge: bool,
 }
 
@@ -309,13 +310,14 @@ pub fn gic_irq(spec: &[u32]) -> Result<Irq, DtbError> {
     let [kind, n, flags] = spec else {
         return Err(DtbError::BadValue("interrupt specifier is not 3 cells"));
     };
-    let intid = match (*kind, *n) {
-        (0, n) if n < 988 => n + 32,
-        (1, n) if n < 16 => n + 16,
-        (2, n) if n < 1024 => n + 4096,
-        (3, n) if n < 64 => n + 1056,
+    let intid = match *kind {
+        0 => IntId::spi(*n),
+        1 => IntId::ppi(*n),
+        2 => IntId::espi(*n),
+        3 => IntId::eppi(*n),
         _ => return Err(DtbError::BadValue("interrupt specifier")),
-    };
+    }
+    .map_err(|_| DtbError::BadValue("interrupt specifier"))?;
     Ok(Irq {
         intid,
         edge: flags & 0x3 != 0,

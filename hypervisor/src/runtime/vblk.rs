@@ -5,6 +5,7 @@
 
 use crate::virtio::{BackendError, BackendRequest, BlkConfig, BlockBackend, Completion, Effects, IdentityMappedRam, RamBackend, VirtioBlk};
 use super::physblk::PhysBlk;
+use crate::intid::IntId;
 use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use spin::Mutex;
 
@@ -58,14 +59,14 @@ pub struct VDisk {
     /// IPA of the 0x200-byte virtio-mmio frame.
     pub base: u64,
     /// The virtual SPI (level-driven from the device's interrupt status).
-    pub intid: u32,
+    pub intid: IntId,
     pub state: Mutex<DiskState>,
     /// Earliest backend completion (ns), u64::MAX = none.
     pub deadline: AtomicU64,
     /// The pCPU whose EL2 timer watches `deadline`.
     pub home: AtomicUsize,
     /// The physical device's interrupt, taken by the hypervisor (backend mode).
-    pub phys_intid: Option<u32>,
+    pub phys_intid: Option<IntId>,
 }
 
 impl VDisk {
@@ -75,7 +76,7 @@ impl VDisk {
     /// # Safety
     /// `image` must be hypervisor-owned memory used by nothing else, and the
     /// guest RAM range must be identity-mapped normal memory.
-    pub unsafe fn new_ram(base: u64, intid: u32, image: &'static mut [u8], latency_ns: u64, ram_base: u64, ram_size: u64) -> Self {
+    pub unsafe fn new_ram(base: u64, intid: IntId, image: &'static mut [u8], latency_ns: u64, ram_base: u64, ram_size: u64) -> Self {
         let sectors = image.len() as u64 / 512;
         // SAFETY: guaranteed by the caller.
         let mem = unsafe { IdentityMappedRam::new(ram_base, ram_size) };
@@ -97,7 +98,7 @@ impl VDisk {
     ///
     /// # Safety
     /// As for [`VDisk::new_ram`] (guest RAM identity-mapped).
-    pub unsafe fn new_phys(base: u64, intid: u32, phys: PhysBlk, ram_base: u64, ram_size: u64) -> Self {
+    pub unsafe fn new_phys(base: u64, intid: IntId, phys: PhysBlk, ram_base: u64, ram_size: u64) -> Self {
         let cfg = BlkConfig::new(phys.capacity_sectors(), phys.read_only());
         // SAFETY: guaranteed by the caller.
         let mem = unsafe { IdentityMappedRam::new(ram_base, ram_size) };

@@ -13,6 +13,7 @@ use super::vm::{inc, Vcpu, Vm, SPSR_EL1H_MASKED};
 use crate::arch::exception::{run_guest, ExitKind, GuestRegs};
 use crate::arch::{context, el2, gic, smc, sysreg};
 use crate::esr::{self, Exit, MmioAccess};
+use crate::intid::IntId;
 use crate::psci::{self, Call};
 use crate::regs::ISS_ABORT;
 use crate::sched::{CritEvidence, RunState, VcpuId, WakeAction, WakeCause};
@@ -248,12 +249,12 @@ fn follow_routes(vm: &Vm, me: usize, id: usize) {
 /// exit; a vCPU that is not running gets it derived when it is loaded.
 fn deactivate_hw(vm: &Vm, me: usize, cur: usize, list: alloc::vec::Vec<crate::vgic::HwDeactivation>) {
     for d in list {
-        if d.intid >= 32 {
+        if d.intid.is_spi() {
             gic::clear_spi_active(d.pintid);
         } else if d.vcpu == cur {
             gic::set_private_active(me, d.pintid, false);
         } else if let Some(s) = vm.shared.get(d.vcpu) {
-            s.ppi_resync.fetch_or(1 << d.intid, Ordering::AcqRel);
+            s.ppi_resync.fetch_or(1 << u32::from(d.intid), Ordering::AcqRel);
             let p = s.running_on.load(Ordering::Acquire);
             if p != usize::MAX && p != me {
                 percpu::kick(p);
@@ -271,7 +272,8 @@ fn resync_private_active(vm: &Vm, me: usize, id: usize) {
     }
     let bits = s.ppi_resync.swap(0, Ordering::AcqRel);
     let vgic = vm.vgic.lock();
-    for intid in (0..32).filter(|i| bits & (1 << i) != 0) {
+    let private = (0..IntId::PRIVATE_COUNT).filter(|i| bits & (1 << i) != 0);
+    for intid in private.filter_map(|i| IntId::try_from(i).ok()) {
         if let Some(p) = vgic.hw_of(id, intid) {
             let busy = vgic.is_pending_or_active(id, intid);
             gic::set_private_active(me, p, busy);

@@ -14,6 +14,7 @@ use crate::boot::plan::{self, LayoutError, ModuleCopy, Plan};
 use crate::config::{Config, DiskMode};
 use super::vblk::VDisk;
 use crate::dtb::{self, GuestDtbConfig, Platform, Region};
+use crate::intid::IntId;
 use crate::stage2::{MemType, Stage2, Stage2Error};
 use crate::vgic::{Vgic, VgicConfig, VgicError};
 use crate::sched::{SchedConfig, SchedError, Scheduler, VcpuId};
@@ -27,6 +28,12 @@ use spin::Mutex;
 
 const MB: u64 = 1 << 20;
 const PAGE: u64 = 4096;
+/// The console UART's interrupt when the DTB names none: SPI 1 (INTID 33)
+/// on QEMU virt.
+const QEMU_VIRT_UART: IntId = match IntId::spi(1) {
+    Ok(id) => id,
+    Err(_) => panic!("SPI 1 exists"),
+};
 
 #[derive(Debug)]
 pub enum VmError {
@@ -136,12 +143,12 @@ pub struct Vm {
     pub vgic: Mutex<Vgic>,
     pub uart: Mutex<VPl011>,
     pub uart_region: Option<Region>,
-    pub uart_intid: u32,
-    pub virt_timer_intid: u32,
-    pub maintenance_intid: u32,
-    pub hyp_timer_intid: u32,
+    pub uart_intid: IntId,
+    pub virt_timer_intid: IntId,
+    pub maintenance_intid: IntId,
+    pub hyp_timer_intid: IntId,
     /// Physical SPIs forwarded to the guest as HW interrupts.
-    pub forwarded: Vec<u32>,
+    pub forwarded: Vec<IntId>,
     /// The pCPU each forwarded SPI is physically routed to (same order).
     pub forwarded_pcpu: Vec<AtomicUsize>,
     pub vcpus: Vec<Mutex<Vcpu>>,
@@ -357,7 +364,7 @@ impl Vm {
                     core::ptr::write_bytes(at as *mut u8, 0, disk_bytes as usize);
                     core::slice::from_raw_parts_mut(at as *mut u8, disk_bytes as usize)
                 };
-                info!("dom0 disk: virtio-blk at {:#x} (INTID {}), RAM image {} MiB, service time {} us", slot.base, slot.intid, disk_bytes / MB, cfg.disk_latency_us);
+                info!("dom0 disk: virtio-blk at {:#x}, {}, RAM image {} MiB, service time {} us", slot.base, slot.intid, disk_bytes / MB, cfg.disk_latency_us);
                 // SAFETY: as above.
                 Some(unsafe { VDisk::new_ram(slot.base, slot.intid, image, cfg.disk_latency_us * 1000, ram.base, ram.size) })
             }
@@ -368,7 +375,7 @@ impl Vm {
                     log::error!("physical virtio-blk: {e:?}");
                     VmError::Memory("the physical virtio-blk device did not initialise")
                 })?;
-                info!("dom0 disk: virtio-blk at {:#x} (INTID {}) over the physical virtio-blk ({} sectors)", slot.base, slot.intid, phys.capacity_sectors());
+                info!("dom0 disk: virtio-blk at {:#x}, {}, over the physical virtio-blk ({} sectors)", slot.base, slot.intid, phys.capacity_sectors());
                 // SAFETY: guest RAM is identity-mapped.
                 Some(unsafe { VDisk::new_phys(slot.base, slot.intid, phys, ram.base, ram.size) })
             }
@@ -393,9 +400,9 @@ impl Vm {
             vgic: Mutex::new(vgic),
             uart: Mutex::new(VPl011::new()),
             uart_region: plat.uart.as_ref().map(|u| Region { base: u.base, size: u.size.max(0x1000) }),
-            uart_intid: plat.uart.as_ref().map_or(33, |u| u.intid),
+            uart_intid: plat.uart.as_ref().map_or(QEMU_VIRT_UART, |u| u.intid),
             virt_timer_intid: vt,
-            maintenance_intid: plat.gic.maintenance_intid.unwrap_or(25),
+            maintenance_intid: plat.gic.maintenance_intid.unwrap_or(IntId::MAINTENANCE),
             hyp_timer_intid: plat.timer.hyp_intid,
             forwarded_pcpu: forwarded.iter().map(|_| AtomicUsize::new(0)).collect(),
             forwarded,

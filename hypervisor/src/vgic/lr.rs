@@ -7,6 +7,7 @@
 //! one vCPU's LRs (the `in_lr` field of the interrupt).
 
 use super::regs::*;
+use crate::intid::IntId;
 use super::{Irq, Kicks, Vgic, NO_INTID, NO_VCPU, NR_PRIVATE, NUM_LRS_MAX};
 
 /// What `flush_lrs` did.
@@ -32,11 +33,11 @@ fn lr_state(v: u64) -> (bool, bool) {
     (v & LR_PENDING != 0, v & LR_ACTIVE != 0)
 }
 
-/// Encodes one `ICH_LR<n>_EL2` value.
+/// Encodes one `ICH_LR<n>_EL2` value (`hw`: the pINTID of a HW = 1 LR).
 pub fn encode_lr(
     intid: u32,
     priority: u8,
-    hw: Option<u16>,
+    hw: Option<u32>,
     eoi: bool,
     pending: bool,
     active: bool,
@@ -167,7 +168,7 @@ impl Vgic {
                 continue;
             };
             let eoi = irq.is_sw_level();
-            lrs[slot] = encode_lr(intid, irq.priority, irq.hw, eoi, pend, act);
+            lrs[slot] = encode_lr(intid, irq.priority, irq.hw.map(u32::from), eoi, pend, act);
             irq.in_lr = vcpu as u16;
             irq.lr_pend = pend;
             irq.lr_latch = pend && irq.latch;
@@ -264,11 +265,12 @@ impl Vgic {
     }
 
     /// The INTIDs currently in `vcpu`'s list registers, by slot (test/debug aid).
-    pub fn lr_contents(&self, vcpu: usize) -> [Option<u32>; NUM_LRS_MAX] {
+    pub fn lr_contents(&self, vcpu: usize) -> [Option<IntId>; NUM_LRS_MAX] {
         let mut out = [None; NUM_LRS_MAX];
         if let Some(vs) = self.vcpus.get(vcpu) {
             for (o, &i) in out.iter_mut().zip(vs.lr_shadow.iter()) {
-                *o = (i != NO_INTID).then_some(i);
+                // NO_INTID (u32::MAX) is no INTID.
+                *o = IntId::try_from(i).ok();
             }
         }
         out

@@ -398,7 +398,7 @@ impl Vgic {
                         continue;
                     }
                     let route = if intid >= NR_PRIVATE {
-                        self.route_of(intid)
+                        self.route_of_raw(intid)
                     } else {
                         Some(rd)
                     };

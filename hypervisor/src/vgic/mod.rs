@@ -81,6 +81,7 @@ pub mod regs;
 #[cfg(test)]
 mod tests;
 
+use crate::intid::IntId;
 use alloc::vec;
 use alloc::vec::Vec;
 use core::fmt;
@@ -130,7 +131,7 @@ pub enum VgicError {
     /// The access size or alignment does not fit the register (inject an abort).
     BadAccessSize,
     /// The INTID does not exist in this vGIC or is not valid for the call.
-    BadIntid(u32),
+    BadIntid(IntId),
     /// No such vCPU.
     BadVcpu(usize),
     /// The address is not inside a GIC frame of this VM, or a configuration
@@ -144,7 +145,7 @@ impl fmt::Display for VgicError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             VgicError::BadAccessSize => write!(f, "bad GIC access size or alignment"),
-            VgicError::BadIntid(i) => write!(f, "bad INTID {i}"),
+            VgicError::BadIntid(i) => write!(f, "bad interrupt: {i}"),
             VgicError::BadVcpu(v) => write!(f, "bad vCPU {v}"),
             VgicError::OutOfRange => write!(f, "out of range"),
             VgicError::TooFewListRegisters(n) => {
@@ -220,9 +221,9 @@ pub struct HwDeactivation {
     /// state it was.
     pub vcpu: usize,
     /// The virtual INTID.
-    pub intid: u32,
+    pub intid: IntId,
     /// The physical INTID to deactivate.
-    pub pintid: u32,
+    pub pintid: IntId,
 }
 
 /// Sentinel for "no vCPU" in compact u16 fields.
@@ -249,8 +250,9 @@ struct Irq {
     /// Input line level (level-sensitive sources).
     line: bool,
     active: bool,
-    /// Physical INTID when forwarded as a hardware interrupt.
-    hw: Option<u16>,
+    /// Physical INTID when forwarded as a hardware interrupt (an SGI, PPI
+    /// or SPI: [`Vgic::set_hw_private`] checks).
+    hw: Option<IntId>,
     /// vCPU whose list registers hold this interrupt.
     in_lr: u16,
     /// For SPIs: the vCPU it was last active on.
@@ -495,7 +497,12 @@ impl Vgic {
     /// IRM = 1 the lowest-numbered vCPU whose redistributor is awake (vCPU 0
     /// if none is). `None` for non-SPIs and for IROUTER values that match no
     /// vCPU. Use it to set the physical affinity of a forwarded SPI.
-    pub fn route_of(&self, intid: u32) -> Option<usize> {
+    pub fn route_of(&self, intid: IntId) -> Option<usize> {
+        self.route_of_raw(u32::from(intid))
+    }
+
+    /// [`Vgic::route_of`] for an index the model computed itself.
+    fn route_of_raw(&self, intid: u32) -> Option<usize> {
         let idx = intid.checked_sub(NR_PRIVATE)? as usize;
         match *self.spi_target.get(idx)? {
             NO_VCPU => None,
@@ -516,7 +523,7 @@ impl Vgic {
         if irq.active && irq.active_on != NO_VCPU {
             return Some(irq.active_on as usize);
         }
-        self.route_of(intid)
+        self.route_of_raw(intid)
     }
 
     /// Whether this interrupt could be signalled to `vcpu` now.
@@ -553,19 +560,21 @@ impl Vgic {
 
     // ---- interrupt sources ----
 
+    /// Checks a source's INTID and vCPU; returns the INTID as a model index.
     fn check_source_intid(
         &self,
-        intid: u32,
+        intid: IntId,
         vcpu: usize,
         allow_sgi: bool,
-    ) -> Result<(), VgicError> {
-        if intid >= self.nr_irqs() || (!allow_sgi && intid < 16) {
+    ) -> Result<u32, VgicError> {
+        let raw = u32::from(intid);
+        if raw >= self.nr_irqs() || (!allow_sgi && intid.is_sgi()) {
             return Err(VgicError::BadIntid(intid));
         }
-        if intid < NR_PRIVATE {
+        if raw < NR_PRIVATE {
             self.check_vcpu(vcpu)?;
         }
-        Ok(())
+        Ok(raw)
     }
 
     /// Drives the input line of a PPI or SPI (`vcpu_for_private` selects the
@@ -575,12 +584,12 @@ impl Vgic {
     /// pending once.
     pub fn set_level(
         &mut self,
-        intid: u32,
+        intid: IntId,
         vcpu_for_private: usize,
         level: bool,
     ) -> Result<Kicks, VgicError> {
-        self.check_source_intid(intid, vcpu_for_private, false)?;
-        let Some(irq) = self.irq_mut(vcpu_for_private, intid) else {
+        let raw = self.check_source_intid(intid, vcpu_for_private, false)?;
+        let Some(irq) = self.irq_mut(vcpu_for_private, raw) else {
             return Err(VgicError::BadIntid(intid));
         };
         let rising = level && !irq.line;
@@ -588,27 +597,27 @@ impl Vgic {
         if rising && !irq.is_sw_level() {
             irq.latch = true;
         }
-        Ok(self.kick_for(vcpu_for_private, intid))
+        Ok(self.kick_for(vcpu_for_private, raw))
     }
 
     /// Makes an interrupt pending (an edge, or a one-shot on a level
     /// interrupt, like an ISPENDR write). Use this for forwarded hardware
     /// interrupts too. SGIs are allowed (a pending SGI with no source).
-    pub fn inject_edge(&mut self, intid: u32, vcpu_for_private: usize) -> Result<Kicks, VgicError> {
-        self.check_source_intid(intid, vcpu_for_private, true)?;
-        let Some(irq) = self.irq_mut(vcpu_for_private, intid) else {
+    pub fn inject_edge(&mut self, intid: IntId, vcpu_for_private: usize) -> Result<Kicks, VgicError> {
+        let raw = self.check_source_intid(intid, vcpu_for_private, true)?;
+        let Some(irq) = self.irq_mut(vcpu_for_private, raw) else {
             return Err(VgicError::BadIntid(intid));
         };
         irq.latch = true;
-        Ok(self.kick_for(vcpu_for_private, intid))
+        Ok(self.kick_for(vcpu_for_private, raw))
     }
 
     /// Maps (or with `None` unmaps) an SPI to a physical INTID: its LRs get
     /// HW = 1 and pINTID, so the guest's deactivation deactivates the physical
     /// interrupt. Errors for non-SPIs (use [`Vgic::set_hw_private`]) and for
     /// physical INTIDs ≥ 1020.
-    pub fn set_hw(&mut self, intid: u32, pintid: Option<u32>) -> Result<(), VgicError> {
-        if intid < NR_PRIVATE {
+    pub fn set_hw(&mut self, intid: IntId, pintid: Option<IntId>) -> Result<(), VgicError> {
+        if u32::from(intid) < NR_PRIVATE {
             return Err(VgicError::BadIntid(intid));
         }
         self.set_hw_private(0, intid, pintid)
@@ -619,27 +628,29 @@ impl Vgic {
     pub fn set_hw_private(
         &mut self,
         vcpu: usize,
-        intid: u32,
-        pintid: Option<u32>,
+        intid: IntId,
+        pintid: Option<IntId>,
     ) -> Result<(), VgicError> {
-        if intid < NR_PRIVATE {
+        let raw = u32::from(intid);
+        if raw < NR_PRIVATE {
             self.check_vcpu(vcpu)?;
         }
         if let Some(p) = pintid {
-            if p >= 1020 {
+            // A HW list register's pINTID: an SGI, PPI or SPI (below 1020).
+            if p >= IntId::SPECIAL_FIRST {
                 return Err(VgicError::BadIntid(p));
             }
         }
         let irq = self
-            .irq_mut(vcpu, intid)
+            .irq_mut(vcpu, raw)
             .ok_or(VgicError::BadIntid(intid))?;
-        irq.hw = pintid.map(|p| p as u16);
+        irq.hw = pintid;
         Ok(())
     }
 
     /// The physical INTID an interrupt is forwarded from, if any.
-    pub fn hw_of(&self, vcpu: usize, intid: u32) -> Option<u32> {
-        self.irq(vcpu, intid)?.hw.map(u32::from)
+    pub fn hw_of(&self, vcpu: usize, intid: IntId) -> Option<IntId> {
+        self.irq(vcpu, u32::from(intid))?.hw
     }
 
     /// The physical interrupts to deactivate because the guest ended their
@@ -651,8 +662,12 @@ impl Vgic {
 
     /// Records that `intid` (forwarded from `pintid`) went idle behind the
     /// physical GIC's back.
-    fn note_hw_deactivation(&mut self, vcpu: usize, intid: u32, pintid: u16) {
-        let d = HwDeactivation { vcpu, intid, pintid: u32::from(pintid) };
+    fn note_hw_deactivation(&mut self, vcpu: usize, intid: u32, pintid: IntId) {
+        // Every model index is an INTID below 1020.
+        let Ok(intid) = IntId::try_from(intid) else {
+            return;
+        };
+        let d = HwDeactivation { vcpu, intid, pintid };
         if !self.hw_deactivations.contains(&d) {
             self.hw_deactivations.push(d);
         }
@@ -693,8 +708,8 @@ impl Vgic {
     /// Whether `intid` is pending or active for `vcpu` as the guest sees it.
     /// The EL2 code uses it when it loads a vCPU, to give a forwarded private
     /// interrupt (the virtual timer) the matching physical active state.
-    pub fn is_pending_or_active(&self, vcpu: usize, intid: u32) -> bool {
-        self.irq(vcpu, intid).is_some_and(|i| i.pending_view() || i.active_view())
+    pub fn is_pending_or_active(&self, vcpu: usize, intid: IntId) -> bool {
+        self.irq(vcpu, u32::from(intid)).is_some_and(|i| i.pending_view() || i.active_view())
     }
 
     /// Whether `vcpu` has an interrupt that is pending, enabled, not active,
@@ -762,7 +777,7 @@ impl fmt::Display for Dump<'_> {
                 if irq.line { "^" } else { "_" },
             )?;
             if let Some(p) = irq.hw {
-                write!(f, " hw={p}")?;
+                write!(f, " hw={}", u32::from(p))?;
             }
             if irq.in_flight() {
                 write!(f, " in_lr=vcpu{}", irq.in_lr)?;

@@ -3,6 +3,7 @@
 use super::lr::encode_lr;
 use super::regs::*;
 use super::*;
+use crate::intid::IntId;
 use alloc::format;
 use alloc::vec;
 
@@ -16,6 +17,11 @@ fn cfg(n: usize, nr_spis: u32) -> VgicConfig {
         nr_spis,
         vcpu_mpidrs: (0..n as u64).map(|i| 0x8000_0000 | i).collect(),
     }
+}
+
+/// A raw INTID the test knows is valid.
+fn id(v: u32) -> IntId {
+    IntId::try_from(v).unwrap()
 }
 
 fn rd(v: usize) -> u64 {
@@ -198,7 +204,7 @@ fn sleeping_redistributor_gates_delivery() {
     let mut g = Vgic::new(cfg(1, 32));
     w32(&mut g, GICD + GICD_CTLR, 2);
     enable(&mut g, 0, 20);
-    g.inject_edge(20, 0).unwrap();
+    g.inject_edge(id(20), 0).unwrap();
     assert!(!g.has_deliverable(0));
     let k = w32(&mut g, rd(0) + GICR_WAKER, 0);
     assert!(k.contains(0));
@@ -294,7 +300,7 @@ fn irouter_64_and_halves() {
     assert_eq!(g.mmio_read(0, a, 8).unwrap(), 1);
     assert_eq!(g.mmio_read(0, a, 4).unwrap(), 1);
     assert_eq!(g.mmio_read(0, a + 4, 4).unwrap(), 0);
-    assert_eq!(g.route_of(40), Some(1));
+    assert_eq!(g.route_of(id(40)), Some(1));
     // IROUTER for private INTIDs and beyond nr_irqs: RAZ/WI.
     g.mmio_write(0, GICD + GICD_IROUTER + 8 * 5, 8, 1).unwrap();
     assert_eq!(g.mmio_read(0, GICD + GICD_IROUTER + 8 * 5, 8).unwrap(), 0);
@@ -414,14 +420,14 @@ fn spi_routing_follows_irouter() {
     let mut g = booted(3, 32);
     enable(&mut g, 0, 40);
     assert_eq!(
-        g.route_of(40),
+        g.route_of(id(40)),
         Some(0),
         "IROUTER resets to 0 = vCPU 0's affinity"
     );
     let k = set_irouter(&mut g, 40, 2);
     assert!(k.is_empty());
-    assert_eq!(g.route_of(40), Some(2));
-    let k = g.inject_edge(40, 0).unwrap();
+    assert_eq!(g.route_of(id(40)), Some(2));
+    let k = g.inject_edge(id(40), 0).unwrap();
     assert_eq!(k.iter().collect::<Vec<_>>(), vec![2]);
     assert!(g.has_deliverable(2));
     assert!(!g.has_deliverable(0));
@@ -443,14 +449,14 @@ fn spi_routing_follows_irouter() {
     assert_eq!(g.flush_lrs(1, &mut lrs1).filled, 1);
     // IRM = 1: lowest awake vCPU.
     set_irouter(&mut g, 41, IROUTER_IRM);
-    assert_eq!(g.route_of(41), Some(0));
+    assert_eq!(g.route_of(id(41)), Some(0));
     w32(&mut g, rd(0) + GICR_WAKER, u64::from(WAKER_PROCESSOR_SLEEP));
-    assert_eq!(g.route_of(41), Some(1));
+    assert_eq!(g.route_of(id(41)), Some(1));
     // No matching affinity: undeliverable.
     set_irouter(&mut g, 42, 0x55);
-    assert_eq!(g.route_of(42), None);
-    assert_eq!(g.route_of(5), None);
-    assert_eq!(g.route_of(5000), None);
+    assert_eq!(g.route_of(id(42)), None);
+    assert_eq!(g.route_of(id(5)), None);
+    assert_eq!(g.route_of(id(5000)), None);
 }
 
 #[test]
@@ -458,7 +464,7 @@ fn distributor_enable_gates_delivery() {
     let mut g = booted(1, 32);
     w32(&mut g, GICD + GICD_CTLR, 0x10);
     enable(&mut g, 0, 33);
-    let k = g.inject_edge(33, 0).unwrap();
+    let k = g.inject_edge(id(33), 0).unwrap();
     assert!(k.is_empty());
     assert!(!g.has_deliverable(0));
     let mut lrs = [0u64; 4];
@@ -481,7 +487,7 @@ fn flush_by_priority_with_overflow() {
     ] {
         enable(&mut g, 0, intid);
         set_prio(&mut g, 0, intid, prio);
-        g.inject_edge(intid, 0).unwrap();
+        g.inject_edge(id(intid), 0).unwrap();
     }
     let mut lrs = [0u64; 4];
     let r = g.flush_lrs(0, &mut lrs);
@@ -510,7 +516,7 @@ fn flush_by_priority_with_overflow() {
     // LRs the caller holds non-empty are not touched, and shadowed slots are skipped.
     let mut g2 = booted(1, 32);
     enable(&mut g2, 0, 33);
-    g2.inject_edge(33, 0).unwrap();
+    g2.inject_edge(id(33), 0).unwrap();
     let mut lrs = [LR_PENDING | 99, 0];
     let r = g2.flush_lrs(0, &mut lrs);
     assert_eq!(r.filled, 1);
@@ -528,20 +534,20 @@ fn active_first_and_pending_active() {
     enable(&mut g, 0, 34);
     set_prio(&mut g, 0, 33, 0xF0);
     set_prio(&mut g, 0, 34, 0x00);
-    g.inject_edge(33, 0).unwrap();
+    g.inject_edge(id(33), 0).unwrap();
     let mut lrs = [0u64; 1];
     g.flush_lrs(0, &mut lrs);
     // Guest acknowledges 33: LR becomes active.
     lrs[0] = (lrs[0] & !LR_STATE_MASK) | LR_ACTIVE;
     g.sync_lrs(0, &mut lrs);
     // A higher-priority interrupt arrives, but the active one must go back in.
-    g.inject_edge(34, 0).unwrap();
+    g.inject_edge(id(34), 0).unwrap();
     let r = g.flush_lrs(0, &mut lrs);
     assert!(r.overflow);
     assert_eq!(lr_intid(lrs[0]), 33);
     assert_eq!(lrs[0] & LR_STATE_MASK, LR_ACTIVE);
     // Edge pending again while active (and in flight): owner is kicked, then P+A.
-    let k = g.inject_edge(33, 0).unwrap();
+    let k = g.inject_edge(id(33), 0).unwrap();
     assert!(k.contains(0));
     g.sync_lrs(0, &mut lrs);
     let mut lrs = [0u64; 2];
@@ -563,9 +569,9 @@ fn level_vs_edge_repend() {
     enable(&mut g, 0, 33); // level (reset)
     enable(&mut g, 0, 34);
     w32(&mut g, GICD + ICFGR + 8, 0b10 << 4); // 34 edge
-    let k = g.set_level(33, 0, true).unwrap();
+    let k = g.set_level(id(33), 0, true).unwrap();
     assert!(k.contains(0));
-    g.inject_edge(34, 0).unwrap();
+    g.inject_edge(id(34), 0).unwrap();
     let mut lrs = [0u64; 4];
     let r = g.flush_lrs(0, &mut lrs);
     assert!(r.eoi_maintenance);
@@ -592,7 +598,7 @@ fn level_vs_edge_repend() {
     let r = g.flush_lrs(0, &mut lrs);
     assert_eq!(r.filled, 1);
     // Line goes low (device handled) before the guest acks: no longer pending.
-    g.set_level(33, 0, false).unwrap();
+    g.set_level(id(33), 0, false).unwrap();
     g.sync_lrs(0, &mut lrs);
     assert_eq!(r32(&mut g, GICD + ISPENDR + 4), 0);
     assert_eq!(g.flush_lrs(0, &mut lrs).filled, 0);
@@ -607,34 +613,34 @@ fn level_vs_edge_repend() {
     assert_eq!(r32(&mut g, GICD + ISPENDR + 4), 0);
     assert_eq!(r32(&mut g, GICD + ISACTIVER + 4), 1 << 1);
     // Level line high while active: pending + active.
-    g.set_level(33, 0, true).unwrap();
+    g.set_level(id(33), 0, true).unwrap();
     g.flush_lrs(0, &mut lrs);
     assert_eq!(lrs[0] & LR_STATE_MASK, LR_PENDING | LR_ACTIVE);
     // Edge-configured source driven by set_level pends once per rising edge.
     g.sync_lrs(0, &mut lrs);
-    g.set_level(34, 0, true).unwrap();
-    g.set_level(34, 0, true).unwrap();
+    g.set_level(id(34), 0, true).unwrap();
+    g.set_level(id(34), 0, true).unwrap();
     assert_eq!(r32(&mut g, GICD + ISPENDR + 4) & (1 << 2), 1 << 2);
-    assert_eq!(g.set_level(3, 0, true), Err(VgicError::BadIntid(3)));
-    assert_eq!(g.set_level(64, 0, true), Err(VgicError::BadIntid(64)));
-    assert_eq!(g.set_level(20, 5, true), Err(VgicError::BadVcpu(5)));
+    assert_eq!(g.set_level(id(3), 0, true), Err(VgicError::BadIntid(id(3))));
+    assert_eq!(g.set_level(id(64), 0, true), Err(VgicError::BadIntid(id(64))));
+    assert_eq!(g.set_level(id(20), 5, true), Err(VgicError::BadVcpu(5)));
 }
 
 #[test]
 fn hw_lr_encoding_and_sync() {
     let mut g = booted(2, 32);
-    g.set_hw(40, Some(72)).unwrap();
-    g.set_hw_private(1, 27, Some(27)).unwrap();
-    assert_eq!(g.hw_of(0, 40), Some(72));
-    assert_eq!(g.hw_of(1, 27), Some(27));
-    assert_eq!(g.hw_of(0, 27), None);
-    assert_eq!(g.set_hw(20, Some(20)), Err(VgicError::BadIntid(20)));
-    assert_eq!(g.set_hw(40, Some(1020)), Err(VgicError::BadIntid(1020)));
+    g.set_hw(id(40), Some(id(72))).unwrap();
+    g.set_hw_private(1, id(27), Some(id(27))).unwrap();
+    assert_eq!(g.hw_of(0, id(40)), Some(id(72)));
+    assert_eq!(g.hw_of(1, id(27)), Some(id(27)));
+    assert_eq!(g.hw_of(0, id(27)), None);
+    assert_eq!(g.set_hw(id(20), Some(id(20))), Err(VgicError::BadIntid(id(20))));
+    assert_eq!(g.set_hw(id(40), Some(id(1020))), Err(VgicError::BadIntid(id(1020))));
     enable(&mut g, 0, 40);
     enable(&mut g, 1, 27);
     set_prio(&mut g, 0, 40, 0xA0);
-    g.inject_edge(40, 0).unwrap();
-    g.set_level(27, 1, true).unwrap();
+    g.inject_edge(id(40), 0).unwrap();
+    g.set_level(id(27), 1, true).unwrap();
     let mut lrs = [0u64; 4];
     let r = g.flush_lrs(0, &mut lrs);
     assert!(!r.eoi_maintenance);
@@ -660,11 +666,11 @@ fn hw_lr_encoding_and_sync() {
     assert_eq!(g.mmio_read(1, sgi(1) + ISPENDR, 4).unwrap(), 0);
     assert!(!g.has_deliverable(0) && !g.has_deliverable(1));
     // Active HW interrupt with a new pending: never P+A in the LR.
-    g.inject_edge(40, 0).unwrap();
+    g.inject_edge(id(40), 0).unwrap();
     g.flush_lrs(0, &mut lrs);
     lrs[0] = (lrs[0] & !LR_STATE_MASK) | LR_ACTIVE;
     g.sync_lrs(0, &mut lrs);
-    g.inject_edge(40, 0).unwrap();
+    g.inject_edge(id(40), 0).unwrap();
     g.flush_lrs(0, &mut lrs);
     assert_eq!(lrs[0] & LR_STATE_MASK, LR_ACTIVE);
     lrs[0] &= !LR_STATE_MASK;
@@ -673,7 +679,7 @@ fn hw_lr_encoding_and_sync() {
     assert_eq!(lrs[0] & LR_STATE_MASK, LR_PENDING);
     // Unmap.
     g.sync_lrs(0, &mut lrs);
-    g.set_hw(40, None).unwrap();
+    g.set_hw(id(40), None).unwrap();
     g.flush_lrs(0, &mut lrs);
     assert_eq!(lrs[0] & LR_HW, 0);
 }
@@ -682,7 +688,7 @@ fn hw_lr_encoding_and_sync() {
 fn clear_pending_and_active_while_in_flight() {
     let mut g = booted(2, 32);
     enable(&mut g, 0, 33);
-    g.inject_edge(33, 0).unwrap();
+    g.inject_edge(id(33), 0).unwrap();
     let mut lrs = [0u64; 2];
     g.flush_lrs(0, &mut lrs);
     assert_eq!(
@@ -697,7 +703,7 @@ fn clear_pending_and_active_while_in_flight() {
     g.sync_lrs(0, &mut lrs); // LR still says pending: dropped
     assert_eq!(g.flush_lrs(0, &mut lrs).filled, 0);
     // Same for active.
-    g.inject_edge(33, 0).unwrap();
+    g.inject_edge(id(33), 0).unwrap();
     g.flush_lrs(0, &mut lrs);
     lrs[0] = (lrs[0] & !LR_STATE_MASK) | LR_ACTIVE;
     let k = g.mmio_write(1, GICD + ICACTIVER + 4, 4, 1 << 1).unwrap();
@@ -705,7 +711,7 @@ fn clear_pending_and_active_while_in_flight() {
     g.sync_lrs(0, &mut lrs);
     assert_eq!(r32(&mut g, GICD + ISACTIVER + 4), 0);
     // ISACTIVER while in flight.
-    g.inject_edge(33, 0).unwrap();
+    g.inject_edge(id(33), 0).unwrap();
     g.flush_lrs(0, &mut lrs);
     g.mmio_write(1, GICD + ISACTIVER + 4, 4, 1 << 1).unwrap();
     assert_eq!(r32(&mut g, GICD + ISACTIVER + 4), 1 << 1);
@@ -718,13 +724,13 @@ fn clear_pending_and_active_while_in_flight() {
 fn active_spi_stays_with_its_vcpu() {
     let mut g = booted(2, 32);
     enable(&mut g, 0, 33);
-    g.inject_edge(33, 0).unwrap();
+    g.inject_edge(id(33), 0).unwrap();
     let mut l0 = [0u64; 2];
     g.flush_lrs(0, &mut l0);
     l0[0] = (l0[0] & !LR_STATE_MASK) | LR_ACTIVE;
     g.sync_lrs(0, &mut l0);
     set_irouter(&mut g, 33, 1);
-    g.inject_edge(33, 0).unwrap();
+    g.inject_edge(id(33), 0).unwrap();
     let mut l1 = [0u64; 2];
     assert_eq!(g.flush_lrs(1, &mut l1).filled, 0);
     g.flush_lrs(0, &mut l0);
@@ -741,7 +747,7 @@ fn active_spi_stays_with_its_vcpu() {
 fn kicks_from_enable_and_pending() {
     let mut g = booted(2, 32);
     set_irouter(&mut g, 35, 1);
-    g.inject_edge(35, 0).unwrap();
+    g.inject_edge(id(35), 0).unwrap();
     let k = w32(&mut g, GICD + ISENABLER + 4, 1 << 3);
     assert_eq!(k.iter().collect::<Vec<_>>(), vec![1]);
     let k = g.mmio_write(0, sgi(1) + ISPENDR, 4, 1 << 5).unwrap();
@@ -754,7 +760,7 @@ fn kicks_from_enable_and_pending() {
 fn dump_is_readable() {
     let mut g = booted(1, 32);
     enable(&mut g, 0, 33);
-    g.inject_edge(33, 0).unwrap();
+    g.inject_edge(id(33), 0).unwrap();
     let s = format!("{}", g.dump(0));
     assert!(s.contains("irq   33"), "{s}");
     assert!(s.contains("EP-"), "{s}");
@@ -816,10 +822,12 @@ fn fuzz(mut g: Vgic, n: usize, seed: u64) -> (u32, u32, usize) {
                 Err(_) => errors += 1,
             },
             8 => {
-                let intid = rng.below(1100) as u32;
-                let _ = match rng.below(3) {
-                    0 => g.set_level(intid, vcpu, value & 1 != 0),
-                    1 => g.inject_edge(intid, vcpu),
+                // 1024-1055 are no INTIDs: the type rejects them before the vGIC.
+                let intid = IntId::try_from(rng.below(1100) as u32);
+                let _ = match (rng.below(3), intid) {
+                    (0, Ok(intid)) => g.set_level(intid, vcpu, value & 1 != 0),
+                    (1, Ok(intid)) => g.inject_edge(intid, vcpu),
+                    (0 | 1, Err(_)) => Ok(Kicks::none()),
                     _ => g.send_sgi(vcpu, value),
                 };
             }
@@ -842,17 +850,23 @@ fn fuzz(mut g: Vgic, n: usize, seed: u64) -> (u32, u32, usize) {
                 }
             }
             _ => {
-                let intid = rng.below(1100) as u32;
-                let p = (value & 1 != 0).then_some(rng.below(1100) as u32);
-                let _ = g.set_hw_private(vcpu, intid, p);
-                let _ = g.route_of(intid);
+                let intid = IntId::try_from(rng.below(1100) as u32);
+                let p = (value & 1 != 0).then_some(IntId::try_from(rng.below(1100) as u32));
+                if let Ok(intid) = intid {
+                    let _ = match p {
+                        None => g.set_hw_private(vcpu, intid, None),
+                        Some(Ok(p)) => g.set_hw_private(vcpu, intid, Some(p)),
+                        Some(Err(_)) => Ok(()),
+                    };
+                    let _ = g.route_of(intid);
+                }
                 let _ = g.has_deliverable(vcpu);
             }
         }
         // Invariant: an interrupt sits in at most one vCPU's LRs.
         let mut seen = [0u8; 128];
         for v in 0..n {
-            for intid in g.lr_contents(v).into_iter().flatten() {
+            for intid in g.lr_contents(v).into_iter().flatten().map(u32::from) {
                 if intid >= 32 {
                     let i = (intid - 32) as usize;
                     seen[i] += 1;
@@ -877,12 +891,12 @@ fn one_list_register_is_rejected() {
     let mut g = booted(1, 32);
     enable(&mut g, 0, 33);
     enable(&mut g, 0, 34);
-    g.inject_edge(33, 0).unwrap();
+    g.inject_edge(id(33), 0).unwrap();
     let mut one = [0u64; 1];
     g.flush_lrs(0, &mut one);
     one[0] = (one[0] & !LR_STATE_MASK) | LR_ACTIVE;
     g.sync_lrs(0, &mut one);
-    g.inject_edge(34, 0).unwrap();
+    g.inject_edge(id(34), 0).unwrap();
     let r = g.flush_lrs(0, &mut one);
     let valid = one.iter().filter(|&&v| v & LR_STATE_MASK != 0).count();
     assert!(r.overflow && valid <= 1, "UIE would be asserted at entry");
@@ -906,21 +920,21 @@ fn one_list_register_is_rejected() {
 /// (physical 27), both enabled.
 fn hw_booted() -> Vgic {
     let mut g = booted(2, 32);
-    g.set_hw(40, Some(72)).unwrap();
-    g.set_hw_private(1, 27, Some(27)).unwrap();
+    g.set_hw(id(40), Some(id(72))).unwrap();
+    g.set_hw_private(1, id(27), Some(id(27))).unwrap();
     enable(&mut g, 0, 40);
     enable(&mut g, 1, 27);
     g
 }
 
 fn hw_done(vcpu: usize, intid: u32, pintid: u32) -> HwDeactivation {
-    HwDeactivation { vcpu, intid, pintid }
+    HwDeactivation { vcpu, intid: id(intid), pintid: id(pintid) }
 }
 
 #[test]
 fn icactiver_on_a_forwarded_interrupt_in_an_lr_deactivates_the_physical_one() {
     let mut g = hw_booted();
-    g.inject_edge(40, 0).unwrap();
+    g.inject_edge(id(40), 0).unwrap();
     let mut lrs = [0u64; 4];
     g.flush_lrs(0, &mut lrs);
     lrs[0] = (lrs[0] & !LR_STATE_MASK) | LR_ACTIVE; // the guest acked it
@@ -932,7 +946,7 @@ fn icactiver_on_a_forwarded_interrupt_in_an_lr_deactivates_the_physical_one() {
     assert!(g.take_hw_deactivations().is_empty(), "taken once");
     assert_eq!(g.flush_lrs(0, &mut lrs).filled, 0, "nothing left to show");
     // The device interrupts again (the physical one was deactivated): delivered.
-    g.inject_edge(40, 0).unwrap();
+    g.inject_edge(id(40), 0).unwrap();
     assert!(g.has_deliverable(0));
 }
 
@@ -940,12 +954,12 @@ fn icactiver_on_a_forwarded_interrupt_in_an_lr_deactivates_the_physical_one() {
 fn icpendr_on_a_pending_forwarded_interrupt_deactivates_the_physical_one() {
     let mut g = hw_booted();
     // Pending in the model (not in an LR): reported by the write itself.
-    g.inject_edge(40, 0).unwrap();
+    g.inject_edge(id(40), 0).unwrap();
     g.mmio_write(0, GICD + ICPENDR + 4, 4, 1 << 8).unwrap();
     assert_eq!(g.take_hw_deactivations(), vec![hw_done(0, 40, 72)]);
     assert!(!g.has_deliverable(0));
     // Pending in an LR (the LR is dropped at sync): reported by sync.
-    g.inject_edge(40, 0).unwrap();
+    g.inject_edge(id(40), 0).unwrap();
     let mut lrs = [0u64; 4];
     g.flush_lrs(0, &mut lrs);
     assert_eq!(lrs[0] & LR_STATE_MASK, LR_PENDING);
@@ -959,7 +973,7 @@ fn icpendr_on_a_pending_forwarded_interrupt_deactivates_the_physical_one() {
 fn redistributor_icactiver0_on_the_virtual_timer_names_its_vcpu() {
     let mut g = hw_booted();
     // The timer fired for vCPU 1, which acked it; then it was saved.
-    g.inject_edge(27, 1).unwrap();
+    g.inject_edge(id(27), 1).unwrap();
     let mut lrs = [0u64; 4];
     g.flush_lrs(1, &mut lrs);
     lrs[0] = (lrs[0] & !LR_STATE_MASK) | LR_ACTIVE;
@@ -968,9 +982,9 @@ fn redistributor_icactiver0_on_the_virtual_timer_names_its_vcpu() {
     // vCPU 0 clears it through vCPU 1's redistributor.
     g.mmio_write(0, sgi(1) + ICACTIVER, 4, 1 << 27).unwrap();
     assert_eq!(g.take_hw_deactivations(), vec![hw_done(1, 27, 27)]);
-    assert!(!g.is_pending_or_active(1, 27));
+    assert!(!g.is_pending_or_active(1, id(27)));
     // Same through GICR_ICPENDR0 while pending in vCPU 1's LR.
-    g.inject_edge(27, 1).unwrap();
+    g.inject_edge(id(27), 1).unwrap();
     g.flush_lrs(1, &mut lrs);
     g.mmio_write(1, sgi(1) + ICPENDR, 4, 1 << 27).unwrap();
     g.sync_lrs(1, &mut lrs);
@@ -982,7 +996,7 @@ fn no_physical_deactivation_when_hardware_or_nothing_needs_it() {
     let mut g = hw_booted();
     let mut lrs = [0u64; 4];
     // The guest deactivated through the HW LR: the GIC did it already.
-    g.inject_edge(40, 0).unwrap();
+    g.inject_edge(id(40), 0).unwrap();
     g.flush_lrs(0, &mut lrs);
     lrs[0] &= !LR_STATE_MASK;
     g.sync_lrs(0, &mut lrs);
@@ -990,11 +1004,11 @@ fn no_physical_deactivation_when_hardware_or_nothing_needs_it() {
     g.mmio_write(0, GICD + ICACTIVER + 4, 4, 1 << 8).unwrap();
     g.mmio_write(0, GICD + ICPENDR + 4, 4, 1 << 8).unwrap();
     enable(&mut g, 0, 41);
-    g.inject_edge(41, 0).unwrap();
+    g.inject_edge(id(41), 0).unwrap();
     g.mmio_write(0, GICD + ICPENDR + 4, 4, 1 << 9).unwrap();
     // Active with a software re-pend (ISPENDR): clearing active leaves it
     // pending, so the physical one stays active until the guest's next EOI.
-    g.inject_edge(40, 0).unwrap();
+    g.inject_edge(id(40), 0).unwrap();
     g.flush_lrs(0, &mut lrs);
     lrs[0] = (lrs[0] & !LR_STATE_MASK) | LR_ACTIVE;
     g.sync_lrs(0, &mut lrs);

@@ -15,6 +15,7 @@
 
 use super::entry::MAX_CPUS;
 use super::sysreg::{self, ICC_BPR1_EL1, ICC_CTLR_EL1, ICC_DIR_EL1, ICC_EOIR1_EL1, ICC_IAR1_EL1, ICC_IGRPEN1_EL1, ICC_PMR_EL1, ICC_SGI1R_EL1};
+use crate::intid::{IntId, IntIdKind};
 use crate::regs;
 use aarch64_cpu::registers::{
     ICC_SRE_EL2, ICH_AP0R0_EL2, ICH_AP1R0_EL2, ICH_HCR_EL2, ICH_LR0_EL2, ICH_LR10_EL2, ICH_LR11_EL2, ICH_LR12_EL2,
@@ -22,7 +23,7 @@ use aarch64_cpu::registers::{
     ICH_LR6_EL2, ICH_LR7_EL2, ICH_LR8_EL2, ICH_LR9_EL2, ICH_VMCR_EL2, ICH_VTR_EL2, MPIDR_EL1,
 };
 use arm_gic::gicv3::GicV3;
-use arm_gic::{IntId, UniqueMmioPointer};
+use arm_gic::UniqueMmioPointer;
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicU64, Ordering};
 use spin::Mutex;
@@ -82,9 +83,6 @@ static GIC: Mutex<Option<PhysGic>> = Mutex::new(None);
 const NO_RD: AtomicU64 = AtomicU64::new(0);
 static RD_BASE: [AtomicU64; MAX_CPUS] = [NO_RD; MAX_CPUS];
 
-/// Spurious interrupt IDs (1020-1023).
-pub const SPURIOUS: u32 = 1020;
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GicSetupError {
     /// The redistributor region could not be probed.
@@ -135,53 +133,68 @@ pub fn nr_spis() -> u32 {
     GIC.lock().as_ref().map_or(0, |g| g.gic.typer().num_spis())
 }
 
-fn int_id(intid: u32) -> Option<IntId> {
-    match intid {
-        0..=15 => Some(IntId::sgi(intid)),
-        16..=31 => Some(IntId::ppi(intid - 16)),
-        32..=1019 => Some(IntId::spi(intid - 32)),
+/// The same interrupt in `arm-gic`'s type: SGIs, PPIs and SPIs (the
+/// hypervisor sets up no other kind).
+fn arm_gic_id(intid: IntId) -> Option<arm_gic::IntId> {
+    let n = intid.number();
+    match intid.kind() {
+        IntIdKind::Sgi => Some(arm_gic::IntId::sgi(n)),
+        IntIdKind::Ppi => Some(arm_gic::IntId::ppi(n)),
+        IntIdKind::Spi => Some(arm_gic::IntId::spi(n)),
         _ => None,
     }
 }
 
 /// Enables an interrupt; `cpu` names the redistributor for SGIs/PPIs.
-pub fn enable(intid: u32, cpu: usize, edge: bool) {
-    let Some(id) = int_id(intid) else {
+pub fn enable(intid: IntId, cpu: usize, edge: bool) {
+    let Some(id) = arm_gic_id(intid) else {
         return;
     };
     if let Some(g) = GIC.lock().as_mut() {
         let trigger = if edge { arm_gic::Trigger::Edge } else { arm_gic::Trigger::Level };
         let _ = g.gic.set_interrupt_priority(id, Some(cpu), 0x80);
-        if intid >= 16 {
+        if !intid.is_sgi() {
             let _ = g.gic.set_trigger(id, Some(cpu), trigger);
         }
         let _ = g.gic.enable_interrupt(id, Some(cpu), true);
     }
 }
 
-/// Acknowledges the highest-priority pending group-1 interrupt.
-pub fn ack() -> Option<u32> {
-    let v = ICC_IAR1_EL1.read(regs::ICC_INTID::INTID) as u32;
-    if (SPURIOUS..1024).contains(&v) {
-        None
-    } else {
-        Some(v)
+/// Acknowledges the highest-priority pending group-1 interrupt; `None` when
+/// the GIC answers with a special INTID (nothing pending).
+pub fn ack() -> Option<IntId> {
+    loop {
+        let v = ICC_IAR1_EL1.read(regs::ICC_INTID::INTID) as u32;
+        match IntId::try_from(v) {
+            Ok(id) if id.is_special() => return None,
+            Ok(id) => return Some(id),
+            Err(e) => {
+                // No GIC returns a reserved INTID; should one, end it and
+                // look for the next.
+                log::warn!("GIC acknowledge: {e}");
+                ICC_EOIR1_EL1.write(regs::ICC_INTID::INTID.val(u64::from(v)));
+                ICC_DIR_EL1.write(regs::ICC_INTID::INTID.val(u64::from(v)));
+            }
+        }
     }
 }
 
 /// Priority drop (EOImode=1: does not deactivate).
-pub fn eoi(intid: u32) {
-    ICC_EOIR1_EL1.write(regs::ICC_INTID::INTID.val(u64::from(intid)));
+pub fn eoi(intid: IntId) {
+    ICC_EOIR1_EL1.write(regs::ICC_INTID::INTID.val(u64::from(u32::from(intid))));
 }
 
 /// Deactivates an interrupt the hypervisor handled itself.
-pub fn deactivate(intid: u32) {
-    ICC_DIR_EL1.write(regs::ICC_INTID::INTID.val(u64::from(intid)));
+pub fn deactivate(intid: IntId) {
+    ICC_DIR_EL1.write(regs::ICC_INTID::INTID.val(u64::from(u32::from(intid))));
 }
 
-/// Sends SGI `intid` to the CPU with affinity `mpidr`.
-pub fn send_sgi(intid: u32, mpidr: u64) {
+/// Sends SGI `intid` to the CPU with affinity `mpidr` (nothing for a non-SGI).
+pub fn send_sgi(intid: IntId, mpidr: u64) {
     use regs::ICC_SGI1R_EL1 as S;
+    if !intid.is_sgi() {
+        return;
+    }
     let m = LocalRegisterCopy::<u64, MPIDR_EL1::Register>::new(mpidr);
     let aff0 = m.read(MPIDR_EL1::Aff0);
     // TargetList is a bitmap of Aff0 values within the range RS * 16.
@@ -190,7 +203,7 @@ pub fn send_sgi(intid: u32, mpidr: u64) {
             + S::Aff2.val(m.read(MPIDR_EL1::Aff2))
             + S::Aff1.val(m.read(MPIDR_EL1::Aff1))
             + S::RS.val(aff0 / 16)
-            + S::INTID.val(u64::from(intid))
+            + S::INTID.val(u64::from(intid.number()))
             + S::TargetList.val(1 << (aff0 % 16)),
     );
     sysreg::isb();
@@ -288,11 +301,12 @@ fn find_redistributor(g: &PhysGic, mpidr: u64) -> Option<u64> {
 /// Sets or clears the physical active state of private interrupt `intid`
 /// on pCPU `cpu`'s redistributor (GICR_ISACTIVER0 / GICR_ICACTIVER0). Call
 /// it on `cpu` itself.
-pub fn set_private_active(cpu: usize, intid: u32, active: bool) {
+pub fn set_private_active(cpu: usize, intid: IntId, active: bool) {
     let rd = RD_BASE.get(cpu).map_or(0, |r| r.load(Ordering::Acquire));
-    if rd == 0 || intid >= 32 {
+    if rd == 0 || !(intid.is_sgi() || intid.is_ppi()) {
         return;
     }
+    let intid = u32::from(intid);
     let reg = rd + GICR_SGI_BASE + if active { GICR_ISACTIVER0 } else { GICR_ICACTIVER0 };
     // SAFETY: a write-1-to-set/clear register of a redistributor that
     // `init_cpu` found inside the GIC's region; one bit per private INTID.
@@ -302,10 +316,11 @@ pub fn set_private_active(cpu: usize, intid: u32, active: bool) {
 
 /// Deactivates SPI `intid` in the distributor (GICD_ICACTIVER<n>), from
 /// any CPU, whichever CPU acknowledged it.
-pub fn clear_spi_active(intid: u32) {
-    if !(32..1020).contains(&intid) {
+pub fn clear_spi_active(intid: IntId) {
+    if !intid.is_spi() {
         return;
     }
+    let intid = u32::from(intid);
     if let Some(g) = GIC.lock().as_ref() {
         let reg = g.gicd + 0x380 + 4 * u64::from(intid / 32);
         // SAFETY: a write-1-to-clear register of the distributor `init` was
@@ -318,10 +333,11 @@ pub fn clear_spi_active(intid: u32) {
 
 /// Routes SPI `intid` to the CPU with affinity `mpidr` (GICD_IROUTER<n>,
 /// affinity routing, IRM = 0).
-pub fn route_spi(intid: u32, mpidr: u64) {
-    if !(32..1020).contains(&intid) {
+pub fn route_spi(intid: IntId, mpidr: u64) {
+    if !intid.is_spi() {
         return;
     }
+    let intid = u32::from(intid);
     let m = LocalRegisterCopy::<u64, MPIDR_EL1::Register>::new(mpidr);
     let v = GICD_IROUTER::Aff3.val(m.read(MPIDR_EL1::Aff3))
         + GICD_IROUTER::IRM::CLEAR
