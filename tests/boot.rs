@@ -4,7 +4,10 @@ use integration_tests::*;
 
 #[test]
 fn linux_boots_at_el1_under_the_hypervisor_gicv3() {
-    let r = run_cmd(r#"dmesg | grep -E "started at EL"; uname -m; echo sve=$(grep -c -w -E "sve|sme" /proc/cpuinfo)"#, |_| {});
+    let r = run_cmd(
+        r#"dmesg | grep -E "started at EL"; uname -m; echo sve=$(grep -c -w -E "sve|sme" /proc/cpuinfo)"#,
+        |_| {},
+    );
     assert_console(&r, "CPU: All CPU(s) started at EL1");
     assert_console(&r, "aarch64");
     // SVE/SME state is not switched between vCPUs: the guest must not see them.

@@ -59,7 +59,11 @@ fn passthrough_irq_follows_smp_affinity() {
         with_qemu_disk(o);
     });
     let counts = |tag: &str| -> (u64, u64) {
-        let l = r.console.lines().find(|l| l.starts_with(tag)).unwrap_or_else(|| panic!("no {tag} line:\n{}", tail(&r.console, 30)));
+        let l = r
+            .console
+            .lines()
+            .find(|l| l.starts_with(tag))
+            .unwrap_or_else(|| panic!("no {tag} line:\n{}", tail(&r.console, 30)));
         let f: Vec<&str> = l.split_whitespace().collect();
         (f[2].parse().unwrap(), f[3].parse().unwrap())
     };
@@ -214,7 +218,9 @@ fn ram_disk_survives_queue_ready_toggling_under_4_mib_reads() {
     let toggles: u64 = r
         .console
         .lines()
-        .find_map(|l| l.trim().strip_prefix("toggled ").and_then(|t| t.strip_suffix(" times")).and_then(|n| n.parse().ok()))
+        .find_map(|l| {
+            l.trim().strip_prefix("toggled ").and_then(|t| t.strip_suffix(" times")).and_then(|n| n.parse().ok())
+        })
         .unwrap_or_else(|| panic!("no toggle count; tail:\n{}", tail(&r.console, 40)));
     let s = |n: &str| stat_line(&r.console, n).unwrap_or_else(|| panic!("no blk0.{n}"));
     eprintln!(

@@ -91,7 +91,13 @@ fn an_initrd_under_qemus_dtb_stops_the_boot_with_one_line() {
     let o = opts(0x4200_0000, 0x4700_0000);
     let r = run(&o);
     let end = 0x4700_0000 + file_len(&g.initrd);
-    assert_fatal(&o, &r, &format!("(HV) fatal: boot layout: initrd [0x47000000, {end:#x}) overlaps device tree [0x48000000, 0x48100000)"));
+    assert_fatal(
+        &o,
+        &r,
+        &format!(
+            "(HV) fatal: boot layout: initrd [0x47000000, {end:#x}) overlaps device tree [0x48000000, 0x48100000)"
+        ),
+    );
 }
 
 #[test]

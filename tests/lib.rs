@@ -12,7 +12,8 @@ static QEMU: Mutex<()> = Mutex::new(());
 
 /// Boots the guest and runs `cmd` in it.
 pub fn run_cmd(cmd: &str, tweak: impl FnOnce(&mut RunOptions)) -> RunResult {
-    let mut o = RunOptions { cmd: Some(cmd.into()), echo: false, timeout: Duration::from_secs(420), ..Default::default() };
+    let mut o =
+        RunOptions { cmd: Some(cmd.into()), echo: false, timeout: Duration::from_secs(420), ..Default::default() };
     tweak(&mut o);
     run(&o)
 }
@@ -119,7 +120,9 @@ pub const VIRTQ_LINUX_MB: u64 = 768;
 /// System RAM).
 pub fn with_virtq(o: &mut RunOptions) {
     static INITRD: OnceLock<PathBuf> = OnceLock::new();
-    let initrd = INITRD.get_or_init(|| initrd_with(&[("tests/virtq.sh", VIRTQ_SH.as_bytes())]).expect("initramfs with the test scripts"));
+    let initrd = INITRD.get_or_init(|| {
+        initrd_with(&[("tests/virtq.sh", VIRTQ_SH.as_bytes())]).expect("initramfs with the test scripts")
+    });
     assert!(o.mem_mb > VIRTQ_LINUX_MB + 64, "with_virtq needs guest RAM above mem=");
     o.initrd = Some(initrd.clone());
     o.append = Some(format!("{} mem={}M", xtask::qemu::DEFAULT_GUEST_ARGS, VIRTQ_LINUX_MB));

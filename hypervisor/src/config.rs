@@ -124,9 +124,12 @@ impl Config {
                         _ => return Err(bad()),
                     }
                 }
-                "timer_slop_ns" => c.timer_slop_ns = v.parse().ok().filter(|&n: &u64| n <= 10_000_000).ok_or_else(bad)?,
+                "timer_slop_ns" => {
+                    c.timer_slop_ns = v.parse().ok().filter(|&n: &u64| n <= 10_000_000).ok_or_else(bad)?
+                }
                 "dom0_disk_size" => {
-                    c.disk_size = parse_size(v).filter(|&s| s >= 1 << 20 && s % 512 == 0 && s <= 4 << 30).ok_or_else(bad)?
+                    c.disk_size =
+                        parse_size(v).filter(|&s| s >= 1 << 20 && s % 512 == 0 && s <= 4 << 30).ok_or_else(bad)?
                 }
                 "dom0_disk_latency_us" => {
                     c.disk_latency_us = v.parse().ok().filter(|&l: &u64| l <= 10_000_000).ok_or_else(bad)?

@@ -95,20 +95,37 @@ impl WfxTimeout {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Exit {
     /// WFI/WFIT (`wfe == false`) or WFE/WFET, with the timeout of WFIT/WFET.
-    Wfx { wfe: bool, timeout: WfxTimeout },
-    Hvc { imm: u16 },
-    Smc { imm: u16 },
+    Wfx {
+        wfe: bool,
+        timeout: WfxTimeout,
+    },
+    Hvc {
+        imm: u16,
+    },
+    Smc {
+        imm: u16,
+    },
     SysReg(SysRegAccess),
     /// A stage-2 data abort with a valid instruction syndrome.
     Mmio(MmioAccess),
     /// A stage-2 data abort we cannot emulate (ISV=0, or not a translation
     /// or access fault): the guest gets an external abort.
-    DataAbort { ipa: u64, iss: u32 },
+    DataAbort {
+        ipa: u64,
+        iss: u32,
+    },
     /// A stage-2 instruction abort: the guest executed from a hole.
-    InstructionAbort { ipa: u64 },
+    InstructionAbort {
+        ipa: u64,
+    },
     /// An FP/SIMD, SVE or SME access the configuration traps.
-    Undefined { ec: u8 },
-    Unknown { ec: u8, iss: u32 },
+    Undefined {
+        ec: u8,
+    },
+    Unknown {
+        ec: u8,
+        iss: u32,
+    },
 }
 
 /// The exit's exception class.
@@ -242,7 +259,10 @@ mod tests {
         let wfit_xzr = (31 << 5) | (1 << 2) | 0b10;
         assert_eq!(decode(esr(ec::WFX, true, wfit_xzr), 0, 0), Exit::Wfx { wfe: false, timeout: WfxTimeout::Reg(31) });
         // RV = 0: the register is not known, the wait may not block.
-        assert_eq!(decode(esr(ec::WFX, true, (7 << 5) | 0b10), 0, 0), Exit::Wfx { wfe: false, timeout: WfxTimeout::Unknown });
+        assert_eq!(
+            decode(esr(ec::WFX, true, (7 << 5) | 0b10), 0, 0),
+            Exit::Wfx { wfe: false, timeout: WfxTimeout::Unknown }
+        );
         assert_eq!(decode(esr(ec::WFX, true, 0b11), 0, 0), Exit::Wfx { wfe: true, timeout: WfxTimeout::Unknown });
         // Limits in ns of the 62.5 MHz QEMU counter.
         let regs = |r: u8| if r == 31 { 0 } else { 625 * u64::from(r) };
@@ -252,7 +272,10 @@ mod tests {
         assert_eq!(WfxTimeout::Unknown.limit_ns(regs, 62_500_000), 0);
         assert_eq!(WfxTimeout::Reg(1).limit_ns(|_| u64::MAX, 62_500_000), u64::MAX);
         // RN and RV are RES0 for WFI/WFE: ignored.
-        assert_eq!(decode(esr(ec::WFX, true, (3 << 5) | (1 << 2)), 0, 0), Exit::Wfx { wfe: false, timeout: WfxTimeout::None });
+        assert_eq!(
+            decode(esr(ec::WFX, true, (3 << 5) | (1 << 2)), 0, 0),
+            Exit::Wfx { wfe: false, timeout: WfxTimeout::None }
+        );
     }
 
     #[test]

@@ -208,9 +208,7 @@ impl TryFrom<u32> for IntId {
     /// Checks a raw INTID (from a guest, firmware or the GIC).
     fn try_from(v: u32) -> Result<Self, IntIdError> {
         match v {
-            0..SPECIAL_END | EPPI_START..EPPI_END | ESPI_START..ESPI_END | LPI_START..LPI_END => {
-                Ok(IntId(v))
-            }
+            0..SPECIAL_END | EPPI_START..EPPI_END | ESPI_START..ESPI_END | LPI_START..LPI_END => Ok(IntId(v)),
             _ => Err(IntIdError::Reserved(v)),
         }
     }
@@ -258,11 +256,7 @@ impl fmt::Display for IntIdError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
             IntIdError::OutOfRange { kind, n } => {
-                write!(
-                    f,
-                    "{kind} {n} does not exist (at most {})",
-                    span(kind).1 - 1
-                )
+                write!(f, "{kind} {n} does not exist (at most {})", span(kind).1 - 1)
             }
             IntIdError::Reserved(v) => write!(f, "INTID {v} is in no INTID range"),
         }
@@ -291,10 +285,7 @@ mod tests {
         assert_eq!(u32::from(IntId::espi(0).unwrap()), 4096);
         assert_eq!(u32::from(IntId::espi(1023).unwrap()), 5119);
         assert_eq!(u32::from(IntId::lpi(0).unwrap()), 8192);
-        assert_eq!(
-            u32::from(IntId::lpi((1 << 24) - 8193).unwrap()),
-            (1 << 24) - 1
-        );
+        assert_eq!(u32::from(IntId::lpi((1 << 24) - 8193).unwrap()), (1 << 24) - 1);
     }
 
     #[test]
@@ -311,22 +302,7 @@ mod tests {
 
     #[test]
     fn raw_values_are_checked_at_every_range_edge() {
-        for v in [
-            0,
-            15,
-            16,
-            31,
-            32,
-            1019,
-            1020,
-            1023,
-            1056,
-            1119,
-            4096,
-            5119,
-            8192,
-            (1 << 24) - 1,
-        ] {
+        for v in [0, 15, 16, 31, 32, 1019, 1020, 1023, 1056, 1119, 4096, 5119, 8192, (1 << 24) - 1] {
             assert_eq!(u32::from(id(v)), v);
         }
         for v in [1024, 1055, 1120, 4095, 5120, 8191, 1 << 24, u32::MAX] {
@@ -359,10 +335,7 @@ mod tests {
             assert_eq!(i.is_espi(), kind == IntIdKind::ExtendedSpi, "{i}");
             assert_eq!(i.is_special(), kind == IntIdKind::Special, "{i}");
             assert_eq!(i.is_lpi(), kind == IntIdKind::Lpi, "{i}");
-            let private = matches!(
-                kind,
-                IntIdKind::Sgi | IntIdKind::Ppi | IntIdKind::ExtendedPpi
-            );
+            let private = matches!(kind, IntIdKind::Sgi | IntIdKind::Ppi | IntIdKind::ExtendedPpi);
             assert_eq!(i.is_private(), private, "{i}");
         }
     }
@@ -389,14 +362,8 @@ mod tests {
         assert_eq!(format!("{}", id(4096)), "extended SPI 0 (INTID 4096)");
         assert_eq!(format!("{}", id(1056)), "extended PPI 0 (INTID 1056)");
         assert_eq!(format!("{}", IntId::lpi(5).unwrap()), "LPI 5 (INTID 8197)");
-        assert_eq!(
-            format!("{}", IntId::sgi(16).unwrap_err()),
-            "SGI 16 does not exist (at most 15)"
-        );
-        assert_eq!(
-            format!("{}", IntId::try_from(1030).unwrap_err()),
-            "INTID 1030 is in no INTID range"
-        );
+        assert_eq!(format!("{}", IntId::sgi(16).unwrap_err()), "SGI 16 does not exist (at most 15)");
+        assert_eq!(format!("{}", IntId::try_from(1030).unwrap_err()), "INTID 1030 is in no INTID range");
     }
 
     #[test]

@@ -32,22 +32,22 @@
 extern crate alloc;
 
 pub mod boot;
-pub mod dtb;
-pub mod sched;
-pub mod stats;
-pub mod vgic;
 pub mod config;
+pub mod dtb;
 pub mod esr;
 pub mod idregs;
 pub mod intid;
 pub mod psci;
 pub mod regs;
+pub mod sched;
 pub mod stage2;
+pub mod stats;
 pub mod time;
 pub mod traps;
 pub mod vdebug;
-pub mod vpl011;
+pub mod vgic;
 pub mod virtio;
+pub mod vpl011;
 
 /// The platform this binary is built for (`HV_PLATFORM`, default qemu-virt).
 #[allow(dead_code)]

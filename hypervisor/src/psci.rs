@@ -44,18 +44,31 @@ pub const SMCCC_VERSION_1_1: u64 = 0x0001_0001;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Call {
     Version,
-    Features { function: u32 },
+    Features {
+        function: u32,
+    },
     CpuSuspend,
     CpuOff,
-    CpuOn { target: u64, entry: u64, context: u64 },
-    AffinityInfo { target: u64, level: u64 },
+    CpuOn {
+        target: u64,
+        entry: u64,
+        context: u64,
+    },
+    AffinityInfo {
+        target: u64,
+        level: u64,
+    },
     MigrateInfoType,
     SystemOff,
     SystemReset,
     SmcccVersion,
-    SmcccArchFeatures { function: u32 },
+    SmcccArchFeatures {
+        function: u32,
+    },
     /// Anything else: answered with SMCCC NOT_SUPPORTED (-1).
-    Unknown { function: u32 },
+    Unknown {
+        function: u32,
+    },
 }
 
 /// Decodes the function in x0 with arguments x1..x3. 32-bit calling
@@ -83,9 +96,8 @@ pub fn decode(x0: u64, x1: u64, x2: u64, x3: u64) -> Call {
 /// PSCI_FEATURES: which functions this implementation provides.
 pub fn features(function: u32) -> i64 {
     match function {
-        PSCI_VERSION | CPU_SUSPEND_32 | CPU_SUSPEND_64 | CPU_OFF | CPU_ON_32 | CPU_ON_64
-        | AFFINITY_INFO_32 | AFFINITY_INFO_64 | MIGRATE_INFO_TYPE | SYSTEM_OFF | SYSTEM_RESET
-        | PSCI_FEATURES | SMCCC_VERSION => SUCCESS,
+        PSCI_VERSION | CPU_SUSPEND_32 | CPU_SUSPEND_64 | CPU_OFF | CPU_ON_32 | CPU_ON_64 | AFFINITY_INFO_32
+        | AFFINITY_INFO_64 | MIGRATE_INFO_TYPE | SYSTEM_OFF | SYSTEM_RESET | PSCI_FEATURES | SMCCC_VERSION => SUCCESS,
         _ => NOT_SUPPORTED,
     }
 }
@@ -96,7 +108,14 @@ pub const MIGRATE_NOT_REQUIRED: i64 = 2;
 /// Checks a CPU_ON request against the VM's vCPUs (`mpidrs`, whether each
 /// is `online`) and its RAM (`[ram_start, ram_end)`): the vCPU index to
 /// start, or the PSCI error the caller returns.
-pub fn validate_cpu_on(target: u64, entry: u64, mpidrs: &[u64], online: &[bool], ram_start: u64, ram_end: u64) -> Result<usize, i64> {
+pub fn validate_cpu_on(
+    target: u64,
+    entry: u64,
+    mpidrs: &[u64],
+    online: &[bool],
+    ram_start: u64,
+    ram_end: u64,
+) -> Result<usize, i64> {
     const AFF_MASK: u64 = 0xff_00ff_ffff;
     let t = mpidrs.iter().position(|&m| m & AFF_MASK == target & AFF_MASK && target & !AFF_MASK & !(1 << 31) == 0);
     let t = t.ok_or(INVALID_PARAMETERS)?;
@@ -124,7 +143,10 @@ mod tests {
         assert_eq!(validate_cpu_on(0x0, 0x6008_0000, &mpidrs, &online, ram.0, ram.1), Err(ALREADY_ON));
         // No such vCPU, or junk in the non-affinity bits.
         assert_eq!(validate_cpu_on(0x7, 0x6008_0000, &mpidrs, &online, ram.0, ram.1), Err(INVALID_PARAMETERS));
-        assert_eq!(validate_cpu_on(0x1 | (1 << 50), 0x6008_0000, &mpidrs, &online, ram.0, ram.1), Err(INVALID_PARAMETERS));
+        assert_eq!(
+            validate_cpu_on(0x1 | (1 << 50), 0x6008_0000, &mpidrs, &online, ram.0, ram.1),
+            Err(INVALID_PARAMETERS)
+        );
         // Entry points outside RAM, misaligned, or wrapping.
         assert_eq!(validate_cpu_on(0x1, 0x1000, &mpidrs, &online, ram.0, ram.1), Err(INVALID_ADDRESS));
         assert_eq!(validate_cpu_on(0x1, 0x6008_0002, &mpidrs, &online, ram.0, ram.1), Err(INVALID_ADDRESS));

@@ -12,9 +12,7 @@
 //! fields are defined here against the crate's own register type, so one
 //! value can mix both (for example [`SCTLR_EL2_RES1`]).
 
-use aarch64_cpu::registers::{
-    ID_AA64PFR0_EL1, ID_AA64PFR1_EL1, SCTLR_EL1, SCTLR_EL2, TCR_EL2,
-};
+use aarch64_cpu::registers::{ID_AA64PFR0_EL1, ID_AA64PFR1_EL1, SCTLR_EL1, SCTLR_EL2, TCR_EL2};
 use tock_registers::fields::{Field, FieldValue};
 use tock_registers::register_bitfields;
 

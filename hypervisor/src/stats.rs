@@ -421,14 +421,9 @@ mod tests {
     #[test]
     fn parse_rejects_garbage() {
         assert_eq!(parse_text("vcpu0.kicks=x").unwrap_err().kind, ParseErrorKind::BadValue);
+        assert_eq!(parse_text("vcpu0.kick_to_run_ns.bucket[3,8)=1").unwrap_err().kind, ParseErrorKind::BadBucket);
         assert_eq!(
-            parse_text("vcpu0.kick_to_run_ns.bucket[3,8)=1").unwrap_err().kind,
-            ParseErrorKind::BadBucket
-        );
-        assert_eq!(
-            parse_text("vcpu0.kick_to_run_ns.count=2\nvcpu0.kick_to_run_ns.bucket[4,8)=1")
-                .unwrap_err()
-                .kind,
+            parse_text("vcpu0.kick_to_run_ns.count=2\nvcpu0.kick_to_run_ns.bucket[4,8)=1").unwrap_err().kind,
             ParseErrorKind::CountMismatch
         );
         // Unknown counters are skipped for forward compatibility.

@@ -26,10 +26,8 @@
 //! writes) but keeps MDSCR_EL1, which is already switched, so single-step
 //! inside the guest works.
 
-use crate::regs::{cptr_el2_res1, ID_AA64ISAR2_EL1, ID_AA64PFR0_RAS, ID_AA64PFR1_SME, CPTR_EL2};
-use aarch64_cpu::registers::{
-    CNTHCTL_EL2, HCR_EL2, ID_AA64DFR0_EL1, ID_AA64ISAR1_EL1, ID_AA64PFR0_EL1, MDCR_EL2,
-};
+use crate::regs::{cptr_el2_res1, CPTR_EL2, ID_AA64ISAR2_EL1, ID_AA64PFR0_RAS, ID_AA64PFR1_SME};
+use aarch64_cpu::registers::{CNTHCTL_EL2, HCR_EL2, ID_AA64DFR0_EL1, ID_AA64ISAR1_EL1, ID_AA64PFR0_EL1, MDCR_EL2};
 use tock_registers::LocalRegisterCopy;
 
 pub type Hcr = LocalRegisterCopy<u64, HCR_EL2::Register>;
@@ -110,7 +108,8 @@ impl CpuFeatures {
             || isar2.read(ID_AA64ISAR2_EL1::GPA3) != 0;
         let pmu = match (pmu_version(ids.dfr0), ids.pmcr) {
             (Some(version), Some(pmcr)) => {
-                let n = LocalRegisterCopy::<u64, crate::regs::PMCR_EL0::Register>::new(pmcr).read(crate::regs::PMCR_EL0::N);
+                let n =
+                    LocalRegisterCopy::<u64, crate::regs::PMCR_EL0::Register>::new(pmcr).read(crate::regs::PMCR_EL0::N);
                 Some(Pmu { version, counters: n as u8 })
             }
             _ => None,
@@ -180,7 +179,10 @@ pub fn guest_traps(cpu: &CpuFeatures, trap_wfe: bool) -> GuestTraps {
         // (HPMN = N, as at reset: HPMN = 0 is UNPREDICTABLE without
         // FEAT_HPMN0) with the EL2-reserved range disabled (HPME = 0), and
         // no counter counts while EL2 runs.
-        mdcr += MDCR_EL2::TPM::SET + MDCR_EL2::TPMCR::SET + MDCR_EL2::HPMN.val(u64::from(pmu.counters)) + MDCR_EL2::HPME::CLEAR;
+        mdcr += MDCR_EL2::TPM::SET
+            + MDCR_EL2::TPMCR::SET
+            + MDCR_EL2::HPMN.val(u64::from(pmu.counters))
+            + MDCR_EL2::HPME::CLEAR;
         if pmu.has_hpmd() {
             mdcr += MDCR_EL2::HPMD::SET;
         }
@@ -294,7 +296,16 @@ mod tests {
             assert!(h.is_set(f), "HCR_EL2 bit {} clear", f.shift);
         }
         assert_eq!(h.read(HCR_EL2::BSU), 1, "inner shareable");
-        for f in [HCR_EL2::TWE, HCR_EL2::VSE, HCR_EL2::VI, HCR_EL2::VF, HCR_EL2::TGE, HCR_EL2::E2H, HCR_EL2::TVM, HCR_EL2::DC] {
+        for f in [
+            HCR_EL2::TWE,
+            HCR_EL2::VSE,
+            HCR_EL2::VI,
+            HCR_EL2::VF,
+            HCR_EL2::TGE,
+            HCR_EL2::E2H,
+            HCR_EL2::TVM,
+            HCR_EL2::DC,
+        ] {
             assert!(!h.is_set(f), "HCR_EL2 bit {} set", f.shift);
         }
         // Nothing else is set: the whole value is accounted for above.

@@ -45,16 +45,16 @@ pub fn classify(s: &SysRegAccess) -> Option<DebugReg> {
     const OSLAR: u32 = sysreg_key(2, 0, 1, 0, 4);
     const OSLSR: u32 = sysreg_key(2, 0, 1, 1, 4);
     const RAZ_WI: [u32; 10] = [
-        sysreg_key(2, 0, 0, 0, 2),  // OSDTRRX_EL1
-        sysreg_key(2, 0, 0, 2, 0),  // MDCCINT_EL1
-        sysreg_key(2, 0, 0, 3, 2),  // OSDTRTX_EL1
-        sysreg_key(2, 0, 0, 6, 2),  // OSECCR_EL1
-        sysreg_key(2, 0, 1, 3, 4),  // OSDLR_EL1
-        sysreg_key(2, 0, 1, 4, 4),  // DBGPRCR_EL1
-        sysreg_key(2, 0, 7, 8, 6),  // DBGCLAIMSET_EL1
-        sysreg_key(2, 0, 7, 9, 6),  // DBGCLAIMCLR_EL1
-        sysreg_key(2, 3, 0, 4, 0),  // DBGDTR_EL0
-        sysreg_key(2, 3, 0, 5, 0),  // DBGDTRRX_EL0 (read) / DBGDTRTX_EL0 (write)
+        sysreg_key(2, 0, 0, 0, 2), // OSDTRRX_EL1
+        sysreg_key(2, 0, 0, 2, 0), // MDCCINT_EL1
+        sysreg_key(2, 0, 0, 3, 2), // OSDTRTX_EL1
+        sysreg_key(2, 0, 0, 6, 2), // OSECCR_EL1
+        sysreg_key(2, 0, 1, 3, 4), // OSDLR_EL1
+        sysreg_key(2, 0, 1, 4, 4), // DBGPRCR_EL1
+        sysreg_key(2, 0, 7, 8, 6), // DBGCLAIMSET_EL1
+        sysreg_key(2, 0, 7, 9, 6), // DBGCLAIMCLR_EL1
+        sysreg_key(2, 3, 0, 4, 0), // DBGDTR_EL0
+        sysreg_key(2, 3, 0, 5, 0), // DBGDTRRX_EL0 (read) / DBGDTRTX_EL0 (write)
     ];
     const RAZ: [u32; 3] = [
         sysreg_key(2, 0, 1, 0, 0),  // MDRAR_EL1
@@ -196,7 +196,9 @@ mod tests {
     #[test]
     fn other_registers_are_not_debug() {
         // PMU (op0 3, CRn 9), ID registers, trace (op0 2, op1 1), SGI1R.
-        for (op0, op1, crn, crm, op2) in [(3, 3, 9, 12, 0), (3, 0, 0, 5, 0), (2, 1, 0, 0, 0), (3, 0, 12, 11, 5), (3, 0, 1, 2, 1)] {
+        for (op0, op1, crn, crm, op2) in
+            [(3, 3, 9, 12, 0), (3, 0, 0, 5, 0), (2, 1, 0, 0, 0), (3, 0, 12, 11, 5), (3, 0, 1, 2, 1)]
+        {
             assert_eq!(classify(&acc(op0, op1, crn, crm, op2, true)), None);
         }
     }

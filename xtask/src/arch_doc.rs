@@ -21,8 +21,22 @@ const DOC: &str = "docs/ARCHITECTURE.md";
 
 /// First segments of item paths that belong to other crates.
 const EXTERNAL: &[&str] = &[
-    "core", "alloc", "std", "aarch64_cpu", "tock_registers", "log", "spin", "arm_gic", "virtio_drivers", "fdt",
-    "vm_fdt", "buddy_system_allocator", "clap", "serde", "serde_json", "clippy",
+    "core",
+    "alloc",
+    "std",
+    "aarch64_cpu",
+    "tock_registers",
+    "log",
+    "spin",
+    "arm_gic",
+    "virtio_drivers",
+    "fdt",
+    "vm_fdt",
+    "buddy_system_allocator",
+    "clap",
+    "serde",
+    "serde_json",
+    "clippy",
 ];
 
 /// Files whose `//!` docs list the modules they declare.
@@ -73,7 +87,9 @@ fn required_paths(root: &Path) -> Vec<String> {
         for p in &all {
             if is_rs(p) {
                 out.push(rel(root, p));
-            } else if p.is_dir() && std::fs::read_dir(p).is_ok_and(|rd| rd.map_while(Result::ok).any(|e| is_rs(&e.path()))) {
+            } else if p.is_dir()
+                && std::fs::read_dir(p).is_ok_and(|rd| rd.map_while(Result::ok).any(|e| is_rs(&e.path())))
+            {
                 out.push(format!("{}/", rel(root, p)));
             }
         }
@@ -193,7 +209,9 @@ fn is_ident_char(c: char) -> bool {
 /// an enum variant or struct field at the start of a line.
 fn defines(text: &str, name: &str) -> bool {
     let ends_ident = |rest: &str| !rest.starts_with(is_ident_char);
-    for kw in ["fn ", "struct ", "enum ", "trait ", "type ", "const ", "static ", "static mut ", "mod ", "macro_rules! "] {
+    for kw in
+        ["fn ", "struct ", "enum ", "trait ", "type ", "const ", "static ", "static mut ", "mod ", "macro_rules! "]
+    {
         let pat = format!("{kw}{name}");
         let mut from = 0;
         while let Some(i) = text[from..].find(&pat) {
@@ -219,7 +237,8 @@ fn resolves(mods: &[Module], krates: &[&str], segs: &[&str]) -> bool {
     mods.iter().filter(|m| krates.contains(&m.krate)).any(|m| {
         (0..=segs.len()).any(|k| {
             let (module, items) = segs.split_at(k);
-            let tail_ok = module.len() <= m.path.len() && m.path[m.path.len() - module.len()..].iter().zip(module).all(|(a, b)| a == b);
+            let tail_ok = module.len() <= m.path.len()
+                && m.path[m.path.len() - module.len()..].iter().zip(module).all(|(a, b)| a == b);
             tail_ok && (k > 0 || !items.is_empty()) && items.iter().all(|it| m.texts.iter().any(|t| defines(t, it)))
         })
     })
@@ -341,7 +360,9 @@ fn unsafe_and_assembly_stay_where_the_architecture_doc_says() {
     for f in files.iter().filter(|f| is_rs(f)) {
         let r = rel(&root, f);
         let asm_ok = r.starts_with("hypervisor/src/arch/aarch64/");
-        let unsafe_ok = asm_ok || r.starts_with("hypervisor/src/runtime/") || r == "hypervisor/src/virtio/mod.rs"
+        let unsafe_ok = asm_ok
+            || r.starts_with("hypervisor/src/runtime/")
+            || r == "hypervisor/src/virtio/mod.rs"
             || r == "hypervisor/src/virtio/phys.rs"
             || r == "hypervisor/src/virtio/tests/phys.rs";
         for (n, line) in std::fs::read_to_string(f).unwrap().lines().enumerate() {
@@ -384,5 +405,8 @@ fn the_checks_name_what_is_wrong() {
     assert_eq!(unresolved.len(), 1, "{unresolved:?}");
     assert!(unresolved[0].starts_with("D names `vcpu::no_such_fn`"), "{unresolved:?}");
     let src = "//! - `a`: one\npub mod a;\npub mod b;\n#[cfg(test)]\nmod tests;\n";
-    assert_eq!(undocumented_modules(src, "f.rs"), ["f.rs declares `mod b` but its `//!` module list does not name `b`"]);
+    assert_eq!(
+        undocumented_modules(src, "f.rs"),
+        ["f.rs declares `mod b` but its `//!` module list does not name `b`"]
+    );
 }

@@ -13,7 +13,17 @@ pub fn hypervisor(platform: &str) -> Result<PathBuf> {
         .current_dir(root())
         .env("HV_PLATFORM", platform)
         .env("CARGO_TARGET_DIR", &target_dir)
-        .args(["build", "--quiet", "--release", "-p", "hypervisor", "--bin", "hypervisor", "--target", crate::setup::TARGET])
+        .args([
+            "build",
+            "--quiet",
+            "--release",
+            "-p",
+            "hypervisor",
+            "--bin",
+            "hypervisor",
+            "--target",
+            crate::setup::TARGET,
+        ])
         .status()
         .map_err(|e| format!("cargo: {e}"))?;
     if !st.success() {

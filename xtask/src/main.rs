@@ -42,7 +42,9 @@ fn cmd_test(args: &TestArgs) -> Result<i32, String> {
         println!("{line}");
         if let Some(rest) = line.strip_prefix("test result: ") {
             let num = |key: &str| {
-                rest.split(';').find_map(|part| part.trim().strip_suffix(key).and_then(|n| n.trim().rsplit(' ').next()?.parse::<u64>().ok()))
+                rest.split(';').find_map(|part| {
+                    part.trim().strip_suffix(key).and_then(|n| n.trim().rsplit(' ').next()?.parse::<u64>().ok())
+                })
             };
             passed += num(" passed").unwrap_or(0);
             failed += num(" failed").unwrap_or(0);
@@ -82,11 +84,25 @@ fn fuzz_virtqueue() -> Option<bool> {
     let corpus = xtask::root().join("fuzz").join("corpus").join("virtqueue");
     if !corpus.exists() {
         let _ = std::fs::create_dir_all(&corpus);
-        let _ = std::process::Command::new("tar").arg("-C").arg(&corpus).arg("-xzf").arg(xtask::root().join("fuzz").join("seeds-virtqueue.tar.gz")).status();
+        let _ = std::process::Command::new("tar")
+            .arg("-C")
+            .arg(&corpus)
+            .arg("-xzf")
+            .arg(xtask::root().join("fuzz").join("seeds-virtqueue.tar.gz"))
+            .status();
     }
     let ok = std::process::Command::new("cargo")
         .current_dir(xtask::root().join("fuzz"))
-        .args(["+nightly", "fuzz", "run", "virtqueue", "--", &format!("-max_total_time={secs}"), "-max_len=4096", "-rss_limit_mb=2048"])
+        .args([
+            "+nightly",
+            "fuzz",
+            "run",
+            "virtqueue",
+            "--",
+            &format!("-max_total_time={secs}"),
+            "-max_len=4096",
+            "-rss_limit_mb=2048",
+        ])
         .status()
         .is_ok_and(|s| s.success());
     println!("fuzz: virtqueue {}", if ok { "ok" } else { "FAILED (crash artifact in fuzz/artifacts/)" });

@@ -155,7 +155,11 @@ pub fn command_line(hv_bin: &PathBuf, kernel: &PathBuf, initrd: Option<&PathBuf>
         hv_args
             .split_whitespace()
             .find_map(|w| w.strip_prefix("dom0_disk_size="))
-            .and_then(|v| v.strip_suffix('M').and_then(|n| n.parse::<u64>().ok()).or_else(|| v.strip_suffix('G').and_then(|n| n.parse::<u64>().ok()).map(|g| g * 1024)))
+            .and_then(|v| {
+                v.strip_suffix('M')
+                    .and_then(|n| n.parse::<u64>().ok())
+                    .or_else(|| v.strip_suffix('G').and_then(|n| n.parse::<u64>().ok()).map(|g| g * 1024))
+            })
             .unwrap_or(128)
     } else {
         0
@@ -181,7 +185,12 @@ pub fn command_line(hv_bin: &PathBuf, kernel: &PathBuf, initrd: Option<&PathBuf>
         "-append".into(),
         hv_args,
         "-device".into(),
-        format!("guest-loader,addr={:#x},kernel={},bootargs={}", kernel_addr, kernel.display(), guest_args.replace(',', ",,")),
+        format!(
+            "guest-loader,addr={:#x},kernel={},bootargs={}",
+            kernel_addr,
+            kernel.display(),
+            guest_args.replace(',', ",,")
+        ),
     ];
     if let Some(i) = initrd {
         a.push("-device".into());
@@ -236,7 +245,13 @@ pub fn run(o: &RunOptions) -> Result<RunResult> {
         let st = Command::new("qemu-system-aarch64").args(&args).status().map_err(|e| e.to_string())?;
         let console = std::fs::read(&log).map(|b| String::from_utf8_lossy(&b).replace('\r', "")).unwrap_or_default();
         let _ = std::fs::remove_file(&log);
-        return Ok(RunResult { hv_fatal: fatal_line(&console), console, guest_exit: None, qemu_status: st.code(), timed_out: false });
+        return Ok(RunResult {
+            hv_fatal: fatal_line(&console),
+            console,
+            guest_exit: None,
+            qemu_status: st.code(),
+            timed_out: false,
+        });
     }
     eprintln!("xtask: {}", printable(&args));
     run_captured(&args, o.timeout, o.echo, o.input.as_deref(), o.early_input.as_ref())
@@ -259,7 +274,13 @@ pub fn interactive_console(log: &std::path::Path) -> Vec<String> {
 /// Runs QEMU with the console captured (and echoed), killing it after
 /// `timeout`. `early_input` is written to the console when it says, `input`
 /// line by line once the guest's /init is up.
-pub fn run_captured(args: &[String], timeout: Duration, echo: bool, input: Option<&str>, early_input: Option<&EarlyInput>) -> Result<RunResult> {
+pub fn run_captured(
+    args: &[String],
+    timeout: Duration,
+    echo: bool,
+    input: Option<&str>,
+    early_input: Option<&EarlyInput>,
+) -> Result<RunResult> {
     let piped = input.is_some() || early_input.is_some();
     let mut child = Command::new("qemu-system-aarch64")
         .args(args)
@@ -333,13 +354,25 @@ pub fn run_captured(args: &[String], timeout: Duration, echo: bool, input: Optio
     if timed_out {
         eprintln!("xtask: QEMU killed after {} s", timeout.as_secs());
     }
-    Ok(RunResult { hv_fatal: fatal_line(&console), console, guest_exit, qemu_status: status.and_then(|s| s.code()), timed_out })
+    Ok(RunResult {
+        hv_fatal: fatal_line(&console),
+        console,
+        guest_exit,
+        qemu_status: status.and_then(|s| s.code()),
+        timed_out,
+    })
 }
 
 /// Feeds QEMU's stdin: `early` when the console shows its marker, then
 /// `input` line by line once the guest's /init is up. Returns when done,
 /// when QEMU is gone (writes fail) or when `done` is set.
-fn write_console_input(mut w: std::process::ChildStdin, early: Option<EarlyInput>, input: Option<Vec<u8>>, console: &Mutex<String>, done: &std::sync::atomic::AtomicBool) {
+fn write_console_input(
+    mut w: std::process::ChildStdin,
+    early: Option<EarlyInput>,
+    input: Option<Vec<u8>>,
+    console: &Mutex<String>,
+    done: &std::sync::atomic::AtomicBool,
+) {
     use std::io::Write;
     use std::sync::atomic::Ordering;
     let wait_for = |marker: &str| loop {
@@ -402,13 +435,22 @@ mod tests {
     }
 
     fn result(console: &str, guest_exit: Option<i32>) -> RunResult {
-        RunResult { console: console.into(), guest_exit, qemu_status: Some(0), timed_out: false, hv_fatal: fatal_line(console) }
+        RunResult {
+            console: console.into(),
+            guest_exit,
+            qemu_status: Some(0),
+            timed_out: false,
+            hv_fatal: fatal_line(console),
+        }
     }
 
     #[test]
     fn a_fatal_hypervisor_line_fails_the_run() {
         let bad = "(HV) INFO  options: dom0_mem=4G\r\n(HV) fatal: boot layout: dom0_mem (4096 MiB) is larger than RAM (1536 MiB)\r\n";
-        assert_eq!(fatal_line(bad).as_deref(), Some("(HV) fatal: boot layout: dom0_mem (4096 MiB) is larger than RAM (1536 MiB)"));
+        assert_eq!(
+            fatal_line(bad).as_deref(),
+            Some("(HV) fatal: boot layout: dom0_mem (4096 MiB) is larger than RAM (1536 MiB)")
+        );
         // Interactive: QEMU exits 0 after PSCI SYSTEM_OFF, the run must not.
         let interactive = RunOptions::default();
         let e = exit_code(&interactive, &result(bad, None)).unwrap_err();

@@ -30,7 +30,8 @@ pub fn ensure_target() -> Result<()> {
 /// abort rather than remove anything, so `-y` can never confirm a removal;
 /// a downgrade or a held package makes `-y` abort by itself.
 pub fn install_args(packages: &[&str]) -> Vec<String> {
-    let mut a: Vec<String> = ["install", "-y", "-qq", "--no-remove", "--no-install-recommends"].map(String::from).to_vec();
+    let mut a: Vec<String> =
+        ["install", "-y", "-qq", "--no-remove", "--no-install-recommends"].map(String::from).to_vec();
     a.extend(packages.iter().map(|p| p.to_string()));
     a
 }
@@ -147,14 +148,22 @@ pub fn apt_install(need: &str, packages: &[&str]) -> Result<()> {
     if !st.success() {
         return Err(format!("{need} is missing and `apt-get update` failed; install {} yourself", packages.join(" ")));
     }
-    let sim = Command::new("apt-get").args(simulate_args(packages)).env("LC_ALL", "C").output().map_err(|e| format!("apt-get: {e}"))?;
+    let sim = Command::new("apt-get")
+        .args(simulate_args(packages))
+        .env("LC_ALL", "C")
+        .output()
+        .map_err(|e| format!("apt-get: {e}"))?;
     let out = format!("{}{}", String::from_utf8_lossy(&sim.stdout), String::from_utf8_lossy(&sim.stderr));
     let plan = AptPlan::parse(&out);
     if let Some(msg) = plan.refusal(need, packages) {
         return Err(msg);
     }
     if !sim.status.success() {
-        return Err(format!("{need} is missing and `apt-get -s install {}` failed:\n{}", packages.join(" "), out.trim()));
+        return Err(format!(
+            "{need} is missing and `apt-get -s install {}` failed:\n{}",
+            packages.join(" "),
+            out.trim()
+        ));
     }
     let argv = install_command(packages, root);
     let st = Command::new(&argv[0]).args(&argv[1..]).status().map_err(|e| format!("{}: {e}", argv[0]))?;
@@ -205,7 +214,9 @@ mod tests {
         assert!(a.contains(&"--no-remove".to_string()), "{a:?}");
         // -y only ever together with --no-remove.
         assert!(a.contains(&"-y".to_string()));
-        assert!(!a.iter().any(|x| x == "--allow-downgrades" || x == "--allow-remove-essential" || x == "--auto-remove"));
+        assert!(!a
+            .iter()
+            .any(|x| x == "--allow-downgrades" || x == "--allow-remove-essential" || x == "--auto-remove"));
         assert_eq!(&a[a.len() - 2..], ["qemu-system-arm", "ipxe-qemu"]);
         assert_eq!(install_command(&["cpio"], true)[..3], ["env", "DEBIAN_FRONTEND=noninteractive", "apt-get"]);
         let c = install_command(&["cpio"], false);

@@ -57,10 +57,8 @@ fn us(ns: u64) -> f64 {
 }
 
 pub fn main(o: &Opts) -> Result<(), String> {
-    let mut modes: Vec<(&'static str, u64, SchedConfig)> = [1000, 100, 0]
-        .into_iter()
-        .map(|rl| ("xen-compat", rl, SchedConfig::xen_compat(rl)))
-        .collect();
+    let mut modes: Vec<(&'static str, u64, SchedConfig)> =
+        [1000, 100, 0].into_iter().map(|rl| ("xen-compat", rl, SchedConfig::xen_compat(rl))).collect();
     let pc = preempt_cfg(o);
     modes.push(("wake-preempt", pc.ratelimit_ns / 1000, pc));
 
@@ -101,10 +99,7 @@ pub fn main(o: &Opts) -> Result<(), String> {
     // holds the queue lock around the SGI that wakes the I/O vCPU.
     println!();
     println!("lock-holder (1p2v): IRQ on the hog, lock held 5 us before and 5 us after the waking SGI; slat = lock attempt -> submitted");
-    println!(
-        "{:<34} {:>9} {:>9} {:>9} {:>10} {:>10}",
-        "case", "iops", "p99_us", "p999_us", "slat_p99", "slat_max"
-    );
+    println!("{:<34} {:>9} {:>9} {:>9} {:>10} {:>10}", "case", "iops", "p99_us", "p999_us", "slat_p99", "slat_max");
     let lhp = |wfe| Scenario::LockHolder { pre_sgi_ns: 5_000, post_sgi_ns: 5_000, wfe };
     let no_grace = SchedConfig { lhp_grace_ns: 0, ..pc };
     let lhp_cases: [(&str, SchedConfig, Scenario); 6] = [
@@ -142,7 +137,8 @@ pub fn main(o: &Opts) -> Result<(), String> {
         (format!("wake-preempt min-run {min_run_us}"), pc),
     ];
     for (name, cfg) in fast_cases {
-        let p = SimParams { service_ns: 50_000, submit_ns: 5_000, ..params(&o, cfg, Topology::OneP2V, Scenario::Wakeup) };
+        let p =
+            SimParams { service_ns: 50_000, submit_ns: 5_000, ..params(&o, cfg, Topology::OneP2V, Scenario::Wakeup) };
         let r = sim::run(&p).map_err(|e| e.to_string())?;
         println!(
             "{:<34} {:>9.0} {:>6.1} {:>9.0} {:>9.1} {:>9.1}",

@@ -170,18 +170,12 @@ impl fmt::Display for LayoutError {
                 Size(ram_disk),
                 Size(ram)
             ),
-            LayoutError::NoRoom { what, size, largest } => write!(
-                f,
-                "no free RAM range of {} for the {what} (largest free range: {})",
-                Size(size),
-                Size(largest)
-            ),
-            LayoutError::GuestTooSmall { size } => write!(
-                f,
-                "only {} of RAM is left for the guest, it needs at least {}",
-                Size(size),
-                Size(MIN_GUEST_RAM)
-            ),
+            LayoutError::NoRoom { what, size, largest } => {
+                write!(f, "no free RAM range of {} for the {what} (largest free range: {})", Size(size), Size(largest))
+            }
+            LayoutError::GuestTooSmall { size } => {
+                write!(f, "only {} of RAM is left for the guest, it needs at least {}", Size(size), Size(MIN_GUEST_RAM))
+            }
             LayoutError::ModulesDoNotFit { need, guest_ram } => write!(
                 f,
                 "the kernel, initrd and guest DTB need {} but guest RAM {} has {}",
@@ -291,11 +285,7 @@ fn lowest_fit(free: &[Region], size: u64) -> Option<Region> {
 
 /// The highest aligned `size` bytes of free RAM.
 fn highest_fit(free: &[Region], size: u64) -> Option<Region> {
-    free.iter()
-        .rev()
-        .filter_map(|r| aligned(*r))
-        .find(|r| r.size >= size)
-        .map(|r| Region { base: end(r) - size, size })
+    free.iter().rev().filter_map(|r| aligned(*r)).find(|r| r.size >= size).map(|r| Region { base: end(r) - size, size })
 }
 
 /// The inputs, checked: RAM spans, the ranges kept (named) and reserved.
@@ -439,7 +429,11 @@ pub fn check_passthrough(
     const PAGE: u64 = 4096;
     for d in devices {
         let r = range("passthrough device", d.base, d.size)?;
-        let top = align_up(end(r), PAGE).ok_or(LayoutError::Wraps { name: "passthrough device", base: d.base, size: d.size })?;
+        let top = align_up(end(r), PAGE).ok_or(LayoutError::Wraps {
+            name: "passthrough device",
+            base: d.base,
+            size: d.size,
+        })?;
         let base = align_down(r.base, PAGE);
         let pages = Region { base, size: top - base };
         if let Some(bank) = ram.iter().find(|b| b.size != 0 && overlaps(pages, **b)) {

@@ -115,7 +115,10 @@ fn qemu_dtb_inside_a_large_initrd_at_0x47000000_is_an_overlap() {
     // are: an 83 MiB initrd at 0x47000000 has the DTB written over it.
     let i = inputs(0x4200_0000, Some(r(0x4700_0000, INITRD_FILE)));
     let e = plan(&i).unwrap_err();
-    assert_eq!(e, LayoutError::Overlap { a: ("initrd", r(0x4700_0000, INITRD_FILE)), b: ("device tree", r(0x4800_0000, MIB)) });
+    assert_eq!(
+        e,
+        LayoutError::Overlap { a: ("initrd", r(0x4700_0000, INITRD_FILE)), b: ("device tree", r(0x4800_0000, MIB)) }
+    );
     assert_eq!(e.to_string(), "initrd [0x47000000, 0x4c2de600) overlaps device tree [0x48000000, 0x48100000)");
 }
 
@@ -179,7 +182,10 @@ fn modules_outside_ram_are_errors() {
 fn overlapping_kept_ranges_are_errors() {
     let i = inputs(0x5000_0000, Some(r(0x5100_0000, INITRD_FILE)));
     let e = plan(&i).unwrap_err();
-    assert_eq!(e, LayoutError::Overlap { a: ("kernel", r(0x5000_0000, KERNEL_FILE)), b: ("initrd", r(0x5100_0000, INITRD_FILE)) });
+    assert_eq!(
+        e,
+        LayoutError::Overlap { a: ("kernel", r(0x5000_0000, KERNEL_FILE)), b: ("initrd", r(0x5100_0000, INITRD_FILE)) }
+    );
     assert_eq!(e.to_string(), "kernel [0x50000000, 0x51a09fc0) overlaps initrd [0x51000000, 0x562de600)");
     // A module in the image's BSS, which QEMU does not know about.
     let i = inputs(0x4030_0000, None);
@@ -216,7 +222,10 @@ fn dom0_mem_larger_than_ram_is_an_error() {
     assert_eq!(e, LayoutError::Dom0MemTooLarge { dom0_mem: 4096 * MIB, ram_disk: 0, ram: 1536 * MIB });
     assert_eq!(e.to_string(), "dom0_mem (4096 MiB) is larger than RAM (1536 MiB)");
     let i = Inputs { dom0_mem: Some(1500 * MIB), ram_disk: 128 * MIB, ..inputs(0x5000_0000, None) };
-    assert_eq!(plan(&i).unwrap_err().to_string(), "dom0_mem (1500 MiB) plus the RAM disk (128 MiB) is larger than RAM (1536 MiB)");
+    assert_eq!(
+        plan(&i).unwrap_err().to_string(),
+        "dom0_mem (1500 MiB) plus the RAM disk (128 MiB) is larger than RAM (1536 MiB)"
+    );
     // Smaller than RAM but larger than any free range.
     let i = Inputs { dom0_mem: Some(1400 * MIB), ..inputs(0x5000_0000, None) };
     let e = plan(&i).unwrap_err();
@@ -258,7 +267,10 @@ fn arm64_image_header() {
     assert!(matches!(arm64_image_size(&h[..32], KERNEL_FILE), Err(LayoutError::BadKernel(_))));
     h[0x38] = b'X';
     let e = arm64_image_size(&h, KERNEL_FILE).unwrap_err();
-    assert_eq!(e.to_string(), "the kernel module is not an arm64 Image: no arm64 Image magic (ARM\\x64 at offset 0x38)");
+    assert_eq!(
+        e.to_string(),
+        "the kernel module is not an arm64 Image: no arm64 Image magic (ARM\\x64 at offset 0x38)"
+    );
 }
 
 #[test]
@@ -272,7 +284,10 @@ fn no_room_for_the_heap_or_the_modules() {
     // Guest RAM too small for the kernel, initrd and DTB.
     let i = Inputs { dom0_mem: Some(64 * MIB), ..inputs(0x5000_0000, Some(r(0x51c0_0000, INITRD_FILE))) };
     let e = plan(&i).unwrap_err();
-    assert_eq!(e, LayoutError::ModulesDoNotFit { need: 28 * MIB + 84 * MIB + 2 * MIB, guest_ram: r(0x9c00_0000, 64 * MIB) });
+    assert_eq!(
+        e,
+        LayoutError::ModulesDoNotFit { need: 28 * MIB + 84 * MIB + 2 * MIB, guest_ram: r(0x9c00_0000, 64 * MIB) }
+    );
     // A header image_size near 2^64 does not overflow.
     let i = Inputs { kernel: Kernel { module: r(0x5000_0000, KERNEL_FILE), image_size: u64::MAX - 10 }, ..i };
     assert!(matches!(plan(&i), Err(LayoutError::ModulesDoNotFit { .. })));
@@ -284,12 +299,22 @@ fn no_room_for_the_heap_or_the_modules() {
 #[test]
 fn without_dom0_mem_the_guest_gets_the_largest_range_above_keep_low() {
     let ram = [r(0x4000_0000, 2048 * MIB)];
-    let i = Inputs { ram: &ram, dom0_mem: None, ram_disk: 128 * MIB, ..inputs(0x5000_0000, Some(r(0x51c0_0000, INITRD_FILE))) };
+    let i = Inputs {
+        ram: &ram,
+        dom0_mem: None,
+        ram_disk: 128 * MIB,
+        ..inputs(0x5000_0000, Some(r(0x51c0_0000, INITRD_FILE)))
+    };
     let p = plan_ok(&i);
     assert_eq!(p.guest_ram, r(0x6800_0000, 2048 * MIB - 512 * MIB - 128 * MIB));
     assert_eq!(p.ram_disk, Some(r(0x6000_0000, 128 * MIB)));
     // Modules above keep_low push the guest above them.
-    let i = Inputs { kernel: Kernel { module: r(0x7000_0000, KERNEL_FILE), image_size: KERNEL_IMAGE_SIZE }, initrd: None, ram_disk: 0, ..i };
+    let i = Inputs {
+        kernel: Kernel { module: r(0x7000_0000, KERNEL_FILE), image_size: KERNEL_IMAGE_SIZE },
+        initrd: None,
+        ram_disk: 0,
+        ..i
+    };
     let p = plan_ok(&i);
     assert_eq!(p.guest_ram, r(0x71c0_0000, 0xc000_0000 - 0x71c0_0000));
 }

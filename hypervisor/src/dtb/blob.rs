@@ -78,11 +78,7 @@ struct Header {
 
 fn header(dtb: &[u8]) -> Result<Header, DtbError> {
     if dtb.len() < HEADER_LEN {
-        return Err(if dtb.len() >= 4 && be32(dtb, 0) != Some(MAGIC) {
-            DtbError::Parse
-        } else {
-            DtbError::Truncated
-        });
+        return Err(if dtb.len() >= 4 && be32(dtb, 0) != Some(MAGIC) { DtbError::Parse } else { DtbError::Truncated });
     }
     let field = |i: usize| be32(dtb, i * 4).ok_or(DtbError::Truncated);
     if field(0)? != MAGIC {
@@ -107,8 +103,7 @@ fn header(dtb: &[u8]) -> Result<Header, DtbError> {
     if h.totalsize > dtb.len() {
         return Err(DtbError::Truncated);
     }
-    let within =
-        |off: usize, size: usize| off.checked_add(size).is_some_and(|end| end <= h.totalsize);
+    let within = |off: usize, size: usize| off.checked_add(size).is_some_and(|end| end <= h.totalsize);
     if !within(h.off_struct, h.size_struct)
         || !within(h.off_strings, h.size_strings)
         || !h.off_struct.is_multiple_of(4)
@@ -189,8 +184,7 @@ fn walk(st: &[u8], strings: &[u8], mut out: Option<&mut Vec<u8>>) -> Result<bool
                 if end > st.len() {
                     return Err(DtbError::Parse);
                 }
-                if matches!(name, "#address-cells" | "#size-cells" | "#interrupt-cells") && len != 4
-                {
+                if matches!(name, "#address-cells" | "#size-cells" | "#interrupt-cells") && len != 4 {
                     return Err(DtbError::BadValue("#*-cells property is not one cell"));
                 }
                 align4(end).ok_or(DtbError::Parse)?
@@ -239,30 +233,17 @@ pub fn check(dtb: &[u8]) -> Result<Checked<'_>, DtbError> {
     let strings = &dtb[h.off_strings..h.off_strings + h.size_strings];
     let reserved = reservations(dtb, &h)?;
     let saw_nop = walk(st, strings, None)?;
-    let blob = if saw_nop {
-        Cow::Owned(without_nops(dtb, &h, st, strings, &reserved)?)
-    } else {
-        Cow::Borrowed(dtb)
-    };
+    let blob = if saw_nop { Cow::Owned(without_nops(dtb, &h, st, strings, &reserved)?) } else { Cow::Borrowed(dtb) };
     Ok(Checked { blob, reserved })
 }
 
 /// Re-lays the blob out as header, reservations, structure (NOPs dropped),
 /// strings.
-fn without_nops(
-    dtb: &[u8],
-    h: &Header,
-    st: &[u8],
-    strings: &[u8],
-    reserved: &[Region],
-) -> Result<Vec<u8>, DtbError> {
+fn without_nops(dtb: &[u8], h: &Header, st: &[u8], strings: &[u8], reserved: &[Region]) -> Result<Vec<u8>, DtbError> {
     let mut out = Vec::with_capacity(h.totalsize);
     out.extend_from_slice(&dtb[..HEADER_LEN]);
     let off_rsvmap = out.len();
-    for r in reserved
-        .iter()
-        .chain(core::iter::once(&Region { base: 0, size: 0 }))
-    {
+    for r in reserved.iter().chain(core::iter::once(&Region { base: 0, size: 0 })) {
         out.extend_from_slice(&r.base.to_be_bytes());
         out.extend_from_slice(&r.size.to_be_bytes());
     }

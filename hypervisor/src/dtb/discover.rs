@@ -12,9 +12,7 @@ use alloc::vec::Vec;
 use fdt::Fdt;
 
 use super::blob;
-use super::tree::{
-    self, gic_irq, gic_irqs, is_compatible, is_enabled, prop, prop_str, prop_u32, Entry, Index,
-};
+use super::tree::{self, gic_irq, gic_irqs, is_compatible, is_enabled, prop, prop_str, prop_u32, Entry, Index};
 use super::{BootModule, DtbError, GicInfo, MmioDevice, Platform, Region, TimerInfo, UartInfo};
 
 /// Reads the platform description from the boot DTB.
@@ -42,9 +40,7 @@ pub fn discover(dtb: &[u8]) -> Result<Platform, DtbError> {
         timer: timer(&idx, gic.phandle)?,
         virtio_mmio: virtio_mmio(&idx, gic.phandle)?,
         psci_method,
-        bootargs: chosen
-            .and_then(|c| prop_str(idx.entries[c].node, "bootargs"))
-            .map(String::from),
+        bootargs: chosen.and_then(|c| prop_str(idx.entries[c].node, "bootargs")).map(String::from),
         kernel,
         ramdisk,
         gic,
@@ -58,16 +54,9 @@ fn compatible_prefix(e: &Entry<'_, '_>, prefix: &str) -> bool {
 
 fn memory(idx: &Index<'_, '_>) -> Result<Vec<Region>, DtbError> {
     let mut out = Vec::new();
-    for e in idx
-        .iter()
-        .filter(|e| e.depth == 2 && prop_str(e.node, "device_type") == Some("memory"))
-    {
+    for e in idx.iter().filter(|e| e.depth == 2 && prop_str(e.node, "device_type") == Some("memory")) {
         if is_enabled(e.node) {
-            out.extend(
-                tree::reg(e, "memory reg")?
-                    .into_iter()
-                    .filter(|r| r.size != 0),
-            );
+            out.extend(tree::reg(e, "memory reg")?.into_iter().filter(|r| r.size != 0));
         }
     }
     if out.is_empty() {
@@ -122,12 +111,9 @@ fn gic(idx: &Index<'_, '_>) -> Result<GicInfo, DtbError> {
         None => return Err(DtbError::Missing("gic #interrupt-cells")),
     }
     let regs = tree::reg(e, "gic reg")?;
-    let n_redist =
-        prop_u32(e.node, "#redistributor-regions", "#redistributor-regions")?.unwrap_or(1) as usize;
+    let n_redist = prop_u32(e.node, "#redistributor-regions", "#redistributor-regions")?.unwrap_or(1) as usize;
     if n_redist == 0 || regs.len() < 1 + n_redist {
-        return Err(DtbError::BadValue(
-            "gic reg (fewer regions than #redistributor-regions)",
-        ));
+        return Err(DtbError::BadValue("gic reg (fewer regions than #redistributor-regions)"));
     }
     let maintenance_intid = match prop(e.node, "interrupts") {
         None => None,
@@ -157,36 +143,20 @@ fn timer(idx: &Index<'_, '_>, gic: Option<u32>) -> Result<TimerInfo, DtbError> {
     let e = idx
         .iter()
         .find(|e| {
-            is_enabled(e.node)
-                && (is_compatible(e.node, "arm,armv8-timer")
-                    || is_compatible(e.node, "arm,armv7-timer"))
+            is_enabled(e.node) && (is_compatible(e.node, "arm,armv8-timer") || is_compatible(e.node, "arm,armv7-timer"))
         })
         .ok_or(DtbError::Missing("arm,armv8-timer"))?;
     let irqs = gic_irqs(e, gic, "timer interrupts")?;
     if irqs.len() < 4 {
         return Err(DtbError::BadValue("timer interrupts (want 4)"));
     }
-    Ok(TimerInfo {
-        phys_intid: irqs[1].intid,
-        virt_intid: irqs[2].intid,
-        hyp_intid: irqs[3].intid,
-    })
+    Ok(TimerInfo { phys_intid: irqs[1].intid, virt_intid: irqs[2].intid, hyp_intid: irqs[3].intid })
 }
 
-fn mmio_device(
-    idx: &Index<'_, '_>,
-    e: &Entry<'_, '_>,
-    gic: Option<u32>,
-) -> Result<MmioDevice, DtbError> {
+fn mmio_device(idx: &Index<'_, '_>, e: &Entry<'_, '_>, gic: Option<u32>) -> Result<MmioDevice, DtbError> {
     let reg = tree::reg(e, "device reg")?[0];
     let irq = gic_irqs(e, gic, "device interrupts")?[0];
-    Ok(MmioDevice {
-        base: reg.base,
-        size: reg.size,
-        intid: irq.intid,
-        edge: irq.edge,
-        path: idx.path(e).to_string(),
-    })
+    Ok(MmioDevice { base: reg.base, size: reg.size, intid: irq.intid, edge: irq.edge, path: idx.path(e).to_string() })
 }
 
 fn virtio_mmio(idx: &Index<'_, '_>, gic: Option<u32>) -> Result<Vec<MmioDevice>, DtbError> {
@@ -206,12 +176,9 @@ fn uart(idx: &Index<'_, '_>, chosen: Option<usize>, gic: Option<u32>) -> Option<
         let path = path.split(':').next()?;
         idx.resolve(path)
     });
-    let candidates = from_chosen.into_iter().chain(
-        idx.iter()
-            .enumerate()
-            .filter(|(_, e)| is_compatible(e.node, "arm,pl011"))
-            .map(|(i, _)| i),
-    );
+    let candidates = from_chosen
+        .into_iter()
+        .chain(idx.iter().enumerate().filter(|(_, e)| is_compatible(e.node, "arm,pl011")).map(|(i, _)| i));
     for i in candidates {
         let e = &idx.entries[i];
         if !is_enabled(e.node) {
@@ -219,13 +186,7 @@ fn uart(idx: &Index<'_, '_>, chosen: Option<usize>, gic: Option<u32>) -> Option<
         }
         if let Ok(d) = mmio_device(idx, e, gic) {
             let compatible = prop_str(e.node, "compatible").unwrap_or("").to_string();
-            return Some(UartInfo {
-                base: d.base,
-                size: d.size,
-                intid: d.intid,
-                path: d.path,
-                compatible,
-            });
+            return Some(UartInfo { base: d.base, size: d.size, intid: d.intid, path: d.path, compatible });
         }
     }
     None
@@ -260,10 +221,7 @@ fn module_kind(e: &Entry<'_, '_>) -> ModuleKind {
 /// Kernel and ramdisk from `/chosen`'s direct children. Explicitly typed
 /// modules take their slot (first one wins); untyped `multiboot,module`s then
 /// fill the empty slots in tree order, kernel first, as Xen guesses them.
-fn modules(
-    idx: &Index<'_, '_>,
-    chosen: usize,
-) -> Result<(Option<BootModule>, Option<BootModule>), DtbError> {
+fn modules(idx: &Index<'_, '_>, chosen: usize) -> Result<(Option<BootModule>, Option<BootModule>), DtbError> {
     let mut kernel = None;
     let mut ramdisk = None;
     let mut generic = Vec::new();
@@ -273,11 +231,8 @@ fn modules(
             continue;
         }
         let reg = tree::reg(e, "module reg")?[0];
-        let module = BootModule {
-            base: reg.base,
-            size: reg.size,
-            bootargs: prop_str(e.node, "bootargs").map(String::from),
-        };
+        let module =
+            BootModule { base: reg.base, size: reg.size, bootargs: prop_str(e.node, "bootargs").map(String::from) };
         match kind {
             ModuleKind::Kernel if kernel.is_none() => kernel = Some(module),
             ModuleKind::Ramdisk if ramdisk.is_none() => ramdisk = Some(module),

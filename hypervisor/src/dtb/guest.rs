@@ -75,10 +75,7 @@ pub fn default_removals(dtb: &[u8]) -> Result<Vec<String>, DtbError> {
         if out.iter().any(|p| is_under(path, p)) {
             continue;
         }
-        if DEFAULT_REMOVE_COMPATIBLES
-            .iter()
-            .any(|c| is_compatible(e.node, c))
-        {
+        if DEFAULT_REMOVE_COMPATIBLES.iter().any(|c| is_compatible(e.node, c)) {
             out.push(path.to_string());
         }
     }
@@ -87,8 +84,7 @@ pub fn default_removals(dtb: &[u8]) -> Result<Vec<String>, DtbError> {
 
 /// Is `path` equal to `ancestor` or inside its subtree?
 fn is_under(path: &str, ancestor: &str) -> bool {
-    path.strip_prefix(ancestor)
-        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/') || ancestor == "/")
+    path.strip_prefix(ancestor).is_some_and(|rest| rest.is_empty() || rest.starts_with('/') || ancestor == "/")
 }
 
 /// Writes the guest's tree; see the module documentation for the edits.
@@ -102,17 +98,8 @@ pub fn build_guest_dtb(host: &[u8], cfg: &GuestDtbConfig) -> Result<Vec<u8>, Dtb
     for d in &cfg.extra_virtio_mmio {
         extra_paths.push(format!("/virtio_mmio@{:x}", d.base));
     }
-    let remove: Vec<&str> = cfg
-        .remove_paths
-        .iter()
-        .map(|p| {
-            if p.len() > 1 {
-                p.trim_end_matches('/')
-            } else {
-                p.as_str()
-            }
-        })
-        .collect();
+    let remove: Vec<&str> =
+        cfg.remove_paths.iter().map(|p| if p.len() > 1 { p.trim_end_matches('/') } else { p.as_str() }).collect();
     if remove.contains(&"/") {
         return Err(DtbError::BadValue("cannot remove the root node"));
     }
@@ -146,12 +133,7 @@ fn check_config(cfg: &GuestDtbConfig) -> Result<(), DtbError> {
         return Err(DtbError::BadValue("guest memory"));
     }
     if let Some(rd) = cfg.initrd {
-        if rd.base < cfg.memory.base
-            || rd
-                .base
-                .checked_add(rd.size)
-                .is_none_or(|end| end > cfg.memory.end())
-        {
+        if rd.base < cfg.memory.base || rd.base.checked_add(rd.size).is_none_or(|end| end > cfg.memory.end()) {
             return Err(DtbError::BadValue("initrd outside guest memory"));
         }
     }
@@ -173,9 +155,7 @@ fn check_config(cfg: &GuestDtbConfig) -> Result<(), DtbError> {
 fn is_boot_module(node: FdtNode<'_, '_>) -> bool {
     node.name.split('@').next() == Some("module")
         || prop(node, "compatible").is_some_and(|v| {
-            tree::strings(v).any(|s| {
-                s.starts_with("multiboot,") || s == "xen,linux-zimage" || s == "xen,linux-initrd"
-            })
+            tree::strings(v).any(|s| s.starts_with("multiboot,") || s == "xen,linux-zimage" || s == "xen,linux-initrd")
         })
 }
 
@@ -218,8 +198,7 @@ impl Builder<'_> {
             } else if base == "cpus" {
                 self.cpus(Some(child))?;
             } else if base == "psci"
-                || prop(child, "compatible")
-                    .is_some_and(|v| tree::strings(v).any(|s| s.starts_with("arm,psci")))
+                || prop(child, "compatible").is_some_and(|v| tree::strings(v).any(|s| s.starts_with("arm,psci")))
             {
                 self.psci()?;
             } else if base == "chosen" {
@@ -276,8 +255,7 @@ impl Builder<'_> {
         let m = self.cfg.memory;
         let n = self.w.begin_node(&format!("memory@{:x}", m.base))?;
         self.w.property_string("device_type", "memory")?;
-        self.w
-            .property("reg", &tree::encode_reg(&m, self.root_cells)?)?;
+        self.w.property("reg", &tree::encode_reg(&m, self.root_cells)?)?;
         self.w.end_node(n)?;
         Ok(())
     }
@@ -287,11 +265,7 @@ impl Builder<'_> {
             return Ok(());
         }
         self.cpus_done = true;
-        let wide = self
-            .cfg
-            .vcpu_mpidrs
-            .iter()
-            .any(|&m| m > u64::from(u32::MAX));
+        let wide = self.cfg.vcpu_mpidrs.iter().any(|&m| m > u64::from(u32::MAX));
         let n = self.w.begin_node("cpus")?;
         let mut addr_cells = if wide { 2 } else { 1 };
         let mut first_cpu = None;
@@ -302,15 +276,13 @@ impl Builder<'_> {
                         self.w.property(p.name, p.value)?;
                     }
                 }
-                addr_cells =
-                    prop_u32(host, "#address-cells", "/cpus #address-cells")?.unwrap_or(addr_cells);
+                addr_cells = prop_u32(host, "#address-cells", "/cpus #address-cells")?.unwrap_or(addr_cells);
                 if prop(host, "#address-cells").is_none() {
                     self.w.property_u32("#address-cells", addr_cells)?;
                 }
-                first_cpu = host.children().find(|c| {
-                    prop_str(*c, "device_type") == Some("cpu")
-                        || c.name.split('@').next() == Some("cpu")
-                });
+                first_cpu = host
+                    .children()
+                    .find(|c| prop_str(*c, "device_type") == Some("cpu") || c.name.split('@').next() == Some("cpu"));
             }
             None => self.w.property_u32("#address-cells", addr_cells)?,
         }
@@ -341,8 +313,7 @@ impl Builder<'_> {
         }
         self.psci_done = true;
         let n = self.w.begin_node("psci")?;
-        self.w
-            .property("compatible", b"arm,psci-1.0\0arm,psci-0.2\0")?;
+        self.w.property("compatible", b"arm,psci-1.0\0arm,psci-0.2\0")?;
         self.w.property_string("method", "hvc")?;
         self.w.end_node(n)?;
         Ok(())
@@ -353,10 +324,7 @@ impl Builder<'_> {
         let n = self.w.begin_node(host.map_or("chosen", |h| h.name))?;
         if let Some(host) = host {
             for p in host.properties() {
-                if !matches!(
-                    p.name,
-                    "bootargs" | "linux,initrd-start" | "linux,initrd-end"
-                ) {
+                if !matches!(p.name, "bootargs" | "linux,initrd-start" | "linux,initrd-end") {
                     self.w.property(p.name, p.value)?;
                 }
             }
@@ -381,18 +349,8 @@ impl Builder<'_> {
     fn virtio_mmio(&mut self, d: &MmioDevice) -> Result<(), DtbError> {
         let n = self.w.begin_node(&format!("virtio_mmio@{:x}", d.base))?;
         self.w.property_null("dma-coherent")?;
-        self.w
-            .property_array_u32("interrupts", &[0, d.intid.number(), if d.edge { 1 } else { 4 }])?;
-        self.w.property(
-            "reg",
-            &tree::encode_reg(
-                &Region {
-                    base: d.base,
-                    size: d.size,
-                },
-                self.root_cells,
-            )?,
-        )?;
+        self.w.property_array_u32("interrupts", &[0, d.intid.number(), if d.edge { 1 } else { 4 }])?;
+        self.w.property("reg", &tree::encode_reg(&Region { base: d.base, size: d.size }, self.root_cells)?)?;
         self.w.property_string("compatible", "virtio,mmio")?;
         self.w.end_node(n)?;
         Ok(())

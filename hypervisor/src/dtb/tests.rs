@@ -31,54 +31,22 @@ const V3_SMP2: &[u8] = include_bytes!("testdata/qemu-virt-gicv3-smp2.dtb");
 const V4_SMP4: &[u8] = include_bytes!("testdata/qemu-virt-gicv4-smp4.dtb");
 
 fn check_qemu_platform(p: &Platform, ncpus: usize) {
-    assert_eq!(
-        p.memory,
-        vec![Region {
-            base: 0x4000_0000,
-            size: 0x4000_0000
-        }]
-    );
+    assert_eq!(p.memory, vec![Region { base: 0x4000_0000, size: 0x4000_0000 }]);
     assert_eq!(p.cpus, (0..ncpus as u64).collect::<Vec<_>>());
     assert_eq!(p.gic.version, 3);
-    assert_eq!(
-        p.gic.gicd,
-        Region {
-            base: 0x0800_0000,
-            size: 0x1_0000
-        }
-    );
+    assert_eq!(p.gic.gicd, Region { base: 0x0800_0000, size: 0x1_0000 });
     assert_eq!(p.gic.gicr.len(), 1);
     assert_eq!(p.gic.gicr[0].base, 0x080a_0000);
-    assert_eq!(
-        p.gic.its,
-        Some(Region {
-            base: 0x0808_0000,
-            size: 0x2_0000
-        })
-    );
+    assert_eq!(p.gic.its, Some(Region { base: 0x0808_0000, size: 0x2_0000 }));
     assert_eq!(p.gic.maintenance_intid, Some(id(25)));
     assert!(p.gic.phandle.is_some());
     let uart = p.uart.as_ref().expect("uart");
-    assert_eq!(
-        (uart.base, uart.size, uart.intid),
-        (0x0900_0000, 0x1000, id(33))
-    );
+    assert_eq!((uart.base, uart.size, uart.intid), (0x0900_0000, 0x1000, id(33)));
     assert_eq!(uart.path, "/pl011@9000000");
     assert_eq!(uart.compatible, "arm,pl011");
-    assert_eq!(
-        p.timer,
-        TimerInfo {
-            phys_intid: id(30),
-            virt_intid: id(27),
-            hyp_intid: id(26)
-        }
-    );
+    assert_eq!(p.timer, TimerInfo { phys_intid: id(30), virt_intid: id(27), hyp_intid: id(26) });
     assert_eq!(p.virtio_mmio.len(), 32);
-    let blk = p
-        .virtio_mmio
-        .iter()
-        .find(|d| d.base == 0x0a00_3e00)
-        .expect("virtio slot 31");
+    let blk = p.virtio_mmio.iter().find(|d| d.base == 0x0a00_3e00).expect("virtio slot 31");
     assert_eq!((blk.size, blk.intid, blk.edge), (0x200, id(79), true));
     assert_eq!(blk.path, "/virtio_mmio@a003e00");
     assert_eq!(p.virtio_mmio[0].base, 0x0a00_0000);
@@ -116,16 +84,10 @@ fn discover_accepts_padding_like_qemu_writes() {
 
 fn guest_config(host: &[u8]) -> GuestDtbConfig {
     GuestDtbConfig {
-        memory: Region {
-            base: 0x4800_0000,
-            size: 0x1000_0000,
-        },
+        memory: Region { base: 0x4800_0000, size: 0x1000_0000 },
         vcpu_mpidrs: vec![0, 1],
         bootargs: "console=ttyAMA0 earlycon rdinit=/init".to_string(),
-        initrd: Some(Region {
-            base: 0x5000_0000,
-            size: 0x0123_4000,
-        }),
+        initrd: Some(Region { base: 0x5000_0000, size: 0x0123_4000 }),
         remove_paths: default_removals(host).unwrap(),
         extra_virtio_mmio: vec![MmioDevice {
             base: 0x0a00_4000,
@@ -142,11 +104,7 @@ fn all_paths(dtb: &[u8]) -> Vec<String> {
     fn walk(n: fdt::node::FdtNode<'_, '_>, path: &str, out: &mut Vec<String>) {
         out.push(path.to_string());
         for c in n.children() {
-            let p = if path == "/" {
-                alloc::format!("/{}", c.name)
-            } else {
-                alloc::format!("{path}/{}", c.name)
-            };
+            let p = if path == "/" { alloc::format!("/{}", c.name) } else { alloc::format!("{path}/{}", c.name) };
             walk(c, &p, out);
         }
     }
@@ -190,10 +148,8 @@ fn guest_dtb_round_trip() {
         let f = Fdt::new(&out).unwrap();
 
         // Memory: exactly one node, the guest's.
-        let mems: Vec<_> = f
-            .all_nodes()
-            .filter(|n| n.property("device_type").and_then(|p| p.as_str()) == Some("memory"))
-            .collect();
+        let mems: Vec<_> =
+            f.all_nodes().filter(|n| n.property("device_type").and_then(|p| p.as_str()) == Some("memory")).collect();
         assert_eq!(mems.len(), 1);
         assert_eq!(mems[0].name, "memory@48000000");
         let reg: Vec<_> = mems[0].reg().unwrap().collect();
@@ -207,30 +163,18 @@ fn guest_dtb_round_trip() {
         assert_eq!(names, ["cpu@0", "cpu@1"]);
         let cpu1 = f.find_node("/cpus/cpu@1").unwrap();
         assert_eq!(cpu1.property("reg").unwrap().as_usize(), Some(1));
-        assert_eq!(
-            cpu1.property("enable-method").unwrap().as_str(),
-            Some("psci")
-        );
+        assert_eq!(cpu1.property("enable-method").unwrap().as_str(), Some("psci"));
         assert_eq!(cpu1.compatible().unwrap().first(), "arm,cortex-a57");
 
         // PSCI over HVC.
         let psci = f.find_node("/psci").unwrap();
         assert_eq!(psci.property("method").unwrap().as_str(), Some("hvc"));
-        assert_eq!(
-            psci.compatible().unwrap().all().collect::<Vec<_>>(),
-            ["arm,psci-1.0", "arm,psci-0.2"]
-        );
+        assert_eq!(psci.compatible().unwrap().all().collect::<Vec<_>>(), ["arm,psci-1.0", "arm,psci-0.2"]);
 
         // Chosen: command line, initrd, stdout kept, modules gone.
         let chosen = f.find_node("/chosen").unwrap();
-        assert_eq!(
-            chosen.property("bootargs").unwrap().as_str(),
-            Some(cfg.bootargs.as_str())
-        );
-        assert_eq!(
-            chosen.property("stdout-path").unwrap().as_str(),
-            Some("/pl011@9000000")
-        );
+        assert_eq!(chosen.property("bootargs").unwrap().as_str(), Some(cfg.bootargs.as_str()));
+        assert_eq!(chosen.property("stdout-path").unwrap().as_str(), Some("/pl011@9000000"));
         assert_eq!(u64_prop(&f, "/chosen", "linux,initrd-start"), 0x5000_0000);
         assert_eq!(u64_prop(&f, "/chosen", "linux,initrd-end"), 0x5123_4000);
         assert_eq!(chosen.children().count(), 0);
@@ -240,9 +184,7 @@ fn guest_dtb_round_trip() {
         for r in &cfg.remove_paths {
             assert!(!paths.contains(r), "{r} still present");
         }
-        assert!(f
-            .all_nodes()
-            .all(|n| n.property("msi-map").is_none() && n.property("gpios").is_none()));
+        assert!(f.all_nodes().all(|n| n.property("msi-map").is_none() && n.property("gpios").is_none()));
         assert!(!paths.iter().any(|p| p.contains("module")));
 
         // Extra device added, host slots and the GIC kept.
@@ -276,54 +218,26 @@ fn guest_dtb_round_trip() {
 fn guest_dtb_keeps_phandles() {
     let out = build_guest_dtb(V3_SMP2, &guest_config(V3_SMP2)).unwrap();
     let f = Fdt::new(&out).unwrap();
-    let root_parent = f
-        .all_nodes()
-        .next()
-        .unwrap()
-        .property("interrupt-parent")
-        .unwrap()
-        .as_usize()
-        .unwrap();
+    let root_parent = f.all_nodes().next().unwrap().property("interrupt-parent").unwrap().as_usize().unwrap();
     let gic = f.find_node("/intc@8000000").unwrap();
-    assert_eq!(
-        gic.property("phandle").unwrap().as_usize(),
-        Some(root_parent)
-    );
+    assert_eq!(gic.property("phandle").unwrap().as_usize(), Some(root_parent));
     // The clock the UART references survives too.
-    let clk = f
-        .find_node("/apb-pclk")
-        .unwrap()
-        .property("phandle")
-        .unwrap()
-        .as_usize()
-        .unwrap();
-    let uart_clocks = f
-        .find_node("/pl011@9000000")
-        .unwrap()
-        .property("clocks")
-        .unwrap()
-        .value;
+    let clk = f.find_node("/apb-pclk").unwrap().property("phandle").unwrap().as_usize().unwrap();
+    let uart_clocks = f.find_node("/pl011@9000000").unwrap().property("clocks").unwrap().value;
     assert_eq!(&uart_clocks[..4], &(clk as u32).to_be_bytes());
 }
 
 #[test]
 fn guest_dtb_without_removals_or_initrd() {
     let cfg = GuestDtbConfig {
-        memory: Region {
-            base: 0x4000_0000,
-            size: 0x2000_0000,
-        },
+        memory: Region { base: 0x4000_0000, size: 0x2000_0000 },
         vcpu_mpidrs: vec![0],
         bootargs: String::new(),
         ..Default::default()
     };
     let out = build_guest_dtb(V4_SMP4, &cfg).unwrap();
     let f = Fdt::new(&out).unwrap();
-    assert!(f
-        .find_node("/chosen")
-        .unwrap()
-        .property("linux,initrd-start")
-        .is_none());
+    assert!(f.find_node("/chosen").unwrap().property("linux,initrd-start").is_none());
     assert!(f.find_node("/pcie@10000000").is_some());
     assert!(f.find_node("/intc@8000000/its@8080000").is_some());
     assert_eq!(f.find_node("/cpus").unwrap().children().count(), 1);
@@ -338,11 +252,7 @@ fn guest_dtb_replaces_host_node_at_same_path() {
     let out = build_guest_dtb(V3_SMP2, &cfg).unwrap();
     let p = discover(&out).unwrap();
     assert_eq!(p.virtio_mmio.len(), 32);
-    let d = p
-        .virtio_mmio
-        .iter()
-        .find(|d| d.base == 0x0a00_3e00)
-        .unwrap();
+    let d = p.virtio_mmio.iter().find(|d| d.base == 0x0a00_3e00).unwrap();
     assert!(!d.edge);
 }
 
@@ -351,25 +261,13 @@ fn guest_config_is_checked() {
     let good = guest_config(V3_SMP2);
     let mut c = good.clone();
     c.vcpu_mpidrs.clear();
-    assert_eq!(
-        build_guest_dtb(V3_SMP2, &c),
-        Err(DtbError::BadValue("no vCPUs"))
-    );
+    assert_eq!(build_guest_dtb(V3_SMP2, &c), Err(DtbError::BadValue("no vCPUs")));
     let mut c = good.clone();
-    c.initrd = Some(Region {
-        base: 0x1000,
-        size: 0x1000,
-    });
-    assert!(matches!(
-        build_guest_dtb(V3_SMP2, &c),
-        Err(DtbError::BadValue(_))
-    ));
+    c.initrd = Some(Region { base: 0x1000, size: 0x1000 });
+    assert!(matches!(build_guest_dtb(V3_SMP2, &c), Err(DtbError::BadValue(_))));
     let mut c = good.clone();
     c.extra_virtio_mmio[0].intid = id(27);
-    assert!(matches!(
-        build_guest_dtb(V3_SMP2, &c),
-        Err(DtbError::BadValue(_))
-    ));
+    assert!(matches!(build_guest_dtb(V3_SMP2, &c), Err(DtbError::BadValue(_))));
     let mut c = good.clone();
     c.remove_paths.push("/".to_string());
     assert!(build_guest_dtb(V3_SMP2, &c).is_err());
@@ -394,33 +292,17 @@ fn nop_tokens_are_tolerated() {
     }
     let p = discover(&blob).unwrap();
     assert_eq!(p, discover(V3_SMP2).unwrap());
-    let out = build_guest_dtb(
-        &blob,
-        &GuestDtbConfig {
-            vcpu_mpidrs: vec![0],
-            ..guest_config(&blob)
-        },
-    )
-    .unwrap();
+    let out = build_guest_dtb(&blob, &GuestDtbConfig { vcpu_mpidrs: vec![0], ..guest_config(&blob) }).unwrap();
     assert!(Fdt::new(&out).is_ok());
 }
 
 #[test]
 fn malformed_input_is_an_error() {
     assert_eq!(discover(&[]), Err(DtbError::Truncated));
-    assert_eq!(
-        discover(&[0xd0, 0x0d, 0xfe, 0xed]),
-        Err(DtbError::Truncated)
-    );
+    assert_eq!(discover(&[0xd0, 0x0d, 0xfe, 0xed]), Err(DtbError::Truncated));
     assert_eq!(discover(&[0u8; 64]), Err(DtbError::Parse));
-    assert_eq!(
-        discover(b"this is certainly not a device tree blob at all"),
-        Err(DtbError::Parse)
-    );
-    assert_eq!(
-        discover(&V3_SMP2[..V3_SMP2.len() - 1]),
-        Err(DtbError::Truncated)
-    );
+    assert_eq!(discover(b"this is certainly not a device tree blob at all"), Err(DtbError::Parse));
+    assert_eq!(discover(&V3_SMP2[..V3_SMP2.len() - 1]), Err(DtbError::Truncated));
     // A struct block size that runs past totalsize.
     let mut bad = V3_SMP2.to_vec();
     bad[36..40].copy_from_slice(&0x7fff_ffffu32.to_be_bytes());
@@ -475,10 +357,7 @@ fn corrupted_inputs_never_panic() {
     let cfg = guest_config(V3_SMP2);
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     // `DTB_FUZZ_ITERS` runs a longer campaign by hand.
-    let iters = std::env::var("DTB_FUZZ_ITERS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(4000);
+    let iters = std::env::var("DTB_FUZZ_ITERS").ok().and_then(|v| v.parse().ok()).unwrap_or(4000);
     for _ in 0..iters {
         let mut b = V3_SMP2.to_vec();
         match rng.below(4) {
@@ -492,27 +371,13 @@ fn corrupted_inputs_never_panic() {
             // A random big-endian word, often a token or small length.
             1 => {
                 let i = rng.below(b.len() / 4) * 4;
-                let v = [
-                    1u32,
-                    2,
-                    3,
-                    4,
-                    9,
-                    0,
-                    0xffff_ffff,
-                    rng.next() as u32,
-                    rng.below(64) as u32,
-                ][rng.below(9)];
+                let v = [1u32, 2, 3, 4, 9, 0, 0xffff_ffff, rng.next() as u32, rng.below(64) as u32][rng.below(9)];
                 b[i..i + 4].copy_from_slice(&v.to_be_bytes());
             }
             // A header field.
             2 => {
                 let i = rng.below(10) * 4;
-                let v = if rng.below(2) == 0 {
-                    rng.next() as u32
-                } else {
-                    rng.below(b.len() + 64) as u32
-                };
+                let v = if rng.below(2) == 0 { rng.next() as u32 } else { rng.below(b.len() + 64) as u32 };
                 b[i..i + 4].copy_from_slice(&v.to_be_bytes());
             }
             // Pure noise of random length.
@@ -531,43 +396,16 @@ fn corrupted_inputs_never_panic() {
 #[test]
 fn guest_dtb_is_deterministic() {
     let cfg = guest_config(V4_SMP4);
-    assert_eq!(
-        build_guest_dtb(V4_SMP4, &cfg).unwrap(),
-        build_guest_dtb(V4_SMP4, &cfg).unwrap()
-    );
+    assert_eq!(build_guest_dtb(V4_SMP4, &cfg).unwrap(), build_guest_dtb(V4_SMP4, &cfg).unwrap());
 }
 
 #[test]
 fn interrupt_specifiers() {
     use super::tree::{gic_irq, Irq};
-    assert_eq!(
-        gic_irq(&[0, 1, 4]),
-        Ok(Irq {
-            intid: id(33),
-            edge: false
-        })
-    );
-    assert_eq!(
-        gic_irq(&[1, 9, 4]),
-        Ok(Irq {
-            intid: id(25),
-            edge: false
-        })
-    );
-    assert_eq!(
-        gic_irq(&[0, 47, 1]),
-        Ok(Irq {
-            intid: id(79),
-            edge: true
-        })
-    );
-    assert_eq!(
-        gic_irq(&[2, 0, 4]),
-        Ok(Irq {
-            intid: id(4096),
-            edge: false
-        })
-    );
+    assert_eq!(gic_irq(&[0, 1, 4]), Ok(Irq { intid: id(33), edge: false }));
+    assert_eq!(gic_irq(&[1, 9, 4]), Ok(Irq { intid: id(25), edge: false }));
+    assert_eq!(gic_irq(&[0, 47, 1]), Ok(Irq { intid: id(79), edge: true }));
+    assert_eq!(gic_irq(&[2, 0, 4]), Ok(Irq { intid: id(4096), edge: false }));
     assert!(gic_irq(&[1, 16, 4]).is_err());
     assert!(gic_irq(&[0, 988, 4]).is_err());
     assert!(gic_irq(&[7, 0, 4]).is_err());
@@ -581,10 +419,7 @@ fn dump_guest_dtbs_when_asked() {
     let Ok(dir) = std::env::var("DTB_DUMP_DIR") else {
         return;
     };
-    for (name, host) in [
-        ("guest-gicv3-smp2.dtb", V3_SMP2),
-        ("guest-gicv4-smp4.dtb", V4_SMP4),
-    ] {
+    for (name, host) in [("guest-gicv3-smp2.dtb", V3_SMP2), ("guest-gicv4-smp4.dtb", V4_SMP4)] {
         let out = build_guest_dtb(host, &guest_config(host)).unwrap();
         std::fs::write(std::path::Path::new(&dir).join(name), out).unwrap();
     }

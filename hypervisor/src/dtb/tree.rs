@@ -18,9 +18,9 @@ use alloc::vec::Vec;
 use fdt::node::FdtNode;
 use fdt::Fdt;
 
-use crate::intid::IntId;
 use super::blob::MAX_DEPTH;
 use super::{DtbError, Region};
+use crate::intid::IntId;
 
 /// Address/size cell counts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -62,11 +62,7 @@ pub fn prop<'a>(node: FdtNode<'_, 'a>, name: &str) -> Option<&'a [u8]> {
 }
 
 /// A one-cell property; `BadValue(what)` if present but not four bytes.
-pub fn prop_u32(
-    node: FdtNode<'_, '_>,
-    name: &str,
-    what: &'static str,
-) -> Result<Option<u32>, DtbError> {
+pub fn prop_u32(node: FdtNode<'_, '_>, name: &str, what: &'static str) -> Result<Option<u32>, DtbError> {
     match prop(node, name) {
         None => Ok(None),
         Some(v) if v.len() == 4 => Ok(Some(u32::from_be_bytes([v[0], v[1], v[2], v[3]]))),
@@ -79,9 +75,7 @@ pub fn prop_u32(
 pub fn strings(value: &[u8]) -> impl Iterator<Item = &str> {
     let empty = value.is_empty();
     let body = value.strip_suffix(&[0]).unwrap_or(value);
-    body.split(|&b| b == 0)
-        .filter(move |_| !empty)
-        .filter_map(|s| core::str::from_utf8(s).ok())
+    body.split(|&b| b == 0).filter(move |_| !empty).filter_map(|s| core::str::from_utf8(s).ok())
 }
 
 /// First string of a string property.
@@ -104,18 +98,12 @@ pub fn cells_u32(value: &[u8], what: &'static str) -> Result<Vec<u32>, DtbError>
     if !value.len().is_multiple_of(4) {
         return Err(DtbError::BadValue(what));
     }
-    Ok(value
-        .chunks_exact(4)
-        .map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]]))
-        .collect())
+    Ok(value.chunks_exact(4).map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]])).collect())
 }
 
 /// Reads a number of `n` cells (0..=2) from the front of `cells`.
 fn number(cells: &[u32], n: u32) -> u64 {
-    cells
-        .iter()
-        .take(n as usize)
-        .fold(0u64, |acc, &c| (acc << 32) | u64::from(c))
+    cells.iter().take(n as usize).fold(0u64, |acc, &c| (acc << 32) | u64::from(c))
 }
 
 /// Decodes a `reg` value into regions. Needs `addr` 1..=2 and `size` 0..=2
@@ -131,30 +119,19 @@ pub fn regions(value: &[u8], cells: Cells, what: &'static str) -> Result<Vec<Reg
     }
     Ok(raw
         .chunks_exact(per)
-        .map(|c| Region {
-            base: number(c, cells.addr),
-            size: number(&c[cells.addr as usize..], cells.size),
-        })
+        .map(|c| Region { base: number(c, cells.addr), size: number(&c[cells.addr as usize..], cells.size) })
         .collect())
 }
 
 /// The node's `reg`, decoded with the cells it inherits.
 pub fn reg(e: &Entry<'_, '_>, what: &'static str) -> Result<Vec<Region>, DtbError> {
-    regions(
-        prop(e.node, "reg").ok_or(DtbError::Missing(what))?,
-        e.reg_cells,
-        what,
-    )
+    regions(prop(e.node, "reg").ok_or(DtbError::Missing(what))?, e.reg_cells, what)
 }
 
 /// Encodes `value` in `n` cells (1 or 2); `TooBig` if it does not fit.
 pub fn encode(out: &mut Vec<u8>, value: u64, n: u32) -> Result<(), DtbError> {
     match n {
-        1 => out.extend_from_slice(
-            &u32::try_from(value)
-                .map_err(|_| DtbError::TooBig)?
-                .to_be_bytes(),
-        ),
+        1 => out.extend_from_slice(&u32::try_from(value).map_err(|_| DtbError::TooBig)?.to_be_bytes()),
         2 => out.extend_from_slice(&value.to_be_bytes()),
         0 if value == 0 => {}
         _ => return Err(DtbError::TooBig),
@@ -181,10 +158,7 @@ pub fn child_cells(node: FdtNode<'_, '_>, inherited: Cells) -> Result<Cells, Dtb
 impl<'b, 'a> Index<'b, 'a> {
     /// Indexes every node of a checked blob.
     pub fn new(fdt: &'b Fdt<'a>) -> Result<Self, DtbError> {
-        let mut index = Index {
-            entries: Vec::new(),
-            paths: Vec::new(),
-        };
+        let mut index = Index { entries: Vec::new(), paths: Vec::new() };
         let root = root(fdt)?;
         index.visit(root, String::from("/"), 1, ROOT_CELLS, None)?;
         Ok(index)
@@ -207,13 +181,7 @@ impl<'b, 'a> Index<'b, 'a> {
         let irq_parent = prop_u32(node, "interrupt-parent", "interrupt-parent")?.or(irq_parent);
         self.paths.push(path);
         let path_idx = self.paths.len() - 1;
-        self.entries.push(Entry {
-            node,
-            path: path_idx,
-            depth,
-            reg_cells,
-            irq_parent,
-        });
+        self.entries.push(Entry { node, path: path_idx, depth, reg_cells, irq_parent });
         for child in node.children() {
             let base = &self.paths[path_idx];
             let mut child_path = String::with_capacity(base.len() + child.name.len() + 1);
@@ -250,11 +218,7 @@ impl<'b, 'a> Index<'b, 'a> {
     /// fallback for paths that leave out unit addresses — whose path matches
     /// component by component ignoring `@unit` on the tree side.
     pub fn find(&self, path: &str) -> Option<usize> {
-        let path = if path.len() > 1 {
-            path.trim_end_matches('/')
-        } else {
-            path
-        };
+        let path = if path.len() > 1 { path.trim_end_matches('/') } else { path };
         if let Some(i) = self.paths.iter().position(|p| p == path) {
             return Some(i);
         }
@@ -262,10 +226,7 @@ impl<'b, 'a> Index<'b, 'a> {
         self.paths.iter().position(|p| {
             let have: Vec<&str> = p.split('/').filter(|s| !s.is_empty()).collect();
             have.len() == want.len()
-                && have
-                    .iter()
-                    .zip(&want)
-                    .all(|(h, w)| h == w || (!w.contains('@') && h.split('@').next() == Some(w)))
+                && have.iter().zip(&want).all(|(h, w)| h == w || (!w.contains('@') && h.split('@').next() == Some(w)))
         })
     }
 
@@ -318,27 +279,17 @@ pub fn gic_irq(spec: &[u32]) -> Result<Irq, DtbError> {
         _ => return Err(DtbError::BadValue("interrupt specifier")),
     }
     .map_err(|_| DtbError::BadValue("interrupt specifier"))?;
-    Ok(Irq {
-        intid,
-        edge: flags & 0x3 != 0,
-    })
+    Ok(Irq { intid, edge: flags & 0x3 != 0 })
 }
 
 /// All interrupts of a node whose parent is the GIC, as INTIDs.
-pub fn gic_irqs(
-    e: &Entry<'_, '_>,
-    gic_phandle: Option<u32>,
-    what: &'static str,
-) -> Result<Vec<Irq>, DtbError> {
+pub fn gic_irqs(e: &Entry<'_, '_>, gic_phandle: Option<u32>, what: &'static str) -> Result<Vec<Irq>, DtbError> {
     if let (Some(p), Some(g)) = (e.irq_parent, gic_phandle) {
         if p != g {
             return Err(DtbError::Unsupported("interrupt parent is not the GIC"));
         }
     }
-    let raw = cells_u32(
-        prop(e.node, "interrupts").ok_or(DtbError::Missing(what))?,
-        what,
-    )?;
+    let raw = cells_u32(prop(e.node, "interrupts").ok_or(DtbError::Missing(what))?, what)?;
     if raw.is_empty() || raw.len() % 3 != 0 {
         return Err(DtbError::BadValue(what));
     }

@@ -7,8 +7,6 @@ use super::percpu::{self, PCPUS};
 use super::{console, heap, vcpu, vm};
 use crate::arch::entry::MAX_CPUS;
 use crate::arch::{exception, gic, mmu, smc, sysreg};
-use core::sync::atomic::Ordering;
-use spin::Once;
 use crate::boot::image as boot_image;
 use crate::boot::plan::{self, LayoutError, Plan};
 use crate::config::{Config, DiskMode};
@@ -16,7 +14,9 @@ use crate::dtb::{self, BootModule, Platform, Region};
 use crate::hv_fatal;
 use crate::platform;
 use alloc::boxed::Box;
+use core::sync::atomic::Ordering;
 use log::{error, info};
+use spin::Once;
 
 extern "C" {
     static __image_start: u8;
@@ -51,7 +51,13 @@ fn dtb_slice(addr: u64) -> Option<&'static [u8]> {
 
 /// Checks the boot inputs, reads the kernel's arm64 header (once the
 /// module is known to lie in RAM and overlap nothing) and plans the layout.
-fn plan_layout(plat: &Platform, kernel: &BootModule, cfg: &Config, image: Region, dtb: &[u8]) -> Result<Plan, LayoutError> {
+fn plan_layout(
+    plat: &Platform,
+    kernel: &BootModule,
+    cfg: &Config,
+    image: Region,
+    dtb: &[u8],
+) -> Result<Plan, LayoutError> {
     let mut inputs = plan::Inputs {
         ram: &plat.memory,
         image,
@@ -86,9 +92,15 @@ pub fn primary_main(dtb_addr: u64) -> ! {
     // SAFETY: pCPU 0 takes its own run block, once.
     exception::init_cpu(unsafe { percpu::run_block(0) });
     // SAFETY: the image symbols come from the linker script.
-    let (img_start, img_end) =
-        (core::ptr::addr_of!(__image_start) as usize, core::ptr::addr_of!(__image_end) as usize);
-    info!("hypervisor {} on {} (image {:#x}-{:#x}, dtb {:#x})", env!("CARGO_PKG_VERSION"), platform::NAME, img_start, img_end, dtb_addr);
+    let (img_start, img_end) = (core::ptr::addr_of!(__image_start) as usize, core::ptr::addr_of!(__image_end) as usize);
+    info!(
+        "hypervisor {} on {} (image {:#x}-{:#x}, dtb {:#x})",
+        env!("CARGO_PKG_VERSION"),
+        platform::NAME,
+        img_start,
+        img_end,
+        dtb_addr
+    );
 
     let Some(dtb) = dtb_slice(dtb_addr) else {
         hv_fatal!("no valid device tree at x0 = {dtb_addr:#x}");

@@ -6,8 +6,8 @@ use crate::arch::exception::CpuRun;
 use crate::arch::sysreg::CNTHP_CVAL_EL2;
 use crate::intid::IntId;
 use aarch64_cpu::registers::{CNTFRQ_EL0, CNTHP_CTL_EL2, CNTPCT_EL0};
-use tock_registers::interfaces::{Readable, Writeable};
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use tock_registers::interfaces::{Readable, Writeable};
 
 /// The physical SGI that asks a pCPU to look at its requests (and, as a
 /// side effect of the IRQ exit, to refill a running vCPU's list registers).

@@ -3,9 +3,12 @@
 //! timer (request service time), the physical disk's interrupt (backend) and
 //! the vGIC (its interrupt line).
 
-use crate::virtio::{BackendError, BackendRequest, BlkConfig, BlockBackend, Completion, Effects, IdentityMappedRam, RamBackend, VirtioBlk};
 use super::physblk::PhysBlk;
 use crate::intid::IntId;
+use crate::virtio::{
+    BackendError, BackendRequest, BlkConfig, BlockBackend, Completion, Effects, IdentityMappedRam, RamBackend,
+    VirtioBlk,
+};
 use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use spin::Mutex;
 
@@ -76,7 +79,14 @@ impl VDisk {
     /// # Safety
     /// `image` must be hypervisor-owned memory used by nothing else, and the
     /// guest RAM range must be identity-mapped normal memory.
-    pub unsafe fn new_ram(base: u64, intid: IntId, image: &'static mut [u8], latency_ns: u64, ram_base: u64, ram_size: u64) -> Self {
+    pub unsafe fn new_ram(
+        base: u64,
+        intid: IntId,
+        image: &'static mut [u8],
+        latency_ns: u64,
+        ram_base: u64,
+        ram_size: u64,
+    ) -> Self {
         let sectors = image.len() as u64 / 512;
         // SAFETY: guaranteed by the caller.
         let mem = unsafe { IdentityMappedRam::new(ram_base, ram_size) };

@@ -6,18 +6,18 @@
 //! without an IOMMU, so passthrough devices can DMA to guest addresses.
 
 use super::heap::HeapFrames;
+use super::vblk::VDisk;
+use crate::arch::cache;
 use crate::arch::context::{El1Context, FpContext};
 use crate::arch::exception::GuestRegs;
-use crate::arch::cache;
 use crate::arch::gic::{self, VcpuIfState};
 use crate::boot::plan::{self, LayoutError, ModuleCopy, Plan};
 use crate::config::{Config, DiskMode};
-use super::vblk::VDisk;
 use crate::dtb::{self, GuestDtbConfig, Platform, Region};
 use crate::intid::IntId;
+use crate::sched::{SchedConfig, SchedError, Scheduler, VcpuId};
 use crate::stage2::{MemType, Stage2, Stage2Error};
 use crate::vgic::{Vgic, VgicConfig, VgicError};
-use crate::sched::{SchedConfig, SchedError, Scheduler, VcpuId};
 use crate::vpl011::VPl011;
 use alloc::boxed::Box;
 use alloc::string::String;
@@ -92,8 +92,21 @@ macro_rules! trap_counters {
 }
 
 trap_counters!(
-    exits, irq_exits, mmio, hvc, smc, sysreg, sgis_sent, unsupported_calls, aborts_injected,
-    undef_injected, debug_emulated, wfi_traps, wfe_traps, irqs_injected, kicks,
+    exits,
+    irq_exits,
+    mmio,
+    hvc,
+    smc,
+    sysreg,
+    sgis_sent,
+    unsupported_calls,
+    aborts_injected,
+    undef_injected,
+    debug_emulated,
+    wfi_traps,
+    wfe_traps,
+    irqs_injected,
+    kicks,
 );
 
 /// Adds one to a counter.
@@ -172,7 +185,8 @@ fn virtio_mmio_present(base: u64) -> bool {
     // SAFETY: virtio-mmio registers from the platform's DTB, identity-mapped
     // as device memory; reading MagicValue and DeviceID has no side effects.
     unsafe {
-        core::ptr::read_volatile(base as *const u32) == 0x7472_6976 && core::ptr::read_volatile((base + 8) as *const u32) != 0
+        core::ptr::read_volatile(base as *const u32) == 0x7472_6976
+            && core::ptr::read_volatile((base + 8) as *const u32) != 0
     }
 }
 
@@ -194,9 +208,17 @@ fn copy_module(c: &ModuleCopy) {
 /// Passthrough device frames must not reach RAM or anything the hypervisor
 /// owns (its memory, the GIC, its UART and virtio-blk slot): the guest would
 /// map them through stage 2.
-fn check_passthrough(plat: &Platform, plan: &Plan, devices: &[dtb::MmioDevice], own_disk: Option<&dtb::MmioDevice>) -> Result<(), VmError> {
-    let mut hyp: Vec<(&'static str, Region)> =
-        Vec::from([("hypervisor image", plan.image), ("hypervisor heap", plan.heap), ("GIC distributor", plat.gic.gicd)]);
+fn check_passthrough(
+    plat: &Platform,
+    plan: &Plan,
+    devices: &[dtb::MmioDevice],
+    own_disk: Option<&dtb::MmioDevice>,
+) -> Result<(), VmError> {
+    let mut hyp: Vec<(&'static str, Region)> = Vec::from([
+        ("hypervisor image", plan.image),
+        ("hypervisor heap", plan.heap),
+        ("GIC distributor", plat.gic.gicd),
+    ]);
     hyp.extend(plan.ram_disk.map(|r| ("RAM disk", r)));
     hyp.extend(plat.gic.gicr.iter().map(|r| ("GIC redistributors", *r)));
     hyp.extend(plat.gic.its.map(|r| ("GIC ITS", r)));
@@ -213,7 +235,13 @@ pub fn vcpu_mpidr(i: usize) -> u64 {
 
 impl Vm {
     /// Builds the Dom0-style guest from the boot modules, where `plan` says.
-    pub fn create_dom0(plat: &Platform, cfg: &Config, plan: &Plan, host_dtb: &[u8], nr_pcpus: usize) -> Result<Box<Vm>, VmError> {
+    pub fn create_dom0(
+        plat: &Platform,
+        cfg: &Config,
+        plan: &Plan,
+        host_dtb: &[u8],
+        nr_pcpus: usize,
+    ) -> Result<Box<Vm>, VmError> {
         let kernel_mod = plat.kernel.as_ref().ok_or(VmError::NoKernel)?;
         let nr_vcpus = cfg.dom0_max_vcpus.unwrap_or(1) as usize;
         let ram = plan.guest_ram;
@@ -235,11 +263,17 @@ impl Vm {
         // through (stage 2 maps pages) and are hidden from the guest.
         let present: Vec<&dtb::MmioDevice> = plat.virtio_mmio.iter().filter(|d| virtio_mmio_present(d.base)).collect();
         let disk_slot = if cfg.disk.emulated() {
-            present.iter().copied().max_by_key(|d| d.base).or_else(|| plat.virtio_mmio.iter().max_by_key(|d| d.base)).cloned()
+            present
+                .iter()
+                .copied()
+                .max_by_key(|d| d.base)
+                .or_else(|| plat.virtio_mmio.iter().max_by_key(|d| d.base))
+                .cloned()
         } else {
             None
         };
-        let same_page = |d: &dtb::MmioDevice| disk_slot.as_ref().is_some_and(|s| s.base & !(PAGE - 1) == d.base & !(PAGE - 1));
+        let same_page =
+            |d: &dtb::MmioDevice| disk_slot.as_ref().is_some_and(|s| s.base & !(PAGE - 1) == d.base & !(PAGE - 1));
         let passthrough: Vec<dtb::MmioDevice> = match cfg.disk {
             DiskMode::Passthrough => plat.virtio_mmio.clone(),
             DiskMode::None => Vec::new(),
@@ -254,7 +288,9 @@ impl Vm {
             }
         }
         if cfg.disk == DiskMode::Backend && !disk_slot.as_ref().is_some_and(|s| virtio_mmio_present(s.base)) {
-            return Err(VmError::Memory("dom0_disk=backend needs a virtio-blk device on the machine (QEMU -device virtio-blk-device)"));
+            return Err(VmError::Memory(
+                "dom0_disk=backend needs a virtio-blk device on the machine (QEMU -device virtio-blk-device)",
+            ));
         }
         let bootargs = kernel_mod.bootargs.clone().unwrap_or_else(|| String::from("console=ttyAMA0"));
         let vcpu_mpidrs: Vec<u64> = (0..nr_vcpus).map(vcpu_mpidr).collect();
@@ -316,7 +352,9 @@ impl Vm {
         let sched_cfg = SchedConfig::from_bootargs(plat.bootargs.as_deref().unwrap_or("")).map_err(VmError::Sched)?;
         let mut sched = Scheduler::new(sched_cfg, nr_pcpus).map_err(VmError::Sched)?;
         for i in 0..nr_vcpus {
-            sched.add_vcpu(VcpuId(i as u32), cfg.dom0_weight, cfg.dom0_vcpus_pin.then_some(i % nr_pcpus)).map_err(VmError::Sched)?;
+            sched
+                .add_vcpu(VcpuId(i as u32), cfg.dom0_weight, cfg.dom0_vcpus_pin.then_some(i % nr_pcpus))
+                .map_err(VmError::Sched)?;
         }
         let mut vcpus = Vec::new();
         let mut shared = Vec::new();
@@ -364,9 +402,17 @@ impl Vm {
                     core::ptr::write_bytes(at as *mut u8, 0, disk_bytes as usize);
                     core::slice::from_raw_parts_mut(at as *mut u8, disk_bytes as usize)
                 };
-                info!("dom0 disk: virtio-blk at {:#x}, {}, RAM image {} MiB, service time {} us", slot.base, slot.intid, disk_bytes / MB, cfg.disk_latency_us);
+                info!(
+                    "dom0 disk: virtio-blk at {:#x}, {}, RAM image {} MiB, service time {} us",
+                    slot.base,
+                    slot.intid,
+                    disk_bytes / MB,
+                    cfg.disk_latency_us
+                );
                 // SAFETY: as above.
-                Some(unsafe { VDisk::new_ram(slot.base, slot.intid, image, cfg.disk_latency_us * 1000, ram.base, ram.size) })
+                Some(unsafe {
+                    VDisk::new_ram(slot.base, slot.intid, image, cfg.disk_latency_us * 1000, ram.base, ram.size)
+                })
             }
             (Some(slot), DiskMode::Backend) => {
                 // SAFETY: the device is not passed through (its page is not
@@ -375,7 +421,12 @@ impl Vm {
                     log::error!("physical virtio-blk: {e:?}");
                     VmError::Memory("the physical virtio-blk device did not initialise")
                 })?;
-                info!("dom0 disk: virtio-blk at {:#x}, {}, over the physical virtio-blk ({} sectors)", slot.base, slot.intid, phys.capacity_sectors());
+                info!(
+                    "dom0 disk: virtio-blk at {:#x}, {}, over the physical virtio-blk ({} sectors)",
+                    slot.base,
+                    slot.intid,
+                    phys.capacity_sectors()
+                );
                 // SAFETY: guest RAM is identity-mapped.
                 Some(unsafe { VDisk::new_phys(slot.base, slot.intid, phys, ram.base, ram.size) })
             }
@@ -417,7 +468,6 @@ impl Vm {
             timer_slop_ns: cfg.timer_slop_ns,
         }))
     }
-
 }
 
 /// EL1h with D, A, I, F masked: the state Linux expects at entry.

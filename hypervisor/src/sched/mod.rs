@@ -202,16 +202,12 @@ impl SchedConfig {
         for word in args.split_ascii_whitespace() {
             let Some((key, val)) = word.split_once('=') else { continue };
             let us = |key: &'static str| -> Result<u64, SchedError> {
-                val.parse::<u64>()
-                    .ok()
-                    .and_then(|v| v.checked_mul(1000))
-                    .ok_or(SchedError::BadBootArg(key))
+                val.parse::<u64>().ok().and_then(|v| v.checked_mul(1000)).ok_or(SchedError::BadBootArg(key))
             };
             match key {
-                "sched"
-                    if val != "credit2" => {
-                        return Err(SchedError::BadBootArg("sched"));
-                    }
+                "sched" if val != "credit2" => {
+                    return Err(SchedError::BadBootArg("sched"));
+                }
                 "sched_ratelimit_us" => {
                     let v = us("sched_ratelimit_us")?;
                     if v != 0 && !(100_000..=500_000_000).contains(&v) {
@@ -473,9 +469,9 @@ impl Scheduler {
         }
         let home = match affinity {
             Some(p) => p,
-            None => (0..self.pcpus.len())
-                .min_by_key(|&p| self.vcpus.iter().filter(|v| v.home == p).count())
-                .unwrap_or(0),
+            None => {
+                (0..self.pcpus.len()).min_by_key(|&p| self.vcpus.iter().filter(|v| v.home == p).count()).unwrap_or(0)
+            }
         };
         self.index.insert(vcpu, self.vcpus.len());
         self.vcpus.push(Vcpu {
@@ -574,7 +570,12 @@ impl Scheduler {
     /// [`CritEvidence::None`] closes the grace; if a wake-preemption was
     /// waiting for it, the answer says when it happens now
     /// ([`WakeAction::Reschedule`], or a re-arm to the end of a protected run).
-    pub fn note_critical_exit(&mut self, now: u64, pcpu: usize, evidence: CritEvidence) -> Result<WakeAction, SchedError> {
+    pub fn note_critical_exit(
+        &mut self,
+        now: u64,
+        pcpu: usize,
+        evidence: CritEvidence,
+    ) -> Result<WakeAction, SchedError> {
         self.check_pcpu(pcpu)?;
         if self.pcpus[pcpu].curr.is_none() || self.cfg.lhp_grace_ns == 0 || self.cfg.wake_mode != WakeMode::Preempt {
             return Ok(WakeAction::None);
@@ -712,9 +713,7 @@ impl Scheduler {
 
     /// Runnable but descheduled involuntarily (a directed-yield candidate).
     pub fn is_preempted(&self, vcpu: VcpuId) -> bool {
-        self.index.get(&vcpu).is_some_and(|&s| {
-            self.vcpus[s].preempted && self.vcpus[s].state == RunState::Runnable
-        })
+        self.index.get(&vcpu).is_some_and(|&s| self.vcpus[s].preempted && self.vcpus[s].state == RunState::Runnable)
     }
 
     /// vCPU currently on `pcpu`.
@@ -917,9 +916,8 @@ impl Scheduler {
         if q.is_empty() {
             return None;
         }
-        (0..self.pcpus.len()).find(|&o| {
-            o != p && self.pcpus[o].curr.is_none() && q.iter().any(|&s| self.vcpus[s].allowed_on(o))
-        })
+        (0..self.pcpus.len())
+            .find(|&o| o != p && self.pcpus[o].curr.is_none() && q.iter().any(|&s| self.vcpus[s].allowed_on(o)))
     }
 
     /// Where a vCPU that becomes runnable should queue.

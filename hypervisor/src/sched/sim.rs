@@ -362,10 +362,9 @@ impl Engine {
                         self.left[ix(IO)] = 0;
                     }
                 }
-                Some(HOG)
-                    if self.hog_irq_pending && self.hog == HogPhase::Spin => {
-                        self.start_irq();
-                    }
+                Some(HOG) if self.hog_irq_pending && self.hog == HogPhase::Spin => {
+                    self.start_irq();
+                }
                 _ => {}
             }
         }

@@ -49,11 +49,14 @@ fn run_ns(s: &Scheduler, id: u32) -> u64 {
 
 #[test]
 fn bootargs() {
-    let c = SchedConfig::from_bootargs("console=hvc0 sched=credit2 sched_ratelimit_us=0 sched_wake_preempt=off dom0_max_vcpus=2")
-        .unwrap();
+    let c = SchedConfig::from_bootargs(
+        "console=hvc0 sched=credit2 sched_ratelimit_us=0 sched_wake_preempt=off dom0_max_vcpus=2",
+    )
+    .unwrap();
     assert_eq!(c.ratelimit_ns, 0);
     assert_eq!(c.wake_mode, WakeMode::XenCompat);
-    let c = SchedConfig::from_bootargs("sched_wake_preempt=on sched_wake_granularity_us=250 sched_lhp_grace_us=20").unwrap();
+    let c = SchedConfig::from_bootargs("sched_wake_preempt=on sched_wake_granularity_us=250 sched_lhp_grace_us=20")
+        .unwrap();
     assert_eq!(c.wake_mode, WakeMode::Preempt);
     assert_eq!(c.wake_granularity_ns, 250 * US);
     assert_eq!(c.lhp_grace_ns, 20 * US);
@@ -66,10 +69,7 @@ fn bootargs() {
         Err(SchedError::BadBootArg("sched_wake_min_run_us"))
     );
     assert_eq!(SchedConfig::from_bootargs("").unwrap(), SchedConfig::default());
-    assert_eq!(
-        SchedConfig::from_bootargs("sched_ratelimit_us=50"),
-        Err(SchedError::BadBootArg("sched_ratelimit_us"))
-    );
+    assert_eq!(SchedConfig::from_bootargs("sched_ratelimit_us=50"), Err(SchedError::BadBootArg("sched_ratelimit_us")));
     assert_eq!(
         SchedConfig::from_bootargs("sched_wake_preempt=maybe"),
         Err(SchedError::BadBootArg("sched_wake_preempt"))
@@ -270,10 +270,7 @@ fn lhp_grace_defers_wake_preemption() {
     let mut s = hog_and_blocked_io(SchedConfig { lhp_grace_ns: 50 * US, ..SchedConfig::default() });
     // The hog traps on an SGI send at 300 µs and wakes vcpu1.
     s.note_critical_exit(T0 + 300 * US, 0, CritEvidence::IrqsMasked).unwrap();
-    assert_eq!(
-        s.wake(T0 + 300 * US, v(1), WakeCause::Sgi),
-        Ok(WakeAction::RearmTimer { pcpu: 0, at: T0 + 350 * US })
-    );
+    assert_eq!(s.wake(T0 + 300 * US, v(1), WakeCause::Sgi), Ok(WakeAction::RearmTimer { pcpu: 0, at: T0 + 350 * US }));
     assert_eq!(s.stats(v(1)).unwrap().counters.lhp_deferrals, 1);
     // An early schedule() keeps the holder for the rest of the grace.
     let d = s.schedule(T0 + 310 * US, 0).unwrap();
@@ -380,8 +377,7 @@ fn wake_preempted_vcpu_gets_a_protected_run() {
     let (mut s, back) = hog_back_after_wake_preemption(SchedConfig::default());
     assert_eq!(s.wake(back + 100 * US, v(1), WakeCause::Interrupt), Ok(WakeAction::Reschedule { pcpu: 0 }));
     // Off (0): no protection.
-    let (mut s, back) =
-        hog_back_after_wake_preemption(SchedConfig { wake_min_run_ns: 0, ..SchedConfig::default() });
+    let (mut s, back) = hog_back_after_wake_preemption(SchedConfig { wake_min_run_ns: 0, ..SchedConfig::default() });
     assert_eq!(s.wake(back + 20 * US, v(1), WakeCause::Interrupt), Ok(WakeAction::Reschedule { pcpu: 0 }));
 }
 
@@ -424,7 +420,11 @@ fn protected_run_and_grace_defer_to_the_later_end() {
 
 #[test]
 fn directed_yield_runs_the_target() {
-    let mut s = sched(SchedConfig { lhp_grace_ns: 50 * US, ..SchedConfig::default() }, 1, &[(0, 256, None), (1, 256, None), (2, 256, None)]);
+    let mut s = sched(
+        SchedConfig { lhp_grace_ns: 50 * US, ..SchedConfig::default() },
+        1,
+        &[(0, 256, None), (1, 256, None), (2, 256, None)],
+    );
     assert_eq!(s.schedule(0, 0).unwrap().next, Some(v(0)));
     // vcpu0 is preempted at the end of its slice by the richest waiter.
     let d = s.schedule(2 * MS, 0).unwrap();
@@ -564,7 +564,11 @@ fn flooder_vs_hog(cfg: SchedConfig, burst: u64, gap: u64, until: u64) -> f64 {
 
 #[test]
 fn wake_flooder_cannot_starve_a_hog() {
-    for cfg in [SchedConfig::default(), SchedConfig { wake_granularity_ns: 0, ..SchedConfig::default() }, SchedConfig::xen_compat(0)] {
+    for cfg in [
+        SchedConfig::default(),
+        SchedConfig { wake_granularity_ns: 0, ..SchedConfig::default() },
+        SchedConfig::xen_compat(0),
+    ] {
         for (burst, gap) in [(50 * US, 1 * US), (5 * US, 1 * US), (900 * US, 2 * US)] {
             let hog = flooder_vs_hog(cfg, burst, gap, 2000 * MS);
             assert!(hog > 0.45, "{cfg:?} burst {burst} gap {gap}: hog share {hog}");

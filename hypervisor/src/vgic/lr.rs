@@ -7,8 +7,8 @@
 //! one vCPU's LRs (the `in_lr` field of the interrupt).
 
 use super::regs::*;
-use crate::intid::IntId;
 use super::{Irq, Kicks, Vgic, NO_INTID, NO_VCPU, NR_PRIVATE, NUM_LRS_MAX};
+use crate::intid::IntId;
 
 /// What `flush_lrs` did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -34,14 +34,7 @@ fn lr_state(v: u64) -> (bool, bool) {
 }
 
 /// Encodes one `ICH_LR<n>_EL2` value (`hw`: the pINTID of a HW = 1 LR).
-pub fn encode_lr(
-    intid: u32,
-    priority: u8,
-    hw: Option<u32>,
-    eoi: bool,
-    pending: bool,
-    active: bool,
-) -> u64 {
+pub fn encode_lr(intid: u32, priority: u8, hw: Option<u32>, eoi: bool, pending: bool, active: bool) -> u64 {
     let mut v = u64::from(intid) & LR_VINTID_MASK;
     v |= u64::from(priority) << LR_PRIORITY_SHIFT;
     v |= LR_GROUP1;
@@ -94,8 +87,7 @@ impl Vgic {
         if irq.in_flight() {
             return None;
         }
-        let pend =
-            irq.model_pending() && irq.enabled && self.grp1_enabled() && self.vcpu_awake(vcpu);
+        let pend = irq.model_pending() && irq.enabled && self.grp1_enabled() && self.vcpu_awake(vcpu);
         // A forwarded interrupt never goes in as pending+active: its pending
         // state will come from the physical GIC after deactivation.
         let pend = pend && !(irq.active && irq.hw.is_some());
@@ -113,14 +105,8 @@ impl Vgic {
             return res;
         };
         let n = lrs.len().min(NUM_LRS_MAX);
-        let free = (0..n)
-            .filter(|&s| vs.lr_shadow[s] == NO_INTID && lrs[s] & LR_STATE_MASK == 0)
-            .count();
-        let mut best = Best {
-            items: [(0, 0); NUM_LRS_MAX],
-            len: 0,
-            cap: free,
-        };
+        let free = (0..n).filter(|&s| vs.lr_shadow[s] == NO_INTID && lrs[s] & LR_STATE_MASK == 0).count();
+        let mut best = Best { items: [(0, 0); NUM_LRS_MAX], len: 0, cap: free };
         let mut total = 0usize;
         let key = |irq: &Irq, intid: u32, active: bool| -> u32 {
             u32::from(!active) << 20 | u32::from(irq.priority) << 12 | intid
@@ -150,18 +136,13 @@ impl Vgic {
         let mut slot = 0usize;
         for &(_, intid) in &best.items[..best.len] {
             // Next free slot.
-            while slot < n
-                && (self.vcpus[vcpu].lr_shadow[slot] != NO_INTID || lrs[slot] & LR_STATE_MASK != 0)
-            {
+            while slot < n && (self.vcpus[vcpu].lr_shadow[slot] != NO_INTID || lrs[slot] & LR_STATE_MASK != 0) {
                 slot += 1;
             }
             if slot >= n {
                 break;
             }
-            let Some((pend, act)) = self
-                .irq(vcpu, intid)
-                .and_then(|irq| self.lr_candidate(irq, vcpu))
-            else {
+            let Some((pend, act)) = self.irq(vcpu, intid).and_then(|irq| self.lr_candidate(irq, vcpu)) else {
                 continue;
             };
             let Some(irq) = self.irq_mut(vcpu, intid) else {

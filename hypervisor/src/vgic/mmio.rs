@@ -47,12 +47,8 @@ fn decode_bank(off: u64) -> Option<BankReg> {
         ICPENDR..=0x02FF => bits(ICPENDR, BitReg::ClearPend),
         ISACTIVER..=0x037F => bits(ISACTIVER, BitReg::SetActive),
         ICACTIVER..=0x03FF => bits(ICACTIVER, BitReg::ClearActive),
-        _ if (IPRIORITYR..IPRIORITYR_END).contains(&off) => {
-            Some(BankReg::Priority((off - IPRIORITYR) as u32))
-        }
-        _ if (ICFGR..ICFGR_END).contains(&off) => {
-            Some(BankReg::Config(((off - ICFGR) / 4 * 16) as u32))
-        }
+        _ if (IPRIORITYR..IPRIORITYR_END).contains(&off) => Some(BankReg::Priority((off - IPRIORITYR) as u32)),
+        _ if (ICFGR..ICFGR_END).contains(&off) => Some(BankReg::Config(((off - ICFGR) / 4 * 16) as u32)),
         _ if (IGRPMODR..IGRPMODR_END).contains(&off) => bits(IGRPMODR, BitReg::GrpMod),
         _ => None,
     }
@@ -108,13 +104,7 @@ impl Vgic {
     }
 
     /// Emulates a guest write; returns the vCPUs to kick.
-    pub fn mmio_write(
-        &mut self,
-        vcpu: usize,
-        ipa: u64,
-        size: u8,
-        value: u64,
-    ) -> Result<Kicks, VgicError> {
+    pub fn mmio_write(&mut self, vcpu: usize, ipa: u64, size: u8, value: u64) -> Result<Kicks, VgicError> {
         self.check_vcpu(vcpu)?;
         let (target, off) = self.decode(ipa).ok_or(VgicError::OutOfRange)?;
         natural(off, size)?;
@@ -180,13 +170,7 @@ impl Vgic {
         Ok(v)
     }
 
-    fn dist_write(
-        &mut self,
-        vcpu: usize,
-        off: u64,
-        size: u8,
-        value: u64,
-    ) -> Result<Kicks, VgicError> {
+    fn dist_write(&mut self, vcpu: usize, off: u64, size: u8, value: u64) -> Result<Kicks, VgicError> {
         match off {
             GICD_CTLR => {
                 need(size, &[4])?;
@@ -230,11 +214,7 @@ impl Vgic {
     fn gicr_typer(&self, rd: usize) -> u64 {
         let mpidr = self.vcpus.get(rd).map_or(0, |v| v.mpidr);
         let aff = ((mpidr >> 32) & 0xFF) << 24 | (mpidr & 0xFF_FFFF);
-        let last = if rd + 1 == self.vcpus.len() {
-            GICR_TYPER_LAST
-        } else {
-            0
-        };
+        let last = if rd + 1 == self.vcpus.len() { GICR_TYPER_LAST } else { 0 };
         aff << 32 | (rd as u64 & 0xFFFF) << 8 | last
     }
 
@@ -280,13 +260,7 @@ impl Vgic {
         })
     }
 
-    fn redist_write(
-        &mut self,
-        rd: usize,
-        off: u64,
-        size: u8,
-        value: u64,
-    ) -> Result<Kicks, VgicError> {
+    fn redist_write(&mut self, rd: usize, off: u64, size: u8, value: u64) -> Result<Kicks, VgicError> {
         if off >= SGI_FRAME {
             let off = off - SGI_FRAME;
             return match decode_bank(off) {
@@ -319,14 +293,7 @@ impl Vgic {
 
     /// Reads a bank register; `rd` is the vCPU for private INTIDs and INTIDs
     /// outside `lo..hi` read as zero.
-    fn bank_read(
-        &self,
-        rd: usize,
-        reg: BankReg,
-        size: u8,
-        lo: u32,
-        hi: u32,
-    ) -> Result<u64, VgicError> {
+    fn bank_read(&self, rd: usize, reg: BankReg, size: u8, lo: u32, hi: u32) -> Result<u64, VgicError> {
         let in_range = |intid: u32| intid >= lo && intid < hi;
         let mut v: u64 = 0;
         match reg {
@@ -397,11 +364,7 @@ impl Vgic {
                     if !in_range(intid) || !applies {
                         continue;
                     }
-                    let route = if intid >= NR_PRIVATE {
-                        self.route_of_raw(intid)
-                    } else {
-                        Some(rd)
-                    };
+                    let route = if intid >= NR_PRIVATE { self.route_of_raw(intid) } else { Some(rd) };
                     let Some(irq) = self.irq_mut(rd, intid) else {
                         continue;
                     };

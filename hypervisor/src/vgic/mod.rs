@@ -172,9 +172,7 @@ pub struct Kicks {
 impl Kicks {
     /// The empty set.
     pub const fn none() -> Self {
-        Kicks {
-            bits: [0; MAX_VCPUS / 64],
-        }
+        Kicks { bits: [0; MAX_VCPUS / 64] }
     }
     /// Adds `vcpu` (ignored when ≥ [`MAX_VCPUS`]).
     pub fn add(&mut self, vcpu: usize) {
@@ -184,9 +182,7 @@ impl Kicks {
     }
     /// Whether `vcpu` is in the set.
     pub fn contains(&self, vcpu: usize) -> bool {
-        self.bits
-            .get(vcpu / 64)
-            .is_some_and(|w| w & (1 << (vcpu % 64)) != 0)
+        self.bits.get(vcpu / 64).is_some_and(|w| w & (1 << (vcpu % 64)) != 0)
     }
     /// Whether the set is empty.
     pub fn is_empty(&self) -> bool {
@@ -356,12 +352,7 @@ impl Vgic {
         }
         let vcpus = cfg.vcpu_mpidrs[..nr_vcpus]
             .iter()
-            .map(|&mpidr| VcpuState {
-                mpidr,
-                asleep: true,
-                private,
-                lr_shadow: [NO_INTID; NUM_LRS_MAX],
-            })
+            .map(|&mpidr| VcpuState { mpidr, asleep: true, private, lr_shadow: [NO_INTID; NUM_LRS_MAX] })
             .collect();
         let mut v = Vgic {
             gicd_base: cfg.gicd_base,
@@ -466,16 +457,11 @@ impl Vgic {
     /// The vCPU an IROUTER value selects (see [`Vgic::route_of`]).
     fn compute_target(&self, router: u64) -> u16 {
         if router & IROUTER_IRM != 0 {
-            let v = (0..self.vcpus.len())
-                .find(|&v| self.vcpu_awake(v))
-                .unwrap_or(0);
+            let v = (0..self.vcpus.len()).find(|&v| self.vcpu_awake(v)).unwrap_or(0);
             return v as u16;
         }
         let want = router & AFFINITY_MASK;
-        self.vcpus
-            .iter()
-            .position(|v| v.mpidr & AFFINITY_MASK == want)
-            .map_or(NO_VCPU, |v| v as u16)
+        self.vcpus.iter().position(|v| v.mpidr & AFFINITY_MASK == want).map_or(NO_VCPU, |v| v as u16)
     }
 
     fn retarget(&mut self, spi_idx: usize) {
@@ -528,11 +514,7 @@ impl Vgic {
 
     /// Whether this interrupt could be signalled to `vcpu` now.
     fn deliverable_to(&self, irq: &Irq, vcpu: usize) -> bool {
-        irq.pending_view()
-            && !irq.active_view()
-            && irq.enabled
-            && self.grp1_enabled()
-            && self.vcpu_awake(vcpu)
+        irq.pending_view() && !irq.active_view() && irq.enabled && self.grp1_enabled() && self.vcpu_awake(vcpu)
     }
 
     /// Kick the owner if the interrupt is deliverable to it, or if it sits in
@@ -561,12 +543,7 @@ impl Vgic {
     // ---- interrupt sources ----
 
     /// Checks a source's INTID and vCPU; returns the INTID as a model index.
-    fn check_source_intid(
-        &self,
-        intid: IntId,
-        vcpu: usize,
-        allow_sgi: bool,
-    ) -> Result<u32, VgicError> {
+    fn check_source_intid(&self, intid: IntId, vcpu: usize, allow_sgi: bool) -> Result<u32, VgicError> {
         let raw = u32::from(intid);
         if raw >= self.nr_irqs() || (!allow_sgi && intid.is_sgi()) {
             return Err(VgicError::BadIntid(intid));
@@ -582,12 +559,7 @@ impl Vgic {
     /// the line is the pending state (plus any ISPENDR latch). On an
     /// edge-configured or hardware-forwarded interrupt a rising level latches
     /// pending once.
-    pub fn set_level(
-        &mut self,
-        intid: IntId,
-        vcpu_for_private: usize,
-        level: bool,
-    ) -> Result<Kicks, VgicError> {
+    pub fn set_level(&mut self, intid: IntId, vcpu_for_private: usize, level: bool) -> Result<Kicks, VgicError> {
         let raw = self.check_source_intid(intid, vcpu_for_private, false)?;
         let Some(irq) = self.irq_mut(vcpu_for_private, raw) else {
             return Err(VgicError::BadIntid(intid));
@@ -625,12 +597,7 @@ impl Vgic {
 
     /// Maps a private interrupt (e.g. the virtual timer PPI 27) of one vCPU,
     /// or an SPI (then `vcpu` is ignored), to a physical INTID.
-    pub fn set_hw_private(
-        &mut self,
-        vcpu: usize,
-        intid: IntId,
-        pintid: Option<IntId>,
-    ) -> Result<(), VgicError> {
+    pub fn set_hw_private(&mut self, vcpu: usize, intid: IntId, pintid: Option<IntId>) -> Result<(), VgicError> {
         let raw = u32::from(intid);
         if raw < NR_PRIVATE {
             self.check_vcpu(vcpu)?;
@@ -641,9 +608,7 @@ impl Vgic {
                 return Err(VgicError::BadIntid(p));
             }
         }
-        let irq = self
-            .irq_mut(vcpu, raw)
-            .ok_or(VgicError::BadIntid(intid))?;
+        let irq = self.irq_mut(vcpu, raw).ok_or(VgicError::BadIntid(intid))?;
         irq.hw = pintid;
         Ok(())
     }
@@ -693,9 +658,7 @@ impl Vgic {
             } else {
                 let mpidr = self.vcpus[v].mpidr;
                 let aff0 = mpidr & 0xFF;
-                mpidr & (AFFINITY_MASK & !0xFF) == upper
-                    && aff0 >> 4 == rs
-                    && list & (1 << (aff0 & 0xF)) != 0
+                mpidr & (AFFINITY_MASK & !0xFF) == upper && aff0 >> 4 == rs && list & (1 << (aff0 & 0xF)) != 0
             };
             if target {
                 self.vcpus[v].private[intid as usize].latch = true;
@@ -757,10 +720,7 @@ impl fmt::Display for Dump<'_> {
             vs.mpidr,
             g.ctlr,
             vs.asleep,
-            vs.lr_shadow
-                .iter()
-                .filter(|&&i| i != NO_INTID)
-                .collect::<Vec<_>>()
+            vs.lr_shadow.iter().filter(|&&i| i != NO_INTID).collect::<Vec<_>>()
         )?;
         let mut line = |intid: u32, irq: &Irq| -> fmt::Result {
             if !(irq.pending_view() || irq.active_view() || irq.in_flight() || irq.line) {

@@ -51,26 +51,17 @@ fn booted(n: usize, nr_spis: u32) -> Vgic {
 }
 
 fn enable(g: &mut Vgic, vcpu: usize, intid: u32) {
-    let a = if intid < 32 {
-        sgi(vcpu) + ISENABLER
-    } else {
-        GICD + ISENABLER + u64::from(intid / 32) * 4
-    };
+    let a = if intid < 32 { sgi(vcpu) + ISENABLER } else { GICD + ISENABLER + u64::from(intid / 32) * 4 };
     g.mmio_write(vcpu, a, 4, 1 << (intid % 32)).unwrap();
 }
 
 fn set_prio(g: &mut Vgic, vcpu: usize, intid: u32, p: u8) {
-    let a = if intid < 32 {
-        sgi(vcpu) + IPRIORITYR + u64::from(intid)
-    } else {
-        GICD + IPRIORITYR + u64::from(intid)
-    };
+    let a = if intid < 32 { sgi(vcpu) + IPRIORITYR + u64::from(intid) } else { GICD + IPRIORITYR + u64::from(intid) };
     g.mmio_write(vcpu, a, 1, u64::from(p)).unwrap();
 }
 
 fn set_irouter(g: &mut Vgic, intid: u32, val: u64) -> Kicks {
-    g.mmio_write(0, GICD + GICD_IROUTER + 8 * u64::from(intid), 8, val)
-        .unwrap()
+    g.mmio_write(0, GICD + GICD_IROUTER + 8 * u64::from(intid), 8, val).unwrap()
 }
 
 fn lr_intid(v: u64) -> u32 {
@@ -133,19 +124,12 @@ fn redistributor_typer_and_ids() {
         assert_eq!(hi << 32 | lo, t);
     }
     assert_eq!(g.mmio_read(0, rd(0) + GICR_TYPER, 8).unwrap() >> 32, 0);
-    assert_eq!(
-        g.mmio_read(0, rd(1) + GICR_TYPER, 8).unwrap() >> 32,
-        0x0101_0203
-    );
-    assert_eq!(
-        g.mmio_read(0, rd(2) + GICR_TYPER, 8).unwrap() >> 32,
-        0x0000_0100
-    );
+    assert_eq!(g.mmio_read(0, rd(1) + GICR_TYPER, 8).unwrap() >> 32, 0x0101_0203);
+    assert_eq!(g.mmio_read(0, rd(2) + GICR_TYPER, 8).unwrap() >> 32, 0x0000_0100);
     assert_eq!((r32(&mut g, rd(1) + 0xFFE8) >> 4) & 0xF, 3);
     assert_eq!(r32(&mut g, rd(1) + GICR_IIDR) as u32, IIDR_VALUE);
     // LPI registers RAZ/WI.
-    g.mmio_write(0, rd(0) + GICR_PROPBASER, 8, u64::MAX)
-        .unwrap();
+    g.mmio_write(0, rd(0) + GICR_PROPBASER, 8, u64::MAX).unwrap();
     assert_eq!(g.mmio_read(0, rd(0) + GICR_PROPBASER, 8).unwrap(), 0);
     assert_eq!(g.mmio_read(0, rd(0) + GICR_PENDBASER, 8).unwrap(), 0);
     w32(&mut g, rd(0) + GICR_CTLR, 1);
@@ -158,19 +142,10 @@ fn redistributor_typer_and_ids() {
 #[test]
 fn decode_windows() {
     let g = Vgic::new(cfg(2, 32));
-    assert_eq!(
-        g.decode(GICD + 0x104),
-        Some((MmioTarget::Distributor, 0x104))
-    );
+    assert_eq!(g.decode(GICD + 0x104), Some((MmioTarget::Distributor, 0x104)));
     assert_eq!(g.decode(GICD + 0x1_0000), None);
-    assert_eq!(
-        g.decode(GICR + 0x2_0014),
-        Some((MmioTarget::Redistributor(1), 0x14))
-    );
-    assert_eq!(
-        g.decode(GICR + 0x3_0100),
-        Some((MmioTarget::Redistributor(1), 0x1_0100))
-    );
+    assert_eq!(g.decode(GICR + 0x2_0014), Some((MmioTarget::Redistributor(1), 0x14)));
+    assert_eq!(g.decode(GICR + 0x3_0100), Some((MmioTarget::Redistributor(1), 0x1_0100)));
     assert_eq!(g.decode(GICR + 0x4_0000), None);
     assert_eq!(g.decode(0), None);
     let mut g = g;
@@ -181,17 +156,10 @@ fn decode_windows() {
 #[test]
 fn waker_handshake() {
     let mut g = Vgic::new(cfg(2, 32));
-    assert_eq!(
-        r32(&mut g, rd(1) + GICR_WAKER) as u32,
-        WAKER_PROCESSOR_SLEEP | WAKER_CHILDREN_ASLEEP
-    );
+    assert_eq!(r32(&mut g, rd(1) + GICR_WAKER) as u32, WAKER_PROCESSOR_SLEEP | WAKER_CHILDREN_ASLEEP);
     w32(&mut g, rd(1) + GICR_WAKER, 0);
     assert_eq!(r32(&mut g, rd(1) + GICR_WAKER), 0);
-    assert_eq!(
-        r32(&mut g, rd(0) + GICR_WAKER) as u32,
-        6,
-        "other redistributor untouched"
-    );
+    assert_eq!(r32(&mut g, rd(0) + GICR_WAKER) as u32, 6, "other redistributor untouched");
     w32(&mut g, rd(1) + GICR_WAKER, u64::from(WAKER_PROCESSOR_SLEEP));
     assert_eq!(r32(&mut g, rd(1) + GICR_WAKER) as u32, 6);
     // ChildrenAsleep written alone is read-only.
@@ -261,10 +229,7 @@ fn priority_byte_and_word_access() {
     w32(&mut g, GICD + IPRIORITYR, 0xFFFF_FFFF);
     assert_eq!(r32(&mut g, GICD + IPRIORITYR), 0);
     // Halfword access to IPRIORITYR is not allowed.
-    assert_eq!(
-        g.mmio_read(0, GICD + IPRIORITYR + 32, 2),
-        Err(VgicError::BadAccessSize)
-    );
+    assert_eq!(g.mmio_read(0, GICD + IPRIORITYR + 32, 2), Err(VgicError::BadAccessSize));
     // SPIs beyond nr_irqs: RAZ/WI.
     g.mmio_write(0, GICD + IPRIORITYR + 100, 1, 0xFF).unwrap();
     assert_eq!(g.mmio_read(0, GICD + IPRIORITYR + 100, 1).unwrap(), 0);
@@ -304,8 +269,7 @@ fn irouter_64_and_halves() {
     // IROUTER for private INTIDs and beyond nr_irqs: RAZ/WI.
     g.mmio_write(0, GICD + GICD_IROUTER + 8 * 5, 8, 1).unwrap();
     assert_eq!(g.mmio_read(0, GICD + GICD_IROUTER + 8 * 5, 8).unwrap(), 0);
-    g.mmio_write(0, GICD + GICD_IROUTER + 8 * 200, 8, 1)
-        .unwrap();
+    g.mmio_write(0, GICD + GICD_IROUTER + 8 * 200, 8, 1).unwrap();
     assert_eq!(g.mmio_read(0, GICD + GICD_IROUTER + 8 * 200, 8).unwrap(), 0);
     // Byte access to IROUTER is an error.
     assert_eq!(g.mmio_read(0, a, 1), Err(VgicError::BadAccessSize));
@@ -315,49 +279,21 @@ fn irouter_64_and_halves() {
 fn bad_sizes_and_reserved_offsets() {
     let mut g = booted(1, 32);
     // 64-bit access to 32-bit registers.
-    assert_eq!(
-        g.mmio_read(0, GICD + GICD_CTLR, 8),
-        Err(VgicError::BadAccessSize)
-    );
-    assert_eq!(
-        g.mmio_write(0, GICD + ISENABLER + 4, 8, 0),
-        Err(VgicError::BadAccessSize)
-    );
-    assert_eq!(
-        g.mmio_read(0, GICD + ISENABLER + 4, 1),
-        Err(VgicError::BadAccessSize)
-    );
-    assert_eq!(
-        g.mmio_read(0, rd(0) + GICR_WAKER, 2),
-        Err(VgicError::BadAccessSize)
-    );
+    assert_eq!(g.mmio_read(0, GICD + GICD_CTLR, 8), Err(VgicError::BadAccessSize));
+    assert_eq!(g.mmio_write(0, GICD + ISENABLER + 4, 8, 0), Err(VgicError::BadAccessSize));
+    assert_eq!(g.mmio_read(0, GICD + ISENABLER + 4, 1), Err(VgicError::BadAccessSize));
+    assert_eq!(g.mmio_read(0, rd(0) + GICR_WAKER, 2), Err(VgicError::BadAccessSize));
     // Odd sizes and misalignment.
-    assert_eq!(
-        g.mmio_read(0, GICD + GICD_CTLR, 3),
-        Err(VgicError::BadAccessSize)
-    );
-    assert_eq!(
-        g.mmio_read(0, GICD + GICD_CTLR, 0),
-        Err(VgicError::BadAccessSize)
-    );
-    assert_eq!(
-        g.mmio_read(0, GICD + 0x102, 4),
-        Err(VgicError::BadAccessSize)
-    );
-    assert_eq!(
-        g.mmio_read(0, GICD + GICD_IROUTER + 8 * 33 + 4, 8),
-        Err(VgicError::BadAccessSize)
-    );
+    assert_eq!(g.mmio_read(0, GICD + GICD_CTLR, 3), Err(VgicError::BadAccessSize));
+    assert_eq!(g.mmio_read(0, GICD + GICD_CTLR, 0), Err(VgicError::BadAccessSize));
+    assert_eq!(g.mmio_read(0, GICD + 0x102, 4), Err(VgicError::BadAccessSize));
+    assert_eq!(g.mmio_read(0, GICD + GICD_IROUTER + 8 * 33 + 4, 8), Err(VgicError::BadAccessSize));
     // Reserved offsets: RAZ/WI.
-    for off in [
-        0x0014u64, 0x0040, 0x0800, 0x0E00, 0x0F00, 0x0F10, 0x5000, 0x8000, 0xC000,
-    ] {
+    for off in [0x0014u64, 0x0040, 0x0800, 0x0E00, 0x0F00, 0x0F10, 0x5000, 0x8000, 0xC000] {
         g.mmio_write(0, GICD + off, 4, 0xFFFF_FFFF).unwrap();
         assert_eq!(g.mmio_read(0, GICD + off, 4).unwrap(), 0, "GICD {off:#x}");
     }
-    for off in [
-        0x0020u64, 0x0100, 0x8000, 0x1_0004, 0x1_0E00, 0x1_0C08, 0x1_0084, 0x1_0420, 0x1_FFE8,
-    ] {
+    for off in [0x0020u64, 0x0100, 0x8000, 0x1_0004, 0x1_0E00, 0x1_0C08, 0x1_0084, 0x1_0420, 0x1_FFE8] {
         g.mmio_write(0, rd(0) + off, 4, 0xFFFF_FFFF).unwrap();
         assert_eq!(g.mmio_read(0, rd(0) + off, 4).unwrap(), 0, "GICR {off:#x}");
     }
@@ -371,19 +307,8 @@ fn bad_sizes_and_reserved_offsets() {
 
 #[test]
 fn sgi_targeting() {
-    let mpidrs = vec![
-        0x8000_0000,
-        0x8000_0001,
-        0x8000_0100,
-        0x8000_0011,
-        0x8001_0000_0000,
-    ];
-    let mut g = Vgic::new(VgicConfig {
-        gicd_base: GICD,
-        gicr_base: GICR,
-        nr_spis: 32,
-        vcpu_mpidrs: mpidrs,
-    });
+    let mpidrs = vec![0x8000_0000, 0x8000_0001, 0x8000_0100, 0x8000_0011, 0x8001_0000_0000];
+    let mut g = Vgic::new(VgicConfig { gicd_base: GICD, gicr_base: GICR, nr_spis: 32, vcpu_mpidrs: mpidrs });
     w32(&mut g, GICD + GICD_CTLR, 2);
     for v in 0..5 {
         w32(&mut g, rd(v) + GICR_WAKER, 0);
@@ -419,11 +344,7 @@ fn sgi_targeting() {
 fn spi_routing_follows_irouter() {
     let mut g = booted(3, 32);
     enable(&mut g, 0, 40);
-    assert_eq!(
-        g.route_of(id(40)),
-        Some(0),
-        "IROUTER resets to 0 = vCPU 0's affinity"
-    );
+    assert_eq!(g.route_of(id(40)), Some(0), "IROUTER resets to 0 = vCPU 0's affinity");
     let k = set_irouter(&mut g, 40, 2);
     assert!(k.is_empty());
     assert_eq!(g.route_of(id(40)), Some(2));
@@ -438,11 +359,7 @@ fn spi_routing_follows_irouter() {
     // Re-route while pending in vCPU 2's LR: stays there until it syncs.
     set_irouter(&mut g, 40, 1);
     let mut lrs1 = [0u64; 4];
-    assert_eq!(
-        g.flush_lrs(1, &mut lrs1).filled,
-        0,
-        "never in two vCPUs' LRs"
-    );
+    assert_eq!(g.flush_lrs(1, &mut lrs1).filled, 0, "never in two vCPUs' LRs");
     let k = g.sync_lrs(2, &mut lrs);
     assert_eq!(k.iter().collect::<Vec<_>>(), vec![1]);
     assert_eq!(lrs[0], 0);
@@ -477,14 +394,7 @@ fn distributor_enable_gates_delivery() {
 #[test]
 fn flush_by_priority_with_overflow() {
     let mut g = booted(1, 64);
-    for (intid, prio) in [
-        (40u32, 0xA0u8),
-        (41, 0x20),
-        (42, 0x80),
-        (43, 0x20),
-        (20, 0x10),
-        (3, 0xF0),
-    ] {
+    for (intid, prio) in [(40u32, 0xA0u8), (41, 0x20), (42, 0x80), (43, 0x20), (20, 0x10), (3, 0xF0)] {
         enable(&mut g, 0, intid);
         set_prio(&mut g, 0, intid, prio);
         g.inject_edge(id(intid), 0).unwrap();
@@ -575,26 +485,14 @@ fn level_vs_edge_repend() {
     let mut lrs = [0u64; 4];
     let r = g.flush_lrs(0, &mut lrs);
     assert!(r.eoi_maintenance);
-    let (l33, l34) = if lr_intid(lrs[0]) == 33 {
-        (0, 1)
-    } else {
-        (1, 0)
-    };
-    assert_ne!(
-        lrs[l33] & LR_EOI,
-        0,
-        "level SW irq requests EOI maintenance"
-    );
+    let (l33, l34) = if lr_intid(lrs[0]) == 33 { (0, 1) } else { (1, 0) };
+    assert_ne!(lrs[l33] & LR_EOI, 0, "level SW irq requests EOI maintenance");
     assert_eq!(lrs[l34] & LR_EOI, 0);
     // Guest acks and deactivates both; the level line is still high.
     lrs[l33] &= !LR_STATE_MASK;
     lrs[l34] &= !LR_STATE_MASK;
     g.sync_lrs(0, &mut lrs);
-    assert_eq!(
-        r32(&mut g, GICD + ISPENDR + 4),
-        1 << 1,
-        "level re-pends, edge does not"
-    );
+    assert_eq!(r32(&mut g, GICD + ISPENDR + 4), 1 << 1, "level re-pends, edge does not");
     let r = g.flush_lrs(0, &mut lrs);
     assert_eq!(r.filled, 1);
     // Line goes low (device handled) before the guest acks: no longer pending.
@@ -645,16 +543,10 @@ fn hw_lr_encoding_and_sync() {
     let r = g.flush_lrs(0, &mut lrs);
     assert!(!r.eoi_maintenance);
     assert_eq!(lrs[0], encode_lr(40, 0xA0, Some(72), false, true, false));
-    assert_eq!(
-        lrs[0],
-        LR_PENDING | LR_HW | LR_GROUP1 | 0xA0 << 48 | 72 << 32 | 40
-    );
+    assert_eq!(lrs[0], LR_PENDING | LR_HW | LR_GROUP1 | 0xA0 << 48 | 72 << 32 | 40);
     let mut l1 = [0u64; 4];
     g.flush_lrs(1, &mut l1);
-    assert_eq!(
-        l1[0] & (LR_HW | LR_PINTID_MASK << 32 | LR_VINTID_MASK),
-        LR_HW | 27 << 32 | 27
-    );
+    assert_eq!(l1[0] & (LR_HW | LR_PINTID_MASK << 32 | LR_VINTID_MASK), LR_HW | 27 << 32 | 27);
     assert_eq!(l1[0] & LR_EOI, 0);
     // Guest deactivated (physical deactivation done by hardware): done, never re-pended,
     // even though the model's line for the timer is still "high".
@@ -691,11 +583,7 @@ fn clear_pending_and_active_while_in_flight() {
     g.inject_edge(id(33), 0).unwrap();
     let mut lrs = [0u64; 2];
     g.flush_lrs(0, &mut lrs);
-    assert_eq!(
-        r32(&mut g, GICD + ISPENDR + 4),
-        1 << 1,
-        "in-flight state visible"
-    );
+    assert_eq!(r32(&mut g, GICD + ISPENDR + 4), 1 << 1, "in-flight state visible");
     // vCPU 1 clears it while vCPU 0 runs with it in an LR.
     let k = g.mmio_write(1, GICD + ICPENDR + 4, 4, 1 << 1).unwrap();
     assert!(k.contains(0), "owner kicked to drop it from its LR");
@@ -938,7 +826,7 @@ fn icactiver_on_a_forwarded_interrupt_in_an_lr_deactivates_the_physical_one() {
     let mut lrs = [0u64; 4];
     g.flush_lrs(0, &mut lrs);
     lrs[0] = (lrs[0] & !LR_STATE_MASK) | LR_ACTIVE; // the guest acked it
-    // Another vCPU clears its active state while it sits in vCPU 0's LR.
+                                                    // Another vCPU clears its active state while it sits in vCPU 0's LR.
     g.mmio_write(1, GICD + ICACTIVER + 4, 4, 1 << 8).unwrap();
     assert!(g.take_hw_deactivations().is_empty(), "applied at sync, not before");
     g.sync_lrs(0, &mut lrs);

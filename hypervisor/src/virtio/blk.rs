@@ -370,7 +370,10 @@ pub enum RequestError {
     Empty,
     Misaligned(u64),
     TooLarge(u64),
-    PastEnd { sector: u64, len: u64 },
+    PastEnd {
+        sector: u64,
+        len: u64,
+    },
     ReadOnly,
     /// A data segment outside guest RAM.
     Mem(MemError),
@@ -617,7 +620,15 @@ impl VirtioBlk {
 
     /// Write a status byte then publish; a status that cannot be written
     /// (checked earlier, so never in practice) fails the device.
-    fn answer(&mut self, mem: &mut dyn GuestMemory, q: u16, head: u16, status_gpa: u64, st: u8, written: u32) -> Effects {
+    fn answer(
+        &mut self,
+        mem: &mut dyn GuestMemory,
+        q: u16,
+        head: u16,
+        status_gpa: u64,
+        st: u8,
+        written: u32,
+    ) -> Effects {
         if let Err(e) = mem.write_u8(status_gpa, st) {
             return self.fail_device(Some(QueueError::Mem(e)));
         }
@@ -786,8 +797,10 @@ impl VirtioBlk {
                     Kind::Write => self.counters.writes += 1,
                     Kind::Flush => self.counters.flushes += 1,
                 }
-                let wsegs = if kind == Kind::Read { segs.iter().filter(|s| s.writable).copied().collect() } else { Vec::new() };
-                self.in_flight.insert(token, InFlight { queue: q, head, kind, wsegs, data_len, status_gpa, orphaned: false });
+                let wsegs =
+                    if kind == Kind::Read { segs.iter().filter(|s| s.writable).copied().collect() } else { Vec::new() };
+                self.in_flight
+                    .insert(token, InFlight { queue: q, head, kind, wsegs, data_len, status_gpa, orphaned: false });
                 self.in_flight_bytes += u64::from(data_len);
                 self.update_in_flight();
                 Effects::default()
@@ -859,7 +872,12 @@ impl VirtioBlk {
 
     /// The status (and bytes written) for the backend's `result` of `r`;
     /// read data is copied into the guest here.
-    fn outcome(&mut self, mem: &mut dyn GuestMemory, r: &InFlight, result: &Result<Vec<u8>, BackendError>) -> (u8, u32) {
+    fn outcome(
+        &mut self,
+        mem: &mut dyn GuestMemory,
+        r: &InFlight,
+        result: &Result<Vec<u8>, BackendError>,
+    ) -> (u8, u32) {
         match (result, r.kind) {
             (Ok(data), Kind::Read) if data.len() == r.data_len as usize => match scatter(mem, &r.wsegs, data) {
                 Ok(()) => {

@@ -73,8 +73,8 @@ pub mod ram;
 mod tests;
 
 pub use blk::{
-    BackendError, BackendOp, BackendRequest, BadChainPolicy, BlkConfig, BlkCounters, BlockBackend,
-    Completion, VirtioBlk,
+    BackendError, BackendOp, BackendRequest, BadChainPolicy, BlkConfig, BlkCounters, BlockBackend, Completion,
+    VirtioBlk,
 };
 pub use mmio::{Effects, MmioError};
 pub use ram::RamBackend;

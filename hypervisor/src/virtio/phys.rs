@@ -46,7 +46,9 @@
 //! with `Io` and its buffers are leaked, since the device may still write
 //! them.
 
-use super::blk::{BackendError, BackendOp, BackendRequest, BlockBackend, Completion, SECTOR_SIZE, S_OK, T_FLUSH, T_IN, T_OUT};
+use super::blk::{
+    BackendError, BackendOp, BackendRequest, BlockBackend, Completion, SECTOR_SIZE, S_OK, T_FLUSH, T_IN, T_OUT,
+};
 use alloc::boxed::Box;
 use alloc::vec;
 use alloc::vec::Vec;
@@ -307,7 +309,10 @@ impl<H: Hal, T: Transport> PhysDisk<H, T> {
     /// The device returned a chain we did not give it: stop using it, fail
     /// everything in flight, and leak the buffers it may still write.
     fn break_down(&mut self, done: &mut Vec<Completion>) {
-        log::error!("physical virtio-blk returned an unknown descriptor chain; failing {} requests", self.in_flight.len());
+        log::error!(
+            "physical virtio-blk returned an unknown descriptor chain; failing {} requests",
+            self.in_flight.len()
+        );
         self.broken = true;
         for (_, req) in self.in_flight.drain(..) {
             done.push(Completion { token: req.token, result: Err(BackendError::Io) });

@@ -102,9 +102,8 @@ struct Desc {
 }
 
 fn read_desc(mem: &dyn GuestMemory, table: u64, idx: u16) -> Result<Desc, MemError> {
-    let gpa = table
-        .checked_add(u64::from(idx) * DESC_SIZE)
-        .ok_or(MemError::OutOfRange { gpa: table, len: DESC_SIZE })?;
+    let gpa =
+        table.checked_add(u64::from(idx) * DESC_SIZE).ok_or(MemError::OutOfRange { gpa: table, len: DESC_SIZE })?;
     let mut b = [0u8; 16];
     mem.read(gpa, &mut b)?;
     Ok(Desc {
@@ -148,7 +147,11 @@ impl SplitQueue {
             return Err(QueueError::BadSize(n));
         }
         let n = u64::from(n);
-        let areas = [("desc", self.desc, 16, 16 * n), ("avail", self.driver, 2, 6 + 2 * n), ("used", self.device, 4, 6 + 8 * n)];
+        let areas = [
+            ("desc", self.desc, 16, 16 * n),
+            ("avail", self.driver, 2, 6 + 2 * n),
+            ("used", self.device, 4, 6 + 8 * n),
+        ];
         for (area, addr, align, len) in areas {
             if addr % align != 0 {
                 return Err(QueueError::Misaligned { area, addr });

@@ -99,7 +99,9 @@ impl<S: AsRef<[u8]> + AsMut<[u8]>> RamBackend<S> {
 
     fn execute(&mut self, r: BackendRequest) -> Completion {
         let result = match r.op {
-            BackendOp::Read { sector, len } => self.range(sector, u64::from(len)).map(|rg| self.image.as_ref()[rg].to_vec()),
+            BackendOp::Read { sector, len } => {
+                self.range(sector, u64::from(len)).map(|rg| self.image.as_ref()[rg].to_vec())
+            }
             BackendOp::Write { sector, data } => {
                 if self.read_only {
                     Err(BackendError::ReadOnly)

@@ -316,7 +316,13 @@ fn virtio_handshake_and_features() {
     let s = rig.rd(STATUS);
     assert_eq!(s, status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK | status::DRIVER_OK);
     let neg = rig.dev.transport().negotiated();
-    for f in [features::VERSION_1, features::BLK_FLUSH, features::BLK_SEG_MAX, features::BLK_BLK_SIZE, features::RING_INDIRECT_DESC] {
+    for f in [
+        features::VERSION_1,
+        features::BLK_FLUSH,
+        features::BLK_SEG_MAX,
+        features::BLK_BLK_SIZE,
+        features::RING_INDIRECT_DESC,
+    ] {
         assert_ne!(neg & f, 0);
     }
     assert_eq!(neg & (features::BLK_RO | features::RING_EVENT_IDX | features::RING_PACKED), 0);
@@ -382,15 +388,15 @@ fn virtio_mmio_access_rules_and_config() {
 #[test]
 fn virtio_queue_setup_validation() {
     for (n, desc, avail, used) in [
-        (12, DESC, AVAIL, USED),                   // not a power of two
-        (256, DESC, AVAIL, USED),                  // above QueueNumMax (128)
-        (0, DESC, AVAIL, USED),                    // zero
-        (QSZ, DESC + 8, AVAIL, USED),              // misaligned desc
-        (QSZ, DESC, AVAIL + 1, USED),              // misaligned avail
-        (QSZ, DESC, AVAIL, USED + 2),              // misaligned used
-        (QSZ, 0x1000, AVAIL, USED),                // desc outside RAM
+        (12, DESC, AVAIL, USED),                      // not a power of two
+        (256, DESC, AVAIL, USED),                     // above QueueNumMax (128)
+        (0, DESC, AVAIL, USED),                       // zero
+        (QSZ, DESC + 8, AVAIL, USED),                 // misaligned desc
+        (QSZ, DESC, AVAIL + 1, USED),                 // misaligned avail
+        (QSZ, DESC, AVAIL, USED + 2),                 // misaligned used
+        (QSZ, 0x1000, AVAIL, USED),                   // desc outside RAM
         (QSZ, DESC, RAM + RAM_SIZE as u64 - 8, USED), // avail crosses the end
-        (QSZ, DESC, AVAIL, u64::MAX - 3),          // wraps
+        (QSZ, DESC, AVAIL, u64::MAX - 3),             // wraps
     ] {
         let mut rig = Rig::new(BlkConfig::new(DISK_SECTORS, false), RamBackend::new(vec![0; 512], false, 0));
         rig.wr(STATUS, status::ACKNOWLEDGE | status::DRIVER);
@@ -425,7 +431,8 @@ fn virtio_queue_registers_frozen_while_ready() {
 fn virtio_write_then_read_back() {
     let mut rig = rig();
     let mut x = Xorshift(0x1234_5678);
-    for (sector, len, pieces) in [(0u64, 512usize, 1usize), (10, 8192, 3), (100, 4096, 8), (DISK_SECTORS - 8, 4096, 2)] {
+    for (sector, len, pieces) in [(0u64, 512usize, 1usize), (10, 8192, 3), (100, 4096, 8), (DISK_SECTORS - 8, 4096, 2)]
+    {
         let mut data = vec![0u8; len];
         x.fill(&mut data);
         let (ul, st) = rig.write(sector, &data, pieces);
@@ -695,7 +702,8 @@ fn virtio_misaligned_length_ioerr() {
 #[test]
 fn virtio_past_end_ioerr() {
     let mut rig = rig();
-    for (sector, len) in [(DISK_SECTORS, 512u32), (DISK_SECTORS - 1, 1024), (u64::MAX, 512), (u64::MAX / 512 + 1, 512)] {
+    for (sector, len) in [(DISK_SECTORS, 512u32), (DISK_SECTORS - 1, 1024), (u64::MAX, 512), (u64::MAX / 512 + 1, 512)]
+    {
         let h = rig.header(T_IN, sector);
         let b = rig.alloc(u64::from(len));
         let st = rig.status_byte();
@@ -1125,14 +1133,14 @@ fn virtio_bad_lengths_never_reach_the_backend() {
     };
     let b = rig.alloc(8192);
     let cases = [
-        (T_IN, 0, vec![]),                   // header + status only
-        (T_OUT, 0, vec![]),                  // header + status only
-        (T_IN, 0, vec![w(b, 0), w(b, 0)]),   // empty data descriptors
+        (T_IN, 0, vec![]),                 // header + status only
+        (T_OUT, 0, vec![]),                // header + status only
+        (T_IN, 0, vec![w(b, 0), w(b, 0)]), // empty data descriptors
         (T_OUT, 0, vec![r(b, 0)]),
-        (T_IN, 0, vec![w(b, 100)]),          // not whole sectors
+        (T_IN, 0, vec![w(b, 100)]), // not whole sectors
         (T_OUT, 0, vec![r(b, 513)]),
         (T_IN, DISK_SECTORS, vec![w(b, 512)]), // past the end
-        (T_IN, u64::MAX, vec![w(b, 512)]),   // sector overflow
+        (T_IN, u64::MAX, vec![w(b, 512)]),     // sector overflow
         (T_OUT, u64::MAX - 7, vec![r(b, 4096)]),
     ];
     for (i, (ty, sector, data)) in cases.into_iter().enumerate() {
@@ -1227,15 +1235,32 @@ fn garbage_run(seed: u64, rounds: usize) {
     let mut x = Xorshift(seed | 1);
     let mut rig = rig_with(BlkConfig::new(DISK_SECTORS, false), 500, false);
     let offsets = [
-        DEVICE_FEATURES_SEL, DRIVER_FEATURES, DRIVER_FEATURES_SEL, QUEUE_SEL, QUEUE_NUM, QUEUE_READY, QUEUE_NOTIFY,
-        INTERRUPT_ACK, STATUS, QUEUE_DESC_LOW, QUEUE_DESC_HIGH, QUEUE_DRIVER_LOW, QUEUE_DRIVER_HIGH,
-        QUEUE_DEVICE_LOW, QUEUE_DEVICE_HIGH, CONFIG,
+        DEVICE_FEATURES_SEL,
+        DRIVER_FEATURES,
+        DRIVER_FEATURES_SEL,
+        QUEUE_SEL,
+        QUEUE_NUM,
+        QUEUE_READY,
+        QUEUE_NOTIFY,
+        INTERRUPT_ACK,
+        STATUS,
+        QUEUE_DESC_LOW,
+        QUEUE_DESC_HIGH,
+        QUEUE_DRIVER_LOW,
+        QUEUE_DRIVER_HIGH,
+        QUEUE_DEVICE_LOW,
+        QUEUE_DEVICE_HIGH,
+        CONFIG,
     ];
     for round in 0..rounds {
         match x.below(10) {
             0 => {
                 // A register write, sometimes with a bad size or offset.
-                let off = if x.below(4) == 0 { x.below(FRAME_SIZE + 16) } else { offsets[x.below(offsets.len() as u64) as usize] };
+                let off = if x.below(4) == 0 {
+                    x.below(FRAME_SIZE + 16)
+                } else {
+                    offsets[x.below(offsets.len() as u64) as usize]
+                };
                 let size = [1u8, 2, 4, 4, 4, 8][x.below(6) as usize];
                 let v = match x.below(3) {
                     0 => x.next(),
@@ -1312,7 +1337,10 @@ fn garbage_run(seed: u64, rounds: usize) {
             }
             _ => {
                 // A completion for a random token.
-                let fx = rig.dev.complete(&mut rig.mem, Completion { token: x.below(64), result: Ok(vec![0; x.below(3) as usize * 512]) });
+                let fx = rig.dev.complete(
+                    &mut rig.mem,
+                    Completion { token: x.below(64), result: Ok(vec![0; x.below(3) as usize * 512]) },
+                );
                 rig.apply(fx);
             }
         }
@@ -1320,7 +1348,10 @@ fn garbage_run(seed: u64, rounds: usize) {
         let cfg = rig.dev.config();
         assert!(rig.dev.in_flight() - rig.dev.orphans() <= qsize.max(QSZ as usize), "round {round}");
         assert!(rig.dev.in_flight() <= cfg.max_in_flight_requests, "round {round}");
-        assert!(rig.dev.in_flight_bytes() <= cfg.max_in_flight_bytes.max(u64::from(cfg.max_request_bytes)), "round {round}");
+        assert!(
+            rig.dev.in_flight_bytes() <= cfg.max_in_flight_bytes.max(u64::from(cfg.max_request_bytes)),
+            "round {round}"
+        );
         assert_eq!(rig.irq, rig.dev.irq_level());
     }
     rig.drain();

@@ -41,7 +41,11 @@ pub fn wakeup(args: &BenchWakeupArgs) -> Result<()> {
                     }
                     Err(e) => {
                         let tail: Vec<&str> = run.console.lines().rev().take(15).collect();
-                        eprintln!("  repeat {}: {e}; console tail:\n{}", rep + 1, tail.into_iter().rev().collect::<Vec<_>>().join("\n"));
+                        eprintln!(
+                            "  repeat {}: {e}; console tail:\n{}",
+                            rep + 1,
+                            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                        );
                         r.errors.push(format!("repeat {rep}: {e}"));
                     }
                 },

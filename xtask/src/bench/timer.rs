@@ -103,7 +103,16 @@ pub fn render(results: &[(TimerCase, std::result::Result<CyclicResult, String>)]
     for (c, r) in results {
         match r {
             Ok(r) => {
-                let _ = writeln!(s, "| {} | {} | {} | {} | {} | {} |", c.label(), r.samples, r.min_us, r.avg_us, r.max_us, r.over_100us);
+                let _ = writeln!(
+                    s,
+                    "| {} | {} | {} | {} | {} | {} |",
+                    c.label(),
+                    r.samples,
+                    r.min_us,
+                    r.avg_us,
+                    r.max_us,
+                    r.over_100us
+                );
             }
             Err(e) => {
                 let _ = writeln!(s, "| {} | failed: {e} | | | | |", c.label());
@@ -147,7 +156,10 @@ pub fn run(args: &BenchTimerArgs) -> Result<()> {
         };
         let r = crate::qemu::run(&o).and_then(|run| parse(&run.console));
         match &r {
-            Ok(r) => eprintln!("  min {} avg {} max {} us, {} samples over 100 us", r.min_us, r.avg_us, r.max_us, r.over_100us),
+            Ok(r) => eprintln!(
+                "  min {} avg {} max {} us, {} samples over 100 us",
+                r.min_us, r.avg_us, r.max_us, r.over_100us
+            ),
             Err(e) => eprintln!("  failed: {e}"),
         }
         results.push((c, r));

@@ -228,7 +228,9 @@ fn bench_options_and_defaults() {
     assert_eq!(bench_wakeup("bench wakeup --quick --repeats 3").repeats(), 3);
     assert_eq!(bench_wakeup("bench wakeup --repeats 0").repeats(), 1);
     // --quick wins over --full, as before: both are accepted.
-    let b = bench_wakeup("bench wakeup --quick --full --runtime 5 --only '1p2v unp' --hv-args 'sched_lhp_grace_us=20 loglvl=debug'");
+    let b = bench_wakeup(
+        "bench wakeup --quick --full --runtime 5 --only '1p2v unp' --hv-args 'sched_lhp_grace_us=20 loglvl=debug'",
+    );
     assert!(b.quick && b.full);
     assert_eq!(b.runtime, 5);
     assert_eq!(b.only.as_deref(), Some("1p2v unp"));
@@ -286,17 +288,7 @@ fn all_commands() -> Vec<(Vec<String>, clap::Command)> {
 #[test]
 fn help_of_every_command_shows_every_option() {
     let cmds = all_commands();
-    for want in [
-        "run",
-        "test",
-        "build",
-        "guest-image",
-        "sim",
-        "sim wakeup",
-        "bench",
-        "bench wakeup",
-        "bench timer",
-    ] {
+    for want in ["run", "test", "build", "guest-image", "sim", "sim wakeup", "bench", "bench wakeup", "bench timer"] {
         assert!(cmds.iter().any(|(p, _)| p.join(" ") == want), "no command {want}");
     }
     for (path, mut cmd) in cmds {
@@ -380,7 +372,8 @@ fn option_names_are_the_documented_ones() {
 fn readme_run_table_matches_the_parser() {
     let readme = std::fs::read_to_string(crate::root().join("README.md")).unwrap();
     let start = readme.find("### `cargo xtask run` options").expect("README section");
-    let table: Vec<&str> = readme[start..].lines().skip_while(|l| !l.starts_with('|')).take_while(|l| l.starts_with('|')).collect();
+    let table: Vec<&str> =
+        readme[start..].lines().skip_while(|l| !l.starts_with('|')).take_while(|l| l.starts_with('|')).collect();
     let mut documented: Vec<String> = table
         .iter()
         .filter_map(|row| row.split('|').nth(1))
@@ -417,7 +410,11 @@ fn misspelt_options_and_commands_get_suggestions() {
         ("guest-imag", "tip: a similar subcommand exists: 'guest-image'"),
     ] {
         let e = err(line);
-        assert!(matches!(e.kind(), ErrorKind::UnknownArgument | ErrorKind::InvalidSubcommand), "{line}: {:?}", e.kind());
+        assert!(
+            matches!(e.kind(), ErrorKind::UnknownArgument | ErrorKind::InvalidSubcommand),
+            "{line}: {:?}",
+            e.kind()
+        );
         let msg = e.to_string();
         assert!(msg.contains(tip), "`cargo xtask {line}`:\n{msg}");
     }

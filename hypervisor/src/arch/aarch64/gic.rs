@@ -14,7 +14,10 @@
 //! that pCPU writes them.
 
 use super::entry::MAX_CPUS;
-use super::sysreg::{self, ICC_BPR1_EL1, ICC_CTLR_EL1, ICC_DIR_EL1, ICC_EOIR1_EL1, ICC_IAR1_EL1, ICC_IGRPEN1_EL1, ICC_PMR_EL1, ICC_SGI1R_EL1};
+use super::sysreg::{
+    self, ICC_BPR1_EL1, ICC_CTLR_EL1, ICC_DIR_EL1, ICC_EOIR1_EL1, ICC_IAR1_EL1, ICC_IGRPEN1_EL1, ICC_PMR_EL1,
+    ICC_SGI1R_EL1,
+};
 use crate::intid::{IntId, IntIdKind};
 use crate::regs;
 use aarch64_cpu::registers::{
@@ -102,7 +105,8 @@ pub unsafe fn init(gicd: u64, gicr: u64, cpus: usize) -> Result<(), GicSetupErro
     };
     // SAFETY: the caller guarantees both regions are the GIC's, mapped as
     // device memory and owned by this module from now on.
-    let mut gic = unsafe { GicV3::new(UniqueMmioPointer::new(d), r, cpus) }.map_err(|_| GicSetupError::Redistributor)?;
+    let mut gic =
+        unsafe { GicV3::new(UniqueMmioPointer::new(d), r, cpus) }.map_err(|_| GicSetupError::Redistributor)?;
     gic.setup(0);
     *GIC.lock() = Some(PhysGic { gic, gicd, gicr });
     Ok(())

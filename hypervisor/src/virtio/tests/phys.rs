@@ -281,7 +281,10 @@ fn phys_init_negotiates_and_reads_capacity() {
     let dev = dev.borrow();
     // EVENT_IDX (bit 29) is not taken.
     assert_eq!(dev.driver_features, F_VERSION_1 | F_FLUSH | F_INDIRECT | F_RO);
-    assert_eq!(dev.status, (DeviceStatus::ACKNOWLEDGE | DeviceStatus::DRIVER | DeviceStatus::FEATURES_OK | DeviceStatus::DRIVER_OK).bits());
+    assert_eq!(
+        dev.status,
+        (DeviceStatus::ACKNOWLEDGE | DeviceStatus::DRIVER | DeviceStatus::FEATURES_OK | DeviceStatus::DRIVER_OK).bits()
+    );
     assert!(dev.queue.is_some());
 }
 
@@ -417,7 +420,13 @@ fn phys_unknown_used_entry_fails_in_flight_requests_once() {
     dev.borrow_mut().push_used(9, 0);
     let mut done = d.poll();
     done.sort_by_key(|c| c.token);
-    assert_eq!(done, vec![Completion { token: 1, result: Err(BackendError::Io) }, Completion { token: 2, result: Err(BackendError::Io) }]);
+    assert_eq!(
+        done,
+        vec![
+            Completion { token: 1, result: Err(BackendError::Io) },
+            Completion { token: 2, result: Err(BackendError::Io) }
+        ]
+    );
     assert!(d.broken());
     assert_eq!(d.submit(req(3, BackendOp::Flush)), Err(BackendError::Io));
     assert!(d.poll().is_empty());
