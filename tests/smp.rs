@@ -97,7 +97,7 @@ fn fp_state_survives_vcpu_switches() {
         taskset -c 1 sh -c 'awk -f /tmp/h.awk > /tmp/b; awk -f /tmp/h.awk >> /tmp/b'; wait
         echo ref=$ref; cat /tmp/a /tmp/b | sort | uniq -c
         [ $(cat /tmp/a /tmp/b | grep -c -x "$ref") = 4 ] && echo FP-OK"#;
-    let r = run_cmd(&cmd, |o| {
+    let r = run_cmd(cmd, |o| {
         o.pcpus = 1;
         o.vcpus = 2;
     });

@@ -234,6 +234,8 @@ pub fn store_value(access: &MmioAccess, reg: u64) -> u64 {
 }
 
 #[cfg(test)]
+// Register values are written field by field, zero fields included.
+#[allow(clippy::identity_op)]
 mod tests {
     use super::*;
 

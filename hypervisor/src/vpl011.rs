@@ -261,8 +261,8 @@ fn check(offset: u64, size: u8) -> Result<(), Pl011Error> {
     }
     match size {
         1 => Ok(()),
-        2 if offset % 2 == 0 => Ok(()),
-        4 if offset % 4 == 0 => Ok(()),
+        2 if offset.is_multiple_of(2) => Ok(()),
+        4 if offset.is_multiple_of(4) => Ok(()),
         _ => Err(Pl011Error::BadAccessSize),
     }
 }

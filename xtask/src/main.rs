@@ -27,6 +27,7 @@ fn cmd_test(args: &TestArgs) -> Result<i32, String> {
     // Prepare everything the integration tests need, so their output is
     // about the tests, not about installs.
     xtask::setup::ensure_qemu()?;
+    xtask::lint::ensure_components()?;
     xtask::build::hypervisor("qemu-virt")?;
     xtask::image::guest()?;
     let mut child = std::process::Command::new(env!("CARGO"))
@@ -61,6 +62,13 @@ fn cmd_test(args: &TestArgs) -> Result<i32, String> {
             code = if code == 0 { 1 } else { code };
         }
         None => println!("fuzz: skipped (cargo-fuzz or a nightly toolchain is not installed)"),
+    }
+    // Formatting and clippy, warnings as errors (host and EL2 builds).
+    let (lint_ok, lint_failed) = xtask::lint::run();
+    passed += lint_ok;
+    failed += lint_failed;
+    if lint_failed > 0 && code == 0 {
+        code = 1;
     }
     println!("tests: {passed} passed, {failed} failed");
     Ok(code)

@@ -5,7 +5,7 @@
 
 use crate::Result;
 use std::io::{BufRead, BufReader, Read};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -140,7 +140,7 @@ pub fn base64(data: &[u8]) -> String {
 }
 
 /// The QEMU argument vector (without the program name).
-pub fn command_line(hv_bin: &PathBuf, kernel: &PathBuf, initrd: Option<&PathBuf>, o: &RunOptions) -> Vec<String> {
+pub fn command_line(hv_bin: &Path, kernel: &Path, initrd: Option<&PathBuf>, o: &RunOptions) -> Vec<String> {
     let mut guest_args = o.append.clone().unwrap_or_else(|| DEFAULT_GUEST_ARGS.into());
     if let Some(cmd) = &o.cmd {
         guest_args.push_str(&format!(" guestcmd={}", base64(cmd.as_bytes())));
@@ -403,6 +403,22 @@ fn write_console_input(
     }
 }
 
+/// A sparse 256 MiB scratch image for QEMU's virtio-blk device
+/// (`target/xtask/disk.img`).
+pub fn scratch_disk() -> std::io::Result<PathBuf> {
+    sparse_image(crate::out_dir().join("disk.img"))
+}
+
+/// Creates (or keeps) a sparse 256 MiB raw image at `path`.
+pub fn sparse_image(path: PathBuf) -> std::io::Result<PathBuf> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let f = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path)?;
+    f.set_len(256 << 20)?;
+    Ok(path)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -419,7 +435,7 @@ mod tests {
     #[test]
     fn command_line_has_modules_and_options() {
         let o = RunOptions { cmd: Some("true".into()), gic: 4, pcpus: 2, ..Default::default() };
-        let a = command_line(&"hv.bin".into(), &"/nonexistent/Image".into(), Some(&"initrd".into()), &o);
+        let a = command_line(Path::new("hv.bin"), Path::new("/nonexistent/Image"), Some(&"initrd".into()), &o);
         let s = a.join(" ");
         assert!(s.contains("virt,virtualization=on,gic-version=4"));
         assert!(s.contains("-smp 2"));
@@ -429,7 +445,8 @@ mod tests {
         assert!(s.contains("dom0_mem=1024M dom0_max_vcpus=1"));
         // Module addresses of QEMU's guest-loader documentation.
         let o = RunOptions { kernel_addr: Some(0x4200_0000), initrd_addr: Some(0x4700_0000), ..o };
-        let s = command_line(&"hv.bin".into(), &"/nonexistent/Image".into(), Some(&"initrd".into()), &o).join(" ");
+        let s =
+            command_line(Path::new("hv.bin"), Path::new("/nonexistent/Image"), Some(&"initrd".into()), &o).join(" ");
         assert!(s.contains("guest-loader,addr=0x42000000,kernel=/nonexistent/Image"), "{s}");
         assert!(s.contains("guest-loader,addr=0x47000000,initrd=initrd"), "{s}");
     }
@@ -471,20 +488,4 @@ mod tests {
         let a = interactive_console(std::path::Path::new("/tmp/c.log")).join(" ");
         assert_eq!(a, "-chardev stdio,id=con,mux=on,signal=off,logfile=/tmp/c.log -serial chardev:con -mon chardev=con,mode=readline");
     }
-}
-
-/// A sparse 256 MiB scratch image for QEMU's virtio-blk device
-/// (`target/xtask/disk.img`).
-pub fn scratch_disk() -> std::io::Result<PathBuf> {
-    sparse_image(crate::out_dir().join("disk.img"))
-}
-
-/// Creates (or keeps) a sparse 256 MiB raw image at `path`.
-pub fn sparse_image(path: PathBuf) -> std::io::Result<PathBuf> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    let f = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path)?;
-    f.set_len(256 << 20)?;
-    Ok(path)
 }

@@ -138,7 +138,7 @@ pub fn main(o: &Opts) -> Result<(), String> {
     ];
     for (name, cfg) in fast_cases {
         let p =
-            SimParams { service_ns: 50_000, submit_ns: 5_000, ..params(&o, cfg, Topology::OneP2V, Scenario::Wakeup) };
+            SimParams { service_ns: 50_000, submit_ns: 5_000, ..params(o, cfg, Topology::OneP2V, Scenario::Wakeup) };
         let r = sim::run(&p).map_err(|e| e.to_string())?;
         println!(
             "{:<34} {:>9.0} {:>6.1} {:>9.0} {:>9.1} {:>9.1}",
@@ -162,7 +162,7 @@ pub fn main(o: &Opts) -> Result<(), String> {
         ("IRQs enabled at each write", flood(CritEvidence::None)),
     ];
     for (name, sc) in flood_cases {
-        let p = SimParams { submit_ns: 50_000, ..params(&o, pc, Topology::OneP2V, sc) };
+        let p = SimParams { submit_ns: 50_000, ..params(o, pc, Topology::OneP2V, sc) };
         let r = sim::run(&p).map_err(|e| e.to_string())?;
         println!(
             "{:<34} {:>9.1} {:>9.1} {:>9.1}",

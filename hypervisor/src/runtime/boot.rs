@@ -30,7 +30,7 @@ const HEAP_SIZE: u64 = 48 << 20;
 fn dtb_slice(addr: u64) -> Option<&'static [u8]> {
     // Only normal memory of the identity map (39 bits) may be read.
     let normal = |a: u64| a >> 30 < 512 && !platform::is_device_gib(a >> 30);
-    if addr == 0 || addr % 8 != 0 || !normal(addr) {
+    if addr == 0 || !addr.is_multiple_of(8) || !normal(addr) {
         return None;
     }
     // SAFETY: the boot protocol puts a DTB at `addr`; it is identity-mapped

@@ -6,9 +6,10 @@
 use super::physblk::PhysBlk;
 use crate::intid::IntId;
 use crate::virtio::{
-    BackendError, BackendRequest, BlkConfig, BlockBackend, Completion, Effects, IdentityMappedRam, RamBackend,
-    VirtioBlk,
+    BackendError, BackendRequest, BlkConfig, BlockBackend, Completion, Effects, IdentityMappedRam, MmioError,
+    RamBackend, VirtioBlk,
 };
+use alloc::boxed::Box;
 use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use spin::Mutex;
 
@@ -17,7 +18,7 @@ pub enum Backend {
     /// A RAM image with a fixed service time.
     Ram(RamBackend<&'static mut [u8]>),
     /// The physical virtio-blk device; completions come by interrupt.
-    Phys(PhysBlk),
+    Phys(Box<PhysBlk>),
 }
 
 impl BlockBackend for Backend {
@@ -115,7 +116,7 @@ impl VDisk {
         Self {
             base,
             intid,
-            state: Mutex::new(DiskState { dev: VirtioBlk::new(cfg), backend: Backend::Phys(phys), mem }),
+            state: Mutex::new(DiskState { dev: VirtioBlk::new(cfg), backend: Backend::Phys(Box::new(phys)), mem }),
             deadline: AtomicU64::new(u64::MAX),
             home: AtomicUsize::new(0),
             phys_intid: Some(intid),
@@ -150,15 +151,15 @@ impl VDisk {
     }
 
     /// A guest read; Err = bad access (abort the guest).
-    pub fn read(&self, ipa: u64, size: u8) -> Result<u64, ()> {
-        self.state.lock().dev.mmio_read(ipa - self.base, size).map_err(|_| ())
+    pub fn read(&self, ipa: u64, size: u8) -> Result<u64, MmioError> {
+        self.state.lock().dev.mmio_read(ipa - self.base, size)
     }
 
     /// A guest write; returns the new interrupt level when it changed.
-    pub fn write(&self, ipa: u64, size: u8, value: u64, now: u64, me: usize) -> Result<Option<bool>, ()> {
+    pub fn write(&self, ipa: u64, size: u8, value: u64, now: u64, me: usize) -> Result<Option<bool>, MmioError> {
         let mut st = self.state.lock();
         let st = &mut *st;
-        let fx = st.dev.mmio_write(ipa - self.base, size, value, &st.mem).map_err(|_| ())?;
+        let fx = st.dev.mmio_write(ipa - self.base, size, value, &st.mem)?;
         Ok(self.settle(st, fx, now, me))
     }
 

@@ -591,9 +591,9 @@ fn mmio(vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess) -> Result<(), ()> {
     }
     if let Some(disk) = vm.disk.as_ref().filter(|d| d.contains(a.ipa)) {
         let level = if a.write {
-            disk.write(a.ipa, a.size, value, now_ns(), me)?
+            disk.write(a.ipa, a.size, value, now_ns(), me).map_err(|_| ())?
         } else {
-            let r = disk.read(a.ipa, a.size)?;
+            let r = disk.read(a.ipa, a.size).map_err(|_| ())?;
             reg_write(&mut v.regs, a.reg, esr::load_value(a, r));
             None
         };

@@ -191,17 +191,11 @@ pub fn enter_el1_exception(esr: u64, far: Option<u64>, elr: u64, spsr: u64) -> u
 
 /// FP/SIMD registers (V0-V31, FPCR, FPSR).
 #[repr(C, align(16))]
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct FpContext {
     pub v: [u128; 32],
     pub fpcr: u64,
     pub fpsr: u64,
-}
-
-impl Default for FpContext {
-    fn default() -> Self {
-        Self { v: [0; 32], fpcr: 0, fpsr: 0 }
-    }
 }
 
 impl FpContext {

@@ -30,6 +30,12 @@ pub struct CpuRun {
     pub host_regs: [u64; 12],
 }
 
+impl Default for CpuRun {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl CpuRun {
     pub const fn new() -> Self {
         Self { guest: core::ptr::null_mut(), host_sp: 0, host_regs: [0; 12] }

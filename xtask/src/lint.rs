@@ -1,0 +1,63 @@
+//! The lints `cargo xtask test` holds the tree to: rustfmt (rustfmt.toml)
+//! and clippy with warnings as errors, on the host build of the workspace
+//! and on the hypervisor's bare-metal build (whose EL2 code the host build
+//! does not compile).
+
+use crate::setup::TARGET;
+use std::process::Command;
+
+/// Each lint: a name for the summary and its `cargo` arguments.
+pub fn commands() -> Vec<(&'static str, Vec<String>)> {
+    let v = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    vec![
+        ("rustfmt", v(&["fmt", "--all", "--check"])),
+        ("clippy (host)", v(&["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])),
+        ("clippy (EL2)", v(&["clippy", "-p", "hypervisor", "--target", TARGET, "--", "-D", "warnings"])),
+    ]
+}
+
+/// `rustup component add` for clippy and rustfmt (idempotent, quick when
+/// they are there).
+pub fn ensure_components() -> crate::Result<()> {
+    let st = Command::new("rustup")
+        .args(["component", "add", "clippy", "rustfmt"])
+        .stderr(std::process::Stdio::null())
+        .status()
+        .map_err(|e| format!("rustup: {e}"))?;
+    if st.success() {
+        Ok(())
+    } else {
+        Err("`rustup component add clippy rustfmt` failed".into())
+    }
+}
+
+/// Runs every lint in the workspace root; one line each, `(passed, failed)`.
+pub fn run() -> (u64, u64) {
+    let (mut passed, mut failed) = (0, 0);
+    for (name, args) in commands() {
+        let ok = Command::new(env!("CARGO")).current_dir(crate::root()).args(&args).status().is_ok_and(|s| s.success());
+        println!("lint: {name}: {}", if ok { "ok" } else { "FAILED (see above)" });
+        if ok {
+            passed += 1;
+        } else {
+            failed += 1;
+        }
+    }
+    (passed, failed)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn warnings_are_errors_on_both_builds_and_formatting_is_checked() {
+        let cmds = super::commands();
+        assert_eq!(cmds.len(), 3);
+        assert_eq!(cmds[0].1, ["fmt", "--all", "--check"]);
+        for (_, args) in &cmds[1..] {
+            assert_eq!(args[0], "clippy");
+            assert!(args.ends_with(&["-D".to_string(), "warnings".to_string()]), "{args:?}");
+        }
+        assert!(cmds[1].1.contains(&"--all-targets".to_string()));
+        assert!(cmds[2].1.contains(&super::TARGET.to_string()));
+    }
+}
