@@ -17,6 +17,7 @@
 //! - `sched`: the Credit2-compatible scheduler and its simulator
 //! - `stats`: per-vCPU counters and histograms in a stable text format
 //! - `time`: counter-tick/ns arithmetic that saturates
+//! - `testrng` (tests only): a deterministic generator for randomized host tests
 //!
 //! On the bare-metal aarch64 target the EL2 code is added: `arch` (the only
 //! inline assembly and system-register access) and `runtime` (boot, the run
@@ -42,6 +43,8 @@ pub mod regs;
 pub mod sched;
 pub mod stage2;
 pub mod stats;
+#[cfg(test)]
+mod testrng;
 pub mod time;
 pub mod traps;
 pub mod vdebug;

@@ -3,6 +3,7 @@
 use super::image::arm64_image_size;
 use super::plan::*;
 use crate::dtb::Region;
+use crate::testrng::Rng;
 use alloc::format;
 use alloc::string::ToString;
 use alloc::vec::Vec;
@@ -332,24 +333,11 @@ fn passthrough_devices_must_not_touch_ram_or_the_hypervisor() {
     assert!(matches!(check_passthrough(&RAM, &[], &[r(u64::MAX - 0x100, 0x100)]), Err(LayoutError::Wraps { .. })));
 }
 
-/// xorshift64*: deterministic pseudo-random inputs.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn region_in(&mut self, within: Region, max: u64) -> Region {
-        let size = 4096 * (1 + self.below(max / 4096));
-        let base = within.base + 4096 * self.below(within.size / 4096);
-        r(base, size)
-    }
+/// A random page-aligned region inside `within`, at most `max` long.
+fn region_in(rng: &mut Rng, within: Region, max: u64) -> Region {
+    let size = 4096 * (1 + rng.below(max / 4096));
+    let base = within.base + 4096 * rng.below(within.size / 4096);
+    r(base, size)
 }
 
 #[test]
@@ -364,10 +352,10 @@ fn random_layouts_plan_disjointly_or_fail_with_one_line() {
         let anywhere = r(0x3000_0000, 0x1_0000_0000);
         let pick = |rng: &mut Rng, max: u64| {
             if rng.below(8) == 0 {
-                rng.region_in(anywhere, max)
+                region_in(rng, anywhere, max)
             } else {
                 let bank = ram[rng.below(ram.len() as u64) as usize];
-                rng.region_in(bank, max)
+                region_in(rng, bank, max)
             }
         };
         let dtb = pick(&mut rng, 2 * MIB);

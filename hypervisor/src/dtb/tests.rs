@@ -21,6 +21,7 @@ use alloc::vec::Vec;
 use fdt::Fdt;
 
 use super::*;
+use crate::testrng::Rng;
 
 /// A raw INTID the test knows is valid.
 fn id(v: u32) -> IntId {
@@ -315,20 +316,6 @@ fn malformed_input_is_an_error() {
     assert!(default_removals(&[]).is_err());
 }
 
-/// xorshift64*: deterministic, no dependency.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
-
 fn exercise(blob: &[u8], cfg: &GuestDtbConfig) {
     let _ = discover(blob);
     let _ = default_removals(blob);
@@ -360,31 +347,31 @@ fn corrupted_inputs_never_panic() {
     let iters = std::env::var("DTB_FUZZ_ITERS").ok().and_then(|v| v.parse().ok()).unwrap_or(4000);
     for _ in 0..iters {
         let mut b = V3_SMP2.to_vec();
-        match rng.below(4) {
+        match rng.index(4) {
             // A few random bytes anywhere.
             0 => {
-                for _ in 0..1 + rng.below(8) {
-                    let i = rng.below(b.len());
+                for _ in 0..1 + rng.index(8) {
+                    let i = rng.index(b.len());
                     b[i] = rng.next() as u8;
                 }
             }
             // A random big-endian word, often a token or small length.
             1 => {
-                let i = rng.below(b.len() / 4) * 4;
-                let v = [1u32, 2, 3, 4, 9, 0, 0xffff_ffff, rng.next() as u32, rng.below(64) as u32][rng.below(9)];
+                let i = rng.index(b.len() / 4) * 4;
+                let v = [1u32, 2, 3, 4, 9, 0, 0xffff_ffff, rng.next() as u32, rng.index(64) as u32][rng.index(9)];
                 b[i..i + 4].copy_from_slice(&v.to_be_bytes());
             }
             // A header field.
             2 => {
-                let i = rng.below(10) * 4;
-                let v = if rng.below(2) == 0 { rng.next() as u32 } else { rng.below(b.len() + 64) as u32 };
+                let i = rng.index(10) * 4;
+                let v = if rng.index(2) == 0 { rng.next() as u32 } else { rng.index(b.len() + 64) as u32 };
                 b[i..i + 4].copy_from_slice(&v.to_be_bytes());
             }
             // Pure noise of random length.
             _ => {
-                let n = rng.below(512);
+                let n = rng.index(512);
                 b = (0..n).map(|_| rng.next() as u8).collect();
-                if n >= 4 && rng.below(2) == 0 {
+                if n >= 4 && rng.index(2) == 0 {
                     b[..4].copy_from_slice(&0xd00d_feedu32.to_be_bytes());
                 }
             }
