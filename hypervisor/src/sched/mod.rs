@@ -287,9 +287,11 @@ impl CritEvidence {
     /// (A guest that masks IRQs through the GIC priority mask instead, i.e.
     /// Linux's pseudo-NMI mode, shows no evidence and gets no grace.)
     pub fn from_spsr(spsr: u64) -> Self {
-        const SPSR_I: u64 = 1 << 7;
-        let el1 = matches!(spsr & 0x1f, 0b00100 | 0b00101);
-        if el1 && spsr & SPSR_I != 0 {
+        use aarch64_cpu::registers::SPSR_EL2;
+        use tock_registers::LocalRegisterCopy;
+        let spsr = LocalRegisterCopy::<u64, SPSR_EL2::Register>::new(spsr);
+        let el1 = matches!(spsr.read_as_enum(SPSR_EL2::M), Some(SPSR_EL2::M::Value::EL1t | SPSR_EL2::M::Value::EL1h));
+        if el1 && spsr.is_set(SPSR_EL2::I) {
             CritEvidence::IrqsMasked
         } else {
             CritEvidence::None
