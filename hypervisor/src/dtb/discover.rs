@@ -73,8 +73,11 @@ fn reserved(idx: &Index<'_, '_>, mut out: Vec<Region>) -> Result<Vec<Region>, Dt
         let identity = prop(idx.entries[rm].node, "ranges").is_none();
         for (i, e) in idx.children_of(rm) {
             if is_enabled(e.node) && prop(e.node, "reg").is_some() {
-                let regs =
-                    if identity { tree::reg(e, "reserved-memory reg")? } else { idx.mmio_reg(i, "reserved-memory reg")? };
+                let regs = if identity {
+                    tree::reg(e, "reserved-memory reg")?
+                } else {
+                    idx.mmio_reg(i, "reserved-memory reg")?
+                };
                 out.extend(regs);
             }
         }
