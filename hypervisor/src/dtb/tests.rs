@@ -800,9 +800,31 @@ fn fvp_interrupt_parent_loops_are_errors() {
     let t = fvp_with(Flavour::Linux, FVP_IOFPGA, "phandle", Some(&be(&[7])));
     let t = edit(&t, FVP_IOFPGA, "interrupt-parent", Some(&be(&[7])));
     assert_eq!(discover(&t), Err(DtbError::Unsupported("interrupt-parent chain too long")));
+    // A tree that names no interrupt parent for the timer: the GIC, as
+    // before interrupt-parent was read.
+    let t = fvp_with(Flavour::Linux, "/", "interrupt-parent", None);
+    assert_eq!(discover(&t).unwrap(), discover(&fvp_dtb(Flavour::Linux)).unwrap());
     // An interrupt-parent naming no node.
     let t = fvp_with(Flavour::Linux, FVP_IOFPGA, "interrupt-parent", Some(&be(&[99])));
     assert_eq!(discover(&t), Err(DtbError::BadValue("interrupt-parent names no node")));
+}
+
+#[test]
+fn interrupts_extended_goes_through_the_named_parent() {
+    const UART: &str = "/bus@8000000/iofpga-bus@300000000/serial@90000";
+    for flavour in [Flavour::Linux, Flavour::TfA] {
+        // Straight to the GIC (three cells), overriding `interrupts`.
+        let t = fvp_with(flavour, UART, "interrupts-extended", Some(&be(&[FVP_GIC_PHANDLE, 0, 40, 4])));
+        assert_eq!(discover(&t).unwrap().uart.map(|u| u.intid), Some(id(72)));
+        // Through the bus nexus (one cell).
+        let t = fvp_with(flavour, UART, "interrupts-extended", Some(&be(&[FVP_BUS_PHANDLE, 41])));
+        assert_eq!(discover(&t).unwrap().uart.map(|u| u.intid), Some(id(73)));
+        // Cut short, or naming no node: no console rather than a wrong one.
+        for bad in [&[FVP_GIC_PHANDLE, 0, 40][..], &[99, 5], &[]] {
+            let t = fvp_with(flavour, UART, "interrupts-extended", Some(&be(bad)));
+            assert_eq!(discover(&t).unwrap().uart.map(|u| u.base), Some(0x1c0a_0000), "{bad:?}");
+        }
+    }
 }
 
 #[test]

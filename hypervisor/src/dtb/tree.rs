@@ -330,13 +330,19 @@ impl Index<'_, '_> {
 
     /// The interrupt parent of node `i`: the first node, following
     /// `interrupt-parent` where present and the tree parent elsewhere, that
-    /// has `#interrupt-cells` (as Linux's `of_irq_find_parent`).
-    pub fn irq_parent(&self, i: usize) -> Result<usize, DtbError> {
+    /// has `#interrupt-cells` (as Linux's `of_irq_find_parent`). A tree
+    /// that names no interrupt parent at all gets `default` (the GIC: the
+    /// only controller we drive, and what the hypervisor assumed before it
+    /// read `interrupt-parent`).
+    pub fn irq_parent(&self, i: usize, default: usize) -> Result<usize, DtbError> {
         let mut cur = i;
         for _ in 0..MAX_HOPS {
             let next = match prop_u32(self.entries[cur].node, "interrupt-parent", "interrupt-parent")? {
                 Some(ph) => self.by_phandle(ph).ok_or(DtbError::BadValue("interrupt-parent names no node"))?,
-                None => self.entries[cur].parent.ok_or(DtbError::Missing("interrupt parent"))?,
+                None => match self.entries[cur].parent {
+                    Some(p) => p,
+                    None => return Ok(default),
+                },
             };
             if prop(self.entries[next].node, "#interrupt-cells").is_some() {
                 return Ok(next);
@@ -346,22 +352,40 @@ impl Index<'_, '_> {
         Err(DtbError::Unsupported("interrupt-parent chain too long"))
     }
 
-    /// All interrupts of node `i` (`interrupts` read with its interrupt
-    /// parent's `#interrupt-cells`), resolved through any `interrupt-map`
-    /// nexus to the GIC (node `gic`) and decoded to INTIDs.
+    /// All interrupts of node `i`, resolved through any `interrupt-map`
+    /// nexus to the GIC (node `gic`) and decoded to INTIDs: from
+    /// `interrupts-extended` (`<phandle spec…>` pairs) when present, else
+    /// from `interrupts` read with the interrupt parent's `#interrupt-cells`.
     pub fn irqs(&self, i: usize, gic: usize, what: &'static str) -> Result<Vec<Irq>, DtbError> {
         let e = &self.entries[i];
-        let raw = cells_u32(prop(e.node, "interrupts").ok_or(DtbError::Missing(what))?, what)?;
-        let parent = self.irq_parent(i)?;
-        let n = self.interrupt_cells(parent)?;
-        if raw.is_empty() || raw.len() % n != 0 {
-            return Err(DtbError::BadValue(what));
-        }
         // The unit address an interrupt-map matches on: the start of `reg`.
         let addr = match prop(e.node, "reg") {
             Some(v) => cells_u32(v, what)?,
             None => Vec::new(),
         };
+        if let Some(v) = prop(e.node, "interrupts-extended") {
+            let raw = cells_u32(v, what)?;
+            let mut out = Vec::new();
+            let mut pos = 0;
+            while pos < raw.len() {
+                let parent =
+                    self.by_phandle(raw[pos]).ok_or(DtbError::BadValue("interrupts-extended names no node"))?;
+                let n = self.interrupt_cells(parent)?;
+                let spec = raw.get(pos + 1..pos + 1 + n).ok_or(DtbError::BadValue(what))?;
+                out.push(self.map_irq(parent, &addr, spec, gic)?);
+                pos += 1 + n;
+            }
+            if out.is_empty() {
+                return Err(DtbError::BadValue(what));
+            }
+            return Ok(out);
+        }
+        let raw = cells_u32(prop(e.node, "interrupts").ok_or(DtbError::Missing(what))?, what)?;
+        let parent = self.irq_parent(i, gic)?;
+        let n = self.interrupt_cells(parent)?;
+        if raw.is_empty() || raw.len() % n != 0 {
+            return Err(DtbError::BadValue(what));
+        }
         raw.chunks_exact(n).map(|spec| self.map_irq(parent, &addr, spec, gic)).collect()
     }
 
@@ -394,7 +418,7 @@ impl Index<'_, '_> {
                     return Err(DtbError::Unsupported("interrupt controller other than the GIC"));
                 }
                 // Neither a controller nor a nexus: pass the specifier up.
-                ctrl = self.irq_parent(ctrl)?;
+                ctrl = self.irq_parent(ctrl, gic)?;
                 addr_cells = self.entries[ctrl].child_cells.addr as usize;
                 continue;
             };
