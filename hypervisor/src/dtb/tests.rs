@@ -1,4 +1,5 @@
-//! Host tests against real QEMU DTBs.
+//! Host tests against real QEMU DTBs and FVP-like trees (built at the end
+//! of this file with `vm-fdt`).
 //!
 //! The fixtures in `testdata/` were dumped by QEMU 7.2 (Debian) with
 //!
