@@ -12,7 +12,7 @@ use alloc::vec::Vec;
 use fdt::Fdt;
 
 use super::blob;
-use super::tree::{self, gic_irq, gic_irqs, is_compatible, is_enabled, prop, prop_str, prop_u32, Entry, Index};
+use super::tree::{self, gic_irq, is_compatible, is_enabled, prop, prop_str, prop_u32, Entry, Index};
 use super::{BootModule, DtbError, GicInfo, MmioDevice, Platform, Region, TimerInfo, UartInfo};
 
 /// Reads the platform description from the boot DTB.
@@ -21,7 +21,7 @@ pub fn discover(dtb: &[u8]) -> Result<Platform, DtbError> {
     let fdt = Fdt::new(&checked.blob).map_err(|_| DtbError::Parse)?;
     let idx = Index::new(&fdt)?;
 
-    let gic = gic(&idx)?;
+    let (gic_idx, gic) = gic(&idx)?;
     let chosen = idx.find("/chosen");
     let (kernel, ramdisk) = match chosen {
         Some(c) => modules(&idx, c)?,
@@ -36,9 +36,9 @@ pub fn discover(dtb: &[u8]) -> Result<Platform, DtbError> {
         memory: memory(&idx)?,
         reserved: reserved(&idx, checked.reserved)?,
         cpus: cpus(&idx)?,
-        uart: uart(&idx, chosen, gic.phandle),
-        timer: timer(&idx, gic.phandle)?,
-        virtio_mmio: virtio_mmio(&idx, gic.phandle)?,
+        uart: uart(&idx, chosen, gic_idx),
+        timer: timer(&idx, gic_idx)?,
+        virtio_mmio: virtio_mmio(&idx, gic_idx)?,
         psci_method,
         bootargs: chosen.and_then(|c| prop_str(idx.entries[c].node, "bootargs")).map(String::from),
         kernel,
@@ -54,9 +54,9 @@ fn compatible_prefix(e: &Entry<'_, '_>, prefix: &str) -> bool {
 
 fn memory(idx: &Index<'_, '_>) -> Result<Vec<Region>, DtbError> {
     let mut out = Vec::new();
-    for e in idx.iter().filter(|e| e.depth == 2 && prop_str(e.node, "device_type") == Some("memory")) {
-        if is_enabled(e.node) {
-            out.extend(tree::reg(e, "memory reg")?.into_iter().filter(|r| r.size != 0));
+    for (i, e) in idx.iter().enumerate() {
+        if e.depth == 2 && prop_str(e.node, "device_type") == Some("memory") && is_enabled(e.node) {
+            out.extend(idx.mmio_reg(i, "memory reg")?.into_iter().filter(|r| r.size != 0));
         }
     }
     if out.is_empty() {
@@ -67,9 +67,18 @@ fn memory(idx: &Index<'_, '_>) -> Result<Vec<Region>, DtbError> {
 
 fn reserved(idx: &Index<'_, '_>, mut out: Vec<Region>) -> Result<Vec<Region>, DtbError> {
     if let Some(rm) = idx.find("/reserved-memory") {
-        for (_, e) in idx.children_of(rm) {
+        // A `/reserved-memory` without `ranges` is malformed, but the
+        // regions are still what firmware asked us to keep: read them as
+        // CPU addresses rather than ignore them.
+        let identity = prop(idx.entries[rm].node, "ranges").is_none();
+        for (i, e) in idx.children_of(rm) {
             if is_enabled(e.node) && prop(e.node, "reg").is_some() {
-                out.extend(tree::reg(e, "reserved-memory reg")?);
+                let regs = if identity {
+                    tree::reg(e, "reserved-memory reg")?
+                } else {
+                    idx.mmio_reg(i, "reserved-memory reg")?
+                };
+                out.extend(regs);
             }
         }
     }
@@ -99,7 +108,7 @@ fn cpus(idx: &Index<'_, '_>) -> Result<Vec<u64>, DtbError> {
     Ok(out)
 }
 
-fn gic(idx: &Index<'_, '_>) -> Result<GicInfo, DtbError> {
+fn gic(idx: &Index<'_, '_>) -> Result<(usize, GicInfo), DtbError> {
     let (i, e) = idx
         .iter()
         .enumerate()
@@ -110,7 +119,7 @@ fn gic(idx: &Index<'_, '_>) -> Result<GicInfo, DtbError> {
         Some(_) => return Err(DtbError::Unsupported("gic #interrupt-cells other than 3")),
         None => return Err(DtbError::Missing("gic #interrupt-cells")),
     }
-    let regs = tree::reg(e, "gic reg")?;
+    let regs = idx.mmio_reg(i, "gic reg")?;
     let n_redist = prop_u32(e.node, "#redistributor-regions", "#redistributor-regions")?.unwrap_or(1) as usize;
     if n_redist == 0 || regs.len() < 1 + n_redist {
         return Err(DtbError::BadValue("gic reg (fewer regions than #redistributor-regions)"));
@@ -123,53 +132,59 @@ fn gic(idx: &Index<'_, '_>) -> Result<GicInfo, DtbError> {
         }
     };
     let mut its = None;
-    for (_, c) in idx.children_of(i) {
+    for (ci, c) in idx.children_of(i) {
         if is_enabled(c.node) && is_compatible(c.node, "arm,gic-v3-its") {
-            its = Some(tree::reg(c, "its reg")?[0]);
+            its = Some(idx.mmio_reg(ci, "its reg")?[0]);
             break;
         }
     }
-    Ok(GicInfo {
+    let info = GicInfo {
         version: 3,
         gicd: regs[0],
         gicr: regs[1..1 + n_redist].to_vec(),
         its,
         maintenance_intid,
-        phandle: prop_u32(e.node, "phandle", "gic phandle")?,
-    })
+        phandle: e.phandle,
+    };
+    Ok((i, info))
 }
 
-fn timer(idx: &Index<'_, '_>, gic: Option<u32>) -> Result<TimerInfo, DtbError> {
-    let e = idx
+fn timer(idx: &Index<'_, '_>, gic: usize) -> Result<TimerInfo, DtbError> {
+    let (i, _) = idx
         .iter()
-        .find(|e| {
+        .enumerate()
+        .find(|(_, e)| {
             is_enabled(e.node) && (is_compatible(e.node, "arm,armv8-timer") || is_compatible(e.node, "arm,armv7-timer"))
         })
         .ok_or(DtbError::Missing("arm,armv8-timer"))?;
-    let irqs = gic_irqs(e, gic, "timer interrupts")?;
+    let irqs = idx.irqs(i, gic, "timer interrupts")?;
     if irqs.len() < 4 {
         return Err(DtbError::BadValue("timer interrupts (want 4)"));
     }
     Ok(TimerInfo { phys_intid: irqs[1].intid, virt_intid: irqs[2].intid, hyp_intid: irqs[3].intid })
 }
 
-fn mmio_device(idx: &Index<'_, '_>, e: &Entry<'_, '_>, gic: Option<u32>) -> Result<MmioDevice, DtbError> {
-    let reg = tree::reg(e, "device reg")?[0];
-    let irq = gic_irqs(e, gic, "device interrupts")?[0];
-    Ok(MmioDevice { base: reg.base, size: reg.size, intid: irq.intid, edge: irq.edge, path: idx.path(e).to_string() })
+/// An MMIO device: its first `reg` region translated to a CPU address, its
+/// first interrupt resolved to a GIC INTID.
+fn mmio_device(idx: &Index<'_, '_>, i: usize, gic: usize) -> Result<MmioDevice, DtbError> {
+    let reg = idx.mmio_reg(i, "device reg")?[0];
+    let irq = idx.irqs(i, gic, "device interrupts")?[0];
+    let path = idx.path(&idx.entries[i]).to_string();
+    Ok(MmioDevice { base: reg.base, size: reg.size, intid: irq.intid, edge: irq.edge, path })
 }
 
-fn virtio_mmio(idx: &Index<'_, '_>, gic: Option<u32>) -> Result<Vec<MmioDevice>, DtbError> {
+fn virtio_mmio(idx: &Index<'_, '_>, gic: usize) -> Result<Vec<MmioDevice>, DtbError> {
     idx.iter()
-        .filter(|e| is_enabled(e.node) && is_compatible(e.node, "virtio,mmio"))
-        .map(|e| mmio_device(idx, e, gic))
+        .enumerate()
+        .filter(|(_, e)| is_enabled(e.node) && is_compatible(e.node, "virtio,mmio"))
+        .map(|(i, _)| mmio_device(idx, i, gic))
         .collect()
 }
 
 /// The console: `stdout-path` (options after `:` dropped, aliases followed),
 /// else the first PL011. A UART we cannot decode is no console (`None`)
 /// rather than an error: the hypervisor can run without one.
-fn uart(idx: &Index<'_, '_>, chosen: Option<usize>, gic: Option<u32>) -> Option<UartInfo> {
+fn uart(idx: &Index<'_, '_>, chosen: Option<usize>, gic: usize) -> Option<UartInfo> {
     let from_chosen = chosen.and_then(|c| {
         let node = idx.entries[c].node;
         let path = prop_str(node, "stdout-path").or_else(|| prop_str(node, "linux,stdout-path"))?;
@@ -184,7 +199,7 @@ fn uart(idx: &Index<'_, '_>, chosen: Option<usize>, gic: Option<u32>) -> Option<
         if !is_enabled(e.node) {
             continue;
         }
-        if let Ok(d) = mmio_device(idx, e, gic) {
+        if let Ok(d) = mmio_device(idx, i, gic) {
             let compatible = prop_str(e.node, "compatible").unwrap_or("").to_string();
             return Some(UartInfo { base: d.base, size: d.size, intid: d.intid, path: d.path, compatible });
         }

@@ -36,8 +36,21 @@
 //!
 //! * Cell counts are inherited from ancestors when a node does not state them
 //!   (as Linux and Xen read trees); the root defaults to 2/1.
-//! * Interrupt specifiers are the GICv3 binding's three cells; INTIDs are
-//!   reported (SPI n → n+32, PPI n → n+16).
+//! * Device addresses (`reg` of the GIC, its ITS, UARTs, virtio-mmio,
+//!   memory and reserved-memory) are translated to CPU physical addresses
+//!   through every ancestor bus's `ranges`, each level with its own cell
+//!   counts; an empty `ranges` is the identity, a missing one means the bus
+//!   is not memory-mapped (an error for a device we need). FVP puts its
+//!   UART and virtio-mmio two buses down.
+//! * Interrupts are resolved as Linux does: the interrupt parent is the
+//!   first node with `#interrupt-cells` reached through `interrupt-parent`
+//!   links or tree parents; an `interrupt-map` nexus (with its mask, the
+//!   device's unit address, and each map parent's own `#address-cells` and
+//!   `#interrupt-cells`) is followed to the GIC, whose three-cell
+//!   specifiers give INTIDs (SPI n → n+32, PPI n → n+16). An interrupt that
+//!   ends at another controller is `Unsupported`.
+//! * CPUs are identified by their full MPIDR affinity (FVP: 0x0, 0x100, …,
+//!   0x10300), never by an index.
 //! * Nodes with `status` other than `okay` are ignored by [`discover`].
 
 mod blob;

@@ -1,4 +1,5 @@
-//! Host tests against real QEMU DTBs.
+//! Host tests against real QEMU DTBs and FVP-like trees (built at the end
+//! of this file with `vm-fdt`).
 //!
 //! The fixtures in `testdata/` were dumped by QEMU 7.2 (Debian) with
 //!
@@ -409,5 +410,423 @@ fn dump_guest_dtbs_when_asked() {
     for (name, host) in [("guest-gicv3-smp2.dtb", V3_SMP2), ("guest-gicv4-smp4.dtb", V4_SMP4)] {
         let out = build_guest_dtb(host, &guest_config(host)).unwrap();
         std::fs::write(std::path::Path::new(&dir).join(name), out).unwrap();
+    }
+}
+
+// ---------------------------------------------------------------------------
+// FVP-like trees, written here (not copied from any upstream source) to
+// reproduce what matters about Arm FVP Base RevC's device tree: UART and
+// virtio-mmio sit two buses down (`bus@8000000` → `ranges` → an iofpga bus →
+// `ranges`), their interrupts are one cell wide and reach the GIC through the
+// outer bus's `interrupt-map`, RAM has two banks, the top 16 MiB of the first
+// is reserved (plus a `/memreserve/` at 0x80000000), and the CPUs' MPIDRs
+// use Aff1/Aff2 (0x0, 0x100, …, 0x10300).
+
+/// Which file the tree imitates: the parent unit-address width in the
+/// interrupt map (the GIC's own `#address-cells`) is 2 cells in Linux's
+/// flavour and 1 in TF-A's; the two also differ in `/cpus` cell counts, how
+/// the GIC's children are addressed, and how the memory banks are written.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Flavour {
+    /// GIC `#address-cells = <2>`, identity `ranges`; `/cpus` 2 cells; one
+    /// memory node with both banks; interrupt parent found by walking up.
+    Linux,
+    /// GIC `#address-cells = <1>` with a real `ranges` (its ITS child is at
+    /// 0x20000 inside it); `/cpus` 1 cell; a memory node per bank; the
+    /// iofpga bus names the nexus with an explicit `interrupt-parent`.
+    TfA,
+}
+
+const FVP_GIC_PHANDLE: u32 = 1;
+const FVP_BUS_PHANDLE: u32 = 2;
+const FVP_MPIDRS: [u64; 8] = [0x0, 0x100, 0x200, 0x300, 0x1_0000, 0x1_0100, 0x1_0200, 0x1_0300];
+const FVP_BANK0: Region = Region { base: 0x8000_0000, size: 0x8000_0000 };
+const FVP_BANK1: Region = Region { base: 0x8_8000_0000, size: 0x8000_0000 };
+/// The secure top 16 MiB of bank 0.
+const FVP_SECURE: Region = Region { base: 0xff00_0000, size: 0x0100_0000 };
+const FVP_MEMRESERVE: Region = Region { base: 0x8000_0000, size: 0x1_0000 };
+
+fn cells(v: &[u64], n: u32) -> Vec<u32> {
+    v.iter()
+        .flat_map(|&x| if n == 2 { vec![(x >> 32) as u32, x as u32] } else { vec![u32::try_from(x).unwrap()] })
+        .collect()
+}
+
+/// One `interrupt-map` entry of the outer bus: child `<0 0 n>` → GIC SPI n,
+/// level, with the GIC's unit address as wide as `flavour` makes it.
+fn fvp_map_entry(flavour: Flavour, n: u32) -> Vec<u32> {
+    let mut e = vec![0, 0, n, FVP_GIC_PHANDLE];
+    e.extend(if flavour == Flavour::Linux { &[0u32, 0][..] } else { &[0u32][..] });
+    e.extend([0, n, 4]);
+    e
+}
+
+fn fvp_dtb(flavour: Flavour) -> Vec<u8> {
+    use vm_fdt::{FdtReserveEntry, FdtWriter};
+    let rsv = [FdtReserveEntry::new(FVP_MEMRESERVE.base, FVP_MEMRESERVE.size).unwrap()];
+    let mut w = FdtWriter::new_with_mem_reserv(&rsv).unwrap();
+    let root = w.begin_node("").unwrap();
+    w.property_string("compatible", "arm,fvp-base-revc").unwrap();
+    w.property_u32("#address-cells", 2).unwrap();
+    w.property_u32("#size-cells", 2).unwrap();
+    w.property_u32("interrupt-parent", FVP_GIC_PHANDLE).unwrap();
+
+    let aliases = w.begin_node("aliases").unwrap();
+    w.property_string("serial0", "/bus@8000000/iofpga-bus@300000000/serial@90000").unwrap();
+    w.end_node(aliases).unwrap();
+    let chosen = w.begin_node("chosen").unwrap();
+    w.property_string("stdout-path", "serial0:115200n8").unwrap();
+    w.end_node(chosen).unwrap();
+
+    let (cpu_cells, cpus) = (if flavour == Flavour::Linux { 2 } else { 1 }, w.begin_node("cpus").unwrap());
+    w.property_u32("#address-cells", cpu_cells).unwrap();
+    w.property_u32("#size-cells", 0).unwrap();
+    for m in FVP_MPIDRS {
+        let cpu = w.begin_node(&alloc::format!("cpu@{m:x}")).unwrap();
+        w.property_string("device_type", "cpu").unwrap();
+        w.property_string("compatible", "arm,armv8").unwrap();
+        w.property_array_u32("reg", &cells(&[m], cpu_cells)).unwrap();
+        w.property_string("enable-method", "psci").unwrap();
+        w.end_node(cpu).unwrap();
+    }
+    w.end_node(cpus).unwrap();
+
+    if flavour == Flavour::Linux {
+        let mem = w.begin_node("memory@80000000").unwrap();
+        w.property_string("device_type", "memory").unwrap();
+        let banks = [FVP_BANK0.base, FVP_BANK0.size, FVP_BANK1.base, FVP_BANK1.size];
+        w.property_array_u64("reg", &banks).unwrap();
+        w.end_node(mem).unwrap();
+    } else {
+        for bank in [FVP_BANK0, FVP_BANK1] {
+            let mem = w.begin_node(&alloc::format!("memory@{:x}", bank.base)).unwrap();
+            w.property_string("device_type", "memory").unwrap();
+            w.property_array_u64("reg", &[bank.base, bank.size]).unwrap();
+            w.end_node(mem).unwrap();
+        }
+    }
+
+    let rm = w.begin_node("reserved-memory").unwrap();
+    w.property_u32("#address-cells", 2).unwrap();
+    w.property_u32("#size-cells", 2).unwrap();
+    w.property_null("ranges").unwrap();
+    let sec = w.begin_node("secure-firmware@ff000000").unwrap();
+    w.property_array_u64("reg", &[FVP_SECURE.base, FVP_SECURE.size]).unwrap();
+    w.property_null("no-map").unwrap();
+    w.end_node(sec).unwrap();
+    w.end_node(rm).unwrap();
+
+    let psci = w.begin_node("psci").unwrap();
+    w.property_string_list("compatible", vec!["arm,psci-1.0".into(), "arm,psci-0.2".into()]).unwrap();
+    w.property_string("method", "smc").unwrap();
+    w.end_node(psci).unwrap();
+
+    let timer = w.begin_node("timer").unwrap();
+    w.property_string("compatible", "arm,armv8-timer").unwrap();
+    w.property_array_u32("interrupts", &[1, 13, 0xff08, 1, 14, 0xff08, 1, 11, 0xff08, 1, 10, 0xff08]).unwrap();
+    w.end_node(timer).unwrap();
+
+    let gic = w.begin_node("interrupt-controller@2f000000").unwrap();
+    w.property_string("compatible", "arm,gic-v3").unwrap();
+    w.property_u32("#interrupt-cells", 3).unwrap();
+    w.property_null("interrupt-controller").unwrap();
+    w.property_array_u64("reg", &[0x2f00_0000, 0x1_0000, 0x2f10_0000, 0x20_0000]).unwrap();
+    w.property_array_u32("interrupts", &[1, 9, 4]).unwrap();
+    w.property_u32("phandle", FVP_GIC_PHANDLE).unwrap();
+    if flavour == Flavour::Linux {
+        w.property_u32("#address-cells", 2).unwrap();
+        w.property_u32("#size-cells", 2).unwrap();
+        w.property_null("ranges").unwrap();
+        let its = w.begin_node("msi-controller@2f020000").unwrap();
+        w.property_string("compatible", "arm,gic-v3-its").unwrap();
+        w.property_array_u64("reg", &[0x2f02_0000, 0x2_0000]).unwrap();
+        w.end_node(its).unwrap();
+    } else {
+        w.property_u32("#address-cells", 1).unwrap();
+        w.property_u32("#size-cells", 1).unwrap();
+        // child 0 → parent 0x2f000000 (2 cells), 1 MiB.
+        w.property_array_u32("ranges", &[0, 0, 0x2f00_0000, 0x10_0000]).unwrap();
+        let its = w.begin_node("msi-controller@20000").unwrap();
+        w.property_string("compatible", "arm,gic-v3-its").unwrap();
+        w.property_array_u32("reg", &[0x2_0000, 0x2_0000]).unwrap();
+        w.end_node(its).unwrap();
+    }
+    w.end_node(gic).unwrap();
+
+    // The outer bus: child space <chip-select offset> (2 cells), 1 size cell.
+    let bus = w.begin_node("bus@8000000").unwrap();
+    w.property_string("compatible", "simple-bus").unwrap();
+    w.property_u32("#address-cells", 2).unwrap();
+    w.property_u32("#size-cells", 1).unwrap();
+    let mut ranges = Vec::new();
+    // <cs 0> → <0 window>, 64 MiB each; the windows are not evenly spaced.
+    for (cs, window) in [0x0800_0000u32, 0x1400_0000, 0x1800_0000, 0x1c00_0000].into_iter().enumerate() {
+        ranges.extend([cs as u32, 0, 0, window, 0x0400_0000]);
+    }
+    w.property_array_u32("ranges", &ranges).unwrap();
+    w.property_u32("#interrupt-cells", 1).unwrap();
+    w.property_array_u32("interrupt-map-mask", &[0, 0, 63]).unwrap();
+    let map: Vec<u32> =
+        [0u32, 1, 2, 3, 4, 5, 6, 40, 41, 42, 43].iter().flat_map(|&n| fvp_map_entry(flavour, n)).collect();
+    w.property_array_u32("interrupt-map", &map).unwrap();
+    w.property_u32("phandle", FVP_BUS_PHANDLE).unwrap();
+
+    // The iofpga bus: chip select 3, 1+1 cells.
+    let io = w.begin_node("iofpga-bus@300000000").unwrap();
+    w.property_string("compatible", "simple-bus").unwrap();
+    w.property_u32("#address-cells", 1).unwrap();
+    w.property_u32("#size-cells", 1).unwrap();
+    w.property_array_u32("ranges", &[0, 3, 0, 0x20_0000]).unwrap();
+    if flavour == Flavour::TfA {
+        w.property_u32("interrupt-parent", FVP_BUS_PHANDLE).unwrap();
+    }
+    for (name, reg, irq, compatible) in [
+        ("serial@90000", 0x9_0000u32, 5u32, "arm,pl011"),
+        ("serial@a0000", 0xa_0000, 6, "arm,pl011"),
+        ("virtio@130000", 0x13_0000, 42, "virtio,mmio"),
+        ("virtio@200000", 0x20_0000, 43, "virtio,mmio"),
+    ] {
+        let n = w.begin_node(name).unwrap();
+        w.property_string("compatible", compatible).unwrap();
+        w.property_array_u32("reg", &[reg, if compatible == "virtio,mmio" { 0x200 } else { 0x1000 }]).unwrap();
+        w.property_u32("interrupts", irq).unwrap();
+        if name == "virtio@200000" {
+            // Outside the iofpga bus's 2 MiB window: not translatable.
+            w.property_string("status", "disabled").unwrap();
+        }
+        w.end_node(n).unwrap();
+    }
+    w.end_node(io).unwrap();
+    w.end_node(bus).unwrap();
+    w.end_node(root).unwrap();
+    w.finish().unwrap()
+}
+
+fn check_fvp_platform(p: &Platform) {
+    assert_eq!(p.memory, vec![FVP_BANK0, FVP_BANK1]);
+    assert_eq!(p.reserved, vec![FVP_MEMRESERVE, FVP_SECURE]);
+    assert_eq!(p.cpus, FVP_MPIDRS.to_vec());
+    assert_eq!(p.gic.gicd, Region { base: 0x2f00_0000, size: 0x1_0000 });
+    assert_eq!(p.gic.gicr, vec![Region { base: 0x2f10_0000, size: 0x20_0000 }]);
+    assert_eq!(p.gic.its, Some(Region { base: 0x2f02_0000, size: 0x2_0000 }));
+    assert_eq!(p.gic.maintenance_intid, Some(id(25)));
+    assert_eq!(p.gic.phandle, Some(FVP_GIC_PHANDLE));
+    let uart = p.uart.as_ref().expect("uart");
+    assert_eq!((uart.base, uart.size, uart.intid), (0x1c09_0000, 0x1000, id(37)));
+    assert_eq!(uart.path, "/bus@8000000/iofpga-bus@300000000/serial@90000");
+    assert_eq!(p.virtio_mmio.len(), 1);
+    let blk = &p.virtio_mmio[0];
+    assert_eq!((blk.base, blk.size, blk.intid, blk.edge), (0x1c13_0000, 0x200, id(74), false));
+    assert_eq!(p.timer, TimerInfo { phys_intid: id(30), virt_intid: id(27), hyp_intid: id(26) });
+    assert_eq!(p.psci_method.as_deref(), Some("smc"));
+}
+
+#[test]
+fn discover_fvp_linux_flavour() {
+    check_fvp_platform(&discover(&fvp_dtb(Flavour::Linux)).unwrap());
+}
+
+#[test]
+fn discover_fvp_tfa_flavour() {
+    check_fvp_platform(&discover(&fvp_dtb(Flavour::TfA)).unwrap());
+}
+
+#[test]
+fn fvp_guest_dtb_reads_back() {
+    for flavour in [Flavour::Linux, Flavour::TfA] {
+        let host = fvp_dtb(flavour);
+        let cfg = GuestDtbConfig {
+            memory: Region { base: 0x9000_0000, size: 0x1000_0000 },
+            vcpu_mpidrs: vec![0, 1],
+            bootargs: "console=ttyAMA0".to_string(),
+            initrd: None,
+            remove_paths: default_removals(&host).unwrap(),
+            extra_virtio_mmio: vec![],
+        };
+        let p = discover(&build_guest_dtb(&host, &cfg).unwrap()).unwrap();
+        assert_eq!(p.memory, vec![cfg.memory]);
+        assert_eq!(p.cpus, vec![0, 1]);
+        assert_eq!(p.gic.its, None);
+        // The kept devices still translate and map through the buses.
+        assert_eq!(p.uart.map(|u| (u.base, u.intid)), Some((0x1c09_0000, id(37))));
+        assert_eq!(p.virtio_mmio.iter().map(|d| (d.base, d.intid)).collect::<Vec<_>>(), [(0x1c13_0000, id(74))]);
+    }
+}
+
+/// The boot planner fed the FVP platform: nothing it places touches the
+/// `/memreserve/` entry or the secure top of bank 0.
+#[test]
+fn fvp_reserved_memory_is_never_ram_for_the_heap_or_dom0() {
+    use crate::boot::plan::{plan, Inputs, Kernel};
+    let p = discover(&fvp_dtb(Flavour::Linux)).unwrap();
+    let base = Inputs {
+        ram: &p.memory,
+        // TF-A's BL33 address, its DTB address.
+        image: Region { base: 0x8800_0000, size: 0x60_0000 },
+        dtb: Region { base: 0x8200_0000, size: 0x1_0000 },
+        reserved: &p.reserved,
+        kernel: Kernel { module: Region { base: 0x9000_0000, size: 0x1a0_0000 }, image_size: 0x1b0_0000 },
+        initrd: Some(Region { base: 0x9400_0000, size: 0x500_0000 }),
+        dom0_mem: Some(0x1000_0000),
+        ram_disk: 0,
+        heap_size: 0x100_0000,
+        keep_low: 0x2000_0000,
+    };
+    let overlaps = |a: Region, b: Region| a.base < b.end() && b.base < a.end();
+    // Only bank 0: dom0 goes to the top of it, which must stop below the
+    // secure 16 MiB; the heap goes to the bottom, above the memreserve.
+    let bank0 = [p.memory[0]];
+    let plan0 = plan(&Inputs { ram: &bank0, ..base }).unwrap();
+    assert_eq!(plan0.heap.base, 0x8020_0000);
+    assert_eq!(plan0.guest_ram.end(), FVP_SECURE.base);
+    // Both banks: dom0 goes to the top of bank 1.
+    let plan2 = plan(&base).unwrap();
+    assert_eq!(plan2.guest_ram.end(), FVP_BANK1.end());
+    for pl in [plan0, plan2] {
+        for placed in [pl.heap, pl.guest_ram, pl.guest_dtb] {
+            for r in &p.reserved {
+                assert!(!overlaps(placed, *r), "{placed:x?} overlaps reserved {r:x?}");
+            }
+        }
+    }
+    // A module inside the secure region is refused.
+    let bad = Inputs { initrd: Some(Region { base: 0xff10_0000, size: 0x1000 }), ..base };
+    assert!(plan(&bad).is_err());
+}
+
+/// `blob` (an FVP-like tree) with property `name` of node `path` replaced
+/// by `value`, or removed when `value` is `None`.
+fn edit(blob: &[u8], path: &str, name: &str, value: Option<&[u8]>) -> Vec<u8> {
+    fn copy(w: &mut vm_fdt::FdtWriter, n: fdt::node::FdtNode<'_, '_>, at: &str, edit: (&str, &str, Option<&[u8]>)) {
+        let (path, name, value) = edit;
+        let node = w.begin_node(if at == "/" { "" } else { n.name }).unwrap();
+        for p in n.properties().filter(|p| at != path || p.name != name) {
+            w.property(p.name, p.value).unwrap();
+        }
+        if let (true, Some(v)) = (at == path, value) {
+            w.property(name, v).unwrap();
+        }
+        for c in n.children() {
+            let sub = if at == "/" { alloc::format!("/{}", c.name) } else { alloc::format!("{at}/{}", c.name) };
+            copy(w, c, &sub, edit);
+        }
+        w.end_node(node).unwrap();
+    }
+    let f = Fdt::new(blob).unwrap();
+    let rsv = [vm_fdt::FdtReserveEntry::new(FVP_MEMRESERVE.base, FVP_MEMRESERVE.size).unwrap()];
+    let mut w = vm_fdt::FdtWriter::new_with_mem_reserv(&rsv).unwrap();
+    copy(&mut w, f.all_nodes().next().unwrap(), "/", (path, name, value));
+    w.finish().unwrap()
+}
+
+fn fvp_with(flavour: Flavour, path: &str, name: &str, value: Option<&[u8]>) -> Vec<u8> {
+    edit(&fvp_dtb(flavour), path, name, value)
+}
+
+fn be(cells: &[u32]) -> Vec<u8> {
+    cells.iter().flat_map(|c| c.to_be_bytes()).collect()
+}
+
+const FVP_BUS: &str = "/bus@8000000";
+const FVP_IOFPGA: &str = "/bus@8000000/iofpga-bus@300000000";
+
+#[test]
+fn fvp_bad_translations_and_maps_are_errors() {
+    for flavour in [Flavour::Linux, Flavour::TfA] {
+        // The copy itself changes nothing.
+        assert_eq!(discover(&fvp_with(flavour, "/none", "x", None)).unwrap(), discover(&fvp_dtb(flavour)).unwrap());
+        // A bus without `ranges` is not memory-mapped: its virtio device is
+        // an error, its UART no console (not one at 0x90000).
+        let t = fvp_with(flavour, FVP_IOFPGA, "ranges", None);
+        assert_eq!(discover(&t), Err(DtbError::Unsupported("reg behind a bus without ranges")));
+        // Empty `ranges` on the iofpga bus is the identity: 0x130000 is then
+        // <0 0x130000> on the outer bus, i.e. in chip select 0's window.
+        let t = fvp_with(flavour, FVP_IOFPGA, "ranges", Some(&[]));
+        assert_eq!(discover(&t).unwrap().virtio_mmio[0].base, 0x0813_0000);
+        // A bus address no window covers.
+        let t = fvp_with(flavour, FVP_IOFPGA, "ranges", Some(&be(&[0, 7, 0, 0x20_0000])));
+        assert_eq!(discover(&t), Err(DtbError::BadValue("reg outside its bus's ranges")));
+        // A ranges window too small for the device.
+        let t = fvp_with(flavour, FVP_IOFPGA, "ranges", Some(&be(&[0x13_0000, 3, 0, 0x100])));
+        assert_eq!(discover(&t), Err(DtbError::BadValue("reg outside its bus's ranges")));
+        // A ranges value that is not whole entries.
+        let t = fvp_with(flavour, FVP_IOFPGA, "ranges", Some(&be(&[0, 3, 0])));
+        assert_eq!(discover(&t), Err(DtbError::BadValue("ranges")));
+        // No map entry for SPI 42.
+        let map: Vec<u32> = [0u32, 5].iter().flat_map(|&n| fvp_map_entry(flavour, n)).collect();
+        let t = fvp_with(flavour, FVP_BUS, "interrupt-map", Some(&be(&map)));
+        assert_eq!(discover(&t), Err(DtbError::BadValue("interrupt-map has no entry for an interrupt")));
+        // A map whose last entry is cut short.
+        let mut map: Vec<u32> = [5u32, 42].iter().flat_map(|&n| fvp_map_entry(flavour, n)).collect();
+        map.pop();
+        let t = fvp_with(flavour, FVP_BUS, "interrupt-map", Some(&be(&map)));
+        assert_eq!(discover(&t), Err(DtbError::BadValue("interrupt-map entry")));
+        // A map naming a phandle no node has.
+        let mut map = fvp_map_entry(flavour, 42);
+        map[3] = 99;
+        let t = fvp_with(flavour, FVP_BUS, "interrupt-map", Some(&be(&map)));
+        assert_eq!(discover(&t), Err(DtbError::BadValue("interrupt-map names no node")));
+        // A mask of the wrong width.
+        let t = fvp_with(flavour, FVP_BUS, "interrupt-map-mask", Some(&be(&[0, 63])));
+        assert_eq!(discover(&t), Err(DtbError::BadValue("interrupt-map-mask width")));
+        // Without the mask, every cell must match: the devices' addresses
+        // are not <0 0>, so nothing does.
+        let t = fvp_with(flavour, FVP_BUS, "interrupt-map-mask", None);
+        assert_eq!(discover(&t), Err(DtbError::BadValue("interrupt-map has no entry for an interrupt")));
+        // Without a map, the bus would be an interrupt controller we do not
+        // know; with neither map nor controller the specifier would go to the
+        // GIC as one cell.
+        let t = fvp_with(flavour, FVP_BUS, "interrupt-map", None);
+        assert!(discover(&t).is_err());
+    }
+}
+
+#[test]
+fn fvp_interrupt_parent_loops_are_errors() {
+    // The iofpga bus names itself as interrupt parent without having
+    // `#interrupt-cells`: the walk must stop, not spin.
+    let t = fvp_with(Flavour::Linux, FVP_IOFPGA, "phandle", Some(&be(&[7])));
+    let t = edit(&t, FVP_IOFPGA, "interrupt-parent", Some(&be(&[7])));
+    assert_eq!(discover(&t), Err(DtbError::Unsupported("interrupt-parent chain too long")));
+    // A tree that names no interrupt parent for the timer: the GIC, as
+    // before interrupt-parent was read.
+    let t = fvp_with(Flavour::Linux, "/", "interrupt-parent", None);
+    assert_eq!(discover(&t).unwrap(), discover(&fvp_dtb(Flavour::Linux)).unwrap());
+    // An interrupt-parent naming no node.
+    let t = fvp_with(Flavour::Linux, FVP_IOFPGA, "interrupt-parent", Some(&be(&[99])));
+    assert_eq!(discover(&t), Err(DtbError::BadValue("interrupt-parent names no node")));
+}
+
+#[test]
+fn interrupts_extended_goes_through_the_named_parent() {
+    const UART: &str = "/bus@8000000/iofpga-bus@300000000/serial@90000";
+    for flavour in [Flavour::Linux, Flavour::TfA] {
+        // Straight to the GIC (three cells), overriding `interrupts`.
+        let t = fvp_with(flavour, UART, "interrupts-extended", Some(&be(&[FVP_GIC_PHANDLE, 0, 40, 4])));
+        assert_eq!(discover(&t).unwrap().uart.map(|u| u.intid), Some(id(72)));
+        // Through the bus nexus (one cell).
+        let t = fvp_with(flavour, UART, "interrupts-extended", Some(&be(&[FVP_BUS_PHANDLE, 41])));
+        assert_eq!(discover(&t).unwrap().uart.map(|u| u.intid), Some(id(73)));
+        // Cut short, or naming no node: no console rather than a wrong one.
+        for bad in [&[FVP_GIC_PHANDLE, 0, 40][..], &[99, 5], &[]] {
+            let t = fvp_with(flavour, UART, "interrupts-extended", Some(&be(bad)));
+            assert_eq!(discover(&t).unwrap().uart.map(|u| u.base), Some(0x1c0a_0000), "{bad:?}");
+        }
+    }
+}
+
+#[test]
+fn corrupted_fvp_trees_never_panic() {
+    let mut rng = Rng(0x51ed_2701_f00d_cafe);
+    for flavour in [Flavour::Linux, Flavour::TfA] {
+        let good = fvp_dtb(flavour);
+        let cfg = GuestDtbConfig { vcpu_mpidrs: vec![0], ..Default::default() };
+        for _ in 0..2000 {
+            let mut b = good.clone();
+            let i = rng.below(b.len() / 4) * 4;
+            let v = [0u32, 1, 2, 3, 5, 42, 63, 0xffff_ffff, rng.next() as u32][rng.below(9)];
+            b[i..i + 4].copy_from_slice(&v.to_be_bytes());
+            exercise(&b, &cfg);
+        }
     }
 }

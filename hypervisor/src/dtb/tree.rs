@@ -39,10 +39,14 @@ pub struct Entry<'b, 'a> {
     /// Index of the full path in [`Index::paths`].
     pub path: usize,
     pub depth: usize,
+    /// Index of the parent node (`None` for the root).
+    pub parent: Option<usize>,
     /// Cells that this node's own `reg` is encoded with (the parent's).
     pub reg_cells: Cells,
-    /// Effective `interrupt-parent` phandle (own or inherited).
-    pub irq_parent: Option<u32>,
+    /// Cells this node's children use (its own, or inherited).
+    pub child_cells: Cells,
+    /// The node's `phandle` (or legacy `linux,phandle`).
+    pub phandle: Option<u32>,
 }
 
 /// All nodes in depth-first (document) order.
@@ -160,7 +164,7 @@ impl<'b, 'a> Index<'b, 'a> {
     pub fn new(fdt: &'b Fdt<'a>) -> Result<Self, DtbError> {
         let mut index = Index { entries: Vec::new(), paths: Vec::new() };
         let root = root(fdt)?;
-        index.visit(root, String::from("/"), 1, ROOT_CELLS, None)?;
+        index.visit(root, String::from("/"), 1, None, ROOT_CELLS)?;
         Ok(index)
     }
 
@@ -169,8 +173,8 @@ impl<'b, 'a> Index<'b, 'a> {
         node: FdtNode<'b, 'a>,
         path: String,
         depth: usize,
+        parent: Option<usize>,
         reg_cells: Cells,
-        irq_parent: Option<u32>,
     ) -> Result<(), DtbError> {
         // `blob::check` bounds the depth already; this keeps the recursion
         // obviously finite.
@@ -178,10 +182,13 @@ impl<'b, 'a> Index<'b, 'a> {
             return Err(DtbError::Unsupported("device tree nested too deep"));
         }
         let child_cells = child_cells(node, reg_cells)?;
-        let irq_parent = prop_u32(node, "interrupt-parent", "interrupt-parent")?.or(irq_parent);
+        let phandle = match prop_u32(node, "phandle", "phandle")? {
+            Some(p) => Some(p),
+            None => prop_u32(node, "linux,phandle", "linux,phandle")?,
+        };
         self.paths.push(path);
         let path_idx = self.paths.len() - 1;
-        self.entries.push(Entry { node, path: path_idx, depth, reg_cells, irq_parent });
+        self.entries.push(Entry { node, path: path_idx, depth, parent, reg_cells, child_cells, phandle });
         for child in node.children() {
             let base = &self.paths[path_idx];
             let mut child_path = String::with_capacity(base.len() + child.name.len() + 1);
@@ -190,7 +197,7 @@ impl<'b, 'a> Index<'b, 'a> {
                 child_path.push('/');
             }
             child_path.push_str(child.name);
-            self.visit(child, child_path, depth + 1, child_cells, irq_parent)?;
+            self.visit(child, child_path, depth + 1, Some(path_idx), child_cells)?;
         }
         Ok(())
     }
@@ -282,16 +289,212 @@ pub fn gic_irq(spec: &[u32]) -> Result<Irq, DtbError> {
     Ok(Irq { intid, edge: flags & 0x3 != 0 })
 }
 
-/// All interrupts of a node whose parent is the GIC, as INTIDs.
-pub fn gic_irqs(e: &Entry<'_, '_>, gic_phandle: Option<u32>, what: &'static str) -> Result<Vec<Irq>, DtbError> {
-    if let (Some(p), Some(g)) = (e.irq_parent, gic_phandle) {
-        if p != g {
-            return Err(DtbError::Unsupported("interrupt parent is not the GIC"));
+/// Most bus levels an address is translated through, and most interrupt
+/// parents or nexus maps followed for one interrupt: far more than any real
+/// tree needs, and a bound on loops through `interrupt-parent`.
+const MAX_HOPS: usize = MAX_DEPTH;
+
+impl Index<'_, '_> {
+    /// The node with this phandle.
+    pub fn by_phandle(&self, phandle: u32) -> Option<usize> {
+        self.entries.iter().position(|e| e.phandle == Some(phandle))
+    }
+
+    /// Translates `r`, given in the address space of node `i`'s parent bus,
+    /// to a CPU physical address through every ancestor bus's `ranges`
+    /// (each level with its own cell counts). An empty `ranges` is the
+    /// identity; a bus without `ranges` is not memory-mapped, so its
+    /// children's `reg` cannot be translated (`Unsupported`).
+    pub fn translate(&self, i: usize, r: Region) -> Result<Region, DtbError> {
+        let mut base = r.base;
+        let mut bus = self.entries[i].parent;
+        for _ in 0..MAX_HOPS {
+            // The root's address space is the CPU's.
+            let Some(b) = bus.filter(|&b| self.entries[b].parent.is_some()) else {
+                return Ok(Region { base, size: r.size });
+            };
+            let e = &self.entries[b];
+            let ranges = prop(e.node, "ranges").ok_or(DtbError::Unsupported("reg behind a bus without ranges"))?;
+            if !ranges.is_empty() {
+                base = through_ranges(ranges, e, base, r.size)?;
+            }
+            bus = e.parent;
+        }
+        Err(DtbError::Unsupported("device tree nested too deep"))
+    }
+
+    /// Node `i`'s `reg`, translated to CPU physical addresses.
+    pub fn mmio_reg(&self, i: usize, what: &'static str) -> Result<Vec<Region>, DtbError> {
+        reg(&self.entries[i], what)?.into_iter().map(|r| self.translate(i, r)).collect()
+    }
+
+    /// The interrupt parent of node `i`: the first node, following
+    /// `interrupt-parent` where present and the tree parent elsewhere, that
+    /// has `#interrupt-cells` (as Linux's `of_irq_find_parent`). A tree
+    /// that names no interrupt parent at all gets `default` (the GIC: the
+    /// only controller we drive, and what the hypervisor assumed before it
+    /// read `interrupt-parent`).
+    pub fn irq_parent(&self, i: usize, default: usize) -> Result<usize, DtbError> {
+        let mut cur = i;
+        for _ in 0..MAX_HOPS {
+            let next = match prop_u32(self.entries[cur].node, "interrupt-parent", "interrupt-parent")? {
+                Some(ph) => self.by_phandle(ph).ok_or(DtbError::BadValue("interrupt-parent names no node"))?,
+                None => match self.entries[cur].parent {
+                    Some(p) => p,
+                    None => return Ok(default),
+                },
+            };
+            if prop(self.entries[next].node, "#interrupt-cells").is_some() {
+                return Ok(next);
+            }
+            cur = next;
+        }
+        Err(DtbError::Unsupported("interrupt-parent chain too long"))
+    }
+
+    /// All interrupts of node `i`, resolved through any `interrupt-map`
+    /// nexus to the GIC (node `gic`) and decoded to INTIDs: from
+    /// `interrupts-extended` (`<phandle spec…>` pairs) when present, else
+    /// from `interrupts` read with the interrupt parent's `#interrupt-cells`.
+    pub fn irqs(&self, i: usize, gic: usize, what: &'static str) -> Result<Vec<Irq>, DtbError> {
+        let e = &self.entries[i];
+        // The unit address an interrupt-map matches on: the start of `reg`.
+        let addr = match prop(e.node, "reg") {
+            Some(v) => cells_u32(v, what)?,
+            None => Vec::new(),
+        };
+        if let Some(v) = prop(e.node, "interrupts-extended") {
+            let raw = cells_u32(v, what)?;
+            let mut out = Vec::new();
+            let mut pos = 0;
+            while pos < raw.len() {
+                let parent =
+                    self.by_phandle(raw[pos]).ok_or(DtbError::BadValue("interrupts-extended names no node"))?;
+                let n = self.interrupt_cells(parent)?;
+                let spec = raw.get(pos + 1..pos + 1 + n).ok_or(DtbError::BadValue(what))?;
+                out.push(self.map_irq(parent, &addr, spec, gic)?);
+                pos += 1 + n;
+            }
+            if out.is_empty() {
+                return Err(DtbError::BadValue(what));
+            }
+            return Ok(out);
+        }
+        let raw = cells_u32(prop(e.node, "interrupts").ok_or(DtbError::Missing(what))?, what)?;
+        let parent = self.irq_parent(i, gic)?;
+        let n = self.interrupt_cells(parent)?;
+        if raw.is_empty() || raw.len() % n != 0 {
+            return Err(DtbError::BadValue(what));
+        }
+        raw.chunks_exact(n).map(|spec| self.map_irq(parent, &addr, spec, gic)).collect()
+    }
+
+    fn interrupt_cells(&self, i: usize) -> Result<usize, DtbError> {
+        match prop_u32(self.entries[i].node, "#interrupt-cells", "#interrupt-cells")? {
+            Some(n @ 1..=4) => Ok(n as usize),
+            Some(_) => Err(DtbError::Unsupported("#interrupt-cells above 4")),
+            None => Err(DtbError::Missing("#interrupt-cells of an interrupt parent")),
         }
     }
-    let raw = cells_u32(prop(e.node, "interrupts").ok_or(DtbError::Missing(what))?, what)?;
-    if raw.is_empty() || raw.len() % 3 != 0 {
-        return Err(DtbError::BadValue(what));
+
+    /// Follows one interrupt specifier from controller/nexus `ctrl` to the
+    /// GIC. `addr` is the child unit address (zero-padded to the width the
+    /// nexus wants), `spec` the specifier in `ctrl`'s `#interrupt-cells`.
+    fn map_irq(&self, mut ctrl: usize, addr: &[u32], spec: &[u32], gic: usize) -> Result<Irq, DtbError> {
+        let mut addr: Vec<u32> = addr.to_vec();
+        let mut spec: Vec<u32> = spec.to_vec();
+        // The first nexus matches on the device's address in the width the
+        // nexus gives its children (inherited, as Linux does); later ones on
+        // the width the map entry used, i.e. the parent's own
+        // `#address-cells`.
+        let mut addr_cells = self.entries[ctrl].child_cells.addr as usize;
+        for _ in 0..MAX_HOPS {
+            if ctrl == gic {
+                return gic_irq(&spec);
+            }
+            let node = self.entries[ctrl].node;
+            let Some(map) = prop(node, "interrupt-map") else {
+                if prop(node, "interrupt-controller").is_some() {
+                    return Err(DtbError::Unsupported("interrupt controller other than the GIC"));
+                }
+                // Neither a controller nor a nexus: pass the specifier up.
+                ctrl = self.irq_parent(ctrl, gic)?;
+                addr_cells = self.entries[ctrl].child_cells.addr as usize;
+                continue;
+            };
+            let map = cells_u32(map, "interrupt-map")?;
+            addr.resize(addr_cells, 0);
+            let (next, next_addr, next_spec) = self.map_lookup(ctrl, &map, &addr, &spec)?;
+            addr_cells = next_addr.len();
+            ctrl = next;
+            addr = next_addr;
+            spec = next_spec;
+        }
+        Err(DtbError::Unsupported("interrupt-map chain too long"))
     }
-    raw.chunks_exact(3).map(gic_irq).collect()
+
+    /// Finds `addr ++ spec` (masked by `interrupt-map-mask`) in nexus
+    /// `ctrl`'s `interrupt-map`; returns the parent and its unit address and
+    /// specifier. Each entry's parent part is as wide as that parent's own
+    /// `#address-cells` (0 when absent) and `#interrupt-cells` say.
+    fn map_lookup(
+        &self,
+        ctrl: usize,
+        map: &[u32],
+        addr: &[u32],
+        spec: &[u32],
+    ) -> Result<(usize, Vec<u32>, Vec<u32>), DtbError> {
+        let node = self.entries[ctrl].node;
+        let key: Vec<u32> = addr.iter().chain(spec).copied().collect();
+        let mask = match prop(node, "interrupt-map-mask") {
+            Some(m) => cells_u32(m, "interrupt-map-mask")?,
+            None => alloc::vec![u32::MAX; key.len()],
+        };
+        if mask.len() != key.len() {
+            return Err(DtbError::BadValue("interrupt-map-mask width"));
+        }
+        let matches = |child: &[u32]| child.iter().zip(&key).zip(&mask).all(|((c, k), m)| c & m == k & m);
+        let mut pos = 0;
+        while pos < map.len() {
+            let bad = DtbError::BadValue("interrupt-map entry");
+            let child = map.get(pos..pos + key.len()).ok_or(bad)?;
+            let ph = *map.get(pos + key.len()).ok_or(bad)?;
+            let parent = self.by_phandle(ph).ok_or(DtbError::BadValue("interrupt-map names no node"))?;
+            let pa = prop_u32(self.entries[parent].node, "#address-cells", "#address-cells")?.unwrap_or(0) as usize;
+            let pi = self.interrupt_cells(parent)?;
+            let start = pos + key.len() + 1;
+            let entry = map.get(start..start + pa + pi).ok_or(bad)?;
+            if matches(child) {
+                return Ok((parent, entry[..pa].to_vec(), entry[pa..].to_vec()));
+            }
+            pos = start + pa + pi;
+        }
+        Err(DtbError::BadValue("interrupt-map has no entry for an interrupt"))
+    }
+}
+
+/// `addr` (with `size` bytes behind it) in bus `bus`'s child address space,
+/// translated through its non-empty `ranges` to the bus's own parent space.
+fn through_ranges(ranges: &[u8], bus: &Entry<'_, '_>, addr: u64, size: u64) -> Result<u64, DtbError> {
+    let (ca, pa, sc) = (bus.child_cells.addr, bus.reg_cells.addr, bus.child_cells.size);
+    if !(1..=2).contains(&ca) || !(1..=2).contains(&pa) || !(1..=2).contains(&sc) {
+        return Err(DtbError::Unsupported("ranges with more than 2 address or size cells"));
+    }
+    let raw = cells_u32(ranges, "ranges")?;
+    let per = (ca + pa + sc) as usize;
+    if raw.len() % per != 0 {
+        return Err(DtbError::BadValue("ranges"));
+    }
+    for c in raw.chunks_exact(per) {
+        let child = number(c, ca);
+        let parent = number(&c[ca as usize..], pa);
+        let len = number(&c[(ca + pa) as usize..], sc);
+        let Some(off) = addr.checked_sub(child) else {
+            continue;
+        };
+        if off < len && off.checked_add(size).is_some_and(|end| end <= len) {
+            return parent.checked_add(off).ok_or(DtbError::TooBig);
+        }
+    }
+    Err(DtbError::BadValue("reg outside its bus's ranges"))
 }
