@@ -823,8 +823,8 @@ fn corrupted_fvp_trees_never_panic() {
         let cfg = GuestDtbConfig { vcpu_mpidrs: vec![0], ..Default::default() };
         for _ in 0..2000 {
             let mut b = good.clone();
-            let i = rng.below(b.len() / 4) * 4;
-            let v = [0u32, 1, 2, 3, 5, 42, 63, 0xffff_ffff, rng.next() as u32][rng.below(9)];
+            let i = rng.index(b.len() / 4) * 4;
+            let v = [0u32, 1, 2, 3, 5, 42, 63, 0xffff_ffff, rng.next() as u32][rng.index(9)];
             b[i..i + 4].copy_from_slice(&v.to_be_bytes());
             exercise(&b, &cfg);
         }
