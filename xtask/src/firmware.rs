@@ -134,6 +134,9 @@ fn apt_opts(dir: &Path) -> Vec<String> {
         format!("-oDir::Etc::PreferencesParts={d}/preferences.d"),
         "-oAPT::Sandbox::User=root".into(),
         "-oAcquire::Languages=none".into(),
+        // A slow or dead mirror fails the download in bounded time.
+        "-oAcquire::Retries=2".into(),
+        "-oAcquire::http::Timeout=30".into(),
         "-oAcquire::IndexTargets::deb-src::Sources::DefaultEnabled=true".into(),
     ]
 }
@@ -174,6 +177,7 @@ fn source_tree(cache: &Path) -> Result<PathBuf> {
     .map_err(|e| e.to_string())?;
     let opts = apt_opts(&apt);
     eprintln!("xtask: downloading Debian's {SOURCE_PACKAGE} source package into {}", src.display());
+    let start = std::time::Instant::now();
     run_logged(Command::new("apt-get").args(&opts).args(["-q", "update"]), "apt-get update", &cache.join("apt.log"))?;
     // Unpack into a fresh directory, then rename: an interrupted download
     // leaves no half tree behind.
@@ -187,6 +191,7 @@ fn source_tree(cache: &Path) -> Result<PathBuf> {
     )?;
     let _ = std::fs::remove_dir_all(&src);
     std::fs::rename(&tmp, &src).map_err(|e| e.to_string())?;
+    eprintln!("xtask: downloaded and unpacked in {:.0} s", start.elapsed().as_secs_f64());
     find_tree(&src).ok_or_else(|| format!("apt-get source left no {SOURCE_PACKAGE}-* directory in {}", src.display()))
 }
 
@@ -204,14 +209,14 @@ fn find_tree(src: &Path) -> Option<PathBuf> {
 pub fn tf_a(gic: u8) -> Result<PathBuf> {
     let cache = cache_dir();
     std::fs::create_dir_all(&cache).map_err(|e| e.to_string())?;
-    // A cached image needs neither the tools nor the network.
+    // fdtput is needed by every run; a cached image needs no network.
+    ensure_tools()?;
     if let Some(tree) = find_tree(&cache.join("src")) {
         let flash = cache.join(build_key(&tree_name(&tree), gic)).join("flash.bin");
         if flash.is_file() {
             return Ok(flash);
         }
     }
-    ensure_tools()?;
     let tree = source_tree(&cache)?;
     let dir = cache.join(build_key(&tree_name(&tree), gic));
     let flash = dir.join("flash.bin");
