@@ -4,7 +4,7 @@
 //! the host, so `cargo test` exercises it with fakes:
 //! - `boot`: the boot-layout plan and the arm64 Image header
 //! - `dtb`: device-tree discovery and guest DTB editing
-//! - `config`: hypervisor options from `/chosen/bootargs`
+//! - `config`: hypervisor options from `/chosen/xen,xen-bootargs` or `/chosen/bootargs`
 //! - `regs`: register layouts `aarch64-cpu` lacks; `traps`: the EL2 trap
 //!   configuration over them; `idregs`: the guest's ID registers; `vdebug`:
 //!   its emulated debug registers

@@ -118,6 +118,9 @@ pub struct RunArgs {
     /// Service time of every RAM-disk request, exact on the EL2 timer (guest virtual time under --icount); only with --disk ram
     #[arg(long, value_name = "N")]
     pub disk_latency_us: Option<u32>,
+    /// Boot through firmware: tf-a = TF-A at EL3 (built once from Debian's source package), the hypervisor as BL33
+    #[arg(long, value_name = "FW")]
+    pub firmware: Option<crate::firmware::Firmware>,
 }
 
 /// `--gic`: 3 or 4 (listed in the help and in the error).
@@ -182,6 +185,7 @@ impl RunArgs {
             kernel_addr: self.kernel_addr,
             initrd_addr: self.initrd_addr,
             icount: self.icount,
+            firmware: self.firmware,
             ..Default::default()
         };
         if let Some(d) = self.disk {

@@ -5,6 +5,7 @@
 //! - [`setup`]: installs what is missing (rustup target, QEMU via apt)
 //! - [`build`]: builds the hypervisor and converts it to a flat arm64 Image
 //! - [`image`]: builds the guest kernel + initramfs (guest-images/build.sh)
+//! - [`firmware`]: TF-A from Debian's source package, cached; the DTB with the hypervisor's options
 //! - [`qemu`]: composes the QEMU command line and runs it with a timeout
 //! - [`lint`]: rustfmt and clippy (warnings as errors), run by `cargo xtask test`
 //! - [`bench`]: the benchmarks in Linux guests (`cargo xtask bench`)
@@ -14,6 +15,7 @@
 pub mod bench;
 pub mod build;
 pub mod cli;
+pub mod firmware;
 pub mod image;
 pub mod lint;
 pub mod qemu;

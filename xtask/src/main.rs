@@ -30,6 +30,10 @@ fn cmd_test(args: &TestArgs) -> Result<i32, String> {
     xtask::lint::ensure_components()?;
     xtask::build::hypervisor("qemu-virt")?;
     xtask::image::guest()?;
+    // TF-A for tests/firmware.rs (built once, then cached).
+    for gic in [3, 4] {
+        xtask::firmware::tf_a(gic)?;
+    }
     let mut child = std::process::Command::new(env!("CARGO"))
         .current_dir(xtask::root())
         .args(args.cargo_test_args())

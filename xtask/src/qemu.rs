@@ -47,6 +47,9 @@ pub struct RunOptions {
     /// Typed on the console before the guest's shell reads (console-flood
     /// tests).
     pub early_input: Option<EarlyInput>,
+    /// Boot through firmware (`--firmware`) instead of QEMU's direct
+    /// `-kernel` entry.
+    pub firmware: Option<crate::firmware::Firmware>,
 }
 
 /// Console input written before the guest reads its console.
@@ -80,6 +83,7 @@ impl Default for RunOptions {
             kernel_addr: None,
             initrd_addr: None,
             early_input: None,
+            firmware: None,
         }
     }
 }
@@ -234,6 +238,26 @@ pub fn run(o: &RunOptions) -> Result<RunResult> {
         }
     };
     let mut args = command_line(&hv, &kernel, initrd.as_ref(), o);
+    // Under firmware the hypervisor's options travel in a DTB made for this
+    // run (removed afterwards).
+    let mut dtb = None;
+    if let Some(crate::firmware::Firmware::TfA) = o.firmware {
+        let flash = crate::firmware::tf_a(o.gic)?;
+        let file = crate::out_dir().join(format!("firmware-{}.dtb", std::process::id()));
+        let (a, hv_args) = crate::firmware::boot_args(&args, &flash, &file)?;
+        crate::firmware::write_dtb(&a, &file, &hv_args)?;
+        args = a;
+        dtb = Some(file);
+    }
+    let r = run_args(args, o);
+    if let Some(f) = dtb {
+        let _ = std::fs::remove_file(f);
+    }
+    r
+}
+
+/// Runs QEMU with `args`: interactive or captured, as `o` says.
+fn run_args(mut args: Vec<String>, o: &RunOptions) -> Result<RunResult> {
     if o.cmd.is_none() && o.echo && o.input.is_none() && o.early_input.is_none() {
         // Interactive: the console is this terminal (Ctrl-A x quits QEMU),
         // and a copy goes to a log so the run can tell a fatal hypervisor

@@ -40,12 +40,19 @@ pub fn discover(dtb: &[u8]) -> Result<Platform, DtbError> {
         timer: timer(&idx, gic_idx)?,
         virtio_mmio: virtio_mmio(&idx, gic_idx)?,
         psci_method,
-        bootargs: chosen.and_then(|c| prop_str(idx.entries[c].node, "bootargs")).map(String::from),
+        bootargs: chosen.and_then(|c| hypervisor_bootargs(idx.entries[c].node)).map(String::from),
         kernel,
         ramdisk,
         gic,
     };
     Ok(platform)
+}
+
+/// The hypervisor's options in `/chosen`: `xen,xen-bootargs` when present
+/// (Xen's binding; what a firmware boot, where QEMU has no `-append` and
+/// `bootargs` may be meant for someone else, passes), else `bootargs`.
+fn hypervisor_bootargs<'a>(chosen: fdt::node::FdtNode<'_, 'a>) -> Option<&'a str> {
+    prop_str(chosen, "xen,xen-bootargs").or_else(|| prop_str(chosen, "bootargs"))
 }
 
 fn compatible_prefix(e: &Entry<'_, '_>, prefix: &str) -> bool {

@@ -324,7 +324,8 @@ impl Builder<'_> {
         let n = self.w.begin_node(host.map_or("chosen", |h| h.name))?;
         if let Some(host) = host {
             for p in host.properties() {
-                if !matches!(p.name, "bootargs" | "linux,initrd-start" | "linux,initrd-end") {
+                // The hypervisor's own options (xen,xen-bootargs) stay with it.
+                if !matches!(p.name, "bootargs" | "xen,xen-bootargs" | "linux,initrd-start" | "linux,initrd-end") {
                     self.w.property(p.name, p.value)?;
                 }
             }

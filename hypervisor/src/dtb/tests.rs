@@ -31,6 +31,13 @@ fn id(v: u32) -> IntId {
 
 const V3_SMP2: &[u8] = include_bytes!("testdata/qemu-virt-gicv3-smp2.dtb");
 const V4_SMP4: &[u8] = include_bytes!("testdata/qemu-virt-gicv4-smp4.dtb");
+/// What a firmware boot (`cargo xtask run --firmware tf-a`) hands over: QEMU's
+/// DTB for `virt,secure=on,virtualization=on,gic-version=3`, `-smp 2 -m 1G`
+/// and the two guest-loader modules above, dumped and then given
+/// `fdtput -t s F /chosen xen,xen-bootargs "dom0_mem=512M dom0_max_vcpus=2 loglvl=debug"`
+/// and `fdtput -t s F /chosen bootargs "console=hvc0 not-for-the-hypervisor"`
+/// (then `dtc -I dtb -O dtb`, as above).
+const SECURE_XEN_BOOTARGS: &[u8] = include_bytes!("testdata/qemu-virt-secure-xen-bootargs.dtb");
 
 fn check_qemu_platform(p: &Platform, ncpus: usize) {
     assert_eq!(p.memory, vec![Region { base: 0x4000_0000, size: 0x4000_0000 }]);
@@ -73,6 +80,30 @@ fn discover_qemu_gicv3_smp2() {
 #[test]
 fn discover_qemu_gicv4_smp4() {
     check_qemu_platform(&discover(V4_SMP4).unwrap(), 4);
+}
+
+#[test]
+fn the_hypervisor_reads_xen_bootargs_first_and_keeps_them_from_dom0() {
+    let p = discover(SECURE_XEN_BOOTARGS).unwrap();
+    assert_eq!(p.bootargs.as_deref(), Some("dom0_mem=512M dom0_max_vcpus=2 loglvl=debug"));
+    // secure=on adds a secure-only UART (status "disabled"); the console stays UART0.
+    assert_eq!(p.uart.as_ref().map(|u| u.base), Some(0x0900_0000));
+    assert_eq!(p.kernel.as_ref().map(|k| k.base), Some(0x5000_0000));
+    assert_eq!(p.ramdisk.as_ref().map(|r| r.base), Some(0x5800_0000));
+    assert_eq!(p.cpus, [0, 1]);
+    // Without xen,xen-bootargs: /chosen/bootargs.
+    let cfg = guest_config(V3_SMP2);
+    assert_eq!(
+        discover(&build_guest_dtb(V3_SMP2, &cfg).unwrap()).unwrap().bootargs.as_deref(),
+        Some(cfg.bootargs.as_str())
+    );
+    // Dom0's DTB has its own bootargs and not the hypervisor's options.
+    let cfg = guest_config(SECURE_XEN_BOOTARGS);
+    let out = build_guest_dtb(SECURE_XEN_BOOTARGS, &cfg).unwrap();
+    let f = Fdt::new(&out).unwrap();
+    let chosen = f.find_node("/chosen").unwrap();
+    assert_eq!(chosen.property("bootargs").unwrap().as_str(), Some(cfg.bootargs.as_str()));
+    assert!(chosen.property("xen,xen-bootargs").is_none());
 }
 
 #[test]

@@ -342,6 +342,7 @@ fn option_names_are_the_documented_ones() {
             "--icount",
             "--disk",
             "--disk-latency-us",
+            "--firmware",
             "--help"
         ])
     );
