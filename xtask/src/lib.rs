@@ -6,6 +6,7 @@
 //! - [`build`]: builds the hypervisor and converts it to a flat arm64 Image
 //! - [`image`]: builds the guest kernel + initramfs (guest-images/build.sh)
 //! - [`qemu`]: composes the QEMU command line and runs it with a timeout
+//! - [`fvp`]: the FVP Base RevC command line and DTB (`run --platform fvp`)
 //! - [`lint`]: rustfmt and clippy (warnings as errors), run by `cargo xtask test`
 //! - [`bench`]: the benchmarks in Linux guests (`cargo xtask bench`)
 //! - `arch_doc` (tests only): keeps docs/ARCHITECTURE.md, README's
@@ -14,6 +15,7 @@
 pub mod bench;
 pub mod build;
 pub mod cli;
+pub mod fvp;
 pub mod image;
 pub mod lint;
 pub mod qemu;
