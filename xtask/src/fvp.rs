@@ -18,6 +18,7 @@
 //! PRELOADED_BL33_BASE=0x88000000 ARM_PRELOADED_DTB_BASE=0x82000000 all fip`
 //! (BL31 then enters BL33 at EL2 with x0 = the DTB).
 
+use crate::cli::RunArgs;
 use crate::Result;
 use hypervisor::platform_desc::known::fvp_base_revc::PLATFORM;
 use std::path::{Path, PathBuf};
@@ -268,9 +269,141 @@ pub fn find_tfa(explicit: Option<&Path>) -> Option<PathBuf> {
     explicit.map(Path::to_path_buf).or_else(|| std::env::var_os(TFA_ENV).filter(|v| !v.is_empty()).map(PathBuf::from))
 }
 
-/// Shell-quotes one argument for the printed command line.
+/// Most of DRAM bank 0 the guest may have: the bank less the secure top
+/// 16 MiB and the hypervisor's `hyp_reserved`.
+pub fn max_guest_mb() -> u64 {
+    (DRAM0.1 - PLATFORM.hyp_reserved) >> 20
+}
+
+/// A run's plan: the DTB written to `out/fvp.dtb`, the files named, and
+/// whether the model and TF-A were found (a dry run prints placeholders).
+#[derive(Debug)]
+pub struct Plan {
+    pub run: FvpRun,
+    pub have_fvp: bool,
+    pub have_tfa: bool,
+}
+
+/// Plans a run from the command line and the built images: writes the DTB
+/// (the hypervisor's options, Dom0's modules) into `out`.
+pub fn plan(args: &RunArgs, hypervisor: PathBuf, kernel: PathBuf, initrd: Option<PathBuf>, out: &Path) -> Result<Plan> {
+    if args.mem_mb > max_guest_mb() {
+        return Err(format!("--mem {}M: FVP's first DRAM bank leaves at most {}M for the guest", args.mem_mb, max_guest_mb()));
+    }
+    if args.pcpus > MAX_CPUS {
+        return Err(format!("--pcpus {}: FVP Base RevC has {MAX_CPUS} CPUs", args.pcpus));
+    }
+    let size = |p: &Path| std::fs::metadata(p).map(|m| m.len()).map_err(|e| format!("{}: {e}", p.display()));
+    let kernel_size = size(&kernel)?;
+    let initrd_at = initrd_addr(kernel_size);
+    let initrd_size = initrd.as_deref().map(size).transpose()?;
+    if let Some(n) = initrd_size {
+        if initrd_at + n > DRAM0.0 + DRAM0.1 {
+            return Err("the initrd does not fit in FVP's first DRAM bank".into());
+        }
+    }
+    // The hypervisor's options as the QEMU runner composes them (`--disk`
+    // included; QEMU's own disk arguments are dropped).
+    let o = args.run_options(|| Ok(PathBuf::new()))?;
+    let mut hv_args = format!("dom0_mem={}M dom0_max_vcpus={}", o.mem_mb, o.vcpus);
+    if !o.hv_args.is_empty() {
+        hv_args = format!("{hv_args} {}", o.hv_args);
+    }
+    let spec = DtbSpec {
+        cpus: o.pcpus,
+        hv_args,
+        kernel: (KERNEL_ADDR, kernel_size),
+        initrd: initrd_size.map(|n| (initrd_at, n)),
+        guest_args: args.append.clone().unwrap_or_else(|| DEFAULT_GUEST_ARGS.into()),
+    };
+    std::fs::create_dir_all(out).map_err(|e| format!("{}: {e}", out.display()))?;
+    let dtb = out.join("fvp.dtb");
+    std::fs::write(&dtb, make_dtb(&spec)?).map_err(|e| format!("{}: {e}", dtb.display()))?;
+    let fvp = find_fvp(args.fvp.as_deref());
+    let tfa = find_tfa(args.tfa.as_deref());
+    let disk = match &args.disk_image {
+        Some(d) => d.clone(),
+        None => crate::qemu::sparse_image(out.join("disk.img")).map_err(|e| format!("disk image: {e}"))?,
+    };
+    Ok(Plan {
+        have_fvp: fvp.is_some(),
+        have_tfa: tfa.is_some(),
+        run: FvpRun {
+            fvp: fvp.unwrap_or_else(|| FVP_NAME.into()),
+            tfa: tfa.unwrap_or_else(|| format!("${TFA_ENV}").into()),
+            hypervisor,
+            dtb,
+            kernel,
+            initrd,
+            initrd_addr: initrd_at,
+            disk,
+        },
+    })
+}
+
+/// `cargo xtask run --platform fvp [--dry-run]`: builds the hypervisor for
+/// fvp-base-revc and the guest image, writes the DTB, then prints the
+/// model's command line (`--dry-run`) or runs it with the console here.
+pub fn run(args: &RunArgs) -> Result<i32> {
+    let hv = crate::build::hypervisor(PLATFORM.name)?;
+    let (kernel, initrd) = match &args.kernel {
+        Some(k) => (k.clone(), args.initrd.clone()),
+        None => {
+            let g = crate::image::guest()?;
+            (g.kernel, Some(args.initrd.clone().unwrap_or(g.initrd)))
+        }
+    };
+    let p = plan(args, hv, kernel, initrd, &crate::out_dir().join("fvp"))?;
+    let line = command_line(&p.run);
+    if args.dry_run {
+        if !p.have_fvp {
+            println!("# {FVP_NAME} not found: {GET_FVP}");
+        }
+        if !p.have_tfa {
+            println!("# ${TFA_ENV} (or --tf-a) not set: {TFA_HOWTO}");
+        }
+        println!("{}", printable(&line));
+        return Ok(0);
+    }
+    if !p.have_fvp {
+        return Err(format!("{FVP_NAME} not found: {GET_FVP} (`--dry-run` prints the command line without it)"));
+    }
+    if !p.have_tfa {
+        return Err(format!("no TF-A build: pass --tf-a DIR or set {TFA_ENV}; {TFA_HOWTO}"));
+    }
+    for f in ["bl1.bin", "fip.bin"] {
+        if !p.run.tfa.join(f).is_file() {
+            return Err(format!("{}: no {f} there; {TFA_HOWTO}", p.run.tfa.display()));
+        }
+    }
+    eprintln!("xtask: {}", line.join(" "));
+    let st = std::process::Command::new(&line[0])
+        .args(&line[1..])
+        .status()
+        .map_err(|e| format!("{}: {e}", line[0]))?;
+    Ok(st.code().unwrap_or(1))
+}
+
+/// How to build TF-A for this run.
+pub const TFA_HOWTO: &str = "build TF-A (trusted-firmware-a) with `make PLAT=fvp ARM_LINUX_KERNEL_AS_BL33=1 \
+     PRELOADED_BL33_BASE=0x88000000 ARM_PRELOADED_DTB_BASE=0x82000000 all fip` and name its build/fvp/release";
+
+/// The command line for a shell, one option and its value a line.
+pub fn printable(line: &[String]) -> String {
+    let mut out = String::new();
+    for (i, a) in line.iter().enumerate() {
+        if i > 0 {
+            out.push_str(if a.starts_with('-') { " \\\n    " } else { " " });
+        }
+        out.push_str(&shell_quote(a));
+    }
+    out
+}
+
+/// Shell-quotes one argument for the printed command line (`$` is kept
+/// plain, so `$TFA_BUILD` in a dry run's line expands).
 pub fn shell_quote(a: &str) -> String {
-    if !a.is_empty() && a.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=@:,+%".contains(c)) {
+    if !a.is_empty() && a.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=@:,+%$".contains(c)) {
         a.to_string()
     } else {
         format!("'{}'", a.replace('\'', "'\\''"))
@@ -350,8 +483,79 @@ mod tests {
     }
 
     #[test]
+    fn dry_run_plan_writes_the_dtb_and_names_every_file() {
+        use crate::cli::{Cli, Command};
+        use clap::Parser;
+        let dir = std::env::temp_dir().join(format!("xtask-fvp-plan-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (k, i) = (dir.join("Image"), dir.join("initrd"));
+        std::fs::write(&k, vec![0u8; 3 << 20]).unwrap();
+        std::fs::write(&i, vec![0u8; 1 << 20]).unwrap();
+        let cli = Cli::try_parse_from([
+            "cargo xtask",
+            "run",
+            "--platform",
+            "fvp",
+            "--dry-run",
+            "--pcpus",
+            "2",
+            "--vcpus",
+            "2",
+            "--fvp",
+            "/opt/fvp/FVP_Base_RevC-2xAEMvA",
+            "--tf-a",
+            "/tfa",
+            "--disk-image",
+            "/img/disk.img",
+            "--hv-args",
+            "loglvl=debug",
+        ])
+        .unwrap();
+        let Command::Run(args) = cli.command else { panic!("run") };
+        args.check().unwrap();
+        let p = plan(&args, "/out/hv.bin".into(), k.clone(), Some(i.clone()), &dir).unwrap();
+        assert!(p.have_fvp && p.have_tfa);
+        let line = command_line(&p.run).join(" ");
+        assert!(line.starts_with("/opt/fvp/FVP_Base_RevC-2xAEMvA "), "{line}");
+        for want in [
+            "--data cluster0.cpu0=/out/hv.bin@0x88000000".to_string(),
+            format!("--data cluster0.cpu0={}@0x82000000", dir.join("fvp.dtb").display()),
+            format!("--data cluster0.cpu0={}@0x90000000", k.display()),
+            format!("--data cluster0.cpu0={}@0x90600000", i.display()),
+            "-C bp.virtioblockdevice.image_path=/img/disk.img".to_string(),
+            "-C bp.secureflashloader.fname=/tfa/bl1.bin".to_string(),
+        ] {
+            assert!(line.contains(&want), "missing {want:?} in {line}");
+        }
+        let dtb = std::fs::read(dir.join("fvp.dtb")).unwrap();
+        let m = hypervisor::dtb::discover(&dtb).unwrap();
+        assert_eq!(m.bootargs.as_deref(), Some("dom0_mem=1024M dom0_max_vcpus=2 loglvl=debug"));
+        assert_eq!(m.cpus, vec![0, 0x100]);
+        assert_eq!(m.ramdisk.as_ref().map(|r| (r.base, r.size)), Some((0x9060_0000, 1 << 20)));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn qemu_only_and_fvp_only_options_are_refused_across() {
+        use crate::cli::{Cli, Command};
+        use clap::Parser;
+        let check = |line: &[&str]| {
+            let mut v = vec!["cargo xtask", "run"];
+            v.extend(line);
+            let Command::Run(a) = Cli::try_parse_from(v).unwrap().command else { panic!("run") };
+            a.check()
+        };
+        assert!(check(&["--dry-run"]).is_err());
+        assert!(check(&["--platform", "fvp", "--cmd", "true"]).is_err());
+        assert!(check(&["--platform", "fvp", "--gic", "4"]).is_err());
+        assert!(check(&["--platform", "fvp-base-revc", "--dry-run"]).is_ok());
+    }
+
+    #[test]
     fn shell_quote_keeps_plain_words() {
         assert_eq!(shell_quote("cluster0.cpu0=/a/b.bin@0x88000000"), "cluster0.cpu0=/a/b.bin@0x88000000");
         assert_eq!(shell_quote("a b"), "'a b'");
+        let line: Vec<String> = ["FVP", "-C", "a=1", "--data", "x@0x1"].iter().map(|s| s.to_string()).collect();
+        assert_eq!(printable(&line), "FVP \\\n    -C a=1 \\\n    --data x@0x1");
     }
 }

@@ -1,8 +1,9 @@
 //! `cargo xtask <command>`: the project's single driver.
 //!
-//! - `build`: build the hypervisor image
+//! - `build [--platform P]`: build the hypervisor image
 //! - `guest-image`: build the guest kernel + initramfs
-//! - `run [options]`: boot Linux under the hypervisor in QEMU
+//! - `run [options]`: boot Linux under the hypervisor in QEMU (or, with
+//!   `--platform fvp`, on Arm's FVP)
 //! - `test`: host unit tests and integration tests that boot real guests
 //! - `sim wakeup [options]`: the scheduler's discrete-event simulator
 //! - `bench wakeup|timer [options]`: benchmarks in Linux guests
@@ -15,9 +16,12 @@ mod sim;
 use clap::error::ErrorKind;
 use clap::{CommandFactory, Parser};
 use std::process::exit;
-use xtask::cli::{BenchCommand, Cli, Command, RunArgs, SimCommand, TestArgs};
+use xtask::cli::{BenchCommand, Cli, Command, PlatformKind, RunArgs, SimCommand, TestArgs};
 
 fn cmd_run(args: &RunArgs) -> Result<i32, String> {
+    if args.platform == PlatformKind::FvpBaseRevc {
+        return xtask::fvp::run(args);
+    }
     let o = args.run_options(xtask::qemu::scratch_disk)?;
     let r = xtask::qemu::run(&o)?;
     xtask::qemu::exit_code(&o, &r)
@@ -131,7 +135,7 @@ fn main() {
     let result = match &cli.command {
         Command::Run(args) => cmd_run(args),
         Command::Test(args) => cmd_test(args),
-        Command::Build => xtask::build::hypervisor("qemu-virt").map(|p| {
+        Command::Build(args) => xtask::build::hypervisor(args.platform.dir()).map(|p| {
             println!("{}", p.display());
             0
         }),
