@@ -209,7 +209,12 @@ impl RunArgs {
         if !fvp && (self.dry_run || self.fvp.is_some() || self.tfa.is_some() || self.disk_image.is_some()) {
             return Err("--dry-run, --fvp, --tf-a and --disk-image go with --platform fvp".into());
         }
-        if fvp && (self.cmd.is_some() || self.icount || self.gic != 3 || self.kernel_addr.is_some() || self.initrd_addr.is_some())
+        if fvp
+            && (self.cmd.is_some()
+                || self.icount
+                || self.gic != 3
+                || self.kernel_addr.is_some()
+                || self.initrd_addr.is_some())
         {
             return Err("--cmd, --icount, --gic, --kernel-addr and --initrd-addr are QEMU options (FVP: GICv4.1, \
                         modules at fixed addresses)"

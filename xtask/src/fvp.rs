@@ -288,7 +288,11 @@ pub struct Plan {
 /// (the hypervisor's options, Dom0's modules) into `out`.
 pub fn plan(args: &RunArgs, hypervisor: PathBuf, kernel: PathBuf, initrd: Option<PathBuf>, out: &Path) -> Result<Plan> {
     if args.mem_mb > max_guest_mb() {
-        return Err(format!("--mem {}M: FVP's first DRAM bank leaves at most {}M for the guest", args.mem_mb, max_guest_mb()));
+        return Err(format!(
+            "--mem {}M: FVP's first DRAM bank leaves at most {}M for the guest",
+            args.mem_mb,
+            max_guest_mb()
+        ));
     }
     if args.pcpus > MAX_CPUS {
         return Err(format!("--pcpus {}: FVP Base RevC has {MAX_CPUS} CPUs", args.pcpus));
@@ -363,6 +367,8 @@ pub fn run(args: &RunArgs) -> Result<i32> {
             println!("# ${TFA_ENV} (or --tf-a) not set: {TFA_HOWTO}");
         }
         println!("{}", printable(&line));
+        println!("# with Shrinkwrap ({}):", crate::shrinkwrap::OVERLAY);
+        println!("{}", crate::shrinkwrap::run_line(&p.run));
         return Ok(0);
     }
     if !p.have_fvp {
@@ -377,10 +383,7 @@ pub fn run(args: &RunArgs) -> Result<i32> {
         }
     }
     eprintln!("xtask: {}", line.join(" "));
-    let st = std::process::Command::new(&line[0])
-        .args(&line[1..])
-        .status()
-        .map_err(|e| format!("{}: {e}", line[0]))?;
+    let st = std::process::Command::new(&line[0]).args(&line[1..]).status().map_err(|e| format!("{}: {e}", line[0]))?;
     Ok(st.code().unwrap_or(1))
 }
 

@@ -7,6 +7,7 @@
 //! - [`image`]: builds the guest kernel + initramfs (guest-images/build.sh)
 //! - [`qemu`]: composes the QEMU command line and runs it with a timeout
 //! - [`fvp`]: the FVP Base RevC command line and DTB (`run --platform fvp`)
+//! - [`shrinkwrap`]: the Shrinkwrap overlay fvp/hypervisor.yaml and its check
 //! - [`lint`]: rustfmt and clippy (warnings as errors), run by `cargo xtask test`
 //! - [`bench`]: the benchmarks in Linux guests (`cargo xtask bench`)
 //! - `arch_doc` (tests only): keeps docs/ARCHITECTURE.md, README's
@@ -20,6 +21,7 @@ pub mod image;
 pub mod lint;
 pub mod qemu;
 pub mod setup;
+pub mod shrinkwrap;
 
 #[cfg(test)]
 mod arch_doc;

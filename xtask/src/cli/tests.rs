@@ -342,6 +342,11 @@ fn option_names_are_the_documented_ones() {
             "--icount",
             "--disk",
             "--disk-latency-us",
+            "--platform",
+            "--dry-run",
+            "--fvp",
+            "--tf-a",
+            "--disk-image",
             "--help"
         ])
     );
