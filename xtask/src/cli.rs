@@ -155,7 +155,7 @@ pub struct RunArgs {
     /// Print the simulator's command line instead of running it (--platform fvp)
     #[arg(long)]
     pub dry_run: bool,
-    /// The FVP executable [default: $FVP_BIN, else FVP_Base_RevC-2xAEMvA on PATH] (--platform fvp)
+    /// The FVP executable [default: $FVP_BIN, else in the package $FVP_BASE, else FVP_Base_RevC-2xAEMvA on PATH] (--platform fvp)
     #[arg(long, value_name = "FILE")]
     pub fvp: Option<PathBuf>,
     /// TF-A build directory with bl1.bin and fip.bin [default: $TFA_BUILD] (--platform fvp)

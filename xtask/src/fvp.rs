@@ -48,8 +48,8 @@ pub const MAX_CPUS: u32 = 8;
 pub const DEFAULT_GUEST_ARGS: &str = "console=ttyAMA0 earlycon=pl011,0x1c090000";
 /// Where to get the model, for the error without one.
 pub const GET_FVP: &str = "download \"Arm Architecture FVPs\" (Armv-A Base RevC AEM FVP) from Arm's Ecosystem FVPs page \
-     (developer.arm.com > Tools and Software > Fixed Virtual Platforms), then put FVP_Base_RevC-2xAEMvA on PATH or set FVP_BIN \
-     to its path";
+     (developer.arm.com > Tools and Software > Fixed Virtual Platforms), then put FVP_Base_RevC-2xAEMvA on PATH, set FVP_BIN \
+     to its path or FVP_BASE to the unpacked package";
 
 /// The hypervisor's load address on FVP (the platform descriptor's).
 pub fn hv_addr() -> u64 {
@@ -252,8 +252,9 @@ pub fn make_dtb(s: &DtbSpec) -> Result<Vec<u8>> {
     w.finish().map_err(e)
 }
 
-/// The model: `explicit` (`--fvp`), else `$FVP_BIN`, else the first
-/// `FVP_Base_RevC-2xAEMvA` on PATH.
+/// The model: `explicit` (`--fvp`), else `$FVP_BIN`, else the model inside
+/// the unpacked FVP package named by `$FVP_BASE` (`models/*/`), else the
+/// first `FVP_Base_RevC-2xAEMvA` on PATH.
 pub fn find_fvp(explicit: Option<&Path>) -> Option<PathBuf> {
     if let Some(p) = explicit {
         return Some(p.to_path_buf());
@@ -261,7 +262,31 @@ pub fn find_fvp(explicit: Option<&Path>) -> Option<PathBuf> {
     if let Some(p) = std::env::var_os(FVP_ENV).filter(|v| !v.is_empty()) {
         return Some(PathBuf::from(p));
     }
+    if let Some(base) = std::env::var_os(FVP_BASE_ENV).filter(|v| !v.is_empty()) {
+        if let Some(p) = in_package(Path::new(&base)) {
+            return Some(p);
+        }
+    }
     std::env::split_paths(&std::env::var_os("PATH")?).map(|d| d.join(FVP_NAME)).find(|p| p.is_file())
+}
+
+/// Environment variable naming the unpacked FVP package (or the model).
+pub const FVP_BASE_ENV: &str = "FVP_BASE";
+
+/// The model in an FVP package: `dir` itself, `dir/FVP_…`, or
+/// `dir/models/<host>/FVP_…` (the layout of Arm's tarball).
+pub fn in_package(dir: &Path) -> Option<PathBuf> {
+    if dir.is_file() {
+        return Some(dir.to_path_buf());
+    }
+    let direct = dir.join(FVP_NAME);
+    if direct.is_file() {
+        return Some(direct);
+    }
+    let mut hosts: Vec<PathBuf> =
+        std::fs::read_dir(dir.join("models")).ok()?.filter_map(|e| Some(e.ok()?.path())).collect();
+    hosts.sort();
+    hosts.into_iter().map(|h| h.join(FVP_NAME)).find(|p| p.is_file())
 }
 
 /// TF-A's build directory: `explicit` (`--tf-a`), else `$TFA_BUILD`.
@@ -552,6 +577,18 @@ mod tests {
         assert!(check(&["--platform", "fvp", "--cmd", "true"]).is_err());
         assert!(check(&["--platform", "fvp", "--gic", "4"]).is_err());
         assert!(check(&["--platform", "fvp-base-revc", "--dry-run"]).is_ok());
+    }
+
+    #[test]
+    fn the_model_is_found_in_an_unpacked_package() {
+        let dir = std::env::temp_dir().join(format!("xtask-fvp-pkg-{}", std::process::id()));
+        let models = dir.join("models").join("Linux64_GCC-9.3");
+        std::fs::create_dir_all(&models).unwrap();
+        assert_eq!(in_package(&dir), None);
+        std::fs::write(models.join(FVP_NAME), b"").unwrap();
+        assert_eq!(in_package(&dir), Some(models.join(FVP_NAME)));
+        assert_eq!(in_package(&models.join(FVP_NAME)), Some(models.join(FVP_NAME)));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
