@@ -17,6 +17,8 @@
 //! - `sched`: the Credit2-compatible scheduler and its simulator
 //! - `stats`: per-vCPU counters and histograms in a stable text format
 //! - `time`: counter-tick/ns arithmetic that saturates
+//! - `platform_desc`: the typed platform descriptor each `platforms/*/platform.rs`
+//!   fills in (`platform` is the one this build is for)
 //! - `testrng` (tests only): a deterministic generator for randomized host tests
 //!
 //! On the bare-metal aarch64 target the EL2 code is added: `arch` (the only
@@ -52,10 +54,20 @@ pub mod vgic;
 pub mod virtio;
 pub mod vpl011;
 
-/// The platform this binary is built for (`HV_PLATFORM`, default qemu-virt).
+pub mod platform_desc;
+
+/// The platform this binary is built for (`HV_PLATFORM`, default qemu-virt):
+/// its `platform.rs` fills in [`PLATFORM`](platform::PLATFORM).
 #[allow(dead_code)]
 pub mod platform {
+    use crate::platform_desc::*;
     include!(env!("HV_PLATFORM_RS"));
+
+    /// Whether 1 GiB window `gib` holds devices (the boot identity map's
+    /// and the DTB reader's question).
+    pub fn is_device_gib(gib: u64) -> bool {
+        PLATFORM.is_device_gib(gib)
+    }
 }
 
 #[cfg(all(target_arch = "aarch64", target_os = "none"))]

@@ -29,8 +29,8 @@ pub enum Command {
     Run(RunArgs),
     /// Host unit tests + integration tests (boots real guests)
     Test(TestArgs),
-    /// Build the hypervisor image (target/xtask/hypervisor-qemu-virt.bin)
-    Build,
+    /// Build the hypervisor image (target/xtask/hypervisor-PLATFORM.bin)
+    Build(BuildArgs),
     /// Build the guest kernel + initramfs (guest-images/out)
     GuestImage,
     /// The scheduler's discrete-event simulator
@@ -39,6 +39,37 @@ pub enum Command {
     /// Benchmarks inside Linux guests
     #[command(subcommand, arg_required_else_help = true)]
     Bench(BenchCommand),
+}
+
+/// The machine the hypervisor is built for (`--platform`): a directory under
+/// `platforms/`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum PlatformKind {
+    /// QEMU virt (runs here)
+    #[default]
+    #[value(name = "qemu-virt", alias = "qemu")]
+    QemuVirt,
+    /// Arm FVP Base RevC (FVP_Base_RevC-2xAEMvA, with TF-A)
+    #[value(name = "fvp-base-revc", alias = "fvp")]
+    FvpBaseRevc,
+}
+
+impl PlatformKind {
+    /// The directory under `platforms/` (`HV_PLATFORM`).
+    pub fn dir(self) -> &'static str {
+        match self {
+            PlatformKind::QemuVirt => "qemu-virt",
+            PlatformKind::FvpBaseRevc => "fvp-base-revc",
+        }
+    }
+}
+
+/// `cargo xtask build [--platform P]`
+#[derive(Clone, Debug, Args)]
+pub struct BuildArgs {
+    /// The platform to build for
+    #[arg(long, value_name = "PLATFORM", default_value = "qemu-virt")]
+    pub platform: PlatformKind,
 }
 
 /// The guest's disk (`--disk`).
@@ -121,6 +152,21 @@ pub struct RunArgs {
     /// Boot through firmware: tf-a = TF-A at EL3 (built once from Debian's source package), the hypervisor as BL33
     #[arg(long, value_name = "FW")]
     pub firmware: Option<crate::firmware::Firmware>,
+    /// Where to run: QEMU virt, or Arm's FVP Base RevC (`fvp`; needs the FVP and a TF-A build)
+    #[arg(long, value_name = "PLATFORM", default_value = "qemu-virt")]
+    pub platform: PlatformKind,
+    /// Print the simulator's command line instead of running it (--platform fvp)
+    #[arg(long)]
+    pub dry_run: bool,
+    /// The FVP executable [default: $FVP_BIN, else in the package $FVP_BASE, else FVP_Base_RevC-2xAEMvA on PATH] (--platform fvp)
+    #[arg(long, value_name = "FILE")]
+    pub fvp: Option<PathBuf>,
+    /// TF-A build directory with bl1.bin and fip.bin [default: $TFA_BUILD] (--platform fvp)
+    #[arg(long = "tf-a", value_name = "DIR")]
+    pub tfa: Option<PathBuf>,
+    /// The guest's disk image on FVP (the virtio-blk device) [default: a sparse 256 MiB scratch image] (--platform fvp)
+    #[arg(long, value_name = "FILE")]
+    pub disk_image: Option<PathBuf>,
 }
 
 /// `--gic`: 3 or 4 (listed in the help and in the error).
@@ -161,6 +207,22 @@ impl RunArgs {
     pub fn check(&self) -> Result<(), String> {
         if self.disk_latency_us.is_some() && self.disk != Some(DiskKind::Ram) {
             return Err("--disk-latency-us goes with --disk ram".into());
+        }
+        let fvp = self.platform == PlatformKind::FvpBaseRevc;
+        if !fvp && (self.dry_run || self.fvp.is_some() || self.tfa.is_some() || self.disk_image.is_some()) {
+            return Err("--dry-run, --fvp, --tf-a and --disk-image go with --platform fvp".into());
+        }
+        if fvp
+            && (self.cmd.is_some()
+                || self.icount
+                || self.gic != 3
+                || self.kernel_addr.is_some()
+                || self.initrd_addr.is_some()
+                || self.firmware.is_some())
+        {
+            return Err("--cmd, --icount, --gic, --kernel-addr, --initrd-addr and --firmware are QEMU options (FVP: \
+                        GICv4.1, modules at fixed addresses, your TF-A build with --tf-a)"
+                .into());
         }
         Ok(())
     }

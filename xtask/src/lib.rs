@@ -7,6 +7,8 @@
 //! - [`image`]: builds the guest kernel + initramfs (guest-images/build.sh)
 //! - [`firmware`]: TF-A from Debian's source package, cached; the DTB with the hypervisor's options
 //! - [`qemu`]: composes the QEMU command line and runs it with a timeout
+//! - [`fvp`]: the FVP Base RevC command line and DTB (`run --platform fvp`)
+//! - [`shrinkwrap`]: the Shrinkwrap overlay fvp/hypervisor.yaml and its check
 //! - [`lint`]: rustfmt and clippy (warnings as errors), run by `cargo xtask test`
 //! - [`bench`]: the benchmarks in Linux guests (`cargo xtask bench`)
 //! - `arch_doc` (tests only): keeps docs/ARCHITECTURE.md, README's
@@ -16,10 +18,12 @@ pub mod bench;
 pub mod build;
 pub mod cli;
 pub mod firmware;
+pub mod fvp;
 pub mod image;
 pub mod lint;
 pub mod qemu;
 pub mod setup;
+pub mod shrinkwrap;
 
 #[cfg(test)]
 mod arch_doc;

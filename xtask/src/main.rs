@@ -1,8 +1,9 @@
 //! `cargo xtask <command>`: the project's single driver.
 //!
-//! - `build`: build the hypervisor image
+//! - `build [--platform P]`: build the hypervisor image
 //! - `guest-image`: build the guest kernel + initramfs
-//! - `run [options]`: boot Linux under the hypervisor in QEMU
+//! - `run [options]`: boot Linux under the hypervisor in QEMU (or, with
+//!   `--platform fvp`, on Arm's FVP)
 //! - `test`: host unit tests and integration tests that boot real guests
 //! - `sim wakeup [options]`: the scheduler's discrete-event simulator
 //! - `bench wakeup|timer [options]`: benchmarks in Linux guests
@@ -15,9 +16,12 @@ mod sim;
 use clap::error::ErrorKind;
 use clap::{CommandFactory, Parser};
 use std::process::exit;
-use xtask::cli::{BenchCommand, Cli, Command, RunArgs, SimCommand, TestArgs};
+use xtask::cli::{BenchCommand, Cli, Command, PlatformKind, RunArgs, SimCommand, TestArgs};
 
 fn cmd_run(args: &RunArgs) -> Result<i32, String> {
+    if args.platform == PlatformKind::FvpBaseRevc {
+        return xtask::fvp::run(args);
+    }
     let o = args.run_options(xtask::qemu::scratch_disk)?;
     let r = xtask::qemu::run(&o)?;
     xtask::qemu::exit_code(&o, &r)
@@ -28,6 +32,8 @@ fn cmd_test(args: &TestArgs) -> Result<i32, String> {
     // about the tests, not about installs.
     xtask::setup::ensure_qemu()?;
     xtask::lint::ensure_components()?;
+    // Both platforms' EL2 images build (only QEMU's boots here).
+    xtask::build::hypervisor("fvp-base-revc")?;
     xtask::build::hypervisor("qemu-virt")?;
     xtask::image::guest()?;
     // TF-A for tests/firmware.rs (built once, then cached).
@@ -73,6 +79,16 @@ fn cmd_test(args: &TestArgs) -> Result<i32, String> {
     failed += lint_failed;
     if lint_failed > 0 && code == 0 {
         code = 1;
+    }
+    // The Shrinkwrap overlay for FVP (skipped when PyPI is out of reach).
+    match xtask::shrinkwrap::check() {
+        Ok(Some(())) => passed += 1,
+        Ok(None) => {}
+        Err(e) => {
+            println!("shrinkwrap: FAILED: {e}");
+            failed += 1;
+            code = if code == 0 { 1 } else { code };
+        }
     }
     println!("tests: {passed} passed, {failed} failed");
     Ok(code)
@@ -135,7 +151,7 @@ fn main() {
     let result = match &cli.command {
         Command::Run(args) => cmd_run(args),
         Command::Test(args) => cmd_test(args),
-        Command::Build => xtask::build::hypervisor("qemu-virt").map(|p| {
+        Command::Build(args) => xtask::build::hypervisor(args.platform.dir()).map(|p| {
             println!("{}", p.display());
             0
         }),

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 /// hypervisor places above `HYP_RESERVED` (512 MiB) from the RAM base.
 const KERNEL_ADDR: u64 = 0x5000_0000;
 const MODULE_GAP: u64 = 2 << 20;
-const RESERVED_MB: u64 = 512;
+const RESERVED_MB: u64 = hypervisor::platform_desc::known::qemu_virt::PLATFORM.hyp_reserved >> 20;
 
 /// The guest kernel's command line when `RunOptions::append` is `None`.
 pub const DEFAULT_GUEST_ARGS: &str = "console=ttyAMA0 earlycon=pl011,0x09000000";

@@ -68,7 +68,7 @@ fn plan_layout(
         dom0_mem: cfg.dom0_mem,
         ram_disk: if cfg.disk == DiskMode::Ram { cfg.disk_size } else { 0 },
         heap_size: HEAP_SIZE,
-        keep_low: platform::HYP_RESERVED,
+        keep_low: platform::PLATFORM.hyp_reserved,
     };
     plan::check(&inputs)?;
     // SAFETY: the module lies in RAM (checked just above), identity-mapped
@@ -86,7 +86,7 @@ pub fn primary_main(dtb_addr: u64) -> ! {
     unsafe { mmu::enable(platform::is_device_gib) };
     // SAFETY: the platform's early console is a PL011 only the console
     // module drives.
-    unsafe { console::init(platform::EARLY_UART) };
+    unsafe { console::init(platform::PLATFORM.early_uart as usize) };
     heap::init_bootstrap();
     console::init_log(log::LevelFilter::Info);
     // SAFETY: pCPU 0 takes its own run block, once.
@@ -96,7 +96,7 @@ pub fn primary_main(dtb_addr: u64) -> ! {
     info!(
         "hypervisor {} on {} (image {:#x}-{:#x}, dtb {:#x})",
         env!("CARGO_PKG_VERSION"),
-        platform::NAME,
+        platform::PLATFORM.name,
         img_start,
         img_end,
         dtb_addr

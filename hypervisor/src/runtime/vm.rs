@@ -15,6 +15,7 @@ use crate::boot::plan::{self, LayoutError, ModuleCopy, Plan};
 use crate::config::{Config, DiskMode};
 use crate::dtb::{self, GuestDtbConfig, Platform, Region};
 use crate::intid::IntId;
+use crate::platform;
 use crate::sched::{SchedConfig, SchedError, Scheduler, VcpuId};
 use crate::stage2::{MemType, Stage2, Stage2Error};
 use crate::vgic::{Vgic, VgicConfig, VgicError};
@@ -28,12 +29,6 @@ use spin::Mutex;
 
 const MB: u64 = 1 << 20;
 const PAGE: u64 = 4096;
-/// The console UART's interrupt when the DTB names none: SPI 1 (INTID 33)
-/// on QEMU virt.
-const QEMU_VIRT_UART: IntId = match IntId::spi(1) {
-    Ok(id) => id,
-    Err(_) => panic!("SPI 1 exists"),
-};
 
 #[derive(Debug)]
 pub enum VmError {
@@ -451,9 +446,9 @@ impl Vm {
             vgic: Mutex::new(vgic),
             uart: Mutex::new(VPl011::new()),
             uart_region: plat.uart.as_ref().map(|u| Region { base: u.base, size: u.size.max(0x1000) }),
-            uart_intid: plat.uart.as_ref().map_or(QEMU_VIRT_UART, |u| u.intid),
+            uart_intid: plat.uart.as_ref().map_or(platform::PLATFORM.uart_intid, |u| u.intid),
             virt_timer_intid: vt,
-            maintenance_intid: plat.gic.maintenance_intid.unwrap_or(IntId::MAINTENANCE),
+            maintenance_intid: plat.gic.maintenance_intid.unwrap_or(platform::PLATFORM.maintenance_intid),
             hyp_timer_intid: plat.timer.hyp_intid,
             forwarded_pcpu: forwarded.iter().map(|_| AtomicUsize::new(0)).collect(),
             forwarded,

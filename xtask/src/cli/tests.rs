@@ -343,6 +343,11 @@ fn option_names_are_the_documented_ones() {
             "--disk",
             "--disk-latency-us",
             "--firmware",
+            "--platform",
+            "--dry-run",
+            "--fvp",
+            "--tf-a",
+            "--disk-image",
             "--help"
         ])
     );
