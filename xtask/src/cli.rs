@@ -6,6 +6,7 @@
 //! The types here only describe and check the options; `main.rs` and the
 //! modules that do the work ([`crate::qemu`], [`crate::bench`]) take them.
 
+use crate::hvload::{HvBoot, HvEntry};
 use crate::qemu::RunOptions;
 use clap::builder::TypedValueParser as _;
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -109,6 +110,12 @@ pub struct RunArgs {
     /// Where QEMU's guest-loader puts the initrd [default: after the kernel]
     #[arg(long, value_name = "ADDR", value_parser = parse_addr)]
     pub initrd_addr: Option<u64>,
+    /// Where QEMU loads the hypervisor, on a 2 MiB boundary [default: 0x40200000]
+    #[arg(long, value_name = "ADDR", value_parser = parse_addr)]
+    pub hv_addr: Option<u64>,
+    /// How the hypervisor is entered
+    #[arg(long, value_name = "CONVENTION", value_enum, default_value_t = HvEntry::Linux)]
+    pub hv_entry: HvEntry,
     /// Deterministic guest time (-icount shift=0,sleep=on)
     #[arg(long)]
     pub icount: bool,
@@ -156,6 +163,7 @@ fn parse_mem(s: &str) -> Result<u64, String> {
 impl RunArgs {
     /// The checks between options that clap does not express.
     pub fn check(&self) -> Result<(), String> {
+        HvBoot { addr: self.hv_addr, entry: self.hv_entry }.check()?;
         if self.disk_latency_us.is_some() && self.disk != Some(DiskKind::Ram) {
             return Err("--disk-latency-us goes with --disk ram".into());
         }
@@ -182,6 +190,7 @@ impl RunArgs {
             kernel_addr: self.kernel_addr,
             initrd_addr: self.initrd_addr,
             icount: self.icount,
+            hv_boot: HvBoot { addr: self.hv_addr, entry: self.hv_entry },
             ..Default::default()
         };
         if let Some(d) = self.disk {

@@ -4,6 +4,8 @@
 //! - [`cli`]: the command line (clap), its help text and checks
 //! - [`setup`]: installs what is missing (rustup target, QEMU via apt)
 //! - [`build`]: builds the hypervisor and converts it to a flat arm64 Image
+//! - [`hvload`]: where QEMU loads the hypervisor and which register
+//!   convention enters it (`--hv-addr`, `--hv-entry`)
 //! - [`image`]: builds the guest kernel + initramfs (guest-images/build.sh)
 //! - [`qemu`]: composes the QEMU command line and runs it with a timeout
 //! - [`lint`]: rustfmt and clippy (warnings as errors), run by `cargo xtask test`
@@ -14,6 +16,7 @@
 pub mod bench;
 pub mod build;
 pub mod cli;
+pub mod hvload;
 pub mod image;
 pub mod lint;
 pub mod qemu;

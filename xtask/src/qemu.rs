@@ -47,6 +47,8 @@ pub struct RunOptions {
     /// Typed on the console before the guest's shell reads (console-flood
     /// tests).
     pub early_input: Option<EarlyInput>,
+    /// Where the hypervisor is loaded and how it is entered (`hvload`).
+    pub hv_boot: crate::hvload::HvBoot,
 }
 
 /// Console input written before the guest reads its console.
@@ -80,6 +82,7 @@ impl Default for RunOptions {
             kernel_addr: None,
             initrd_addr: None,
             early_input: None,
+            hv_boot: Default::default(),
         }
     }
 }
@@ -180,10 +183,9 @@ pub fn command_line(hv_bin: &Path, kernel: &Path, initrd: Option<&PathBuf>, o: &
         "-nic".into(),
         "none".into(),
         "-no-reboot".into(),
-        "-kernel".into(),
-        hv_bin.display().to_string(),
-        "-append".into(),
-        hv_args,
+    ];
+    a.extend(crate::hvload::qemu_args(hv_bin, o.hv_boot, &hv_args));
+    a.extend([
         "-device".into(),
         format!(
             "guest-loader,addr={:#x},kernel={},bootargs={}",
@@ -191,7 +193,7 @@ pub fn command_line(hv_bin: &Path, kernel: &Path, initrd: Option<&PathBuf>, o: &
             kernel.display(),
             guest_args.replace(',', ",,")
         ),
-    ];
+    ]);
     if let Some(i) = initrd {
         a.push("-device".into());
         a.push(format!("guest-loader,addr={:#x},initrd={}", initrd_addr, i.display()));
@@ -225,7 +227,7 @@ pub fn printable(args: &[String]) -> String {
 /// Builds everything needed and runs one QEMU session.
 pub fn run(o: &RunOptions) -> Result<RunResult> {
     crate::setup::ensure_qemu()?;
-    let hv = crate::build::hypervisor("qemu-virt")?;
+    let hv = crate::hvload::prepare(&crate::build::hypervisor("qemu-virt")?, o.hv_boot)?;
     let (kernel, initrd) = match (&o.kernel, &o.initrd) {
         (Some(k), i) => (k.clone(), i.clone()),
         (None, _) => {

@@ -342,6 +342,8 @@ fn option_names_are_the_documented_ones() {
             "--icount",
             "--disk",
             "--disk-latency-us",
+            "--hv-addr",
+            "--hv-entry",
             "--help"
         ])
     );
