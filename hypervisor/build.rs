@@ -14,5 +14,14 @@ fn main() {
     if target_os == "none" {
         println!("cargo:rustc-link-arg-bins=-T{}", root.join("linker/hypervisor.ld").display());
         println!("cargo:rustc-link-arg-bins=-L{}", pdir.display());
+        // Position-independent (with `-C relocation-model=pie` from
+        // .cargo/config.toml): the linker leaves R_AARCH64_RELATIVE entries
+        // in .rela.dyn for the entry code to apply wherever the image runs.
+        // `-z notext`: the prebuilt core/alloc are not PIC and keep absolute
+        // pointers in .rodata (switch tables, vtables); those become
+        // relocations too, applied while the MMU is still off.
+        for arg in ["--pie", "--no-dynamic-linker", "-z", "notext"] {
+            println!("cargo:rustc-link-arg-bins={arg}");
+        }
     }
 }

@@ -145,3 +145,48 @@ fn dom0_mem_larger_than_ram_fails_cargo_xtask_run() {
     assert!(text.contains(&format!("xtask: error: the hypervisor stopped: {line}")), "{}", tail(&text, 30));
     assert!(!text.contains("Booting Linux"), "{}", tail(&text, 30));
 }
+
+/// The console's banner line, `(HV) INFO  hypervisor ... (image A-B, dtb D, convention)`.
+fn banner(r: &RunResult) -> &str {
+    let line = r.console.lines().find(|l| l.contains("(HV) INFO  hypervisor "));
+    line.unwrap_or_else(|| panic!("no hypervisor banner:\n{}", tail(&r.console, 30))).trim_end()
+}
+
+fn moved(addr: u64, entry: xtask::hvload::HvEntry) -> RunResult {
+    let o = RunOptions {
+        cmd: Some(r#"dmesg | grep -E "started at EL"; uname -m"#.into()),
+        echo: false,
+        timeout: Duration::from_secs(300),
+        hv_boot: xtask::hvload::HvBoot { addr: Some(addr), entry },
+        ..Default::default()
+    };
+    let r = run(&o);
+    assert_eq!(r.hv_fatal, None, "{}", tail(&r.console, 30));
+    assert_eq!(xtask::qemu::exit_code(&o, &r), Ok(0), "{}", tail(&r.console, 30));
+    assert_console(&r, "CPU: All CPU(s) started at EL1");
+    assert_console(&r, "aarch64");
+    r
+}
+
+#[test]
+fn the_hypervisor_runs_loaded_at_another_address() {
+    // `-kernel` with the Image header's text_offset = 160 MiB: QEMU loads
+    // it at 0x4a000000 and passes the DTB in x0 (it puts the DTB right
+    // behind the image). The image relocates itself (entry.rs), and the
+    // layout plan works around where it really is.
+    let r = moved(0x4a00_0000, xtask::hvload::HvEntry::Linux);
+    let b = banner(&r);
+    assert!(b.contains("(image 0x4a000000-0x4a"), "{b}");
+    assert!(b.ends_with(", x0 = dtb)"), "{b}");
+}
+
+#[test]
+fn the_hypervisor_accepts_tf_as_bl33_hand_off_at_a_third_address() {
+    // TF-A's default BL33 hand-off (x0 = MPIDR & 0xffff, x1 = DTB), with
+    // the image where QEMU's DTB would be for -kernel: generic loaders put
+    // it at 0x48000000 and a stub enters it; QEMU leaves the DTB at RAM base.
+    let r = moved(0x4800_0000, xtask::hvload::HvEntry::TfaMpidr);
+    let b = banner(&r);
+    assert!(b.contains("(image 0x48000000-0x48"), "{b}");
+    assert!(b.ends_with("dtb 0x40000000, x0 = mpidr, x1 = dtb)"), "{b}");
+}

@@ -6,6 +6,7 @@
 //! The types here only describe and check the options; `main.rs` and the
 //! modules that do the work ([`crate::qemu`], [`crate::bench`]) take them.
 
+use crate::hvload::{HvBoot, HvEntry};
 use crate::qemu::RunOptions;
 use clap::builder::TypedValueParser as _;
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -140,6 +141,12 @@ pub struct RunArgs {
     /// Where QEMU's guest-loader puts the initrd [default: after the kernel]
     #[arg(long, value_name = "ADDR", value_parser = parse_addr)]
     pub initrd_addr: Option<u64>,
+    /// Where QEMU loads the hypervisor, on a 2 MiB boundary [default: 0x40200000]
+    #[arg(long, value_name = "ADDR", value_parser = parse_addr)]
+    pub hv_addr: Option<u64>,
+    /// How the hypervisor is entered
+    #[arg(long, value_name = "CONVENTION", value_enum, default_value_t = HvEntry::Linux)]
+    pub hv_entry: HvEntry,
     /// Deterministic guest time (-icount shift=0,sleep=on)
     #[arg(long)]
     pub icount: bool,
@@ -205,6 +212,13 @@ fn parse_mem(s: &str) -> Result<u64, String> {
 impl RunArgs {
     /// The checks between options that clap does not express.
     pub fn check(&self) -> Result<(), String> {
+        let hv_boot = HvBoot { addr: self.hv_addr, entry: self.hv_entry };
+        hv_boot.check()?;
+        if hv_boot != HvBoot::default() && (self.firmware.is_some() || self.platform == PlatformKind::FvpBaseRevc) {
+            return Err(
+                "--hv-addr and --hv-entry are for QEMU's direct boot (TF-A and FVP load the hypervisor as BL33)".into(),
+            );
+        }
         if self.disk_latency_us.is_some() && self.disk != Some(DiskKind::Ram) {
             return Err("--disk-latency-us goes with --disk ram".into());
         }
@@ -248,6 +262,7 @@ impl RunArgs {
             initrd_addr: self.initrd_addr,
             icount: self.icount,
             firmware: self.firmware,
+            hv_boot: HvBoot { addr: self.hv_addr, entry: self.hv_entry },
             ..Default::default()
         };
         if let Some(d) = self.disk {

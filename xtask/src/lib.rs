@@ -4,6 +4,8 @@
 //! - [`cli`]: the command line (clap), its help text and checks
 //! - [`setup`]: installs what is missing (rustup target, QEMU via apt)
 //! - [`build`]: builds the hypervisor and converts it to a flat arm64 Image
+//! - [`hvload`]: where QEMU loads the hypervisor and which register
+//!   convention enters it (`--hv-addr`, `--hv-entry`)
 //! - [`image`]: builds the guest kernel + initramfs (guest-images/build.sh)
 //! - [`firmware`]: TF-A from Debian's source package, cached; the DTB with the hypervisor's options
 //! - [`qemu`]: composes the QEMU command line and runs it with a timeout
@@ -19,6 +21,7 @@ pub mod build;
 pub mod cli;
 pub mod firmware;
 pub mod fvp;
+pub mod hvload;
 pub mod image;
 pub mod lint;
 pub mod qemu;

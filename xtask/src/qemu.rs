@@ -50,6 +50,8 @@ pub struct RunOptions {
     /// Boot through firmware (`--firmware`) instead of QEMU's direct
     /// `-kernel` entry.
     pub firmware: Option<crate::firmware::Firmware>,
+    /// Where the hypervisor is loaded and how it is entered (`hvload`).
+    pub hv_boot: crate::hvload::HvBoot,
 }
 
 /// Console input written before the guest reads its console.
@@ -84,6 +86,7 @@ impl Default for RunOptions {
             initrd_addr: None,
             early_input: None,
             firmware: None,
+            hv_boot: Default::default(),
         }
     }
 }
@@ -184,10 +187,9 @@ pub fn command_line(hv_bin: &Path, kernel: &Path, initrd: Option<&PathBuf>, o: &
         "-nic".into(),
         "none".into(),
         "-no-reboot".into(),
-        "-kernel".into(),
-        hv_bin.display().to_string(),
-        "-append".into(),
-        hv_args,
+    ];
+    a.extend(crate::hvload::qemu_args(hv_bin, o.hv_boot, &hv_args));
+    a.extend([
         "-device".into(),
         format!(
             "guest-loader,addr={:#x},kernel={},bootargs={}",
@@ -195,7 +197,7 @@ pub fn command_line(hv_bin: &Path, kernel: &Path, initrd: Option<&PathBuf>, o: &
             kernel.display(),
             guest_args.replace(',', ",,")
         ),
-    ];
+    ]);
     if let Some(i) = initrd {
         a.push("-device".into());
         a.push(format!("guest-loader,addr={:#x},initrd={}", initrd_addr, i.display()));
@@ -229,7 +231,7 @@ pub fn printable(args: &[String]) -> String {
 /// Builds everything needed and runs one QEMU session.
 pub fn run(o: &RunOptions) -> Result<RunResult> {
     crate::setup::ensure_qemu()?;
-    let hv = crate::build::hypervisor("qemu-virt")?;
+    let hv = crate::hvload::prepare(&crate::build::hypervisor("qemu-virt")?, o.hv_boot)?;
     let (kernel, initrd) = match (&o.kernel, &o.initrd) {
         (Some(k), i) => (k.clone(), i.clone()),
         (None, _) => {

@@ -7,6 +7,7 @@ use super::percpu::{self, PCPUS};
 use super::{console, heap, vcpu, vm};
 use crate::arch::entry::MAX_CPUS;
 use crate::arch::{exception, gic, mmu, smc, sysreg};
+use crate::boot::handoff::{self, Convention, NoDtb};
 use crate::boot::image as boot_image;
 use crate::boot::plan::{self, LayoutError, Plan};
 use crate::config::{Config, DiskMode};
@@ -26,27 +27,21 @@ extern "C" {
 /// Size of the main heap; where it goes is planned (`boot::plan`).
 const HEAP_SIZE: u64 = 48 << 20;
 
-/// Reads the DTB's total size from its header (big-endian at offset 4).
-fn dtb_slice(addr: u64) -> Option<&'static [u8]> {
-    // Only normal memory of the identity map (39 bits) may be read.
+/// Finds the DTB among the boot registers (either BL33 convention,
+/// `boot::handoff`). Runs with the MMU on: only normal memory of the
+/// identity map (39 bits, outside the platform's device windows) is read,
+/// never a device register.
+fn find_dtb(regs: [u64; 4]) -> Result<(&'static [u8], Convention), NoDtb> {
     let normal = |a: u64| a >> 30 < 512 && !platform::is_device_gib(a >> 30);
-    if addr == 0 || !addr.is_multiple_of(8) || !normal(addr) {
-        return None;
-    }
-    // SAFETY: the boot protocol puts a DTB at `addr`; it is identity-mapped
-    // normal memory (checked above); the header is checked before the
-    // length is trusted.
-    unsafe {
-        let hdr = core::slice::from_raw_parts(addr as *const u8, 8);
-        if hdr[0..4] != [0xd0, 0x0d, 0xfe, 0xed] {
-            return None;
-        }
-        let size = u32::from_be_bytes([hdr[4], hdr[5], hdr[6], hdr[7]]) as usize;
-        if size > 2 << 20 || !normal(addr + size as u64 - 1) {
-            return None;
-        }
-        Some(core::slice::from_raw_parts(addr as *const u8, size))
-    }
+    let readable = |a: u64, len: u64| len > 0 && a.checked_add(len - 1).is_some_and(|e| normal(a) && normal(e));
+    // SAFETY: `find_dtb` reads only 4-byte-aligned words (the candidate is
+    // 8-byte aligned) inside ranges `readable` accepted: identity-mapped
+    // normal memory, where a read has no side effect.
+    let read_be32 = |a: u64| u32::from_be(unsafe { core::ptr::read_volatile(a as *const u32) });
+    let h = handoff::find_dtb(regs, readable, read_be32)?;
+    // SAFETY: a checked FDT header whose whole `totalsize` lies in normal
+    // memory; the plan keeps everything the hypervisor writes off it.
+    Ok((unsafe { core::slice::from_raw_parts(h.dtb as *const u8, h.size as usize) }, h.convention))
 }
 
 /// Checks the boot inputs, reads the kernel's arm64 header (once the
@@ -81,7 +76,7 @@ fn plan_layout(
 /// Boot: nothing outside the image is written until the layout is planned.
 /// The bootstrap heap (in .bss) serves discovery and planning; then the
 /// planned main heap is added and the guest built where the plan says.
-pub fn primary_main(dtb_addr: u64) -> ! {
+pub fn primary_main(regs: [u64; 4]) -> ! {
     // SAFETY: the primary CPU, once, MMU off, before any secondary starts.
     unsafe { mmu::enable(platform::is_device_gib) };
     // SAFETY: the platform's early console is a PL011 only the console
@@ -93,18 +88,19 @@ pub fn primary_main(dtb_addr: u64) -> ! {
     exception::init_cpu(unsafe { percpu::run_block(0) });
     // SAFETY: the image symbols come from the linker script.
     let (img_start, img_end) = (core::ptr::addr_of!(__image_start) as usize, core::ptr::addr_of!(__image_end) as usize);
+    let (dtb, convention) = match find_dtb(regs) {
+        Ok(d) => d,
+        Err(e) => hv_fatal!("{e}"),
+    };
     info!(
-        "hypervisor {} on {} (image {:#x}-{:#x}, dtb {:#x})",
+        "hypervisor {} on {} (image {:#x}-{:#x}, dtb {:#x}, {convention})",
         env!("CARGO_PKG_VERSION"),
         platform::PLATFORM.name,
         img_start,
         img_end,
-        dtb_addr
+        dtb.as_ptr() as usize,
     );
 
-    let Some(dtb) = dtb_slice(dtb_addr) else {
-        hv_fatal!("no valid device tree at x0 = {dtb_addr:#x}");
-    };
     let plat = match dtb::discover(dtb) {
         Ok(p) => p,
         Err(e) => hv_fatal!("device tree: {e}"),

@@ -20,8 +20,8 @@ pub mod vm;
 use crate::arch::smc;
 
 #[no_mangle]
-extern "C" fn hv_primary_main(dtb: u64) -> ! {
-    boot::primary_main(dtb)
+extern "C" fn hv_primary_main(x0: u64, x1: u64, x2: u64, x3: u64) -> ! {
+    boot::primary_main([x0, x1, x2, x3])
 }
 
 #[no_mangle]

@@ -348,6 +348,8 @@ fn option_names_are_the_documented_ones() {
             "--fvp",
             "--tf-a",
             "--disk-image",
+            "--hv-addr",
+            "--hv-entry",
             "--help"
         ])
     );
