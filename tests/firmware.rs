@@ -17,7 +17,7 @@ fn boots_through_tf_a(gic: u8) {
     // BL33 address, with QEMU's DTB (patched by BL2) at the base of RAM.
     assert_console(&r, "NOTICE:  BL31: v2.8");
     assert_console(&r, "(HV) INFO  hypervisor 0.1.0 on qemu-virt (image 0x40200000-");
-    assert_console(&r, "dtb 0x40000000)");
+    assert_console(&r, "dtb 0x40000000, x0 = dtb)");
     // The options came through the DTB (QEMU has no -append here).
     assert_console(&r, "(HV) INFO  options: dom0_mem=1024M dom0_max_vcpus=2");
     // pCPU 1 came up through TF-A's PSCI CPU_ON.
