@@ -37,7 +37,8 @@ pub const DTB_ADDR: u64 = 0x8200_0000;
 pub const KERNEL_ADDR: u64 = 0x9000_0000;
 /// DRAM bank 0; its top 16 MiB is secure (TZC) and left out of /memory.
 const DRAM0: (u64, u64) = (0x8000_0000, 0x8000_0000 - (16 << 20));
-const UART0: u64 = 0x1C09_0000;
+/// PL011 UART0: the descriptor's early console.
+const UART0: u64 = PLATFORM.early_uart;
 const VIRTIO_BLK: u64 = 0x1C13_0000;
 const GICD: u64 = 0x2F00_0000;
 const GICR: u64 = 0x2F10_0000;
@@ -235,8 +236,8 @@ pub fn make_dtb(s: &DtbSpec) -> Result<Vec<u8>> {
     let u = w.begin_node(&format!("uart@{UART0:x}")).map_err(e)?;
     w.property_string_list("compatible", vec!["arm,pl011".into(), "arm,primecell".into()]).map_err(e)?;
     w.property_array_u64("reg", &[UART0, 0x1000]).map_err(e)?;
-    // SPI 5, level high (the platform descriptor's fallback says the same).
-    w.property_array_u32("interrupts", &[0, 5, 4]).map_err(e)?;
+    // The descriptor's UART SPI (5 on FVP Base), level high.
+    w.property_array_u32("interrupts", &[0, PLATFORM.uart_intid.number(), 4]).map_err(e)?;
     w.property_array_u32("clocks", &[2, 2]).map_err(e)?;
     w.property_string_list("clock-names", vec!["uartclk".into(), "apb_pclk".into()]).map_err(e)?;
     w.end_node(u).map_err(e)?;
