@@ -11,6 +11,7 @@
 //! - `esr`: trap decoding; `psci`: PSCI/SMCCC decoding; `stage2`: stage-2
 //!   table building
 //! - `intid`: the GIC's interrupt IDs as a checked type (`IntId`)
+//! - `its`: the ITS register layouts and command format (physical driver and vITS)
 //! - `vgic`: the virtual GICv3 register model and list registers
 //! - `virtio`: the hypervisor's virtio-blk device and its RAM backend
 //! - `vpl011`: the emulated PL011
@@ -40,6 +41,7 @@ pub mod dtb;
 pub mod esr;
 pub mod idregs;
 pub mod intid;
+pub mod its;
 pub mod psci;
 pub mod regs;
 pub mod sched;
