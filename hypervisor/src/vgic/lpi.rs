@@ -26,10 +26,10 @@
 //! all PROPBASERs at one table), and one pending bit per LPI per vCPU, both
 //! bounded arrays (8 KiB + 1 KiB per vCPU). LPIs are edge-like and have no
 //! active state. The model reads the configuration table itself
-//! ([`Vgic::load_lpi_config`]) but never the pending table: Linux 6.1 hands
-//! over a zeroed pending table (it sets PENDBASER.PTZ only on some
-//! redistributors, but always allocates zeroed memory), so at EnableLPIs
-//! nothing is pending, and the model never writes pending state back to it.
+//! ([`Vgic::load_lpi_config`]) but never the pending table: Linux 6.1
+//! allocates its pending tables zeroed, so nothing is pending when it sets
+//! EnableLPIs, and the model never writes pending state back to the table
+//! (a guest that hands over a non-zero pending table loses those LPIs).
 //!
 //! # List registers
 //!
