@@ -332,6 +332,8 @@ impl Vm {
             gicr_base,
             nr_spis: nr_spis.min(988),
             vcpu_mpidrs,
+            // No virtual ITS yet (issue 9): the guest sees no LPIs.
+            lpis: false,
         })?;
         let vt = plat.timer.virt_intid;
         for v in 0..nr_vcpus {

@@ -6,6 +6,7 @@
 //! vINTID field of an LR value it is handed, and an interrupt sits in at most
 //! one vCPU's LRs (the `in_lr` field of the interrupt).
 
+use super::lpi::is_lpi;
 use super::regs::*;
 use super::{Irq, Kicks, Vgic, NO_INTID, NO_VCPU, NR_PRIVATE, NUM_LRS_MAX};
 use crate::intid::IntId;
@@ -97,6 +98,8 @@ impl Vgic {
     /// Before entering `vcpu`: fills free list registers (state 0 and not
     /// owned by an un-synced interrupt) with the best work for this vCPU:
     /// active interrupts first, then pending ones by priority, then by INTID.
+    /// Pending LPIs compete with the others by the priority of their
+    /// configuration byte.
     /// `lrs` holds the caller's `nr_lrs` LR values (at most [`NUM_LRS_MAX`]
     /// are used); write them all to `ICH_LR<n>_EL2` afterwards.
     pub fn flush_lrs(&mut self, vcpu: usize, lrs: &mut [u64]) -> FlushResult {
@@ -108,13 +111,14 @@ impl Vgic {
         let free = (0..n).filter(|&s| vs.lr_shadow[s] == NO_INTID && lrs[s] & LR_STATE_MASK == 0).count();
         let mut best = Best { items: [(0, 0); NUM_LRS_MAX], len: 0, cap: free };
         let mut total = 0usize;
-        let key = |irq: &Irq, intid: u32, active: bool| -> u32 {
-            u32::from(!active) << 20 | u32::from(irq.priority) << 12 | intid
+        // Active first, then by priority, then by INTID (14 bits with LPIs).
+        let key = |priority: u8, intid: u32, active: bool| -> u32 {
+            u32::from(!active) << 24 | u32::from(priority) << 14 | intid
         };
         for (i, irq) in vs.private.iter().enumerate() {
             if let Some((_, act)) = self.lr_candidate(irq, vcpu) {
                 total += 1;
-                best.offer(key(irq, i as u32, act), i as u32);
+                best.offer(key(irq.priority, i as u32, act), i as u32);
             }
         }
         for (i, irq) in self.spis.iter().enumerate() {
@@ -129,9 +133,10 @@ impl Vgic {
             }
             if let Some((_, act)) = self.lr_candidate(irq, vcpu) {
                 total += 1;
-                best.offer(key(irq, intid, act), intid);
+                best.offer(key(irq.priority, intid, act), intid);
             }
         }
+        total += self.lpi_candidates(vcpu, |prio, intid| best.offer(key(prio, intid, false), intid));
 
         let mut slot = 0usize;
         for &(_, intid) in &best.items[..best.len] {
@@ -141,6 +146,14 @@ impl Vgic {
             }
             if slot >= n {
                 break;
+            }
+            if is_lpi(intid) {
+                if let Some(v) = self.lpi_fill(vcpu, slot, intid) {
+                    lrs[slot] = v;
+                    res.filled += 1;
+                    slot += 1;
+                }
+                continue;
             }
             let Some((pend, act)) = self.irq(vcpu, intid).and_then(|irq| self.lr_candidate(irq, vcpu)) else {
                 continue;
@@ -182,7 +195,8 @@ impl Vgic {
     /// rewrite all LRs at the next entry after `flush_lrs`). An LR with state 0
     /// means the guest deactivated the interrupt: it is done (a level software
     /// interrupt whose line is still high is pending again; a hardware one
-    /// is not re-pended). Returns vCPUs to kick: targets of SPIs that remain
+    /// is not re-pended; an LPI found not pending was acknowledged and is
+    /// done). Returns vCPUs to kick: targets of SPIs (and moved LPIs) that remain
     /// pending but belong elsewhere now (re-routed while in flight). A HW
     /// interrupt whose LR state a guest ICPENDR/ICACTIVER write emptied is
     /// queued for [`Vgic::take_hw_deactivations`].
@@ -201,6 +215,12 @@ impl Vgic {
                 Some(v) => core::mem::take(v),
                 None => 0,
             };
+            if is_lpi(intid) {
+                if let Some(owner) = self.lpi_sync(vcpu, s, intid, val) {
+                    kicks.add(owner);
+                }
+                continue;
+            }
             let (pend_lr, act_lr) = lr_state(val);
             let Some(irq) = self.irq_mut(vcpu, intid) else {
                 continue;

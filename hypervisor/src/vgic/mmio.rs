@@ -11,8 +11,9 @@
 //!   affinity routing they are banked in the redistributors), and so are bits
 //!   for INTIDs beyond `nr_irqs`.
 
+use super::lpi::{GICD_TYPER_LPIS, GICR_TYPER_PLPIS};
 use super::regs::*;
-use super::{Kicks, MmioTarget, Vgic, VgicError, NO_VCPU, NR_PRIVATE};
+use super::{Kicks, MmioTarget, Vgic, VgicError, LPI_ID_BITS, NO_VCPU, NR_PRIVATE};
 
 /// The per-interrupt bit registers shared by GICD and the SGI frame.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -125,9 +126,11 @@ impl Vgic {
     fn gicd_typer(&self) -> u32 {
         let it_lines = self.nr_irqs().div_ceil(32) - 1;
         let cpus = (self.vcpus.len().clamp(1, 8) - 1) as u32;
-        let idbits = 9; // 10 INTID bits: 0..1023
+        // 10 INTID bits (0..1023), or 14 with LPIs (8192..16383).
+        let (idbits, lpis) = if self.lpis { (LPI_ID_BITS - 1, GICD_TYPER_LPIS) } else { (9, 0) };
         it_lines
             | cpus << 5
+            | lpis
             | idbits << 19
             | 1 << 24 // A3V: Aff3 may be non-zero
             | 1 << 26 // RSS: SGI targets with Aff0 up to 255
@@ -215,7 +218,9 @@ impl Vgic {
         let mpidr = self.vcpus.get(rd).map_or(0, |v| v.mpidr);
         let aff = ((mpidr >> 32) & 0xFF) << 24 | (mpidr & 0xFF_FFFF);
         let last = if rd + 1 == self.vcpus.len() { GICR_TYPER_LAST } else { 0 };
-        aff << 32 | (rd as u64 & 0xFFFF) << 8 | last
+        // DirectLPI (bit 3) stays 0: LPIs come only through the ITS.
+        let plpis = if self.lpis { GICR_TYPER_PLPIS } else { 0 };
+        aff << 32 | (rd as u64 & 0xFFFF) << 8 | last | plpis
     }
 
     fn waker(&self, rd: usize) -> u32 {
@@ -235,7 +240,11 @@ impl Vgic {
             };
         }
         Ok(match off {
-            GICR_CTLR | GICR_STATUSR => {
+            GICR_CTLR => {
+                need(size, &[4])?;
+                u64::from(self.gicr_ctlr(rd))
+            }
+            GICR_STATUSR => {
                 need(size, &[4])?;
                 0
             }
@@ -249,8 +258,8 @@ impl Vgic {
                 u64::from(self.waker(rd))
             }
             GICR_PROPBASER..=0x007F => {
-                need(size, &[4, 8])?;
-                0
+                let base = off & !7;
+                read64(self.gicr_baser(rd, base == GICR_PENDBASER), base, off, size)?
             }
             ID_BLOCK.. => {
                 need(size, &[4])?;
@@ -269,8 +278,18 @@ impl Vgic {
             };
         }
         match off {
-            GICR_CTLR | GICR_STATUSR | GICR_IIDR | ID_BLOCK.. => need(size, &[4])?,
-            GICR_TYPER | 0x000C | GICR_PROPBASER..=0x007F => need(size, &[4, 8])?,
+            GICR_CTLR => {
+                need(size, &[4])?;
+                self.write_gicr_ctlr(rd, value as u32);
+            }
+            GICR_STATUSR | GICR_IIDR | ID_BLOCK.. => need(size, &[4])?,
+            GICR_TYPER | 0x000C => need(size, &[4, 8])?,
+            GICR_PROPBASER..=0x007F => {
+                let base = off & !7;
+                let pend = base == GICR_PENDBASER;
+                let new = write64(self.gicr_baser(rd, pend), base, off, size, value)?;
+                self.set_gicr_baser(rd, pend, new);
+            }
             GICR_WAKER => {
                 need(size, &[4])?;
                 let sleep = value as u32 & WAKER_PROCESSOR_SLEEP != 0;

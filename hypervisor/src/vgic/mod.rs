@@ -4,8 +4,10 @@
 //! # What the guest sees
 //!
 //! A GICv3 (ArchRev 3 even on GICv4 hosts) with affinity routing always on,
-//! one security state (GICD_CTLR.DS reads 1, as KVM presents it), no LPIs and
-//! no ITS, `nr_spis` SPIs, and one redistributor per vCPU at a 128 KiB stride
+//! one security state (GICD_CTLR.DS reads 1, as KVM presents it), `nr_spis`
+//! SPIs, LPIs only when [`VgicConfig::lpis`] is set (INTIDs 8192..=16383, see
+//! the `lpi` module; the virtual ITS that injects them lives apart), no
+//! DirectLPI, and one redistributor per vCPU at a 128 KiB stride
 //! (RD_base, then SGI_base at +64 KiB). Every interrupt is treated as Group 1:
 //! IGROUPR/IGRPMODR are stored for read-back only, list registers always carry
 //! Group = 1, and delivery is gated by GICD_CTLR.EnableGrp1 (bit 1, which Linux
@@ -22,6 +24,11 @@
 //! * [`Vgic::set_level`], [`Vgic::inject_edge`], [`Vgic::send_sgi`] for
 //!   interrupt sources (emulated devices, forwarded physical IRQs, trapped
 //!   ICC_SGI1R_EL1 writes);
+//! * with LPIs, from the virtual ITS: [`Vgic::inject_lpi`],
+//!   [`Vgic::clear_lpi`], [`Vgic::move_lpi`], [`Vgic::set_lpi_config`] (INV)
+//!   and [`Vgic::load_lpi_config`] (INVALL); after every `mmio_write` the
+//!   caller takes [`Vgic::take_lpi_enable_events`] and loads the
+//!   configuration table of each vCPU that just set EnableLPIs;
 //! * [`Vgic::sync_lrs`] on **every** exit of a vCPU (before emulating the trap),
 //!   and [`Vgic::flush_lrs`] on every entry. Between those two calls the
 //!   interrupts in that vCPU's list registers belong to the hardware; the model
@@ -75,6 +82,9 @@
 //! sizes give [`VgicError::BadAccessSize`], reserved offsets read as zero and
 //! ignore writes.
 
+mod lpi;
+#[cfg(test)]
+mod lpi_tests;
 mod lr;
 mod mmio;
 pub mod regs;
@@ -86,6 +96,7 @@ use alloc::vec;
 use alloc::vec::Vec;
 use core::fmt;
 
+pub use lpi::{LPI_BASE, LPI_CONFIG_ENABLE, LPI_CONFIG_PRIORITY, LPI_ID_BITS, NR_LPIS};
 pub use lr::{encode_lr, FlushResult};
 use regs::*;
 
@@ -123,6 +134,11 @@ pub struct VgicConfig {
     pub nr_spis: u32,
     /// The MPIDR_EL1 value each vCPU sees (VMPIDR_EL2), indexed by vCPU number.
     pub vcpu_mpidrs: Vec<u64>,
+    /// Whether the guest sees LPIs (GICD_TYPER.LPIS, GICR_TYPER.PLPIS,
+    /// EnableLPIs, PROPBASER/PENDBASER): INTIDs [`LPI_BASE`] up to
+    /// 2^[`LPI_ID_BITS`] - 1, injected by a virtual ITS. `false` presents a
+    /// GICv3 without LPIs.
+    pub lpis: bool,
 }
 
 /// Errors the caller turns into guest aborts or reports as bugs.
@@ -139,6 +155,10 @@ pub enum VgicError {
     OutOfRange,
     /// The CPU interface has fewer list registers than [`NUM_LRS_MIN`].
     TooFewListRegisters(usize),
+    /// The vGIC has no LPIs, or this vCPU's GICR_CTLR.EnableLPIs is 0.
+    LpisDisabled(usize),
+    /// A guest table (the LPI configuration table) is not readable guest RAM.
+    TableOutsideRam { gpa: u64, len: u64 },
 }
 
 impl fmt::Display for VgicError {
@@ -150,6 +170,10 @@ impl fmt::Display for VgicError {
             VgicError::OutOfRange => write!(f, "out of range"),
             VgicError::TooFewListRegisters(n) => {
                 write!(f, "the GIC CPU interface has {n} list register(s); at least {NUM_LRS_MIN} are needed")
+            }
+            VgicError::LpisDisabled(v) => write!(f, "LPIs are not enabled on vCPU {v}"),
+            VgicError::TableOutsideRam { gpa, len } => {
+                write!(f, "LPI table at {gpa:#x} ({len} bytes) is not guest RAM")
             }
         }
     }
@@ -320,6 +344,8 @@ struct VcpuState {
     asleep: bool,
     private: [Irq; NR_PRIVATE as usize],
     lr_shadow: [u32; NUM_LRS_MAX],
+    /// This redistributor's LPI registers and pending LPIs.
+    lpi: lpi::LpiRedist,
 }
 
 /// The virtual GICv3 of one VM.
@@ -336,6 +362,15 @@ pub struct Vgic {
     /// Physical deactivations the caller has not taken yet (one entry per
     /// interrupt at most, so bounded by the number of HW interrupts).
     hw_deactivations: Vec<HwDeactivation>,
+    /// Whether LPIs exist (`VgicConfig::lpis`).
+    lpis: bool,
+    /// One configuration byte per LPI (priority in bits \[7:2\], Enable in
+    /// bit 0), shared by all redistributors: [`NR_LPIS`] bytes with LPIs,
+    /// empty without.
+    lpi_config: Vec<u8>,
+    /// vCPUs whose EnableLPIs went 0 -> 1 since the caller last asked (each
+    /// at most once, so bounded by the number of vCPUs).
+    lpi_enable_events: Vec<usize>,
 }
 
 impl Vgic {
@@ -352,7 +387,13 @@ impl Vgic {
         }
         let vcpus = cfg.vcpu_mpidrs[..nr_vcpus]
             .iter()
-            .map(|&mpidr| VcpuState { mpidr, asleep: true, private, lr_shadow: [NO_INTID; NUM_LRS_MAX] })
+            .map(|&mpidr| VcpuState {
+                mpidr,
+                asleep: true,
+                private,
+                lr_shadow: [NO_INTID; NUM_LRS_MAX],
+                lpi: lpi::LpiRedist::new(cfg.lpis),
+            })
             .collect();
         let mut v = Vgic {
             gicd_base: cfg.gicd_base,
@@ -364,6 +405,9 @@ impl Vgic {
             irouter: vec![0; nr_spis as usize],
             spi_target: vec![NO_VCPU; nr_spis as usize],
             hw_deactivations: Vec::new(),
+            lpis: cfg.lpis,
+            lpi_config: if cfg.lpis { vec![0; NR_LPIS as usize] } else { Vec::new() },
+            lpi_enable_events: Vec::new(),
         };
         v.retarget_all();
         v
@@ -672,6 +716,9 @@ impl Vgic {
     /// The EL2 code uses it when it loads a vCPU, to give a forwarded private
     /// interrupt (the virtual timer) the matching physical active state.
     pub fn is_pending_or_active(&self, vcpu: usize, intid: IntId) -> bool {
+        if u32::from(intid) >= LPI_BASE {
+            return self.lpi_pending(intid, vcpu);
+        }
         self.irq(vcpu, u32::from(intid)).is_some_and(|i| i.pending_view() || i.active_view())
     }
 
@@ -687,6 +734,9 @@ impl Vgic {
             return false;
         }
         if vs.private.iter().any(|irq| self.deliverable_to(irq, vcpu)) {
+            return true;
+        }
+        if self.lpi_has_deliverable(vcpu) {
             return true;
         }
         (0..self.spis.len()).any(|i| {
@@ -753,6 +803,6 @@ impl fmt::Display for Dump<'_> {
                 line(intid, irq)?;
             }
         }
-        Ok(())
+        g.dump_lpis(f, self.vcpu)
     }
 }

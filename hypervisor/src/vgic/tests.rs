@@ -16,6 +16,7 @@ fn cfg(n: usize, nr_spis: u32) -> VgicConfig {
         gicr_base: GICR,
         nr_spis,
         vcpu_mpidrs: (0..n as u64).map(|i| 0x8000_0000 | i).collect(),
+        lpis: false,
     }
 }
 
@@ -113,6 +114,7 @@ fn redistributor_typer_and_ids() {
         gicr_base: GICR,
         nr_spis: 32,
         vcpu_mpidrs: vec![0x8000_0000, 0x01_8001_0203, 0x0000_0100],
+        lpis: false,
     });
     for v in 0..3 {
         let t = g.mmio_read(0, rd(v) + GICR_TYPER, 8).unwrap();
@@ -308,7 +310,8 @@ fn bad_sizes_and_reserved_offsets() {
 #[test]
 fn sgi_targeting() {
     let mpidrs = vec![0x8000_0000, 0x8000_0001, 0x8000_0100, 0x8000_0011, 0x8001_0000_0000];
-    let mut g = Vgic::new(VgicConfig { gicd_base: GICD, gicr_base: GICR, nr_spis: 32, vcpu_mpidrs: mpidrs });
+    let mut g =
+        Vgic::new(VgicConfig { gicd_base: GICD, gicr_base: GICR, nr_spis: 32, vcpu_mpidrs: mpidrs, lpis: false });
     w32(&mut g, GICD + GICD_CTLR, 2);
     for v in 0..5 {
         w32(&mut g, rd(v) + GICR_WAKER, 0);
@@ -683,6 +686,12 @@ fn guest_writes_garbage_everywhere() {
     }
     let (w, e, f) = fuzz(g, 3, 0x1234_5678_9ABC_DEF1);
     assert!(w > 10_000 && e > 1_000 && f > 2_000, "{w} {e} {f}");
+    // With LPIs: the same traffic plus LPI injection (vgic/lpi_tests.rs
+    // has the LPI-specific random test).
+    let mut g = Vgic::new(VgicConfig { lpis: true, ..cfg(3, 96) });
+    w32(&mut g, GICD + GICD_CTLR, 0x13);
+    let (w, e, _) = fuzz(g, 3, 0x00DD_BA11_CAFE);
+    assert!(w > 10_000 && e > 1_000, "{w} {e}");
 }
 
 /// Random guest accesses and interrupt traffic; returns (writes accepted,
@@ -713,6 +722,14 @@ fn fuzz(mut g: Vgic, n: usize, seed: u64) -> (u32, u32, usize) {
                 // 1024-1055 are no INTIDs: the type rejects them before the vGIC.
                 let intid = IntId::try_from(rng.below(1100) as u32);
                 let _ = match (rng.below(3), intid) {
+                    (0, Ok(_)) if value & 6 == 0 => {
+                        // An LPI (or an INTID just around the LPI range).
+                        match IntId::try_from(LPI_BASE - 1 + rng.below(130) as u32) {
+                            Ok(lpi) if value & 8 == 0 => g.inject_lpi(lpi, vcpu),
+                            Ok(lpi) => g.set_lpi_config(lpi, value as u8 >> 4 | 1),
+                            Err(_) => Ok(Kicks::none()),
+                        }
+                    }
                     (0, Ok(intid)) => g.set_level(intid, vcpu, value & 1 != 0),
                     (1, Ok(intid)) => g.inject_edge(intid, vcpu),
                     (0 | 1, Err(_)) => Ok(Kicks::none()),
@@ -755,7 +772,7 @@ fn fuzz(mut g: Vgic, n: usize, seed: u64) -> (u32, u32, usize) {
         let mut seen = [0u8; 128];
         for v in 0..n {
             for intid in g.lr_contents(v).into_iter().flatten().map(u32::from) {
-                if intid >= 32 {
+                if (32..LPI_BASE).contains(&intid) {
                     let i = (intid - 32) as usize;
                     seen[i] += 1;
                     assert!(seen[i] <= 1, "SPI {intid} in two vCPUs' LRs");
