@@ -276,6 +276,7 @@ impl Vm {
         };
         check_passthrough(plat, plan, &passthrough, disk_slot.as_ref())?;
         let mut remove = dtb::default_removals(host_dtb)?;
+        remove.extend(plat.pcie.iter().map(|b| b.path.clone()));
         for d in &plat.virtio_mmio {
             let ours = disk_slot.as_ref().is_some_and(|s| s.base == d.base);
             if !ours && !passthrough.iter().any(|p| p.base == d.base) {
@@ -298,6 +299,8 @@ impl Vm {
                 initrd,
                 remove_paths: remove,
                 extra_virtio_mmio: Vec::new(),
+                keep_its: false,
+                ipa_size: Some(1 << crate::stage2::IPA_BITS),
             },
         )?;
         if guest_dtb.len() as u64 > plan.guest_dtb.size {
