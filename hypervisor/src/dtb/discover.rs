@@ -220,7 +220,7 @@ fn pcie_host(idx: &Index<'_, '_>, i: usize, gic: usize) -> Result<PcieHost, DtbE
         None => Vec::new(),
         Some(v) => {
             let raw = tree::cells_u32(v, "msi-map")?;
-            if raw.is_empty() || raw.len() % 4 != 0 {
+            if raw.is_empty() || !raw.len().is_multiple_of(4) {
                 return Err(DtbError::BadValue("msi-map (want 4-cell entries)"));
             }
             raw.chunks_exact(4)
@@ -257,7 +257,7 @@ fn pci_windows(idx: &Index<'_, '_>, i: usize) -> Result<Vec<PciWindow>, DtbError
         return Err(DtbError::Unsupported("pci ranges cells (want 3 address cells)"));
     }
     let raw = tree::cells_u32(v, "pci ranges")?;
-    if raw.len() % (ca + pa + sc) != 0 {
+    if !raw.len().is_multiple_of(ca + pa + sc) {
         return Err(DtbError::BadValue("pci ranges"));
     }
     let num = |c: &[u32]| c.iter().fold(0u64, |acc, &x| (acc << 32) | u64::from(x));

@@ -169,7 +169,7 @@ fn pci_ranges_within(value: &[u8], cells: Cells, parent: Cells, limit: u64) -> R
         return Err(DtbError::Unsupported("pci ranges cells"));
     }
     let per = (ca + pa + sc) * 4;
-    if per == 0 || value.len() % per != 0 {
+    if per == 0 || !value.len().is_multiple_of(per) {
         return Err(DtbError::BadValue("pci ranges"));
     }
     let mut out = Vec::with_capacity(value.len());
