@@ -67,8 +67,8 @@ use alloc::vec::Vec;
 use core::fmt;
 
 pub use discover::discover;
-pub use tree::Irq;
 pub use guest::{build_guest_dtb, default_removals, DEFAULT_REMOVE_COMPATIBLES};
+pub use tree::Irq;
 
 /// Why a device tree could not be read or written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
