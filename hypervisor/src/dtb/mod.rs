@@ -249,6 +249,21 @@ pub struct PcieHost {
     pub msi_parent: Vec<u32>,
 }
 
+impl PcieHost {
+    /// What passing the bridge through maps into a guest whose IPA space is
+    /// `ipa_size` bytes: the ECAM, then every I/O and memory window that
+    /// ends inside it (the windows the guest DTB keeps, see
+    /// [`GuestDtbConfig::ipa_size`]).
+    pub fn passthrough_frames(&self, ipa_size: u64) -> Vec<Region> {
+        let windows = self
+            .windows
+            .iter()
+            .filter(|w| w.space != PciSpace::Config && w.cpu.size != 0 && w.cpu.end() <= ipa_size)
+            .map(|w| w.cpu);
+        core::iter::once(self.ecam).chain(windows).collect()
+    }
+}
+
 /// Everything the hypervisor learns from the boot DTB.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Platform {

@@ -225,17 +225,9 @@ fn check_passthrough(
     plan::check_passthrough(&plat.memory, &hyp, ranges).map_err(VmError::Layout)
 }
 
-/// What a PCIe host bridge passed through maps into stage 2: its ECAM and
-/// the I/O and memory windows that fit the IPA space (the guest DTB keeps
-/// exactly these, `GuestDtbConfig::ipa_size`).
+/// What a PCIe host bridge passed through maps into stage 2.
 fn bridge_frames(bridge: &dtb::PcieHost) -> Vec<Region> {
-    let ipa_size = 1u64 << crate::stage2::IPA_BITS;
-    let windows = bridge
-        .windows
-        .iter()
-        .filter(|w| w.space != dtb::PciSpace::Config && w.cpu.size != 0 && w.cpu.end() <= ipa_size)
-        .map(|w| w.cpu);
-    core::iter::once(bridge.ecam).chain(windows).collect()
+    bridge.passthrough_frames(1 << crate::stage2::IPA_BITS)
 }
 
 /// vMPIDR of vCPU `i`: Aff0 = i % 16, Aff1 = i / 16.
