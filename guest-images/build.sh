@@ -34,10 +34,13 @@ IMGTOOL=(python3 "$HERE/imgtool.py")
 
 # Modules the guest needs (their depends= closure is added automatically),
 # with the Kconfig symbol that says whether each is built in or a module.
-GUEST_MODULES=(virtio_ring virtio virtio_mmio virtio_blk)
+# virtio_pci (for --disk virtio-pci) brings virtio_pci_legacy_dev and
+# virtio_pci_modern_dev through its depends= (imgtool modorder).
+GUEST_MODULES=(virtio_ring virtio virtio_mmio virtio_blk virtio_pci)
 declare -A MODULE_CONFIG=(
     [virtio_ring]=CONFIG_VIRTIO [virtio]=CONFIG_VIRTIO
     [virtio_mmio]=CONFIG_VIRTIO_MMIO [virtio_blk]=CONFIG_VIRTIO_BLK
+    [virtio_pci]=CONFIG_VIRTIO_PCI
 )
 # Programs whose shared-library closure goes into the initramfs.
 GUEST_PROGRAMS=(/bin/busybox /usr/bin/fio /usr/bin/cyclictest)

@@ -25,12 +25,22 @@ pub enum DiskMode {
     Backend,
     /// No disk, and no passthrough devices.
     None,
+    /// The PCIe host bridge passed through (Dom0-style), with a virtio-blk
+    /// PCI device behind it; no virtio-mmio device is passed through.
+    VirtioPci,
+    /// The same with an NVMe controller behind the bridge.
+    Nvme,
 }
 
 impl DiskMode {
     /// Whether the hypervisor emulates the guest's disk.
     pub fn emulated(self) -> bool {
         matches!(self, DiskMode::Ram | DiskMode::Backend)
+    }
+
+    /// Whether the guest gets the PCIe host bridge (and its disk is on it).
+    pub fn pcie(self) -> bool {
+        matches!(self, DiskMode::VirtioPci | DiskMode::Nvme)
     }
 }
 
@@ -121,6 +131,8 @@ impl Config {
                         "ram" => DiskMode::Ram,
                         "backend" => DiskMode::Backend,
                         "none" => DiskMode::None,
+                        "virtio-pci" => DiskMode::VirtioPci,
+                        "nvme" => DiskMode::Nvme,
                         _ => return Err(bad()),
                     }
                 }
@@ -175,6 +187,9 @@ mod tests {
         assert_eq!(d.disk_latency_us, 200);
         assert_eq!(d.disk_size, 64 << 20);
         assert!(Config::parse("dom0_disk=floppy").is_err());
+        assert_eq!(Config::parse("dom0_disk=virtio-pci").unwrap().disk, DiskMode::VirtioPci);
+        assert_eq!(Config::parse("dom0_disk=nvme").unwrap().disk, DiskMode::Nvme);
+        assert!(DiskMode::Nvme.pcie() && !DiskMode::Nvme.emulated() && !DiskMode::Passthrough.pcie());
         assert!(Config::parse("dom0_disk_size=100").is_err());
         assert_eq!(Config::parse("timer_slop_ns=50000").unwrap().timer_slop_ns, 50_000);
         assert!(Config::parse("timer_slop_ns=x").is_err());

@@ -95,6 +95,14 @@ const fn shift(level: u32) -> u32 {
     12 + 9 * (3 - level)
 }
 
+/// Where a walk ended.
+enum Walk {
+    /// A block or page descriptor and the size it maps.
+    Leaf(u64, u64),
+    /// No mapping: the entry at this level is invalid.
+    Empty(u32),
+}
+
 /// One VM's stage-2 tables.
 pub struct Stage2 {
     root: u64,
@@ -128,13 +136,15 @@ impl Stage2 {
             return Err(Stage2Error::OutOfRange);
         }
         // Refuse overlaps up front so a failed map leaves nothing half done.
+        // An empty entry at level l leaves its whole 2^shift(l) block free,
+        // so the probe steps by blocks: a 256 MiB ECAM window in an empty
+        // 1 GiB slot is one step, not 65536.
         let mut probe = ipa;
         while probe < end {
-            if let Some((_, level_size)) = self.walk_leaf(alloc, probe) {
-                let _ = level_size;
-                return Err(Stage2Error::AlreadyMapped);
+            match self.walk(alloc, probe) {
+                Walk::Leaf(..) => return Err(Stage2Error::AlreadyMapped),
+                Walk::Empty(level) => probe = (probe | ((1 << shift(level)) - 1)) + 1,
             }
-            probe += PAGE;
         }
         let mut off = 0;
         while off < size {
@@ -182,21 +192,34 @@ impl Stage2 {
 
     /// The leaf descriptor covering `ipa` and the size of its block.
     fn walk_leaf(&self, alloc: &mut impl TableAlloc, ipa: u64) -> Option<(u64, u64)> {
+        match self.walk(alloc, ipa) {
+            Walk::Leaf(desc, size) => Some((desc, size)),
+            Walk::Empty(_) => None,
+        }
+    }
+
+    /// Walks `ipa` down to its leaf, or to the level whose entry is empty.
+    /// An address outside the IPA space or a table the allocator does not
+    /// know counts as empty at level 1 (nothing the walk can map).
+    fn walk(&self, alloc: &mut impl TableAlloc, ipa: u64) -> Walk {
         if ipa >= 1 << IPA_BITS {
-            return None;
+            return Walk::Empty(1);
         }
         let mut table = self.root;
         for level in 1..=3 {
-            let desc = alloc.table(table)?[((ipa >> shift(level)) & 511) as usize];
+            let Some(t) = alloc.table(table) else {
+                return Walk::Empty(level);
+            };
+            let desc = t[((ipa >> shift(level)) & 511) as usize];
             if desc & DESC_VALID == 0 {
-                return None;
+                return Walk::Empty(level);
             }
             if level == 3 || desc & 0b11 == DESC_BLOCK {
-                return Some((desc, 1 << shift(level)));
+                return Walk::Leaf(desc, 1 << shift(level));
             }
             table = desc & ADDR_MASK;
         }
-        None
+        Walk::Empty(3)
     }
 
     /// Translates an IPA to (PA, memory type), or `None` when unmapped.
@@ -246,6 +269,36 @@ mod tests {
         assert_eq!(m.tables.len(), 1);
         assert_eq!(s2.translate(&mut m, 0x4123_4567), Some((0x4123_4567, MemType::Normal)));
         assert_eq!(s2.translate(&mut m, 0x8000_0000), None);
+    }
+
+    /// QEMU virt's PCIe windows: the 256 MiB ECAM at 257 GiB is 128 2 MiB
+    /// blocks under one level-2 table; the 32-bit window ends off a 2 MiB
+    /// boundary (pages for the tail); the I/O window is 16 pages. The
+    /// overlap probe still catches a page inside a block.
+    #[test]
+    fn pcie_windows_use_blocks_and_overlaps_are_refused() {
+        let mut m = FakeMem::default();
+        let mut s2 = Stage2::new(&mut m).unwrap();
+        s2.map(&mut m, 0x40_1000_0000, 0x40_1000_0000, 0x1000_0000, MemType::Device).unwrap();
+        assert_eq!(m.tables.len(), 2, "root + one level-2 table of 2 MiB blocks");
+        s2.map(&mut m, 0x1000_0000, 0x1000_0000, 0x2eff_0000, MemType::Device).unwrap();
+        s2.map(&mut m, 0x3eff_0000, 0x3eff_0000, 0x1_0000, MemType::Device).unwrap();
+        // One more level-2 table for 0..1 GiB and one level-3 table for the
+        // last 2 MiB of the 32-bit window and the I/O window.
+        assert_eq!(m.tables.len(), 4);
+        assert_eq!(s2.translate(&mut m, 0x40_1fff_fffc), Some((0x40_1fff_fffc, MemType::Device)));
+        assert_eq!(s2.translate(&mut m, 0x3eff_fff0), Some((0x3eff_fff0, MemType::Device)));
+        assert_eq!(s2.translate(&mut m, 0x3f00_0000), None);
+        assert_eq!(s2.translate(&mut m, 0x40_2000_0000), None);
+        for (ipa, size) in [(0x40_1fff_f000, PAGE), (0x40_0000_0000, 0x2000_0000), (0x3eff_f000, 0x2000)] {
+            assert_eq!(s2.map(&mut m, ipa, ipa, size, MemType::Device), Err(Stage2Error::AlreadyMapped), "{ipa:#x}");
+        }
+        assert_eq!(m.tables.len(), 4, "a refused map allocates nothing");
+        // The 64-bit window at 512 GiB is beyond the 39-bit IPA space.
+        assert_eq!(
+            s2.map(&mut m, 0x80_0000_0000, 0x80_0000_0000, 0x1000_0000, MemType::Device),
+            Err(Stage2Error::OutOfRange)
+        );
     }
 
     #[test]

@@ -84,6 +84,10 @@ pub enum DiskKind {
     Backend,
     /// No disk
     None,
+    /// QEMU's virtio-blk-pci (a scratch image) behind the PCIe host bridge, passed through with INTx
+    VirtioPci,
+    /// QEMU's NVMe controller (a scratch image) behind the PCIe host bridge, passed through with INTx
+    Nvme,
 }
 
 impl DiskKind {
@@ -94,6 +98,18 @@ impl DiskKind {
             DiskKind::Ram => "ram",
             DiskKind::Backend => "backend",
             DiskKind::None => "none",
+            DiskKind::VirtioPci => "virtio-pci",
+            DiskKind::Nvme => "nvme",
+        }
+    }
+
+    /// The QEMU device in front of the scratch image (drive `d0`), if any.
+    pub fn qemu_device(self) -> Option<&'static str> {
+        match self {
+            DiskKind::Passthrough | DiskKind::Backend => Some("virtio-blk-device,drive=d0"),
+            DiskKind::VirtioPci => Some("virtio-blk-pci,drive=d0"),
+            DiskKind::Nvme => Some("nvme,drive=d0,serial=hvdisk0"),
+            DiskKind::Ram | DiskKind::None => None,
         }
     }
 }
@@ -242,7 +258,7 @@ impl RunArgs {
     }
 
     /// The runner's options. `scratch_disk` makes the QEMU disk image that
-    /// `--disk passthrough|backend` attach (the caller passes
+    /// `--disk passthrough|backend|virtio-pci|nvme` attach (the caller passes
     /// [`crate::qemu::scratch_disk`]).
     pub fn run_options(&self, scratch_disk: impl FnOnce() -> std::io::Result<PathBuf>) -> Result<RunOptions, String> {
         self.check()?;
@@ -270,14 +286,15 @@ impl RunArgs {
             if d == DiskKind::Ram {
                 args.push_str(&format!(" dom0_disk_latency_us={}", self.disk_latency_us.unwrap_or(0)));
             }
-            if d == DiskKind::Passthrough || d == DiskKind::Backend {
-                // A QEMU virtio-blk device with a scratch image.
+            if let Some(device) = d.qemu_device() {
+                // A QEMU disk with a scratch image: virtio-mmio, or on the
+                // PCIe root bus.
                 let img = scratch_disk().map_err(|e| format!("disk image: {e}"))?;
                 o.extra.extend([
                     "-drive".into(),
                     format!("if=none,file={},format=raw,id=d0", img.display()),
                     "-device".into(),
-                    "virtio-blk-device,drive=d0".into(),
+                    device.into(),
                 ]);
             }
             o.hv_args = if o.hv_args.is_empty() { args } else { format!("{args} {}", o.hv_args) };

@@ -333,6 +333,28 @@ fn passthrough_devices_must_not_touch_ram_or_the_hypervisor() {
     assert!(matches!(check_passthrough(&RAM, &[], &[r(u64::MAX - 0x100, 0x100)]), Err(LayoutError::Wraps { .. })));
 }
 
+/// QEMU virt's PCIe bridge, as passed through: ECAM and the two windows
+/// below 4 GiB are clear of RAM, the GIC and the UART; the same frames
+/// moved onto RAM or the GIC are refused.
+#[test]
+fn pcie_bridge_frames_are_checked_like_devices() {
+    let plat = crate::dtb::discover(include_bytes!("../dtb/testdata/qemu-virt-gicv3-smp2.dtb")).unwrap();
+    let frames = plat.pcie[0].passthrough_frames(1 << crate::stage2::IPA_BITS);
+    assert_eq!(frames, [r(0x40_1000_0000, 0x1000_0000), r(0x3eff_0000, 0x1_0000), r(0x1000_0000, 0x2eff_0000)]);
+    let hyp = [
+        ("GIC distributor", plat.gic.gicd),
+        ("GIC redistributors", plat.gic.gicr[0]),
+        ("hypervisor UART", r(0x0900_0000, 0x1000)),
+    ];
+    assert_eq!(check_passthrough(&plat.memory, &hyp, &frames), Ok(()));
+    let e = check_passthrough(&plat.memory, &hyp, &[r(0x3fff_0000, 0x2_0000)]).unwrap_err();
+    assert!(matches!(e, LayoutError::Overlap { b: ("RAM", _), .. }), "{e}");
+    let e = check_passthrough(&plat.memory, &hyp, &[r(0x0800_0000, 0x1000_0000)]).unwrap_err();
+    assert!(matches!(e, LayoutError::Overlap { b: ("GIC distributor", _), .. }), "{e}");
+    // A larger IPA space keeps the 64-bit window.
+    assert_eq!(plat.pcie[0].passthrough_frames(1 << 40).len(), 4);
+}
+
 /// A random page-aligned region inside `within`, at most `max` long.
 fn region_in(rng: &mut Rng, within: Region, max: u64) -> Region {
     let size = 4096 * (1 + rng.below(max / 4096));

@@ -13,7 +13,10 @@ use fdt::Fdt;
 
 use super::blob;
 use super::tree::{self, gic_irq, is_compatible, is_enabled, prop, prop_str, prop_u32, Entry, Index};
-use super::{BootModule, DtbError, GicInfo, MmioDevice, Platform, Region, TimerInfo, UartInfo};
+use super::{
+    BootModule, DtbError, GicInfo, MmioDevice, MsiMapEntry, PciSpace, PciWindow, PcieHost, Platform, Region, TimerInfo,
+    UartInfo,
+};
 
 /// Reads the platform description from the boot DTB.
 pub fn discover(dtb: &[u8]) -> Result<Platform, DtbError> {
@@ -39,6 +42,7 @@ pub fn discover(dtb: &[u8]) -> Result<Platform, DtbError> {
         uart: uart(&idx, chosen, gic_idx),
         timer: timer(&idx, gic_idx)?,
         virtio_mmio: virtio_mmio(&idx, gic_idx)?,
+        pcie: pcie(&idx, gic_idx)?,
         psci_method,
         bootargs: chosen.and_then(|c| hypervisor_bootargs(idx.entries[c].node)).map(String::from),
         kernel,
@@ -185,6 +189,91 @@ fn virtio_mmio(idx: &Index<'_, '_>, gic: usize) -> Result<Vec<MmioDevice>, DtbEr
         .enumerate()
         .filter(|(_, e)| is_enabled(e.node) && is_compatible(e.node, "virtio,mmio"))
         .map(|(i, _)| mmio_device(idx, i, gic))
+        .collect()
+}
+
+/// Enabled generic ECAM host bridges.
+fn pcie(idx: &Index<'_, '_>, gic: usize) -> Result<Vec<PcieHost>, DtbError> {
+    idx.iter()
+        .enumerate()
+        .filter(|(_, e)| is_enabled(e.node) && is_compatible(e.node, "pci-host-ecam-generic"))
+        .map(|(i, _)| pcie_host(idx, i, gic))
+        .collect()
+}
+
+fn pcie_host(idx: &Index<'_, '_>, i: usize, gic: usize) -> Result<PcieHost, DtbError> {
+    let e = &idx.entries[i];
+    let ecam = *idx.mmio_reg(i, "pcie reg")?.first().ok_or(DtbError::BadValue("pcie reg"))?;
+    let bus_range = match prop(e.node, "bus-range") {
+        None => (0, 255),
+        Some(v) => match tree::cells_u32(v, "bus-range")?.as_slice() {
+            &[first, last] if first <= last && last <= 255 => (first as u8, last as u8),
+            _ => return Err(DtbError::BadValue("bus-range")),
+        },
+    };
+    let windows = pci_windows(idx, i)?;
+    let intx = match prop(e.node, "interrupt-map") {
+        Some(_) => idx.interrupt_map_targets(i, gic)?,
+        None => Vec::new(),
+    };
+    let msi_map = match prop(e.node, "msi-map") {
+        None => Vec::new(),
+        Some(v) => {
+            let raw = tree::cells_u32(v, "msi-map")?;
+            if raw.is_empty() || !raw.len().is_multiple_of(4) {
+                return Err(DtbError::BadValue("msi-map (want 4-cell entries)"));
+            }
+            raw.chunks_exact(4)
+                .map(|c| MsiMapEntry { rid_base: c[0], msi_controller: c[1], msi_base: c[2], length: c[3] })
+                .collect()
+        }
+    };
+    let msi_parent = match prop(e.node, "msi-parent") {
+        Some(v) => tree::cells_u32(v, "msi-parent")?,
+        None => Vec::new(),
+    };
+    Ok(PcieHost {
+        path: idx.path(e).to_string(),
+        ecam,
+        bus_range,
+        windows,
+        intx,
+        msi_map,
+        msi_map_mask: prop_u32(e.node, "msi-map-mask", "msi-map-mask")?,
+        msi_parent,
+    })
+}
+
+/// A PCI bridge's `ranges`: 3-cell PCI addresses (`phys.hi` space code,
+/// 64-bit address), CPU addresses in the parent's cells, sizes in the
+/// bridge's.
+fn pci_windows(idx: &Index<'_, '_>, i: usize) -> Result<Vec<PciWindow>, DtbError> {
+    let e = &idx.entries[i];
+    let Some(v) = prop(e.node, "ranges") else {
+        return Ok(Vec::new());
+    };
+    let (ca, pa, sc) = (e.child_cells.addr as usize, e.reg_cells.addr as usize, e.child_cells.size as usize);
+    if ca != 3 || !(1..=2).contains(&pa) || !(1..=2).contains(&sc) {
+        return Err(DtbError::Unsupported("pci ranges cells (want 3 address cells)"));
+    }
+    let raw = tree::cells_u32(v, "pci ranges")?;
+    if !raw.len().is_multiple_of(ca + pa + sc) {
+        return Err(DtbError::BadValue("pci ranges"));
+    }
+    let num = |c: &[u32]| c.iter().fold(0u64, |acc, &x| (acc << 32) | u64::from(x));
+    raw.chunks_exact(ca + pa + sc)
+        .map(|c| {
+            let hi = c[0];
+            let space = match (hi >> 24) & 3 {
+                0 => PciSpace::Config,
+                1 => PciSpace::Io,
+                2 => PciSpace::Mem32,
+                _ => PciSpace::Mem64,
+            };
+            let size = num(&c[ca + pa..]);
+            let cpu = idx.translate(i, Region { base: num(&c[ca..ca + pa]), size })?;
+            Ok(PciWindow { space, prefetchable: hi & (1 << 30) != 0, pci_addr: num(&c[1..3]), cpu })
+        })
         .collect()
 }
 

@@ -23,10 +23,19 @@
 //! appended to the root; their interrupts inherit the root's
 //! `interrupt-parent`, i.e. the GIC the guest sees at the host's address.
 //!
+//! PCI host bridges (`device_type = "pci"`) are copied with two edits:
+//! `ranges` entries whose CPU window ends beyond the guest's IPA space
+//! ([`GuestDtbConfig::ipa_size`]) are dropped (QEMU virt's 64-bit window at
+//! 512 GiB does not fit a 39-bit stage 2), and, unless
+//! [`GuestDtbConfig::keep_its`], the ITS nodes and every `msi-map`,
+//! `msi-map-mask` and `msi-parent` (which would name the missing ITS) are
+//! left out, so Linux uses INTx. Only bridges at the root are trimmed
+//! correctly: the entry's parent-bus address is taken as its CPU address.
+//!
 //! [`default_removals`] lists the QEMU-virt devices the hypervisor does not
 //! hand to the guest, matched by `compatible`, never by address, together with
-//! their dependants (the PCIe bridge's `msi-map` points at the ITS,
-//! `gpio-keys` at the PL061), so removing them leaves no dangling phandle.
+//! their dependants (`gpio-keys` points at the PL061), so removing them leaves
+//! no dangling phandle.
 
 use alloc::format;
 use alloc::string::{String, ToString};
@@ -41,11 +50,11 @@ use super::tree::{self, is_compatible, prop, prop_str, prop_u32, Cells, ROOT_CEL
 use super::{DtbError, GuestDtbConfig, MmioDevice, Region};
 
 /// Compatible strings whose nodes [`default_removals`] drops (any match).
+///
+/// The ITS is not listed: [`GuestDtbConfig::keep_its`] decides it (with the
+/// PCI bridges' MSI properties that name it). Neither is the PCIe host
+/// bridge: it is passed through Dom0-style unless the caller removes it.
 pub const DEFAULT_REMOVE_COMPATIBLES: &[&str] = &[
-    // No emulated ITS yet; the PCIe bridge's msi-map references it.
-    "arm,gic-v3-its",
-    // Host PCIe: kept by the hypervisor, and it needs the ITS.
-    "pci-host-ecam-generic",
     // QEMU firmware configuration interface.
     "qemu,fw-cfg-mmio",
     // NOR flash (firmware images).
@@ -151,6 +160,30 @@ fn check_config(cfg: &GuestDtbConfig) -> Result<(), DtbError> {
     Ok(())
 }
 
+/// A PCI bridge's `ranges` value without the entries whose parent-bus
+/// window ends beyond `limit`. `cells` are the bridge's own (3 address
+/// cells, its size cells), `parent` its parent bus's.
+fn pci_ranges_within(value: &[u8], cells: Cells, parent: Cells, limit: u64) -> Result<Vec<u8>, DtbError> {
+    let (ca, pa, sc) = (cells.addr as usize, parent.addr as usize, cells.size as usize);
+    if !(1..=2).contains(&pa) || !(1..=2).contains(&sc) {
+        return Err(DtbError::Unsupported("pci ranges cells"));
+    }
+    let per = (ca + pa + sc) * 4;
+    if per == 0 || !value.len().is_multiple_of(per) {
+        return Err(DtbError::BadValue("pci ranges"));
+    }
+    let mut out = Vec::with_capacity(value.len());
+    for entry in value.chunks_exact(per) {
+        let raw = tree::cells_u32(entry, "pci ranges")?;
+        let num = |c: &[u32]| c.iter().fold(0u64, |acc, &x| (acc << 32) | u64::from(x));
+        let (cpu, size) = (num(&raw[ca..ca + pa]), num(&raw[ca + pa..]));
+        if cpu.checked_add(size).is_some_and(|end| end <= limit) {
+            out.extend_from_slice(entry);
+        }
+    }
+    Ok(out)
+}
+
 /// Does this `/chosen` child describe a boot module?
 fn is_boot_module(node: FdtNode<'_, '_>) -> bool {
     node.name.split('@').next() == Some("module")
@@ -189,7 +222,7 @@ impl Builder<'_> {
         self.copy_props(root)?;
         for child in root.children() {
             let path = child_path("/", child.name);
-            if self.dropped(&path) || self.extra_paths.contains(&path) {
+            if self.dropped(&path) || self.extra_paths.contains(&path) || self.hidden_its(child) {
                 continue;
             }
             let base = child.name.split('@').next().unwrap_or("");
@@ -204,7 +237,7 @@ impl Builder<'_> {
             } else if base == "chosen" {
                 self.chosen(Some(child), &path)?;
             } else {
-                self.copy(child, &path, 2)?;
+                self.copy(child, &path, 2, self.root_cells)?;
             }
         }
         self.memory()?;
@@ -229,17 +262,37 @@ impl Builder<'_> {
         Ok(())
     }
 
-    /// Copies a kept subtree verbatim, minus removed paths.
-    fn copy(&mut self, node: FdtNode<'_, '_>, path: &str, depth: usize) -> Result<(), DtbError> {
+    /// An ITS node the guest must not see (see [`GuestDtbConfig::keep_its`]).
+    fn hidden_its(&self, node: FdtNode<'_, '_>) -> bool {
+        !self.cfg.keep_its && is_compatible(node, "arm,gic-v3-its")
+    }
+
+    /// Copies a kept subtree verbatim, minus removed paths, hidden ITS
+    /// nodes and the PCI edits of the module documentation. `reg_cells` are
+    /// the cells of the node's parent bus.
+    fn copy(&mut self, node: FdtNode<'_, '_>, path: &str, depth: usize, reg_cells: Cells) -> Result<(), DtbError> {
         if depth > blob::MAX_DEPTH {
             return Err(DtbError::Unsupported("device tree nested too deep"));
         }
+        let cells = tree::child_cells(node, reg_cells)?;
+        let is_pci = prop_str(node, "device_type") == Some("pci");
         let n = self.w.begin_node(node.name)?;
-        self.copy_props(node)?;
+        for p in node.properties() {
+            if !self.cfg.keep_its && matches!(p.name, "msi-map" | "msi-map-mask" | "msi-parent") {
+                continue;
+            }
+            if is_pci && p.name == "ranges" {
+                if let Some(limit) = self.cfg.ipa_size {
+                    self.w.property("ranges", &pci_ranges_within(p.value, cells, reg_cells, limit)?)?;
+                    continue;
+                }
+            }
+            self.w.property(p.name, p.value)?;
+        }
         for child in node.children() {
             let child_path = child_path(path, child.name);
-            if !self.dropped(&child_path) {
-                self.copy(child, &child_path, depth + 1)?;
+            if !self.dropped(&child_path) && !self.hidden_its(child) {
+                self.copy(child, &child_path, depth + 1, cells)?;
             }
         }
         self.w.end_node(n)?;
@@ -336,10 +389,11 @@ impl Builder<'_> {
             self.w.property_u64("linux,initrd-end", base + size)?;
         }
         if let Some(host) = host {
+            let cells = tree::child_cells(host, self.root_cells)?;
             for child in host.children() {
                 let child_path = child_path(path, child.name);
                 if !is_boot_module(child) && !self.dropped(&child_path) {
-                    self.copy(child, &child_path, 3)?;
+                    self.copy(child, &child_path, 3, cells)?;
                 }
             }
         }

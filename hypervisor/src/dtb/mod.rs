@@ -68,6 +68,7 @@ use core::fmt;
 
 pub use discover::discover;
 pub use guest::{build_guest_dtb, default_removals, DEFAULT_REMOVE_COMPATIBLES};
+pub use tree::Irq;
 
 /// Why a device tree could not be read or written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -189,6 +190,80 @@ pub struct BootModule {
     pub bootargs: Option<String>,
 }
 
+/// The address space a PCI `ranges` entry maps (`phys.hi` bits 25:24).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PciSpace {
+    /// Configuration space (code 0; not used in a host bridge's `ranges`).
+    Config,
+    /// I/O space (code 1), memory-mapped by the bridge.
+    Io,
+    /// 32-bit memory space (code 2).
+    Mem32,
+    /// 64-bit memory space (code 3).
+    Mem64,
+}
+
+/// One `ranges` entry of a PCI host bridge: PCI bus addresses
+/// `[pci_addr, pci_addr + cpu.size)` appear at CPU addresses `cpu`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PciWindow {
+    pub space: PciSpace,
+    /// `phys.hi` bit 30.
+    pub prefetchable: bool,
+    pub pci_addr: u64,
+    /// The CPU physical window (translated through the bridge's ancestors).
+    pub cpu: Region,
+}
+
+/// One `msi-map` entry (PCI MSI binding): requester IDs
+/// `[rid_base, rid_base + length)` are DeviceIDs `[msi_base, …)` of the MSI
+/// controller with phandle `msi_controller` (the ITS on QEMU virt).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MsiMapEntry {
+    pub rid_base: u32,
+    pub msi_controller: u32,
+    pub msi_base: u32,
+    pub length: u32,
+}
+
+/// A generic ECAM PCIe host bridge (`pci-host-ecam-generic`), as QEMU virt
+/// describes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PcieHost {
+    /// Full node path, e.g. `/pcie@10000000`.
+    pub path: String,
+    /// The ECAM configuration space (1 MiB per bus).
+    pub ecam: Region,
+    /// `bus-range` (first, last); `(0, 255)` when absent.
+    pub bus_range: (u8, u8),
+    /// The `ranges` windows, in tree order.
+    pub windows: Vec<PciWindow>,
+    /// The distinct GIC interrupts the `interrupt-map` routes INTA..INTD of
+    /// every slot to, in map order (QEMU virt: four level SPIs, INTID 35..38).
+    pub intx: Vec<Irq>,
+    /// `msi-map` entries (empty when absent).
+    pub msi_map: Vec<MsiMapEntry>,
+    /// `msi-map-mask`, when present.
+    pub msi_map_mask: Option<u32>,
+    /// `msi-parent` cells as written (phandle, then any MSI specifier).
+    pub msi_parent: Vec<u32>,
+}
+
+impl PcieHost {
+    /// What passing the bridge through maps into a guest whose IPA space is
+    /// `ipa_size` bytes: the ECAM, then every I/O and memory window that
+    /// ends inside it (the windows the guest DTB keeps, see
+    /// [`GuestDtbConfig::ipa_size`]).
+    pub fn passthrough_frames(&self, ipa_size: u64) -> Vec<Region> {
+        let windows = self
+            .windows
+            .iter()
+            .filter(|w| w.space != PciSpace::Config && w.cpu.size != 0 && w.cpu.end() <= ipa_size)
+            .map(|w| w.cpu);
+        core::iter::once(self.ecam).chain(windows).collect()
+    }
+}
+
 /// Everything the hypervisor learns from the boot DTB.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Platform {
@@ -203,6 +278,8 @@ pub struct Platform {
     pub timer: TimerInfo,
     /// Enabled `virtio,mmio` nodes, in tree order.
     pub virtio_mmio: Vec<MmioDevice>,
+    /// Enabled PCIe host bridges (`pci-host-ecam-generic`), in tree order.
+    pub pcie: Vec<PcieHost>,
     /// `/psci` `method` ("smc" or "hvc").
     pub psci_method: Option<String>,
     /// `/chosen/bootargs`: the hypervisor's own options.
@@ -228,4 +305,14 @@ pub struct GuestDtbConfig {
     /// `virtio,mmio` nodes to add at the root; one at the same path as a host
     /// node replaces it.
     pub extra_virtio_mmio: Vec<MmioDevice>,
+    /// Keep the GIC's `arm,gic-v3-its` nodes and the PCI bridges'
+    /// `msi-map`/`msi-parent`/`msi-map-mask`. Off (the default) until the
+    /// hypervisor emulates an ITS: the ITS nodes are dropped, and so are the
+    /// bridges' MSI properties, which would name a missing node; PCI devices
+    /// then use INTx.
+    pub keep_its: bool,
+    /// The guest's IPA space size in bytes: PCI `ranges` entries whose CPU
+    /// window ends beyond it are dropped (stage 2 cannot map them; Linux
+    /// then assigns BARs from the windows left). `None` keeps them all.
+    pub ipa_size: Option<u64>,
 }

@@ -129,6 +129,8 @@ fn guest_config(host: &[u8]) -> GuestDtbConfig {
             edge: true,
             path: String::new(),
         }],
+        keep_its: false,
+        ipa_size: Some(1 << 39),
     }
 }
 
@@ -163,8 +165,6 @@ fn default_removals_on_qemu_virt() {
             "/flash@0",
             "/fw-cfg@9020000",
             "/gpio-keys",
-            "/intc@8000000/its@8080000",
-            "/pcie@10000000",
             "/pl031@9010000",
             "/pl061@9030000",
             "/platform-bus@c000000",
@@ -272,8 +272,14 @@ fn guest_dtb_without_removals_or_initrd() {
     let f = Fdt::new(&out).unwrap();
     assert!(f.find_node("/chosen").unwrap().property("linux,initrd-start").is_none());
     assert!(f.find_node("/pcie@10000000").is_some());
-    assert!(f.find_node("/intc@8000000/its@8080000").is_some());
+    // The ITS goes unless asked for (no vITS yet), with the MSI properties.
+    assert!(f.find_node("/intc@8000000/its@8080000").is_none());
+    assert!(f.find_node("/pcie@10000000").unwrap().property("msi-map").is_none());
     assert_eq!(f.find_node("/cpus").unwrap().children().count(), 1);
+    let out = build_guest_dtb(V4_SMP4, &GuestDtbConfig { keep_its: true, ..cfg }).unwrap();
+    let f = Fdt::new(&out).unwrap();
+    assert!(f.find_node("/intc@8000000/its@8080000").is_some());
+    assert!(f.find_node("/pcie@10000000").unwrap().property("msi-map").is_some());
 }
 
 #[test]
@@ -673,6 +679,8 @@ fn fvp_guest_dtb_reads_back() {
             initrd: None,
             remove_paths: default_removals(&host).unwrap(),
             extra_virtio_mmio: vec![],
+            keep_its: false,
+            ipa_size: None,
         };
         let p = discover(&build_guest_dtb(&host, &cfg).unwrap()).unwrap();
         assert_eq!(p.memory, vec![cfg.memory]);
@@ -860,4 +868,124 @@ fn corrupted_fvp_trees_never_panic() {
             exercise(&b, &cfg);
         }
     }
+}
+
+/// QEMU virt's ECAM bridge: every `ranges` window, the INTx SPIs its
+/// `interrupt-map` reaches, the raw `msi-map`.
+#[test]
+fn discover_pcie_host_on_qemu_virt() {
+    for host in [V3_SMP2, V4_SMP4] {
+        let p = discover(host).unwrap();
+        assert_eq!(p.pcie.len(), 1);
+        let b = &p.pcie[0];
+        assert_eq!(b.path, "/pcie@10000000");
+        assert_eq!(b.ecam, Region { base: 0x40_1000_0000, size: 0x1000_0000 });
+        assert_eq!(b.bus_range, (0, 255));
+        assert_eq!(
+            b.windows,
+            [
+                PciWindow {
+                    space: PciSpace::Io,
+                    prefetchable: false,
+                    pci_addr: 0,
+                    cpu: Region { base: 0x3eff_0000, size: 0x1_0000 }
+                },
+                PciWindow {
+                    space: PciSpace::Mem32,
+                    prefetchable: false,
+                    pci_addr: 0x1000_0000,
+                    cpu: Region { base: 0x1000_0000, size: 0x2eff_0000 }
+                },
+                PciWindow {
+                    space: PciSpace::Mem64,
+                    prefetchable: false,
+                    pci_addr: 0x80_0000_0000,
+                    cpu: Region { base: 0x80_0000_0000, size: 0x80_0000_0000 }
+                },
+            ]
+        );
+        // INTA..INTD of slot 0 are SPIs 3..6; the other slots swizzle them.
+        assert_eq!(
+            b.intx,
+            [35, 36, 37, 38].map(|n| crate::dtb::Irq { intid: id(n), edge: false }),
+            "level-triggered SPIs 3..6"
+        );
+        let f = Fdt::new(host).unwrap();
+        let its = f.find_node("/intc@8000000/its@8080000").unwrap();
+        let its = its.property("phandle").unwrap().as_usize().unwrap() as u32;
+        assert_eq!(b.msi_map, [MsiMapEntry { rid_base: 0, msi_controller: its, msi_base: 0, length: 0x1_0000 }]);
+        assert_eq!(b.msi_map_mask, None);
+        assert!(b.msi_parent.is_empty());
+    }
+}
+
+/// The guest's bridge: the 64-bit window at 512 GiB is gone from `ranges`
+/// under a 39-bit IPA space, the MSI properties go with the ITS, and what
+/// is left still reads back (same ECAM, same INTx).
+#[test]
+fn guest_pcie_bridge_is_trimmed_to_the_ipa_space() {
+    let out = build_guest_dtb(V3_SMP2, &guest_config(V3_SMP2)).unwrap();
+    let f = Fdt::new(&out).unwrap();
+    let node = f.find_node("/pcie@10000000").unwrap();
+    assert!(node.property("msi-map").is_none());
+    assert!(node.property("interrupt-map").is_some());
+    assert!(f.find_node("/intc@8000000/its@8080000").is_none());
+    let p = discover(&out).unwrap();
+    assert_eq!(p.gic.its, None);
+    let host = &discover(V3_SMP2).unwrap().pcie[0];
+    let b = &p.pcie[0];
+    assert_eq!(b.windows, host.windows[..2]);
+    assert_eq!((b.ecam, b.bus_range, &b.intx), (host.ecam, host.bus_range, &host.intx));
+    assert!(b.msi_map.is_empty());
+
+    // A larger IPA space keeps the 64-bit window; the ITS switch keeps the
+    // MSI properties byte for byte.
+    let cfg = GuestDtbConfig { keep_its: true, ipa_size: Some(1 << 40), ..guest_config(V3_SMP2) };
+    let p = discover(&build_guest_dtb(V3_SMP2, &cfg).unwrap()).unwrap();
+    assert_eq!(p.pcie[0].windows, host.windows);
+    assert_eq!(p.pcie[0].msi_map, host.msi_map);
+    assert_eq!(p.gic.its, Some(Region { base: 0x0808_0000, size: 0x2_0000 }));
+    // A bridge removed by path is gone whole.
+    let mut cfg = guest_config(V3_SMP2);
+    cfg.remove_paths.push(host.path.clone());
+    assert!(discover(&build_guest_dtb(V3_SMP2, &cfg).unwrap()).unwrap().pcie.is_empty());
+}
+
+/// Bad bridge properties are errors naming them, never panics.
+#[test]
+fn malformed_pcie_bridge_properties_are_errors() {
+    let set = |name: &str, value: &[u8]| {
+        let mut t = V3_SMP2.to_vec();
+        patch_prop(&mut t, "/pcie@10000000", name, value);
+        discover(&t)
+    };
+    assert_eq!(set("bus-range", &[0, 0, 0, 2, 0, 0, 0, 1]), Err(DtbError::BadValue("bus-range")));
+    assert_eq!(set("bus-range", &[0, 0, 1, 0, 0, 0, 1, 0]), Err(DtbError::BadValue("bus-range")));
+    assert_eq!(set("msi-map", &[0; 12]), Err(DtbError::BadValue("msi-map (want 4-cell entries)")));
+    assert_eq!(set("ranges", &[0; 20]), Err(DtbError::BadValue("pci ranges")));
+    assert_eq!(set("interrupt-map", &[0; 8]), Err(DtbError::BadValue("interrupt-map entry")));
+}
+
+/// `dtb` rewritten with property `name` of the node at `path` set to
+/// `value` (added when absent).
+fn patch_prop(dtb: &mut Vec<u8>, path: &str, name: &str, value: &[u8]) {
+    fn copy(w: &mut vm_fdt::FdtWriter, n: fdt::node::FdtNode<'_, '_>, at: &str, want: (&str, &str, &[u8])) {
+        let node = w.begin_node(if at == "/" { "" } else { n.name }).unwrap();
+        let hit = at == want.0;
+        for p in n.properties().filter(|p| !(hit && p.name == want.1)) {
+            w.property(p.name, p.value).unwrap();
+        }
+        if hit {
+            w.property(want.1, want.2).unwrap();
+        }
+        for c in n.children() {
+            let p = if at == "/" { alloc::format!("/{}", c.name) } else { alloc::format!("{at}/{}", c.name) };
+            copy(w, c, &p, want);
+        }
+        w.end_node(node).unwrap();
+    }
+    let f = Fdt::new(dtb).unwrap();
+    let mut w = vm_fdt::FdtWriter::new().unwrap();
+    copy(&mut w, f.all_nodes().next().unwrap(), "/", (path, name, value));
+    *dtb = w.finish().unwrap();
 }

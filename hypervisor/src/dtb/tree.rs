@@ -435,8 +435,7 @@ impl Index<'_, '_> {
 
     /// Finds `addr ++ spec` (masked by `interrupt-map-mask`) in nexus
     /// `ctrl`'s `interrupt-map`; returns the parent and its unit address and
-    /// specifier. Each entry's parent part is as wide as that parent's own
-    /// `#address-cells` (0 when absent) and `#interrupt-cells` say.
+    /// specifier.
     fn map_lookup(
         &self,
         ctrl: usize,
@@ -454,23 +453,68 @@ impl Index<'_, '_> {
             return Err(DtbError::BadValue("interrupt-map-mask width"));
         }
         let matches = |child: &[u32]| child.iter().zip(&key).zip(&mask).all(|((c, k), m)| c & m == k & m);
-        let mut pos = 0;
-        while pos < map.len() {
-            let bad = DtbError::BadValue("interrupt-map entry");
-            let child = map.get(pos..pos + key.len()).ok_or(bad)?;
-            let ph = *map.get(pos + key.len()).ok_or(bad)?;
-            let parent = self.by_phandle(ph).ok_or(DtbError::BadValue("interrupt-map names no node"))?;
-            let pa = prop_u32(self.entries[parent].node, "#address-cells", "#address-cells")?.unwrap_or(0) as usize;
-            let pi = self.interrupt_cells(parent)?;
-            let start = pos + key.len() + 1;
-            let entry = map.get(start..start + pa + pi).ok_or(bad)?;
-            if matches(child) {
-                return Ok((parent, entry[..pa].to_vec(), entry[pa..].to_vec()));
+        for m in self.map_entries(map, key.len())? {
+            if matches(&m.child) {
+                return Ok((m.parent, m.parent_addr, m.parent_spec));
             }
-            pos = start + pa + pi;
         }
         Err(DtbError::BadValue("interrupt-map has no entry for an interrupt"))
     }
+
+    /// Decodes an `interrupt-map` whose child part (unit address and
+    /// specifier) is `key_len` cells wide. Each entry's parent part is as
+    /// wide as that parent's own `#address-cells` (0 when absent) and
+    /// `#interrupt-cells` say.
+    fn map_entries(&self, map: &[u32], key_len: usize) -> Result<Vec<MapEntry>, DtbError> {
+        let bad = DtbError::BadValue("interrupt-map entry");
+        let mut out = Vec::new();
+        let mut pos = 0;
+        while pos < map.len() {
+            let child = map.get(pos..pos + key_len).ok_or(bad)?;
+            let ph = *map.get(pos + key_len).ok_or(bad)?;
+            let parent = self.by_phandle(ph).ok_or(DtbError::BadValue("interrupt-map names no node"))?;
+            let pa = prop_u32(self.entries[parent].node, "#address-cells", "#address-cells")?.unwrap_or(0) as usize;
+            let pi = self.interrupt_cells(parent)?;
+            let start = pos + key_len + 1;
+            let entry = map.get(start..start + pa + pi).ok_or(bad)?;
+            out.push(MapEntry {
+                child: child.to_vec(),
+                parent,
+                parent_addr: entry[..pa].to_vec(),
+                parent_spec: entry[pa..].to_vec(),
+            });
+            pos = start + pa + pi;
+        }
+        Ok(out)
+    }
+
+    /// Every interrupt nexus node `i`'s `interrupt-map` can route to,
+    /// resolved to the GIC (node `gic`), distinct, in map order: for a PCI
+    /// host bridge, the INTx lines of all slots. A map that reaches another
+    /// controller is `Unsupported`, as for a device's own interrupts.
+    pub fn interrupt_map_targets(&self, i: usize, gic: usize) -> Result<Vec<Irq>, DtbError> {
+        let e = &self.entries[i];
+        let map = cells_u32(prop(e.node, "interrupt-map").ok_or(DtbError::Missing("interrupt-map"))?, "interrupt-map")?;
+        let key_len = e.child_cells.addr as usize + self.interrupt_cells(i)?;
+        let mut out: Vec<Irq> = Vec::new();
+        for m in self.map_entries(&map, key_len)? {
+            let irq = self.map_irq(m.parent, &m.parent_addr, &m.parent_spec, gic)?;
+            if !out.iter().any(|o| o.intid == irq.intid) {
+                out.push(irq);
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// One decoded `interrupt-map` entry.
+struct MapEntry {
+    /// Child unit address and specifier (unmasked).
+    child: Vec<u32>,
+    /// The interrupt parent's node index.
+    parent: usize,
+    parent_addr: Vec<u32>,
+    parent_spec: Vec<u32>,
 }
 
 /// `addr` (with `size` bytes behind it) in bus `bus`'s child address space,

@@ -54,8 +54,8 @@ fn enable_irqs(vm: &Vm, me: usize) {
     gic::enable(vm.virt_timer_intid, me, false);
     if me == 0 {
         gic::enable(vm.uart_intid, 0, false);
-        for &i in &vm.forwarded {
-            gic::enable(i, 0, true);
+        for (&i, &edge) in vm.forwarded.iter().zip(&vm.forwarded_edge) {
+            gic::enable(i, 0, edge);
         }
         if let Some(i) = vm.disk.as_ref().and_then(|d| d.phys_intid) {
             gic::enable(i, 0, false);

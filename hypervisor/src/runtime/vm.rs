@@ -157,6 +157,9 @@ pub struct Vm {
     pub hyp_timer_intid: IntId,
     /// Physical SPIs forwarded to the guest as HW interrupts.
     pub forwarded: Vec<IntId>,
+    /// Whether each forwarded SPI is edge-triggered (same order); PCI INTx
+    /// lines are level.
+    pub forwarded_edge: Vec<bool>,
     /// The pCPU each forwarded SPI is physically routed to (same order).
     pub forwarded_pcpu: Vec<AtomicUsize>,
     pub vcpus: Vec<Mutex<Vcpu>>,
@@ -206,7 +209,7 @@ fn copy_module(c: &ModuleCopy) {
 fn check_passthrough(
     plat: &Platform,
     plan: &Plan,
-    devices: &[dtb::MmioDevice],
+    ranges: &[Region],
     own_disk: Option<&dtb::MmioDevice>,
 ) -> Result<(), VmError> {
     let mut hyp: Vec<(&'static str, Region)> = Vec::from([
@@ -219,8 +222,12 @@ fn check_passthrough(
     hyp.extend(plat.gic.its.map(|r| ("GIC ITS", r)));
     hyp.extend(plat.uart.as_ref().map(|u| ("hypervisor UART", Region { base: u.base, size: u.size })));
     hyp.extend(own_disk.map(|d| ("hypervisor virtio-blk", Region { base: d.base, size: d.size })));
-    let ranges: Vec<Region> = devices.iter().map(|d| Region { base: d.base, size: d.size }).collect();
-    plan::check_passthrough(&plat.memory, &hyp, &ranges).map_err(VmError::Layout)
+    plan::check_passthrough(&plat.memory, &hyp, ranges).map_err(VmError::Layout)
+}
+
+/// What a PCIe host bridge passed through maps into stage 2.
+fn bridge_frames(bridge: &dtb::PcieHost) -> Vec<Region> {
+    bridge.passthrough_frames(1 << crate::stage2::IPA_BITS)
 }
 
 /// vMPIDR of vCPU `i`: Aff0 = i % 16, Aff1 = i / 16.
@@ -271,11 +278,24 @@ impl Vm {
             |d: &dtb::MmioDevice| disk_slot.as_ref().is_some_and(|s| s.base & !(PAGE - 1) == d.base & !(PAGE - 1));
         let passthrough: Vec<dtb::MmioDevice> = match cfg.disk {
             DiskMode::Passthrough => plat.virtio_mmio.clone(),
-            DiskMode::None => Vec::new(),
+            DiskMode::None | DiskMode::VirtioPci | DiskMode::Nvme => Vec::new(),
             DiskMode::Ram | DiskMode::Backend => plat.virtio_mmio.iter().filter(|d| !same_page(d)).cloned().collect(),
         };
-        check_passthrough(plat, plan, &passthrough, disk_slot.as_ref())?;
+        // PCIe (dom0_disk=virtio-pci|nvme): the host bridges, Dom0-style,
+        // with INTx; other modes hide them (their QEMU command lines put no
+        // device behind them, and the guest boots without a bus scan).
+        let bridges: &[dtb::PcieHost] = if cfg.disk.pcie() { &plat.pcie } else { &[] };
+        if cfg.disk.pcie() && bridges.is_empty() {
+            return Err(VmError::Memory("a PCIe disk needs a PCIe host bridge (pci-host-ecam-generic) on the machine"));
+        }
+        let pcie_frames: Vec<Region> = bridges.iter().flat_map(bridge_frames).collect();
+        let mut ranges: Vec<Region> = passthrough.iter().map(|d| Region { base: d.base, size: d.size }).collect();
+        ranges.extend(&pcie_frames);
+        check_passthrough(plat, plan, &ranges, disk_slot.as_ref())?;
         let mut remove = dtb::default_removals(host_dtb)?;
+        if !cfg.disk.pcie() {
+            remove.extend(plat.pcie.iter().map(|b| b.path.clone()));
+        }
         for d in &plat.virtio_mmio {
             let ours = disk_slot.as_ref().is_some_and(|s| s.base == d.base);
             if !ours && !passthrough.iter().any(|p| p.base == d.base) {
@@ -298,6 +318,8 @@ impl Vm {
                 initrd,
                 remove_paths: remove,
                 extra_virtio_mmio: Vec::new(),
+                keep_its: false,
+                ipa_size: Some(1 << crate::stage2::IPA_BITS),
             },
         )?;
         if guest_dtb.len() as u64 > plan.guest_dtb.size {
@@ -322,6 +344,11 @@ impl Vm {
                 p += PAGE;
             }
         }
+        for r in &pcie_frames {
+            let base = r.base & !(PAGE - 1);
+            let top = r.end().next_multiple_of(PAGE);
+            s2.map(&mut frames, base, base, top - base, MemType::Device)?;
+        }
 
         // vGIC at the host's addresses, with as many SPIs as the hardware.
         let nr_lrs = crate::vgic::usable_lrs(gic::nr_lrs())?;
@@ -340,10 +367,31 @@ impl Vm {
             vgic.set_hw_private(v, vt, Some(vt))?;
         }
         let mut forwarded = Vec::new();
+        let mut forwarded_edge = Vec::new();
         for d in &passthrough {
             if vgic.set_hw(d.intid, Some(d.intid)).is_ok() {
                 forwarded.push(d.intid);
+                forwarded_edge.push(true);
             }
+        }
+        // The bridges' INTx lines: level SPIs, forwarded as HW interrupts
+        // like the virtio-mmio ones (the guest's EOI deactivates the physical
+        // SPI, which the GIC then samples again while the line is high).
+        for irq in bridges.iter().flat_map(|b| &b.intx) {
+            if !forwarded.contains(&irq.intid) && vgic.set_hw(irq.intid, Some(irq.intid)).is_ok() {
+                forwarded.push(irq.intid);
+                forwarded_edge.push(irq.edge);
+            }
+        }
+        for b in bridges {
+            info!(
+                "dom0 PCIe: {} ECAM {:#x}+{:#x}, {} window(s) mapped, INTx {:?}",
+                b.path,
+                b.ecam.base,
+                b.ecam.size,
+                bridge_frames(b).len() - 1,
+                b.intx.iter().map(|i| u32::from(i.intid)).collect::<Vec<_>>()
+            );
         }
 
         let sched_cfg = SchedConfig::from_bootargs(plat.bootargs.as_deref().unwrap_or("")).map_err(VmError::Sched)?;
@@ -454,6 +502,7 @@ impl Vm {
             hyp_timer_intid: plat.timer.hyp_intid,
             forwarded_pcpu: forwarded.iter().map(|_| AtomicUsize::new(0)).collect(),
             forwarded,
+            forwarded_edge,
             vcpus,
             shared,
             sched: Mutex::new(sched),

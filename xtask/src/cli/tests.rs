@@ -105,6 +105,8 @@ fn documented_examples_parse() {
         "run --disk passthrough",
         "run --disk backend",
         "run --disk none",
+        "run --disk virtio-pci --gic 4",
+        "run --disk nvme",
         "bench wakeup --quick",
         "bench wakeup --quick --runtime 5",
         "bench wakeup --quick --only \"1p2v unp\" --hv-args sched_lhp_grace_us=20",
@@ -168,7 +170,13 @@ fn run_disk_options_become_boot_arguments() {
             ["-drive", "if=none,file=/scratch/disk.img,format=raw,id=d0", "-device", "virtio-blk-device,drive=d0"]
         );
     }
-    // Only passthrough and backend make a disk image.
+    // The PCIe disks: the same image on QEMU's PCIe root bus.
+    for (kind, device) in [("virtio-pci", "virtio-blk-pci,drive=d0"), ("nvme", "nvme,drive=d0,serial=hvdisk0")] {
+        let o = run_options(&format!("run --disk {kind}")).unwrap();
+        assert_eq!(o.hv_args, format!("dom0_disk={kind}"));
+        assert_eq!(o.extra, ["-drive", "if=none,file=/scratch/disk.img,format=raw,id=d0", "-device", device]);
+    }
+    // Only the QEMU-device kinds make a disk image.
     let o = run_args("run --disk ram").run_options(|| panic!("no image for the RAM disk")).unwrap();
     assert!(o.extra.is_empty());
     let e = run_args("run --disk backend").run_options(|| Err(std::io::Error::other("full"))).unwrap_err();
@@ -186,7 +194,7 @@ fn run_rejects_bad_values() {
     assert_eq!(e.kind(), ErrorKind::InvalidValue);
     assert!(e.to_string().contains("[possible values: 3, 4]"), "{e}");
     let e = err("run --disk floppy").to_string();
-    assert!(e.contains("[possible values: passthrough, ram, backend, none]"), "{e}");
+    assert!(e.contains("[possible values: passthrough, ram, backend, none, virtio-pci, nvme]"), "{e}");
     assert_eq!(err("run --pcpus two").kind(), ErrorKind::ValueValidation);
     assert_eq!(err("run --cmd").kind(), ErrorKind::InvalidValue);
     assert_eq!(err("run extra").kind(), ErrorKind::UnknownArgument);
