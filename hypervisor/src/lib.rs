@@ -11,6 +11,8 @@
 //! - `esr`: trap decoding; `psci`: PSCI/SMCCC decoding; `stage2`: stage-2
 //!   table building
 //! - `intid`: the GIC's interrupt IDs as a checked type (`IntId`)
+//! - `irq`: the physical IRQ route table (INTID → what the hypervisor does)
+//! - `mmio_bus`: a VM's emulated MMIO ranges (guest-physical range → device)
 //! - `vgic`: the virtual GICv3 register model and list registers
 //! - `virtio`: the hypervisor's virtio-blk device and its RAM backend
 //! - `vpl011`: the emulated PL011
@@ -40,6 +42,8 @@ pub mod dtb;
 pub mod esr;
 pub mod idregs;
 pub mod intid;
+pub mod irq;
+pub mod mmio_bus;
 pub mod psci;
 pub mod regs;
 pub mod sched;
