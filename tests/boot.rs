@@ -16,6 +16,11 @@ fn linux_boots_at_el1_under_the_hypervisor_gicv3() {
     // The hypervisor saw the guest work: traps, injected interrupts.
     assert!(stat(&r.console, 0, "mmio").unwrap() > 100);
     assert!(stat(&r.console, 0, "irqs_injected").unwrap() > 10);
+    // Physical interrupts went through the route table: the forwarded
+    // virtual timer and the EL2 timer, and nothing fell to the default.
+    assert!(stat_line(&r.console, "irq.virtual_timer").unwrap() > 0);
+    assert!(stat_line(&r.console, "irq.hyp_timer").unwrap() > 0);
+    assert_eq!(stat_line(&r.console, "irq.unrouted"), Some(0));
 }
 
 #[test]
@@ -48,6 +53,8 @@ fn interactive_shell_on_the_console() {
     assert_console(&r, "dom0 powered off");
     // Printed once on request and once at power-off.
     assert_eq!(r.console.matches("(HV) stats begin vcpu0").count(), 2, "{}", tail(&r.console, 30));
+    // The typed input arrived through the UART's route.
+    assert!(stat_line(&r.console, "irq.console").unwrap() > 0);
 }
 
 #[test]

@@ -42,6 +42,9 @@ fn fio_verify_on_the_passthrough_disk() {
     let r = run_cmd(cmd, with_qemu_disk);
     assert_console(&r, "fio-status=0");
     assert_eq!(r.guest_exit, Some(0));
+    // 2048 writes and 2048 verifying reads, one at a time: their completions
+    // are the passthrough device's SPI, routed as a forwarded SPI.
+    assert!(stat_line(&r.console, "irq.forwarded_spi").unwrap() >= 2048);
 }
 
 #[test]
@@ -106,6 +109,9 @@ fn fio_verify_with_flushes_on_the_backend_disk() {
     assert_eq!(r.guest_exit, Some(0));
     assert!(stat_line(&r.console, "blk0.writes").unwrap() >= 2048);
     assert!(stat_line(&r.console, "blk0.flushes").unwrap() >= 1, "FLUSH never reached the backend");
+    // The physical disk's completions came through its route.
+    assert!(stat_line(&r.console, "irq.phys_disk").unwrap() >= 2048);
+    assert_eq!(stat_line(&r.console, "irq.forwarded_spi"), Some(0));
 }
 
 /// Issue 8 acceptance: fio with libaio at queue depth 8, mixed random reads

@@ -30,6 +30,8 @@ fn four_vcpus_on_two_pcpus() {
     assert_eq!(r.guest_exit, Some(0));
     assert!(r.console.lines().any(|l| l.trim() == "4"), "nproc did not print 4:\n{}", tail(&r.console, 40));
     assert_console(&r, "2 pCPU(s) online");
+    // pCPUs kicked each other (SGI 1) to wake and reschedule vCPUs.
+    assert!(stat_line(&r.console, "irq.kick").unwrap() > 0);
 }
 
 #[test]

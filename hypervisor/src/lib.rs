@@ -12,6 +12,8 @@
 //!   table building
 //! - `intid`: the GIC's interrupt IDs as a checked type (`IntId`)
 //! - `its`: the ITS register layouts and command format (physical driver and vITS)
+//! - `irq`: the physical IRQ route table (INTID → what the hypervisor does)
+//! - `mmio_bus`: a VM's emulated MMIO ranges (guest-physical range → device)
 //! - `vgic`: the virtual GICv3 register model and list registers
 //! - `virtio`: the hypervisor's virtio-blk device and its RAM backend
 //! - `vpl011`: the emulated PL011
@@ -42,6 +44,8 @@ pub mod esr;
 pub mod idregs;
 pub mod intid;
 pub mod its;
+pub mod irq;
+pub mod mmio_bus;
 pub mod psci;
 pub mod regs;
 pub mod sched;

@@ -2,10 +2,17 @@
 //! exit, and every trap (WFI/WFE, HVC/SMC PSCI, system registers, MMIO,
 //! aborts, physical interrupts).
 //!
+//! Two tables dispatch: a physical interrupt goes where the VM's IRQ route
+//! table (`Vm::routes`, `crate::irq`) says, a trapped MMIO access to the
+//! device the VM's MMIO bus (`Vm::bus`, `crate::mmio_bus`) names; each arm of
+//! those `match`es is one small handler below.
+//!
 //! Locking: a pCPU holds a vCPU's context lock from load to save. The vGIC
 //! lock is taken before the scheduler lock when both are needed (a WFI check
 //! and the block that follows must be atomic against a concurrent injection,
-//! or a wake could be lost), and never while waiting for a vCPU lock.
+//! or a wake could be lost), and never while waiting for a vCPU lock. The
+//! route table's read lock is a leaf: taken for one lookup, released before
+//! the interrupt is handled.
 
 use super::console;
 use super::percpu::{self, now_ns, PCPUS, SGI_KICK};
@@ -14,6 +21,8 @@ use crate::arch::exception::{run_guest, ExitKind, GuestRegs};
 use crate::arch::{context, el2, gic, smc, sysreg};
 use crate::esr::{self, Exit, MmioAccess};
 use crate::intid::IntId;
+use crate::irq::Route;
+use crate::mmio_bus::Device;
 use crate::psci::{self, Call};
 use crate::regs::ISS_ABORT;
 use crate::sched::{CritEvidence, RunState, VcpuId, WakeAction, WakeCause};
@@ -323,47 +332,83 @@ fn wake_vcpu(vm: &Vm, me: usize, k: usize, now: u64, cause: WakeCause) {
 }
 
 /// Takes every pending physical interrupt. `cur` is the vCPU on this pCPU.
+/// Each goes where `Vm::routes` says; forwarded interrupts (virtual timer,
+/// passthrough SPIs) only get a priority drop here, the guest's deactivation
+/// ends them; everything else is dropped and deactivated.
 fn handle_irqs(vm: &Vm, me: usize, cur: Option<usize>, deadline: &mut Option<u64>) {
     while let Some(id) = gic::ack() {
-        if id == vm.virt_timer_intid {
-            // Forwarded: stays active until the guest deactivates it.
-            gic::eoi(id);
-            match cur {
-                Some(v) => {
-                    let _ = vm.vgic.lock().inject_edge(id, v);
-                }
-                None => gic::deactivate(id),
+        let route = vm.routes.read().lookup(id);
+        vm.irq_counters.record(route);
+        match route {
+            Some(Route::VirtualTimer) => virtual_timer_irq(vm, id, cur),
+            Some(Route::PhysDisk) => phys_disk_irq(vm, me, id),
+            Some(Route::ForwardedSpi { vintid }) => forwarded_spi_irq(vm, me, id, vintid, cur),
+            Some(Route::Console) => {
+                console_input(vm, me);
+                eoi_deactivate(id);
             }
-        } else if let Some(disk) = vm.disk.as_ref().filter(|d| d.phys_intid == Some(id)) {
-            // The physical disk behind the guest's virtio-blk finished work.
-            let level = disk.collect(now_ns(), me);
-            gic::eoi(id);
-            gic::deactivate(id);
-            if let Some(l) = level {
-                disk_irq(vm, me, disk, l);
-            }
-        } else if vm.forwarded.contains(&id) {
-            gic::eoi(id);
-            let kicks = vm.vgic.lock().inject_edge(id, cur.unwrap_or(0));
-            if let Ok(k) = kicks {
-                process_kicks(vm, me, k, WakeCause::Interrupt);
-            }
-        } else if id == vm.uart_intid {
-            console_input(vm, me);
-            gic::eoi(id);
-            gic::deactivate(id);
-        } else if id == vm.hyp_timer_intid {
-            gic::eoi(id);
-            gic::deactivate(id);
-            percpu::arm_hyp_timer(None);
-            timer_expired(vm, me, deadline);
-        } else {
+            Some(Route::HypTimer) => hyp_timer_irq(vm, me, id, deadline),
+            Some(Route::GuestLpi { devid, eventid }) => guest_lpi_irq(id, devid, eventid),
             // SGI_KICK, maintenance: the exit itself was the point; requests
             // are in PCPUS[me], list registers are refilled at entry.
-            gic::eoi(id);
-            gic::deactivate(id);
+            // Unrouted: the default.
+            Some(Route::Kick) | None => eoi_deactivate(id),
         }
     }
+}
+
+/// Priority drop and deactivation (EOImode = 1).
+fn eoi_deactivate(id: IntId) {
+    gic::eoi(id);
+    gic::deactivate(id);
+}
+
+/// The virtual timer PPI, forwarded: it stays active until the guest
+/// deactivates it. With no vCPU here there is nobody to give it to.
+fn virtual_timer_irq(vm: &Vm, id: IntId, cur: Option<usize>) {
+    gic::eoi(id);
+    match cur {
+        Some(v) => {
+            let _ = vm.vgic.lock().inject_edge(id, v);
+        }
+        None => gic::deactivate(id),
+    }
+}
+
+/// The physical disk behind the guest's virtio-blk finished work.
+fn phys_disk_irq(vm: &Vm, me: usize, id: IntId) {
+    let Some(disk) = vm.disk.as_ref() else {
+        return eoi_deactivate(id);
+    };
+    let level = disk.collect(now_ns(), me);
+    eoi_deactivate(id);
+    if let Some(l) = level {
+        disk_irq(vm, me, disk, l);
+    }
+}
+
+/// A passthrough device's SPI: injected as HW interrupt `vintid`, so the
+/// guest's deactivation deactivates the physical one.
+fn forwarded_spi_irq(vm: &Vm, me: usize, id: IntId, vintid: IntId, cur: Option<usize>) {
+    gic::eoi(id);
+    let kicks = vm.vgic.lock().inject_edge(vintid, cur.unwrap_or(0));
+    if let Ok(k) = kicks {
+        process_kicks(vm, me, k, WakeCause::Interrupt);
+    }
+}
+
+/// The EL2 timer: stopped here, re-armed by the run loop (`arm_timer`).
+fn hyp_timer_irq(vm: &Vm, me: usize, id: IntId, deadline: &mut Option<u64>) {
+    eoi_deactivate(id);
+    percpu::arm_hyp_timer(None);
+    timer_expired(vm, me, deadline);
+}
+
+/// A host LPI backing a guest MSI. No vITS maps one yet: the priority drop
+/// ends it (LPIs have no active state).
+fn guest_lpi_irq(id: IntId, devid: u32, eventid: u32) {
+    gic::eoi(id);
+    log::trace!("{id}: guest MSI (DeviceID {devid:#x}, EventID {eventid}) has no vITS yet");
 }
 
 /// Physical console input: fills the guest's UART FIFO (when it is full the
@@ -570,67 +615,76 @@ fn report_bad_access(vm: &Vm, v: &Vcpu, ipa: u64, what: &str) {
     }
 }
 
-/// Emulated device access. Err: the access is not valid (abort the guest).
+/// Emulated device access, to the device `Vm::bus` names. Err: the access
+/// is not valid (abort the guest).
 fn mmio(vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess) -> Result<(), ()> {
     let value = esr::store_value(a, reg_read(&v.regs, a.reg));
-    {
-        let mut vgic = vm.vgic.lock();
-        if vgic.decode(a.ipa).is_some() {
-            if a.write {
-                let kicks = vgic.mmio_write(v.id, a.ipa, a.size, value).map_err(|_| ())?;
-                let hw = vgic.take_hw_deactivations();
-                drop(vgic);
-                deactivate_hw(vm, me, v.id, hw);
-                process_kicks(vm, me, kicks, WakeCause::Interrupt);
-            } else {
-                let r = vgic.mmio_read(v.id, a.ipa, a.size).map_err(|_| ())?;
-                reg_write(&mut v.regs, a.reg, esr::load_value(a, r));
-            }
-            return Ok(());
-        }
+    match vm.bus.lookup(a.ipa) {
+        Some((Device::Vgic, _)) => vgic_mmio(vm, me, v, a, value),
+        Some((Device::VirtioBlk, _)) => disk_mmio(vm, me, v, a, value),
+        Some((Device::Vpl011, off)) => uart_mmio(vm, me, v, a, off, value),
+        // No vITS yet.
+        Some((Device::Vits, _)) | None => Err(()),
     }
-    if let Some(disk) = vm.disk.as_ref().filter(|d| d.contains(a.ipa)) {
-        let level = if a.write {
-            disk.write(a.ipa, a.size, value, now_ns(), me).map_err(|_| ())?
+}
+
+/// The vGIC's distributor and redistributor frames.
+fn vgic_mmio(vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess, value: u64) -> Result<(), ()> {
+    let mut vgic = vm.vgic.lock();
+    if a.write {
+        let kicks = vgic.mmio_write(v.id, a.ipa, a.size, value).map_err(|_| ())?;
+        let hw = vgic.take_hw_deactivations();
+        drop(vgic);
+        deactivate_hw(vm, me, v.id, hw);
+        process_kicks(vm, me, kicks, WakeCause::Interrupt);
+    } else {
+        let r = vgic.mmio_read(v.id, a.ipa, a.size).map_err(|_| ())?;
+        reg_write(&mut v.regs, a.reg, esr::load_value(a, r));
+    }
+    Ok(())
+}
+
+/// The hypervisor's virtio-blk frame.
+fn disk_mmio(vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess, value: u64) -> Result<(), ()> {
+    let disk = vm.disk.as_ref().ok_or(())?;
+    let level = if a.write {
+        disk.write(a.ipa, a.size, value, now_ns(), me).map_err(|_| ())?
+    } else {
+        let r = disk.read(a.ipa, a.size).map_err(|_| ())?;
+        reg_write(&mut v.regs, a.reg, esr::load_value(a, r));
+        None
+    };
+    if let Some(l) = level {
+        disk_irq(vm, me, disk, l);
+    }
+    Ok(())
+}
+
+/// The vPL011 at offset `off` of its frame.
+fn uart_mmio(vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess, off: u64, value: u64) -> Result<(), ()> {
+    let mut stats_key = false;
+    let level = {
+        let mut uart = vm.uart.lock();
+        if a.write {
+            uart.write(off, a.size, value as u32, &mut console::guest_putc).map_err(|_| ())?;
         } else {
-            let r = disk.read(a.ipa, a.size).map_err(|_| ())?;
+            let r = uart.read(off, a.size).map_err(|_| ())? as u64;
             reg_write(&mut v.regs, a.reg, esr::load_value(a, r));
-            None
-        };
-        if let Some(l) = level {
-            disk_irq(vm, me, disk, l);
-        }
-        return Ok(());
-    }
-    if let Some(u) = vm.uart_region {
-        if a.ipa >= u.base && a.ipa < u.base + crate::vpl011::FRAME_SIZE {
-            let off = a.ipa - u.base;
-            let mut stats_key = false;
-            let level = {
-                let mut uart = vm.uart.lock();
-                if a.write {
-                    uart.write(off, a.size, value as u32, &mut console::guest_putc).map_err(|_| ())?;
-                } else {
-                    let r = uart.read(off, a.size).map_err(|_| ())? as u64;
-                    reg_write(&mut v.regs, a.reg, esr::load_value(a, r));
-                    // Input held back while the FIFO was full: the read
-                    // made room, take more (and unmask once drained).
-                    if uart.rx_held() {
-                        stats_key = uart.pump_rx(&mut console::PhysRx, STATS_KEY) > 0;
-                    }
-                }
-                uart.irq_level()
-            };
-            if stats_key {
-                print_stats(vm);
+            // Input held back while the FIFO was full: the read made room,
+            // take more (and unmask once drained).
+            if uart.rx_held() {
+                stats_key = uart.pump_rx(&mut console::PhysRx, STATS_KEY) > 0;
             }
-            if let Ok(k) = vm.vgic.lock().set_level(vm.uart_intid, v.id, level) {
-                process_kicks(vm, me, k, WakeCause::Interrupt);
-            }
-            return Ok(());
         }
+        uart.irq_level()
+    };
+    if stats_key {
+        print_stats(vm);
     }
-    Err(())
+    if let Ok(k) = vm.vgic.lock().set_level(vm.uart_intid, v.id, level) {
+        process_kicks(vm, me, k, WakeCause::Interrupt);
+    }
+    Ok(())
 }
 
 /// Delivers a synchronous exception to the guest's EL1 vector table.
@@ -794,6 +848,9 @@ pub fn print_stats(vm: &Vm) {
     crate::hvprintln!(
         "(HV) stats begin uart0\nuart0.rx_bytes={rx_bytes}\nuart0.rx_holds={rx_holds}\nuart0.rx_overruns={rx_overruns}\n(HV) stats end uart0"
     );
+    let mut text = alloc::string::String::new();
+    let _ = vm.irq_counters.write_text(&mut text);
+    crate::hvprintln!("(HV) stats begin irq\n{}(HV) stats end irq", text);
 }
 
 fn power_off(vm: &Vm) -> ! {

@@ -15,6 +15,8 @@ use crate::boot::plan::{self, LayoutError, ModuleCopy, Plan};
 use crate::config::{Config, DiskMode};
 use crate::dtb::{self, GuestDtbConfig, Platform, Region};
 use crate::intid::IntId;
+use crate::irq::{HostIrqs, IrqCounters, IrqRoutes, RouteError};
+use crate::mmio_bus::{BusError, Device, MmioBus, MmioRange};
 use crate::platform;
 use crate::sched::{SchedConfig, SchedError, Scheduler, VcpuId};
 use crate::stage2::{MemType, Stage2, Stage2Error};
@@ -25,10 +27,14 @@ use alloc::string::String;
 use alloc::vec::Vec;
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use log::info;
-use spin::Mutex;
+use spin::{Mutex, RwLock};
 
 const MB: u64 = 1 << 20;
 const PAGE: u64 = 4096;
+
+/// Host LPIs the route table has room for (allocated when the VM is made:
+/// adding a route never allocates). Each backs one guest MSI.
+pub const LPI_ROUTES: usize = 1024;
 
 #[derive(Debug)]
 pub enum VmError {
@@ -41,6 +47,10 @@ pub enum VmError {
     Dtb(dtb::DtbError),
     Vgic(VgicError),
     Sched(SchedError),
+    /// Two of the VM's physical interrupt sources share an INTID.
+    Routes(RouteError),
+    /// Two emulated devices claim one guest-physical address.
+    Bus(BusError),
 }
 
 impl core::fmt::Display for VmError {
@@ -48,6 +58,8 @@ impl core::fmt::Display for VmError {
         match self {
             VmError::Memory(why) => write!(f, "{why}"),
             VmError::Layout(e) => write!(f, "{e}"),
+            VmError::Routes(e) => write!(f, "IRQ routes: {e}"),
+            VmError::Bus(e) => write!(f, "MMIO bus: {e}"),
             other => write!(f, "{other:?}"),
         }
     }
@@ -61,6 +73,16 @@ impl From<Stage2Error> for VmError {
 impl From<dtb::DtbError> for VmError {
     fn from(e: dtb::DtbError) -> Self {
         VmError::Dtb(e)
+    }
+}
+impl From<RouteError> for VmError {
+    fn from(e: RouteError) -> Self {
+        VmError::Routes(e)
+    }
+}
+impl From<BusError> for VmError {
+    fn from(e: BusError) -> Self {
+        VmError::Bus(e)
     }
 }
 impl From<VgicError> for VmError {
@@ -162,6 +184,15 @@ pub struct Vm {
     pub forwarded_edge: Vec<bool>,
     /// The pCPU each forwarded SPI is physically routed to (same order).
     pub forwarded_pcpu: Vec<AtomicUsize>,
+    /// What `runtime::vcpu::handle_irqs` does with each physical INTID. Read
+    /// on every physical interrupt, written when routes change (the vITS
+    /// mapping host LPIs): a leaf lock, never held while handling.
+    pub routes: RwLock<IrqRoutes>,
+    /// Physical interrupts taken, per route kind.
+    pub irq_counters: IrqCounters,
+    /// Which emulated device answers a trapped access (`runtime::vcpu::mmio`);
+    /// read-only once the VM is made.
+    pub bus: MmioBus,
     pub vcpus: Vec<Mutex<Vcpu>>,
     pub shared: Vec<VcpuShared>,
     pub sched: Mutex<Scheduler>,
@@ -228,6 +259,23 @@ fn check_passthrough(
 /// What a PCIe host bridge passed through maps into stage 2.
 fn bridge_frames(bridge: &dtb::PcieHost) -> Vec<Region> {
     bridge.passthrough_frames(1 << crate::stage2::IPA_BITS)
+}
+
+/// The VM's MMIO bus: the vGIC's frames, the hypervisor's virtio-blk frame
+/// and the vPL011's (one `vpl011::FRAME_SIZE` frame, whatever the UART
+/// region's size).
+fn build_bus(vgic: &Vgic, disk: Option<&VDisk>, uart: Option<Region>) -> Result<MmioBus, BusError> {
+    let mut bus = MmioBus::new();
+    for (base, size) in vgic.frames() {
+        bus.register(MmioRange::new(base, size), Device::Vgic)?;
+    }
+    if let Some(d) = disk {
+        bus.register(MmioRange::new(d.base, crate::virtio::mmio::FRAME_SIZE), Device::VirtioBlk)?;
+    }
+    if let Some(u) = uart {
+        bus.register(MmioRange::new(u.base, crate::vpl011::FRAME_SIZE), Device::Vpl011)?;
+    }
+    Ok(bus)
 }
 
 /// vMPIDR of vCPU `i`: Aff0 = i % 16, Aff1 = i / 16.
@@ -369,7 +417,7 @@ impl Vm {
         let mut forwarded = Vec::new();
         let mut forwarded_edge = Vec::new();
         for d in &passthrough {
-            if vgic.set_hw(d.intid, Some(d.intid)).is_ok() {
+            if !forwarded.contains(&d.intid) && vgic.set_hw(d.intid, Some(d.intid)).is_ok() {
                 forwarded.push(d.intid);
                 forwarded_edge.push(true);
             }
@@ -489,20 +537,39 @@ impl Vm {
             dtb_at,
             passthrough.len()
         );
+        let uart_region = plat.uart.as_ref().map(|u| Region { base: u.base, size: u.size.max(0x1000) });
+        let uart_intid = plat.uart.as_ref().map_or(platform::PLATFORM.uart_intid, |u| u.intid);
+        let maintenance_intid = plat.gic.maintenance_intid.unwrap_or(platform::PLATFORM.maintenance_intid);
+        let routes = IrqRoutes::build(
+            &HostIrqs {
+                virt_timer: vt,
+                hyp_timer: plat.timer.hyp_intid,
+                maintenance: maintenance_intid,
+                kick: super::percpu::SGI_KICK,
+                uart: uart_intid,
+                phys_disk: disk.as_ref().and_then(|d| d.phys_intid),
+                forwarded: &forwarded,
+            },
+            LPI_ROUTES,
+        )?;
+        let bus = build_bus(&vgic, disk.as_ref(), uart_region)?;
         Ok(Box::new(Vm {
             vmid: 1,
             ram,
             stage2_root: s2.root(),
             vgic: Mutex::new(vgic),
             uart: Mutex::new(VPl011::new()),
-            uart_region: plat.uart.as_ref().map(|u| Region { base: u.base, size: u.size.max(0x1000) }),
-            uart_intid: plat.uart.as_ref().map_or(platform::PLATFORM.uart_intid, |u| u.intid),
+            uart_region,
+            uart_intid,
             virt_timer_intid: vt,
-            maintenance_intid: plat.gic.maintenance_intid.unwrap_or(platform::PLATFORM.maintenance_intid),
+            maintenance_intid,
             hyp_timer_intid: plat.timer.hyp_intid,
             forwarded_pcpu: forwarded.iter().map(|_| AtomicUsize::new(0)).collect(),
             forwarded,
             forwarded_edge,
+            routes: RwLock::new(routes),
+            irq_counters: IrqCounters::default(),
+            bus,
             vcpus,
             shared,
             sched: Mutex::new(sched),

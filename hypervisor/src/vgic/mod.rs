@@ -446,6 +446,13 @@ impl Vgic {
         self.vcpus.len() as u64 * GICR_STRIDE
     }
 
+    /// The guest-physical frames the vGIC emulates, as `(base, size)`: the
+    /// distributor, then the redistributors of all vCPUs (what a VM's MMIO
+    /// bus registers; [`Vgic::decode`] answers inside them).
+    pub fn frames(&self) -> [(u64, u64); 2] {
+        [(self.gicd_base, GICD_SIZE), (self.gicr_base, self.gicr_size())]
+    }
+
     /// Whether `ipa` falls in the distributor or a redistributor frame, and at
     /// which offset (within the 64 KiB GICD frame or the vCPU's 128 KiB GICR).
     pub fn decode(&self, ipa: u64) -> Option<(MmioTarget, u64)> {

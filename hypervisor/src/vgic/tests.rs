@@ -150,6 +150,12 @@ fn decode_windows() {
     assert_eq!(g.decode(GICR + 0x3_0100), Some((MmioTarget::Redistributor(1), 0x1_0100)));
     assert_eq!(g.decode(GICR + 0x4_0000), None);
     assert_eq!(g.decode(0), None);
+    // `frames` names exactly what `decode` answers.
+    assert_eq!(g.frames(), [(GICD, 0x1_0000), (GICR, 0x4_0000)]);
+    for (base, size) in g.frames() {
+        assert!(g.decode(base).is_some() && g.decode(base + size - 1).is_some());
+        assert_eq!(g.decode(base + size), None);
+    }
     let mut g = g;
     assert_eq!(g.mmio_read(0, 0x1234, 4), Err(VgicError::OutOfRange));
     assert_eq!(g.mmio_read(7, GICD, 4), Err(VgicError::BadVcpu(7)));
