@@ -12,6 +12,7 @@
 //! the round trip `decode(encode(c)) == c` is host-tested for every command.
 
 pub mod cmd;
+pub mod host;
 #[cfg(test)]
 mod tests;
 
