@@ -327,6 +327,15 @@ fn setup_table(reg: u64, bits: u8, try_indirect: bool) -> Result<Table, ItsError
         write64(reg, v.get());
         cache::clean_to_poc(frame.pa, plan.bytes);
     }
+    log::debug!(
+        "ITS: table at {:#x}: {} ID bits, {}, {} KiB pages, {} bytes{}",
+        frame.pa,
+        bits,
+        if plan.indirect { "two-level" } else { "flat" },
+        page.bytes() >> 10,
+        plan.bytes,
+        if clean { ", non-shareable" } else { "" }
+    );
     let l1_slots = if plan.indirect { (plan.bytes / 8) as usize } else { 0 };
     let mut l2 = Vec::new();
     l2.try_reserve_exact(l1_slots).map_err(|_| ItsError::OutOfMemory)?;
