@@ -85,7 +85,9 @@ impl fmt::Display for ItsError {
             ItsError::EventBits(b) => write!(f, "ITT of {b} EventID bits not supported"),
             ItsError::DeviceMapped(d) => write!(f, "DeviceID {d:#x} already mapped"),
             ItsError::UnknownDevice(d) => write!(f, "DeviceID {d:#x} not mapped"),
-            ItsError::EventMapped { device, event } => write!(f, "DeviceID {device:#x} EventID {event:#x} already mapped"),
+            ItsError::EventMapped { device, event } => {
+                write!(f, "DeviceID {device:#x} EventID {event:#x} already mapped")
+            }
             ItsError::UnknownEvent { device, event } => write!(f, "DeviceID {device:#x} EventID {event:#x} not mapped"),
             ItsError::NoFreeLpi => write!(f, "no free host LPI"),
             ItsError::LpiNotAllocated(i) => write!(f, "LPI {i} was not allocated"),
@@ -413,7 +415,6 @@ impl HostItsStats {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tock_registers::interfaces::Readable;
 
     fn lpi(n: u32) -> IntId {
         IntId::lpi(n).unwrap()

@@ -25,18 +25,18 @@
 //! reach GITS_CWRITER; a stall or timeout is an `ItsError`, one log line and
 //! a counter. All state is under the `ITS` lock, a leaf like `GIC`.
 
-use super::{find_redistributor_frames, GICR_TYPER, GICR_TYPER_OFF, GIC, RD_BASE};
+use super::{find_redistributor_frames, GIC, GICR_TYPER, GICR_TYPER_OFF, RD_BASE};
 use crate::arch::aarch64::cache;
 use crate::arch::aarch64::entry::MAX_CPUS;
 use crate::arch::aarch64::sysreg;
 use crate::intid::IntId;
 use crate::its::cmd::{Command, COMMAND_BYTES};
+pub use crate::its::host::ItsError;
 use crate::its::host::{
     command_slot, itt_bytes, l1_descriptor, plan_table, probe_page_size, HostItsStats, LpiAllocator, Mappings,
     TablePlan, CMD_QUEUE_BYTES, HOST_LPI_COUNT, HOST_LPI_ID_BITS, ITT_ALIGN, MAX_DEVICE_ID_BITS, PEND_TABLE_ALIGN,
     PEND_TABLE_BYTES, PROP_TABLE_BYTES,
 };
-pub use crate::its::host::ItsError;
 use crate::its::{
     gicr, lpi_config_byte, offset, CBASER_PAGE, GICR_PENDBASER, GICR_PROPBASER, GITS_BASER, GITS_CBASER,
     GITS_CQ_OFFSET, GITS_CTLR, GITS_TYPER, LPI_BASE,
