@@ -15,10 +15,12 @@ fn boots_with_host_lpis(gic: u8) {
     assert_eq!(r.guest_exit, Some(0));
     let s = |k: &str| stat_line(&r.console, k).unwrap_or_else(|| panic!("no {k} in\n{}", tail(&r.console, 40)));
     // One collection per pCPU, the self-test's device mapped and unmapped,
-    // its event mapped, fired and discarded.
+    // its event mapped, moved, fired and discarded.
     assert_eq!(s("its.cmd.MAPC"), 2);
     assert_eq!(s("its.cmd.MAPD"), 2);
     assert_eq!((s("its.cmd.MAPTI"), s("its.cmd.INT"), s("its.cmd.DISCARD")), (1, 1, 1));
+    // Moved to pCPU 1 and back before it fired.
+    assert_eq!(s("its.cmd.MOVI"), 2);
     assert!(s("its.cmd.SYNC") >= 5);
     assert!(s("its.lpis_taken") >= 1);
     assert_eq!((s("its.cmd_errors"), s("its.cmd_timeouts")), (0, 0));

@@ -252,6 +252,31 @@ pub const fn l1_descriptor(page_pa: u64) -> u64 {
     (1 << 63) | (page_pa & 0x000F_FFFF_FFFF_F000)
 }
 
+/// Where the command queue stands after a GITS_CWRITER write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QueueProgress {
+    /// GITS_CREADR reached GITS_CWRITER: every command ran.
+    Done,
+    /// Still working.
+    Busy,
+    /// GITS_CREADR.Stalled: stopped at the command at this offset.
+    Stalled(u32),
+}
+
+/// Reads GITS_CREADR (`creadr`, raw) against the offset written to
+/// GITS_CWRITER.
+pub fn queue_progress(creadr: u64, cwriter: u32) -> QueueProgress {
+    let r = LocalRegisterCopy::<u64, super::GITS_CQ_OFFSET::Register>::new(creadr);
+    let at = (r.read(super::GITS_CQ_OFFSET::Offset) << 5) as u32;
+    if r.is_set(super::GITS_CQ_OFFSET::Stalled_Retry) {
+        QueueProgress::Stalled(at)
+    } else if at == cwriter {
+        QueueProgress::Done
+    } else {
+        QueueProgress::Busy
+    }
+}
+
 /// One mapped event: its host LPI and the collection (= pCPU) it targets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EventMap {
@@ -521,6 +546,18 @@ mod tests {
         assert_eq!((d.itt, d.itt_bytes, d.events.len()), (0x1000, 256, 1));
         assert_eq!(m.remove_device(0xffff), Err(ItsError::UnknownDevice(0xffff)));
         assert_eq!(m.remove_event(0xffff, 3), Err(ItsError::UnknownDevice(0xffff)));
+    }
+
+    #[test]
+    fn queue_progress_reads_creadr_offset_and_stall() {
+        assert_eq!(queue_progress(0x40, 0x40), QueueProgress::Done);
+        assert_eq!(queue_progress(0x20, 0x40), QueueProgress::Busy);
+        assert_eq!(queue_progress(0x20 | 1, 0x40), QueueProgress::Stalled(0x20));
+        // Wrapped to the start of the 64 KiB queue.
+        assert_eq!(queue_progress(0, 0), QueueProgress::Done);
+        assert_eq!(queue_progress(0xffe0, 0), QueueProgress::Busy);
+        // Bits above the offset field are not part of it.
+        assert_eq!(queue_progress((1 << 20) | 0x40, 0x40), QueueProgress::Done);
     }
 
     #[test]

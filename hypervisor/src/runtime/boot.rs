@@ -160,7 +160,6 @@ pub fn primary_main(regs: [u64; 4]) -> ! {
     }
     init_its(&plat);
     gic::init_cpu(0);
-    its_self_test();
     if let Err(e) = crate::vgic::usable_lrs(gic::nr_lrs()) {
         hv_fatal!("GIC: {e}; cannot run guests");
     }
@@ -185,6 +184,7 @@ pub fn primary_main(regs: [u64; 4]) -> ! {
         nr_pcpus += 1;
     }
     info!("{nr_pcpus} pCPU(s) online");
+    its_self_test(nr_pcpus);
 
     match vm::Vm::create_dom0(&plat, &cfg, &plan, host_dtb, nr_pcpus) {
         Ok(vm) => {
@@ -209,13 +209,13 @@ fn init_its(plat: &Platform) {
 }
 
 /// The boot self-test of host LPIs (`gic::its::self_test`), on pCPU 0
-/// after its redistributor has LPIs on, before any other interrupt is
-/// enabled: polled, so it needs neither the run loop nor a VM.
-fn its_self_test() {
+/// once every pCPU has its collection, before pCPU 0 enables any other
+/// interrupt: polled, so it needs neither the run loop nor a VM.
+fn its_self_test(pcpus: usize) {
     if !gic::its::its_present() {
         return;
     }
-    match gic::its::self_test() {
+    match gic::its::self_test(pcpus) {
         Ok(t) => info!(
             "ITS: GICv{} ITS at {:#x}, {} LPIs, self-test LPI {} delivered",
             t.arch_rev,

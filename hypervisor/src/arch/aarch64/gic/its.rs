@@ -33,7 +33,7 @@ use crate::intid::IntId;
 use crate::its::cmd::{Command, COMMAND_BYTES};
 pub use crate::its::host::ItsError;
 use crate::its::host::{
-    command_slot, itt_bytes, l1_descriptor, plan_table, probe_page_size, HostItsStats, LpiAllocator, Mappings,
+    command_slot, itt_bytes, queue_progress, QueueProgress, l1_descriptor, plan_table, probe_page_size, HostItsStats, LpiAllocator, Mappings,
     TablePlan, CMD_QUEUE_BYTES, HOST_LPI_COUNT, HOST_LPI_ID_BITS, ITT_ALIGN, MAX_DEVICE_ID_BITS, PEND_TABLE_ALIGN,
     PEND_TABLE_BYTES, PROP_TABLE_BYTES,
 };
@@ -454,16 +454,14 @@ impl Its {
         write64(self.base + offset::GITS_CWRITER, cw.get());
         self.cwriter = off as u32;
         for _ in 0..POLL_LIMIT {
-            let rd = LocalRegisterCopy::<u64, GITS_CQ_OFFSET::Register>::new(read64(self.base + offset::GITS_CREADR));
-            let at = (rd.read(GITS_CQ_OFFSET::Offset) << 5) as u32;
-            if rd.is_set(GITS_CQ_OFFSET::Stalled_Retry) {
-                self.wedged = true;
-                return Err(ItsError::Stalled { creadr: at });
+            match queue_progress(read64(self.base + offset::GITS_CREADR), self.cwriter) {
+                QueueProgress::Done => return Ok(()),
+                QueueProgress::Stalled(creadr) => {
+                    self.wedged = true;
+                    return Err(ItsError::Stalled { creadr });
+                }
+                QueueProgress::Busy => core::hint::spin_loop(),
             }
-            if at == self.cwriter {
-                return Ok(());
-            }
-            core::hint::spin_loop();
         }
         self.wedged = true;
         let creadr = (read64(self.base + offset::GITS_CREADR) & 0xf_ffe0) as u32;
@@ -631,11 +629,12 @@ pub struct SelfTest {
     pub lpi: IntId,
 }
 
-/// Boot self-test on the boot pCPU (0), before any other interrupt is
-/// enabled: maps the highest DeviceID, one event → an LPI on pCPU 0, sends
-/// INT and polls ICC_IAR1_EL1 (interrupts stay masked at EL2) until that
-/// LPI is acknowledged, then unmaps. `Err` when it never arrives.
-pub fn self_test() -> Result<SelfTest, ItsError> {
+/// Boot self-test on the boot pCPU (0), before it enables any interrupt:
+/// maps the highest DeviceID, one event → an LPI on pCPU 0 (with `pcpus`
+/// > 1 moved to the last pCPU and back: MOVI both ways), sends INT and polls
+/// ICC_IAR1_EL1 (interrupts stay masked at EL2) until that LPI is
+/// acknowledged, then unmaps. `Err` when it never arrives.
+pub fn self_test(pcpus: usize) -> Result<SelfTest, ItsError> {
     let (device, arch_rev, base) = {
         let g = ITS.lock();
         let its = g.as_ref().ok_or(ItsError::NoIts)?;
@@ -643,6 +642,10 @@ pub fn self_test() -> Result<SelfTest, ItsError> {
     };
     map_device(device, 1)?;
     let r = map_event(device, 0, 0).and_then(|lpi| {
+        if pcpus > 1 {
+            move_event(device, 0, pcpus - 1)?;
+            move_event(device, 0, 0)?;
+        }
         send_int(device, 0)?;
         let got = wait_for(lpi);
         unmap_event(device, 0)?;
