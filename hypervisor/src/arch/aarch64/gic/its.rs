@@ -33,9 +33,9 @@ use crate::intid::IntId;
 use crate::its::cmd::{Command, COMMAND_BYTES};
 pub use crate::its::host::ItsError;
 use crate::its::host::{
-    command_slot, itt_bytes, queue_progress, QueueProgress, l1_descriptor, plan_table, probe_page_size, HostItsStats, LpiAllocator, Mappings,
-    TablePlan, CMD_QUEUE_BYTES, HOST_LPI_COUNT, HOST_LPI_ID_BITS, ITT_ALIGN, MAX_DEVICE_ID_BITS, PEND_TABLE_ALIGN,
-    PEND_TABLE_BYTES, PROP_TABLE_BYTES,
+    command_slot, itt_bytes, l1_descriptor, plan_table, probe_page_size, queue_progress, HostItsStats, LpiAllocator,
+    Mappings, QueueProgress, TablePlan, CMD_QUEUE_BYTES, HOST_LPI_COUNT, HOST_LPI_ID_BITS, ITT_ALIGN,
+    MAX_DEVICE_ID_BITS, PEND_TABLE_ALIGN, PEND_TABLE_BYTES, PROP_TABLE_BYTES,
 };
 use crate::its::{
     gicr, lpi_config_byte, offset, CBASER_PAGE, GICR_PENDBASER, GICR_PROPBASER, GITS_BASER, GITS_CBASER,
@@ -630,8 +630,8 @@ pub struct SelfTest {
 }
 
 /// Boot self-test on the boot pCPU (0), before it enables any interrupt:
-/// maps the highest DeviceID, one event → an LPI on pCPU 0 (with `pcpus`
-/// > 1 moved to the last pCPU and back: MOVI both ways), sends INT and polls
+/// maps the highest DeviceID, one event → an LPI on pCPU 0 (with more
+/// than one pCPU moved to the last and back: MOVI both ways), sends INT and polls
 /// ICC_IAR1_EL1 (interrupts stay masked at EL2) until that LPI is
 /// acknowledged, then unmaps. `Err` when it never arrives.
 pub fn self_test(pcpus: usize) -> Result<SelfTest, ItsError> {
