@@ -52,6 +52,8 @@ use tock_registers::LocalRegisterCopy;
 const LPI_PRIORITY: u8 = 0x80;
 /// Polls of GITS_CREADR (or GITS_CTLR.Quiescent) before giving up.
 const POLL_LIMIT: u32 = 1 << 22;
+/// DISCARDs per command batch when a device is unmapped.
+const DISCARD_BATCH: usize = 64;
 /// Polls of ICC_IAR1_EL1 the boot self-test waits for its LPI.
 const SELF_TEST_POLLS: u32 = 1 << 16;
 /// Inner/OuterCache encoding: Normal, read- and write-allocate write-back.
@@ -539,12 +541,18 @@ pub fn map_device(device: u32, event_bits: u8) -> Result<(), ItsError> {
     })
 }
 
-/// MAPD Valid = 0 for `device`: its events' LPIs are disabled and freed,
-/// then its ITT. An unknown device is refused.
+/// Unmaps `device`: DISCARD of each event still mapped (no LPI stays
+/// pending), MAPD Valid = 0, SYNC; then its LPIs are disabled and freed, and
+/// its ITT. An unknown device is refused.
 pub fn unmap_device(device: u32) -> Result<(), ItsError> {
     with_its(|its| {
-        its.map.device(device)?;
+        let events: Vec<u32> = its.map.device(device)?.events.keys().copied().collect();
         let rdbase = its.rdbase(0)?;
+        for chunk in events.chunks(DISCARD_BATCH) {
+            let mut cmds: Vec<Command> = chunk.iter().map(|&event| Command::Discard { device, event }).collect();
+            cmds.push(Command::Sync { rdbase });
+            its.send(&cmds)?;
+        }
         its.send(&[Command::Mapd { device, size: 0, itt_addr: 0, valid: false }, Command::Sync { rdbase }])?;
         let d = its.map.remove_device(device)?;
         for e in d.events.values() {

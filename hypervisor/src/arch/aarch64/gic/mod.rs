@@ -8,6 +8,10 @@
 //! CPU interface (ICH_*_EL2) is reached through the accessors below; what to
 //! put in the list registers is decided by the portable `vgic` model.
 //!
+//! The ITS and host LPIs are in [`its`]; `ack` counts the LPIs it takes
+//! and `deactivate` leaves them alone (LPIs have no active state: the
+//! priority drop of `eoi` ends them).
+//!
 //! Distributor accesses go through the `GIC` lock. A pCPU's own
 //! redistributor SGI frame (the active state of its private interrupts)
 //! is written without it: those registers are write-1-to-set/clear and only
