@@ -423,7 +423,8 @@ impl Its {
                 ItsError::Timeout { .. } => TIMEOUTS.fetch_add(1, Ordering::Relaxed),
                 _ => ERRORS.fetch_add(1, Ordering::Relaxed),
             };
-            log::error!("ITS: {} command(s) from {:?}: {e}", cmds.len(), cmds.first().map(Command::name));
+            let first = cmds.first().map_or("-", Command::name);
+            log::error!("ITS: {} command(s) starting with {first}: {e}", cmds.len());
         }
         r
     }
