@@ -2,9 +2,10 @@
 //! defines it: register layouts and the command format.
 //!
 //! Plain Rust shared by the two sides that speak ITS:
-//! * the physical ITS driver (`arch::aarch64::gic`) *encodes* commands into
-//!   the hardware's command queue and programs the GITS and LPI registers
-//!   through the layouts below;
+//! * the physical ITS driver (`arch::aarch64::gic::its`) *encodes* commands
+//!   into the hardware's command queue and programs the GITS and LPI
+//!   registers through the layouts below; its decisions (host LPI
+//!   allocation, table layout, what is mapped) are plain Rust in [`host`];
 //! * the virtual ITS a guest sees (`vgic::its`) *decodes* the commands the
 //!   guest writes into its queue, treating every field as hostile.
 //!
@@ -12,6 +13,7 @@
 //! the round trip `decode(encode(c)) == c` is host-tested for every command.
 
 pub mod cmd;
+pub mod host;
 #[cfg(test)]
 mod tests;
 

@@ -158,6 +158,7 @@ pub fn primary_main(regs: [u64; 4]) -> ! {
     if let Err(e) = unsafe { gic::init(plat.gic.gicd.base, gicr.base, plat.cpus.len()) } {
         hv_fatal!("GIC: {e:?}");
     }
+    init_its(&plat);
     gic::init_cpu(0);
     if let Err(e) = crate::vgic::usable_lrs(gic::nr_lrs()) {
         hv_fatal!("GIC: {e}; cannot run guests");
@@ -183,6 +184,7 @@ pub fn primary_main(regs: [u64; 4]) -> ! {
         nr_pcpus += 1;
     }
     info!("{nr_pcpus} pCPU(s) online");
+    its_self_test(nr_pcpus);
 
     match vm::Vm::create_dom0(&plat, &cfg, &plan, host_dtb, nr_pcpus) {
         Ok(vm) => {
@@ -191,6 +193,37 @@ pub fn primary_main(regs: [u64; 4]) -> ! {
             vcpu::pcpu_loop(vm, 0)
         }
         Err(e) => hv_fatal!("cannot create the guest: {e}"),
+    }
+}
+
+/// Sets up the physical ITS, if the DTB names one; without it (or when
+/// its setup fails) the hypervisor runs as before, without host LPIs.
+fn init_its(plat: &Platform) {
+    let Some(its) = plat.gic.its else {
+        info!("ITS: none in the device tree; no host LPIs");
+        return;
+    };
+    if let Err(e) = gic::its::init(its.base, plat.cpus.len()) {
+        info!("ITS: at {:#x} not used ({e}); no host LPIs", its.base);
+    }
+}
+
+/// The boot self-test of host LPIs (`gic::its::self_test`), on pCPU 0
+/// once every pCPU has its collection, before pCPU 0 enables any other
+/// interrupt: polled, so it needs neither the run loop nor a VM.
+fn its_self_test(pcpus: usize) {
+    if !gic::its::its_present() {
+        return;
+    }
+    match gic::its::self_test(pcpus) {
+        Ok(t) => info!(
+            "ITS: GICv{} ITS at {:#x}, {} LPIs, self-test LPI {} delivered",
+            t.arch_rev,
+            t.base,
+            t.lpis,
+            u32::from(t.lpi)
+        ),
+        Err(e) => error!("ITS: self-test failed: {e}"),
     }
 }
 

@@ -845,6 +845,11 @@ pub fn print_stats(vm: &Vm) {
         let u = vm.uart.lock();
         (u.rx_bytes, u.rx_holds, u.rx_overruns)
     };
+    if gic::its::its_present() {
+        let mut text = alloc::string::String::new();
+        let _ = gic::its::stats().write_text(&mut text);
+        crate::hvprintln!("(HV) stats begin its\n{}(HV) stats end its", text);
+    }
     crate::hvprintln!(
         "(HV) stats begin uart0\nuart0.rx_bytes={rx_bytes}\nuart0.rx_holds={rx_holds}\nuart0.rx_overruns={rx_overruns}\n(HV) stats end uart0"
     );

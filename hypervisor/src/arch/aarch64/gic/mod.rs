@@ -8,10 +8,16 @@
 //! CPU interface (ICH_*_EL2) is reached through the accessors below; what to
 //! put in the list registers is decided by the portable `vgic` model.
 //!
+//! The ITS and host LPIs are in [`its`]; `ack` counts the LPIs it takes
+//! and `deactivate` leaves them alone (LPIs have no active state: the
+//! priority drop of `eoi` ends them).
+//!
 //! Distributor accesses go through the `GIC` lock. A pCPU's own
 //! redistributor SGI frame (the active state of its private interrupts)
 //! is written without it: those registers are write-1-to-set/clear and only
 //! that pCPU writes them.
+
+pub mod its;
 
 use super::entry::MAX_CPUS;
 use super::sysreg::{
@@ -39,6 +45,8 @@ register_bitfields! {u64,
         /// Aff3.Aff2.Aff1.Aff0 of the PE this redistributor serves.
         Affinity OFFSET(32) NUMBITS(32) [],
         /// The last redistributor frame of the region.
+        /// The processor number ITS commands name with GITS_TYPER.PTA = 0.
+        Processor_Number OFFSET(8) NUMBITS(16) [],
         Last OFFSET(4) NUMBITS(1) [],
         /// GICv4 virtual LPIs: the frame has two more 64 KiB pages.
         VLPIS OFFSET(1) NUMBITS(1) []
@@ -130,6 +138,7 @@ pub fn init_cpu(cpu: usize) {
     ICC_BPR1_EL1.write(regs::ICC_BPR1_EL1::BinaryPoint.val(0));
     ICC_IGRPEN1_EL1.write(regs::ICC_IGRPEN1_EL1::Enable::SET);
     sysreg::isb();
+    its::init_cpu(cpu);
 }
 
 /// The number of SPIs the distributor implements (from GICD_TYPER).
@@ -171,7 +180,12 @@ pub fn ack() -> Option<IntId> {
         let v = ICC_IAR1_EL1.read(regs::ICC_INTID::INTID) as u32;
         match IntId::try_from(v) {
             Ok(id) if id.is_special() => return None,
-            Ok(id) => return Some(id),
+            Ok(id) => {
+                if id.is_lpi() {
+                    its::count_lpi();
+                }
+                return Some(id);
+            }
             Err(e) => {
                 // No GIC returns a reserved INTID; should one, end it and
                 // look for the next.
@@ -188,8 +202,12 @@ pub fn eoi(intid: IntId) {
     ICC_EOIR1_EL1.write(regs::ICC_INTID::INTID.val(u64::from(u32::from(intid))));
 }
 
-/// Deactivates an interrupt the hypervisor handled itself.
+/// Deactivates an interrupt the hypervisor handled itself. LPIs have no
+/// active state (the priority drop of `eoi` ends them): nothing to do.
 pub fn deactivate(intid: IntId) {
+    if intid.is_lpi() {
+        return;
+    }
     ICC_DIR_EL1.write(regs::ICC_INTID::INTID.val(u64::from(u32::from(intid))));
 }
 
@@ -300,6 +318,25 @@ fn find_redistributor(g: &PhysGic, mpidr: u64) -> Option<u64> {
         frame += if typer.is_set(GICR_TYPER::VLPIS) { GICR_FRAME_V4 } else { GICR_FRAME_V3 };
     }
     None
+}
+
+/// GICR_TYPER of every redistributor frame in the region, in order, up to
+/// the one marked Last.
+fn find_redistributor_frames(g: &PhysGic) -> alloc::vec::Vec<u64> {
+    let mut out = alloc::vec::Vec::new();
+    let mut frame = g.gicr;
+    for _ in 0..512 {
+        // SAFETY: as in `find_redistributor`: GICR_TYPER of a frame inside
+        // the region, read-only; the walk stops at the frame marked Last.
+        let raw = unsafe { core::ptr::read_volatile((frame + GICR_TYPER_OFF) as *const u64) };
+        out.push(raw);
+        let typer = LocalRegisterCopy::<u64, GICR_TYPER::Register>::new(raw);
+        if typer.is_set(GICR_TYPER::Last) {
+            break;
+        }
+        frame += if typer.is_set(GICR_TYPER::VLPIS) { GICR_FRAME_V4 } else { GICR_FRAME_V3 };
+    }
+    out
 }
 
 /// Sets or clears the physical active state of private interrupt `intid`
