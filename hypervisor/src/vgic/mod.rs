@@ -75,6 +75,7 @@
 //! sizes give [`VgicError::BadAccessSize`], reserved offsets read as zero and
 //! ignore writes.
 
+pub mod its;
 mod lr;
 mod mmio;
 pub mod regs;
