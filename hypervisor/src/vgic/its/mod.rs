@@ -177,8 +177,6 @@ faults! {
     DeviceOutOfRange = "device_out_of_range",
     /// The DeviceID is not mapped (no MAPD).
     DeviceUnmapped = "device_unmapped",
-    /// Internal: a device inserted twice (never reached by commands).
-    DeviceMapped = "device_mapped",
     /// More than `tables::MAX_MAPPED_DEVICES` devices.
     TooManyDevices = "too_many_devices",
     /// MAPD Size + 1 > IDbits.

@@ -148,14 +148,15 @@ impl Tables {
         ITT_ENTRY_SIZE << (u32::from(size.min(31)) + 1)
     }
 
-    /// Maps `device` with no events (after [`Self::check_map_device`] and
-    /// [`Self::unmap_device`] of any previous mapping).
+    /// Maps `device` with no events, replacing any previous mapping (the
+    /// caller unmaps that first with [`Self::unmap_device`], so its events
+    /// are counted out and reported).
     pub fn insert_device(&mut self, device: u32, size: u8, itt_addr: u64) -> Result<(), CommandFault> {
         self.check_map_device(device, size)?;
-        if self.devices.contains_key(&device) {
-            return Err(CommandFault::DeviceMapped);
+        let new = Device { event_bits: size + 1, itt_addr, events: BTreeMap::new() };
+        if let Some(old) = self.devices.insert(device, new) {
+            self.events -= old.events.len();
         }
-        self.devices.insert(device, Device { event_bits: size + 1, itt_addr, events: BTreeMap::new() });
         Ok(())
     }
 

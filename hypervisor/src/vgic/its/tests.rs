@@ -585,6 +585,20 @@ fn queue_errors_stall() {
     assert_eq!(r.creadr(), 32);
     assert_eq!(r.its.counters().command(opcode::MAPC), 1);
     assert_eq!(r.its.counters().stalls, 1);
+    // A stall also ends when the guest disables the ITS and rewrites CBASER,
+    // which resets CREADR to 0.
+    r.write(0x88, 8, QUEUE_PAGES * 0x1000 + 32).unwrap();
+    assert!(r.its.stalled());
+    r.write(0, 4, 0).unwrap();
+    assert_eq!(r.read(0, 4).unwrap(), 1 << 31, "disabled and quiescent");
+    r.write(0x80, 8, QUEUE | (1 << 63) | (QUEUE_PAGES - 1)).unwrap();
+    assert_eq!(r.creadr(), 0);
+    r.wr = 0;
+    r.post(&[Command::Mapc { icid: 2, rdbase: 0, valid: true }]);
+    assert_eq!(r.creadr(), 0, "disabled: waits");
+    r.write(0, 4, 1).unwrap();
+    assert_eq!(r.creadr(), 32);
+    assert_eq!(r.its.counters().command(opcode::MAPC), 2);
     // Unaligned CBASER bits cannot be set: bits [9:8] and [52] are RES0.
     let mut r = Rig::new(1);
     r.write(0x80, 8, QUEUE | 0x300 | (1 << 52) | (1 << 63)).unwrap();
