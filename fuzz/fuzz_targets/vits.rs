@@ -172,7 +172,7 @@ fuzz_target!(|data: &[u8]| {
                 let v = inp.u64();
                 let snapshot = mem.bytes.clone();
                 let _ = its.mmio_write(ITS + off, size, v, &mem, &mut sink, &mut be);
-                let _ = its.mmio_read(ITS + off, size);
+                let _ = its.mmio_read(ITS + off, size, &mem, &mut sink, &mut be);
                 assert!(mem.bytes == snapshot);
             }
             1 => {

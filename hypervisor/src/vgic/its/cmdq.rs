@@ -10,7 +10,7 @@
 //! the new one, the device ends up unmapped). The effects are synchronous, which makes
 //! SYNC a no-op (after its RDbase check).
 
-use super::{CommandFault, ItsBackend, LpiSink, Vits, CMD};
+use super::{CommandFault, ItsBackend, LpiSink, Vits, CMD, WORK_BUDGET};
 use crate::intid::IntId;
 use crate::its::cmd::{Command, Icid, COMMAND_BYTES};
 use crate::its::LPI_BASE;
@@ -21,7 +21,7 @@ use alloc::collections::BTreeSet;
 impl Vits {
     /// Runs the commands from CREADR up to CWRITER if the ITS is enabled and
     /// not stalled; stalls on a queue error (see the module docs). At most
-    /// one queue's worth of commands per call.
+    /// one queue's worth of commands and [`WORK_BUDGET`] per call.
     pub(super) fn process<M: GuestMemory, S: LpiSink, B: ItsBackend>(
         &mut self,
         mem: &M,
@@ -45,8 +45,9 @@ impl Vits {
             self.fault(CommandFault::QueueOutsideRam, format_args!("queue {addr:#x}+{bytes:#x}"));
             return kicks;
         }
+        let mut budget = WORK_BUDGET;
         for _ in 0..bytes / CMD {
-            if self.creadr == self.cwriter {
+            if self.creadr == self.cwriter || budget == 0 {
                 break;
             }
             let mut raw = [0u8; COMMAND_BYTES];
@@ -55,7 +56,9 @@ impl Vits {
                 self.fault(CommandFault::QueueUnreadable, format_args!("command at {at:#x}"));
                 return kicks;
             }
-            match Command::from_bytes(&raw) {
+            let decoded = Command::from_bytes(&raw);
+            budget = budget.saturating_sub(decoded.map_or(1, |c| self.cost(&c)));
+            match decoded {
                 Ok(cmd) => match self.execute(cmd, mem, sink, backend) {
                     Ok(k) => {
                         kicks.merge(k);
@@ -70,6 +73,16 @@ impl Vits {
             self.creadr = (self.creadr + CMD) % bytes;
         }
         kicks
+    }
+
+    /// The work units `cmd` takes out of [`WORK_BUDGET`].
+    fn cost(&self, cmd: &Command) -> u64 {
+        let visited = match *cmd {
+            Command::Mapc { .. } | Command::Movall { .. } => self.tables.nr_events(),
+            Command::Mapd { device, .. } => self.tables.device(device).map_or(0, |d| d.events.len()),
+            _ => 0,
+        };
+        1 + visited as u64
     }
 
     /// Carries out one decoded command, or says why it is refused.

@@ -28,7 +28,8 @@
 //!
 //! A CWRITER write (or enabling the ITS with CWRITER ≠ CREADR) runs the
 //! commands from CREADR up to CWRITER at once, reading each 32-byte command
-//! from guest memory ([`cmdq`]). Commands written while the ITS is disabled
+//! from guest memory ([`cmdq`]), within a [`WORK_BUDGET`] per access (the
+//! rest runs on the next CREADR read). Commands written while the ITS is disabled
 //! are not an error: they wait until it is enabled, as the architecture says.
 //! With SEIS = 0 the architecture leaves a command error's effect a
 //! CONSTRAINED UNPREDICTABLE choice that includes "ignore the command"; the
@@ -39,7 +40,8 @@
 //! not entirely in guest RAM, CWRITER at or beyond the queue size — stall it
 //! instead: CREADR.Stalled reads 1 and nothing more runs until the guest
 //! writes CWRITER with Retry = 1 or rewrites CBASER. One call runs at most
-//! one queue's worth of commands, so it always terminates.
+//! one queue's worth of commands and [`WORK_BUDGET`] work, so it always
+//! terminates, and soon.
 //!
 //! # Who calls what
 //!
@@ -48,7 +50,8 @@
 //! [`LpiSink`]), and calls:
 //! * [`Vits::mmio_read`] / [`Vits::mmio_write`] for stage-2 data aborts in
 //!   the control frame (a [`VgicError::BadAccessSize`] becomes an abort);
-//!   kick the returned [`Kicks`];
+//!   kick the returned [`Kicks`] (a CREADR read can return some too, as it
+//!   resumes commands left over by the [`WORK_BUDGET`]);
 //! * [`Vits::translate`] when the host LPI that backs a guest (DeviceID,
 //!   EventID) fires, then `inject_lpi` on the vGIC.
 //!
@@ -74,6 +77,14 @@ use tables::{Tables, DEVICE_ID_BITS, EVENT_ID_BITS, ITT_ENTRY_SIZE, MIN_COLLECTI
 
 /// Lines of `log::warn!` per vITS for guest errors; the counters keep counting.
 pub const LOG_LIMIT: u64 = 16;
+/// Work one register access may spend on commands, in units of one per
+/// command plus one per mapped event a command has to visit (MAPC, MOVALL,
+/// a MAPD that replaces or removes a device). What is left stays queued and
+/// runs on the next GITS_CREADR read or GITS_CWRITER write, as Linux polls
+/// CREADR until the ITS has passed its commands. This bounds the time one
+/// trap spends at EL2 to a fraction of a millisecond, where a full 1 MiB
+/// queue of MAPCs over 8192 mapped events would otherwise take seconds.
+pub const WORK_BUDGET: u64 = 1 << 16;
 
 /// GITS_IIDR: the same implementer and product as the vGIC's GICD_IIDR
 /// (Arm's JEP106 code 0x43B, product 0x7A), matching no Linux ITS quirk.
@@ -488,8 +499,27 @@ impl Vits {
     }
 
     /// Emulates a guest read of `size` bytes at `ipa` in the control frame.
-    pub fn mmio_read(&self, ipa: u64, size: u8) -> Result<u64, VgicError> {
+    /// A GITS_CREADR read first resumes commands an earlier access left
+    /// queued (see [`WORK_BUDGET`]), hence the memory, vGIC and backend, and
+    /// the returned vCPUs to kick.
+    pub fn mmio_read<M: GuestMemory, S: LpiSink, B: ItsBackend>(
+        &mut self,
+        ipa: u64,
+        size: u8,
+        mem: &M,
+        sink: &mut S,
+        backend: &mut B,
+    ) -> Result<(u64, Kicks), VgicError> {
         let off = self.frame_offset(ipa)?;
+        let mut kicks = Kicks::none();
+        if (0x90..=0x97).contains(&off) {
+            check_size(off, size, &[4, 8])?;
+            kicks = self.process(mem, sink, backend);
+        }
+        Ok((self.read_register(off, size)?, kicks))
+    }
+
+    fn read_register(&self, off: u64, size: u8) -> Result<u64, VgicError> {
         match off {
             offset::GITS_CTLR => check_size(off, size, &[4]).map(|_| u64::from(self.ctlr())),
             offset::GITS_IIDR => check_size(off, size, &[4]).map(|_| u64::from(GITS_IIDR_VALUE)),

@@ -156,8 +156,10 @@ impl Rig {
         r
     }
 
-    fn read(&self, off: u64, size: u8) -> Result<u64, VgicError> {
-        self.its.mmio_read(ITS + off, size)
+    fn read(&mut self, off: u64, size: u8) -> Result<u64, VgicError> {
+        let (v, k) = self.its.mmio_read(ITS + off, size, &self.mem, &mut self.sink, &mut self.be)?;
+        self.kicks.merge(k);
+        Ok(v)
     }
 
     fn write(&mut self, off: u64, size: u8, v: u64) -> Result<(), VgicError> {
@@ -188,7 +190,7 @@ impl Rig {
         self.post_raw(&dws);
     }
 
-    fn creadr(&self) -> u64 {
+    fn creadr(&mut self) -> u64 {
         self.read(0x90, 8).unwrap()
     }
 
@@ -302,8 +304,8 @@ fn access_sizes() {
     assert_eq!(r.write(0, 8, 1), Err(VgicError::BadAccessSize));
     assert!(!r.its.enabled());
     assert_eq!(r.write(0x88, 2, 0), Err(VgicError::BadAccessSize));
-    assert_eq!(r.its.mmio_read(ITS + 0x1_0040, 4), Err(VgicError::OutOfRange));
-    assert_eq!(r.its.mmio_read(ITS - 4, 4), Err(VgicError::OutOfRange));
+    assert_eq!(r.its.mmio_read(ITS + 0x1_0040, 4, &r.mem, &mut r.sink, &mut r.be), Err(VgicError::OutOfRange));
+    assert_eq!(r.its.mmio_read(ITS - 4, 4, &r.mem, &mut r.sink, &mut r.be), Err(VgicError::OutOfRange));
     // Reserved offsets read as zero.
     assert_eq!(r.read(0x200, 4), Ok(0));
     assert_eq!(r.read(0x18, 8), Ok(0));
@@ -675,6 +677,37 @@ fn counters_text_is_stable_and_ignored_by_the_stats_parser() {
     assert_eq!(lines[1].matches('=').count(), CommandFault::COUNT);
     let parsed = crate::stats::parse_text(&text).unwrap();
     assert!(parsed.is_empty());
+}
+
+#[test]
+fn work_per_access_is_bounded_and_creadr_reads_resume() {
+    let mut r = Rig::enabled(2);
+    r.post(&[Command::Mapc { icid: 0, rdbase: 0, valid: true }]);
+    let devs: Vec<Command> =
+        (0..512).map(|d| Command::Mapd { device: d, size: 3, itt_addr: ITT, valid: true }).collect();
+    r.post(&devs);
+    for d in 0..512 {
+        let cmds: Vec<Command> = (0..16).map(|e| mapti(d, e, (d * 16 + e) % 8192, 0)).collect();
+        r.post(&cmds);
+    }
+    assert_eq!(r.its.tables().nr_events(), MAX_MAPPED_EVENTS);
+    let start = r.creadr();
+    // Each MAPC visits every event: WORK_BUDGET / 8193 rounded up = 8 per access.
+    let mapcs: Vec<Command> = (0..20).map(|i| Command::Mapc { icid: 0, rdbase: i % 2, valid: true }).collect();
+    r.post(&mapcs);
+    let per_access = WORK_BUDGET.div_ceil(1 + MAX_MAPPED_EVENTS as u64);
+    assert_eq!(r.its.counters().command(opcode::MAPC), 1 + per_access);
+    // Linux's polling of CREADR finishes the rest, a budget per read.
+    let mut reads = 1;
+    while r.creadr() != r.wr {
+        reads += 1;
+        assert!(reads < 10);
+    }
+    assert_eq!(reads, 20u64.div_ceil(per_access) - 1);
+    assert_eq!(r.creadr(), start + 20 * 32);
+    assert_eq!(r.its.counters().command(opcode::MAPC), 21);
+    assert_eq!(r.its.translate(0, 0), Some((lpi(0), 1)));
+    assert_eq!(r.its.counters().total_errors(), 0);
 }
 
 /// A random but valid command over small ID ranges, so that many hit mapped state.
