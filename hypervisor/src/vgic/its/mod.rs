@@ -74,6 +74,7 @@ use crate::vgic::{Kicks, VgicError, MAX_VCPUS};
 use crate::virtio::GuestMemory;
 use core::fmt;
 use tables::{Tables, DEVICE_ID_BITS, EVENT_ID_BITS, ITT_ENTRY_SIZE, MIN_COLLECTIONS};
+use tock_registers::fields::FieldValue;
 
 /// Lines of `log::warn!` per vITS for guest errors; the counters keep counting.
 pub const LOG_LIMIT: u64 = 16;
@@ -400,7 +401,8 @@ impl Vits {
         }
         let collections = config.nr_vcpus.max(MIN_COLLECTIONS).next_power_of_two();
         let cid_bits = collections.trailing_zeros() as u8;
-        let baser = |ty: u64| (ty << 56) | ((BASER_ENTRY_SIZE - 1) << 48);
+        let baser =
+            |ty: FieldValue<u64, GITS_BASER::Register>| (ty + GITS_BASER::Entry_Size.val(BASER_ENTRY_SIZE - 1)).value;
         Ok(Vits {
             base: config.base,
             nr_vcpus: config.nr_vcpus,
@@ -410,7 +412,7 @@ impl Vits {
             cwriter: 0,
             creadr: 0,
             stalled: false,
-            baser: [baser(1), baser(4)],
+            baser: [baser(GITS_BASER::Type::Devices), baser(GITS_BASER::Type::Collections)],
             tables: Tables::new(config.nr_vcpus, collections),
             counters: ItsCounters::default(),
             logged: 0,
