@@ -90,7 +90,7 @@ pub const WORK_BUDGET: u64 = 1 << 16;
 /// GITS_IIDR: the same implementer and product as the vGIC's GICD_IIDR
 /// (Arm's JEP106 code 0x43B, product 0x7A), matching no Linux ITS quirk.
 pub const GITS_IIDR_VALUE: u32 = crate::vgic::regs::IIDR_VALUE;
-/// GITS_PIDR2: ArchRev 3 (GICv3) in bits [7:4], JEDEC-assigned, JEP106 bits.
+/// GITS_PIDR2: ArchRev 3 (GICv3) in bits 7:4, JEDEC-assigned, JEP106 bits.
 pub const GITS_PIDR2_VALUE: u32 = 0x3B;
 /// Entry size of both GITS_BASER tables (only for read-back; never used).
 pub const BASER_ENTRY_SIZE: u64 = 8;
