@@ -104,6 +104,8 @@ impl Vits {
                 self.unmap_device(device, backend);
                 none
             }
+            // Remapping a collection whose LPIs are pending is UNPREDICTABLE
+            // (software MOVALLs first): their pending state stays where it is.
             Command::Mapc { icid, rdbase, valid } => {
                 let vcpu = if valid { Some(self.tables.check_rdbase(rdbase)?) } else { None };
                 self.tables.collection(icid)?;
