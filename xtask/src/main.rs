@@ -63,15 +63,20 @@ fn cmd_test(args: &TestArgs) -> Result<i32, String> {
     }
     let st = child.wait().map_err(|e| e.to_string())?;
     let mut code = st.code().unwrap_or(1);
-    // The virtqueue parser's fuzz target, for a bounded time, when cargo-fuzz
-    // and a nightly toolchain are installed.
-    match fuzz_virtqueue() {
-        Some(true) => passed += 1,
-        Some(false) => {
-            failed += 1;
-            code = if code == 0 { 1 } else { code };
+    // The fuzz targets (virtqueue parser, vITS), each for a bounded time, when
+    // cargo-fuzz and a nightly toolchain are installed.
+    for target in FUZZ_TARGETS {
+        match fuzz_target(target) {
+            Some(true) => passed += 1,
+            Some(false) => {
+                failed += 1;
+                code = if code == 0 { 1 } else { code };
+            }
+            None => {
+                println!("fuzz: skipped (cargo-fuzz or a nightly toolchain is not installed)");
+                break;
+            }
         }
-        None => println!("fuzz: skipped (cargo-fuzz or a nightly toolchain is not installed)"),
     }
     // Formatting and clippy, warnings as errors (host and EL2 builds).
     let (lint_ok, lint_failed) = xtask::lint::run();
@@ -94,9 +99,13 @@ fn cmd_test(args: &TestArgs) -> Result<i32, String> {
     Ok(code)
 }
 
-/// Runs `cargo +nightly fuzz run virtqueue` for XTASK_FUZZ_SECONDS (default
-/// 30); `None` when cargo-fuzz is not available.
-fn fuzz_virtqueue() -> Option<bool> {
+/// The cargo-fuzz targets in fuzz/fuzz_targets that `cargo xtask test` runs.
+const FUZZ_TARGETS: [&str; 2] = ["virtqueue", "vits"];
+
+/// Runs `cargo +nightly fuzz run <target>` for XTASK_FUZZ_SECONDS (default
+/// 30), starting from `fuzz/seeds-<target>.tar.gz` when the repository has
+/// one; `None` when cargo-fuzz is not available.
+fn fuzz_target(target: &str) -> Option<bool> {
     let have = std::process::Command::new("cargo")
         .args(["+nightly", "fuzz", "--version"])
         .stdout(std::process::Stdio::null())
@@ -107,17 +116,13 @@ fn fuzz_virtqueue() -> Option<bool> {
         return None;
     }
     let secs = std::env::var("XTASK_FUZZ_SECONDS").ok().and_then(|v| v.parse::<u32>().ok()).unwrap_or(30);
-    println!("fuzz: cargo +nightly fuzz run virtqueue for {secs} s");
+    println!("fuzz: cargo +nightly fuzz run {target} for {secs} s");
     // Start from the minimized corpus the repository carries.
-    let corpus = xtask::root().join("fuzz").join("corpus").join("virtqueue");
-    if !corpus.exists() {
+    let corpus = xtask::root().join("fuzz").join("corpus").join(target);
+    let seeds = xtask::root().join("fuzz").join(format!("seeds-{target}.tar.gz"));
+    if !corpus.exists() && seeds.exists() {
         let _ = std::fs::create_dir_all(&corpus);
-        let _ = std::process::Command::new("tar")
-            .arg("-C")
-            .arg(&corpus)
-            .arg("-xzf")
-            .arg(xtask::root().join("fuzz").join("seeds-virtqueue.tar.gz"))
-            .status();
+        let _ = std::process::Command::new("tar").arg("-C").arg(&corpus).arg("-xzf").arg(&seeds).status();
     }
     let ok = std::process::Command::new("cargo")
         .current_dir(xtask::root().join("fuzz"))
@@ -125,7 +130,7 @@ fn fuzz_virtqueue() -> Option<bool> {
             "+nightly",
             "fuzz",
             "run",
-            "virtqueue",
+            target,
             "--",
             &format!("-max_total_time={secs}"),
             "-max_len=4096",
@@ -133,7 +138,7 @@ fn fuzz_virtqueue() -> Option<bool> {
         ])
         .status()
         .is_ok_and(|s| s.success());
-    println!("fuzz: virtqueue {}", if ok { "ok" } else { "FAILED (crash artifact in fuzz/artifacts/)" });
+    println!("fuzz: {target} {}", if ok { "ok" } else { "FAILED (crash artifact in fuzz/artifacts/)" });
     Some(ok)
 }
 

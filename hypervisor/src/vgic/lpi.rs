@@ -589,3 +589,28 @@ impl Vgic {
 pub(super) fn is_lpi(intid: u32) -> bool {
     intid != NO_INTID && intid >= LPI_BASE
 }
+
+/// The vITS delivers its LPIs into this vGIC.
+impl super::its::LpiSink for Vgic {
+    fn lpis_enabled(&self, vcpu: usize) -> bool {
+        Vgic::lpis_enabled(self, vcpu)
+    }
+    fn lpi_prop_table(&self, vcpu: usize) -> Option<(u64, u32)> {
+        Vgic::lpi_prop_table(self, vcpu)
+    }
+    fn set_lpi_config(&mut self, intid: IntId, config: u8) -> Result<Kicks, VgicError> {
+        Vgic::set_lpi_config(self, intid, config)
+    }
+    fn load_lpi_config(&mut self, mem: &impl GuestMemory, vcpu: usize) -> Result<Kicks, VgicError> {
+        Vgic::load_lpi_config(self, mem, vcpu)
+    }
+    fn inject_lpi(&mut self, intid: IntId, vcpu: usize) -> Result<Kicks, VgicError> {
+        Vgic::inject_lpi(self, intid, vcpu)
+    }
+    fn clear_lpi(&mut self, intid: IntId, vcpu: usize) -> Result<(), VgicError> {
+        Vgic::clear_lpi(self, intid, vcpu)
+    }
+    fn move_lpi(&mut self, intid: IntId, from: usize, to: usize) -> Result<Kicks, VgicError> {
+        Vgic::move_lpi(self, intid, from, to)
+    }
+}

@@ -82,6 +82,7 @@
 //! sizes give [`VgicError::BadAccessSize`], reserved offsets read as zero and
 //! ignore writes.
 
+pub mod its;
 mod lpi;
 #[cfg(test)]
 mod lpi_tests;
