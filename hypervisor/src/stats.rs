@@ -193,6 +193,8 @@ counters! {
     wakes_noop,
     /// Virtual interrupts injected (EL2 trap code).
     irqs_injected,
+    /// Guest LPIs made pending from host LPIs (MSIs of passthrough devices, EL2 trap code).
+    lpis_injected,
     /// Kicks sent to this vCPU (EL2 trap code: IPIs / reschedule requests).
     kicks,
     /// WFI traps (EL2 trap code).

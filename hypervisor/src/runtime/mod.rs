@@ -5,12 +5,14 @@
 //! - `percpu`: per-pCPU shared state, run blocks, kicks, the EL2 timer
 //! - `vm`: the Dom0-style VM, its vCPUs and their creation
 //! - `vcpu`: the per-pCPU scheduling loop and every trap and interrupt
+//! - `its`: the guest's virtual ITS backed by host LPIs of the physical ITS
 //! - `vblk`: the guest's virtio-blk wired to traps, timer and vGIC
 //! - `physblk`: the physical virtio-blk as that device's backend
 
 pub mod boot;
 pub mod console;
 pub mod heap;
+pub mod its;
 pub mod percpu;
 pub mod physblk;
 pub mod vblk;

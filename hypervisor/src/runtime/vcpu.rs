@@ -301,7 +301,7 @@ fn do_wake_action(me: usize, a: WakeAction) {
 
 /// Makes every kicked vCPU notice its new interrupt: wake it if blocked,
 /// interrupt its pCPU if it runs elsewhere.
-fn process_kicks(vm: &Vm, me: usize, kicks: Kicks, cause: WakeCause) {
+pub(super) fn process_kicks(vm: &Vm, me: usize, kicks: Kicks, cause: WakeCause) {
     if kicks.is_empty() {
         return;
     }
@@ -348,7 +348,7 @@ fn handle_irqs(vm: &Vm, me: usize, cur: Option<usize>, deadline: &mut Option<u64
                 eoi_deactivate(id);
             }
             Some(Route::HypTimer) => hyp_timer_irq(vm, me, id, deadline),
-            Some(Route::GuestLpi { devid, eventid }) => guest_lpi_irq(id, devid, eventid),
+            Some(Route::GuestLpi { devid, eventid }) => super::its::guest_lpi(vm, me, id, devid, eventid),
             // SGI_KICK, maintenance: the exit itself was the point; requests
             // are in PCPUS[me], list registers are refilled at entry.
             // Unrouted: the default.
@@ -402,13 +402,6 @@ fn hyp_timer_irq(vm: &Vm, me: usize, id: IntId, deadline: &mut Option<u64>) {
     eoi_deactivate(id);
     percpu::arm_hyp_timer(None);
     timer_expired(vm, me, deadline);
-}
-
-/// A host LPI backing a guest MSI. No vITS maps one yet: the priority drop
-/// ends it (LPIs have no active state).
-fn guest_lpi_irq(id: IntId, devid: u32, eventid: u32) {
-    gic::eoi(id);
-    log::trace!("{id}: guest MSI (DeviceID {devid:#x}, EventID {eventid}) has no vITS yet");
 }
 
 /// Physical console input: fills the guest's UART FIFO (when it is full the
@@ -476,7 +469,7 @@ fn reg_read(regs: &GuestRegs, r: u8) -> u64 {
     }
 }
 
-fn reg_write(regs: &mut GuestRegs, r: u8, v: u64) {
+pub(super) fn reg_write(regs: &mut GuestRegs, r: u8, v: u64) {
     if r != 31 {
         regs.x[r as usize] = v;
     }
@@ -623,8 +616,8 @@ fn mmio(vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess) -> Result<(), ()> {
         Some((Device::Vgic, _)) => vgic_mmio(vm, me, v, a, value),
         Some((Device::VirtioBlk, _)) => disk_mmio(vm, me, v, a, value),
         Some((Device::Vpl011, off)) => uart_mmio(vm, me, v, a, off, value),
-        // No vITS yet.
-        Some((Device::Vits, _)) | None => Err(()),
+        Some((Device::Vits, _)) => super::its::vits_mmio(vm, me, &mut v.regs, a, value),
+        None => Err(()),
     }
 }
 
@@ -634,9 +627,11 @@ fn vgic_mmio(vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess, value: u64) -> Re
     if a.write {
         let kicks = vgic.mmio_write(v.id, a.ipa, a.size, value).map_err(|_| ())?;
         let hw = vgic.take_hw_deactivations();
+        let lpis_on = vgic.take_lpi_enable_events();
         drop(vgic);
         deactivate_hw(vm, me, v.id, hw);
         process_kicks(vm, me, kicks, WakeCause::Interrupt);
+        super::its::lpis_enabled(vm, me, lpis_on);
     } else {
         let r = vgic.mmio_read(v.id, a.ipa, a.size).map_err(|_| ())?;
         reg_write(&mut v.regs, a.reg, esr::load_value(a, r));
@@ -849,6 +844,11 @@ pub fn print_stats(vm: &Vm) {
         let mut text = alloc::string::String::new();
         let _ = gic::its::stats().write_text(&mut text);
         crate::hvprintln!("(HV) stats begin its\n{}(HV) stats end its", text);
+    }
+    if let Some(vits) = &vm.vits {
+        let text = alloc::format!("{}", vits.lock().counters());
+        let dropped = vm.lpis_dropped.load(Ordering::Relaxed);
+        crate::hvprintln!("(HV) stats begin vits0\n{text}vits0.lpis_dropped={dropped}\n(HV) stats end vits0");
     }
     crate::hvprintln!(
         "(HV) stats begin uart0\nuart0.rx_bytes={rx_bytes}\nuart0.rx_holds={rx_holds}\nuart0.rx_overruns={rx_overruns}\n(HV) stats end uart0"

@@ -20,6 +20,7 @@ use crate::mmio_bus::{BusError, Device, MmioBus, MmioRange};
 use crate::platform;
 use crate::sched::{SchedConfig, SchedError, Scheduler, VcpuId};
 use crate::stage2::{MemType, Stage2, Stage2Error};
+use crate::vgic::its::{Vits, VitsConfig};
 use crate::vgic::{Vgic, VgicConfig, VgicError};
 use crate::vpl011::VPl011;
 use alloc::boxed::Box;
@@ -123,6 +124,7 @@ trap_counters!(
     wfi_traps,
     wfe_traps,
     irqs_injected,
+    lpis_injected,
     kicks,
 );
 
@@ -190,6 +192,10 @@ pub struct Vm {
     pub routes: RwLock<IrqRoutes>,
     /// Physical interrupts taken, per route kind.
     pub irq_counters: IrqCounters,
+    /// The guest's virtual ITS (`runtime::its`), when it has one.
+    pub vits: Option<Mutex<Vits>>,
+    /// Host LPIs whose guest mapping was gone (or refused) when they fired.
+    pub lpis_dropped: AtomicU64,
     /// Which emulated device answers a trapped access (`runtime::vcpu::mmio`);
     /// read-only once the VM is made.
     pub bus: MmioBus,
@@ -264,7 +270,12 @@ fn bridge_frames(bridge: &dtb::PcieHost) -> Vec<Region> {
 /// The VM's MMIO bus: the vGIC's frames, the hypervisor's virtio-blk frame
 /// and the vPL011's (one `vpl011::FRAME_SIZE` frame, whatever the UART
 /// region's size).
-fn build_bus(vgic: &Vgic, disk: Option<&VDisk>, uart: Option<Region>) -> Result<MmioBus, BusError> {
+fn build_bus(
+    vgic: &Vgic,
+    disk: Option<&VDisk>,
+    uart: Option<Region>,
+    its: Option<Region>,
+) -> Result<MmioBus, BusError> {
     let mut bus = MmioBus::new();
     for (base, size) in vgic.frames() {
         bus.register(MmioRange::new(base, size), Device::Vgic)?;
@@ -274,6 +285,11 @@ fn build_bus(vgic: &Vgic, disk: Option<&VDisk>, uart: Option<Region>) -> Result<
     }
     if let Some(u) = uart {
         bus.register(MmioRange::new(u.base, crate::vpl011::FRAME_SIZE), Device::Vpl011)?;
+    }
+    // The control frame only: the translation frame above it stays out of
+    // stage 2 (devices write the physical one; a vCPU has no business there).
+    if let Some(r) = its {
+        bus.register(MmioRange::new(r.base, crate::its::CONTROL_FRAME_SIZE), Device::Vits)?;
     }
     Ok(bus)
 }
@@ -366,7 +382,7 @@ impl Vm {
                 initrd,
                 remove_paths: remove,
                 extra_virtio_mmio: Vec::new(),
-                keep_its: false,
+                keep_its: cfg.disk.pcie() && gic::its::its_present(),
                 ipa_size: Some(1 << crate::stage2::IPA_BITS),
             },
         )?;
@@ -398,6 +414,10 @@ impl Vm {
             s2.map(&mut frames, base, base, top - base, MemType::Device)?;
         }
 
+        // The guest's ITS, at the host's address, when it has PCIe devices
+        // to give MSIs to and the physical ITS backs them.
+        let guest_its = plat.gic.its.filter(|_| cfg.disk.pcie() && gic::its::its_present());
+
         // vGIC at the host's addresses, with as many SPIs as the hardware.
         let nr_lrs = crate::vgic::usable_lrs(gic::nr_lrs())?;
         let nr_spis = gic::nr_spis();
@@ -407,8 +427,8 @@ impl Vm {
             gicr_base,
             nr_spis: nr_spis.min(988),
             vcpu_mpidrs,
-            // No virtual ITS yet (issue 9): the guest sees no LPIs.
-            lpis: false,
+            // LPIs exactly when the guest gets an ITS (below).
+            lpis: guest_its.is_some(),
         })?;
         let vt = plat.timer.virt_intid;
         for v in 0..nr_vcpus {
@@ -552,7 +572,14 @@ impl Vm {
             },
             LPI_ROUTES,
         )?;
-        let bus = build_bus(&vgic, disk.as_ref(), uart_region)?;
+        let vits = match guest_its {
+            Some(r) => Some(Mutex::new(Vits::new(VitsConfig { base: r.base, nr_vcpus })?)),
+            None => None,
+        };
+        let bus = build_bus(&vgic, disk.as_ref(), uart_region, guest_its)?;
+        if let Some(r) = guest_its {
+            info!("dom0 ITS: virtual GITS control frame at {:#x}, MSIs backed by host LPIs", r.base);
+        }
         Ok(Box::new(Vm {
             vmid: 1,
             ram,
@@ -568,6 +595,8 @@ impl Vm {
             forwarded,
             forwarded_edge,
             routes: RwLock::new(routes),
+            vits,
+            lpis_dropped: AtomicU64::new(0),
             irq_counters: IrqCounters::default(),
             bus,
             vcpus,

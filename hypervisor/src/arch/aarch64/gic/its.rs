@@ -594,15 +594,16 @@ pub fn map_event(device: u32, event: u32, pcpu: usize) -> Result<IntId, ItsError
 }
 
 /// DISCARD of (`device`, `event`): unmapped, its pending state cleared, its
-/// LPI disabled and freed.
-pub fn unmap_event(device: u32, event: u32) -> Result<(), ItsError> {
+/// LPI disabled and freed. Returns that LPI.
+pub fn unmap_event(device: u32, event: u32) -> Result<IntId, ItsError> {
     with_its(|its| {
         let e = its.map.event(device, event)?;
         let rdbase = its.rdbase(e.pcpu)?;
         its.send(&[Command::Discard { device, event }, Command::Sync { rdbase }])?;
         its.map.remove_event(device, event)?;
         its.set_config(e.lpi, false);
-        its.lpis.free(e.lpi)
+        its.lpis.free(e.lpi)?;
+        Ok(e.lpi)
     })
 }
 

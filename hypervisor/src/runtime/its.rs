@@ -1,0 +1,162 @@
+//! The guest's virtual ITS wired to the physical one (issue 9).
+//!
+//! `vgic::its::Vits` decodes the guest's commands; this file is its EL2
+//! side:
+//! * [`HostBackend`] is the `ItsBackend` that backs every (DeviceID,
+//!   EventID) the guest maps with a host LPI in the physical ITS
+//!   (`gic::its::map_event`) and enters it in the VM's IRQ route table as
+//!   `Route::GuestLpi`. A passthrough PCIe device writes its MSI straight
+//!   into the physical GITS_TRANSLATER (Dom0 is identity-mapped, the
+//!   guest-visible DeviceIDs are the requester IDs), so the host LPI fires
+//!   at EL2 and [`guest_lpi`] turns it into the guest's LPI.
+//! * [`vits_mmio`] is the trapped GITS control frame.
+//!
+//! Lock order: vITS → vGIC → (IRQ routes | physical ITS), the last two
+//! leaves. The interrupt path takes the vITS lock alone, then the vGIC
+//! lock alone.
+//!
+//! Host LPIs fire on the pCPU of the vCPU the guest targets (vCPU `v` →
+//! pCPU `v % nr_pcpus`, where the scheduler starts it); the injection
+//! itself kicks the vCPU wherever it runs.
+
+use super::vcpu::process_kicks;
+use super::vm::{inc, Vm};
+use crate::arch::exception::GuestRegs;
+use crate::arch::gic;
+use crate::esr::{self, MmioAccess};
+use crate::intid::IntId;
+use crate::irq::Route;
+use crate::its::host::ItsError;
+use crate::sched::WakeCause;
+use crate::vgic::its::{BackendError, ItsBackend};
+use crate::virtio::IdentityMappedRam;
+use log::warn;
+
+/// The guest's RAM as the vITS and the vGIC read it (the command queue and
+/// the LPI configuration table).
+pub fn guest_ram(vm: &Vm) -> IdentityMappedRam {
+    // SAFETY: Dom0's RAM is identity-mapped at EL2 as Normal memory for the
+    // whole life of the VM, and the hypervisor keeps nothing in it.
+    unsafe { IdentityMappedRam::new(vm.ram.base, vm.ram.size) }
+}
+
+/// Backs the guest's ITS mappings with host LPIs.
+pub struct HostBackend<'a> {
+    pub vm: &'a Vm,
+}
+
+impl HostBackend<'_> {
+    fn pcpu(&self, vcpu: Option<usize>) -> usize {
+        vcpu.unwrap_or(0) % self.vm.nr_pcpus.max(1)
+    }
+}
+
+fn refused(what: &str, device: u32, e: ItsError) -> BackendError {
+    warn!("vITS: physical ITS refused {what} for DeviceID {device:#x}: {e}");
+    match e {
+        ItsError::NoFreeLpi | ItsError::OutOfMemory => BackendError::NoResources,
+        ItsError::DeviceOutOfRange(d) => BackendError::BadDevice(d),
+        _ => BackendError::Hardware,
+    }
+}
+
+impl ItsBackend for HostBackend<'_> {
+    fn map_device(&mut self, device: u32, event_bits: u8) -> Result<(), BackendError> {
+        gic::its::map_device(device, event_bits).map_err(|e| refused("MAPD", device, e))
+    }
+
+    fn unmap_device(&mut self, device: u32) {
+        if let Err(e) = gic::its::unmap_device(device) {
+            refused("MAPD V=0", device, e);
+        }
+    }
+
+    fn map_event(&mut self, device: u32, event: u32, _vintid: IntId, vcpu: Option<usize>) -> Result<(), BackendError> {
+        let lpi = gic::its::map_event(device, event, self.pcpu(vcpu)).map_err(|e| refused("MAPTI", device, e))?;
+        if let Err(e) = self.vm.routes.write().insert(lpi, Route::GuestLpi { devid: device, eventid: event }) {
+            warn!("vITS: {e}");
+            let _ = gic::its::unmap_event(device, event);
+            return Err(BackendError::NoResources);
+        }
+        Ok(())
+    }
+
+    fn unmap_event(&mut self, device: u32, event: u32) {
+        match gic::its::unmap_event(device, event) {
+            Ok(lpi) => {
+                let _ = self.vm.routes.write().remove(lpi);
+            }
+            Err(e) => {
+                refused("DISCARD", device, e);
+            }
+        }
+    }
+
+    fn move_event(&mut self, device: u32, event: u32, vcpu: Option<usize>) {
+        if let Err(e) = gic::its::move_event(device, event, self.pcpu(vcpu)) {
+            refused("MOVI", device, e);
+        }
+    }
+}
+
+/// A host LPI routed to the guest fired: the priority drop ends it (LPIs
+/// have no active state), then the guest's LPI for (`device`, `event`) is
+/// made pending on the vCPU its collection names, which is woken through
+/// the scheduler's wake path like any other interrupt.
+pub fn guest_lpi(vm: &Vm, me: usize, id: IntId, device: u32, event: u32) {
+    gic::eoi(id);
+    let Some(vits) = vm.vits.as_ref() else { return };
+    let Some((vintid, vcpu)) = vits.lock().translate(device, event) else {
+        // Unmapped since, or its collection is: the MSI goes nowhere.
+        inc(&vm.lpis_dropped);
+        return;
+    };
+    let kicks = vm.vgic.lock().inject_lpi(vintid, vcpu);
+    match kicks {
+        Ok(k) => {
+            if let Some(s) = vm.shared.get(vcpu) {
+                inc(&s.counters.lpis_injected);
+            }
+            process_kicks(vm, me, k, WakeCause::Interrupt);
+        }
+        Err(_) => inc(&vm.lpis_dropped),
+    }
+}
+
+/// A trapped access to the GITS control frame. Err: not a valid access
+/// (the caller injects an abort).
+pub fn vits_mmio(vm: &Vm, me: usize, regs: &mut GuestRegs, a: &MmioAccess, value: u64) -> Result<(), ()> {
+    let vits = vm.vits.as_ref().ok_or(())?;
+    let mem = guest_ram(vm);
+    let mut backend = HostBackend { vm };
+    let kicks = {
+        let mut its = vits.lock();
+        let mut vgic = vm.vgic.lock();
+        if a.write {
+            its.mmio_write(a.ipa, a.size, value, &mem, &mut *vgic, &mut backend).map_err(|_| ())?
+        } else {
+            let (r, k) = its.mmio_read(a.ipa, a.size, &mem, &mut *vgic, &mut backend).map_err(|_| ())?;
+            super::vcpu::reg_write(regs, a.reg, esr::load_value(a, r));
+            k
+        }
+    };
+    process_kicks(vm, me, kicks, WakeCause::Interrupt);
+    Ok(())
+}
+
+/// After a vGIC write: redistributors whose EnableLPIs went 0 → 1 read the
+/// guest's LPI configuration table now (the vGIC model cannot read memory
+/// from inside its MMIO handler).
+pub fn lpis_enabled(vm: &Vm, me: usize, vcpus: alloc::vec::Vec<usize>) {
+    if vcpus.is_empty() {
+        return;
+    }
+    let mem = guest_ram(vm);
+    for v in vcpus {
+        let r = vm.vgic.lock().load_lpi_config(&mem, v);
+        match r {
+            Ok(k) => process_kicks(vm, me, k, WakeCause::Interrupt),
+            Err(e) => warn!("vCPU{v}: LPI configuration table: {e}"),
+        }
+    }
+}
