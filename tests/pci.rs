@@ -1,8 +1,9 @@
 //! PCIe passthrough to Dom0 (`dom0_disk=virtio-pci|nvme`): QEMU's PCIe host
 //! bridge with a virtio-blk-pci or NVMe disk behind it, handed to the guest
-//! Dom0-style. The guest DTB has no ITS yet, so the devices use INTx: the
-//! bridge's level-triggered SPIs, forwarded as hardware interrupts. Data is
-//! checked end to end (fio crc32c verify) on GICv3 and GICv4 machines.
+//! Dom0-style, with the ITS. The devices' MSIs go to the physical ITS, which
+//! raises host LPIs the hypervisor turns into the guest's LPIs through its
+//! virtual ITS (issue 9). Data is checked end to end (fio crc32c verify) on
+//! GICv3 and GICv4 machines; INTx still works when the guest turns MSIs off.
 
 use integration_tests::*;
 use xtask::cli::DiskKind;
@@ -20,73 +21,161 @@ fn with_pci_disk(o: &mut RunOptions, kind: DiskKind) {
     ];
 }
 
-/// Boots with the PCIe disk, prints the device's `/proc/interrupts` line
+/// One `/proc/interrupts` line: number, per-CPU counts, and the rest
+/// ("ITS-MSI 16385 Edge nvme0q1").
+struct IrqLine {
+    irq: u32,
+    counts: Vec<u64>,
+    desc: Vec<String>,
+}
+
+/// The lines printed after `tag` (`tag 15: 12 0 ITS-MSI 16384 Edge nvme0q0`)
+/// with `cpus` count columns.
+fn irq_lines(console: &str, tag: &str, cpus: usize) -> Vec<IrqLine> {
+    console
+        .lines()
+        .filter_map(|l| l.strip_prefix(tag))
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            assert!(f.len() > cpus + 2, "short /proc/interrupts line: {l}");
+            IrqLine {
+                irq: f[0].trim_end_matches(':').parse().unwrap_or_else(|_| panic!("{l}")),
+                counts: f[1..=cpus].iter().map(|c| c.parse().unwrap_or_else(|_| panic!("{l}"))).collect(),
+                desc: f[cpus + 1..].iter().map(|s| s.to_string()).collect(),
+            }
+        })
+        .collect()
+}
+
+fn total(lines: &[IrqLine]) -> u64 {
+    lines.iter().flat_map(|l| &l.counts).sum()
+}
+
+/// The guest script: the device's interrupt lines (each prefixed `tag`)
 /// before and after 32 MiB of verified 4 KiB random writes (libaio, queue
-/// depth 8), and checks: the device was found, fio reports no error, the
-/// interrupt is a GIC INTx SPI (35..=38, level) whose count grew with the
-/// I/O, and the guest saw no ITS.
-fn fio_verify_over_intx(kind: DiskKind, gic: u8, dev: &str, irq_name: &str, found: &str) {
-    let cmd = format!(
+/// depth 8).
+fn fio_script(found: &str, dev: &str, irq_name: &str) -> String {
+    format!(
         "dmesg | grep -F '{found}'; ls {dev}; \
          echo its=$(ls -d /proc/device-tree/intc@*/its@* 2>/dev/null | wc -l); \
-         echo IRQ-A $(grep -E '{irq_name}' /proc/interrupts); \
+         grep -E '{irq_name}' /proc/interrupts | sed 's/^/IRQ-A /'; \
          fio --name=v --filename={dev} --rw=randwrite --bs=4k --size=32M --direct=1 --ioengine=libaio \
              --iodepth=8 --verify=crc32c --do_verify=1 --output-format=terse --terse-version=3 >/tmp/out; \
          s=$?; echo fio-status=$s; echo terse=$(cut -d';' -f1-5 /tmp/out); \
-         echo IRQ-B $(grep -E '{irq_name}' /proc/interrupts); exit $s"
-    );
-    let r = run_cmd(&cmd, |o| {
-        o.gic = gic;
-        with_pci_disk(o, kind);
-    });
-    assert_console(&r, found);
-    assert_console(&r, "fio-status=0");
+         grep -E '{irq_name}' /proc/interrupts | sed 's/^/IRQ-B /'; exit $s"
+    )
+}
+
+fn assert_fio_ok(r: &RunResult, found: &str) {
+    assert_console(r, found);
+    assert_console(r, "fio-status=0");
     assert_eq!(r.guest_exit, Some(0));
     // Terse v3: version;fio version;job;group;error.
-    assert_console(&r, "terse=3;fio-3.33;v;0;0");
-    assert_console(&r, "its=0");
-    // The hypervisor passed the bridge through with its INTx SPIs.
-    assert_console(
-        &r,
-        "dom0 PCIe: /pcie@10000000 ECAM 0x4010000000+0x10000000, 2 window(s) mapped, INTx [35, 36, 37, 38]",
-    );
-    let irq = |tag: &str| -> (u64, u32, String) {
-        let line = r
-            .console
-            .lines()
-            .find(|l| l.starts_with(tag))
-            .unwrap_or_else(|| panic!("no {tag} line:\n{}", tail(&r.console, 40)));
-        // "IRQ-A 14: 16 GICv3 36 Level nvme0q0, nvme0q1" (one CPU).
-        let f: Vec<&str> = line.split_whitespace().collect();
-        assert!(f.len() >= 6, "{line}");
-        (f[2].parse().unwrap(), f[4].parse().unwrap(), format!("{} {}", f[3], f[5]))
-    };
-    let (before, intid, how) = irq("IRQ-A ");
-    let (after, intid_b, _) = irq("IRQ-B ");
-    assert_eq!(intid, intid_b);
-    assert!((35..=38).contains(&intid), "INTx is SPI 3..6 on QEMU virt, got INTID {intid}");
-    assert_eq!(how, "GICv3 Level", "a level-triggered GIC interrupt, not an MSI");
+    assert_console(r, "terse=3;fio-3.33;v;0;0");
+    assert_console(r, "dom0 PCIe: /pcie@10000000 ECAM 0x4010000000+0x10000000, 2 window(s) mapped");
+}
+
+/// MSIs through the vITS: the device's interrupts are `ITS-MSI` in the
+/// guest, their counts grow with the I/O, the hypervisor took host LPIs
+/// for them and injected guest LPIs, and its vITS refused no command.
+fn fio_verify_over_msi(kind: DiskKind, gic: u8, dev: &str, irq_name: &str, found: &str) {
+    let r = run_cmd(&fio_script(found, dev, irq_name), |o| {
+        o.gic = gic;
+        o.pcpus = 2;
+        o.vcpus = 2;
+        with_pci_disk(o, kind);
+    });
+    assert_fio_ok(&r, found);
+    assert_console(&r, "its=1");
+    assert_console(&r, "dom0 ITS: virtual GITS control frame at 0x8080000");
+    let (before, after) = (irq_lines(&r.console, "IRQ-A ", 2), irq_lines(&r.console, "IRQ-B ", 2));
+    assert!(!after.is_empty(), "no {irq_name} line:\n{}", tail(&r.console, 40));
+    for l in &after {
+        assert_eq!(l.desc[0], "ITS-MSI", "IRQ {} is an MSI through the ITS: {:?}", l.irq, l.desc);
+    }
     // 8192 writes and 8192 verify reads at depth 8: even with every batch
     // of 8 completions coalesced into one interrupt, more than 1000.
-    assert!(after >= before + 1000, "{irq_name} interrupts {before} -> {after}");
+    let (b, a) = (total(&before), total(&after));
+    assert!(a >= b + 1000, "{irq_name} interrupts {b} -> {a}");
+    let lpis = stat_line(&r.console, "irq.guest_lpi").expect("irq.guest_lpi in the stats");
+    assert!(lpis >= a - b, "host LPIs {lpis} < guest MSIs {}", a - b);
+    let injected = stat(&r.console, 0, "lpis_injected").unwrap() + stat(&r.console, 1, "lpis_injected").unwrap();
+    assert!(injected >= a - b, "guest LPIs injected {injected} < guest MSIs {}", a - b);
+    assert_console(&r, "int_lpis=0 stalls=0 errors=0");
+    assert_eq!(stat_line(&r.console, "vits0.lpis_dropped"), Some(0));
+    assert_eq!(stat_line(&r.console, "its.cmd_errors"), Some(0));
+    assert_eq!(stat_line(&r.console, "irq.forwarded_spi"), Some(0), "no INTx with MSIs on");
 }
 
 #[test]
-fn virtio_blk_pci_fio_verify_over_intx_gicv3() {
-    fio_verify_over_intx(DiskKind::VirtioPci, 3, "/dev/vda", "virtio0", "virtio_blk virtio0: [vda]");
+fn virtio_blk_pci_fio_verify_over_msi_gicv3() {
+    fio_verify_over_msi(DiskKind::VirtioPci, 3, "/dev/vda", "virtio0", "virtio_blk virtio0: [vda]");
 }
 
 #[test]
-fn virtio_blk_pci_fio_verify_over_intx_gicv4() {
-    fio_verify_over_intx(DiskKind::VirtioPci, 4, "/dev/vda", "virtio0", "virtio_blk virtio0: [vda]");
+fn virtio_blk_pci_fio_verify_over_msi_gicv4() {
+    fio_verify_over_msi(DiskKind::VirtioPci, 4, "/dev/vda", "virtio0", "virtio_blk virtio0: [vda]");
 }
 
 #[test]
-fn nvme_fio_verify_over_intx_gicv3() {
-    fio_verify_over_intx(DiskKind::Nvme, 3, "/dev/nvme0n1", "nvme0q", "nvme nvme0: pci function 0000:00:01.0");
+fn nvme_fio_verify_over_msi_gicv3() {
+    fio_verify_over_msi(DiskKind::Nvme, 3, "/dev/nvme0n1", "nvme0q", "nvme nvme0: pci function 0000:00:01.0");
 }
 
 #[test]
-fn nvme_fio_verify_over_intx_gicv4() {
-    fio_verify_over_intx(DiskKind::Nvme, 4, "/dev/nvme0n1", "nvme0q", "nvme nvme0: pci function 0000:00:01.0");
+fn nvme_fio_verify_over_msi_gicv4() {
+    fio_verify_over_msi(DiskKind::Nvme, 4, "/dev/nvme0n1", "nvme0q", "nvme nvme0: pci function 0000:00:01.0");
+}
+
+/// With `pci=nomsi` the guest falls back to INTx: the bridge's
+/// level-triggered SPIs (35..=38 on QEMU virt), forwarded as hardware
+/// interrupts.
+#[test]
+fn nvme_fio_verify_over_intx_when_the_guest_turns_msi_off() {
+    let found = "nvme nvme0: pci function 0000:00:01.0";
+    let r = run_cmd(&fio_script(found, "/dev/nvme0n1", "nvme0q"), |o| {
+        with_pci_disk(o, DiskKind::Nvme);
+        o.append = Some(format!("{} pci=nomsi", xtask::qemu::DEFAULT_GUEST_ARGS));
+    });
+    assert_fio_ok(&r, found);
+    assert_console(&r, "INTx [35, 36, 37, 38]");
+    let (before, after) = (irq_lines(&r.console, "IRQ-A ", 1), irq_lines(&r.console, "IRQ-B ", 1));
+    assert_eq!(after.len(), 1, "one INTx line:\n{}", tail(&r.console, 40));
+    // "14: 16 GICv3 36 Level nvme0q0, nvme0q1".
+    let d = &after[0].desc;
+    assert_eq!((d[0].as_str(), d[2].as_str()), ("GICv3", "Level"), "{d:?}");
+    let intid: u32 = d[1].parse().unwrap();
+    assert!((35..=38).contains(&intid), "INTx is SPI 3..6 on QEMU virt, got INTID {intid}");
+    let (b, a) = (total(&before), total(&after));
+    assert!(a >= b + 1000, "INTx interrupts {b} -> {a}");
+    assert!(stat_line(&r.console, "irq.forwarded_spi").unwrap() >= a - b);
+}
+
+/// A non-managed MSI follows `/proc/irq/N/smp_affinity`: NVMe's admin
+/// queue (nvme0q0) interrupts on vCPU0; after the guest moves it to vCPU1
+/// (the vITS gets a MOVI, the host LPI follows), a namespace rescan's
+/// admin commands interrupt vCPU1 and vCPU0's count stands still.
+#[test]
+fn moving_an_msi_with_smp_affinity_moves_its_interrupts() {
+    let cmd = "N=$(sed -n 's/^ *\\([0-9]*\\):.*nvme0q0$/\\1/p' /proc/interrupts); \
+               echo 1 > /sys/class/nvme/nvme0/rescan_controller; sleep 1; \
+               grep nvme0q0 /proc/interrupts | sed 's/^/IRQ-A /'; \
+               echo 2 > /proc/irq/$N/smp_affinity || exit 3; \
+               echo 1 > /sys/class/nvme/nvme0/rescan_controller; sleep 1; \
+               echo 1 > /sys/class/nvme/nvme0/rescan_controller; sleep 1; \
+               grep nvme0q0 /proc/interrupts | sed 's/^/IRQ-B /'";
+    let r = run_cmd(cmd, |o| {
+        o.pcpus = 2;
+        o.vcpus = 2;
+        with_pci_disk(o, DiskKind::Nvme);
+    });
+    assert_eq!(r.guest_exit, Some(0), "{}", tail(&r.console, 40));
+    let (a, b) = (irq_lines(&r.console, "IRQ-A ", 2), irq_lines(&r.console, "IRQ-B ", 2));
+    assert_eq!((a.len(), b.len()), (1, 1), "{}", tail(&r.console, 40));
+    let (a, b) = (&a[0], &b[0]);
+    assert_eq!(a.desc[0], "ITS-MSI");
+    assert!(a.counts[0] > 0, "admin queue interrupts on vCPU0 first: {:?}", a.counts);
+    assert_eq!(b.counts[0], a.counts[0], "vCPU0 took none after the move: {:?} -> {:?}", a.counts, b.counts);
+    assert!(b.counts[1] > a.counts[1], "vCPU1 took the admin queue's interrupts: {:?} -> {:?}", a.counts, b.counts);
+    assert!(stat_line(&r.console, "its.cmd.MOVI").unwrap() >= 3, "the self-test's two MOVIs and the guest's");
 }

@@ -29,6 +29,7 @@ use crate::irq::Route;
 use crate::its::host::ItsError;
 use crate::sched::WakeCause;
 use crate::vgic::its::{BackendError, ItsBackend};
+use crate::vgic::VgicError;
 use crate::virtio::IdentityMappedRam;
 use log::warn;
 
@@ -125,17 +126,17 @@ pub fn guest_lpi(vm: &Vm, me: usize, id: IntId, device: u32, event: u32) {
 
 /// A trapped access to the GITS control frame. Err: not a valid access
 /// (the caller injects an abort).
-pub fn vits_mmio(vm: &Vm, me: usize, regs: &mut GuestRegs, a: &MmioAccess, value: u64) -> Result<(), ()> {
-    let vits = vm.vits.as_ref().ok_or(())?;
+pub fn vits_mmio(vm: &Vm, me: usize, regs: &mut GuestRegs, a: &MmioAccess, value: u64) -> Result<(), VgicError> {
+    let vits = vm.vits.as_ref().ok_or(VgicError::OutOfRange)?;
     let mem = guest_ram(vm);
     let mut backend = HostBackend { vm };
     let kicks = {
         let mut its = vits.lock();
         let mut vgic = vm.vgic.lock();
         if a.write {
-            its.mmio_write(a.ipa, a.size, value, &mem, &mut *vgic, &mut backend).map_err(|_| ())?
+            its.mmio_write(a.ipa, a.size, value, &mem, &mut *vgic, &mut backend)?
         } else {
-            let (r, k) = its.mmio_read(a.ipa, a.size, &mem, &mut *vgic, &mut backend).map_err(|_| ())?;
+            let (r, k) = its.mmio_read(a.ipa, a.size, &mem, &mut *vgic, &mut backend)?;
             super::vcpu::reg_write(regs, a.reg, esr::load_value(a, r));
             k
         }

@@ -616,7 +616,7 @@ fn mmio(vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess) -> Result<(), ()> {
         Some((Device::Vgic, _)) => vgic_mmio(vm, me, v, a, value),
         Some((Device::VirtioBlk, _)) => disk_mmio(vm, me, v, a, value),
         Some((Device::Vpl011, off)) => uart_mmio(vm, me, v, a, off, value),
-        Some((Device::Vits, _)) => super::its::vits_mmio(vm, me, &mut v.regs, a, value),
+        Some((Device::Vits, _)) => super::its::vits_mmio(vm, me, &mut v.regs, a, value).map_err(|_| ()),
         None => Err(()),
     }
 }
