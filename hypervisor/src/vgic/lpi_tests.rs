@@ -545,3 +545,51 @@ fn random_lpi_traffic() {
     }
     assert!(filled > 1_000, "{filled}");
 }
+
+/// The vITS over this vGIC, as the runtime wires them: Linux's commands
+/// map an event, INV enables its LPI from the guest's table, and the
+/// runtime's host-LPI path (`translate`, then `inject_lpi`) puts the guest
+/// LPI into the target vCPU's list registers, kicking only that vCPU.
+#[test]
+fn the_vits_over_this_vgic_delivers_an_msi_to_a_list_register() {
+    use super::its::{NoBackend, Vits, VitsConfig};
+    use crate::its::cmd::Command;
+    use crate::virtio::GuestMemory;
+    const ITS: u64 = 0x0808_0000;
+    const QUEUE: u64 = RAM + 0x8_0000;
+    let (mut g, mut mem) = lpi_booted(2);
+    let mut its = Vits::new(VitsConfig { base: ITS, nr_vcpus: 2 }).unwrap();
+    its.mmio_write(ITS + 0x80, 8, QUEUE | 1 << 63 | 15, &mem, &mut g, &mut NoBackend).unwrap();
+    its.mmio_write(ITS, 4, 1, &mem, &mut g, &mut NoBackend).unwrap();
+    let cmds = [
+        Command::Mapc { icid: 0, rdbase: 0, valid: true },
+        Command::Mapc { icid: 1, rdbase: 1, valid: true },
+        Command::Invall { icid: 1 },
+        Command::Mapd { device: 8, size: 1, itt_addr: RAM + 0xA_0000, valid: true },
+        Command::Mapti { device: 8, event: 1, pintid: LPI_BASE + 5, icid: 1 },
+        Command::Inv { device: 8, event: 1 },
+        Command::Sync { rdbase: 1 },
+    ];
+    // LPI 8197 enabled at priority 0x80 in the guest's table, then queued.
+    mem.write(PROP + 5, &[0x80 | 2 | 1]).unwrap();
+    for (i, c) in cmds.iter().enumerate() {
+        mem.write(QUEUE + 32 * i as u64, &c.to_bytes()).unwrap();
+    }
+    let k = its.mmio_write(ITS + 0x88, 8, 32 * cmds.len() as u64, &mem, &mut g, &mut NoBackend).unwrap();
+    assert!(k.is_empty(), "nothing pending yet: {k:?}");
+    assert_eq!(its.counters().total_errors(), 0);
+    let (creadr, _) = its.mmio_read(ITS + 0x90, 8, &mem, &mut g, &mut NoBackend).unwrap();
+    assert_eq!(creadr, 32 * cmds.len() as u64);
+    // The device's MSI: the host LPI's route says (8, 1).
+    let (intid, vcpu) = its.translate(8, 1).unwrap();
+    assert_eq!((u32::from(intid), vcpu), (LPI_BASE + 5, 1));
+    let k = g.inject_lpi(intid, vcpu).unwrap();
+    assert_eq!(kicks_of(k), [1]);
+    let mut lrs = [0u64; 4];
+    g.flush_lrs(0, &mut lrs);
+    assert!(lrs.iter().all(|&l| l == 0), "nothing for vCPU0: {lrs:x?}");
+    g.flush_lrs(1, &mut lrs);
+    let lr = lrs.iter().copied().find(|&l| l != 0).expect("an LR for vCPU1");
+    assert_eq!(lr_intid(lr), LPI_BASE + 5);
+    assert_eq!((lr >> 48) & 0xff, 0x80, "priority from the guest's table");
+}
