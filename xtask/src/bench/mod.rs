@@ -479,13 +479,15 @@ pub fn run_timeout(case: &Case, runtime_s: u32) -> Duration {
 ///
 /// Clock: QEMU 7.2's null-co sleeps `latency-ns` on `QEMU_CLOCK_REALTIME`
 /// (block/null.c, `null_co_common`), i.e. host time, not the guest's
-/// virtual clock. Under `-icount shift=0,sleep=on` the guest sees roughly
-/// 200 µs while all vCPUs idle (sleep=on advances virtual time with host
-/// time), but less while a vCPU runs (virtual time then advances with the
-/// instructions executed during those host 200 µs). So the QEMU disks'
-/// service time is fixed in host time and only the `ram` disk's is exact in
-/// guest time; a raw file would have the host page cache's (shorter,
-/// noisier) service time instead.
+/// virtual clock. Under `-icount shift=0,sleep=on`, while a vCPU runs (1p2v:
+/// the hog) virtual time advances with the instructions executed during
+/// those host 200 µs: measured clat p50 171–206 µs. While the machine idles
+/// (1p1v), `sleep=on` advances virtual time by the host time until the vCPU
+/// is kicked: measured ~1.1 ms per request on the shared host. So the QEMU
+/// disks' service time is fixed in host time only; compare them at the same
+/// topology (wake-preempt vs xen-compat, MSI vs SPI), not 1p2v against
+/// 1p1v. Only the `ram` disk's is exact in guest time. A raw file would
+/// have the host page cache's service time instead (a few µs of guest time).
 pub fn qemu_disk_args(disk: Disk) -> Vec<String> {
     let device = disk.kind().qemu_device().unwrap_or("virtio-blk-device,drive=d0");
     vec![
