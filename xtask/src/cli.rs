@@ -404,6 +404,9 @@ pub struct BenchWakeupArgs {
     /// Also the real-time clock matrix (with 2p2v)
     #[arg(long)]
     pub full: bool,
+    /// Run the quick matrix (1p1v/1p2v, unpinned, xen-compat 1000 vs wake-preempt, icount) on these disks: passthrough, backend, ram, virtio-pci, nvme; a PCIe disk (MSI) brings passthrough (SPI) along
+    #[arg(long, value_name = "DISK,...", value_delimiter = ',', conflicts_with = "full")]
+    pub disk: Vec<crate::bench::Disk>,
     /// fio runtime per case, seconds
     #[arg(long, value_name = "SECS", default_value_t = crate::bench::DEFAULT_RUNTIME_S)]
     pub runtime: u32,

@@ -37,6 +37,8 @@ pub struct Summary {
     pub fio_vcpu_counters: Option<Counters>,
     /// Median disk interrupts per guest CPU, when the guest reported them.
     pub disk_irqs_per_cpu: Option<Vec<u64>>,
+    /// The disk interrupts' irqchips over all repeats (`GICv3`, `ITS-MSI`).
+    pub disk_irq_chips: Vec<String>,
     /// Stats parse problems of individual repeats.
     pub stats_errors: Vec<String>,
 }
@@ -93,6 +95,13 @@ pub fn summarize(r: &CaseResult) -> Option<Summary> {
             .collect()
     });
 
+    let mut disk_irq_chips: Vec<String> = Vec::new();
+    for c in s.iter().flat_map(|x| &x.disk_irq_chips) {
+        if !disk_irq_chips.contains(c) {
+            disk_irq_chips.push(c.clone());
+        }
+    }
+
     Some(Summary {
         case: r.case,
         fio,
@@ -101,6 +110,7 @@ pub fn summarize(r: &CaseResult) -> Option<Summary> {
         kick_to_run: hist,
         fio_vcpu_counters: counters,
         disk_irqs_per_cpu,
+        disk_irq_chips,
         stats_errors: s.iter().filter_map(|x| x.stats_error.clone()).collect(),
     })
 }

@@ -11,7 +11,8 @@
 //! This module is the host-side, testable part of the harness; the runner
 //! that starts QEMU calls it in this order:
 //!
-//! 1. [`matrix`] lists the [`Case`]s (or the runner builds its own);
+//! 1. [`matrix`] lists the [`Case`]s ([`disk_matrix`] with `--disk`: MSI
+//!    disks beside the SPI one);
 //! 2. per case and repeat: [`run_options`] gives the QEMU/hypervisor
 //!    configuration (topology, `-icount`, [`hypervisor_args`], the guest
 //!    command from [`guest_command`], a disk), `crate::qemu::run_captured`
@@ -37,7 +38,7 @@ pub mod timer;
 mod tests;
 
 pub use aggregate::{median, summarize, Summary};
-pub use parse::{extract_fio_json, parse_console, parse_fio_json, FioResult, Sample};
+pub use parse::{extract_fio_json, parse_console, parse_fio_json, parse_irq_lines, FioResult, Sample};
 pub use report::{
     check_targets, render_report, results_json, write_report, ReportFiles, ResultCase, ResultsFile, Status, TargetCheck,
 };
@@ -126,14 +127,20 @@ spelled_enum! {
 }
 
 spelled_enum! {
-    /// What serves the guest's `/dev/vda`.
+    /// What serves the guest's disk ([`Disk::device_path`]).
     Disk {
-        /// QEMU's virtio-blk-device mapped into the guest (Dom0-style).
+        /// QEMU's virtio-blk-device mapped into the guest (Dom0-style): a wired SPI.
         Passthrough = "passthrough",
         /// Our virtio-blk device model in front of QEMU's device.
         Backend = "backend",
         /// Our device model over an in-memory image with a fixed service time.
         Ram = "ram",
+        /// QEMU's virtio-blk-pci behind the PCIe bridge passed through to
+        /// Dom0: MSI-X through the ITS (INTx before the virtual ITS).
+        VirtioPci = "virtio-pci",
+        /// QEMU's NVMe controller behind the PCIe bridge: MSI-X, one vector
+        /// per queue (INTx before the virtual ITS).
+        Nvme = "nvme",
     }
 }
 
@@ -144,6 +151,52 @@ spelled_enum! {
         Icount = "icount",
         /// Host time (noisy on a shared host).
         Realtime = "realtime",
+    }
+}
+
+impl Disk {
+    /// The disks of the default and `--full` matrices: the virtio-mmio ones,
+    /// whose interrupt is a wired SPI.
+    pub const SPI: &'static [Disk] = &[Disk::Passthrough, Disk::Backend, Disk::Ram];
+
+    /// A disk on QEMU's PCIe bus (MSI-capable), as opposed to virtio-mmio.
+    pub fn is_pcie(self) -> bool {
+        matches!(self, Disk::VirtioPci | Disk::Nvme)
+    }
+
+    /// The `cargo xtask run --disk` kind that boots this disk (the same
+    /// `dom0_disk=` spelling and QEMU device).
+    pub fn kind(self) -> crate::cli::DiskKind {
+        use crate::cli::DiskKind;
+        match self {
+            Disk::Passthrough => DiskKind::Passthrough,
+            Disk::Backend => DiskKind::Backend,
+            Disk::Ram => DiskKind::Ram,
+            Disk::VirtioPci => DiskKind::VirtioPci,
+            Disk::Nvme => DiskKind::Nvme,
+        }
+    }
+
+    /// The guest's block device fio reads: virtio-blk (mmio or pci) is the
+    /// only virtio disk, so `/dev/vda`; NVMe namespace 1 is `/dev/nvme0n1`.
+    pub fn device_path(self) -> &'static str {
+        match self {
+            Disk::Nvme => "/dev/nvme0n1",
+            _ => "/dev/vda",
+        }
+    }
+
+    /// What the disk's line(s) in the guest's /proc/interrupts contain (a
+    /// grep pattern). virtio-mmio: one line ending in `virtio0`. PCIe, for
+    /// INTx and MSI alike: `virtio0` (INTx), `virtio0-config` and
+    /// `virtio0-req.0` (MSI-X); `nvme0q0, nvme0q1` (INTx, one shared line),
+    /// `nvme0q0` (admin) and `nvme0qN` per I/O queue (MSI-X). The PCIe lines
+    /// are all reported and summed per CPU.
+    pub fn irq_name(self) -> &'static str {
+        match self {
+            Disk::Nvme => "nvme0q",
+            _ => DISK_IRQ_NAME,
+        }
     }
 }
 
@@ -218,8 +271,14 @@ pub const RAM_DISK_LATENCY_US: u32 = 200;
 pub const DEFAULT_RUNTIME_S: u32 = 10;
 /// Repeats per case (issue default; `--quick` uses 1).
 pub const DEFAULT_REPEATS: u32 = 3;
-/// The guest's name of the benchmark disk in /proc/interrupts.
+/// The guest's name of the virtio disks in /proc/interrupts (see [`Disk::irq_name`]).
 pub const DISK_IRQ_NAME: &str = "virtio0";
+/// Service time of every request of the QEMU disks (QEMU's `null-co` block
+/// driver, `latency-ns`): the same figure as the `ram` disk's, but on QEMU's
+/// host real-time clock (see [`qemu_disk_args`]).
+pub const QEMU_DISK_LATENCY_US: u32 = 200;
+/// Size of the QEMU disks (reads return zeroes).
+pub const QEMU_DISK_SIZE: &str = "256M";
 
 /// Marker lines around fio's JSON on the console.
 pub const FIO_BEGIN: &str = "@@FIO-JSON-BEGIN@@";
@@ -273,7 +332,7 @@ pub fn matrix(full: bool, quick: bool) -> Vec<Case> {
             Clock::Icount => &[Topology::OneP1V, Topology::OneP2V],
             Clock::Realtime => Topology::ALL,
         };
-        for &disk in Disk::ALL {
+        for &disk in Disk::SPI {
             for (sched, ratelimit_us) in scheds(false) {
                 for &topology in topologies {
                     let irqs: &[Irq] =
@@ -282,6 +341,38 @@ pub fn matrix(full: bool, quick: bool) -> Vec<Case> {
                         v.push(Case { topology, irq, sched, ratelimit_us, disk, clock });
                     }
                 }
+            }
+        }
+    }
+    v
+}
+
+/// The matrix of `--disk D[,D...]`: the quick matrix's cases (1p1v and
+/// 1p2v, unpinned IRQ, xen-compat 1000 vs wake-preempt, icount) for each
+/// listed disk, in the order given, duplicates dropped. When a PCIe disk is
+/// listed, the SPI reference (`passthrough`, virtio-mmio) is run first
+/// unless it is listed too, so the report puts MSI beside SPI from the same
+/// run.
+///
+/// Pinned IRQs are not part of it: the I/O queue vectors of NVMe and
+/// virtio-blk-pci are *managed* MSI-X vectors (Linux spreads them over the
+/// CPUs itself and refuses `smp_affinity` writes), so only the INTx line
+/// could be pinned.
+pub fn disk_matrix(disks: &[Disk]) -> Vec<Case> {
+    let mut order: Vec<Disk> = Vec::new();
+    if disks.iter().any(|d| d.is_pcie()) && !disks.contains(&Disk::Passthrough) {
+        order.push(Disk::Passthrough);
+    }
+    for &d in disks {
+        if !order.contains(&d) {
+            order.push(d);
+        }
+    }
+    let mut v = Vec::new();
+    for disk in order {
+        for (sched, ratelimit_us) in scheds(true) {
+            for topology in [Topology::OneP1V, Topology::OneP2V] {
+                v.push(Case { topology, irq: Irq::Unpinned, sched, ratelimit_us, disk, clock: Clock::Icount });
             }
         }
     }
@@ -297,18 +388,18 @@ pub fn hypervisor_args(case: &Case) -> String {
         Sched::WakePreempt => "on",
     };
     let mut s = format!("sched=credit2 sched_wake_preempt={wake} sched_ratelimit_us={}", case.ratelimit_us);
-    match case.disk {
-        Disk::Passthrough => s.push_str(" dom0_disk=passthrough"),
-        Disk::Backend => s.push_str(" dom0_disk=backend"),
-        Disk::Ram => s.push_str(&format!(" dom0_disk=ram dom0_disk_latency_us={RAM_DISK_LATENCY_US}")),
+    s.push_str(&format!(" dom0_disk={}", case.disk.kind().as_str()));
+    if case.disk == Disk::Ram {
+        s.push_str(&format!(" dom0_disk_latency_us={RAM_DISK_LATENCY_US}"));
     }
     s
 }
 
-/// The fio command line (4 KiB random read, qd 1, direct, psync, JSON).
-pub fn fio_command(runtime_s: u32) -> String {
+/// The fio command line (4 KiB random read, qd 1, direct, psync, JSON) on
+/// `dev` ([`Disk::device_path`]).
+pub fn fio_command(runtime_s: u32, dev: &str) -> String {
     format!(
-        "fio --name=randread --filename=/dev/vda --rw=randread --bs=4k --iodepth=1 --direct=1 \
+        "fio --name=randread --filename={dev} --rw=randread --bs=4k --iodepth=1 --direct=1 \
          --ioengine=psync --runtime={runtime_s} --time_based --output-format=json"
     )
 }
@@ -320,34 +411,51 @@ pub fn fio_command(runtime_s: u32) -> String {
 ///
 /// 1. With two vCPUs, start the hog on vCPU0.
 /// 2. `pinned`: find the disk's IRQ number in /proc/interrupts by
-///    [`DISK_IRQ_NAME`] and write the fio vCPU's mask to its `smp_affinity`
-///    (a failure is printed as `bench: ...` and exits 3: a "pinned" result
-///    that is not pinned would be a lie).
-/// 3. Run fio on the last vCPU, JSON into a file (so the console carries
-///    nothing during the measurement), then kill the hog.
-/// 4. Print the disk IRQ's /proc/interrupts line (`@@BENCH-IRQ@@ ...`: which
-///    vCPU took the interrupts) and the JSON between [`FIO_BEGIN`] and
-///    [`FIO_END`]; exit with fio's status.
+///    [`Disk::irq_name`] (virtio-mmio: the line ending in it; PCIe: the last
+///    line containing it, an I/O queue under MSI-X) and write the fio vCPU's
+///    mask to its `smp_affinity` (a failure, e.g. a managed MSI-X vector, is
+///    printed as `bench: ...` and exits 3: a "pinned" result that is not
+///    pinned would be a lie).
+/// 3. Run fio on the last vCPU against [`Disk::device_path`], JSON into a
+///    file (so the console carries nothing during the measurement), then
+///    kill the hog.
+/// 4. Print the disk IRQ's /proc/interrupts line(s) (`@@BENCH-IRQ@@ ...`:
+///    which vCPU took the interrupts, through which irqchip; PCIe disks get
+///    one such line per matching line) and the JSON between [`FIO_BEGIN`]
+///    and [`FIO_END`]; exit with fio's status.
 pub fn guest_command(case: &Case, runtime_s: u32) -> String {
     let t = case.topology;
     let cpu = t.fio_vcpu();
+    let name = case.disk.irq_name();
+    let pcie = case.disk.is_pcie();
     let mut s = String::new();
     if t.has_hog() {
         s.push_str("taskset -c 0 sh -c 'while :; do :; done' & H=$!\n");
     }
     if case.irq == Irq::Pinned {
-        s.push_str(&format!("N=$(sed -n 's/^ *\\([0-9]*\\):.*{DISK_IRQ_NAME}$/\\1/p' /proc/interrupts | head -n1)\n"));
+        if pcie {
+            s.push_str(&format!("N=$(sed -n 's/^ *\\([0-9]*\\):.*{name}.*/\\1/p' /proc/interrupts | tail -n1)\n"));
+        } else {
+            s.push_str(&format!("N=$(sed -n 's/^ *\\([0-9]*\\):.*{name}$/\\1/p' /proc/interrupts | head -n1)\n"));
+        }
         s.push_str(&format!(
             "[ -n \"$N\" ] && echo {:x} > /proc/irq/$N/smp_affinity || {{ echo \"bench: cannot pin IRQ '$N'\"; {}exit 3; }}\n",
             1u32 << cpu,
             if t.has_hog() { "kill $H; " } else { "" }
         ));
     }
-    s.push_str(&format!("taskset -c {cpu} {} > /tmp/fio.json; R=$?\n", fio_command(runtime_s)));
+    s.push_str(&format!(
+        "taskset -c {cpu} {} > /tmp/fio.json; R=$?\n",
+        fio_command(runtime_s, case.disk.device_path())
+    ));
     if t.has_hog() {
         s.push_str("kill $H\n");
     }
-    s.push_str(&format!("echo \"{IRQ_MARK} $(grep '{DISK_IRQ_NAME}$' /proc/interrupts)\"\n"));
+    if pcie {
+        s.push_str(&format!("grep '{name}' /proc/interrupts | sed 's/^/{IRQ_MARK} /'\n"));
+    } else {
+        s.push_str(&format!("echo \"{IRQ_MARK} $(grep '{name}$' /proc/interrupts)\"\n"));
+    }
     s.push_str(&format!("echo {FIO_BEGIN}; cat /tmp/fio.json; echo; echo {FIO_END}\n"));
     s.push_str("exit $R\n");
     s
@@ -363,12 +471,40 @@ pub fn run_timeout(case: &Case, runtime_s: u32) -> Duration {
     Duration::from_secs(secs)
 }
 
+/// The QEMU arguments of a case's disk: QEMU's `null-co` block driver
+/// (reads return zeroes) with a fixed [`QEMU_DISK_LATENCY_US`] service time,
+/// behind the case's device (`Disk::kind().qemu_device()`; the `ram` disk
+/// does not use QEMU's device, but a virtio-blk-device is attached anyway so
+/// the guest's device numbering is the same as with passthrough/backend).
+///
+/// Clock: QEMU 7.2's null-co sleeps `latency-ns` on `QEMU_CLOCK_REALTIME`
+/// (block/null.c, `null_co_common`), i.e. host time, not the guest's
+/// virtual clock. Under `-icount shift=0,sleep=on`, while a vCPU runs (1p2v:
+/// the hog) virtual time advances with the instructions executed during
+/// those host 200 µs: measured clat p50 171–206 µs. While the machine idles
+/// (1p1v), `sleep=on` advances virtual time by the host time until the vCPU
+/// is kicked: measured ~1.1 ms per request on the shared host. So the QEMU
+/// disks' service time is fixed in host time only; compare them at the same
+/// topology (wake-preempt vs xen-compat, MSI vs SPI), not 1p2v against
+/// 1p1v. Only the `ram` disk's is exact in guest time. A raw file would
+/// have the host page cache's service time instead (a few µs of guest time).
+pub fn qemu_disk_args(disk: Disk) -> Vec<String> {
+    let device = disk.kind().qemu_device().unwrap_or("virtio-blk-device,drive=d0");
+    vec![
+        "-drive".into(),
+        format!(
+            "driver=null-co,read-zeroes=on,latency-ns={},size={QEMU_DISK_SIZE},if=none,id=d0",
+            QEMU_DISK_LATENCY_US as u64 * 1000
+        ),
+        "-device".into(),
+        device.into(),
+    ]
+}
+
 /// The `qemu::RunOptions` of one run of a case, for the runner: topology,
 /// clock, hypervisor arguments, guest command, timeout, and the QEMU disk
-/// (`disk_image`, attached as a virtio-blk-device; the `ram` disk does not
-/// need it, but it is attached anyway so the guest's device numbering is
-/// the same in every case). The console is not echoed: show [`Progress`].
-pub fn run_options(case: &Case, runtime_s: u32, disk_image: &std::path::Path) -> crate::qemu::RunOptions {
+/// ([`qemu_disk_args`]). The console is not echoed: show [`Progress`].
+pub fn run_options(case: &Case, runtime_s: u32) -> crate::qemu::RunOptions {
     crate::qemu::RunOptions {
         pcpus: case.topology.pcpus(),
         vcpus: case.topology.vcpus(),
@@ -376,12 +512,7 @@ pub fn run_options(case: &Case, runtime_s: u32, disk_image: &std::path::Path) ->
         cmd: Some(guest_command(case, runtime_s)),
         timeout: run_timeout(case, runtime_s),
         icount: case.clock == Clock::Icount,
-        extra: vec![
-            "-drive".into(),
-            format!("if=none,file={},format=raw,id=d0", disk_image.display()),
-            "-device".into(),
-            "virtio-blk-device,drive=d0".into(),
-        ],
+        extra: qemu_disk_args(case.disk),
         echo: false,
         ..Default::default()
     }

@@ -53,8 +53,11 @@ pub struct Sample {
     /// are still valid then).
     pub stats_error: Option<String>,
     /// Interrupts of the disk per guest CPU after fio (`@@BENCH-IRQ@@`
-    /// line), when the guest printed it.
+    /// lines, summed), when the guest printed them.
     pub disk_irqs_per_cpu: Option<Vec<u64>>,
+    /// The irqchips of those lines as /proc/interrupts names them (`GICv3`
+    /// for an SPI or INTx, `ITS-MSI` for an LPI), each once, in order.
+    pub disk_irq_chips: Vec<String>,
 }
 
 /// Whether `line[at..]` starts with a printk timestamp `[  12.345678]`.
@@ -192,13 +195,37 @@ pub fn parse_fio_json(json: &str) -> Result<FioResult, String> {
     })
 }
 
-/// Per-CPU interrupt counts from the last `@@BENCH-IRQ@@` line, e.g.
-/// `@@BENCH-IRQ@@  13:   3  9876  GICv3  79 Edge  virtio0`.
-fn parse_irq_line(console: &str) -> Option<Vec<u64>> {
-    let line = console.lines().rev().find_map(|l| l.trim().strip_prefix(IRQ_MARK))?;
-    let (_, rest) = line.split_once(':')?;
-    let counts: Vec<u64> = rest.split_whitespace().map_while(|w| w.parse().ok()).collect();
-    (!counts.is_empty()).then_some(counts)
+/// Per-CPU interrupt counts summed over the `@@BENCH-IRQ@@` lines, and
+/// their irqchips, e.g. `@@BENCH-IRQ@@  13:   3  9876  GICv3  79 Edge  virtio0`
+/// (one line for a virtio-mmio disk; one per queue vector for NVMe over
+/// MSI-X: `@@BENCH-IRQ@@  21:  0  5000  ITS-MSI  16385 Edge  nvme0q1`).
+/// A line without counts (the disk's IRQ was not found) adds nothing.
+pub fn parse_irq_lines(console: &str) -> (Option<Vec<u64>>, Vec<String>) {
+    let mut sum: Option<Vec<u64>> = None;
+    let mut chips: Vec<String> = Vec::new();
+    for line in console.lines().filter_map(|l| l.trim().strip_prefix(IRQ_MARK)) {
+        let Some((_, rest)) = line.split_once(':') else { continue };
+        let mut words = rest.split_whitespace().peekable();
+        let mut counts = Vec::new();
+        while let Some(n) = words.peek().and_then(|w| w.parse::<u64>().ok()) {
+            counts.push(n);
+            words.next();
+        }
+        if counts.is_empty() {
+            continue;
+        }
+        let total = sum.get_or_insert_with(Vec::new);
+        if total.len() < counts.len() {
+            total.resize(counts.len(), 0);
+        }
+        for (t, n) in total.iter_mut().zip(counts) {
+            *t = t.saturating_add(n);
+        }
+        if let Some(chip) = words.next().filter(|c| !chips.iter().any(|x| x == c)) {
+            chips.push(chip.to_string());
+        }
+    }
+    (sum, chips)
 }
 
 /// One run's console → [`Sample`]. Fails only when fio's figures are
@@ -209,5 +236,6 @@ pub fn parse_console(console: &str) -> Result<Sample, String> {
         Ok(s) => (s, None),
         Err(e) => (BTreeMap::new(), Some(e.to_string())),
     };
-    Ok(Sample { fio, stats, stats_error, disk_irqs_per_cpu: parse_irq_line(console) })
+    let (disk_irqs_per_cpu, disk_irq_chips) = parse_irq_lines(console);
+    Ok(Sample { fio, stats, stats_error, disk_irqs_per_cpu, disk_irq_chips })
 }

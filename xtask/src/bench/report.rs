@@ -301,7 +301,7 @@ pub fn render_report(results: &[CaseResult]) -> String {
     let _ = writeln!(w, "## Results\n");
     let _ = writeln!(
         w,
-        "| case | IOPS | clat p50 µs | clat p99 µs | clat p99.9 µs | mean slat µs | disk IRQs per CPU | repeats |"
+        "| case | IOPS | clat p50 µs | clat p99 µs | clat p99.9 µs | mean slat µs | disk IRQs per CPU (irqchip) | repeats |"
     );
     let _ = writeln!(w, "|---|---:|---:|---:|---:|---:|---|---:|");
     for s in &summaries {
@@ -309,6 +309,7 @@ pub fn render_report(results: &[CaseResult]) -> String {
             .disk_irqs_per_cpu
             .as_ref()
             .map(|v| v.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(" / "))
+            .map(|v| if s.disk_irq_chips.is_empty() { v } else { format!("{v} ({})", s.disk_irq_chips.join(", ")) })
             .unwrap_or_else(|| "-".into());
         let fail = if s.errors.is_empty() { String::new() } else { format!(" ({} failed)", s.errors.len()) };
         let _ = writeln!(
@@ -423,6 +424,47 @@ fn ratios(w: &mut String, all: &[Summary]) {
     }
     if !any {
         let _ = writeln!(w, "| (no pair measured) | | | | |");
+    }
+    let _ = writeln!(w);
+    msi_vs_spi(w, all);
+}
+
+/// PCIe disk (MSI-X, or INTx before the virtual ITS) / the SPI disk
+/// (virtio-mmio passthrough) of the same topology, IRQ, scheduler and
+/// clock: only when a PCIe disk was run (`--disk`).
+fn msi_vs_spi(w: &mut String, all: &[Summary]) {
+    let pairs: Vec<(&Summary, &Summary)> = all
+        .iter()
+        .filter(|s| s.case.disk.is_pcie())
+        .filter_map(|m| {
+            let spi = super::Case { disk: Disk::Passthrough, ..m.case };
+            find(all, |s| s.case == spi).map(|s| (m, s))
+        })
+        .collect();
+    if pairs.is_empty() {
+        return;
+    }
+    let _ = writeln!(w, "### PCIe disk (MSI) / passthrough virtio-mmio disk (SPI)\n");
+    let _ = writeln!(
+        w,
+        "Same topology, IRQ, scheduler and clock; the irqchip column shows how the interrupts actually arrived \
+         (`ITS-MSI`: LPIs through the ITS; `GICv3`: a wired SPI or INTx).\n"
+    );
+    let _ = writeln!(w, "| case (PCIe disk) | irqchip | IOPS | clat p99 | mean slat |");
+    let _ = writeln!(w, "|---|---|---:|---:|---:|");
+    for (m, s) in pairs {
+        let chips =
+            |x: &Summary| if x.disk_irq_chips.is_empty() { "?".to_string() } else { x.disk_irq_chips.join(", ") };
+        let _ = writeln!(
+            w,
+            "| {} | {} vs {} | {} | {} | {} |",
+            m.case,
+            chips(m),
+            chips(s),
+            fr(ratio(m.fio.iops, s.fio.iops)),
+            fr(ratio(m.fio.clat_p99_us, s.fio.clat_p99_us)),
+            fr(ratio(m.fio.slat_mean_us, s.fio.slat_mean_us))
+        );
     }
     let _ = writeln!(w);
 }

@@ -1,34 +1,27 @@
 //! The runner of `cargo xtask bench wakeup`: boots one QEMU per case and
 //! repeat, collects fio's and the hypervisor's figures, writes the report.
 
-use super::{matrix, parse_console, run_options, write_report, Case, CaseResult, Progress};
+use super::{disk_matrix, matrix, parse_console, run_options, write_report, Case, CaseResult, Progress};
 use crate::cli::BenchWakeupArgs;
 use crate::Result;
-use std::path::PathBuf;
-
-/// A raw disk image for the passthrough and backend disks (sparse, 256 MiB),
-/// apart from the tests' image so a benchmark and a test can run together.
-fn disk_image() -> Result<PathBuf> {
-    crate::qemu::sparse_image(crate::root().join("target").join("bench").join("disk.img")).map_err(|e| e.to_string())
-}
 
 pub fn wakeup(args: &BenchWakeupArgs) -> Result<()> {
     let (runtime, repeats, only) = (args.runtime, args.repeats(), &args.only);
-    let cases: Vec<Case> = matrix(args.full, args.quick)
+    let all = if args.disk.is_empty() { matrix(args.full, args.quick) } else { disk_matrix(&args.disk) };
+    let cases: Vec<Case> = all
         .into_iter()
         .filter(|c| only.as_ref().is_none_or(|s| c.label().contains(s.as_str()) || c.to_string().contains(s.as_str())))
         .collect();
     if cases.is_empty() {
         return Err("no case matches".into());
     }
-    let disk = disk_image()?;
     let mut progress = Progress::new(cases.len());
     let mut results = Vec::new();
     for case in &cases {
         progress.next(case);
         let mut r = CaseResult { case: *case, samples: Vec::new(), errors: Vec::new() };
         for rep in 0..repeats {
-            let mut o = run_options(case, runtime, &disk);
+            let mut o = run_options(case, runtime);
             if let Some(extra) = &args.hv_args {
                 o.hv_args = format!("{} {extra}", o.hv_args);
             }

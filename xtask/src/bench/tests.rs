@@ -219,6 +219,7 @@ fn matrix_sizes() {
     // icount: 3 disks x 4 schedulers x (1p1v + 1p2v x 2 IRQ) = 36.
     let default = matrix(false, false);
     assert_eq!(default.len(), 36);
+    assert!(matrix(true, false).iter().all(|c| Disk::SPI.contains(&c.disk)), "PCIe disks only with --disk");
     assert!(default.iter().all(|c| c.clock == Clock::Icount));
     // full adds real time with 2p2v: 3 x 4 x (1 + 2 + 2) = 60.
     let full = matrix(true, false);
@@ -281,9 +282,175 @@ fn hypervisor_args_parse_as_scheduler_options() {
         ram,
         "sched=credit2 sched_wake_preempt=on sched_ratelimit_us=1000 dom0_disk=ram dom0_disk_latency_us=200"
     );
-    let o = run_options(&Case { topology: Topology::TwoP2V, ..fixture_case() }, 10, std::path::Path::new("/tmp/d.img"));
+    let o = run_options(&Case { topology: Topology::TwoP2V, ..fixture_case() }, 10);
     assert_eq!((o.pcpus, o.vcpus, o.icount), (2, 2, false));
-    assert!(o.extra.join(" ").contains("file=/tmp/d.img"));
+    assert_eq!(
+        o.extra,
+        [
+            "-drive",
+            "driver=null-co,read-zeroes=on,latency-ns=200000,size=256M,if=none,id=d0",
+            "-device",
+            "virtio-blk-device,drive=d0"
+        ]
+    );
+}
+
+/// Every disk: the hypervisor's `dom0_disk=` (parsed by the hypervisor's
+/// own parser), QEMU's device on the null-co drive, the guest's device.
+#[test]
+fn per_disk_configuration() {
+    use hypervisor::config::{Config, DiskMode};
+    let want = [
+        (Disk::Passthrough, DiskMode::Passthrough, "virtio-blk-device,drive=d0", "/dev/vda", "virtio0"),
+        (Disk::Backend, DiskMode::Backend, "virtio-blk-device,drive=d0", "/dev/vda", "virtio0"),
+        (Disk::Ram, DiskMode::Ram, "virtio-blk-device,drive=d0", "/dev/vda", "virtio0"),
+        (Disk::VirtioPci, DiskMode::VirtioPci, "virtio-blk-pci,drive=d0", "/dev/vda", "virtio0"),
+        (Disk::Nvme, DiskMode::Nvme, "nvme,drive=d0,serial=hvdisk0", "/dev/nvme0n1", "nvme0q"),
+    ];
+    assert_eq!(want.len(), Disk::ALL.len());
+    for (disk, mode, device, path, irq) in want {
+        let case = Case { disk, clock: Clock::Icount, ..fixture_case() };
+        let cfg = Config::parse(&hypervisor_args(&case)).unwrap();
+        assert_eq!(cfg.disk, mode, "{disk}");
+        let o = run_options(&case, 5);
+        assert_eq!(o.extra[1], "driver=null-co,read-zeroes=on,latency-ns=200000,size=256M,if=none,id=d0");
+        assert_eq!(o.extra[3], device, "{disk}");
+        assert_eq!((disk.device_path(), disk.irq_name()), (path, irq));
+        assert_eq!(disk.is_pcie(), matches!(disk, Disk::VirtioPci | Disk::Nvme));
+        assert!(o.cmd.unwrap().contains(&format!("--filename={path} ")));
+    }
+    assert_eq!(Disk::SPI, [Disk::Passthrough, Disk::Backend, Disk::Ram]);
+}
+
+#[test]
+fn disk_matrix_puts_msi_beside_spi() {
+    let quick_of =
+        |disk: Disk| -> Vec<Case> { matrix(false, true).into_iter().map(|c| Case { disk, ..c }).collect::<Vec<_>>() };
+    // A PCIe disk brings the SPI reference along, first.
+    let nvme = disk_matrix(&[Disk::Nvme]);
+    assert_eq!(nvme.len(), 8);
+    assert_eq!(nvme[..4], quick_of(Disk::Passthrough)[..]);
+    assert_eq!(nvme[4..], quick_of(Disk::Nvme)[..]);
+    for c in &nvme {
+        assert_eq!((c.irq, c.clock), (Irq::Unpinned, Clock::Icount));
+        assert!(c.sched == Sched::WakePreempt || c.ratelimit_us == 1000);
+    }
+    let both = disk_matrix(&[Disk::Nvme, Disk::VirtioPci, Disk::Nvme]);
+    assert_eq!(both.len(), 12, "duplicates dropped");
+    assert_eq!(both.iter().map(|c| c.disk).collect::<std::collections::BTreeSet<_>>().len(), 3);
+    assert_eq!(both[8..], quick_of(Disk::VirtioPci)[..]);
+    // Passthrough listed: not added twice, the order given is kept.
+    let given = disk_matrix(&[Disk::VirtioPci, Disk::Passthrough]);
+    assert_eq!(given.len(), 8);
+    assert_eq!((given[0].disk, given[4].disk), (Disk::VirtioPci, Disk::Passthrough));
+    // An SPI disk alone: just its cases.
+    assert_eq!(disk_matrix(&[Disk::Ram]), matrix(false, true));
+    assert!(disk_matrix(&[]).is_empty());
+}
+
+#[test]
+fn guest_commands_of_the_pcie_disks() {
+    let nvme = Case { disk: Disk::Nvme, clock: Clock::Icount, ..fixture_case() };
+    let s = guest_command(&nvme, 5);
+    assert!(s.contains("taskset -c 1 fio --name=randread --filename=/dev/nvme0n1 --rw=randread"));
+    // Every nvme0q line (admin + I/O queues under MSI-X, the shared INTx line).
+    assert!(s.contains("grep 'nvme0q' /proc/interrupts | sed 's/^/@@BENCH-IRQ@@ /'\n"), "{s}");
+    assert!(!s.contains("smp_affinity"));
+    let pinned = guest_command(&Case { irq: Irq::Pinned, ..nvme }, 5);
+    assert!(
+        pinned.contains("N=$(sed -n 's/^ *\\([0-9]*\\):.*nvme0q.*/\\1/p' /proc/interrupts | tail -n1)"),
+        "{pinned}"
+    );
+    assert!(pinned
+        .contains("echo 2 > /proc/irq/$N/smp_affinity || { echo \"bench: cannot pin IRQ '$N'\"; kill $H; exit 3; }"));
+    let vpci = guest_command(&Case { disk: Disk::VirtioPci, ..nvme }, 5);
+    assert!(vpci.contains("--filename=/dev/vda "));
+    assert!(vpci.contains("grep 'virtio0' /proc/interrupts | sed 's/^/@@BENCH-IRQ@@ /'"));
+    // virtio-mmio disks keep the single, anchored line.
+    let mmio = guest_command(&Case { disk: Disk::Passthrough, ..nvme }, 5);
+    assert!(mmio.contains("echo \"@@BENCH-IRQ@@ $(grep 'virtio0$' /proc/interrupts)\""));
+    for c in disk_matrix(&[Disk::Nvme, Disk::VirtioPci]) {
+        for irq in Irq::ALL {
+            let arg = crate::qemu::base64(guest_command(&Case { irq: *irq, ..c }, 600).as_bytes());
+            assert!(arg.len() < 1400, "{c}: {} bytes", arg.len());
+        }
+    }
+}
+
+#[test]
+fn irq_lines_are_summed_with_their_irqchips() {
+    // INTx (today): one shared level line.
+    let intx = "@@BENCH-IRQ@@  14:        16       4000     GICv3  36 Level     nvme0q0, nvme0q1\n";
+    assert_eq!(parse_irq_lines(intx), (Some(vec![16, 4000]), vec!["GICv3".to_string()]));
+    // MSI-X through the ITS: one line per queue, kernel noise in between.
+    let msi = "@@BENCH-IRQ@@  20:         9          0   ITS-MSI 16384 Edge      nvme0q0\n\
+               [   40.1] random: crng init done\n\
+               @@BENCH-IRQ@@  21:        30          0   ITS-MSI 16385 Edge      nvme0q1\n\
+               @@BENCH-IRQ@@  22:         0       5000   ITS-MSI 16386 Edge      nvme0q2\n";
+    assert_eq!(parse_irq_lines(msi), (Some(vec![39, 5000]), vec!["ITS-MSI".to_string()]));
+    // The IRQ was not found: the guest's echo printed the mark alone.
+    assert_eq!(parse_irq_lines("@@BENCH-IRQ@@ \n"), (None, vec![]));
+    assert_eq!(parse_irq_lines("nothing"), (None, vec![]));
+    // The recorded virtio-mmio console: one SPI line.
+    let (counts, chips) = parse_irq_lines(CONSOLE);
+    assert_eq!(counts.unwrap().len(), 2);
+    assert_eq!(chips, ["GICv3"]);
+}
+
+/// `--disk nvme` with made-up figures: SPI as in [`quick_results`], the NVMe
+/// cases at half the IOPS and twice the p99, through the ITS.
+fn nvme_results() -> Vec<CaseResult> {
+    let spi = quick_results();
+    let mut out = Vec::new();
+    for case in disk_matrix(&[Disk::Nvme]) {
+        let like = Case { disk: Disk::Ram, ..case };
+        let mut r = spi.iter().find(|r| r.case == like).unwrap().clone();
+        r.case = case;
+        if case.disk == Disk::Nvme {
+            let s = &mut r.samples[0];
+            s.fio.iops /= 2.0;
+            s.fio.clat_p99_us *= 2.0;
+            s.disk_irqs_per_cpu = Some(vec![7, 4321]);
+            s.disk_irq_chips = vec!["ITS-MSI".into()];
+        }
+        out.push(r);
+    }
+    out
+}
+
+#[test]
+fn report_shows_msi_beside_spi() {
+    let r = nvme_results();
+    let md = render_report(&r);
+    assert!(md.contains("8 case(s), 0 failed"));
+    // The targets are evaluated per disk.
+    let checks = check_targets(&r.iter().filter_map(summarize).collect::<Vec<_>>());
+    let groups = |n: usize| checks.iter().filter(|c| c.target == n).map(|c| c.group.as_str()).collect::<Vec<_>>();
+    assert_eq!(groups(1), ["passthrough/icount", "nvme/icount"]);
+    assert_eq!(groups(2), ["passthrough/icount", "nvme/icount"]);
+    // Results: the SPI rows, then the NVMe rows with their irqchip.
+    let row = |label: &str| md.lines().position(|l| l.starts_with(&format!("| {label} |"))).unwrap();
+    assert!(row("1p2v unpinned wake-preempt passthrough icount") < row("1p1v unpinned xen-compat rl=1000 nvme icount"));
+    assert!(md.contains("| 1p2v unpinned wake-preempt nvme icount | 475 |"), "{md}");
+    assert!(md.contains("| 7 / 4321 (ITS-MSI) | 1 |"), "{md}");
+    assert!(md.contains("| 12453 / 0 (GICv3) | 1 |"), "{md}");
+    // Ratios within the NVMe disk, the same as within the SPI one.
+    assert!(md.contains("| 1p2v unpinned wake-preempt nvme icount | 0.95× | 1.33× | 2.50× |"), "{md}");
+    assert!(md.contains("| 1p2v unpinned wake-preempt nvme icount | 1000 µs | 9.50× | 0.20× | 2.00× |"), "{md}");
+    // And MSI / SPI, case by case.
+    assert!(md.contains("### PCIe disk (MSI) / passthrough virtio-mmio disk (SPI)"));
+    assert!(
+        md.contains("| 1p2v unpinned wake-preempt nvme icount | ITS-MSI vs GICv3 | 0.50× | 2.00× | 1.00× |"),
+        "{md}"
+    );
+    assert_eq!(md.matches(" | ITS-MSI vs GICv3 | ").count(), 4);
+    // Without a PCIe disk there is no such table.
+    assert!(!render_report(&quick_results()).contains("PCIe disk (MSI)"));
+    let sums: Vec<Summary> = r.iter().filter_map(summarize).collect();
+    let back: ResultsFile = serde_json::from_str(&results_json(&sums)).unwrap();
+    assert_eq!(back.cases.iter().filter(|c| c.disk == Disk::Nvme).count(), 4);
+    let v: serde_json::Value = serde_json::from_str(&results_json(&sums)).unwrap();
+    assert_eq!(v["cases"][4]["disk"], "nvme");
 }
 
 #[test]

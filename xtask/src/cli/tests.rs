@@ -112,6 +112,8 @@ fn documented_examples_parse() {
         "bench wakeup --quick --only \"1p2v unp\" --hv-args sched_lhp_grace_us=20",
         "bench wakeup --repeats 1",
         "bench wakeup --full",
+        "bench wakeup --disk nvme --runtime 5",
+        "bench wakeup --quick --disk virtio-pci,nvme",
         "bench timer",
         "bench timer --runtime 5",
         "sim wakeup",
@@ -252,6 +254,17 @@ fn bench_options_and_defaults() {
         c => panic!("{c:?}"),
     }
     assert_eq!(err("bench wakeup --runtime x").kind(), ErrorKind::ValueValidation);
+    // --disk: a comma list of bench disks; quick-style, so not with --full.
+    use crate::bench::Disk;
+    assert!(bench_wakeup("bench wakeup").disk.is_empty());
+    assert_eq!(bench_wakeup("bench wakeup --disk nvme --runtime 5").disk, [Disk::Nvme]);
+    let b = bench_wakeup("bench wakeup --quick --disk nvme,virtio-pci --disk ram");
+    assert_eq!(b.disk, [Disk::Nvme, Disk::VirtioPci, Disk::Ram]);
+    assert_eq!(b.repeats(), 1);
+    assert_eq!(err("bench wakeup --disk nvme --full").kind(), ErrorKind::ArgumentConflict);
+    let e = err("bench wakeup --disk floppy");
+    assert_eq!(e.kind(), ErrorKind::ValueValidation);
+    assert!(e.to_string().contains("passthrough, backend, ram, virtio-pci, nvme"), "{e}");
     assert_eq!(err("bench").kind(), ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand);
     assert_eq!(err("bench nothing").kind(), ErrorKind::InvalidSubcommand);
 }
@@ -363,7 +376,7 @@ fn option_names_are_the_documented_ones() {
     );
     assert_eq!(
         longs(&["bench", "wakeup"]),
-        sorted(&["--quick", "--full", "--runtime", "--repeats", "--only", "--hv-args", "--help"])
+        sorted(&["--quick", "--full", "--disk", "--runtime", "--repeats", "--only", "--hv-args", "--help"])
     );
     assert_eq!(longs(&["bench", "timer"]), sorted(&["--runtime", "--help"]));
     assert_eq!(
