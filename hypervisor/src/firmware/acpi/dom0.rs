@@ -15,8 +15,12 @@
 //!   GICC. GIC MSI frames and unknown structures are dropped.
 //! * STAO (Status Override Table) with `UART` = 1: Linux then hides the
 //!   DSDT device whose resources match the SPCR's base address (the
-//!   hypervisor's console), so no name path is needed and the table works
-//!   whatever the UART's DSDT name is.
+//!   hypervisor's console; Linux's `drivers/acpi/scan.c` reads that address
+//!   from the SPCR, so the SPCR stays in the XSDT), so no name path is
+//!   needed and the table works whatever the UART's DSDT name is. Linux
+//!   still takes the SPCR as its preferred console unless the command line
+//!   names another (`console=hvc0`, or the vPL011's). Not yet checked by a
+//!   Dom0 boot.
 //! * XSDT: the host's entries in order with FADT and MADT replaced, any
 //!   host STAO and every signature in [`Dom0AcpiConfig::remove`] left out,
 //!   the STAO appended; and an ACPI 2.0 RSDP pointing at it.
@@ -25,6 +29,7 @@
 //! checksum is valid. The tests parse the result back with this module's
 //! parser.
 
+use alloc::vec;
 use alloc::vec::Vec;
 
 use super::tables::{
@@ -63,9 +68,15 @@ const ALIGN: usize = 16;
 
 /// Writes Dom0's tables from the host's (see the module doc).
 pub fn build_dom0_tables(host: &Tables<'_>, cfg: &Dom0AcpiConfig) -> Result<Dom0Tables, AcpiError> {
+    if cfg.remove.contains(&Signature::SPCR) {
+        return Err(AcpiError::Unsupported {
+            table: Signature::SPCR,
+            what: "removing it (the STAO needs its address)",
+        });
+    }
     let fadt = dom0_fadt(host)?;
     let madt = dom0_madt(host, &cfg.vcpu_mpidrs)?;
-    let stao = dom0_stao(host);
+    let stao = dom0_stao(host)?;
 
     let mut blob = Vec::new();
     let rsdp_off = place(&mut blob, &[0u8; RSDP_LEN]);
@@ -88,7 +99,7 @@ pub fn build_dom0_tables(host: &Tables<'_>, cfg: &Dom0AcpiConfig) -> Result<Dom0
         });
     }
     entries.push(addr(stao_off));
-    let mut xsdt = host.xsdt.data[..HEADER_LEN].to_vec();
+    let mut xsdt = host.xsdt.header()?.to_vec();
     for e in entries {
         xsdt.extend_from_slice(&e.to_le_bytes());
     }
@@ -156,11 +167,14 @@ fn dom0_madt(host: &Tables<'_>, mpidrs: &[u64]) -> Result<Vec<u8>, AcpiError> {
 
     let mut madt = t.data[..MADT_ENTRIES].to_vec();
     let entries = tables::madt_entries(t.data)?;
+    // The host's GICC length (80 up to ACPI 6.4, 82 in 6.5), so the entries
+    // match the MADT revision copied with the header; extra fields stay 0.
+    let gicc_len = entries.iter().find(|e| e.0 == MADT_GICC).map_or(GICC_LEN, |e| e.2.len().max(GICC_LEN));
     // GICCs first, as firmware lists them, then the GIC's own structures.
     for (i, &mpidr) in mpidrs.iter().enumerate() {
-        let mut g = [0u8; GICC_LEN];
+        let mut g = vec![0u8; gicc_len];
         g[0] = MADT_GICC;
-        g[1] = GICC_LEN as u8;
+        g[1] = gicc_len as u8;
         let idx = i as u32;
         g[4..8].copy_from_slice(&idx.to_le_bytes());
         g[8..12].copy_from_slice(&idx.to_le_bytes());
@@ -180,15 +194,14 @@ fn dom0_madt(host: &Tables<'_>, mpidrs: &[u64]) -> Result<Vec<u8>, AcpiError> {
 }
 
 /// STAO: the header (identity from the host XSDT) and `UART` = 1.
-fn dom0_stao(host: &Tables<'_>) -> Vec<u8> {
-    let mut stao = host.xsdt.data[..HEADER_LEN].to_vec();
+fn dom0_stao(host: &Tables<'_>) -> Result<Vec<u8>, AcpiError> {
+    let mut stao = host.xsdt.header()?.to_vec();
     stao[0..4].copy_from_slice(&Signature::STAO.0);
     stao[8] = 0;
     stao[28..32].copy_from_slice(&CREATOR_ID);
     stao.push(1);
-    // Cannot fail: 37 bytes.
-    let _ = finish(&mut stao, Signature::STAO);
-    stao
+    finish(&mut stao, Signature::STAO)?;
+    Ok(stao)
 }
 
 fn rsdp(oem_id: [u8; 6], xsdt: u64) -> [u8; RSDP_LEN] {

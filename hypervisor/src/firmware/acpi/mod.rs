@@ -235,14 +235,17 @@ pub struct Table<'a> {
 }
 
 impl Table<'_> {
+    /// The header's signature (all zero if `data` is too short to have one).
     pub fn signature(&self) -> Signature {
-        let mut s = [0u8; 4];
-        s.copy_from_slice(&self.data[..4]);
-        Signature(s)
+        match self.data {
+            [a, b, c, d, ..] => Signature([*a, *b, *c, *d]),
+            _ => Signature([0; 4]),
+        }
     }
 
-    pub fn revision(&self) -> u8 {
-        self.data[8]
+    /// The header: the first [`HEADER_LEN`] bytes.
+    pub fn header(&self) -> Result<&[u8], AcpiError> {
+        Reader::new(self.signature(), self.data).bytes(0, HEADER_LEN)
     }
 }
 

@@ -543,4 +543,26 @@ fn dom0_per_cpu_gicr_and_errors() {
     assert!(matches!(build_dom0_tables(&tables, &cfg(vec![0, 1, 2])), Err(AcpiError::BadCount { .. })));
     assert!(matches!(build_dom0_tables(&tables, &cfg(vec![])), Err(AcpiError::BadCount { .. })));
     assert!(matches!(build_dom0_tables(&tables, &cfg(vec![1, 1])), Err(AcpiError::Overlap { .. })));
+    let no_spcr = Dom0AcpiConfig { remove: vec![Signature::SPCR], ..cfg(vec![0]) };
+    assert!(matches!(build_dom0_tables(&tables, &no_spcr), Err(AcpiError::Unsupported { .. })));
+}
+
+/// ACPI 6.5 GICCs are 82 bytes: Dom0's are written the host's length.
+#[test]
+fn dom0_gicc_length_follows_host() {
+    let mut g = gicc(0, 1, 0);
+    g.extend_from_slice(&[0, 0]);
+    g[1] = 82;
+    let host_madt = madt(&[gicd(0x800_0000, 3), g, gicr(0x80a_0000, 0x4_0000)]);
+    let mut tables = host();
+    let idx = tables.tables.iter().position(|t| t.signature() == Signature::MADT).unwrap();
+    tables.tables[idx].data = &host_madt;
+    let cfg = Dom0AcpiConfig { vcpu_mpidrs: vec![0, 1], base: DOM0_BASE, remove: vec![] };
+    let d = build_dom0_tables(&tables, &cfg).unwrap();
+    let mems = [MemImage { base: MEM_BASE, bytes: MEM }, MemImage { base: DOM0_BASE, bytes: &d.blob }];
+    let t = Tables::from_rsdp(&mems[..], d.rsdp).unwrap();
+    let data = t.find(Signature::MADT).unwrap().data;
+    let giccs: Vec<_> = super::tables::madt_entries(data).unwrap().into_iter().filter(|e| e.0 == MADT_GICC).collect();
+    assert_eq!(giccs.iter().map(|e| e.2.len()).collect::<Vec<_>>(), [82, 82]);
+    assert_eq!(parse_madt(data).unwrap().giccs.len(), 2);
 }
