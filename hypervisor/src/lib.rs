@@ -4,6 +4,8 @@
 //! the host, so `cargo test` exercises it with fakes:
 //! - `boot`: the boot-layout plan and the arm64 Image header
 //! - `dtb`: device-tree discovery and guest DTB editing
+//! - `firmware`: the machine from ACPI (`firmware::acpi`: table parser, the
+//!   `Platform` it yields, Dom0's rewritten tables)
 //! - `config`: hypervisor options from `/chosen/xen,xen-bootargs` or `/chosen/bootargs`
 //! - `regs`: register layouts `aarch64-cpu` lacks; `traps`: the EL2 trap
 //!   configuration over them; `idregs`: the guest's ID registers; `vdebug`:
@@ -41,6 +43,7 @@ pub mod boot;
 pub mod config;
 pub mod dtb;
 pub mod esr;
+pub mod firmware;
 pub mod idregs;
 pub mod intid;
 pub mod irq;
