@@ -293,9 +293,19 @@ pub struct DeviceMap {
     pub events: BTreeMap<u32, EventMap>,
 }
 
+/// One event mapped to a vLPI of a vPE (GICv4 VMAPTI).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VEventMap {
+    pub vpe: u16,
+    pub vintid: u32,
+}
+
 /// What the driver has mapped in the ITS, checked before every command.
 pub struct Mappings {
     devices: BTreeMap<u32, DeviceMap>,
+    /// Events mapped to vLPIs, by (DeviceID, EventID); their devices are in
+    /// `devices`.
+    vevents: BTreeMap<(u32, u32), VEventMap>,
     device_bits: u8,
     max_event_bits: u8,
     cpus: usize,
@@ -305,7 +315,7 @@ impl Mappings {
     /// DeviceIDs below 2^`device_bits`, ITTs up to 2^`max_event_bits`
     /// events, collections for pCPUs below `cpus`.
     pub const fn new(device_bits: u8, max_event_bits: u8, cpus: usize) -> Self {
-        Self { devices: BTreeMap::new(), device_bits, max_event_bits, cpus }
+        Self { devices: BTreeMap::new(), vevents: BTreeMap::new(), device_bits, max_event_bits, cpus }
     }
 
     pub fn device_bits(&self) -> u8 {
@@ -334,8 +344,11 @@ impl Mappings {
     }
 
     /// Forgets a device; its events (whose LPIs the caller frees) come back.
+    /// Its vLPI events are forgotten with it.
     pub fn remove_device(&mut self, device: u32) -> Result<DeviceMap, ItsError> {
-        self.devices.remove(&device).ok_or(ItsError::UnknownDevice(device))
+        let d = self.devices.remove(&device).ok_or(ItsError::UnknownDevice(device))?;
+        self.vevents.retain(|&(dev, _), _| dev != device);
+        Ok(d)
     }
 
     pub fn device(&self, device: u32) -> Result<&DeviceMap, ItsError> {
@@ -356,10 +369,47 @@ impl Mappings {
         if u64::from(event) >> d.event_bits != 0 {
             return Err(ItsError::EventOutOfRange { device, event });
         }
-        if d.events.contains_key(&event) {
+        if d.events.contains_key(&event) || self.vevents.contains_key(&(device, event)) {
             return Err(ItsError::EventMapped { device, event });
         }
         self.check_pcpu(pcpu)
+    }
+
+    /// Records an event VMAPTI mapped to `vintid` of `vpe`.
+    pub fn add_vevent(&mut self, device: u32, event: u32, vpe: u16, vintid: u32) -> Result<(), ItsError> {
+        self.check_new_event(device, event, 0)?;
+        self.vevents.insert((device, event), VEventMap { vpe, vintid });
+        Ok(())
+    }
+
+    pub fn vevent(&self, device: u32, event: u32) -> Result<VEventMap, ItsError> {
+        self.device(device)?;
+        self.vevents.get(&(device, event)).copied().ok_or(ItsError::UnknownEvent { device, event })
+    }
+
+    /// Forgets a vLPI event.
+    pub fn remove_vevent(&mut self, device: u32, event: u32) -> Result<VEventMap, ItsError> {
+        self.device(device)?;
+        self.vevents.remove(&(device, event)).ok_or(ItsError::UnknownEvent { device, event })
+    }
+
+    /// Records a VMOVI.
+    pub fn set_vpe(&mut self, device: u32, event: u32, vpe: u16) -> Result<(), ItsError> {
+        self.vevent(device, event)?;
+        if let Some(e) = self.vevents.get_mut(&(device, event)) {
+            e.vpe = vpe;
+        }
+        Ok(())
+    }
+
+    /// The vLPI events of `device`.
+    pub fn vevents_of(&self, device: u32) -> Vec<u32> {
+        self.vevents.range((device, 0)..=(device, u32::MAX)).map(|(&(_, e), _)| e).collect()
+    }
+
+    /// Events mapped to vLPIs.
+    pub fn vevent_count(&self) -> usize {
+        self.vevents.len()
     }
 
     /// Records an event MAPTI mapped.
@@ -546,6 +596,29 @@ mod tests {
         assert_eq!((d.itt, d.itt_bytes, d.events.len()), (0x1000, 256, 1));
         assert_eq!(m.remove_device(0xffff), Err(ItsError::UnknownDevice(0xffff)));
         assert_eq!(m.remove_event(0xffff, 3), Err(ItsError::UnknownDevice(0xffff)));
+    }
+
+    #[test]
+    fn vlpi_events_share_the_event_space_and_go_with_their_device() {
+        let mut m = Mappings::new(16, 15, 1);
+        assert_eq!(m.add_vevent(5, 0, 0, 8192), Err(ItsError::UnknownDevice(5)));
+        m.add_device(5, 2, 0x1000, 256).unwrap();
+        m.add_vevent(5, 1, 0, 8192).unwrap();
+        assert_eq!(m.add_vevent(5, 1, 1, 8193), Err(ItsError::EventMapped { device: 5, event: 1 }));
+        assert_eq!(m.add_event(5, 1, lpi(0), 0), Err(ItsError::EventMapped { device: 5, event: 1 }), "a vLPI event");
+        m.add_event(5, 2, lpi(0), 0).unwrap();
+        assert_eq!(m.add_vevent(5, 2, 0, 8194), Err(ItsError::EventMapped { device: 5, event: 2 }), "a host LPI event");
+        assert_eq!(m.add_vevent(5, 4, 0, 8194), Err(ItsError::EventOutOfRange { device: 5, event: 4 }));
+        m.add_vevent(5, 3, 1, 8195).unwrap();
+        m.set_vpe(5, 3, 0).unwrap();
+        assert_eq!(m.vevent(5, 3), Ok(VEventMap { vpe: 0, vintid: 8195 }));
+        assert_eq!(m.set_vpe(5, 0, 0), Err(ItsError::UnknownEvent { device: 5, event: 0 }));
+        assert_eq!(m.vevents_of(5), [1, 3]);
+        assert_eq!(m.remove_vevent(5, 1).unwrap().vintid, 8192);
+        assert_eq!(m.remove_vevent(5, 1), Err(ItsError::UnknownEvent { device: 5, event: 1 }));
+        m.remove_device(5).unwrap();
+        assert_eq!(m.vevent_count(), 0, "gone with the device");
+        assert_eq!(m.vevent(5, 3), Err(ItsError::UnknownDevice(5)));
     }
 
     #[test]
