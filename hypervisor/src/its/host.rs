@@ -72,6 +72,12 @@ pub enum ItsError {
     Timeout { creadr: u32, cwriter: u32 },
     /// GITS_CREADR.Stalled: the ITS stopped at a command error.
     Stalled { creadr: u32 },
+    /// GICv4: the change names no vPE of this VM, or a bad vINTID.
+    Vlpi(super::v4::VlpiError),
+    /// GICv4: direct injection is not set up (the emulated path is in use).
+    NoVlpis,
+    /// GICR_VPENDBASER.Dirty stayed set in the bounded wait.
+    VpeDirty { pcpu: usize },
 }
 
 impl fmt::Display for ItsError {
@@ -99,6 +105,9 @@ impl fmt::Display for ItsError {
                 write!(f, "command queue timeout (CREADR {creadr:#x}, CWRITER {cwriter:#x})")
             }
             ItsError::Stalled { creadr } => write!(f, "command queue stalled at {creadr:#x}"),
+            ItsError::Vlpi(e) => write!(f, "{e}"),
+            ItsError::NoVlpis => write!(f, "no GICv4 direct injection"),
+            ItsError::VpeDirty { pcpu } => write!(f, "pCPU {pcpu}: GICR_VPENDBASER.Dirty never cleared"),
         }
     }
 }
@@ -454,9 +463,9 @@ impl Mappings {
 }
 
 /// The ITS commands the driver counts, by kind.
-pub const COUNTED_COMMANDS: [u8; 8] = {
+pub const COUNTED_COMMANDS: [u8; 14] = {
     use super::cmd::opcode::*;
-    [MAPD, MAPC, MAPTI, MOVI, DISCARD, INT, INV, SYNC]
+    [MAPD, MAPC, MAPTI, MOVI, DISCARD, INT, INV, SYNC, VMAPP, VMAPTI, VMOVI, VMOVP, VINVALL, VSYNC]
 };
 
 /// Index of `opcode` in [`COUNTED_COMMANDS`] (the last slot counts others).
@@ -637,13 +646,15 @@ mod tests {
     fn stats_text_names_every_counted_command() {
         let mut s = HostItsStats { lpis_taken: 1, errors: 0, timeouts: 0, ..Default::default() };
         s.commands[command_slot(super::super::cmd::opcode::MAPD)] = 2;
-        s.commands[command_slot(0x2A)] = 1;
+        s.commands[command_slot(0x0E)] = 1; // MOVALL: not counted by name
+        s.commands[command_slot(0x2A)] = 3;
         let mut t = alloc::string::String::new();
         s.write_text(&mut t).unwrap();
         assert!(t.contains("its.lpis_taken=1\n"));
         assert!(t.contains("its.cmd.MAPD=2\n"));
         assert!(t.contains("its.cmd.SYNC=0\n"));
         assert!(t.contains("its.cmd.other=1\n"));
+        assert!(t.contains("its.cmd.VMAPTI=3\n"));
         assert!(t.ends_with("its.cmd_errors=0\nits.cmd_timeouts=0\n"));
     }
 }
