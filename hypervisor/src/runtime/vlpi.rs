@@ -144,13 +144,15 @@ impl ItsBackend for DirectBackend<'_> {
 }
 
 /// GICR_VPROPBASER for vCPU `id`: the guest's LPI configuration table, when
-/// its redistributor has EnableLPIs and the table's first 8192 bytes lie in
-/// guest RAM (the redistributor reads it by physical address; Dom0 is
+/// its redistributor has EnableLPIs and the table's first 8192 bytes (the
+/// vLPIs 8192..16383 the redistributor reads) lie in guest RAM (the redistributor reads it by physical address; Dom0 is
 /// identity-mapped).
 fn vpropbaser(vm: &Vm, id: usize) -> Option<u64> {
     let (pa, lpis) = vm.vgic.lock().lpi_prop_table(id)?;
     let bits = (u64::from(lpis) + u64::from(crate::its::LPI_BASE)).checked_ilog2()? as u8;
-    let end = pa.checked_add(v4::VPROP_TABLE_BYTES.min(u64::from(lpis)))?;
+    // The redistributor reads one byte per vLPI below 2^14, whatever the
+    // guest's table holds beyond.
+    let end = pa.checked_add(v4::VPROP_TABLE_BYTES)?;
     if pa < vm.ram.base || end > vm.ram.end() {
         return None;
     }
