@@ -13,12 +13,18 @@
 //!   guest names vCPUs only through its own collections, and the backend
 //!   looks the vPE up here: a guest cannot name another VM's vPE.
 //! * [`plan`]: the physical ITS commands for one guest mapping change, each
-//!   followed by the VSYNC of the vPEs it touches.
+//!   followed by the VSYNC of the vPEs it touches; [`check_and_plan`] and
+//!   [`record`] check it against, and enter it in, the driver's bookkeeping.
+//! * [`DirectBackend`]: the vITS backend of the GICv4 path over any
+//!   [`VlpiIts`] (the EL2 driver, or a fake ITS in the host tests).
 //! * [`vpropbaser`], [`vpendbaser`], [`Residency`]: the redistributor
 //!   values that make a vPE resident or not, and what reading back means.
 
 use super::cmd::Command;
+use super::host::{ItsError, Mappings};
 use super::{GICR_VPENDBASER, GICR_VPROPBASER, GITS_TYPER, LPI_BASE};
+use crate::intid::IntId;
+use crate::vgic::its::{BackendError, ItsBackend};
 use alloc::vec::Vec;
 use core::fmt;
 use tock_registers::LocalRegisterCopy;
@@ -164,6 +170,11 @@ impl VpeMap {
         self.vpes.get(v).copied().ok_or(VlpiError::NoSuchVcpu(v))
     }
 
+    /// The vCPU whose vPE is `vpe`.
+    pub fn vcpu_of(&self, vpe: u16) -> Option<usize> {
+        self.vpes.iter().position(|v| v.vpe == vpe)
+    }
+
     pub fn len(&self) -> usize {
         self.vpes.len()
     }
@@ -237,6 +248,128 @@ pub fn plan(c: GuestChange, vpes: &VpeMap) -> Result<Vec<Command>, VlpiError> {
             alloc::vec![Command::Clear { device, event }, sync(vpes.of(vcpu)?)]
         }
     })
+}
+
+/// [`plan`] after checking `c` against what the physical ITS has mapped
+/// (`map`): a MAP of an event that is mapped, or any other change of an
+/// event that is not a vLPI of this VM, is refused before a command is
+/// sent. The vPE an existing event is mapped to is taken from `map`, not
+/// from the guest's view, so the VSYNC goes where the ITE points.
+pub fn check_and_plan(map: &Mappings, c: GuestChange, vpes: &VpeMap) -> Result<Vec<Command>, ItsError> {
+    let cur = |device: u32, event: u32| -> Result<Option<usize>, ItsError> {
+        let vpe = map.vevent(device, event)?.vpe;
+        vpes.vcpu_of(vpe).map(Some).ok_or(ItsError::UnknownEvent { device, event })
+    };
+    let c = match c {
+        GuestChange::Map { device, event, .. } => {
+            map.check_new_event(device, event, 0)?;
+            c
+        }
+        GuestChange::Unmap { device, event, .. } => GuestChange::Unmap { device, event, vcpu: cur(device, event)? },
+        GuestChange::Move { device, event, to, .. } => {
+            GuestChange::Move { device, event, from: cur(device, event)?, to }
+        }
+        GuestChange::Inv { device, event, .. } => GuestChange::Inv { device, event, vcpu: cur(device, event)? },
+        GuestChange::Int { device, event, .. } => GuestChange::Int { device, event, vcpu: cur(device, event)? },
+        GuestChange::Clear { device, event, .. } => GuestChange::Clear { device, event, vcpu: cur(device, event)? },
+        GuestChange::Invall { .. } => c,
+    };
+    plan(c, vpes).map_err(ItsError::Vlpi)
+}
+
+/// Records in `map` what the commands of [`check_and_plan`] did, once the
+/// ITS has consumed them.
+pub fn record(map: &mut Mappings, c: GuestChange, vpes: &VpeMap) -> Result<(), ItsError> {
+    match c {
+        GuestChange::Map { device, event, vintid, vcpu } => {
+            let vpe = vpes.of(vcpu).map_err(ItsError::Vlpi)?.vpe;
+            map.add_vevent(device, event, vpe, vintid)
+        }
+        GuestChange::Unmap { device, event, .. } => map.remove_vevent(device, event).map(|_| ()),
+        GuestChange::Move { device, event, to, .. } => {
+            let vpe = vpes.of(to).map_err(ItsError::Vlpi)?.vpe;
+            map.set_vpe(device, event, vpe)
+        }
+        _ => Ok(()),
+    }
+}
+
+/// What the GICv4 backend asks of the physical ITS (the EL2 driver, or a
+/// fake in the host tests).
+pub trait VlpiIts {
+    /// MAPD of a passthrough device with 2^`event_bits` events.
+    fn map_device(&mut self, device: u32, event_bits: u8) -> Result<(), ItsError>;
+    /// DISCARD of its events, MAPD V=0.
+    fn unmap_device(&mut self, device: u32) -> Result<(), ItsError>;
+    /// [`check_and_plan`], send, [`record`].
+    fn change(&mut self, c: GuestChange, vpes: &VpeMap) -> Result<(), ItsError>;
+}
+
+/// Why the physical ITS refused, as the vITS model counts it.
+pub fn backend_error(what: &str, device: u32, e: ItsError) -> BackendError {
+    log::warn!("vITS (GICv4): physical ITS refused {what} for DeviceID {device:#x}: {e}");
+    match e {
+        ItsError::NoFreeLpi | ItsError::OutOfMemory => BackendError::NoResources,
+        ItsError::DeviceOutOfRange(d) => BackendError::BadDevice(d),
+        _ => BackendError::Hardware,
+    }
+}
+
+/// The vITS backend of a VM on the GICv4 path: each guest mapping change
+/// becomes a [`GuestChange`] for its vPEs. Guest MAPD → MAPD; MAPTI/MAPI →
+/// VMAPTI/VMAPI; MOVI → VMOVI; DISCARD → DISCARD; INV → INV and INVALL →
+/// VINVALL (the redistributor re-reads the guest's configuration table);
+/// INT → INT (pending in the virtual pending table, not in a list
+/// register); CLEAR → CLEAR.
+pub struct DirectBackend<'a, I: VlpiIts> {
+    pub its: I,
+    pub vpes: &'a VpeMap,
+}
+
+impl<I: VlpiIts> DirectBackend<'_, I> {
+    fn change(&mut self, what: &str, device: u32, c: GuestChange) -> Result<(), BackendError> {
+        self.its.change(c, self.vpes).map_err(|e| backend_error(what, device, e))
+    }
+}
+
+impl<I: VlpiIts> ItsBackend for DirectBackend<'_, I> {
+    fn map_device(&mut self, device: u32, event_bits: u8) -> Result<(), BackendError> {
+        self.its.map_device(device, event_bits).map_err(|e| backend_error("MAPD", device, e))
+    }
+
+    fn unmap_device(&mut self, device: u32) {
+        if let Err(e) = self.its.unmap_device(device) {
+            backend_error("MAPD V=0", device, e);
+        }
+    }
+
+    fn map_event(&mut self, device: u32, event: u32, vintid: IntId, vcpu: Option<usize>) -> Result<(), BackendError> {
+        self.change("VMAPTI", device, GuestChange::Map { device, event, vintid: u32::from(vintid), vcpu })
+    }
+
+    fn unmap_event(&mut self, device: u32, event: u32) {
+        let _ = self.change("DISCARD", device, GuestChange::Unmap { device, event, vcpu: None });
+    }
+
+    fn move_event(&mut self, device: u32, event: u32, vcpu: Option<usize>) {
+        let _ = self.change("VMOVI", device, GuestChange::Move { device, event, from: None, to: vcpu });
+    }
+
+    fn inv_event(&mut self, device: u32, event: u32, vcpu: usize) {
+        let _ = self.change("INV", device, GuestChange::Inv { device, event, vcpu: Some(vcpu) });
+    }
+
+    fn invall(&mut self, vcpu: usize) {
+        let _ = self.change("VINVALL", 0, GuestChange::Invall { vcpu });
+    }
+
+    fn int_event(&mut self, device: u32, event: u32, vcpu: usize) -> bool {
+        self.change("INT", device, GuestChange::Int { device, event, vcpu: Some(vcpu) }).is_ok()
+    }
+
+    fn clear_event(&mut self, device: u32, event: u32, vcpu: usize) {
+        let _ = self.change("CLEAR", device, GuestChange::Clear { device, event, vcpu: Some(vcpu) });
+    }
 }
 
 /// VMAPP of `vpe` to `rdbase` with its pending table at `vpt` (then VSYNC).
@@ -417,6 +550,108 @@ mod tests {
         // Every planned command encodes to what decodes back (no truncation).
         for c in map(8195, Some(1)).unwrap() {
             assert_eq!(C::decode(c.encode()), Ok(c));
+        }
+    }
+
+    /// A physical ITS that keeps the driver's bookkeeping and records the
+    /// commands it would send.
+    struct FakeIts {
+        map: Mappings,
+        sent: Vec<C>,
+    }
+
+    impl VlpiIts for FakeIts {
+        fn map_device(&mut self, device: u32, event_bits: u8) -> Result<(), ItsError> {
+            self.map.check_new_device(device, event_bits)?;
+            self.sent.push(C::Mapd { device, size: event_bits - 1, itt_addr: 0x1000, valid: true });
+            self.map.add_device(device, event_bits, 0x1000, 256)
+        }
+        fn unmap_device(&mut self, device: u32) -> Result<(), ItsError> {
+            for event in self.map.vevents_of(device) {
+                self.sent.push(C::Discard { device, event });
+            }
+            self.sent.push(C::Mapd { device, size: 0, itt_addr: 0, valid: false });
+            self.map.remove_device(device).map(|_| ())
+        }
+        fn change(&mut self, c: GuestChange, vpes: &VpeMap) -> Result<(), ItsError> {
+            let cmds = check_and_plan(&self.map, c, vpes)?;
+            self.sent.extend_from_slice(&cmds);
+            record(&mut self.map, c, vpes)
+        }
+    }
+
+    fn vintid(n: u32) -> IntId {
+        IntId::lpi(n).unwrap()
+    }
+
+    #[test]
+    fn the_backend_turns_linux_mapping_sequence_into_v_commands_and_refuses_what_is_not_this_vms() {
+        let vpes = two_vpes();
+        let mut b = DirectBackend { its: FakeIts { map: Mappings::new(16, 15, 1), sent: Vec::new() }, vpes: &vpes };
+        // Linux: MAPD, MAPTI per vector (INV follows on unmask), MOVI on
+        // affinity change, INT on retrigger, DISCARD and MAPD V=0 on free.
+        b.map_device(8, 2).unwrap();
+        b.map_event(8, 0, vintid(0), Some(0)).unwrap();
+        b.map_event(8, 1, vintid(1), Some(1)).unwrap();
+        b.inv_event(8, 1, 1);
+        b.move_event(8, 1, Some(0));
+        assert!(b.int_event(8, 1, 0), "INT goes into hardware");
+        b.clear_event(8, 1, 0);
+        b.invall(1);
+        b.unmap_event(8, 0);
+        b.unmap_device(8);
+        assert_eq!(
+            b.its.sent,
+            [
+                C::Mapd { device: 8, size: 1, itt_addr: 0x1000, valid: true },
+                C::Vmapti { device: 8, event: 0, vpe: 0, vintid: 8192, doorbell: 8200 },
+                C::Vsync { vpe: 0 },
+                C::Vmapti { device: 8, event: 1, vpe: 1, vintid: 8193, doorbell: 8201 },
+                C::Vsync { vpe: 1 },
+                C::Inv { device: 8, event: 1 },
+                C::Vsync { vpe: 1 },
+                C::Vmovi { device: 8, event: 1, vpe: 0, set_doorbell: true, doorbell: 8200 },
+                C::Vsync { vpe: 1 },
+                C::Vsync { vpe: 0 },
+                C::Int { device: 8, event: 1 },
+                C::Vsync { vpe: 0 },
+                C::Clear { device: 8, event: 1 },
+                C::Vsync { vpe: 0 },
+                C::Vinvall { vpe: 1 },
+                C::Vsync { vpe: 1 },
+                C::Discard { device: 8, event: 0 },
+                C::Vsync { vpe: 0 },
+                C::Discard { device: 8, event: 1 },
+                C::Mapd { device: 8, size: 0, itt_addr: 0, valid: false },
+            ]
+        );
+        // Bad input reaches no hardware: a vCPU the VM lacks, an event
+        // mapped twice or beyond the ITT, changes of unmapped events, an
+        // unknown device.
+        b.its.sent.clear();
+        b.map_device(9, 1).unwrap();
+        b.its.sent.clear();
+        assert_eq!(b.map_event(9, 0, vintid(0), Some(2)), Err(BackendError::Hardware));
+        b.map_event(9, 0, vintid(0), Some(1)).unwrap();
+        assert_eq!(b.map_event(9, 0, vintid(1), Some(1)), Err(BackendError::Hardware));
+        assert_eq!(b.map_event(9, 2, vintid(2), Some(1)), Err(BackendError::Hardware));
+        assert_eq!(b.map_event(7, 0, vintid(2), Some(1)), Err(BackendError::Hardware));
+        b.sent_only_vmapti_so_far();
+        b.inv_event(9, 1, 0);
+        b.move_event(9, 1, Some(0));
+        assert!(!b.int_event(9, 1, 0), "an unmapped event: the vGIC path decides");
+        b.unmap_event(9, 1);
+        b.invall(4);
+        b.sent_only_vmapti_so_far();
+        assert_eq!(b.its.map.vevent(9, 0), Ok(crate::its::host::VEventMap { vpe: 1, vintid: 8192 }));
+    }
+
+    impl DirectBackend<'_, FakeIts> {
+        fn sent_only_vmapti_so_far(&self) {
+            assert_eq!(
+                self.its.sent,
+                [C::Vmapti { device: 9, event: 0, vpe: 1, vintid: 8192, doorbell: 8201 }, C::Vsync { vpe: 1 }]
+            );
         }
     }
 

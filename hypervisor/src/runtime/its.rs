@@ -22,7 +22,7 @@
 //! itself kicks the vCPU wherever it runs.
 
 use super::vcpu::process_kicks;
-use super::vlpi::DirectBackend;
+use super::vlpi::{DirectBackend, PhysIts};
 use super::vm::{inc, Vm};
 use crate::arch::exception::GuestRegs;
 use crate::arch::gic;
@@ -113,7 +113,7 @@ pub enum Backend<'a> {
 impl<'a> Backend<'a> {
     pub fn of(vm: &'a Vm) -> Self {
         match vm.vlpi.as_ref() {
-            Some(v4) => Backend::Direct(DirectBackend { vm, v4 }),
+            Some(v4) => Backend::Direct(DirectBackend { its: PhysIts, vpes: &v4.vpes }),
             None => Backend::Emulated(HostBackend { vm }),
         }
     }

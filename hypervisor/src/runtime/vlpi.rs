@@ -5,14 +5,15 @@
 //!   to the pCPU the vCPU starts on), made by [`VlpiVm::create`] when
 //!   `gic::its::lpi_path()` is `Direct` (else the VM keeps issue 9's
 //!   emulated path: the choice is the `Vm::vlpi` field, data).
-//! * [`DirectBackend`]: the vITS backend for that case. Guest MAPD → MAPD;
-//!   MAPTI/MAPI → VMAPTI/VMAPI with the target vCPU's vPE and doorbell;
-//!   MOVI → VMOVI; DISCARD → DISCARD; INV → INV and INVALL → VINVALL, so
-//!   the redistributor re-reads the guest's configuration table (it reads
-//!   it through GICR_VPROPBASER); INT → INT (the vLPI becomes pending in
-//!   the virtual pending table, never also in a list register); CLEAR →
-//!   CLEAR. Every change is checked by the vITS model first and then by
-//!   `gic::its::vlpi_change` against this VM's vPEs only.
+//! * [`DirectBackend`]: the vITS backend for that case, `its::v4`'s
+//!   (host-tested) over the physical driver ([`PhysIts`]). Guest MAPD →
+//!   MAPD; MAPTI/MAPI → VMAPTI/VMAPI with the target vCPU's vPE and
+//!   doorbell; MOVI → VMOVI; DISCARD → DISCARD; INV → INV and INVALL →
+//!   VINVALL, so the redistributor re-reads the guest's configuration table
+//!   (it reads it through GICR_VPROPBASER); INT → INT (the vLPI becomes
+//!   pending in the virtual pending table, never also in a list register);
+//!   CLEAR → CLEAR. Every change is checked by the vITS model first and
+//!   then by `gic::its::vlpi_change` against this VM's vPEs only.
 //! * Residency ([`load`], [`put`]): on vCPU load the vPE is moved (VMOVP) to
 //!   this pCPU's redistributor if it is mapped elsewhere — vLPIs and the
 //!   doorbell go where VMAPP/VMOVP said, so the vPE follows its vCPU, and a
@@ -37,9 +38,8 @@ use crate::arch::gic::its::VpeHw;
 use crate::intid::IntId;
 use crate::irq::{IrqRoutes, Route};
 use crate::its::host::ItsError;
-use crate::its::v4::{self, GuestChange, Vpe, VpeMap};
+use crate::its::v4::{self, GuestChange, VlpiIts, Vpe, VpeMap};
 use crate::sched::{RunState, VcpuId, WakeCause};
-use crate::vgic::its::{BackendError, ItsBackend};
 use alloc::vec::Vec;
 use core::sync::atomic::Ordering;
 use log::{info, warn};
@@ -82,66 +82,23 @@ impl VlpiVm {
     }
 }
 
-fn refused(what: &str, device: u32, e: ItsError) -> BackendError {
-    warn!("vITS (GICv4): physical ITS refused {what} for DeviceID {device:#x}: {e}");
-    match e {
-        ItsError::NoFreeLpi | ItsError::OutOfMemory => BackendError::NoResources,
-        ItsError::DeviceOutOfRange(d) => BackendError::BadDevice(d),
-        _ => BackendError::Hardware,
+/// The physical ITS as the GICv4 backend sees it.
+pub struct PhysIts;
+
+impl VlpiIts for PhysIts {
+    fn map_device(&mut self, device: u32, event_bits: u8) -> Result<(), ItsError> {
+        gic::its::map_device(device, event_bits)
+    }
+    fn unmap_device(&mut self, device: u32) -> Result<(), ItsError> {
+        gic::its::unmap_device(device)
+    }
+    fn change(&mut self, c: GuestChange, vpes: &VpeMap) -> Result<(), ItsError> {
+        gic::its::vlpi_change(c, vpes)
     }
 }
 
-/// Backs the guest's ITS mappings with vLPIs of its vPEs.
-pub struct DirectBackend<'a> {
-    pub vm: &'a Vm,
-    pub v4: &'a VlpiVm,
-}
-
-impl DirectBackend<'_> {
-    fn change(&self, what: &str, device: u32, c: GuestChange) -> Result<(), BackendError> {
-        gic::its::vlpi_change(c, &self.v4.vpes).map_err(|e| refused(what, device, e))
-    }
-}
-
-impl ItsBackend for DirectBackend<'_> {
-    fn map_device(&mut self, device: u32, event_bits: u8) -> Result<(), BackendError> {
-        gic::its::map_device(device, event_bits).map_err(|e| refused("MAPD", device, e))
-    }
-
-    fn unmap_device(&mut self, device: u32) {
-        if let Err(e) = gic::its::unmap_device(device) {
-            refused("MAPD V=0", device, e);
-        }
-    }
-
-    fn map_event(&mut self, device: u32, event: u32, vintid: IntId, vcpu: Option<usize>) -> Result<(), BackendError> {
-        self.change("VMAPTI", device, GuestChange::Map { device, event, vintid: u32::from(vintid), vcpu })
-    }
-
-    fn unmap_event(&mut self, device: u32, event: u32) {
-        let _ = self.change("DISCARD", device, GuestChange::Unmap { device, event, vcpu: None });
-    }
-
-    fn move_event(&mut self, device: u32, event: u32, vcpu: Option<usize>) {
-        let _ = self.change("VMOVI", device, GuestChange::Move { device, event, from: None, to: vcpu });
-    }
-
-    fn inv_event(&mut self, device: u32, event: u32, vcpu: usize) {
-        let _ = self.change("INV", device, GuestChange::Inv { device, event, vcpu: Some(vcpu) });
-    }
-
-    fn invall(&mut self, vcpu: usize) {
-        let _ = self.change("VINVALL", 0, GuestChange::Invall { vcpu });
-    }
-
-    fn int_event(&mut self, device: u32, event: u32, vcpu: usize) -> bool {
-        self.change("INT", device, GuestChange::Int { device, event, vcpu: Some(vcpu) }).is_ok()
-    }
-
-    fn clear_event(&mut self, device: u32, event: u32, vcpu: usize) {
-        let _ = self.change("CLEAR", device, GuestChange::Clear { device, event, vcpu: Some(vcpu) });
-    }
-}
+/// The vITS backend of a VM with vPEs.
+pub type DirectBackend<'a> = v4::DirectBackend<'a, PhysIts>;
 
 /// GICR_VPROPBASER for vCPU `id`: the guest's LPI configuration table, when
 /// its redistributor has EnableLPIs and the table's first 8192 bytes (the

@@ -417,7 +417,11 @@ fn inv_invall_int_clear_reach_a_gicv4_backend_and_a_hardware_int_is_not_injected
     let mut r = Rig::enabled(2);
     r.setup_device(1, 2);
     r.post(&[mapti(1, 0, 0, 1)]);
-    r.post(&[Command::Inv { device: 1, event: 0 }, Command::Invall { icid: 1 }, Command::Clear { device: 1, event: 0 }]);
+    r.post(&[
+        Command::Inv { device: 1, event: 0 },
+        Command::Invall { icid: 1 },
+        Command::Clear { device: 1, event: 0 },
+    ]);
     assert_eq!(r.be.hw, [("INV", 1, 0, 1), ("INVALL", 0, 0, 1), ("CLEAR", 1, 0, 1)]);
     // The emulated backend answers INT with false: the vGIC injects it.
     r.be.hw.clear();

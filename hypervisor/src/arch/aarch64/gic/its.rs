@@ -33,8 +33,8 @@ use crate::intid::IntId;
 use crate::its::cmd::{Command, COMMAND_BYTES};
 pub use crate::its::host::ItsError;
 use crate::its::host::{
-    command_slot, itt_bytes, COUNTED_COMMANDS, l1_descriptor, plan_table, probe_page_size, queue_progress, HostItsStats, LpiAllocator,
-    Mappings, QueueProgress, TablePlan, CMD_QUEUE_BYTES, HOST_LPI_COUNT, HOST_LPI_ID_BITS, ITT_ALIGN,
+    command_slot, itt_bytes, l1_descriptor, plan_table, probe_page_size, queue_progress, HostItsStats, LpiAllocator,
+    Mappings, QueueProgress, TablePlan, CMD_QUEUE_BYTES, COUNTED_COMMANDS, HOST_LPI_COUNT, HOST_LPI_ID_BITS, ITT_ALIGN,
     MAX_DEVICE_ID_BITS, PEND_TABLE_ALIGN, PEND_TABLE_BYTES, PROP_TABLE_BYTES,
 };
 use crate::its::v4::{self, GuestChange, LpiPath, V4Probe, VpeMap, VPE_ID_BITS, VPT_ALIGN, VPT_BYTES};
@@ -222,7 +222,12 @@ pub fn init(base: u64, cpus: usize, want_vlpi: bool) -> Result<(), ItsError> {
     if (cpus as u64) >> cid_bits != 0 {
         return Err(ItsError::Table("fewer collection IDs than pCPUs"));
     }
-    let probe = V4Probe { its_arch_rev: arch_rev, its_typer: typer.get(), gicr_typers, ich_vtr: aarch64_cpu::registers::ICH_VTR_EL2.get() };
+    let probe = V4Probe {
+        its_arch_rev: arch_rev,
+        its_typer: typer.get(),
+        gicr_typers,
+        ich_vtr: aarch64_cpu::registers::ICH_VTR_EL2.get(),
+    };
     let mut path = v4::choose_path(&probe, want_vlpi);
     let (cmdq, cmdq_clean) = setup_cmdq(base)?;
     let (mut devices, mut collections, mut vpe_table) = (None, None, None);
@@ -770,42 +775,19 @@ pub fn create_vpe(vpe: u16, pcpu: usize) -> Result<VpeHw, ItsError> {
 }
 
 /// Sends the physical commands for one guest mapping change of a VM whose
-/// vPEs are `vpes` (`its::v4::plan`), after checking it against what is
-/// mapped: a MAP of an event that is mapped, or any other change of one
-/// that is not a vLPI event, is refused before a command is sent.
+/// vPEs are `vpes`: `its::v4::check_and_plan` against what is mapped, the
+/// commands, then `its::v4::record`.
 pub fn vlpi_change(change: GuestChange, vpes: &VpeMap) -> Result<(), ItsError> {
     with_its(|its| {
         if its.v4.is_none() {
             return Err(ItsError::NoVlpis);
         }
-        match change {
-            GuestChange::Map { device, event, .. } => its.map.check_new_event(device, event, 0)?,
-            GuestChange::Unmap { device, event, .. }
-            | GuestChange::Move { device, event, .. }
-            | GuestChange::Inv { device, event, .. }
-            | GuestChange::Int { device, event, .. }
-            | GuestChange::Clear { device, event, .. } => {
-                its.map.vevent(device, event)?;
-            }
-            GuestChange::Invall { .. } => {}
-        }
-        let cmds = v4::plan(change, vpes).map_err(ItsError::Vlpi)?;
+        let cmds = v4::check_and_plan(&its.map, change, vpes)?;
         if cmds.is_empty() {
             return Ok(());
         }
         its.send(&cmds)?;
-        match change {
-            GuestChange::Map { device, event, vintid, vcpu } => {
-                let vpe = vpes.of(vcpu).map_err(ItsError::Vlpi)?.vpe;
-                its.map.add_vevent(device, event, vpe, vintid)
-            }
-            GuestChange::Unmap { device, event, .. } => its.map.remove_vevent(device, event).map(|_| ()),
-            GuestChange::Move { device, event, to, .. } => {
-                let vpe = vpes.of(to).map_err(ItsError::Vlpi)?.vpe;
-                its.map.set_vpe(device, event, vpe)
-            }
-            _ => Ok(()),
-        }
+        v4::record(&mut its.map, change, vpes)
     })
 }
 
