@@ -670,6 +670,20 @@ mod tests {
     }
 
     #[test]
+    fn the_vpe_table_is_one_flat_page_and_pending_tables_fit_their_alignment() {
+        use crate::its::host::{plan_table, PageSize};
+        // QEMU's vPE table entries are 16 bytes; 2^8 vPEs.
+        for (entry, page) in [(16, PageSize::K64), (16, PageSize::K4), (8, PageSize::K4)] {
+            let p = plan_table(entry, VPE_ID_BITS, page, false).unwrap();
+            assert_eq!((p.indirect, p.bytes), (false, page.bytes()), "{entry} bytes on {page:?}");
+        }
+        assert!(VPT_BYTES <= VPT_ALIGN && VPT_ALIGN.is_power_of_two());
+        // VMAPP's VPT_size covers exactly the vINTIDs the vGIC gives the guest.
+        let C::Vmapp { vpt_size, .. } = vmapp(0, 0, 0)[0] else { unreachable!() };
+        assert_eq!(1usize << (vpt_size + 1), VPT_BYTES * 8);
+    }
+
+    #[test]
     fn residency_registers() {
         let p = LocalRegisterCopy::<u64, GICR_VPROPBASER::Register>::new(vpropbaser(0x4800_0000, 16, true).unwrap());
         assert_eq!(p.read(GICR_VPROPBASER::Physical_Address) << 12, 0x4800_0000);
