@@ -76,6 +76,7 @@ fn gicv4_msis_arrive_as_vlpis_and_doorbells_wake_the_fio_vcpu() {
     assert!(stat_line(&r.console, "its.cmd.VMAPTI").unwrap() > 0);
     assert_eq!(stat_line(&r.console, "its.cmd.VMAPP"), Some(2), "one vPE per vCPU");
     assert_eq!(stat_line(&r.console, "vlpi0.vpes"), Some(2));
+    assert!(stat_line(&r.console, "its.cmds_per_sec").is_some());
     // One pCPU: a vPE never moves.
     assert_eq!(stat(&r.console, 1, "vmovps"), Some(0));
     assert!(stat(&r.console, 1, "vpe_residency_switches").unwrap() > 0);
