@@ -102,8 +102,8 @@ pub type DirectBackend<'a> = v4::DirectBackend<'a, PhysIts>;
 
 /// GICR_VPROPBASER for vCPU `id`: the guest's LPI configuration table, when
 /// its redistributor has EnableLPIs and the table's first 8192 bytes (the
-/// vLPIs 8192..16383 the redistributor reads) lie in guest RAM (the redistributor reads it by physical address; Dom0 is
-/// identity-mapped).
+/// vLPIs 8192..16383 the redistributor reads, by physical address: Dom0 is
+/// identity-mapped) lie in guest RAM.
 fn vpropbaser(vm: &Vm, id: usize) -> Option<u64> {
     let (pa, lpis) = vm.vgic.lock().lpi_prop_table(id)?;
     let bits = (u64::from(lpis) + u64::from(crate::its::LPI_BASE)).checked_ilog2()? as u8;
