@@ -67,6 +67,10 @@ pub struct Config {
     /// deadlines are rounded up to a multiple of it so nearby timers share
     /// one EL2 timer interrupt, as Xen's `timer_slop`. 0 = exact.
     pub timer_slop_ns: u64,
+    /// GICv4 direct injection of the guest's MSIs as vLPIs when the GIC can
+    /// (`gic_vlpi=on|off`, Xen's name; default on). Off: host LPIs injected
+    /// through list registers, as on a GICv3.
+    pub gic_vlpi: bool,
     /// All `key=value` pairs in order, for other subsystems.
     pub raw: Vec<(String, String)>,
 }
@@ -83,6 +87,7 @@ impl Default for Config {
             disk_size: 128 << 20,
             disk_latency_us: 0,
             timer_slop_ns: 0,
+            gic_vlpi: true,
             raw: Vec::new(),
         }
     }
@@ -143,6 +148,13 @@ impl Config {
                     c.disk_size =
                         parse_size(v).filter(|&s| s >= 1 << 20 && s % 512 == 0 && s <= 4 << 30).ok_or_else(bad)?
                 }
+                "gic_vlpi" => {
+                    c.gic_vlpi = match v {
+                        "" | "1" | "on" | "true" | "yes" => true,
+                        "0" | "off" | "false" | "no" => false,
+                        _ => return Err(bad()),
+                    }
+                }
                 "dom0_disk_latency_us" => {
                     c.disk_latency_us = v.parse().ok().filter(|&l: &u64| l <= 10_000_000).ok_or_else(bad)?
                 }
@@ -193,6 +205,11 @@ mod tests {
         assert!(Config::parse("dom0_disk_size=100").is_err());
         assert_eq!(Config::parse("timer_slop_ns=50000").unwrap().timer_slop_ns, 50_000);
         assert!(Config::parse("timer_slop_ns=x").is_err());
+        assert!(Config::default().gic_vlpi);
+        assert!(!Config::parse("gic_vlpi=off").unwrap().gic_vlpi);
+        assert!(!Config::parse("gic_vlpi=0").unwrap().gic_vlpi);
+        assert!(Config::parse("gic_vlpi=on").unwrap().gic_vlpi);
+        assert!(Config::parse("gic_vlpi=maybe").is_err());
     }
 }
 

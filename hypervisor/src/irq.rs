@@ -45,6 +45,9 @@ pub enum Route {
     Kick,
     /// A host LPI backing the guest MSI (DeviceID, EventID) of the vITS.
     GuestLpi { devid: u32, eventid: u32 },
+    /// A GICv4 vPE's doorbell: a vLPI arrived for `vcpu` while its vPE was
+    /// not resident (blocked or descheduled); wake it.
+    Doorbell { vcpu: usize },
 }
 
 /// The kinds of [`Route`], without their data: what the counters count.
@@ -57,11 +60,12 @@ pub enum RouteKind {
     HypTimer,
     Kick,
     GuestLpi,
+    Doorbell,
 }
 
 impl RouteKind {
     /// Every kind, in the order the counters are printed.
-    pub const ALL: [RouteKind; 7] = [
+    pub const ALL: [RouteKind; 8] = [
         RouteKind::VirtualTimer,
         RouteKind::ForwardedSpi,
         RouteKind::PhysDisk,
@@ -69,6 +73,7 @@ impl RouteKind {
         RouteKind::HypTimer,
         RouteKind::Kick,
         RouteKind::GuestLpi,
+        RouteKind::Doorbell,
     ];
 
     /// The counter's name in the statistics text.
@@ -81,6 +86,7 @@ impl RouteKind {
             RouteKind::HypTimer => "hyp_timer",
             RouteKind::Kick => "kick",
             RouteKind::GuestLpi => "guest_lpi",
+            RouteKind::Doorbell => "doorbell",
         }
     }
 
@@ -99,6 +105,7 @@ impl Route {
             Route::HypTimer => RouteKind::HypTimer,
             Route::Kick => RouteKind::Kick,
             Route::GuestLpi { .. } => RouteKind::GuestLpi,
+            Route::Doorbell { .. } => RouteKind::Doorbell,
         }
     }
 }
@@ -443,6 +450,8 @@ mod tests {
         c.record(None);
         assert_eq!(c.taken(RouteKind::Kick), 2);
         assert_eq!(c.taken(RouteKind::GuestLpi), 1);
+        c.record(Some(Route::Doorbell { vcpu: 1 }));
+        assert_eq!(c.taken(RouteKind::Doorbell), 1);
         assert_eq!(c.taken(RouteKind::Console), 0);
         assert_eq!(c.unrouted(), 1);
         let mut s = String::new();
@@ -450,7 +459,7 @@ mod tests {
         assert_eq!(
             s,
             "irq.virtual_timer=0\nirq.forwarded_spi=0\nirq.phys_disk=0\nirq.console=0\nirq.hyp_timer=0\n\
-             irq.kick=2\nirq.guest_lpi=1\nirq.unrouted=1\n"
+             irq.kick=2\nirq.guest_lpi=1\nirq.doorbell=1\nirq.unrouted=1\n"
         );
         // The vCPU stats parser skips these lines.
         assert!(crate::stats::parse_text(&s).unwrap().is_empty());

@@ -197,6 +197,14 @@ counters! {
     lpis_injected,
     /// Kicks sent to this vCPU (EL2 trap code: IPIs / reschedule requests).
     kicks,
+    /// GICv4 doorbells of this vCPU's vPE taken (EL2 trap code).
+    doorbells,
+    /// Doorbells that found the vCPU running: nothing to wake (EL2 trap code).
+    doorbells_spurious,
+    /// Times its vPE was made resident or non-resident (EL2 trap code).
+    vpe_residency_switches,
+    /// VMOVPs of its vPE to the pCPU it runs on (EL2 trap code).
+    vmovps,
     /// WFI traps (EL2 trap code).
     wfi_traps,
     /// WFE traps (EL2 trap code).

@@ -72,6 +72,12 @@ pub enum ItsError {
     Timeout { creadr: u32, cwriter: u32 },
     /// GITS_CREADR.Stalled: the ITS stopped at a command error.
     Stalled { creadr: u32 },
+    /// GICv4: the change names no vPE of this VM, or a bad vINTID.
+    Vlpi(super::v4::VlpiError),
+    /// GICv4: direct injection is not set up (the emulated path is in use).
+    NoVlpis,
+    /// GICR_VPENDBASER.Dirty stayed set in the bounded wait.
+    VpeDirty { pcpu: usize },
 }
 
 impl fmt::Display for ItsError {
@@ -99,6 +105,9 @@ impl fmt::Display for ItsError {
                 write!(f, "command queue timeout (CREADR {creadr:#x}, CWRITER {cwriter:#x})")
             }
             ItsError::Stalled { creadr } => write!(f, "command queue stalled at {creadr:#x}"),
+            ItsError::Vlpi(e) => write!(f, "{e}"),
+            ItsError::NoVlpis => write!(f, "no GICv4 direct injection"),
+            ItsError::VpeDirty { pcpu } => write!(f, "pCPU {pcpu}: GICR_VPENDBASER.Dirty never cleared"),
         }
     }
 }
@@ -293,9 +302,19 @@ pub struct DeviceMap {
     pub events: BTreeMap<u32, EventMap>,
 }
 
+/// One event mapped to a vLPI of a vPE (GICv4 VMAPTI).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VEventMap {
+    pub vpe: u16,
+    pub vintid: u32,
+}
+
 /// What the driver has mapped in the ITS, checked before every command.
 pub struct Mappings {
     devices: BTreeMap<u32, DeviceMap>,
+    /// Events mapped to vLPIs, by (DeviceID, EventID); their devices are in
+    /// `devices`.
+    vevents: BTreeMap<(u32, u32), VEventMap>,
     device_bits: u8,
     max_event_bits: u8,
     cpus: usize,
@@ -305,7 +324,7 @@ impl Mappings {
     /// DeviceIDs below 2^`device_bits`, ITTs up to 2^`max_event_bits`
     /// events, collections for pCPUs below `cpus`.
     pub const fn new(device_bits: u8, max_event_bits: u8, cpus: usize) -> Self {
-        Self { devices: BTreeMap::new(), device_bits, max_event_bits, cpus }
+        Self { devices: BTreeMap::new(), vevents: BTreeMap::new(), device_bits, max_event_bits, cpus }
     }
 
     pub fn device_bits(&self) -> u8 {
@@ -334,8 +353,11 @@ impl Mappings {
     }
 
     /// Forgets a device; its events (whose LPIs the caller frees) come back.
+    /// Its vLPI events are forgotten with it.
     pub fn remove_device(&mut self, device: u32) -> Result<DeviceMap, ItsError> {
-        self.devices.remove(&device).ok_or(ItsError::UnknownDevice(device))
+        let d = self.devices.remove(&device).ok_or(ItsError::UnknownDevice(device))?;
+        self.vevents.retain(|&(dev, _), _| dev != device);
+        Ok(d)
     }
 
     pub fn device(&self, device: u32) -> Result<&DeviceMap, ItsError> {
@@ -356,10 +378,47 @@ impl Mappings {
         if u64::from(event) >> d.event_bits != 0 {
             return Err(ItsError::EventOutOfRange { device, event });
         }
-        if d.events.contains_key(&event) {
+        if d.events.contains_key(&event) || self.vevents.contains_key(&(device, event)) {
             return Err(ItsError::EventMapped { device, event });
         }
         self.check_pcpu(pcpu)
+    }
+
+    /// Records an event VMAPTI mapped to `vintid` of `vpe`.
+    pub fn add_vevent(&mut self, device: u32, event: u32, vpe: u16, vintid: u32) -> Result<(), ItsError> {
+        self.check_new_event(device, event, 0)?;
+        self.vevents.insert((device, event), VEventMap { vpe, vintid });
+        Ok(())
+    }
+
+    pub fn vevent(&self, device: u32, event: u32) -> Result<VEventMap, ItsError> {
+        self.device(device)?;
+        self.vevents.get(&(device, event)).copied().ok_or(ItsError::UnknownEvent { device, event })
+    }
+
+    /// Forgets a vLPI event.
+    pub fn remove_vevent(&mut self, device: u32, event: u32) -> Result<VEventMap, ItsError> {
+        self.device(device)?;
+        self.vevents.remove(&(device, event)).ok_or(ItsError::UnknownEvent { device, event })
+    }
+
+    /// Records a VMOVI.
+    pub fn set_vpe(&mut self, device: u32, event: u32, vpe: u16) -> Result<(), ItsError> {
+        self.vevent(device, event)?;
+        if let Some(e) = self.vevents.get_mut(&(device, event)) {
+            e.vpe = vpe;
+        }
+        Ok(())
+    }
+
+    /// The vLPI events of `device`.
+    pub fn vevents_of(&self, device: u32) -> Vec<u32> {
+        self.vevents.range((device, 0)..=(device, u32::MAX)).map(|(&(_, e), _)| e).collect()
+    }
+
+    /// Events mapped to vLPIs.
+    pub fn vevent_count(&self) -> usize {
+        self.vevents.len()
     }
 
     /// Records an event MAPTI mapped.
@@ -404,9 +463,9 @@ impl Mappings {
 }
 
 /// The ITS commands the driver counts, by kind.
-pub const COUNTED_COMMANDS: [u8; 8] = {
+pub const COUNTED_COMMANDS: [u8; 14] = {
     use super::cmd::opcode::*;
-    [MAPD, MAPC, MAPTI, MOVI, DISCARD, INT, INV, SYNC]
+    [MAPD, MAPC, MAPTI, MOVI, DISCARD, INT, INV, SYNC, VMAPP, VMAPTI, VMOVI, VMOVP, VINVALL, VSYNC]
 };
 
 /// Index of `opcode` in [`COUNTED_COMMANDS`] (the last slot counts others).
@@ -549,6 +608,29 @@ mod tests {
     }
 
     #[test]
+    fn vlpi_events_share_the_event_space_and_go_with_their_device() {
+        let mut m = Mappings::new(16, 15, 1);
+        assert_eq!(m.add_vevent(5, 0, 0, 8192), Err(ItsError::UnknownDevice(5)));
+        m.add_device(5, 2, 0x1000, 256).unwrap();
+        m.add_vevent(5, 1, 0, 8192).unwrap();
+        assert_eq!(m.add_vevent(5, 1, 1, 8193), Err(ItsError::EventMapped { device: 5, event: 1 }));
+        assert_eq!(m.add_event(5, 1, lpi(0), 0), Err(ItsError::EventMapped { device: 5, event: 1 }), "a vLPI event");
+        m.add_event(5, 2, lpi(0), 0).unwrap();
+        assert_eq!(m.add_vevent(5, 2, 0, 8194), Err(ItsError::EventMapped { device: 5, event: 2 }), "a host LPI event");
+        assert_eq!(m.add_vevent(5, 4, 0, 8194), Err(ItsError::EventOutOfRange { device: 5, event: 4 }));
+        m.add_vevent(5, 3, 1, 8195).unwrap();
+        m.set_vpe(5, 3, 0).unwrap();
+        assert_eq!(m.vevent(5, 3), Ok(VEventMap { vpe: 0, vintid: 8195 }));
+        assert_eq!(m.set_vpe(5, 0, 0), Err(ItsError::UnknownEvent { device: 5, event: 0 }));
+        assert_eq!(m.vevents_of(5), [1, 3]);
+        assert_eq!(m.remove_vevent(5, 1).unwrap().vintid, 8192);
+        assert_eq!(m.remove_vevent(5, 1), Err(ItsError::UnknownEvent { device: 5, event: 1 }));
+        m.remove_device(5).unwrap();
+        assert_eq!(m.vevent_count(), 0, "gone with the device");
+        assert_eq!(m.vevent(5, 3), Err(ItsError::UnknownDevice(5)));
+    }
+
+    #[test]
     fn queue_progress_reads_creadr_offset_and_stall() {
         assert_eq!(queue_progress(0x40, 0x40), QueueProgress::Done);
         assert_eq!(queue_progress(0x20, 0x40), QueueProgress::Busy);
@@ -564,13 +646,15 @@ mod tests {
     fn stats_text_names_every_counted_command() {
         let mut s = HostItsStats { lpis_taken: 1, errors: 0, timeouts: 0, ..Default::default() };
         s.commands[command_slot(super::super::cmd::opcode::MAPD)] = 2;
-        s.commands[command_slot(0x2A)] = 1;
+        s.commands[command_slot(0x0E)] = 1; // MOVALL: not counted by name
+        s.commands[command_slot(0x2A)] = 3;
         let mut t = alloc::string::String::new();
         s.write_text(&mut t).unwrap();
         assert!(t.contains("its.lpis_taken=1\n"));
         assert!(t.contains("its.cmd.MAPD=2\n"));
         assert!(t.contains("its.cmd.SYNC=0\n"));
         assert!(t.contains("its.cmd.other=1\n"));
+        assert!(t.contains("its.cmd.VMAPTI=3\n"));
         assert!(t.ends_with("its.cmd_errors=0\nits.cmd_timeouts=0\n"));
     }
 }

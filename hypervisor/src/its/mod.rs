@@ -16,6 +16,7 @@ pub mod cmd;
 pub mod host;
 #[cfg(test)]
 mod tests;
+pub mod v4;
 
 use tock_registers::register_bitfields;
 

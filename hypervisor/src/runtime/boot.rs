@@ -13,6 +13,7 @@ use crate::boot::plan::{self, LayoutError, Plan};
 use crate::config::{Config, DiskMode};
 use crate::dtb::{self, BootModule, Platform, Region};
 use crate::hv_fatal;
+use crate::its::v4::LpiPath;
 use crate::platform;
 use alloc::boxed::Box;
 use core::sync::atomic::Ordering;
@@ -158,7 +159,7 @@ pub fn primary_main(regs: [u64; 4]) -> ! {
     if let Err(e) = unsafe { gic::init(plat.gic.gicd.base, gicr.base, plat.cpus.len()) } {
         hv_fatal!("GIC: {e:?}");
     }
-    init_its(&plat);
+    init_its(&plat, &cfg);
     gic::init_cpu(0);
     if let Err(e) = crate::vgic::usable_lrs(gic::nr_lrs()) {
         hv_fatal!("GIC: {e}; cannot run guests");
@@ -198,13 +199,18 @@ pub fn primary_main(regs: [u64; 4]) -> ! {
 
 /// Sets up the physical ITS, if the DTB names one; without it (or when
 /// its setup fails) the hypervisor runs as before, without host LPIs.
-fn init_its(plat: &Platform) {
+fn init_its(plat: &Platform, cfg: &Config) {
     let Some(its) = plat.gic.its else {
         info!("ITS: none in the device tree; no host LPIs");
         return;
     };
-    if let Err(e) = gic::its::init(its.base, plat.cpus.len()) {
+    if let Err(e) = gic::its::init(its.base, plat.cpus.len(), cfg.gic_vlpi) {
         info!("ITS: at {:#x} not used ({e}); no host LPIs", its.base);
+        return;
+    }
+    match gic::its::lpi_path() {
+        LpiPath::Direct => info!("ITS: guest MSIs by GICv4.0 direct vLPI injection, doorbells wake vCPUs"),
+        LpiPath::Emulated(why) => info!("ITS: guest MSIs by host LPIs through list registers ({why})"),
     }
 }
 

@@ -10,6 +10,8 @@
 //!   guest-visible DeviceIDs are the requester IDs), so the host LPI fires
 //!   at EL2 and [`guest_lpi`] turns it into the guest's LPI.
 //! * [`vits_mmio`] is the trapped GITS control frame.
+//! * [`Backend`] picks, per VM, that backend or GICv4's
+//!   (`runtime::vlpi::DirectBackend`).
 //!
 //! Lock order: vITS → vGIC → (IRQ routes | physical ITS), the last two
 //! leaves. The interrupt path takes the vITS lock alone, then the vGIC
@@ -20,6 +22,7 @@
 //! itself kicks the vCPU wherever it runs.
 
 use super::vcpu::process_kicks;
+use super::vlpi::{DirectBackend, PhysIts};
 use super::vm::{inc, Vm};
 use crate::arch::exception::GuestRegs;
 use crate::arch::gic;
@@ -100,6 +103,59 @@ impl ItsBackend for HostBackend<'_> {
     }
 }
 
+/// The vITS backend of `vm`, chosen when the VM was made: GICv4 vLPIs
+/// (`runtime::vlpi`) when it has vPEs, host LPIs otherwise.
+pub enum Backend<'a> {
+    Emulated(HostBackend<'a>),
+    Direct(DirectBackend<'a>),
+}
+
+impl<'a> Backend<'a> {
+    pub fn of(vm: &'a Vm) -> Self {
+        match vm.vlpi.as_ref() {
+            Some(v4) => Backend::Direct(DirectBackend { its: PhysIts, vpes: &v4.vpes }),
+            None => Backend::Emulated(HostBackend { vm }),
+        }
+    }
+
+    fn get(&mut self) -> &mut dyn ItsBackend {
+        match self {
+            Backend::Emulated(b) => b,
+            Backend::Direct(b) => b,
+        }
+    }
+}
+
+impl ItsBackend for Backend<'_> {
+    fn map_device(&mut self, device: u32, event_bits: u8) -> Result<(), BackendError> {
+        self.get().map_device(device, event_bits)
+    }
+    fn unmap_device(&mut self, device: u32) {
+        self.get().unmap_device(device)
+    }
+    fn map_event(&mut self, device: u32, event: u32, vintid: IntId, vcpu: Option<usize>) -> Result<(), BackendError> {
+        self.get().map_event(device, event, vintid, vcpu)
+    }
+    fn unmap_event(&mut self, device: u32, event: u32) {
+        self.get().unmap_event(device, event)
+    }
+    fn move_event(&mut self, device: u32, event: u32, vcpu: Option<usize>) {
+        self.get().move_event(device, event, vcpu)
+    }
+    fn inv_event(&mut self, device: u32, event: u32, vcpu: usize) {
+        self.get().inv_event(device, event, vcpu)
+    }
+    fn invall(&mut self, vcpu: usize) {
+        self.get().invall(vcpu)
+    }
+    fn int_event(&mut self, device: u32, event: u32, vcpu: usize) -> bool {
+        self.get().int_event(device, event, vcpu)
+    }
+    fn clear_event(&mut self, device: u32, event: u32, vcpu: usize) {
+        self.get().clear_event(device, event, vcpu)
+    }
+}
+
 /// A host LPI routed to the guest fired: the priority drop ends it (LPIs
 /// have no active state), then the guest's LPI for (`device`, `event`) is
 /// made pending on the vCPU its collection names, which is woken through
@@ -129,7 +185,7 @@ pub fn guest_lpi(vm: &Vm, me: usize, id: IntId, device: u32, event: u32) {
 pub fn vits_mmio(vm: &Vm, me: usize, regs: &mut GuestRegs, a: &MmioAccess, value: u64) -> Result<(), VgicError> {
     let vits = vm.vits.as_ref().ok_or(VgicError::OutOfRange)?;
     let mem = guest_ram(vm);
-    let mut backend = HostBackend { vm };
+    let mut backend = Backend::of(vm);
     let kicks = {
         let mut its = vits.lock();
         let mut vgic = vm.vgic.lock();

@@ -6,6 +6,7 @@
 //! - `vm`: the Dom0-style VM, its vCPUs and their creation
 //! - `vcpu`: the per-pCPU scheduling loop and every trap and interrupt
 //! - `its`: the guest's virtual ITS backed by host LPIs of the physical ITS
+//! - `vlpi`: GICv4 direct injection: vPEs, residency, doorbells
 //! - `vblk`: the guest's virtio-blk wired to traps, timer and vGIC
 //! - `physblk`: the physical virtio-blk as that device's backend
 
@@ -17,6 +18,7 @@ pub mod percpu;
 pub mod physblk;
 pub mod vblk;
 pub mod vcpu;
+pub mod vlpi;
 pub mod vm;
 
 use crate::arch::smc;

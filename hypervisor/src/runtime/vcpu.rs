@@ -132,7 +132,7 @@ fn arm_timer(vm: &Vm, me: usize, deadline: &mut Option<u64>) {
     percpu::arm_hyp_timer((at != u64::MAX).then_some(at));
 }
 
-fn load_vcpu(vm: &Vm, me: usize, v: &Vcpu) {
+fn load_vcpu(vm: &Vm, me: usize, v: &mut Vcpu) {
     let vt = vm.virt_timer_intid;
     vm.shared[v.id].vtimer_deadline.store(u64::MAX, Ordering::Release);
     vm.shared[v.id].wake_at.store(u64::MAX, Ordering::Release);
@@ -146,6 +146,8 @@ fn load_vcpu(vm: &Vm, me: usize, v: &Vcpu) {
     v.el1.restore();
     v.fp.restore();
     v.gicif.restore();
+    // GICv4: the vPE follows its vCPU here and becomes resident.
+    v.vpe_resident = super::vlpi::load(vm, me, v.id);
     // A virtual SError the vCPU has not taken yet goes with it.
     if v.vserror.is_pending() {
         el2::set_vserror_syndrome(el2::cpu_features().ras);
@@ -157,6 +159,10 @@ fn save_vcpu(vm: &Vm, me: usize, v: &mut Vcpu) {
     v.el1.save(); // also stops the guest's timer
     v.fp.save();
     v.gicif.save();
+    if v.vpe_resident {
+        super::vlpi::put(vm, me, v.id);
+        v.vpe_resident = false;
+    }
     if v.vserror.is_pending() {
         // Not taken yet: it stays the vCPU's, not the pCPU's.
         el2::set_hcr(VirtualSError::on_switch_out(el2::hcr()));
@@ -316,7 +322,7 @@ pub(super) fn process_kicks(vm: &Vm, me: usize, kicks: Kicks, cause: WakeCause) 
 }
 
 /// Wakes vCPU `k` if blocked, or interrupts its pCPU if it runs elsewhere.
-fn wake_vcpu(vm: &Vm, me: usize, k: usize, now: u64, cause: WakeCause) {
+pub(super) fn wake_vcpu(vm: &Vm, me: usize, k: usize, now: u64, cause: WakeCause) {
     inc(&vm.shared[k].counters.kicks);
     let (action, state) = {
         let mut s = vm.sched.lock();
@@ -349,6 +355,7 @@ fn handle_irqs(vm: &Vm, me: usize, cur: Option<usize>, deadline: &mut Option<u64
             }
             Some(Route::HypTimer) => hyp_timer_irq(vm, me, id, deadline),
             Some(Route::GuestLpi { devid, eventid }) => super::its::guest_lpi(vm, me, id, devid, eventid),
+            Some(Route::Doorbell { vcpu }) => super::vlpi::doorbell(vm, me, id, vcpu),
             // SGI_KICK, maintenance: the exit itself was the point; requests
             // are in PCPUS[me], list registers are refilled at entry.
             // Unrouted: the default.
@@ -489,7 +496,7 @@ fn handle_sync(vm: &Vm, me: usize, v: &mut Vcpu) -> Next {
             } else {
                 inc(&c.wfi_traps);
                 let limit = timeout.limit_ns(|r| reg_read(&v.regs, r), percpu::cntfrq());
-                block(vm, me, v.id, limit)
+                block(vm, me, v, limit)
             }
         }
         Exit::Hvc { .. } => {
@@ -566,13 +573,25 @@ fn handle_sync(vm: &Vm, me: usize, v: &mut Vcpu) -> Next {
 /// block happen under the vGIC lock so an injection cannot slip between.
 /// `limit` (ns, u64::MAX = none) ends a WFIT's wait: the pCPU where the vCPU
 /// is saved watches it on the EL2 timer (`arm_timer`, `timer_expired`).
-fn block(vm: &Vm, me: usize, id: usize, limit: u64) -> Next {
+/// GICv4: the vPE is made non-resident first, and a vLPI pending then
+/// (PendingLast) or a doorbell since (`vlpi_pending`) keeps the vCPU running.
+fn block(vm: &Vm, me: usize, v: &mut Vcpu, limit: u64) -> Next {
+    let id = v.id;
     let now = now_ns();
     if limit <= now {
         return Next::Enter;
     }
+    let was_resident = v.vpe_resident;
+    if was_resident {
+        super::vlpi::put(vm, me, id);
+        v.vpe_resident = false;
+    }
     let vgic = vm.vgic.lock();
-    if vgic.has_deliverable(id) {
+    if vgic.has_deliverable(id) || vm.shared[id].vlpi_pending.load(Ordering::Acquire) {
+        drop(vgic);
+        if was_resident {
+            v.vpe_resident = super::vlpi::load(vm, me, id);
+        }
         return Next::Enter;
     }
     vm.shared[id].wake_at.store(limit, Ordering::Release);
@@ -583,6 +602,9 @@ fn block(vm: &Vm, me: usize, id: usize, limit: u64) -> Next {
         Err(e) => {
             warn!("vCPU{id}: block: {e}");
             vm.shared[id].wake_at.store(u64::MAX, Ordering::Release);
+            if was_resident {
+                v.vpe_resident = super::vlpi::load(vm, me, id);
+            }
             Next::Enter
         }
     }
@@ -746,7 +768,7 @@ fn psci_call(vm: &Vm, me: usize, v: &mut Vcpu) -> Next {
         Call::MigrateInfoType => psci::MIGRATE_NOT_REQUIRED,
         Call::CpuSuspend => {
             // Standby: like WFI.
-            next = block(vm, me, v.id, u64::MAX);
+            next = block(vm, me, v, u64::MAX);
             psci::SUCCESS
         }
         Call::CpuOn { target, entry, context } => {
@@ -842,13 +864,25 @@ pub fn print_stats(vm: &Vm) {
     };
     if gic::its::its_present() {
         let mut text = alloc::string::String::new();
-        let _ = gic::its::stats().write_text(&mut text);
-        crate::hvprintln!("(HV) stats begin its\n{}(HV) stats end its", text);
+        let st = gic::its::stats();
+        let _ = st.write_text(&mut text);
+        // Commands per second of hypervisor uptime (the GICv4 path sends a
+        // few per guest mapping change and one VMOVP per vCPU migration).
+        let total: u64 = st.commands.iter().sum();
+        let per_s = total.saturating_mul(1_000_000_000) / now_ns().max(1);
+        crate::hvprintln!("(HV) stats begin its\n{}its.cmds_per_sec={per_s}\n(HV) stats end its", text);
     }
     if let Some(vits) = &vm.vits {
         let text = alloc::format!("{}", vits.lock().counters());
         let dropped = vm.lpis_dropped.load(Ordering::Relaxed);
         crate::hvprintln!("(HV) stats begin vits0\n{text}vits0.lpis_dropped={dropped}\n(HV) stats end vits0");
+    }
+    if let Some(v4) = &vm.vlpi {
+        let mapped = gic::its::vlpis_mapped();
+        crate::hvprintln!(
+            "(HV) stats begin vlpi0\nvlpi0.vpes={}\nvlpi0.vlpis_mapped={mapped}\n(HV) stats end vlpi0",
+            v4.vpes.len()
+        );
     }
     crate::hvprintln!(
         "(HV) stats begin uart0\nuart0.rx_bytes={rx_bytes}\nuart0.rx_holds={rx_holds}\nuart0.rx_overruns={rx_overruns}\n(HV) stats end uart0"

@@ -16,6 +16,7 @@ use crate::config::{Config, DiskMode};
 use crate::dtb::{self, GuestDtbConfig, Platform, Region};
 use crate::intid::IntId;
 use crate::irq::{HostIrqs, IrqCounters, IrqRoutes, RouteError};
+use crate::its::v4::LpiPath;
 use crate::mmio_bus::{BusError, Device, MmioBus, MmioRange};
 use crate::platform;
 use crate::sched::{SchedConfig, SchedError, Scheduler, VcpuId};
@@ -126,6 +127,10 @@ trap_counters!(
     irqs_injected,
     lpis_injected,
     kicks,
+    doorbells,
+    doorbells_spurious,
+    vpe_residency_switches,
+    vmovps,
 );
 
 /// Adds one to a counter.
@@ -147,6 +152,8 @@ pub struct Vcpu {
     /// An SGI trap showed critical-section evidence and opened a lock-holder
     /// grace; the next exit without that evidence closes it.
     pub lhp_grace: bool,
+    /// Its GICv4 vPE is resident on the pCPU running it (`runtime::vlpi`).
+    pub vpe_resident: bool,
 }
 
 /// What other pCPUs may look at without the vCPU's lock.
@@ -165,6 +172,10 @@ pub struct VcpuShared {
     /// virtual timer) must be re-derived from the vGIC by the pCPU that runs
     /// this vCPU, at its next exit (another vCPU changed it by MMIO).
     pub ppi_resync: AtomicU32,
+    /// GICv4: a vLPI may be pending while its vPE is not resident (a
+    /// doorbell rang, or PendingLast was set when it left): do not block in
+    /// WFI. Cleared when the vPE is resident again. Set under the vGIC lock.
+    pub vlpi_pending: AtomicBool,
     pub counters: TrapCounters,
 }
 
@@ -196,6 +207,9 @@ pub struct Vm {
     pub vits: Option<Mutex<Vits>>,
     /// Host LPIs whose guest mapping was gone (or refused) when they fired.
     pub lpis_dropped: AtomicU64,
+    /// GICv4 direct injection (`runtime::vlpi`): the guest's MSIs are vLPIs
+    /// of these vPEs. `None`: host LPIs through list registers (issue 9).
+    pub vlpi: Option<super::vlpi::VlpiVm>,
     /// Which emulated device answers a trapped access (`runtime::vcpu::mmio`);
     /// read-only once the VM is made.
     pub bus: MmioBus,
@@ -481,6 +495,7 @@ impl Vm {
                 lrs: [0; crate::vgic::NUM_LRS_MAX],
                 vserror: Default::default(),
                 lhp_grace: false,
+                vpe_resident: false,
             }));
             shared.push(VcpuShared {
                 online: AtomicBool::new(false),
@@ -488,6 +503,7 @@ impl Vm {
                 vtimer_home: AtomicUsize::new(0),
                 wake_at: AtomicU64::new(u64::MAX),
                 ppi_resync: AtomicU32::new(0),
+                vlpi_pending: AtomicBool::new(false),
                 running_on: AtomicUsize::new(usize::MAX),
                 counters: TrapCounters::default(),
             });
@@ -560,7 +576,7 @@ impl Vm {
         let uart_region = plat.uart.as_ref().map(|u| Region { base: u.base, size: u.size.max(0x1000) });
         let uart_intid = plat.uart.as_ref().map_or(platform::PLATFORM.uart_intid, |u| u.intid);
         let maintenance_intid = plat.gic.maintenance_intid.unwrap_or(platform::PLATFORM.maintenance_intid);
-        let routes = IrqRoutes::build(
+        let mut routes = IrqRoutes::build(
             &HostIrqs {
                 virt_timer: vt,
                 hyp_timer: plat.timer.hyp_intid,
@@ -577,8 +593,15 @@ impl Vm {
             None => None,
         };
         let bus = build_bus(&vgic, disk.as_ref(), uart_region, guest_its)?;
+        let vlpi = match guest_its {
+            Some(_) if gic::its::lpi_path() == LpiPath::Direct => {
+                super::vlpi::VlpiVm::create(nr_vcpus, nr_pcpus, &mut routes)
+            }
+            _ => None,
+        };
         if let Some(r) = guest_its {
-            info!("dom0 ITS: virtual GITS control frame at {:#x}, MSIs backed by host LPIs", r.base);
+            let how = if vlpi.is_some() { "GICv4 vLPIs with doorbells" } else { "host LPIs" };
+            info!("dom0 ITS: virtual GITS control frame at {:#x}, MSIs backed by {how}", r.base);
         }
         Ok(Box::new(Vm {
             vmid: 1,
@@ -597,6 +620,7 @@ impl Vm {
             routes: RwLock::new(routes),
             vits,
             lpis_dropped: AtomicU64::new(0),
+            vlpi,
             irq_counters: IrqCounters::default(),
             bus,
             vcpus,

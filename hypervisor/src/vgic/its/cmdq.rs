@@ -121,13 +121,18 @@ impl Vits {
             Command::Mapi { device, event, icid } => self.map_event(device, event, event, icid, backend),
             Command::Int { device, event } => {
                 let (intid, vcpu) = self.target(device, event)?;
-                let k = sink.inject_lpi(intid, vcpu).map_err(|_| CommandFault::Vgic)?;
+                let k = if backend.int_event(device, event, vcpu) {
+                    Kicks::none()
+                } else {
+                    sink.inject_lpi(intid, vcpu).map_err(|_| CommandFault::Vgic)?
+                };
                 self.counters.int_lpis += 1;
                 Ok(k)
             }
             Command::Clear { device, event } => {
                 let (intid, vcpu) = self.target(device, event)?;
                 sink.clear_lpi(intid, vcpu).map_err(|_| CommandFault::Vgic)?;
+                backend.clear_event(device, event, vcpu);
                 none
             }
             Command::Discard { device, event } => {
@@ -141,14 +146,18 @@ impl Vits {
             }
             Command::Inv { device, event } => {
                 let (intid, vcpu) = self.target(device, event)?;
-                self.inv(intid, vcpu, mem, sink)
+                let k = self.inv(intid, vcpu, mem, sink)?;
+                backend.inv_event(device, event, vcpu);
+                Ok(k)
             }
             Command::Invall { icid } => {
                 let vcpu = self.tables.mapped_collection(icid)?;
                 if !sink.lpis_enabled(vcpu) {
                     return none;
                 }
-                sink.load_lpi_config(mem, vcpu).map_err(|_| CommandFault::Vgic)
+                let k = sink.load_lpi_config(mem, vcpu).map_err(|_| CommandFault::Vgic)?;
+                backend.invall(vcpu);
+                Ok(k)
             }
             Command::Movi { device, event, icid } => self.movi(device, event, icid, sink, backend),
             Command::Movall { from, to } => {

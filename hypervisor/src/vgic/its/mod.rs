@@ -144,6 +144,18 @@ pub trait ItsBackend {
     fn unmap_event(&mut self, device: u32, event: u32);
     /// MOVI, or a MAPC changed the vCPU of the event's collection.
     fn move_event(&mut self, device: u32, event: u32, vcpu: Option<usize>);
+    /// INV of a mapped event, after the vGIC re-read its configuration byte
+    /// (GICv4: the hardware re-reads it too).
+    fn inv_event(&mut self, _device: u32, _event: u32, _vcpu: usize) {}
+    /// INVALL of a collection on `vcpu`, after the vGIC re-read the table.
+    fn invall(&mut self, _vcpu: usize) {}
+    /// INT of a mapped event: `true` when the backend made it pending in
+    /// hardware (GICv4: a vLPI), so the vGIC must not inject it as well.
+    fn int_event(&mut self, _device: u32, _event: u32, _vcpu: usize) -> bool {
+        false
+    }
+    /// CLEAR of a mapped event, after the vGIC cleared its own pending state.
+    fn clear_event(&mut self, _device: u32, _event: u32, _vcpu: usize) {}
 }
 
 /// The backend of a purely emulated vITS: nothing to back.

@@ -96,6 +96,10 @@ enum BeCall {
 struct FakeBackend {
     calls: Vec<BeCall>,
     refuse: bool,
+    /// INV/INVALL/INT/CLEAR as a GICv4 backend hears them: (name, device, event, vCPU).
+    hw: Vec<(&'static str, u32, u32, usize)>,
+    /// Answer INT as a GICv4 backend does (made pending in hardware).
+    direct_int: bool,
 }
 
 impl ItsBackend for FakeBackend {
@@ -121,6 +125,19 @@ impl ItsBackend for FakeBackend {
     }
     fn move_event(&mut self, device: u32, event: u32, vcpu: Option<usize>) {
         self.calls.push(BeCall::MoveEvent(device, event, vcpu));
+    }
+    fn inv_event(&mut self, device: u32, event: u32, vcpu: usize) {
+        self.hw.push(("INV", device, event, vcpu));
+    }
+    fn invall(&mut self, vcpu: usize) {
+        self.hw.push(("INVALL", 0, 0, vcpu));
+    }
+    fn int_event(&mut self, device: u32, event: u32, vcpu: usize) -> bool {
+        self.hw.push(("INT", device, event, vcpu));
+        self.direct_int
+    }
+    fn clear_event(&mut self, device: u32, event: u32, vcpu: usize) {
+        self.hw.push(("CLEAR", device, event, vcpu));
     }
 }
 
@@ -393,6 +410,34 @@ fn movi_and_movall_move_pending_state() {
     assert_eq!(r.its.translate(7, 4), None);
     r.post(&[Command::Int { device: 7, event: 4 }]);
     assert_eq!(r.errors(CommandFault::CollectionUnmapped), 2);
+}
+
+#[test]
+fn inv_invall_int_clear_reach_a_gicv4_backend_and_a_hardware_int_is_not_injected_twice() {
+    let mut r = Rig::enabled(2);
+    r.setup_device(1, 2);
+    r.post(&[mapti(1, 0, 0, 1)]);
+    r.post(&[
+        Command::Inv { device: 1, event: 0 },
+        Command::Invall { icid: 1 },
+        Command::Clear { device: 1, event: 0 },
+    ]);
+    assert_eq!(r.be.hw, [("INV", 1, 0, 1), ("INVALL", 0, 0, 1), ("CLEAR", 1, 0, 1)]);
+    // The emulated backend answers INT with false: the vGIC injects it.
+    r.be.hw.clear();
+    r.post(&[Command::Int { device: 1, event: 0 }]);
+    assert_eq!(r.sink.calls.last(), Some(&SinkCall::Inject(8192, 1)));
+    // A GICv4 backend made the vLPI pending in hardware: no list-register copy.
+    r.be.direct_int = true;
+    r.sink.calls.clear();
+    r.post(&[Command::Int { device: 1, event: 0 }]);
+    assert!(!r.sink.calls.iter().any(|c| matches!(c, SinkCall::Inject(..))));
+    assert_eq!(r.be.hw, [("INT", 1, 0, 1), ("INT", 1, 0, 1)]);
+    assert_eq!(r.its.counters().int_lpis, 2);
+    // Commands on unmapped events never reach the backend.
+    r.be.hw.clear();
+    r.post(&[Command::Inv { device: 1, event: 1 }, Command::Int { device: 7, event: 0 }]);
+    assert!(r.be.hw.is_empty());
 }
 
 #[test]

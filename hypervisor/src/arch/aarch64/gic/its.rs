@@ -34,9 +34,10 @@ use crate::its::cmd::{Command, COMMAND_BYTES};
 pub use crate::its::host::ItsError;
 use crate::its::host::{
     command_slot, itt_bytes, l1_descriptor, plan_table, probe_page_size, queue_progress, HostItsStats, LpiAllocator,
-    Mappings, QueueProgress, TablePlan, CMD_QUEUE_BYTES, HOST_LPI_COUNT, HOST_LPI_ID_BITS, ITT_ALIGN,
+    Mappings, QueueProgress, TablePlan, CMD_QUEUE_BYTES, COUNTED_COMMANDS, HOST_LPI_COUNT, HOST_LPI_ID_BITS, ITT_ALIGN,
     MAX_DEVICE_ID_BITS, PEND_TABLE_ALIGN, PEND_TABLE_BYTES, PROP_TABLE_BYTES,
 };
+use crate::its::v4::{self, GuestChange, LpiPath, V4Probe, VpeMap, VPE_ID_BITS, VPT_ALIGN, VPT_BYTES};
 use crate::its::{
     gicr, lpi_config_byte, offset, CBASER_PAGE, GICR_PENDBASER, GICR_PROPBASER, GITS_BASER, GITS_CBASER,
     GITS_CQ_OFFSET, GITS_CTLR, GITS_TYPER, LPI_BASE,
@@ -45,6 +46,7 @@ use alloc::alloc::{alloc_zeroed, dealloc, Layout};
 use alloc::vec::Vec;
 use core::sync::atomic::{AtomicU64, Ordering};
 use spin::Mutex;
+use tock_registers::interfaces::Readable;
 use tock_registers::LocalRegisterCopy;
 
 /// Priority of host LPIs: that of every other interrupt the hypervisor
@@ -128,6 +130,18 @@ struct Its {
     /// The RDbase field of each pCPU's collection (None until `init_cpu`).
     rdbase: [Option<u64>; MAX_CPUS],
     itts: Vec<(u32, Frame)>,
+    /// GICv4.0 direct injection, when `init` chose it.
+    v4: Option<V4>,
+    path: LpiPath,
+}
+
+/// What direct injection keeps: the vPE table, each vPE's pending table and
+/// the pCPU its VMAPP/VMOVP named.
+struct V4 {
+    _vpe_table: Table,
+    typer: u64,
+    its_number: u8,
+    vpes: Vec<(u16, Frame, usize)>,
 }
 
 static ITS: Mutex<Option<Its>> = Mutex::new(None);
@@ -135,7 +149,7 @@ static ITS: Mutex<Option<Its>> = Mutex::new(None);
 static LPIS_TAKEN: AtomicU64 = AtomicU64::new(0);
 #[allow(clippy::declare_interior_mutable_const)]
 const ZERO: AtomicU64 = AtomicU64::new(0);
-static COMMANDS: [AtomicU64; 9] = [ZERO; 9];
+static COMMANDS: [AtomicU64; COUNTED_COMMANDS.len() + 1] = [ZERO; COUNTED_COMMANDS.len() + 1];
 static ERRORS: AtomicU64 = AtomicU64::new(0);
 static TIMEOUTS: AtomicU64 = AtomicU64::new(0);
 
@@ -187,9 +201,10 @@ pub fn stats() -> HostItsStats {
 
 /// Sets up the ITS whose control frame is at `base` for `cpus` pCPUs.
 /// `Err(NoIts)` (and nothing changed) when there is no usable ITS.
-pub fn init(base: u64, cpus: usize) -> Result<(), ItsError> {
-    let lpis = GIC.lock().as_ref().is_some_and(|g| {
-        g.gic.typer().lpis_supported() && find_redistributor_frames(g).iter().all(|&t| t & gicr::TYPER_PLPIS != 0)
+pub fn init(base: u64, cpus: usize, want_vlpi: bool) -> Result<(), ItsError> {
+    let (lpis, gicr_typers) = GIC.lock().as_ref().map_or((false, Vec::new()), |g| {
+        let typers = find_redistributor_frames(g);
+        (g.gic.typer().lpis_supported() && typers.iter().all(|&t| t & gicr::TYPER_PLPIS != 0), typers)
     });
     if !lpis {
         return Err(ItsError::NoIts);
@@ -207,8 +222,15 @@ pub fn init(base: u64, cpus: usize) -> Result<(), ItsError> {
     if (cpus as u64) >> cid_bits != 0 {
         return Err(ItsError::Table("fewer collection IDs than pCPUs"));
     }
+    let probe = V4Probe {
+        its_arch_rev: arch_rev,
+        its_typer: typer.get(),
+        gicr_typers,
+        ich_vtr: aarch64_cpu::registers::ICH_VTR_EL2.get(),
+    };
+    let mut path = v4::choose_path(&probe, want_vlpi);
     let (cmdq, cmdq_clean) = setup_cmdq(base)?;
-    let (mut devices, mut collections) = (None, None);
+    let (mut devices, mut collections, mut vpe_table) = (None, None, None);
     for n in 0..offset::GITS_BASER_COUNT {
         let reg = base + offset::GITS_BASER + 8 * n;
         let v = LocalRegisterCopy::<u64, GITS_BASER::Register>::new(read64(reg));
@@ -218,9 +240,25 @@ pub fn init(base: u64, cpus: usize) -> Result<(), ItsError> {
                 let bits = (usize::BITS - (cpus.max(2) - 1).leading_zeros()) as u8;
                 collections = Some(setup_table(reg, bits, false)?);
             }
-            // vPE tables are issue 10's: left invalid.
+            Some(GITS_BASER::Type::Value::VPEs) if path == LpiPath::Direct => {
+                match setup_table(reg, VPE_ID_BITS, false) {
+                    Ok(t) => vpe_table = Some(t),
+                    Err(e) => {
+                        log::warn!("ITS: vPE table: {e}; GICv4 direct injection off");
+                        write64(reg, v.get() & !GITS_BASER::Valid::SET.value);
+                    }
+                }
+            }
             _ => write64(reg, v.get() & !GITS_BASER::Valid::SET.value),
         }
+    }
+    if path == LpiPath::Direct && vpe_table.is_none() {
+        path = LpiPath::Emulated(v4::EmulatedWhy::NoVirtualIts);
+    }
+    let its_number = ((read32(base + offset::GITS_CTLR) >> 4) & 0xf) as u8;
+    let v4state = vpe_table.map(|t| V4 { _vpe_table: t, typer: typer.get(), its_number, vpes: Vec::new() });
+    if probe.is_v41() {
+        log::info!("ITS: GICv4.1 features (vSGIs / vPE configuration table) found; not used");
     }
     let prop = Frame::new(PROP_TABLE_BYTES, 0x1000, false)?;
     let mut ctlr = LocalRegisterCopy::<u64, GITS_CTLR::Register>::new(u64::from(read32(base + offset::GITS_CTLR)));
@@ -243,8 +281,15 @@ pub fn init(base: u64, cpus: usize) -> Result<(), ItsError> {
         map: Mappings::new(device_bits, event_bits, cpus),
         rdbase: [None; MAX_CPUS],
         itts: Vec::new(),
+        v4: v4state,
+        path,
     });
     Ok(())
+}
+
+/// Which way guest MSIs go: GICv4 direct injection or host LPIs.
+pub fn lpi_path() -> LpiPath {
+    ITS.lock().as_ref().map_or(LpiPath::Emulated(v4::EmulatedWhy::NoVirtualIts), |i| i.path)
 }
 
 /// GITS_CTLR.Enabled = 0, then waits (bounded) for Quiescent: BASER and
@@ -547,7 +592,8 @@ pub fn map_device(device: u32, event_bits: u8) -> Result<(), ItsError> {
 /// its ITT. An unknown device is refused.
 pub fn unmap_device(device: u32) -> Result<(), ItsError> {
     with_its(|its| {
-        let events: Vec<u32> = its.map.device(device)?.events.keys().copied().collect();
+        let mut events: Vec<u32> = its.map.device(device)?.events.keys().copied().collect();
+        events.extend(its.map.vevents_of(device));
         let rdbase = its.rdbase(0)?;
         for chunk in events.chunks(DISCARD_BATCH) {
             let mut cmds: Vec<Command> = chunk.iter().map(|&event| Command::Discard { device, event }).collect();
@@ -687,4 +733,123 @@ fn wait_for(lpi: IntId) -> bool {
         core::hint::spin_loop();
     }
     false
+}
+
+/// A vPE as the ITS knows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VpeHw {
+    pub vpe: u16,
+    /// The host LPI rung for a vLPI while the vPE is not resident.
+    pub doorbell: IntId,
+    /// The virtual pending table (hypervisor memory, zeroed, 64 KiB aligned).
+    pub vpt: u64,
+}
+
+/// Creates vPE `vpe`: a zeroed virtual pending table for 2^14 vINTIDs, a
+/// doorbell LPI (enabled), VMAPP to the redistributor of `pcpu`, VSYNC.
+pub fn create_vpe(vpe: u16, pcpu: usize) -> Result<VpeHw, ItsError> {
+    with_its(|its| {
+        if its.v4.is_none() {
+            return Err(ItsError::NoVlpis);
+        }
+        if u64::from(vpe) >> VPE_ID_BITS != 0 {
+            return Err(ItsError::Table("vPE ID beyond the vPE table"));
+        }
+        let rdbase = its.rdbase(pcpu)?;
+        let vpt = Frame::new(VPT_BYTES, VPT_ALIGN, its.cmdq_clean)?;
+        let doorbell = match its.lpis.alloc() {
+            Ok(l) => l,
+            Err(e) => {
+                vpt.free();
+                return Err(e);
+            }
+        };
+        its.set_config(doorbell, true);
+        // On failure the ITS may still point at the table: it is not freed.
+        its.send(&v4::vmapp(vpe, rdbase, vpt.pa))?;
+        if let Some(v) = its.v4.as_mut() {
+            v.vpes.push((vpe, vpt, pcpu));
+        }
+        Ok(VpeHw { vpe, doorbell, vpt: vpt.pa })
+    })
+}
+
+/// Sends the physical commands for one guest mapping change of a VM whose
+/// vPEs are `vpes`: `its::v4::check_and_plan` against what is mapped, the
+/// commands, then `its::v4::record`.
+pub fn vlpi_change(change: GuestChange, vpes: &VpeMap) -> Result<(), ItsError> {
+    with_its(|its| {
+        if its.v4.is_none() {
+            return Err(ItsError::NoVlpis);
+        }
+        let cmds = v4::check_and_plan(&its.map, change, vpes)?;
+        if cmds.is_empty() {
+            return Ok(());
+        }
+        its.send(&cmds)?;
+        v4::record(&mut its.map, change, vpes)
+    })
+}
+
+/// Events mapped to vLPIs now.
+pub fn vlpis_mapped() -> usize {
+    ITS.lock().as_ref().map_or(0, |i| i.map.vevent_count())
+}
+
+/// VMOVP of `vpe` to `pcpu`'s redistributor (its doorbell and direct
+/// vLPIs go there from now on). Nothing when it is there already.
+pub fn vmovp(vpe: u16, pcpu: usize) -> Result<bool, ItsError> {
+    with_its(|its| {
+        let rdbase = its.rdbase(pcpu)?;
+        let v = its.v4.as_ref().ok_or(ItsError::NoVlpis)?;
+        let (typer, number) = (v.typer, v.its_number);
+        let at = v.vpes.iter().position(|e| e.0 == vpe).ok_or(ItsError::Table("unknown vPE"))?;
+        if v4::needs_vmovp(v.vpes[at].2, pcpu).is_none() {
+            return Ok(false);
+        }
+        its.send(&v4::vmovp(vpe, rdbase, typer, number))?;
+        if let Some(v) = its.v4.as_mut() {
+            v.vpes[at].2 = pcpu;
+        }
+        Ok(true)
+    })
+}
+
+/// Polls of GICR_VPENDBASER.Dirty after Valid 1 → 0.
+const DIRTY_POLLS: u32 = 1 << 16;
+
+/// Makes a vPE resident on `pcpu`'s redistributor (call it on `pcpu`):
+/// GICR_VPROPBASER = `vpropbaser` (the guest's configuration table), then
+/// GICR_VPENDBASER = its pending table with Valid = 1. The redistributor
+/// then scans the pending table; the guest may run meanwhile (GICv4.0).
+pub fn vpe_resident(pcpu: usize, vpropbaser: u64, vpt: u64) -> Result<(), ItsError> {
+    let rd = RD_BASE.get(pcpu).map_or(0, |r| r.load(Ordering::Acquire));
+    if rd == 0 {
+        return Err(ItsError::BadPcpu(pcpu));
+    }
+    write64(rd + gicr::GICR_VPROPBASER, vpropbaser);
+    sysreg::dsb_sy();
+    write64(rd + gicr::GICR_VPENDBASER, v4::vpendbaser(vpt, true, true));
+    sysreg::dsb_sy();
+    Ok(())
+}
+
+/// Makes the vPE on `pcpu`'s redistributor non-resident: Valid = 0, then
+/// waits (bounded) for Dirty to clear. Returns PendingLast: an enabled vLPI
+/// was pending as it left (the vCPU has an interrupt to take).
+pub fn vpe_nonresident(pcpu: usize, vpt: u64) -> Result<bool, ItsError> {
+    let rd = RD_BASE.get(pcpu).map_or(0, |r| r.load(Ordering::Acquire));
+    if rd == 0 {
+        return Err(ItsError::BadPcpu(pcpu));
+    }
+    write64(rd + gicr::GICR_VPENDBASER, v4::vpendbaser(vpt, false, true));
+    sysreg::dsb_sy();
+    for _ in 0..DIRTY_POLLS {
+        if let v4::Residency::Settled { pending_last, .. } = v4::residency(read64(rd + gicr::GICR_VPENDBASER)) {
+            return Ok(pending_last);
+        }
+        core::hint::spin_loop();
+    }
+    ERRORS.fetch_add(1, Ordering::Relaxed);
+    Err(ItsError::VpeDirty { pcpu })
 }
