@@ -407,6 +407,9 @@ pub struct BenchWakeupArgs {
     /// Run the quick matrix (1p1v/1p2v, unpinned, xen-compat 1000 vs wake-preempt, icount) on these disks: passthrough, backend, ram, virtio-pci, nvme; a PCIe disk (MSI) brings passthrough (SPI) along
     #[arg(long, value_name = "DISK,...", value_delimiter = ',', conflicts_with = "full")]
     pub disk: Vec<crate::bench::Disk>,
+    /// With --disk: the GIC versions (3, 4) to run the PCIe disks on; 4 runs GICv4.0 direct vLPI injection, and also the emulated LPI path (gic_vlpi=off) unless 3 is listed
+    #[arg(long, value_name = "VERSION,...", value_delimiter = ',', value_parser = gic_parser(), requires = "disk")]
+    pub gic: Vec<u8>,
     /// fio runtime per case, seconds
     #[arg(long, value_name = "SECS", default_value_t = crate::bench::DEFAULT_RUNTIME_S)]
     pub runtime: u32,

@@ -35,6 +35,12 @@ pub struct Summary {
     pub kick_to_run: Option<Log2Histogram>,
     /// The fio vCPU's counters, summed over repeats (`None` without stats).
     pub fio_vcpu_counters: Option<Counters>,
+    /// Every vCPU's counters added up, summed over repeats (`None` without
+    /// stats): IRQ exits and injected LPIs land on whichever vCPU runs.
+    pub all_vcpu_counters: Option<Counters>,
+    /// fio's completed reads summed over the repeats that printed stats:
+    /// the denominator of the per-I/O figures (the counters are sums too).
+    pub ios_with_stats: u64,
     /// Median disk interrupts per guest CPU, when the guest reported them.
     pub disk_irqs_per_cpu: Option<Vec<u64>>,
     /// The disk interrupts' irqchips over all repeats (`GICv3`, `ITS-MSI`).
@@ -75,14 +81,24 @@ pub fn summarize(r: &CaseResult) -> Option<Summary> {
     let vcpu = r.case.topology.fio_vcpu();
     let mut hist: Option<Log2Histogram> = None;
     let mut counters: Option<Counters> = None;
-    for st in s.iter().filter_map(|x| x.stats.get(&vcpu)) {
-        hist.get_or_insert_with(Log2Histogram::new).merge(&st.kick_to_run_ns);
-        let c = counters.get_or_insert_with(Counters::default);
+    let mut all_counters: Option<Counters> = None;
+    let mut ios_with_stats = 0u64;
+    let add = |acc: &mut Option<Counters>, from: &Counters| {
+        let c = acc.get_or_insert_with(Counters::default);
         for name in Counters::NAMES {
-            if let (Some(dst), Some(v)) = (c.get_mut(name), st.counters.get(name)) {
+            if let (Some(dst), Some(v)) = (c.get_mut(name), from.get(name)) {
                 *dst += v;
             }
         }
+    };
+    for x in s.iter() {
+        let Some(st) = x.stats.get(&vcpu) else { continue };
+        hist.get_or_insert_with(Log2Histogram::new).merge(&st.kick_to_run_ns);
+        add(&mut counters, &st.counters);
+        for other in x.stats.values() {
+            add(&mut all_counters, &other.counters);
+        }
+        ios_with_stats += x.fio.total_ios;
     }
 
     let irq_samples: Vec<&Vec<u64>> = s.iter().filter_map(|x| x.disk_irqs_per_cpu.as_ref()).collect();
@@ -109,6 +125,8 @@ pub fn summarize(r: &CaseResult) -> Option<Summary> {
         errors: r.errors.clone(),
         kick_to_run: hist,
         fio_vcpu_counters: counters,
+        all_vcpu_counters: all_counters,
+        ios_with_stats,
         disk_irqs_per_cpu,
         disk_irq_chips,
         stats_errors: s.iter().filter_map(|x| x.stats_error.clone()).collect(),

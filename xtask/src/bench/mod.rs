@@ -154,6 +154,64 @@ spelled_enum! {
     }
 }
 
+spelled_enum! {
+    /// The machine's GIC and how a PCIe disk's MSIs reach the guest (issue 10).
+    Delivery {
+        /// `--gic 3`: a GICv3 machine; MSIs are host LPIs the hypervisor
+        /// injects through list registers (issue 9's emulated path).
+        V3Emulated = "v3-emulated",
+        /// `--gic 4` with `gic_vlpi=off`: the same emulated LPI path on a
+        /// GICv4 machine.
+        V4Emulated = "v4-emulated",
+        /// `--gic 4`: GICv4.0 direct vLPI injection, doorbells wake blocked vCPUs.
+        V4Direct = "v4-direct",
+    }
+}
+
+impl Delivery {
+    /// The GIC version of the QEMU machine (`-machine virt,gic-version=N`).
+    pub fn gic(self) -> u8 {
+        match self {
+            Delivery::V3Emulated => 3,
+            Delivery::V4Emulated | Delivery::V4Direct => 4,
+        }
+    }
+
+    /// Whether the hypervisor delivers the MSIs itself (list registers)
+    /// rather than the ITS injecting vLPIs.
+    pub fn emulated(self) -> bool {
+        self != Delivery::V4Direct
+    }
+
+    /// The delivery modes of a `--gic` list, in order, duplicates dropped:
+    /// 3 → v3-emulated; 4 → v4-direct, preceded by v4-emulated only when 3
+    /// is not listed (so each run has one emulated-LPI reference, on the
+    /// lowest GIC given). An empty list is `[3]`.
+    pub fn of_gics(gics: &[u8]) -> Vec<Delivery> {
+        let mut v = Vec::new();
+        let mut push = |d: Delivery| {
+            if !v.contains(&d) {
+                v.push(d)
+            }
+        };
+        if gics.is_empty() {
+            push(Delivery::V3Emulated);
+        }
+        for &g in gics {
+            match g {
+                3 => push(Delivery::V3Emulated),
+                _ => {
+                    if !gics.contains(&3) {
+                        push(Delivery::V4Emulated);
+                    }
+                    push(Delivery::V4Direct);
+                }
+            }
+        }
+        v
+    }
+}
+
 impl Disk {
     /// The disks of the default and `--full` matrices: the virtio-mmio ones,
     /// whose interrupt is a wired SPI.
@@ -234,6 +292,8 @@ pub struct Case {
     pub ratelimit_us: u32,
     pub disk: Disk,
     pub clock: Clock,
+    /// GIC version and MSI delivery mode (v3-emulated outside `--gic`).
+    pub delivery: Delivery,
 }
 
 impl fmt::Display for Case {
@@ -242,12 +302,24 @@ impl fmt::Display for Case {
         if self.sched == Sched::XenCompat {
             write!(f, " rl={}", self.ratelimit_us)?;
         }
-        write!(f, " {} {}", self.disk, self.clock)
+        write!(f, " {}", self.disk)?;
+        if self.shows_delivery() {
+            write!(f, " {}", self.delivery)?;
+        }
+        write!(f, " {}", self.clock)
     }
 }
 
 impl Case {
-    /// A short label for tables and the plot legend, e.g. `1p2v unp xen-1000 ram icount`.
+    /// Whether labels name the delivery mode: for a PCIe (MSI) disk, and for
+    /// any disk on a GICv4 machine (the labels of issue 5's matrix, GICv3
+    /// and SPI disks only, stay as they were).
+    pub fn shows_delivery(&self) -> bool {
+        self.disk.is_pcie() || self.delivery != Delivery::V3Emulated
+    }
+
+    /// A short label for tables and the plot legend, e.g.
+    /// `1p2v unp xen-1000 ram icount` or `1p2v unp preempt nvme v4-direct icount`.
     pub fn label(&self) -> String {
         let irq = match self.irq {
             Irq::Pinned => "pin",
@@ -257,7 +329,8 @@ impl Case {
             Sched::XenCompat => format!("xen-{}", self.ratelimit_us),
             Sched::WakePreempt => "preempt".to_string(),
         };
-        format!("{} {irq} {sched} {} {}", self.topology, self.disk, self.clock)
+        let delivery = if self.shows_delivery() { format!(" {}", self.delivery) } else { String::new() };
+        format!("{} {irq} {sched} {}{delivery} {}", self.topology, self.disk, self.clock)
     }
 }
 
@@ -320,6 +393,7 @@ pub fn matrix(full: bool, quick: bool) -> Vec<Case> {
                     ratelimit_us,
                     disk: Disk::Ram,
                     clock: Clock::Icount,
+                    delivery: Delivery::V3Emulated,
                 });
             }
         }
@@ -338,7 +412,15 @@ pub fn matrix(full: bool, quick: bool) -> Vec<Case> {
                     let irqs: &[Irq] =
                         if topology.vcpus() == 1 { &[Irq::Unpinned] } else { &[Irq::Unpinned, Irq::Pinned] };
                     for &irq in irqs {
-                        v.push(Case { topology, irq, sched, ratelimit_us, disk, clock });
+                        v.push(Case {
+                            topology,
+                            irq,
+                            sched,
+                            ratelimit_us,
+                            disk,
+                            clock,
+                            delivery: Delivery::V3Emulated,
+                        });
                     }
                 }
             }
@@ -347,18 +429,22 @@ pub fn matrix(full: bool, quick: bool) -> Vec<Case> {
     v
 }
 
-/// The matrix of `--disk D[,D...]`: the quick matrix's cases (1p1v and
-/// 1p2v, unpinned IRQ, xen-compat 1000 vs wake-preempt, icount) for each
-/// listed disk, in the order given, duplicates dropped. When a PCIe disk is
-/// listed, the SPI reference (`passthrough`, virtio-mmio) is run first
-/// unless it is listed too, so the report puts MSI beside SPI from the same
-/// run.
+/// The matrix of `--disk D[,D...] [--gic G[,G...]]`: the quick matrix's
+/// cases (1p1v and 1p2v, unpinned IRQ, xen-compat 1000 vs wake-preempt,
+/// icount) for each listed disk, in the order given, duplicates dropped,
+/// and for a PCIe disk once per delivery mode of `gics`
+/// ([`Delivery::of_gics`]: `--gic 3,4` gives v3-emulated and v4-direct,
+/// `--gic 4` v4-emulated and v4-direct). When a PCIe disk is listed, the
+/// SPI reference (`passthrough`, virtio-mmio) is run first unless it is
+/// listed too, so the report puts MSI beside SPI from the same run. SPI
+/// disks have no LPIs to deliver: they run once, on the first delivery
+/// mode's GIC.
 ///
 /// Pinned IRQs are not part of it: the I/O queue vectors of NVMe and
 /// virtio-blk-pci are *managed* MSI-X vectors (Linux spreads them over the
 /// CPUs itself and refuses `smp_affinity` writes), so only the INTx line
 /// could be pinned.
-pub fn disk_matrix(disks: &[Disk]) -> Vec<Case> {
+pub fn disk_matrix(disks: &[Disk], gics: &[u8]) -> Vec<Case> {
     let mut order: Vec<Disk> = Vec::new();
     if disks.iter().any(|d| d.is_pcie()) && !disks.contains(&Disk::Passthrough) {
         order.push(Disk::Passthrough);
@@ -368,11 +454,23 @@ pub fn disk_matrix(disks: &[Disk]) -> Vec<Case> {
             order.push(d);
         }
     }
+    let modes = Delivery::of_gics(gics);
     let mut v = Vec::new();
     for disk in order {
-        for (sched, ratelimit_us) in scheds(true) {
-            for topology in [Topology::OneP1V, Topology::OneP2V] {
-                v.push(Case { topology, irq: Irq::Unpinned, sched, ratelimit_us, disk, clock: Clock::Icount });
+        let deliveries: &[Delivery] = if disk.is_pcie() { &modes } else { &modes[..1] };
+        for &delivery in deliveries {
+            for (sched, ratelimit_us) in scheds(true) {
+                for topology in [Topology::OneP1V, Topology::OneP2V] {
+                    v.push(Case {
+                        topology,
+                        irq: Irq::Unpinned,
+                        sched,
+                        ratelimit_us,
+                        disk,
+                        clock: Clock::Icount,
+                        delivery,
+                    });
+                }
             }
         }
     }
@@ -391,6 +489,9 @@ pub fn hypervisor_args(case: &Case) -> String {
     s.push_str(&format!(" dom0_disk={}", case.disk.kind().as_str()));
     if case.disk == Disk::Ram {
         s.push_str(&format!(" dom0_disk_latency_us={RAM_DISK_LATENCY_US}"));
+    }
+    if case.delivery == Delivery::V4Emulated {
+        s.push_str(" gic_vlpi=off");
     }
     s
 }
@@ -512,6 +613,7 @@ pub fn run_options(case: &Case, runtime_s: u32) -> crate::qemu::RunOptions {
         cmd: Some(guest_command(case, runtime_s)),
         timeout: run_timeout(case, runtime_s),
         icount: case.clock == Clock::Icount,
+        gic: case.delivery.gic(),
         extra: qemu_disk_args(case.disk),
         echo: false,
         ..Default::default()

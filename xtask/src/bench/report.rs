@@ -10,7 +10,7 @@
 //! histogram per case.
 
 use super::aggregate::{summarize, Summary};
-use super::{svg, CaseResult, Clock, Disk, Irq, Sched, Topology};
+use super::{svg, CaseResult, Clock, Delivery, Disk, Irq, Sched, Topology};
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -25,6 +25,11 @@ pub struct ResultCase {
     pub ratelimit_us: u32,
     pub disk: Disk,
     pub clock: Clock,
+    /// GIC version and MSI delivery mode (absent in files from before
+    /// issue 10: v3-emulated).
+    /// Left out for v3-emulated, so issue 5's matrix keeps its schema.
+    #[serde(default = "v3_emulated", skip_serializing_if = "is_v3_emulated")]
+    pub delivery: Delivery,
     pub iops: f64,
     pub clat_p50_us: f64,
     pub clat_p99_us: f64,
@@ -32,6 +37,14 @@ pub struct ResultCase {
     pub slat_mean_us: f64,
     /// Successful repeats the medians are taken over.
     pub repeats: usize,
+}
+
+fn v3_emulated() -> Delivery {
+    Delivery::V3Emulated
+}
+
+fn is_v3_emulated(d: &Delivery) -> bool {
+    *d == Delivery::V3Emulated
 }
 
 /// `results.json`: `{"cases":[...]}`. Cases where every repeat failed are
@@ -57,6 +70,7 @@ pub fn results_json(summaries: &[Summary]) -> String {
             ratelimit_us: s.case.ratelimit_us,
             disk: s.case.disk,
             clock: s.case.clock,
+            delivery: s.case.delivery,
             iops: r3(s.fio.iops),
             clat_p50_us: r3(s.fio.clat_p50_us),
             clat_p99_us: r3(s.fio.clat_p99_us),
@@ -123,6 +137,7 @@ pub fn baseline_of<'a>(all: &'a [Summary], s: &Summary) -> Option<&'a Summary> {
             && b.case.ratelimit_us == c.ratelimit_us
             && b.case.disk == c.disk
             && b.case.clock == c.clock
+            && b.case.delivery == c.delivery
     })
 }
 
@@ -155,6 +170,19 @@ fn fus(x: f64) -> String {
     }
 }
 
+/// Any case (only its disk and delivery are looked at, for a group's label).
+fn placeholder_case() -> super::Case {
+    super::Case {
+        topology: Topology::OneP1V,
+        irq: Irq::Unpinned,
+        sched: Sched::WakePreempt,
+        ratelimit_us: super::DEFAULT_RATELIMIT_US,
+        disk: Disk::Ram,
+        clock: Clock::Icount,
+        delivery: Delivery::V3Emulated,
+    }
+}
+
 /// Evaluates the four targets on every (disk, clock) group that has the
 /// cases they need; a target with no such group gets one `NotMeasured` row.
 pub fn check_targets(all: &[Summary]) -> Vec<TargetCheck> {
@@ -162,8 +190,13 @@ pub fn check_targets(all: &[Summary]) -> Vec<TargetCheck> {
     for target in 1..=4 {
         let mut rows = Vec::new();
         for &clock in Clock::ALL {
-            for &disk in Disk::ALL {
-                let group = format!("{disk}/{clock}");
+            for (disk, delivery) in Disk::ALL.iter().flat_map(|&d| Delivery::ALL.iter().map(move |&m| (d, m))) {
+                let shown = super::Case { disk, delivery, ..all.first().map_or_else(placeholder_case, |s| s.case) };
+                let group = if shown.shows_delivery() {
+                    format!("{disk} {delivery}/{clock}")
+                } else {
+                    format!("{disk}/{clock}")
+                };
                 let get = |t: Topology, irq: Irq, sched: Sched, rl: Option<u32>| {
                     find(all, |s| {
                         s.case.topology == t
@@ -172,6 +205,7 @@ pub fn check_targets(all: &[Summary]) -> Vec<TargetCheck> {
                             && rl.is_none_or(|r| s.case.ratelimit_us == r)
                             && s.case.disk == disk
                             && s.case.clock == clock
+                            && s.case.delivery == delivery
                     })
                 };
                 let status = |ok: bool| if ok { Status::Met } else { Status::Missed };
@@ -348,6 +382,7 @@ pub fn render_report(results: &[CaseResult]) -> String {
     }
 
     ratios(w, &summaries);
+    delivery(w, &summaries);
     histograms(w, &summaries);
     let _ = writeln!(w, "## Latency plot\n\n![completion latency per case](latency.svg)\n");
     m
@@ -409,6 +444,7 @@ fn ratios(w: &mut String, all: &[Summary]) {
                 && s.case.irq == p.case.irq
                 && s.case.disk == p.case.disk
                 && s.case.clock == p.case.clock
+                && s.case.delivery == p.case.delivery
         }) {
             any = true;
             let _ = writeln!(
@@ -437,8 +473,11 @@ fn msi_vs_spi(w: &mut String, all: &[Summary]) {
         .iter()
         .filter(|s| s.case.disk.is_pcie())
         .filter_map(|m| {
+            // The SPI disk runs on one delivery mode only (it has no LPIs).
             let spi = super::Case { disk: Disk::Passthrough, ..m.case };
-            find(all, |s| s.case == spi).map(|s| (m, s))
+            find(all, |s| s.case == spi)
+                .or_else(|| find(all, |s| s.case == super::Case { delivery: s.case.delivery, ..spi }))
+                .map(|s| (m, s))
         })
         .collect();
     if pairs.is_empty() {
@@ -465,6 +504,158 @@ fn msi_vs_spi(w: &mut String, all: &[Summary]) {
             fr(ratio(m.fio.clat_p99_us, s.fio.clat_p99_us)),
             fr(ratio(m.fio.slat_mean_us, s.fio.slat_mean_us))
         );
+    }
+    let _ = writeln!(w);
+}
+
+/// A counter per fio I/O (`n/a` without stats or I/Os).
+pub fn per_io(counters: Option<&hypervisor::stats::Counters>, name: &str, ios: u64) -> f64 {
+    match counters.and_then(|c| c.get(name)) {
+        Some(n) if ios > 0 => n as f64 / ios as f64,
+        _ => f64::NAN,
+    }
+}
+
+fn fper(x: f64) -> String {
+    if x.is_finite() {
+        format!("{x:.3}")
+    } else {
+        "n/a".into()
+    }
+}
+
+fn fcount(c: Option<&hypervisor::stats::Counters>, name: &str) -> String {
+    c.and_then(|c| c.get(name)).map_or_else(|| "n/a".into(), |n| n.to_string())
+}
+
+/// The issue-10 target lines of one (disk, delivery) group: 1p2v
+/// wake-preempt ≥ 0.9× the 1p1v baseline and ≥ 10× xen-compat (IOPS).
+/// Returns (line, verdict of the 10× target) per group that has the cases.
+pub fn delivery_targets(all: &[Summary]) -> Vec<(String, Status, Status)> {
+    let mut out = Vec::new();
+    for &disk in Disk::ALL {
+        for &delivery in Delivery::ALL {
+            let get = |t: Topology, sched: Sched| {
+                find(all, |s| {
+                    s.case.topology == t
+                        && s.case.irq == Irq::Unpinned
+                        && s.case.sched == sched
+                        && s.case.disk == disk
+                        && s.case.delivery == delivery
+                        && s.case.clock == Clock::Icount
+                })
+            };
+            let Some(p) = get(Topology::OneP2V, Sched::WakePreempt) else { continue };
+            let base = get(Topology::OneP1V, Sched::WakePreempt);
+            let xen = get(Topology::OneP2V, Sched::XenCompat);
+            if base.is_none() && xen.is_none() {
+                continue;
+            }
+            let st = |ok: bool| if ok { Status::Met } else { Status::Missed };
+            let rb = base.map_or(f64::NAN, |b| ratio(p.fio.iops, b.fio.iops));
+            let rx = xen.map_or(f64::NAN, |x| ratio(p.fio.iops, x.fio.iops));
+            let qemu_disk = disk != Disk::Ram;
+            let base_status = if base.is_none() {
+                Status::NotMeasured
+            } else if qemu_disk {
+                // Under icount a QEMU disk's 1p1v service time is ~5× its
+                // 1p2v one (README): the ratio is shown, not judged.
+                Status::NotMeasured
+            } else {
+                st(rb >= 0.9)
+            };
+            let xen_status = if xen.is_none() { Status::NotMeasured } else { st(rx >= 10.0) };
+            let mut line = format!(
+                "| {disk} {delivery} | {} vs 1p1v {} = {}{} | vs xen-compat {} = {} | {} µs",
+                format_args!("{:.0}", p.fio.iops),
+                base.map_or("-".into(), |b| format!("{:.0}", b.fio.iops)),
+                fr(rb),
+                format_args!(
+                    " **{}**",
+                    if qemu_disk && base.is_some() {
+                        "not meaningful (icount, QEMU disk)"
+                    } else {
+                        base_status.as_str()
+                    }
+                ),
+                xen.map_or("-".into(), |x| format!("{:.0}", x.fio.iops)),
+                format_args!("{} **{}**", fr(rx), xen_status.as_str()),
+                fus(p.fio.clat_p50_us),
+            );
+            if qemu_disk {
+                line.push_str(&format!(" ({}) |", fr(ratio(p.fio.clat_p50_us, super::QEMU_DISK_LATENCY_US as f64))));
+            } else {
+                line.push_str(" |");
+            }
+            out.push((line, base_status, xen_status));
+        }
+    }
+    out
+}
+
+/// Interrupt delivery per case (issue 10): GICv3 emulated LPIs vs GICv4
+/// direct vLPIs, with the hypervisor's counters per fio I/O. Only when a
+/// case names its delivery mode (a PCIe disk or a GICv4 machine).
+fn delivery(w: &mut String, all: &[Summary]) {
+    if !all.iter().any(|s| s.case.shows_delivery()) {
+        return;
+    }
+    let _ = writeln!(
+        w,
+        "## Interrupt delivery: GICv3 emulated LPIs vs GICv4 direct vLPIs
+"
+    );
+    let _ = writeln!(
+        w,
+        "`v3-emulated`: GICv3 machine, each MSI is a host LPI the hypervisor injects through a list register;          `v4-emulated`: the same on a GICv4 machine (`gic_vlpi=off`); `v4-direct`: the ITS makes the vLPI pending          in the vPE, a doorbell wakes a blocked vCPU. kick→run: the fio vCPU's kick→schedule-in histogram.          Per I/O: counters summed over the repeats divided by fio's reads in them; exits are the fio vCPU's          guest exits of any kind, IRQ exits those of every vCPU taken for a physical interrupt; LPIs injected          are those the hypervisor put in list registers (every vCPU); doorbell wakes and doorbells are the fio          vCPU's.\n"
+    );
+    let _ = writeln!(
+        w,
+        "| case | IOPS | clat p99 µs | kick→run p50 / p99 µs | fio vCPU exits / I/O | IRQ exits / I/O |          LPIs injected / I/O | doorbell wakes | doorbells (spurious) |"
+    );
+    let _ = writeln!(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for s in all {
+        let k2r = s.kick_to_run.as_ref().filter(|h| h.count() > 0).map_or_else(
+            || "n/a".to_string(),
+            |h| {
+                let us = |ns: Option<u64>| ns.map(|v| fus(v as f64 / 1000.0)).unwrap_or_else(|| "n/a".into());
+                format!("{} / {}", us(h.quantile(50, 100)), us(h.quantile(99, 100)))
+            },
+        );
+        let (fc, ac, ios) = (s.fio_vcpu_counters.as_ref(), s.all_vcpu_counters.as_ref(), s.ios_with_stats);
+        let _ = writeln!(
+            w,
+            "| {} | {:.0} | {} | {} | {} | {} | {} | {} | {} ({}) |",
+            s.case.label(),
+            s.fio.iops,
+            fus(s.fio.clat_p99_us),
+            k2r,
+            fper(per_io(fc, "exits", ios)),
+            fper(per_io(ac, "irq_exits", ios)),
+            fper(per_io(ac, "lpis_injected", ios)),
+            fcount(fc, "wakes_doorbell"),
+            fcount(fc, "doorbells"),
+            fcount(fc, "doorbells_spurious"),
+        );
+    }
+    let _ = writeln!(w);
+    let targets = delivery_targets(all);
+    if targets.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        w,
+        "### Issue 10 targets: 1p2v wake-preempt ≥ 0.9× the 1p1v baseline and ≥ 10× xen-compat (IOPS)
+"
+    );
+    let _ = writeln!(
+        w,
+        "For the QEMU disks (everything but `ram`) the 1p1v baseline is not meaningful under `-icount`: their          200 µs service time is host time, and an idle machine's virtual clock runs ahead while it waits (README,          benchmark section), so 1p1v sees ~1.1 ms per read against ~0.2 ms at 1p2v. The ratio is shown but not judged;          what is compared instead is wake-preempt against xen-compat at the same topology (the 10× line), and the          1p2v wake-preempt clat p50 against the disk's 200 µs service time (last column: 1.00× means the I/O          completes at device speed).\n"
+    );
+    let _ = writeln!(w, "| disk, delivery | 1p2v wake-preempt IOPS vs 1p1v (≥ 0.9×) | vs 1p2v xen-compat (≥ 10×) | 1p2v wake-preempt clat p50 / service time |");
+    let _ = writeln!(w, "|---|---|---|---|");
+    for (line, _, _) in targets {
+        let _ = writeln!(w, "{line}");
     }
     let _ = writeln!(w);
 }

@@ -7,7 +7,7 @@ use crate::Result;
 
 pub fn wakeup(args: &BenchWakeupArgs) -> Result<()> {
     let (runtime, repeats, only) = (args.runtime, args.repeats(), &args.only);
-    let all = if args.disk.is_empty() { matrix(args.full, args.quick) } else { disk_matrix(&args.disk) };
+    let all = if args.disk.is_empty() { matrix(args.full, args.quick) } else { disk_matrix(&args.disk, &args.gic) };
     let cases: Vec<Case> = all
         .into_iter()
         .filter(|c| only.as_ref().is_none_or(|s| c.label().contains(s.as_str()) || c.to_string().contains(s.as_str())))

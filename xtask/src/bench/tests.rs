@@ -15,6 +15,7 @@ fn fixture_case() -> Case {
         ratelimit_us: 1000,
         disk: Disk::Ram,
         clock: Clock::Realtime,
+        delivery: Delivery::V3Emulated,
     }
 }
 
@@ -327,7 +328,7 @@ fn disk_matrix_puts_msi_beside_spi() {
     let quick_of =
         |disk: Disk| -> Vec<Case> { matrix(false, true).into_iter().map(|c| Case { disk, ..c }).collect::<Vec<_>>() };
     // A PCIe disk brings the SPI reference along, first.
-    let nvme = disk_matrix(&[Disk::Nvme]);
+    let nvme = disk_matrix(&[Disk::Nvme], &[]);
     assert_eq!(nvme.len(), 8);
     assert_eq!(nvme[..4], quick_of(Disk::Passthrough)[..]);
     assert_eq!(nvme[4..], quick_of(Disk::Nvme)[..]);
@@ -335,17 +336,17 @@ fn disk_matrix_puts_msi_beside_spi() {
         assert_eq!((c.irq, c.clock), (Irq::Unpinned, Clock::Icount));
         assert!(c.sched == Sched::WakePreempt || c.ratelimit_us == 1000);
     }
-    let both = disk_matrix(&[Disk::Nvme, Disk::VirtioPci, Disk::Nvme]);
+    let both = disk_matrix(&[Disk::Nvme, Disk::VirtioPci, Disk::Nvme], &[]);
     assert_eq!(both.len(), 12, "duplicates dropped");
     assert_eq!(both.iter().map(|c| c.disk).collect::<std::collections::BTreeSet<_>>().len(), 3);
     assert_eq!(both[8..], quick_of(Disk::VirtioPci)[..]);
     // Passthrough listed: not added twice, the order given is kept.
-    let given = disk_matrix(&[Disk::VirtioPci, Disk::Passthrough]);
+    let given = disk_matrix(&[Disk::VirtioPci, Disk::Passthrough], &[]);
     assert_eq!(given.len(), 8);
     assert_eq!((given[0].disk, given[4].disk), (Disk::VirtioPci, Disk::Passthrough));
     // An SPI disk alone: just its cases.
-    assert_eq!(disk_matrix(&[Disk::Ram]), matrix(false, true));
-    assert!(disk_matrix(&[]).is_empty());
+    assert_eq!(disk_matrix(&[Disk::Ram], &[]), matrix(false, true));
+    assert!(disk_matrix(&[], &[]).is_empty());
 }
 
 #[test]
@@ -369,7 +370,7 @@ fn guest_commands_of_the_pcie_disks() {
     // virtio-mmio disks keep the single, anchored line.
     let mmio = guest_command(&Case { disk: Disk::Passthrough, ..nvme }, 5);
     assert!(mmio.contains("echo \"@@BENCH-IRQ@@ $(grep 'virtio0$' /proc/interrupts)\""));
-    for c in disk_matrix(&[Disk::Nvme, Disk::VirtioPci]) {
+    for c in disk_matrix(&[Disk::Nvme, Disk::VirtioPci], &[]) {
         for irq in Irq::ALL {
             let arg = crate::qemu::base64(guest_command(&Case { irq: *irq, ..c }, 600).as_bytes());
             assert!(arg.len() < 1400, "{c}: {} bytes", arg.len());
@@ -402,7 +403,7 @@ fn irq_lines_are_summed_with_their_irqchips() {
 fn nvme_results() -> Vec<CaseResult> {
     let spi = quick_results();
     let mut out = Vec::new();
-    for case in disk_matrix(&[Disk::Nvme]) {
+    for case in disk_matrix(&[Disk::Nvme], &[]) {
         let like = Case { disk: Disk::Ram, ..case };
         let mut r = spi.iter().find(|r| r.case == like).unwrap().clone();
         r.case = case;
@@ -426,21 +427,29 @@ fn report_shows_msi_beside_spi() {
     // The targets are evaluated per disk.
     let checks = check_targets(&r.iter().filter_map(summarize).collect::<Vec<_>>());
     let groups = |n: usize| checks.iter().filter(|c| c.target == n).map(|c| c.group.as_str()).collect::<Vec<_>>();
-    assert_eq!(groups(1), ["passthrough/icount", "nvme/icount"]);
-    assert_eq!(groups(2), ["passthrough/icount", "nvme/icount"]);
+    assert_eq!(groups(1), ["passthrough/icount", "nvme v3-emulated/icount"]);
+    assert_eq!(groups(2), ["passthrough/icount", "nvme v3-emulated/icount"]);
     // Results: the SPI rows, then the NVMe rows with their irqchip.
     let row = |label: &str| md.lines().position(|l| l.starts_with(&format!("| {label} |"))).unwrap();
-    assert!(row("1p2v unpinned wake-preempt passthrough icount") < row("1p1v unpinned xen-compat rl=1000 nvme icount"));
-    assert!(md.contains("| 1p2v unpinned wake-preempt nvme icount | 475 |"), "{md}");
+    assert!(
+        row("1p2v unpinned wake-preempt passthrough icount")
+            < row("1p1v unpinned xen-compat rl=1000 nvme v3-emulated icount")
+    );
+    assert!(md.contains("| 1p2v unpinned wake-preempt nvme v3-emulated icount | 475 |"), "{md}");
     assert!(md.contains("| 7 / 4321 (ITS-MSI) | 1 |"), "{md}");
     assert!(md.contains("| 12453 / 0 (GICv3) | 1 |"), "{md}");
     // Ratios within the NVMe disk, the same as within the SPI one.
-    assert!(md.contains("| 1p2v unpinned wake-preempt nvme icount | 0.95× | 1.33× | 2.50× |"), "{md}");
-    assert!(md.contains("| 1p2v unpinned wake-preempt nvme icount | 1000 µs | 9.50× | 0.20× | 2.00× |"), "{md}");
+    assert!(md.contains("| 1p2v unpinned wake-preempt nvme v3-emulated icount | 0.95× | 1.33× | 2.50× |"), "{md}");
+    assert!(
+        md.contains("| 1p2v unpinned wake-preempt nvme v3-emulated icount | 1000 µs | 9.50× | 0.20× | 2.00× |"),
+        "{md}"
+    );
     // And MSI / SPI, case by case.
     assert!(md.contains("### PCIe disk (MSI) / passthrough virtio-mmio disk (SPI)"));
     assert!(
-        md.contains("| 1p2v unpinned wake-preempt nvme icount | ITS-MSI vs GICv3 | 0.50× | 2.00× | 1.00× |"),
+        md.contains(
+            "| 1p2v unpinned wake-preempt nvme v3-emulated icount | ITS-MSI vs GICv3 | 0.50× | 2.00× | 1.00× |"
+        ),
         "{md}"
     );
     assert_eq!(md.matches(" | ITS-MSI vs GICv3 | ").count(), 4);
@@ -662,6 +671,7 @@ fn record_console_fixture() {
         ratelimit_us: 1000,
         disk: Disk::Ram,
         clock: Clock::Realtime,
+        delivery: Delivery::V3Emulated,
     };
     let cmd = guest_command(&case, 5);
     eprintln!("{cmd}");

@@ -376,7 +376,7 @@ fn option_names_are_the_documented_ones() {
     );
     assert_eq!(
         longs(&["bench", "wakeup"]),
-        sorted(&["--quick", "--full", "--disk", "--runtime", "--repeats", "--only", "--hv-args", "--help"])
+        sorted(&["--quick", "--full", "--disk", "--gic", "--runtime", "--repeats", "--only", "--hv-args", "--help"])
     );
     assert_eq!(longs(&["bench", "timer"]), sorted(&["--runtime", "--help"]));
     assert_eq!(
