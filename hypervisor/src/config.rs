@@ -71,6 +71,13 @@ pub struct Config {
     /// (`gic_vlpi=on|off`, Xen's name; default on). Off: host LPIs injected
     /// through list registers, as on a GICv3.
     pub gic_vlpi: bool,
+    /// Benchmark knob (`dom0_msi_vcpu=N`): every guest MSI goes to vCPU N,
+    /// whatever collection the guest mapped its event to (Linux's managed
+    /// MSI affinity is read-only, so the benchmark cannot aim a device's
+    /// interrupts at the hog vCPU from inside the guest). Not for
+    /// production: it overrides the guest's choice. A vCPU the VM does not
+    /// have is ignored with a warning.
+    pub dom0_msi_vcpu: Option<u32>,
     /// All `key=value` pairs in order, for other subsystems.
     pub raw: Vec<(String, String)>,
 }
@@ -88,8 +95,23 @@ impl Default for Config {
             disk_latency_us: 0,
             timer_slop_ns: 0,
             gic_vlpi: true,
+            dom0_msi_vcpu: None,
             raw: Vec::new(),
         }
+    }
+}
+
+impl Config {
+    /// `dom0_msi_vcpu=` for a VM of `nr_vcpus` vCPUs: the vCPU, or `None`
+    /// (not given, or not a vCPU of the VM: warned about and ignored).
+    pub fn msi_vcpu(&self, nr_vcpus: usize) -> Option<usize> {
+        let v = self.dom0_msi_vcpu? as usize;
+        if v >= nr_vcpus {
+            log::warn!("dom0_msi_vcpu={v}: Dom0 has {nr_vcpus} vCPU(s), ignored");
+            return None;
+        }
+        log::warn!("dom0_msi_vcpu={v}: every guest MSI goes to vCPU {v} (benchmark knob)");
+        Some(v)
     }
 }
 
@@ -155,6 +177,7 @@ impl Config {
                         _ => return Err(bad()),
                     }
                 }
+                "dom0_msi_vcpu" => c.dom0_msi_vcpu = Some(v.parse().ok().filter(|&n: &u32| n < 256).ok_or_else(bad)?),
                 "dom0_disk_latency_us" => {
                     c.disk_latency_us = v.parse().ok().filter(|&l: &u64| l <= 10_000_000).ok_or_else(bad)?
                 }
@@ -210,6 +233,11 @@ mod tests {
         assert!(!Config::parse("gic_vlpi=0").unwrap().gic_vlpi);
         assert!(Config::parse("gic_vlpi=on").unwrap().gic_vlpi);
         assert!(Config::parse("gic_vlpi=maybe").is_err());
+        assert_eq!(Config::default().dom0_msi_vcpu, None);
+        let c = Config::parse("dom0_msi_vcpu=1").unwrap();
+        assert_eq!((c.dom0_msi_vcpu, c.msi_vcpu(2), c.msi_vcpu(1)), (Some(1), Some(1), None));
+        assert!(Config::parse("dom0_msi_vcpu=x").is_err());
+        assert!(Config::parse("dom0_msi_vcpu=-1").is_err());
     }
 }
 

@@ -589,7 +589,7 @@ impl Vm {
             LPI_ROUTES,
         )?;
         let vits = match guest_its {
-            Some(r) => Some(Mutex::new(Vits::new(VitsConfig { base: r.base, nr_vcpus })?)),
+            Some(r) => Some(Mutex::new(Vits::new(VitsConfig { base: r.base, nr_vcpus, msi_vcpu: cfg.msi_vcpu(nr_vcpus) })?)),
             None => None,
         };
         let bus = build_bus(&vgic, disk.as_ref(), uart_region, guest_its)?;

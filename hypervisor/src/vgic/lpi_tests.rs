@@ -558,7 +558,7 @@ fn the_vits_over_this_vgic_delivers_an_msi_to_a_list_register() {
     const ITS: u64 = 0x0808_0000;
     const QUEUE: u64 = RAM + 0x8_0000;
     let (mut g, mut mem) = lpi_booted(2);
-    let mut its = Vits::new(VitsConfig { base: ITS, nr_vcpus: 2 }).unwrap();
+    let mut its = Vits::new(VitsConfig { base: ITS, nr_vcpus: 2, msi_vcpu: None }).unwrap();
     its.mmio_write(ITS + 0x80, 8, QUEUE | 1 << 63 | 15, &mem, &mut g, &mut NoBackend).unwrap();
     its.mmio_write(ITS, 4, 1, &mem, &mut g, &mut NoBackend).unwrap();
     let cmds = [

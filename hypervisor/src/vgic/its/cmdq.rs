@@ -110,9 +110,11 @@ impl Vits {
                 let vcpu = if valid { Some(self.tables.check_rdbase(rdbase)?) } else { None };
                 self.tables.collection(icid)?;
                 self.tables.set_collection(icid, vcpu)?;
+                // The target as resolved (`dom0_msi_vcpu=` may steer it).
+                let target = self.tables.collection(icid)?;
                 for (d, e, ite) in self.tables.events() {
                     if ite.icid == icid {
-                        backend.move_event(d, e, vcpu);
+                        backend.move_event(d, e, target);
                     }
                 }
                 none
@@ -164,7 +166,9 @@ impl Vits {
                 let from = self.tables.check_rdbase(from)?;
                 let to = self.tables.check_rdbase(to)?;
                 let mut kicks = Kicks::none();
-                if from == to {
+                // Steered (`dom0_msi_vcpu=`): every LPI is on the steered
+                // vCPU whatever the collections say, and stays there.
+                if from == to || self.tables.steered().is_some() {
                     return Ok(kicks);
                 }
                 // LPIs pend only through this ITS (no direct LPIs), so the

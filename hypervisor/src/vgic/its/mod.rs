@@ -349,6 +349,10 @@ pub struct VitsConfig {
     pub base: u64,
     /// vCPUs of the VM (RDbase 0..nr_vcpus).
     pub nr_vcpus: usize,
+    /// Benchmark knob (`dom0_msi_vcpu=`): deliver every LPI to this vCPU,
+    /// whatever vCPU the guest mapped the collection to (see
+    /// [`Tables::steer_to`](tables::Tables::steer_to)). Must be below `nr_vcpus`.
+    pub msi_vcpu: Option<usize>,
 }
 
 /// One VM's virtual ITS.
@@ -408,7 +412,8 @@ fn write64(reg: u64, base: u64, off: u64, size: u8, value: u64) -> Result<u64, V
 impl Vits {
     /// A disabled vITS with nothing mapped; `nr_vcpus` must be 1..=[`MAX_VCPUS`].
     pub fn new(config: VitsConfig) -> Result<Self, VgicError> {
-        if config.nr_vcpus == 0 || config.nr_vcpus > MAX_VCPUS {
+        if config.nr_vcpus == 0 || config.nr_vcpus > MAX_VCPUS || config.msi_vcpu.is_some_and(|v| v >= config.nr_vcpus)
+        {
             return Err(VgicError::OutOfRange);
         }
         let collections = config.nr_vcpus.max(MIN_COLLECTIONS).next_power_of_two();
@@ -425,7 +430,7 @@ impl Vits {
             creadr: 0,
             stalled: false,
             baser: [baser(GITS_BASER::Type::Devices), baser(GITS_BASER::Type::Collections)],
-            tables: Tables::new(config.nr_vcpus, collections),
+            tables: Tables::new(config.nr_vcpus, collections).steer_to(config.msi_vcpu),
             counters: ItsCounters::default(),
             logged: 0,
         })

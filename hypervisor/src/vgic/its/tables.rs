@@ -65,12 +65,29 @@ pub struct Tables {
     collections: Vec<Option<usize>>,
     nr_vcpus: usize,
     events: usize,
+    /// `dom0_msi_vcpu=`: the vCPU every mapped collection resolves to.
+    steer: Option<usize>,
 }
 
 impl Tables {
     /// Empty tables for `nr_vcpus` vCPUs with `nr_collections` ICIDs.
     pub fn new(nr_vcpus: usize, nr_collections: usize) -> Self {
-        Tables { devices: BTreeMap::new(), collections: vec![None; nr_collections], nr_vcpus, events: 0 }
+        Tables { devices: BTreeMap::new(), collections: vec![None; nr_collections], nr_vcpus, events: 0, steer: None }
+    }
+
+    /// Benchmark knob: every *mapped* collection resolves to vCPU `vcpu`
+    /// (ignored when `None` or not a vCPU of the VM), so the guest's MAPC
+    /// choices are kept but every LPI — emulated or a GICv4 vLPI — is
+    /// delivered to that one vCPU. The guest cannot tell: it never reads a
+    /// collection's target back.
+    pub fn steer_to(mut self, vcpu: Option<usize>) -> Self {
+        self.steer = vcpu.filter(|&v| v < self.nr_vcpus);
+        self
+    }
+
+    /// The vCPU every LPI is steered to, if any.
+    pub fn steered(&self) -> Option<usize> {
+        self.steer
     }
 
     /// Number of ICIDs.
@@ -106,7 +123,8 @@ impl Tables {
 
     /// The vCPU collection `icid` targets (`None`: in range but unmapped).
     pub fn collection(&self, icid: Icid) -> Result<Option<usize>, CommandFault> {
-        self.collections.get(usize::from(icid)).copied().ok_or(CommandFault::IcidOutOfRange)
+        let target = self.collections.get(usize::from(icid)).copied().ok_or(CommandFault::IcidOutOfRange)?;
+        Ok(target.map(|v| self.steer.unwrap_or(v)))
     }
 
     /// The vCPU of a mapped collection.

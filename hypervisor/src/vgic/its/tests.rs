@@ -154,7 +154,7 @@ struct Rig {
 
 impl Rig {
     fn new(vcpus: usize) -> Self {
-        let its = Vits::new(VitsConfig { base: ITS, nr_vcpus: vcpus }).unwrap();
+        let its = Vits::new(VitsConfig { base: ITS, nr_vcpus: vcpus, msi_vcpu: None }).unwrap();
         Rig {
             its,
             mem: VecMemory::new(RAM, RAM_SIZE),
@@ -373,6 +373,36 @@ fn linux_sequence_injects_on_the_right_vcpu() {
     assert_eq!(r.its.translate(0x10, 1), None);
     r.write(0, 4, 1).unwrap();
     assert_eq!(r.its.translate(0x10, 1), Some((lpi(1), 1)));
+}
+
+#[test]
+fn dom0_msi_vcpu_steers_every_mapped_collection() {
+    let its = Vits::new(VitsConfig { base: ITS, nr_vcpus: 2, msi_vcpu: Some(0) }).unwrap();
+    let mut r = Rig { its, ..Rig::new(2) };
+    r.write(0x80, 8, QUEUE | (1 << 63) | (QUEUE_PAGES - 1)).unwrap();
+    r.write(0x88, 8, 0).unwrap();
+    r.write(0, 4, 1).unwrap();
+    r.setup_device(0x10, 1);
+    // The guest aims event 1 at vCPU1: it is delivered to vCPU0.
+    r.post(&[mapti(0x10, 0, 0, 0), mapti(0x10, 1, 1, 1)]);
+    assert_eq!(r.be.calls[1..], [BeCall::MapEvent(0x10, 0, 8192, Some(0)), BeCall::MapEvent(0x10, 1, 8193, Some(0))]);
+    assert_eq!(r.its.translate(0x10, 1), Some((lpi(1), 0)));
+    r.kicks = Kicks::none();
+    r.post(&[Command::Int { device: 0x10, event: 1 }]);
+    assert_eq!(r.sink.calls.last(), Some(&SinkCall::Inject(8193, 0)));
+    assert!(r.kicks.contains(0) && !r.kicks.contains(1));
+    // MOVI, MAPC and MOVALL keep everything on vCPU0; unmapping still unmaps.
+    let n = r.sink.calls.len();
+    r.post(&[Command::Movi { device: 0x10, event: 0, icid: 1 }, Command::Movall { from: 0, to: 1 }]);
+    assert_eq!(r.sink.calls.len(), n, "no pending state moves");
+    assert_eq!(r.be.calls.last(), Some(&BeCall::MoveEvent(0x10, 0, Some(0))));
+    r.post(&[Command::Mapc { icid: 1, rdbase: 1, valid: true }]);
+    assert_eq!(r.be.calls.last(), Some(&BeCall::MoveEvent(0x10, 1, Some(0))));
+    r.post(&[Command::Mapc { icid: 1, rdbase: 0, valid: false }]);
+    assert_eq!(r.its.translate(0x10, 1), None);
+    assert_eq!(r.its.counters().total_errors(), 0);
+    // A vCPU the VM does not have is refused at creation.
+    assert!(Vits::new(VitsConfig { base: ITS, nr_vcpus: 2, msi_vcpu: Some(2) }).is_err());
 }
 
 #[test]
