@@ -113,6 +113,13 @@ spelled_enum! {
         Pinned = "pinned",
         /// Left where Linux puts it.
         Unpinned = "unpinned",
+        /// PCIe disks: every MSI steered to the fio vCPU by the hypervisor
+        /// (`dom0_msi_vcpu=`, a benchmark knob: Linux's managed MSI-X
+        /// affinity cannot be changed from inside the guest).
+        MsiFio = "msi-fio",
+        /// PCIe disks: every MSI steered to the hog vCPU (vCPU0) by the
+        /// hypervisor (`dom0_msi_vcpu=0`).
+        MsiHog = "msi-hog",
     }
 }
 
@@ -258,6 +265,18 @@ impl Disk {
     }
 }
 
+impl Irq {
+    /// The vCPU the hypervisor steers every MSI to (`dom0_msi_vcpu=`), if
+    /// this placement asks for it.
+    pub fn msi_vcpu(self, topology: Topology) -> Option<u32> {
+        match self {
+            Irq::MsiFio => Some(topology.fio_vcpu()),
+            Irq::MsiHog => Some(0),
+            Irq::Pinned | Irq::Unpinned => None,
+        }
+    }
+}
+
 impl Topology {
     pub fn pcpus(self) -> u32 {
         match self {
@@ -324,6 +343,8 @@ impl Case {
         let irq = match self.irq {
             Irq::Pinned => "pin",
             Irq::Unpinned => "unp",
+            Irq::MsiFio => "msi-fio",
+            Irq::MsiHog => "msi-hog",
         };
         let sched = match self.sched {
             Sched::XenCompat => format!("xen-{}", self.ratelimit_us),
@@ -432,7 +453,9 @@ pub fn matrix(full: bool, quick: bool) -> Vec<Case> {
 /// The matrix of `--disk D[,D...] [--gic G[,G...]]`: the quick matrix's
 /// cases (1p1v and 1p2v, unpinned IRQ, xen-compat 1000 vs wake-preempt,
 /// icount) for each listed disk, in the order given, duplicates dropped,
-/// and for a PCIe disk once per delivery mode of `gics`
+/// and for a PCIe disk once per delivery mode of `gics`, followed by the
+/// two MSI-steering cases of that mode (1p2v wake-preempt, [`Irq::MsiFio`]
+/// and [`Irq::MsiHog`]: every MSI at the fio vCPU vs at the hog vCPU)
 /// ([`Delivery::of_gics`]: `--gic 3,4` gives v3-emulated and v4-direct,
 /// `--gic 4` v4-emulated and v4-direct). When a PCIe disk is listed, the
 /// SPI reference (`passthrough`, virtio-mmio) is run first unless it is
@@ -472,6 +495,19 @@ pub fn disk_matrix(disks: &[Disk], gics: &[u8]) -> Vec<Case> {
                     });
                 }
             }
+            if disk.is_pcie() {
+                for irq in [Irq::MsiFio, Irq::MsiHog] {
+                    v.push(Case {
+                        topology: Topology::OneP2V,
+                        irq,
+                        sched: Sched::WakePreempt,
+                        ratelimit_us: DEFAULT_RATELIMIT_US,
+                        disk,
+                        clock: Clock::Icount,
+                        delivery,
+                    });
+                }
+            }
         }
     }
     v
@@ -492,6 +528,9 @@ pub fn hypervisor_args(case: &Case) -> String {
     }
     if case.delivery == Delivery::V4Emulated {
         s.push_str(" gic_vlpi=off");
+    }
+    if let Some(v) = case.irq.msi_vcpu(case.topology) {
+        s.push_str(&format!(" dom0_msi_vcpu={v}"));
     }
     s
 }

@@ -329,21 +329,23 @@ fn disk_matrix_puts_msi_beside_spi() {
         |disk: Disk| -> Vec<Case> { matrix(false, true).into_iter().map(|c| Case { disk, ..c }).collect::<Vec<_>>() };
     // A PCIe disk brings the SPI reference along, first.
     let nvme = disk_matrix(&[Disk::Nvme], &[]);
-    assert_eq!(nvme.len(), 8);
+    assert_eq!(nvme.len(), 10);
     assert_eq!(nvme[..4], quick_of(Disk::Passthrough)[..]);
-    assert_eq!(nvme[4..], quick_of(Disk::Nvme)[..]);
-    for c in &nvme {
+    assert_eq!(nvme[4..8], quick_of(Disk::Nvme)[..]);
+    // Then the MSI-steering cases (issue 10).
+    assert_eq!((nvme[8].irq, nvme[9].irq), (Irq::MsiFio, Irq::MsiHog));
+    for c in &nvme[..8] {
         assert_eq!((c.irq, c.clock), (Irq::Unpinned, Clock::Icount));
         assert!(c.sched == Sched::WakePreempt || c.ratelimit_us == 1000);
     }
     let both = disk_matrix(&[Disk::Nvme, Disk::VirtioPci, Disk::Nvme], &[]);
-    assert_eq!(both.len(), 12, "duplicates dropped");
+    assert_eq!(both.len(), 16, "duplicates dropped");
     assert_eq!(both.iter().map(|c| c.disk).collect::<std::collections::BTreeSet<_>>().len(), 3);
-    assert_eq!(both[8..], quick_of(Disk::VirtioPci)[..]);
+    assert_eq!(both[10..14], quick_of(Disk::VirtioPci)[..]);
     // Passthrough listed: not added twice, the order given is kept.
     let given = disk_matrix(&[Disk::VirtioPci, Disk::Passthrough], &[]);
-    assert_eq!(given.len(), 8);
-    assert_eq!((given[0].disk, given[4].disk), (Disk::VirtioPci, Disk::Passthrough));
+    assert_eq!(given.len(), 10);
+    assert_eq!((given[0].disk, given[6].disk), (Disk::VirtioPci, Disk::Passthrough));
     // An SPI disk alone: just its cases.
     assert_eq!(disk_matrix(&[Disk::Ram], &[]), matrix(false, true));
     assert!(disk_matrix(&[], &[]).is_empty());
@@ -403,7 +405,7 @@ fn irq_lines_are_summed_with_their_irqchips() {
 fn nvme_results() -> Vec<CaseResult> {
     let spi = quick_results();
     let mut out = Vec::new();
-    for case in disk_matrix(&[Disk::Nvme], &[]) {
+    for case in disk_matrix(&[Disk::Nvme], &[]).into_iter().filter(|c| c.irq == Irq::Unpinned) {
         let like = Case { disk: Disk::Ram, ..case };
         let mut r = spi.iter().find(|r| r.case == like).unwrap().clone();
         r.case = case;
@@ -705,4 +707,171 @@ fn record_console_fixture() {
     let console = String::from_utf8_lossy(&o.stdout).replace('\r', "");
     std::fs::write(&out, &console).unwrap();
     assert!(console.contains(FIO_END), "no fio output; console in {out}");
+}
+
+#[test]
+fn gic_list_gives_the_delivery_modes() {
+    use Delivery::*;
+    assert_eq!(Delivery::of_gics(&[]), [V3Emulated]);
+    assert_eq!(Delivery::of_gics(&[3]), [V3Emulated]);
+    assert_eq!(Delivery::of_gics(&[4]), [V4Emulated, V4Direct]);
+    assert_eq!(Delivery::of_gics(&[3, 4]), [V3Emulated, V4Direct]);
+    assert_eq!(Delivery::of_gics(&[4, 3, 4]), [V4Direct, V3Emulated]);
+    assert_eq!((V3Emulated.gic(), V4Emulated.gic(), V4Direct.gic()), (3, 4, 4));
+    assert!(V3Emulated.emulated() && V4Emulated.emulated() && !V4Direct.emulated());
+    assert_eq!("v4-direct".parse::<Delivery>(), Ok(V4Direct));
+}
+
+#[test]
+fn gic_matrix_labels_and_arguments() {
+    let m = disk_matrix(&[Disk::Nvme], &[3, 4]);
+    // SPI reference once (on the first mode), then per mode: the quick
+    // cases and the two MSI-steering cases.
+    assert_eq!(m.len(), 4 + 2 * 6);
+    assert!(m[..4].iter().all(|c| c.disk == Disk::Passthrough && c.delivery == Delivery::V3Emulated));
+    assert!(m[4..10].iter().all(|c| c.disk == Disk::Nvme && c.delivery == Delivery::V3Emulated));
+    assert!(m[10..].iter().all(|c| c.disk == Disk::Nvme && c.delivery == Delivery::V4Direct));
+    assert_eq!(m[8].irq, Irq::MsiFio);
+    assert_eq!(m[9].irq, Irq::MsiHog);
+    for c in [m[8], m[9]] {
+        assert_eq!((c.topology, c.sched), (Topology::OneP2V, Sched::WakePreempt));
+    }
+    // Labels: SPI rows unchanged, PCIe rows name their delivery.
+    assert_eq!(m[3].label(), "1p2v unp preempt passthrough icount");
+    assert_eq!(m[13].label(), "1p2v unp preempt nvme v4-direct icount");
+    assert_eq!(m[15].label(), "1p2v msi-hog preempt nvme v4-direct icount");
+    assert_eq!(m[5].to_string(), "1p2v unpinned xen-compat rl=1000 nvme v3-emulated icount");
+    // Arguments: GIC version, gic_vlpi=off, dom0_msi_vcpu.
+    assert_eq!(run_options(&m[13], 5).gic, 4);
+    assert_eq!(run_options(&m[5], 5).gic, 3);
+    assert!(!hypervisor_args(&m[13]).contains("gic_vlpi") && !hypervisor_args(&m[13]).contains("dom0_msi_vcpu"));
+    assert!(hypervisor_args(&m[14]).ends_with(" dom0_msi_vcpu=1"));
+    assert!(hypervisor_args(&m[15]).ends_with(" dom0_msi_vcpu=0"));
+    // Steering cases run the unpinned guest script (no smp_affinity write).
+    assert_eq!(guest_command(&m[15], 5), guest_command(&m[13], 5));
+    // --gic 4 alone: the emulated path on the GICv4 machine is the reference.
+    let v4 = disk_matrix(&[Disk::Nvme], &[4]);
+    assert_eq!(v4.len(), 16);
+    assert!(v4[..4].iter().all(|c| c.disk == Disk::Passthrough && c.delivery == Delivery::V4Emulated));
+    assert_eq!(v4[4].label(), "1p1v unp xen-1000 nvme v4-emulated icount");
+    assert!(hypervisor_args(&v4[4]).ends_with(" dom0_disk=nvme gic_vlpi=off"));
+    assert_eq!(run_options(&v4[4], 5).gic, 4);
+    // Without --gic the matrix is issue 9's (plus the steering rows).
+    let plain = disk_matrix(&[Disk::Nvme], &[]);
+    assert_eq!(plain.len(), 10);
+    assert!(plain.iter().all(|c| c.delivery == Delivery::V3Emulated && run_options(c, 5).gic == 3));
+}
+
+/// The issue-10 counters of a 1p2v run with `ios` reads: vCPU1 (fio) and
+/// vCPU0 (hog).
+fn gicv4_stats(exits: u64, irq_exits: u64, injected: u64, wakes: u64) -> String {
+    format!(
+        "{STATS}vcpu1.exits={exits}\nvcpu1.irq_exits={irq_exits}\nvcpu0.irq_exits={irq_exits}\n\
+         vcpu0.lpis_injected={injected}\nvcpu1.doorbells={}\nvcpu1.doorbells_spurious=2\nvcpu1.wakes_doorbell={wakes}\n",
+        wakes + 2
+    )
+}
+
+#[test]
+fn parses_gicv4_counters_per_io() {
+    let mut s = sample_with(1000.0, 300.0, 1.0);
+    s.fio.total_ios = 1000;
+    s.stats = hypervisor::stats::parse_text(&gicv4_stats(3000, 50, 0, 990)).unwrap();
+    let r = CaseResult { case: disk_matrix(&[Disk::Nvme], &[3, 4])[13], samples: vec![s.clone(), s], errors: vec![] };
+    let sum = summarize(&r).unwrap();
+    assert_eq!(sum.ios_with_stats, 2000);
+    let fc = sum.fio_vcpu_counters.as_ref();
+    assert_eq!(fc.and_then(|c| c.get("wakes_doorbell")), Some(1980));
+    assert_eq!(fc.and_then(|c| c.get("doorbells")), Some(1984));
+    assert_eq!(report::per_io(fc, "exits", sum.ios_with_stats), 3.0);
+    // IRQ exits of both vCPUs: (50 + 50) × 2 repeats / 2000 reads.
+    assert_eq!(report::per_io(sum.all_vcpu_counters.as_ref(), "irq_exits", 2000), 0.1);
+    assert_eq!(report::per_io(sum.all_vcpu_counters.as_ref(), "lpis_injected", 2000), 0.0);
+    assert!(report::per_io(None, "exits", 2000).is_nan());
+    assert!(report::per_io(fc, "exits", 0).is_nan());
+}
+
+/// `--gic 3,4 --disk nvme` with made-up figures: 1p1v 1000 IOPS, 1p2v
+/// xen-compat 90 (v3) / 80 (v4), wake-preempt 950 (v3) / 1000 (v4), the
+/// hog-steered case 500; v3 injects an LPI per read, v4 none.
+fn gic_results() -> Vec<CaseResult> {
+    disk_matrix(&[Disk::Nvme], &[3, 4])
+        .into_iter()
+        .map(|case| {
+            let v4 = case.delivery == Delivery::V4Direct;
+            let iops = match (case.topology, case.sched, case.irq) {
+                (Topology::OneP1V, _, _) => 1000.0,
+                (_, _, Irq::MsiHog) => 500.0,
+                (_, Sched::WakePreempt, _) => {
+                    if v4 {
+                        1000.0
+                    } else {
+                        950.0
+                    }
+                }
+                _ => {
+                    if v4 {
+                        80.0
+                    } else {
+                        90.0
+                    }
+                }
+            };
+            let mut s = sample_with(iops, 400.0, 1.0);
+            s.fio.total_ios = 1000;
+            s.fio.clat_p50_us = 210.0;
+            if case.topology == Topology::OneP2V {
+                let (injected, wakes) = if v4 { (0, 990) } else { (1000, 0) };
+                s.stats = hypervisor::stats::parse_text(&gicv4_stats(2500, 40, injected, wakes)).unwrap();
+            }
+            CaseResult { case, samples: vec![s], errors: vec![] }
+        })
+        .collect()
+}
+
+#[test]
+fn report_shows_delivery_modes_and_issue10_targets() {
+    let r = gic_results();
+    let md = render_report(&r);
+    assert!(md.contains("## Interrupt delivery: GICv3 emulated LPIs vs GICv4 direct vLPIs"), "{md}");
+    // Per case: IOPS, p99, kick→run, exits/IO, IRQ exits/IO, LPIs/IO, doorbells.
+    assert!(
+        md.contains("| 1p2v unp preempt nvme v4-direct icount | 1000 | 400.0 | 7127 / 9845 | 2.500 | 0.080 | 0.000 | 990 | 992 (2) |"),
+        "{md}"
+    );
+    assert!(md.contains("| 1p2v unp preempt nvme v3-emulated icount | 950 | 400.0 | 7127 / 9845 | 2.500 | 0.080 | 1.000 | 0 | 2 (2) |"), "{md}");
+    assert!(
+        md.contains(
+            "| 1p1v unp xen-1000 nvme v4-direct icount | 1000 | 400.0 | n/a | n/a | n/a | n/a | n/a | n/a (n/a) |"
+        ),
+        "{md}"
+    );
+    // Steering: hog / fio.
+    assert!(md.contains("### MSI aimed at the hog vCPU / at the fio vCPU"));
+    assert!(
+        md.contains("| 1p2v msi-hog preempt nvme v4-direct icount | 0.50× | 1.00× | 2.500 vs 2.500 | 990 / 990 |"),
+        "{md}"
+    );
+    // Issue 10's targets per delivery mode; 1p1v not judged for a QEMU disk.
+    let t = report::delivery_targets(&r.iter().filter_map(summarize).collect::<Vec<_>>());
+    let verdicts: Vec<(Status, Status)> = t.iter().map(|x| (x.1, x.2)).collect();
+    assert_eq!(
+        verdicts,
+        [
+            (Status::NotMeasured, Status::Met), // passthrough (SPI on GICv3): 950 vs 90
+            (Status::NotMeasured, Status::Met), // nvme v3-emulated: 950 vs 90
+            (Status::NotMeasured, Status::Met), // nvme v4-direct: 1000 vs 80
+        ]
+    );
+    assert!(md.contains("| nvme v4-direct | 1000 vs 1p1v 1000 = 1.00× **not meaningful (icount, QEMU disk)** | vs xen-compat 80 = 12.50× **met** | 210.0 µs (1.05×) |"), "{md}");
+    assert!(md.contains("the 1p1v baseline is not meaningful under `-icount`"));
+    // results.json names the delivery of the GICv4 cases only.
+    let json = results_json(&r.iter().filter_map(summarize).collect::<Vec<_>>());
+    let back: ResultsFile = serde_json::from_str(&json).unwrap();
+    assert_eq!(back.cases.len(), 16);
+    assert_eq!(back.cases[10].delivery, Delivery::V4Direct);
+    assert_eq!(back.cases[4].delivery, Delivery::V3Emulated);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["cases"][10]["delivery"], "v4-direct");
+    assert!(v["cases"][4].get("delivery").is_none());
 }
