@@ -650,7 +650,10 @@ fn delivery(w: &mut String, all: &[Summary]) {
         .collect();
     if !steered.is_empty() {
         let _ = writeln!(w, "### MSI aimed at the hog vCPU / at the fio vCPU (`dom0_msi_vcpu=`)\n");
-        let _ = writeln!(w, "| case | IOPS | clat p99 | fio vCPU exits / I/O | doorbell wakes (hog / fio) |");
+        let _ = writeln!(
+            w,
+            "| case (msi-hog / msi-fio) | IOPS | clat p99 | fio vCPU exits / I/O | fio vCPU doorbell wakes |"
+        );
         let _ = writeln!(w, "|---|---:|---:|---|---|");
         for (h, f) in steered {
             let per = |s: &Summary| fper(per_io(s.fio_vcpu_counters.as_ref(), "exits", s.ios_with_stats));
