@@ -67,6 +67,10 @@ pub struct Config {
     /// deadlines are rounded up to a multiple of it so nearby timers share
     /// one EL2 timer interrupt, as Xen's `timer_slop`. 0 = exact.
     pub timer_slop_ns: u64,
+    /// Dump the scheduling flight recorder (`crate::trace`) when a vCPU's
+    /// wake→schedule-in latency exceeds this many µs
+    /// (`sched_trace_threshold_us=`; default off).
+    pub sched_trace_threshold_us: Option<u64>,
     /// All `key=value` pairs in order, for other subsystems.
     pub raw: Vec<(String, String)>,
 }
@@ -83,6 +87,7 @@ impl Default for Config {
             disk_size: 128 << 20,
             disk_latency_us: 0,
             timer_slop_ns: 0,
+            sched_trace_threshold_us: None,
             raw: Vec::new(),
         }
     }
@@ -139,6 +144,10 @@ impl Config {
                 "timer_slop_ns" => {
                     c.timer_slop_ns = v.parse().ok().filter(|&n: &u64| n <= 10_000_000).ok_or_else(bad)?
                 }
+                "sched_trace_threshold_us" => {
+                    c.sched_trace_threshold_us =
+                        Some(v.parse().ok().filter(|&n: &u64| n <= 10_000_000).ok_or_else(bad)?)
+                }
                 "dom0_disk_size" => {
                     c.disk_size =
                         parse_size(v).filter(|&s| s >= 1 << 20 && s % 512 == 0 && s <= 4 << 30).ok_or_else(bad)?
@@ -193,6 +202,9 @@ mod tests {
         assert!(Config::parse("dom0_disk_size=100").is_err());
         assert_eq!(Config::parse("timer_slop_ns=50000").unwrap().timer_slop_ns, 50_000);
         assert!(Config::parse("timer_slop_ns=x").is_err());
+        assert_eq!(Config::parse("sched_trace_threshold_us=150").unwrap().sched_trace_threshold_us, Some(150));
+        assert_eq!(Config::default().sched_trace_threshold_us, None);
+        assert!(Config::parse("sched_trace_threshold_us=-1").is_err());
     }
 }
 

@@ -20,6 +20,7 @@ use crate::mmio_bus::{BusError, Device, MmioBus, MmioRange};
 use crate::platform;
 use crate::sched::{SchedConfig, SchedError, Scheduler, VcpuId};
 use crate::stage2::{MemType, Stage2, Stage2Error};
+use crate::trace::{Ring, Trigger, RING_EVENTS};
 use crate::vgic::its::{Vits, VitsConfig};
 use crate::vgic::{Vgic, VgicConfig, VgicError};
 use crate::vpl011::VPl011;
@@ -212,6 +213,11 @@ pub struct Vm {
     pub disk: Option<VDisk>,
     /// `timer_slop_ns`.
     pub timer_slop_ns: u64,
+    /// The flight recorder: one ring per pCPU, written only by that pCPU
+    /// (the lock is contended only by a dump copying it).
+    pub trace: Vec<Mutex<Ring>>,
+    /// When a wake→run latency dumps the rings (`sched_trace_threshold_us`).
+    pub trace_trigger: Trigger,
 }
 
 /// Whether a virtio-mmio slot holds a device (MagicValue "virt" and a
@@ -608,6 +614,8 @@ impl Vm {
             bad_accesses: AtomicU64::new(0),
             disk,
             timer_slop_ns: cfg.timer_slop_ns,
+            trace: (0..nr_pcpus).map(|_| Mutex::new(Ring::new(RING_EVENTS))).collect(),
+            trace_trigger: Trigger::new(cfg.sched_trace_threshold_us),
         }))
     }
 }

@@ -1042,7 +1042,8 @@ impl Scheduler {
             WakeMode::XenCompat => {
                 if self.cfg.ratelimit_ns > 0 && ran < self.cfg.ratelimit_ns.saturating_sub(RATELIMIT_TOLERANCE_NS) {
                     self.vcpus[s].stats.counters.ratelimit_deferrals += 1;
-                    self.last_deferral = Some((Deferral::Ratelimit, self.pcpus[p].entry.saturating_add(self.cfg.ratelimit_ns)));
+                    self.last_deferral =
+                        Some((Deferral::Ratelimit, self.pcpus[p].entry.saturating_add(self.cfg.ratelimit_ns)));
                     WakeAction::None
                 } else if lead > 0 {
                     WakeAction::Reschedule { pcpu: p }
