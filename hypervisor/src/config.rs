@@ -71,6 +71,9 @@ pub struct Config {
     /// wake→schedule-in latency exceeds this many µs
     /// (`sched_trace_threshold_us=`; default off).
     pub sched_trace_threshold_us: Option<u64>,
+    /// At most this many threshold dumps per boot (`sched_trace_max_dumps=`,
+    /// default `crate::trace::MAX_DUMPS`; at most 1000).
+    pub sched_trace_max_dumps: u32,
     /// All `key=value` pairs in order, for other subsystems.
     pub raw: Vec<(String, String)>,
 }
@@ -88,6 +91,7 @@ impl Default for Config {
             disk_latency_us: 0,
             timer_slop_ns: 0,
             sched_trace_threshold_us: None,
+            sched_trace_max_dumps: crate::trace::MAX_DUMPS,
             raw: Vec::new(),
         }
     }
@@ -148,6 +152,9 @@ impl Config {
                     c.sched_trace_threshold_us =
                         Some(v.parse().ok().filter(|&n: &u64| n <= 10_000_000).ok_or_else(bad)?)
                 }
+                "sched_trace_max_dumps" => {
+                    c.sched_trace_max_dumps = v.parse().ok().filter(|&n: &u32| n <= 1000).ok_or_else(bad)?
+                }
                 "dom0_disk_size" => {
                     c.disk_size =
                         parse_size(v).filter(|&s| s >= 1 << 20 && s % 512 == 0 && s <= 4 << 30).ok_or_else(bad)?
@@ -205,6 +212,8 @@ mod tests {
         assert_eq!(Config::parse("sched_trace_threshold_us=150").unwrap().sched_trace_threshold_us, Some(150));
         assert_eq!(Config::default().sched_trace_threshold_us, None);
         assert!(Config::parse("sched_trace_threshold_us=-1").is_err());
+        assert_eq!(Config::parse("sched_trace_max_dumps=64").unwrap().sched_trace_max_dumps, 64);
+        assert!(Config::parse("sched_trace_max_dumps=1001").is_err());
     }
 }
 

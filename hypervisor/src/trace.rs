@@ -38,7 +38,7 @@ use core::sync::atomic::{AtomicU32, Ordering};
 
 /// Events each pCPU's ring holds.
 pub const RING_EVENTS: usize = 4096;
-/// Threshold dumps per boot (`sched_trace_threshold_us`); Ctrl-\\ always dumps.
+/// Threshold dumps per boot by default (`sched_trace_max_dumps`); Ctrl-\\ always dumps.
 pub const MAX_DUMPS: u32 = 8;
 
 /// What a guest exit was, coarsely.
@@ -355,9 +355,10 @@ pub struct Trigger {
 }
 
 impl Trigger {
-    /// `threshold_us`: `sched_trace_threshold_us` (`None`: never).
-    pub fn new(threshold_us: Option<u64>) -> Self {
-        Self { threshold_ns: threshold_us.map(|u| u.saturating_mul(1000)), left: AtomicU32::new(MAX_DUMPS) }
+    /// `threshold_us`: `sched_trace_threshold_us` (`None`: never); at most
+    /// `max_dumps` dumps.
+    pub fn new(threshold_us: Option<u64>, max_dumps: u32) -> Self {
+        Self { threshold_ns: threshold_us.map(|u| u.saturating_mul(1000)), left: AtomicU32::new(max_dumps) }
     }
 
     /// Whether a schedule-in after `latency_ns` dumps (and counts it).

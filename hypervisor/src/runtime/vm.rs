@@ -615,7 +615,7 @@ impl Vm {
             disk,
             timer_slop_ns: cfg.timer_slop_ns,
             trace: (0..nr_pcpus).map(|_| Mutex::new(Ring::new(RING_EVENTS))).collect(),
-            trace_trigger: Trigger::new(cfg.sched_trace_threshold_us),
+            trace_trigger: Trigger::new(cfg.sched_trace_threshold_us, cfg.sched_trace_max_dumps),
         }))
     }
 }

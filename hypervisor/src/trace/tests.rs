@@ -90,12 +90,14 @@ fn exit_classes() {
 
 #[test]
 fn trigger_threshold_and_rate_limit() {
-    let off = Trigger::new(None);
+    let off = Trigger::new(None, MAX_DUMPS);
     assert!(!off.fire(u64::MAX));
-    let t = Trigger::new(Some(150));
+    let t = Trigger::new(Some(150), MAX_DUMPS);
     assert!(!t.fire(150_000));
     let fired = (0..20).filter(|_| t.fire(150_001)).count();
     assert_eq!(fired, MAX_DUMPS as usize);
+    let two = Trigger::new(Some(1), 2);
+    assert_eq!((0..5).filter(|_| two.fire(2000)).count(), 2);
 }
 
 /// The acceptance test's synthetic outlier: the real scheduler, driven as
@@ -110,7 +112,7 @@ fn synthetic_outlier_dumps_the_events_that_explain_it() {
     s.add_vcpu(HOG, 256, None).unwrap();
     s.add_vcpu(RT, 256, None).unwrap();
     let mut ring = Ring::new(RING_EVENTS);
-    let trigger = Trigger::new(Some(150));
+    let trigger = Trigger::new(Some(150), MAX_DUMPS);
     let mut dumps = Vec::new();
     let sched = |s: &mut Scheduler, ring: &mut Ring, now: u64, dumps: &mut Vec<String>| {
         let d = s.schedule(now, 0).unwrap();
