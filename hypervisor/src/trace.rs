@@ -23,8 +23,16 @@
 //! trace pcpu0 t=123457000 sched_in vcpu1 credit=9000 wake_ns=211
 //! trace pcpu0 t=123460000 exit vcpu1 class=wfi
 //! trace pcpu0 t=123460100 timer_arm at=123500000
+//! trace pcpu0 t=123460200 vtimer_late vcpu1 late_ns=52000
 //! (HV) trace end
 //! ```
+//!
+//! `vtimer_late` follows the `sched_in` of a vCPU whose virtual timer the
+//! hypervisor injected while the vCPU was not running: the switch-in came
+//! `late_ns` after the timer's deadline (as armed, i.e. with the slop). That
+//! is the hypervisor's part of what cyclictest measures, also when the vCPU
+//! was runnable (a no-op wake, no `wake_ns`); the begin line of a dump it
+//! triggers says `reason=vtimer vcpuN late_ns=N`.
 //!
 //! Times are the scheduler's clock (ns). `wake ... action=` is `noop` (the
 //! vCPU was not blocked), `none`, `resched pcpu=N` or `rearm pcpu=N at=T`.
@@ -144,6 +152,12 @@ pub enum Event {
         vcpu: u16,
         class: ExitClass,
     },
+    /// `vcpu` switched in `late_ns` after the deadline of the virtual timer
+    /// injected while it was not running.
+    TimerWake {
+        vcpu: u16,
+        late_ns: u64,
+    },
 }
 
 /// An event and when it happened (ns).
@@ -209,6 +223,7 @@ impl fmt::Display for Event {
             Event::TimerArm { at } => write!(f, "timer_arm at={at}"),
             Event::TimerFire => write!(f, "timer_fire"),
             Event::Exit { vcpu, class } => write!(f, "exit vcpu{vcpu} class={}", class.name()),
+            Event::TimerWake { vcpu, late_ns } => write!(f, "vtimer_late vcpu{vcpu} late_ns={late_ns}"),
         }
     }
 }
@@ -344,6 +359,8 @@ impl Ring {
 pub enum DumpReason {
     /// `vcpu` waited `latency_ns` from its wake to its schedule-in.
     Outlier { vcpu: VcpuId, latency_ns: u64 },
+    /// `vcpu` switched in `late_ns` after its virtual timer's deadline.
+    TimerLate { vcpu: VcpuId, late_ns: u64 },
     /// Ctrl-\\ on the console.
     Key,
 }
@@ -391,6 +408,9 @@ pub fn write_dump<W: fmt::Write>(
     match why {
         DumpReason::Outlier { vcpu, latency_ns } => {
             writeln!(w, "(HV) trace begin reason=outlier vcpu{} latency_ns={latency_ns}", vcpu.0)?
+        }
+        DumpReason::TimerLate { vcpu, late_ns } => {
+            writeln!(w, "(HV) trace begin reason=vtimer vcpu{} late_ns={late_ns}", vcpu.0)?
         }
         DumpReason::Key => writeln!(w, "(HV) trace begin reason=key")?,
     }

@@ -15,7 +15,15 @@ use std::fmt::Write as _;
 /// Why a dump was taken, as its `begin` line says.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Reason {
-    Outlier { vcpu: u32, latency_ns: u64 },
+    Outlier {
+        vcpu: u32,
+        latency_ns: u64,
+    },
+    /// A virtual-timer wake switched in `late_ns` after the timer's deadline.
+    TimerLate {
+        vcpu: u32,
+        late_ns: u64,
+    },
     Key,
 }
 
@@ -148,6 +156,7 @@ fn parse_event(line: &str, rest: &str) -> Result<(usize, Record), ParseError> {
             };
             Event::Exit { vcpu: vcpu_word(args.first(), line)?, class }
         }
+        "vtimer_late" => Event::TimerWake { vcpu: vcpu_word(args.first(), line)?, late_ns: num(&m, "late_ns", line)? },
         _ => return Err(err(line, "unknown event")),
     };
     Ok((pcpu, Record { t, ev }))
@@ -162,6 +171,11 @@ fn parse_begin(line: &str, rest: &str) -> Result<Reason, ParseError> {
             let vcpu = words.iter().find_map(|w| w.strip_prefix("vcpu")).and_then(|n| n.parse().ok());
             let vcpu = vcpu.ok_or_else(|| err(line, "bad vcpuN"))?;
             Ok(Reason::Outlier { vcpu, latency_ns: num(&m, "latency_ns", line)? })
+        }
+        Some("vtimer") => {
+            let vcpu = words.iter().find_map(|w| w.strip_prefix("vcpu")).and_then(|n| n.parse().ok());
+            let vcpu = vcpu.ok_or_else(|| err(line, "bad vcpuN"))?;
+            Ok(Reason::TimerLate { vcpu, late_ns: num(&m, "late_ns", line)? })
         }
         _ => Err(err(line, "bad reason")),
     }
@@ -197,9 +211,27 @@ pub fn parse_dumps(console: &str) -> Result<Vec<Dump>, ParseError> {
 }
 
 impl Dump {
+    /// How long the dump's vCPU waited (ns), as its begin line says.
+    pub fn latency_ns(&self) -> u64 {
+        match self.reason {
+            Reason::Outlier { latency_ns, .. } => latency_ns,
+            Reason::TimerLate { late_ns, .. } => late_ns,
+            Reason::Key => 0,
+        }
+    }
+
     /// The outlier vCPU's last wake and schedule-in in the dump (what the
-    /// dump is about): `(wake time, schedule-in time)`.
+    /// dump is about): `(wake time, schedule-in time)`. For a late timer,
+    /// the wake is the timer's deadline.
     pub fn outlier_span(&self) -> Option<(u64, u64)> {
+        if let Reason::TimerLate { vcpu, late_ns } = self.reason {
+            let v = vcpu as u16;
+            let (_, r) =
+                self.events.iter().rev().find(
+                    |(_, r)| matches!(r.ev, Event::TimerWake { vcpu, late_ns: l } if vcpu == v && l == late_ns),
+                )?;
+            return Some((r.t.saturating_sub(late_ns), r.t));
+        }
         let Reason::Outlier { vcpu, .. } = self.reason else { return None };
         let v = vcpu as u16;
         let sin = self.events.iter().rev().find(|(_, r)| matches!(r.ev, Event::SchedIn { vcpu, .. } if vcpu == v))?;
@@ -223,6 +255,9 @@ impl Dump {
         let mut s = String::new();
         let _ = match &self.reason {
             Reason::Outlier { vcpu, latency_ns } => writeln!(s, "outlier: vcpu{vcpu} waited {} µs", latency_ns / 1000),
+            Reason::TimerLate { vcpu, late_ns } => {
+                writeln!(s, "outlier: vcpu{vcpu} ran {} µs after its virtual timer's deadline", late_ns / 1000)
+            }
             Reason::Key => writeln!(s, "dump on demand"),
         };
         let _ = write!(s, "{:>12}", "t (µs)");
@@ -233,7 +268,8 @@ impl Dump {
         for (p, r) in ev {
             let text = r.ev.to_string();
             let marked = mark.is_some_and(|(w, i)| {
-                (r.t == w && matches!(r.ev, Event::Wake { .. })) || (r.t == i && matches!(r.ev, Event::SchedIn { .. }))
+                (r.t == w && matches!(r.ev, Event::Wake { .. }))
+                    || (r.t == i && matches!(r.ev, Event::SchedIn { .. } | Event::TimerWake { .. }))
             });
             let text = if marked { format!("{text} <<") } else { text };
             let dt = r.t - t0;
@@ -250,7 +286,7 @@ impl Dump {
 /// The vCPU of a [`Reason::Outlier`] as the scheduler names it.
 pub fn outlier_vcpu(d: &Dump) -> Option<VcpuId> {
     match d.reason {
-        Reason::Outlier { vcpu, .. } => Some(VcpuId(vcpu)),
+        Reason::Outlier { vcpu, .. } | Reason::TimerLate { vcpu, .. } => Some(VcpuId(vcpu)),
         Reason::Key => None,
     }
 }
@@ -293,6 +329,7 @@ mod tests {
             Event::Exit { vcpu: 3, class: ExitClass::Abort },
             Event::Exit { vcpu: 3, class: ExitClass::SError },
             Event::Exit { vcpu: 3, class: ExitClass::Other },
+            Event::TimerWake { vcpu: 1, late_ns: 500 },
         ]
     }
 
@@ -307,8 +344,13 @@ mod tests {
         write_dump(&mut text, why, &rings, 0).unwrap();
         text.push_str("[  1.0] more guest output\n");
         write_dump(&mut text, DumpReason::Key, &rings[..1], 1005).unwrap();
+        let late = DumpReason::TimerLate { vcpu: VcpuId(1), late_ns: 500 };
+        write_dump(&mut text, late, &rings, 0).unwrap();
         let dumps = parse_dumps(&text).unwrap();
-        assert_eq!(dumps.len(), 2);
+        assert_eq!(dumps.len(), 3);
+        assert_eq!(dumps[2].reason, Reason::TimerLate { vcpu: 1, late_ns: 500 });
+        let end = 1000 + all_events().len() as u64 - 1;
+        assert_eq!(dumps[2].outlier_span(), Some((end - 500, end)));
         assert_eq!(dumps[0].reason, Reason::Outlier { vcpu: 1, latency_ns: 2_104_000 });
         assert_eq!(outlier_vcpu(&dumps[0]), Some(VcpuId(1)));
         let back: Vec<Record> = dumps[0].events.iter().map(|(_, r)| *r).collect();

@@ -96,7 +96,7 @@ pub fn pcpu_loop(vm: &'static Vm, me: usize) -> ! {
         };
         log::trace!("pCPU{me}: schedule -> {:?}", d);
         vm.trace[me].lock().decision(now, &d);
-        dump_if_outlier(vm, now, &d);
+        dump_if_outlier(vm, me, now, &d);
         if let Some(k) = d.kick {
             rec(vm, me, Event::Kick { pcpu: k as u16 });
             percpu::kick(k);
@@ -462,6 +462,7 @@ fn timer_expired(vm: &Vm, me: usize, deadline: &mut Option<u64>) {
         }
         let d = s.vtimer_deadline.load(Ordering::Acquire);
         if d <= now && s.vtimer_deadline.compare_exchange(d, u64::MAX, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+            s.vtimer_fired.fetch_min(d, Ordering::AcqRel);
             if let Ok(k) = vm.vgic.lock().inject_edge(vm.virt_timer_intid, v) {
                 process_kicks(vm, me, k, WakeCause::Timer);
             }
@@ -842,13 +843,26 @@ fn cpu_on(vm: &Vm, me: usize, t: usize, entry: u64, context: u64) -> i64 {
 
 /// `sched_trace_threshold_us`: dumps the rings when the vCPU `d` switched
 /// in waited longer than that since its wake (rate-limited by the trigger).
-fn dump_if_outlier(vm: &Vm, now: u64, d: &crate::sched::Decision) {
-    if let Some((vcpu, _, Some(lat))) = d.switch.into {
-        if vm.trace_trigger.fire(lat) {
-            let from = crate::trace::outlier_window_start(now, lat);
-            dump_trace(vm, DumpReason::Outlier { vcpu, latency_ns: lat }, from);
-        }
+/// The same for a virtual-timer wake: how late after the timer's deadline
+/// the vCPU switched in (what cyclictest sees, less the guest's own part).
+fn dump_if_outlier(vm: &Vm, me: usize, now: u64, d: &crate::sched::Decision) {
+    let Some((vcpu, _, lat)) = d.switch.into else { return };
+    let due = vm.shared[vcpu.0 as usize].vtimer_fired.swap(u64::MAX, Ordering::AcqRel);
+    let late = (due != u64::MAX).then(|| now.saturating_sub(due));
+    if let Some(l) = late {
+        vm.trace[me].lock().push(now, Event::TimerWake { vcpu: vcpu.0 as u16, late_ns: l });
     }
+    let why = match (lat, late) {
+        (Some(lat), _) if vm.trace_trigger.fire(lat) => DumpReason::Outlier { vcpu, latency_ns: lat },
+        (_, Some(l)) if vm.trace_trigger.fire(l) => DumpReason::TimerLate { vcpu, late_ns: l },
+        _ => return,
+    };
+    let span = match why {
+        DumpReason::Outlier { latency_ns, .. } => latency_ns,
+        DumpReason::TimerLate { late_ns, .. } => late_ns,
+        DumpReason::Key => 0,
+    };
+    dump_trace(vm, why, crate::trace::outlier_window_start(now, span));
 }
 
 /// Prints the flight recorder's rings (`crate::trace`): each pCPU's copied

@@ -160,6 +160,10 @@ pub struct VcpuShared {
     /// While it is blocked in WFIT: when (ns) the wait ends even without an
     /// interrupt, watched like `vtimer_deadline`; u64::MAX = none.
     pub wake_at: AtomicU64,
+    /// The deadline (ns) of the virtual timer `timer_expired` injected while
+    /// this vCPU was saved; taken at its next switch-in to measure how late
+    /// the timer wake ran (`trace::Event::TimerWake`); u64::MAX = none.
+    pub vtimer_fired: AtomicU64,
     /// The pCPU running it, usize::MAX = none.
     pub running_on: AtomicUsize,
     /// Bit n: the physical active state of forwarded private INTID n (the
@@ -493,6 +497,7 @@ impl Vm {
                 vtimer_deadline: AtomicU64::new(u64::MAX),
                 vtimer_home: AtomicUsize::new(0),
                 wake_at: AtomicU64::new(u64::MAX),
+                vtimer_fired: AtomicU64::new(u64::MAX),
                 ppi_resync: AtomicU32::new(0),
                 running_on: AtomicUsize::new(usize::MAX),
                 counters: TrapCounters::default(),

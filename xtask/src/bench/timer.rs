@@ -187,11 +187,7 @@ pub fn render_dumps(console: &str) -> std::result::Result<Option<String>, String
     if dumps.is_empty() {
         return Ok(None);
     }
-    let lat = |d: &crate::trace::Dump| match d.reason {
-        crate::trace::Reason::Outlier { latency_ns, .. } => latency_ns,
-        crate::trace::Reason::Key => 0,
-    };
-    dumps.sort_by_key(|d| std::cmp::Reverse(lat(d)));
+    dumps.sort_by_key(|d| std::cmp::Reverse(d.latency_ns()));
     Ok(Some(dumps.iter().map(|d| d.timeline()).collect::<Vec<_>>().join("\n")))
 }
 
