@@ -42,7 +42,7 @@ use crate::esr::{self, Exit};
 use crate::sched::{Decision, Deferral, SwitchReason, VcpuId, WakeAction, WakeCause};
 use alloc::vec::Vec;
 use core::fmt;
-use core::sync::atomic::{AtomicU32, Ordering};
+use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 /// Events each pCPU's ring holds.
 pub const RING_EVENTS: usize = 4096;
@@ -365,27 +365,43 @@ pub enum DumpReason {
     Key,
 }
 
-/// When to dump: the threshold and how many dumps are left.
+/// When to dump: the threshold, how many dumps are left, and when the last
+/// one ended (a dump stalls its pCPU for milliseconds: a wait that overlaps
+/// it is the dump's doing, and must not start a cascade of dumps).
 pub struct Trigger {
     threshold_ns: Option<u64>,
     left: AtomicU32,
+    last_dump_end: AtomicU64,
 }
 
 impl Trigger {
     /// `threshold_us`: `sched_trace_threshold_us` (`None`: never); at most
     /// `max_dumps` dumps.
     pub fn new(threshold_us: Option<u64>, max_dumps: u32) -> Self {
-        Self { threshold_ns: threshold_us.map(|u| u.saturating_mul(1000)), left: AtomicU32::new(max_dumps) }
+        Self {
+            threshold_ns: threshold_us.map(|u| u.saturating_mul(1000)),
+            left: AtomicU32::new(max_dumps),
+            last_dump_end: AtomicU64::new(0),
+        }
     }
 
-    /// Whether a schedule-in after `latency_ns` dumps (and counts it).
-    pub fn fire(&self, latency_ns: u64) -> bool {
+    /// Whether a wait of `latency_ns` that ended at `now` dumps (and counts
+    /// it). A wait that began before the last dump ended does not.
+    pub fn fire(&self, now: u64, latency_ns: u64) -> bool {
         match self.threshold_ns {
+            Some(_) if now.saturating_sub(latency_ns) < self.last_dump_end.load(Ordering::Acquire) => false,
             Some(th) if latency_ns > th => {
                 self.left.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| n.checked_sub(1)).is_ok()
             }
             _ => false,
         }
+    }
+}
+
+impl Trigger {
+    /// A dump ended at `now`.
+    pub fn dumped(&self, now: u64) {
+        self.last_dump_end.fetch_max(now, Ordering::AcqRel);
     }
 }
 

@@ -853,8 +853,8 @@ fn dump_if_outlier(vm: &Vm, me: usize, now: u64, d: &crate::sched::Decision) {
         vm.trace[me].lock().push(now, Event::TimerWake { vcpu: vcpu.0 as u16, late_ns: l });
     }
     let why = match (lat, late) {
-        (Some(lat), _) if vm.trace_trigger.fire(lat) => DumpReason::Outlier { vcpu, latency_ns: lat },
-        (_, Some(l)) if vm.trace_trigger.fire(l) => DumpReason::TimerLate { vcpu, late_ns: l },
+        (Some(lat), _) if vm.trace_trigger.fire(now, lat) => DumpReason::Outlier { vcpu, latency_ns: lat },
+        (_, Some(l)) if vm.trace_trigger.fire(now, l) => DumpReason::TimerLate { vcpu, late_ns: l },
         _ => return,
     };
     let span = match why {
@@ -878,6 +878,7 @@ pub fn dump_trace(vm: &Vm, why: DumpReason, from: u64) {
         })
         .collect();
     let _ = crate::trace::write_dump(&mut console::LineWriter::default(), why, &rings, from);
+    vm.trace_trigger.dumped(now_ns());
 }
 
 /// Prints every vCPU's counters and scheduler statistics in the stable

@@ -92,13 +92,18 @@ fn exit_classes() {
 #[test]
 fn trigger_threshold_and_rate_limit() {
     let off = Trigger::new(None, MAX_DUMPS);
-    assert!(!off.fire(u64::MAX));
+    assert!(!off.fire(u64::MAX, u64::MAX));
     let t = Trigger::new(Some(150), MAX_DUMPS);
-    assert!(!t.fire(150_000));
-    let fired = (0..20).filter(|_| t.fire(150_001)).count();
+    assert!(!t.fire(1_000_000, 150_000));
+    let fired = (0..20).filter(|_| t.fire(1_000_000, 150_001)).count();
     assert_eq!(fired, MAX_DUMPS as usize);
     let two = Trigger::new(Some(1), 2);
-    assert_eq!((0..5).filter(|_| two.fire(2000)).count(), 2);
+    assert_eq!((0..5).filter(|_| two.fire(10_000, 2000)).count(), 2);
+    // A wait that overlaps the last dump is the dump's doing: no cascade.
+    let t = Trigger::new(Some(150), MAX_DUMPS);
+    t.dumped(5_000_000);
+    assert!(!t.fire(5_100_000, 200_000), "began at 4.9 ms, before the dump ended");
+    assert!(t.fire(5_300_000, 200_000), "began at 5.1 ms");
 }
 
 /// The acceptance test's synthetic outlier: the real scheduler, driven as
@@ -120,7 +125,7 @@ fn synthetic_outlier_dumps_the_events_that_explain_it() {
         ring.decision(now, &d);
         ring.note_arm(now, d.timer_at);
         if let Some((v, _, Some(lat))) = d.switch.into {
-            if trigger.fire(lat) {
+            if trigger.fire(now, lat) {
                 let mut out = String::new();
                 let why = DumpReason::Outlier { vcpu: v, latency_ns: lat };
                 let from = outlier_window_start(now, lat);
