@@ -662,25 +662,6 @@ impl Scheduler {
         let yielding = prev_runnable.is_some_and(|s| self.vcpus[s].yielding);
         self.balance(pcpu, prev_runnable);
 
-        // Catch-up (preempt-on-wake): a woken vCPU queued here that did not
-        // preempt at its wake (too little credit then) does once its credit
-        // leads the runner's by more than the granularity, ratelimit or not,
-        // as if it had woken now. Without it the waker would wait for the
-        // end of the runner's ratelimit window (1 ms) for a credit gap of a
-        // few µs: the timer-wake outliers of `cargo xtask bench timer` right
-        // after a credit reset, or when the waker blocked with negative credit.
-        if let (Some(s), false, WakeMode::Preempt) = (prev_runnable, yielding, self.cfg.wake_mode) {
-            let lead_of = |h: usize| self.vcpus[h].credit.saturating_sub(self.vcpus[s].credit);
-            let head = self.pcpus[pcpu].runq.first().copied().filter(|&h| self.vcpus[h].woken_at.is_some());
-            if self.pcpus[pcpu].pending_preempt.is_none()
-                && head.is_some_and(|h| lead_of(h) > self.cfg.wake_granularity_ns as i64)
-            {
-                let pc = &mut self.pcpus[pcpu];
-                pc.pending_preempt = Some(PreemptReason::Wake);
-                pc.grace_limit = now.max(pc.protect_until).saturating_add(self.cfg.lhp_grace_ns);
-            }
-        }
-
         // Lock-holder grace and protected run: a pending wake-preemption
         // waits for the end of them.
         if let (Some(s), false, Some(_)) = (prev_runnable, yielding, self.pcpus[pcpu].pending_preempt) {
@@ -1096,13 +1077,7 @@ impl Scheduler {
                     }
                 } else {
                     let window = self.cfg.ratelimit_ns.max(self.cfg.min_slice_ns);
-                    // Catch-up: the runner burns credit, and once the waker
-                    // leads it by more than the granularity the waker would
-                    // have preempted; `schedule()` then does (see there).
-                    let gap = self.vcpus[r].credit.saturating_sub(self.vcpus[s].credit);
-                    let gap = gap.saturating_add(self.cfg.wake_granularity_ns as i64).saturating_add(1);
-                    let catch_up = now.saturating_add(self.c2t(r, gap).max(MIN_TIMER_NS));
-                    let end = self.pcpus[p].entry.saturating_add(window).min(catch_up);
+                    let end = self.pcpus[p].entry.saturating_add(window);
                     if in_window {
                         self.vcpus[s].stats.counters.ratelimit_deferrals += 1;
                         self.last_deferral = Some((Deferral::Ratelimit, end));

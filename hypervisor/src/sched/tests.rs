@@ -248,37 +248,6 @@ fn non_preempting_wake_rearms_to_window_end() {
     assert!(d.timer_at.unwrap() <= 7 * MS + 5 * MS);
 }
 
-/// The timer-bench outlier (issue 14): a waker a little behind the runner in
-/// credit waited for the end of the runner's 1 ms ratelimit window. It now
-/// preempts once it leads by the granularity (catch-up).
-#[test]
-fn non_preempting_waker_catches_up_before_the_window_end() {
-    let mut s = sched(SchedConfig::default(), 1, &[(0, 256, None), (1, 256, None)]);
-    assert_eq!(s.schedule(0, 0).unwrap().next, Some(v(0)));
-    s.block(1 * MS, 0).unwrap();
-    assert_eq!(s.schedule(1 * MS, 0).unwrap().next, Some(v(1)));
-    // vcpu1 runs 300 µs longer than vcpu0 did, then blocks.
-    let t0 = 2_300 * US;
-    s.block(t0, 0).unwrap();
-    assert_eq!(s.schedule(t0, 0).unwrap().next, None);
-    assert_eq!(s.wake(t0, v(0), WakeCause::Timer), Ok(WakeAction::Reschedule { pcpu: 0 }));
-    assert_eq!(s.schedule(t0, 0).unwrap().next, Some(v(0)));
-    // 100 µs later vcpu1's timer wakes it, 200 µs behind: no preemption,
-    // but the timer is pulled to when it leads by the granularity (+1 ns),
-    // not to the window end at t0 + 1 ms.
-    let catch_up = t0 + 100 * US + 300 * US + 1;
-    assert_eq!(s.wake(t0 + 100 * US, v(1), WakeCause::Timer), Ok(WakeAction::RearmTimer { pcpu: 0, at: catch_up }));
-    assert_eq!(s.wake_deferral(), Some((Deferral::Ratelimit, catch_up)));
-    let d = s.schedule(catch_up, 0).unwrap();
-    assert_eq!((d.next, d.preempted), (Some(v(1)), Some(v(0))));
-    assert_eq!(d.switch.out.map(|o| (o.0, o.1)), Some((v(0), SwitchReason::WakePreempt)));
-    assert_eq!(d.switch.into.map(|i| (i.0, i.2)), Some((v(1), Some(300 * US + 1))));
-    assert_eq!(s.stats(v(0)).unwrap().counters.preempt_wake, 1);
-    // Not a woken vCPU (preempted at a slice end): the ratelimit holds.
-    let d = s.schedule(catch_up + 10 * US, 0).unwrap();
-    assert_eq!(d.next, Some(v(1)));
-}
-
 #[test]
 fn wake_granularity_prevents_ping_pong() {
     let cfg = SchedConfig { wake_granularity_ns: 1 * MS, ..SchedConfig::default() };
