@@ -69,12 +69,13 @@ pub struct CyclicResult {
 /// The guest's awk over cyclictest's output, read twice (`f f`): the
 /// nearest-rank p99, p99.9 and p99.99 of the per-µs histogram (samples past
 /// it count as the max, as in [`percentile`]) and the samples over 100 µs.
-/// Computed in the guest because the console loses and reorders lines of a
-/// long histogram (seen at 70+ lines; not investigated), so only two short
-/// lines cross it. `percentile_awk_matches_percentile` runs it on the host.
-pub const PERCENTILE_AWK: &str =
-    "NR==FNR{if($1!~/^#/)t+=$2;else if($3==\"Overflows:\")t+=$4;else if($2==\"Max\")m=$4+0;next}\
-$1!~/^#/{c+=$2;u=$1+0;if(u>100)o+=$2;if(a==\"\"&&c>=t*.99)a=u;if(b==\"\"&&c>=t*.999)b=u;if(d==\"\"&&c>=t*.9999)d=u}\
+/// Computed in the guest so that only two short lines cross the console.
+/// `n()` strips leading zeros: busybox awk reads cyclictest's `000050` as
+/// octal (40), which garbled the earlier `$1+0 > 100` count. The test
+/// `percentile_awk_matches_percentile` runs it with the host's awk.
+pub const PERCENTILE_AWK: &str = "function n(s){sub(/^0+/,\"\",s);return s+0}\
+NR==FNR{if($1!~/^#/)t+=n($2);else if($3==\"Overflows:\")t+=n($4);else if($2==\"Max\")m=n($4);next}\
+$1!~/^#/{k=n($2);c+=k;u=n($1);if(u>100)o+=k;if(a==\"\"&&c>=t*.99)a=u;if(b==\"\"&&c>=t*.999)b=u;if(d==\"\"&&c>=t*.9999)d=u}\
 END{print \"# Percentiles: \"(a==\"\"?m:a)\" \"(b==\"\"?m:b)\" \"(d==\"\"?m:d);print \"# Over100: \"o+0}";
 
 /// The guest's script: a hog on vCPU0, cyclictest on vCPU1 for `samples`
