@@ -152,6 +152,11 @@ pub enum Event {
         vcpu: u16,
         class: ExitClass,
     },
+    /// At the IRQ exit just recorded, `vcpu` was at EL1 with IRQs masked
+    /// (PSTATE.I): a pending virtual interrupt could not be taken.
+    IrqsOff {
+        vcpu: u16,
+    },
     /// `vcpu` switched in `late_ns` after the deadline of the virtual timer
     /// injected while it was not running.
     TimerWake {
@@ -223,6 +228,7 @@ impl fmt::Display for Event {
             Event::TimerArm { at } => write!(f, "timer_arm at={at}"),
             Event::TimerFire => write!(f, "timer_fire"),
             Event::Exit { vcpu, class } => write!(f, "exit vcpu{vcpu} class={}", class.name()),
+            Event::IrqsOff { vcpu } => write!(f, "irqs_off vcpu{vcpu}"),
             Event::TimerWake { vcpu, late_ns } => write!(f, "vtimer_late vcpu{vcpu} late_ns={late_ns}"),
         }
     }

@@ -156,6 +156,7 @@ fn parse_event(line: &str, rest: &str) -> Result<(usize, Record), ParseError> {
             };
             Event::Exit { vcpu: vcpu_word(args.first(), line)?, class }
         }
+        "irqs_off" => Event::IrqsOff { vcpu: vcpu_word(args.first(), line)? },
         "vtimer_late" => Event::TimerWake { vcpu: vcpu_word(args.first(), line)?, late_ns: num(&m, "late_ns", line)? },
         _ => return Err(err(line, "unknown event")),
     };
@@ -330,6 +331,7 @@ mod tests {
             Event::Exit { vcpu: 3, class: ExitClass::SError },
             Event::Exit { vcpu: 3, class: ExitClass::Other },
             Event::TimerWake { vcpu: 1, late_ns: 500 },
+            Event::IrqsOff { vcpu: 1 },
         ]
     }
 
@@ -349,7 +351,7 @@ mod tests {
         let dumps = parse_dumps(&text).unwrap();
         assert_eq!(dumps.len(), 3);
         assert_eq!(dumps[2].reason, Reason::TimerLate { vcpu: 1, late_ns: 500 });
-        let end = 1000 + all_events().len() as u64 - 1;
+        let end = 1000 + all_events().len() as u64 - 2;
         assert_eq!(dumps[2].outlier_span(), Some((end - 500, end)));
         assert_eq!(dumps[0].reason, Reason::Outlier { vcpu: 1, latency_ns: 2_104_000 });
         assert_eq!(outlier_vcpu(&dumps[0]), Some(VcpuId(1)));

@@ -220,6 +220,9 @@ fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Option<u64>) {
             ExitKind::Sync => handle_sync(vm, me, v),
             ExitKind::Irq | ExitKind::Fiq => {
                 rec(vm, me, Event::Exit { vcpu: id as u16, class: ExitClass::Irq });
+                if CritEvidence::from_spsr(v.regs.spsr) == CritEvidence::IrqsMasked {
+                    rec(vm, me, Event::IrqsOff { vcpu: id as u16 });
+                }
                 inc(&vm.shared[id].counters.irq_exits);
                 handle_irqs(vm, me, Some(id), deadline);
                 Next::Enter
