@@ -53,6 +53,11 @@ fn interactive_shell_on_the_console() {
     assert_console(&r, "dom0 powered off");
     // Printed once on request and once at power-off.
     assert_eq!(r.console.matches("(HV) stats begin vcpu0").count(), 2, "{}", tail(&r.console, 30));
+    // Ctrl-\ also dumps the flight recorder (on request only: no threshold).
+    let dumps = xtask::trace::parse_dumps(&r.console).expect("the dump parses");
+    assert_eq!(dumps.len(), 1);
+    assert_eq!(dumps[0].reason, xtask::trace::Reason::Key);
+    assert!(dumps[0].events.iter().any(|(_, e)| matches!(e.ev, hypervisor::trace::Event::SchedIn { .. })));
     // The typed input arrived through the UART's route.
     assert!(stat_line(&r.console, "irq.console").unwrap() > 0);
 }

@@ -78,6 +78,13 @@ pub struct Config {
     /// production: it overrides the guest's choice. A vCPU the VM does not
     /// have is ignored with a warning.
     pub dom0_msi_vcpu: Option<u32>,
+    /// Dump the scheduling flight recorder (`crate::trace`) when a vCPU's
+    /// wake→schedule-in latency exceeds this many µs
+    /// (`sched_trace_threshold_us=`; default off).
+    pub sched_trace_threshold_us: Option<u64>,
+    /// At most this many threshold dumps per boot (`sched_trace_max_dumps=`,
+    /// default `crate::trace::MAX_DUMPS`; at most 1000).
+    pub sched_trace_max_dumps: u32,
     /// All `key=value` pairs in order, for other subsystems.
     pub raw: Vec<(String, String)>,
 }
@@ -96,6 +103,8 @@ impl Default for Config {
             timer_slop_ns: 0,
             gic_vlpi: true,
             dom0_msi_vcpu: None,
+            sched_trace_threshold_us: None,
+            sched_trace_max_dumps: crate::trace::MAX_DUMPS,
             raw: Vec::new(),
         }
     }
@@ -165,6 +174,13 @@ impl Config {
                 }
                 "timer_slop_ns" => {
                     c.timer_slop_ns = v.parse().ok().filter(|&n: &u64| n <= 10_000_000).ok_or_else(bad)?
+                }
+                "sched_trace_threshold_us" => {
+                    c.sched_trace_threshold_us =
+                        Some(v.parse().ok().filter(|&n: &u64| n <= 10_000_000).ok_or_else(bad)?)
+                }
+                "sched_trace_max_dumps" => {
+                    c.sched_trace_max_dumps = v.parse().ok().filter(|&n: &u32| n <= 1000).ok_or_else(bad)?
                 }
                 "dom0_disk_size" => {
                     c.disk_size =
@@ -238,6 +254,11 @@ mod tests {
         assert_eq!((c.dom0_msi_vcpu, c.msi_vcpu(2), c.msi_vcpu(1)), (Some(1), Some(1), None));
         assert!(Config::parse("dom0_msi_vcpu=x").is_err());
         assert!(Config::parse("dom0_msi_vcpu=-1").is_err());
+        assert_eq!(Config::parse("sched_trace_threshold_us=150").unwrap().sched_trace_threshold_us, Some(150));
+        assert_eq!(Config::default().sched_trace_threshold_us, None);
+        assert!(Config::parse("sched_trace_threshold_us=-1").is_err());
+        assert_eq!(Config::parse("sched_trace_max_dumps=64").unwrap().sched_trace_max_dumps, 64);
+        assert!(Config::parse("sched_trace_max_dumps=1001").is_err());
     }
 }
 

@@ -22,6 +22,7 @@
 //! - `sched`: the Credit2-compatible scheduler and its simulator
 //! - `stats`: per-vCPU counters and histograms in a stable text format
 //! - `time`: counter-tick/ns arithmetic that saturates
+//! - `trace`: the scheduling flight recorder (per-pCPU event rings, dump format)
 //! - `platform_desc`: the typed platform descriptor each `platforms/*/platform.rs`
 //!   fills in (`platform` is the one this build is for)
 //! - `testrng` (tests only): a deterministic generator for randomized host tests
@@ -57,6 +58,7 @@ pub mod stats;
 #[cfg(test)]
 mod testrng;
 pub mod time;
+pub mod trace;
 pub mod traps;
 pub mod vdebug;
 pub mod vgic;

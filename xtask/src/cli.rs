@@ -435,9 +435,18 @@ impl BenchWakeupArgs {
 /// `cargo xtask bench timer`
 #[derive(Clone, Debug, Args)]
 pub struct BenchTimerArgs {
-    /// cyclictest runtime per case, seconds
-    #[arg(long, value_name = "SECS", default_value_t = 5)]
-    pub runtime: u32,
+    /// cyclictest samples (loops) per case; 100000 gives p99.99 ten samples above it
+    #[arg(long, value_name = "N", default_value_t = crate::bench::timer::DEFAULT_SAMPLES)]
+    pub samples: u64,
+    /// Also stop each case's cyclictest after SECS seconds (cyclictest -D)
+    #[arg(long, value_name = "SECS")]
+    pub runtime: Option<u32>,
+    /// Run only the cases whose label contains S
+    #[arg(long, value_name = "S", allow_hyphen_values = true)]
+    pub only: Option<String>,
+    /// Extra hypervisor boot arguments for every case (e.g. sched_trace_threshold_us=150)
+    #[arg(long, value_name = "ARGS", allow_hyphen_values = true)]
+    pub hv_args: Option<String>,
 }
 
 #[cfg(test)]

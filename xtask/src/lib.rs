@@ -13,6 +13,7 @@
 //! - [`shrinkwrap`]: the Shrinkwrap overlay fvp/hypervisor.yaml and its check
 //! - [`lint`]: rustfmt and clippy (warnings as errors), run by `cargo xtask test`
 //! - [`bench`]: the benchmarks in Linux guests (`cargo xtask bench`)
+//! - [`trace`]: reads the hypervisor's flight-recorder dumps back, per-pCPU timelines
 //! - `arch_doc` (tests only): keeps docs/ARCHITECTURE.md, README's
 //!   architecture section and the module lists true to the tree
 
@@ -27,6 +28,7 @@ pub mod lint;
 pub mod qemu;
 pub mod setup;
 pub mod shrinkwrap;
+pub mod trace;
 
 #[cfg(test)]
 mod arch_doc;

@@ -89,6 +89,35 @@ pub fn print_fmt(args: core::fmt::Arguments) {
     c.guest_mid_line = false;
 }
 
+/// A `fmt::Write` that prints each complete line with [`print_fmt`] (so
+/// other pCPUs' output interleaves only between lines); a last line without
+/// a newline is printed when it is dropped.
+#[derive(Default)]
+pub struct LineWriter {
+    line: alloc::string::String,
+}
+
+impl core::fmt::Write for LineWriter {
+    fn write_str(&mut self, s: &str) -> core::fmt::Result {
+        for part in s.split_inclusive('\n') {
+            self.line.push_str(part);
+            if self.line.ends_with('\n') {
+                print_fmt(format_args!("{}", self.line));
+                self.line.clear();
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for LineWriter {
+    fn drop(&mut self) {
+        if !self.line.is_empty() {
+            print_fmt(format_args!("{}\n", self.line));
+        }
+    }
+}
+
 #[macro_export]
 macro_rules! hvprintln {
     ($($arg:tt)*) => { $crate::runtime::console::print_fmt(format_args!("{}\n", format_args!($($arg)*))) };

@@ -26,6 +26,7 @@ use crate::mmio_bus::Device;
 use crate::psci::{self, Call};
 use crate::regs::ISS_ABORT;
 use crate::sched::{CritEvidence, RunState, VcpuId, WakeAction, WakeCause};
+use crate::trace::{DumpReason, Event, ExitClass};
 use crate::traps::{self, VirtualSError};
 use crate::vdebug::{self, DebugReg};
 use crate::vgic::Kicks;
@@ -94,7 +95,10 @@ pub fn pcpu_loop(vm: &'static Vm, me: usize) -> ! {
             }
         };
         log::trace!("pCPU{me}: schedule -> {:?}", d);
+        vm.trace[me].lock().decision(now, &d);
+        dump_if_outlier(vm, me, now, &d);
         if let Some(k) = d.kick {
+            rec(vm, me, Event::Kick { pcpu: k as u16 });
             percpu::kick(k);
         }
         deadline = d.timer_at;
@@ -130,6 +134,12 @@ fn arm_timer(vm: &Vm, me: usize, deadline: &mut Option<u64>) {
         }
     }
     percpu::arm_hyp_timer((at != u64::MAX).then_some(at));
+    vm.trace[me].lock().note_arm(now_ns(), (at != u64::MAX).then_some(at));
+}
+
+/// Records `ev` now in this pCPU's flight-recorder ring.
+fn rec(vm: &Vm, me: usize, ev: Event) {
+    vm.trace[me].lock().push(now_ns(), ev);
 }
 
 fn load_vcpu(vm: &Vm, me: usize, v: &mut Vcpu) {
@@ -215,11 +225,16 @@ fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Option<u64>) {
         let next = match kind {
             ExitKind::Sync => handle_sync(vm, me, v),
             ExitKind::Irq | ExitKind::Fiq => {
+                rec(vm, me, Event::Exit { vcpu: id as u16, class: ExitClass::Irq });
+                if CritEvidence::from_spsr(v.regs.spsr) == CritEvidence::IrqsMasked {
+                    rec(vm, me, Event::IrqsOff { vcpu: id as u16 });
+                }
                 inc(&vm.shared[id].counters.irq_exits);
                 handle_irqs(vm, me, Some(id), deadline);
                 Next::Enter
             }
             ExitKind::SError => {
+                rec(vm, me, Event::Exit { vcpu: id as u16, class: ExitClass::SError });
                 warn!("vCPU{id}: SError from the guest (ESR {:#x}); injecting it", el2::exit_syndrome().esr);
                 v.vserror.raise();
                 el2::set_vserror_syndrome(el2::cpu_features().ras);
@@ -324,13 +339,16 @@ pub(super) fn process_kicks(vm: &Vm, me: usize, kicks: Kicks, cause: WakeCause) 
 /// Wakes vCPU `k` if blocked, or interrupts its pCPU if it runs elsewhere.
 pub(super) fn wake_vcpu(vm: &Vm, me: usize, k: usize, now: u64, cause: WakeCause) {
     inc(&vm.shared[k].counters.kicks);
-    let (action, state) = {
+    let (action, state, blocked, deferral) = {
         let mut s = vm.sched.lock();
+        let blocked = s.state(VcpuId(k as u32)) == Some(RunState::Blocked);
         let a = s.wake(now, VcpuId(k as u32), cause).unwrap_or(WakeAction::None);
-        (a, s.state(VcpuId(k as u32)))
+        (a, s.state(VcpuId(k as u32)), blocked, s.wake_deferral())
     };
+    vm.trace[me].lock().wake(now, VcpuId(k as u32), cause, blocked, action, deferral);
     if let Some(RunState::Running(p)) = state {
         if p != me {
+            rec(vm, me, Event::Kick { pcpu: p as u16 });
             percpu::kick(p);
         }
     }
@@ -408,6 +426,7 @@ fn forwarded_spi_irq(vm: &Vm, me: usize, id: IntId, vintid: IntId, cur: Option<u
 fn hyp_timer_irq(vm: &Vm, me: usize, id: IntId, deadline: &mut Option<u64>) {
     eoi_deactivate(id);
     percpu::arm_hyp_timer(None);
+    vm.trace[me].lock().note_fire(now_ns());
     timer_expired(vm, me, deadline);
 }
 
@@ -422,6 +441,7 @@ fn console_input(vm: &Vm, me: usize) {
     };
     if stats_key {
         print_stats(vm);
+        dump_trace(vm, DumpReason::Key, 0);
     }
     if let Ok(k) = vm.vgic.lock().set_level(vm.uart_intid, 0, level) {
         process_kicks(vm, me, k, WakeCause::Interrupt);
@@ -452,6 +472,7 @@ fn timer_expired(vm: &Vm, me: usize, deadline: &mut Option<u64>) {
         }
         let d = s.vtimer_deadline.load(Ordering::Acquire);
         if d <= now && s.vtimer_deadline.compare_exchange(d, u64::MAX, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+            s.vtimer_fired.fetch_min(d, Ordering::AcqRel);
             if let Ok(k) = vm.vgic.lock().inject_edge(vm.virt_timer_intid, v) {
                 process_kicks(vm, me, k, WakeCause::Timer);
             }
@@ -486,7 +507,9 @@ fn handle_sync(vm: &Vm, me: usize, v: &mut Vcpu) -> Next {
     let el2::ExitSyndrome { esr, far, hpfar } = el2::exit_syndrome();
     let ilen = esr::instruction_length(esr);
     let c = &vm.shared[v.id].counters;
-    match esr::decode(esr, far, hpfar) {
+    let exit = esr::decode(esr, far, hpfar);
+    rec(vm, me, Event::Exit { vcpu: v.id as u16, class: ExitClass::of(&exit) });
+    match exit {
         Exit::Wfx { wfe, timeout } => {
             v.regs.elr += ilen;
             if wfe {
@@ -697,6 +720,7 @@ fn uart_mmio(vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess, off: u64, value: 
     };
     if stats_key {
         print_stats(vm);
+        dump_trace(vm, DumpReason::Key, 0);
     }
     if let Ok(k) = vm.vgic.lock().set_level(vm.uart_intid, v.id, level) {
         process_kicks(vm, me, k, WakeCause::Interrupt);
@@ -840,6 +864,46 @@ fn cpu_on(vm: &Vm, me: usize, t: usize, entry: u64, context: u64) -> i64 {
             psci::INTERNAL_FAILURE
         }
     }
+}
+
+/// `sched_trace_threshold_us`: dumps the rings when the vCPU `d` switched
+/// in waited longer than that since its wake (rate-limited by the trigger).
+/// The same for a virtual-timer wake: how late after the timer's deadline
+/// the vCPU switched in (what cyclictest sees, less the guest's own part).
+fn dump_if_outlier(vm: &Vm, me: usize, now: u64, d: &crate::sched::Decision) {
+    let Some((vcpu, _, lat)) = d.switch.into else { return };
+    let due = vm.shared[vcpu.0 as usize].vtimer_fired.swap(u64::MAX, Ordering::AcqRel);
+    let late = (due != u64::MAX).then(|| now.saturating_sub(due));
+    if let Some(l) = late {
+        vm.trace[me].lock().push(now, Event::TimerWake { vcpu: vcpu.0 as u16, late_ns: l });
+    }
+    let why = match (lat, late) {
+        (Some(lat), _) if vm.trace_trigger.fire(now, lat) => DumpReason::Outlier { vcpu, latency_ns: lat },
+        (_, Some(l)) if vm.trace_trigger.fire(now, l) => DumpReason::TimerLate { vcpu, late_ns: l },
+        _ => return,
+    };
+    let span = match why {
+        DumpReason::Outlier { latency_ns, .. } => latency_ns,
+        DumpReason::TimerLate { late_ns, .. } => late_ns,
+        DumpReason::Key => 0,
+    };
+    dump_trace(vm, why, crate::trace::outlier_window_start(now, span));
+}
+
+/// Prints the flight recorder's rings (`crate::trace`): each pCPU's copied
+/// under its lock, one after another, events from `from` (ns) on.
+pub fn dump_trace(vm: &Vm, why: DumpReason, from: u64) {
+    let rings: alloc::vec::Vec<_> = vm
+        .trace
+        .iter()
+        .enumerate()
+        .map(|(p, r)| {
+            let r = r.lock();
+            (p, r.snapshot(), r.overwritten())
+        })
+        .collect();
+    let _ = crate::trace::write_dump(&mut console::LineWriter::default(), why, &rings, from);
+    vm.trace_trigger.dumped(now_ns());
 }
 
 /// Prints every vCPU's counters and scheduler statistics in the stable

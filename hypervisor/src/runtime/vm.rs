@@ -21,6 +21,7 @@ use crate::mmio_bus::{BusError, Device, MmioBus, MmioRange};
 use crate::platform;
 use crate::sched::{SchedConfig, SchedError, Scheduler, VcpuId};
 use crate::stage2::{MemType, Stage2, Stage2Error};
+use crate::trace::{Ring, Trigger, RING_EVENTS};
 use crate::vgic::its::{Vits, VitsConfig};
 use crate::vgic::{Vgic, VgicConfig, VgicError};
 use crate::vpl011::VPl011;
@@ -166,6 +167,10 @@ pub struct VcpuShared {
     /// While it is blocked in WFIT: when (ns) the wait ends even without an
     /// interrupt, watched like `vtimer_deadline`; u64::MAX = none.
     pub wake_at: AtomicU64,
+    /// The deadline (ns) of the virtual timer `timer_expired` injected while
+    /// this vCPU was saved; taken at its next switch-in to measure how late
+    /// the timer wake ran (`trace::Event::TimerWake`); u64::MAX = none.
+    pub vtimer_fired: AtomicU64,
     /// The pCPU running it, usize::MAX = none.
     pub running_on: AtomicUsize,
     /// Bit n: the physical active state of forwarded private INTID n (the
@@ -226,6 +231,11 @@ pub struct Vm {
     pub disk: Option<VDisk>,
     /// `timer_slop_ns`.
     pub timer_slop_ns: u64,
+    /// The flight recorder: one ring per pCPU, written only by that pCPU
+    /// (the lock is contended only by a dump copying it).
+    pub trace: Vec<Mutex<Ring>>,
+    /// When a wake→run latency dumps the rings (`sched_trace_threshold_us`).
+    pub trace_trigger: Trigger,
 }
 
 /// Whether a virtio-mmio slot holds a device (MagicValue "virt" and a
@@ -502,6 +512,7 @@ impl Vm {
                 vtimer_deadline: AtomicU64::new(u64::MAX),
                 vtimer_home: AtomicUsize::new(0),
                 wake_at: AtomicU64::new(u64::MAX),
+                vtimer_fired: AtomicU64::new(u64::MAX),
                 ppi_resync: AtomicU32::new(0),
                 vlpi_pending: AtomicBool::new(false),
                 running_on: AtomicUsize::new(usize::MAX),
@@ -589,7 +600,9 @@ impl Vm {
             LPI_ROUTES,
         )?;
         let vits = match guest_its {
-            Some(r) => Some(Mutex::new(Vits::new(VitsConfig { base: r.base, nr_vcpus, msi_vcpu: cfg.msi_vcpu(nr_vcpus) })?)),
+            Some(r) => {
+                Some(Mutex::new(Vits::new(VitsConfig { base: r.base, nr_vcpus, msi_vcpu: cfg.msi_vcpu(nr_vcpus) })?))
+            }
             None => None,
         };
         let bus = build_bus(&vgic, disk.as_ref(), uart_region, guest_its)?;
@@ -632,6 +645,8 @@ impl Vm {
             bad_accesses: AtomicU64::new(0),
             disk,
             timer_slop_ns: cfg.timer_slop_ns,
+            trace: (0..nr_pcpus).map(|_| Mutex::new(Ring::new(RING_EVENTS))).collect(),
+            trace_trigger: Trigger::new(cfg.sched_trace_threshold_us, cfg.sched_trace_max_dumps),
         }))
     }
 }

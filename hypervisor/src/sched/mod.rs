@@ -323,6 +323,46 @@ pub struct Decision {
     pub preempted: Option<VcpuId>,
     /// An idle pCPU the caller should send a reschedule IPI so it pulls queued work.
     pub kick: Option<usize>,
+    /// What changed on the pCPU, for the flight recorder (`crate::trace`).
+    pub switch: SwitchInfo,
+}
+
+/// Why a vCPU left its pCPU at a `schedule()`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SwitchReason {
+    /// Its slice ended and another vCPU had more credit.
+    SliceEnd,
+    /// A woken vCPU preempted it.
+    WakePreempt,
+    /// It blocked (WFI).
+    Block,
+    /// It yielded (WFE).
+    Yield,
+    /// PSCI CPU_OFF.
+    Off,
+}
+
+/// Why a wake (or a pending wake-preemption) did not switch at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Deferral {
+    /// Not enough credit lead: the runner keeps its ratelimit window.
+    Ratelimit,
+    /// The runner is in a lock-holder grace.
+    LhpGrace,
+    /// The runner is in its protected minimum run.
+    MinRun,
+}
+
+/// What a `schedule()` did, in the terms of the flight recorder.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct SwitchInfo {
+    /// The vCPU that left the pCPU, why, and its credit (ns) then.
+    pub out: Option<(VcpuId, SwitchReason, i64)>,
+    /// The vCPU switched in (not one that continues), its credit (ns), and
+    /// its wake→schedule-in latency (ns) when a wake made it runnable.
+    pub into: Option<(VcpuId, i64, Option<u64>)>,
+    /// A pending wake-preemption this call deferred, and until when.
+    pub deferred: Option<(Deferral, u64)>,
 }
 
 /// Everything that can go wrong, as values.
@@ -436,6 +476,8 @@ pub struct Scheduler {
     index: BTreeMap<VcpuId, usize>,
     pcpus: Vec<Pcpu>,
     max_weight: u32,
+    /// How the last `wake` was deferred, if it was (see [`Scheduler::wake_deferral`]).
+    last_deferral: Option<(Deferral, u64)>,
 }
 
 impl Scheduler {
@@ -446,7 +488,7 @@ impl Scheduler {
         cfg.validate()?;
         let mut pcpus = Vec::new();
         pcpus.resize_with(nr_pcpus, Pcpu::default);
-        Ok(Self { cfg, vcpus: Vec::new(), index: BTreeMap::new(), pcpus, max_weight: 1 })
+        Ok(Self { cfg, vcpus: Vec::new(), index: BTreeMap::new(), pcpus, max_weight: 1, last_deferral: None })
     }
 
     pub fn config(&self) -> &SchedConfig {
@@ -517,6 +559,7 @@ impl Scheduler {
     /// not blocked gets a no-op; an offline one is ignored.
     pub fn wake(&mut self, now: u64, vcpu: VcpuId, cause: WakeCause) -> Result<WakeAction, SchedError> {
         let s = self.slot(vcpu)?;
+        self.last_deferral = None;
         let v = &mut self.vcpus[s];
         match v.state {
             RunState::Offline => return Ok(WakeAction::None),
@@ -535,6 +578,12 @@ impl Scheduler {
         }
         v.woken_at = Some(now);
         Ok(self.make_runnable(now, s))
+    }
+
+    /// How the last [`Scheduler::wake`] was deferred (kind, until when), if
+    /// it asked for a preemption that waits or fell in a ratelimit window.
+    pub fn wake_deferral(&self) -> Option<(Deferral, u64)> {
+        self.last_deferral
     }
 
     /// The vCPU running on `pcpu` blocks (WFI with nothing pending). The
@@ -619,7 +668,10 @@ impl Scheduler {
             let at = self.deferral_end(pcpu);
             if now < at {
                 self.pcpus[pcpu].timer_at = Some(at);
-                return Ok(Decision { next: Some(self.vcpus[s].id), timer_at: Some(at), preempted: None, kick: None });
+                let kind = if at == self.pcpus[pcpu].protect_until { Deferral::MinRun } else { Deferral::LhpGrace };
+                let switch = SwitchInfo { deferred: Some((kind, at)), ..Default::default() };
+                let next = Some(self.vcpus[s].id);
+                return Ok(Decision { next, timer_at: Some(at), preempted: None, kick: None, switch });
             }
         }
         let forced = self.pcpus[pcpu].pending_preempt.take();
@@ -628,6 +680,19 @@ impl Scheduler {
 
         let (next, directed) =
             self.pick(now, pcpu, prev_runnable, yielding, forced.is_some() || was_loan, yield_target);
+
+        let mut switch = SwitchInfo::default();
+        if let Some(s) = prev.filter(|&s| next != Some(s)) {
+            let v = &self.vcpus[s];
+            let why = match (v.state, forced) {
+                (RunState::Offline, _) => SwitchReason::Off,
+                (RunState::Blocked, _) => SwitchReason::Block,
+                _ if yielding => SwitchReason::Yield,
+                (_, Some(PreemptReason::Wake)) => SwitchReason::WakePreempt,
+                _ => SwitchReason::SliceEnd,
+            };
+            switch.out = Some((v.id, why, v.credit));
+        }
 
         // Put the previous vCPU back on the runqueue if it is switched out runnable.
         let mut preempted = None;
@@ -655,7 +720,7 @@ impl Scheduler {
             pc.timer_at = None;
             pc.crit_until = 0;
             pc.protect_until = 0;
-            return Ok(Decision { next: None, timer_at: None, preempted, kick: None });
+            return Ok(Decision { next: None, timer_at: None, preempted, kick: None, switch });
         };
 
         if self.vcpus[n].credit <= 0 {
@@ -670,9 +735,11 @@ impl Scheduler {
             v.preempted = false;
             let protect = core::mem::take(&mut v.wake_preempted) && self.cfg.wake_min_run_ns > 0;
             v.stats.counters.schedule_ins += 1;
-            if let Some(w) = v.woken_at.take() {
-                v.stats.kick_to_run_ns.record(now.saturating_sub(w));
+            let latency = v.woken_at.take().map(|w| now.saturating_sub(w));
+            if let Some(l) = latency {
+                v.stats.kick_to_run_ns.record(l);
             }
+            switch.into = Some((v.id, v.credit, latency));
             let pc = &mut self.pcpus[pcpu];
             pc.curr = Some(n);
             pc.entry = now;
@@ -686,7 +753,7 @@ impl Scheduler {
         let at = now.saturating_add(slice);
         self.pcpus[pcpu].timer_at = Some(at);
         let kick = self.idle_pcpu_for_queued(pcpu);
-        Ok(Decision { next: Some(self.vcpus[n].id), timer_at: Some(at), preempted, kick })
+        Ok(Decision { next: Some(self.vcpus[n].id), timer_at: Some(at), preempted, kick, switch })
     }
 
     /// Counters and histogram of a vCPU.
@@ -975,6 +1042,8 @@ impl Scheduler {
             WakeMode::XenCompat => {
                 if self.cfg.ratelimit_ns > 0 && ran < self.cfg.ratelimit_ns.saturating_sub(RATELIMIT_TOLERANCE_NS) {
                     self.vcpus[s].stats.counters.ratelimit_deferrals += 1;
+                    self.last_deferral =
+                        Some((Deferral::Ratelimit, self.pcpus[p].entry.saturating_add(self.cfg.ratelimit_ns)));
                     WakeAction::None
                 } else if lead > 0 {
                     WakeAction::Reschedule { pcpu: p }
@@ -994,21 +1063,25 @@ impl Scheduler {
                     let end = self.deferral_end(p);
                     if now < end {
                         let c = &mut self.vcpus[s].stats.counters;
-                        if end == self.pcpus[p].protect_until {
+                        let kind = if end == self.pcpus[p].protect_until {
                             c.min_run_deferrals += 1;
+                            Deferral::MinRun
                         } else {
                             c.lhp_deferrals += 1;
-                        }
+                            Deferral::LhpGrace
+                        };
+                        self.last_deferral = Some((kind, end));
                         self.rearm(now, p, end)
                     } else {
                         WakeAction::Reschedule { pcpu: p }
                     }
                 } else {
-                    if in_window {
-                        self.vcpus[s].stats.counters.ratelimit_deferrals += 1;
-                    }
                     let window = self.cfg.ratelimit_ns.max(self.cfg.min_slice_ns);
                     let end = self.pcpus[p].entry.saturating_add(window);
+                    if in_window {
+                        self.vcpus[s].stats.counters.ratelimit_deferrals += 1;
+                        self.last_deferral = Some((Deferral::Ratelimit, end));
+                    }
                     self.rearm(now, p, end)
                 }
             }

@@ -71,6 +71,8 @@ pub fn summarize(r: &CaseResult) -> Option<Summary> {
         clat_p50_us: med(|f| f.clat_p50_us),
         clat_p99_us: med(|f| f.clat_p99_us),
         clat_p999_us: med(|f| f.clat_p999_us),
+        clat_p9999_us: med(|f| f.clat_p9999_us),
+        clat_max_us: med(|f| f.clat_max_us),
         slat_mean_us: med(|f| f.slat_mean_us),
         slat_measured: s.iter().all(|x| x.fio.slat_measured),
         clat_mean_us: med(|f| f.clat_mean_us),

@@ -25,6 +25,9 @@ pub struct FioResult {
     pub clat_p50_us: f64,
     pub clat_p99_us: f64,
     pub clat_p999_us: f64,
+    /// fio's default percentile list has 99.99.
+    pub clat_p9999_us: f64,
+    pub clat_max_us: f64,
     /// Mean submission latency: fio's `slat_ns.mean` when fio measured it
     /// (`slat_ns.N > 0`, async engines). fio records no slat for sync
     /// engines such as psync (N = 0, see the fixture): then this is
@@ -187,6 +190,8 @@ pub fn parse_fio_json(json: &str) -> Result<FioResult, String> {
         clat_p50_us: at("50.000000")?,
         clat_p99_us: at("99.000000")?,
         clat_p999_us: at("99.900000")?,
+        clat_p9999_us: at("99.990000")?,
+        clat_max_us: num(read, "clat_ns/max")? / 1000.0,
         slat_mean_us,
         slat_measured,
         clat_mean_us,

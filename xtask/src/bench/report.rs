@@ -335,9 +335,9 @@ pub fn render_report(results: &[CaseResult]) -> String {
     let _ = writeln!(w, "## Results\n");
     let _ = writeln!(
         w,
-        "| case | IOPS | clat p50 µs | clat p99 µs | clat p99.9 µs | mean slat µs | disk IRQs per CPU (irqchip) | repeats |"
+        "| case | IOPS | clat p50 µs | clat p99 µs | clat p99.9 µs | clat p99.99 µs | clat max µs | mean slat µs | disk IRQs per CPU (irqchip) | repeats |"
     );
-    let _ = writeln!(w, "|---|---:|---:|---:|---:|---:|---|---:|");
+    let _ = writeln!(w, "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|");
     for s in &summaries {
         let irqs = s
             .disk_irqs_per_cpu
@@ -348,12 +348,14 @@ pub fn render_report(results: &[CaseResult]) -> String {
         let fail = if s.errors.is_empty() { String::new() } else { format!(" ({} failed)", s.errors.len()) };
         let _ = writeln!(
             w,
-            "| {} | {:.0} | {} | {} | {} | {}{} | {} | {}{} |",
+            "| {} | {:.0} | {} | {} | {} | {} | {} | {}{} | {} | {}{} |",
             s.case,
             s.fio.iops,
             fus(s.fio.clat_p50_us),
             fus(s.fio.clat_p99_us),
             fus(s.fio.clat_p999_us),
+            fus(s.fio.clat_p9999_us),
+            fus(s.fio.clat_max_us),
             fus(s.fio.slat_mean_us),
             if s.fio.slat_measured { "" } else { "¹" },
             irqs,

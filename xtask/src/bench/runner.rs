@@ -29,7 +29,15 @@ pub fn wakeup(args: &BenchWakeupArgs) -> Result<()> {
                 Ok(run) if run.timed_out => r.errors.push(format!("repeat {rep}: QEMU timed out")),
                 Ok(run) => match parse_console(&run.console) {
                     Ok(s) => {
-                        eprintln!("  repeat {}: {:.0} IOPS, clat p99 {:.0} us", rep + 1, s.fio.iops, s.fio.clat_p99_us);
+                        eprintln!(
+                            "  repeat {}: {:.0} IOPS, clat p99 {:.0} p99.9 {:.0} p99.99 {:.0} max {:.0} us",
+                            rep + 1,
+                            s.fio.iops,
+                            s.fio.clat_p99_us,
+                            s.fio.clat_p999_us,
+                            s.fio.clat_p9999_us,
+                            s.fio.clat_max_us
+                        );
                         r.samples.push(s);
                     }
                     Err(e) => {

@@ -68,6 +68,9 @@ fn parses_the_recorded_console() {
     assert_eq!(f.clat_percentiles_us.len(), 17, "fio's default percentile list");
     assert!(f.clat_p50_us > 0.0 && f.clat_p50_us <= f.clat_p99_us && f.clat_p99_us <= f.clat_p999_us);
     assert_eq!(f.clat_percentiles_us.iter().find(|p| p.0 == 99.0).unwrap().1, f.clat_p99_us);
+    // The tail beyond p99.9 (testdata: 1p2v, clat_ns 99.99 = 7897088, max = 11426171).
+    assert_eq!((f.clat_p9999_us, f.clat_max_us), (7897.088, 11426.171));
+    assert!(f.clat_p999_us <= f.clat_p9999_us && f.clat_p9999_us <= f.clat_max_us);
     // psync: fio records no slat; the proxy is lat - clat, small but > 0.
     assert!(!f.slat_measured);
     assert!(f.slat_mean_us > 0.0 && f.slat_mean_us < f.clat_p50_us, "{}", f.slat_mean_us);

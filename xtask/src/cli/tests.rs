@@ -116,6 +116,8 @@ fn documented_examples_parse() {
         "bench wakeup --quick --disk virtio-pci,nvme",
         "bench timer",
         "bench timer --runtime 5",
+        "bench timer --samples 1000000",
+        "bench timer --samples 200000 --only 'wake-preempt -i50 timer_slop_ns=0' --hv-args sched_trace_threshold_us=150",
         "sim wakeup",
         "sim wakeup --json /tmp/sim.json",
         "sim wakeup --granularity-us 600",
@@ -246,11 +248,17 @@ fn bench_options_and_defaults() {
     assert_eq!(b.only.as_deref(), Some("1p2v unp"));
     assert_eq!(b.hv_args.as_deref(), Some("sched_lhp_grace_us=20 loglvl=debug"));
     match ok("bench timer") {
-        Command::Bench(BenchCommand::Timer(t)) => assert_eq!(t.runtime, 5),
+        Command::Bench(BenchCommand::Timer(t)) => {
+            assert_eq!((t.runtime, t.samples), (None, crate::bench::timer::DEFAULT_SAMPLES))
+        }
         c => panic!("{c:?}"),
     }
-    match ok("bench timer --runtime 2") {
-        Command::Bench(BenchCommand::Timer(t)) => assert_eq!(t.runtime, 2),
+    match ok("bench timer --runtime 2 --samples 1000000 --only -i50 --hv-args sched_trace_threshold_us=150") {
+        Command::Bench(BenchCommand::Timer(t)) => {
+            assert_eq!((t.runtime, t.samples), (Some(2), 1_000_000));
+            assert_eq!(t.only.as_deref(), Some("-i50"));
+            assert_eq!(t.hv_args.as_deref(), Some("sched_trace_threshold_us=150"));
+        }
         c => panic!("{c:?}"),
     }
     assert_eq!(err("bench wakeup --runtime x").kind(), ErrorKind::ValueValidation);
@@ -378,7 +386,7 @@ fn option_names_are_the_documented_ones() {
         longs(&["bench", "wakeup"]),
         sorted(&["--quick", "--full", "--disk", "--gic", "--runtime", "--repeats", "--only", "--hv-args", "--help"])
     );
-    assert_eq!(longs(&["bench", "timer"]), sorted(&["--runtime", "--help"]));
+    assert_eq!(longs(&["bench", "timer"]), sorted(&["--samples", "--runtime", "--only", "--hv-args", "--help"]));
     assert_eq!(
         longs(&["sim", "wakeup"]),
         sorted(&[
