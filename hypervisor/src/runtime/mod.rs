@@ -8,6 +8,7 @@
 //! - `its`: the guest's virtual ITS backed by host LPIs of the physical ITS
 //! - `vblk`: the guest's virtio-blk wired to traps, timer and vGIC
 //! - `physblk`: the physical virtio-blk as that device's backend
+//! - `uefi`: the EFI application (UEFI boot) and the ACPI boot after it
 
 pub mod boot;
 pub mod console;
@@ -15,6 +16,7 @@ pub mod heap;
 pub mod its;
 pub mod percpu;
 pub mod physblk;
+pub mod uefi;
 pub mod vblk;
 pub mod vcpu;
 pub mod vm;

@@ -1,0 +1,309 @@
+//! The hypervisor as an EFI application (UEFI firmware: EDK2 on QEMU,
+//! AWS Graviton), in two halves.
+//!
+//! **In EFI context** ([`hv_efi_main`], called by `efi_entry` in
+//! arch/aarch64/entry.rs once the image is relocated): the firmware's MMU
+//! setup (identity map), its stack, its exception vectors. Through the
+//! system table, and nothing else, it prints a banner on ConOut, finds the
+//! ACPI 2.0 RSDP in the configuration table, reads the memory map and calls
+//! ExitBootServices. The tables are walked as raw `#[repr(C)]` structures
+//! (UEFI 2.10 sections 4.3, 4.4, 7, 12.4): five calls do not justify the
+//! `uefi` crate, and this code must build for the softfloat bare-metal
+//! target like the rest. What it found goes into [`HANDOFF`] (in .data:
+//! the restart below neither relocates nor clears it), then
+//! `efi_to_primary` turns the firmware's MMU off and starts the image again
+//! at `primary_entry`, as after `-kernel`.
+//!
+//! **In the hypervisor proper** ([`acpi_main`], called from
+//! `boot::primary_main` when [`take_handoff`] finds the hand-off): the
+//! hypervisor's own MMU, console and heap; it decodes the memory map and
+//! the ACPI tables (`firmware::uefi`, `firmware::acpi`), logs the machine
+//! and powers off. Dom0 with ACPI is not built yet.
+//!
+//! Reading the configuration file and Dom0's files from the ESP (the
+//! LoadedImage and SimpleFileSystem protocols) is not done yet.
+
+use core::ffi::c_void;
+use core::fmt::{self, Write};
+
+use crate::arch::{cache, smc};
+use crate::dtb::Platform;
+use crate::firmware::acpi::{AcpiMachine, PhysMem, Tables};
+use crate::firmware::uefi::{self, find_config_table, machine_line, Guid, MemoryMap, ACPI_20_TABLE_GUID};
+use crate::hv_fatal;
+use log::info;
+
+type Status = usize;
+const EFI_SUCCESS: Status = 0;
+const EFI_ERROR: Status = 1 << 63;
+const EFI_LOAD_ERROR: Status = EFI_ERROR | 1;
+const EFI_INVALID_PARAMETER: Status = EFI_ERROR | 2;
+const EFI_UNSUPPORTED: Status = EFI_ERROR | 3;
+
+/// "IBI SYST" and "BOOTSERV": the tables' header signatures.
+const SYSTEM_TABLE_SIGNATURE: u64 = 0x5453_5953_2049_4249;
+const BOOT_SERVICES_SIGNATURE: u64 = 0x5652_4553_544f_4f42;
+
+#[repr(C)]
+struct TableHeader {
+    signature: u64,
+    revision: u32,
+    header_size: u32,
+    crc32: u32,
+    reserved: u32,
+}
+
+#[repr(C)]
+struct SystemTable {
+    hdr: TableHeader,
+    firmware_vendor: *const u16,
+    firmware_revision: u32,
+    console_in_handle: *mut c_void,
+    con_in: *mut c_void,
+    console_out_handle: *mut c_void,
+    con_out: *mut SimpleTextOutput,
+    standard_error_handle: *mut c_void,
+    std_err: *mut c_void,
+    runtime_services: *mut c_void,
+    boot_services: *const BootServices,
+    number_of_table_entries: usize,
+    configuration_table: *const ConfigurationTable,
+}
+
+#[repr(C)]
+struct ConfigurationTable {
+    vendor_guid: [u8; 16],
+    vendor_table: *const c_void,
+}
+
+#[repr(C)]
+struct SimpleTextOutput {
+    reset: usize,
+    output_string: extern "efiapi" fn(*mut SimpleTextOutput, *const u16) -> Status,
+}
+
+/// `EFI_BOOT_SERVICES` up to ExitBootServices; the entries this module
+/// does not call are `usize` placeholders.
+#[repr(C)]
+struct BootServices {
+    hdr: TableHeader,
+    raise_tpl: usize,
+    restore_tpl: usize,
+    allocate_pages: usize,
+    free_pages: usize,
+    get_memory_map: extern "efiapi" fn(*mut usize, *mut u8, *mut usize, *mut usize, *mut u32) -> Status,
+    allocate_pool: usize,
+    free_pool: usize,
+    create_event: usize,
+    set_timer: usize,
+    wait_for_event: usize,
+    signal_event: usize,
+    close_event: usize,
+    check_event: usize,
+    install_protocol_interface: usize,
+    reinstall_protocol_interface: usize,
+    uninstall_protocol_interface: usize,
+    handle_protocol: usize,
+    reserved: usize,
+    register_protocol_notify: usize,
+    locate_handle: usize,
+    locate_device_path: usize,
+    install_configuration_table: usize,
+    load_image: usize,
+    start_image: usize,
+    exit: usize,
+    unload_image: usize,
+    exit_boot_services: extern "efiapi" fn(*mut c_void, usize) -> Status,
+}
+
+/// Room for the memory map (EDK2 on QEMU virt: ~60 descriptors of 48
+/// bytes; a large server has a few hundred).
+const MAP_BYTES: usize = 32 << 10;
+
+/// What the EFI half hands to the hypervisor proper.
+#[repr(C)]
+pub struct Handoff {
+    magic: u64,
+    /// The ACPI 2.0 RSDP's address.
+    pub rsdp: u64,
+    map_size: usize,
+    descriptor_size: usize,
+    map: [u8; MAP_BYTES],
+}
+
+impl Handoff {
+    /// The memory map as the firmware returned it at ExitBootServices.
+    pub fn memory_map(&self) -> Result<MemoryMap<'_>, uefi::EfiError> {
+        MemoryMap::new(self.map.get(..self.map_size).unwrap_or(&[]), self.descriptor_size)
+    }
+}
+
+/// `magic` before the EFI half ran (non-zero, so the static is in .data,
+/// which the restart at `primary_entry` keeps), and after.
+const NOT_EFI: u64 = 0x6e6f_7420_6566_6921;
+const FROM_EFI: u64 = 0x6566_6920_626f_6f74;
+
+#[link_section = ".data.efi_handoff"]
+static mut HANDOFF: Handoff = Handoff { magic: NOT_EFI, rsdp: 0, map_size: 0, descriptor_size: 0, map: [0; MAP_BYTES] };
+
+extern "C" {
+    static __image_start: u8;
+    static __image_end: u8;
+    fn efi_to_primary() -> !;
+}
+
+/// ConOut as a `fmt::Write`: text goes out in UCS-2 pieces.
+struct ConOut(*mut SimpleTextOutput);
+
+impl Write for ConOut {
+    fn write_str(&mut self, mut s: &str) -> fmt::Result {
+        let mut buf = [0u16; 128];
+        while !s.is_empty() {
+            let used = uefi::encode_ucs2(s, &mut buf);
+            // SAFETY: `self.0` is the system table's ConOut, valid until
+            // ExitBootServices (this is only used before it); `buf` is
+            // NUL-terminated UCS-2 that outlives the call.
+            let st = unsafe { ((*self.0).output_string)(self.0, buf.as_ptr()) };
+            if st & EFI_ERROR != 0 || used == 0 {
+                return Err(fmt::Error);
+            }
+            s = &s[used..];
+        }
+        Ok(())
+    }
+}
+
+/// The EFI half (see the module comment). Returns to the firmware only
+/// with an error, before ExitBootServices (or when ExitBootServices itself
+/// keeps failing).
+#[no_mangle]
+extern "C" fn hv_efi_main(image: *mut c_void, st: *const SystemTable) -> Status {
+    // SAFETY: the firmware passes its system table (UEFI 2.10 section
+    // 4.1); its header signature is checked before anything else is read.
+    let Some(st) = (unsafe { st.as_ref() }) else { return EFI_INVALID_PARAMETER };
+    if st.hdr.signature != SYSTEM_TABLE_SIGNATURE || st.con_out.is_null() {
+        return EFI_INVALID_PARAMETER;
+    }
+    let mut out = ConOut(st.con_out);
+    // The linker script's image symbols (addresses only).
+    let (start, end) = (core::ptr::addr_of!(__image_start) as u64, core::ptr::addr_of!(__image_end) as u64);
+    let _ = writeln!(out, "hypervisor {}: EFI application at {start:#x}-{end:#x}", env!("CARGO_PKG_VERSION"));
+    let el = crate::arch::sysreg::current_el();
+    if el != 2 {
+        let _ = writeln!(out, "EFI: started at EL{el}, not EL2: the firmware must leave EL2 to OS loaders");
+        return EFI_UNSUPPORTED;
+    }
+    // SAFETY: a checked system table's boot services table, valid until
+    // ExitBootServices.
+    let Some(bs) = (unsafe { st.boot_services.as_ref() }) else { return EFI_INVALID_PARAMETER };
+    if bs.hdr.signature != BOOT_SERVICES_SIGNATURE {
+        let _ = writeln!(out, "EFI: bad boot services table signature");
+        return EFI_INVALID_PARAMETER;
+    }
+    let config: &[ConfigurationTable] = if st.configuration_table.is_null() {
+        &[]
+    } else {
+        // SAFETY: the firmware's configuration table: this many entries.
+        unsafe { core::slice::from_raw_parts(st.configuration_table, st.number_of_table_entries) }
+    };
+    let entries = config.iter().map(|e| (Guid(e.vendor_guid), e.vendor_table as u64));
+    let Some(rsdp) = find_config_table(entries, ACPI_20_TABLE_GUID) else {
+        let _ = writeln!(out, "EFI: no ACPI 2.0 RSDP in the configuration table ({} entries)", config.len());
+        return EFI_UNSUPPORTED;
+    };
+    let _ = writeln!(out, "EFI: ACPI 2.0 RSDP at {rsdp:#x}; ExitBootServices");
+
+    // SAFETY: only this CPU runs (boot services are single-threaded), and
+    // nothing else refers to HANDOFF before `take_handoff`.
+    let h = unsafe { &mut *core::ptr::addr_of_mut!(HANDOFF) };
+    // GetMemoryMap, then ExitBootServices with its key; nothing but these
+    // two calls in between (no printing). A stale key (the map changed)
+    // means: get the map again and retry.
+    let mut status = EFI_LOAD_ERROR;
+    for _ in 0..4 {
+        let (mut size, mut key, mut dsize, mut dversion) = (MAP_BYTES, 0usize, 0usize, 0u32);
+        status = (bs.get_memory_map)(&mut size, h.map.as_mut_ptr(), &mut key, &mut dsize, &mut dversion);
+        if status != EFI_SUCCESS {
+            break;
+        }
+        h.map_size = size;
+        h.descriptor_size = dsize;
+        status = (bs.exit_boot_services)(image, key);
+        if status != EFI_INVALID_PARAMETER {
+            break;
+        }
+    }
+    if status != EFI_SUCCESS {
+        // Boot services may be gone: no more ConOut.
+        return status;
+    }
+    h.rsdp = rsdp;
+    h.magic = FROM_EFI;
+    // The restart runs with the MMU and caches off: push every line of the
+    // image (HANDOFF included) out to memory and drop it from the caches,
+    // so nothing stale is hit when our own MMU turns the caches back on.
+    cache::clean_inval_to_poc(start, end - start);
+    // SAFETY: boot services are gone and the image is cleaned;
+    // `efi_to_primary` never returns.
+    unsafe { efi_to_primary() }
+}
+
+/// The EFI hand-off, when this boot came through [`hv_efi_main`]; `None`
+/// on every other boot path. Call once, on the primary CPU.
+pub fn take_handoff() -> Option<&'static Handoff> {
+    // SAFETY: read once on the primary CPU before any secondary runs;
+    // nothing writes HANDOFF after the EFI half.
+    let h = unsafe { &*core::ptr::addr_of!(HANDOFF) };
+    (h.magic == FROM_EFI).then_some(h)
+}
+
+/// Physical memory the firmware's map calls normal memory, read through
+/// the hypervisor's identity map (normal memory below 512 GiB, outside the
+/// platform's device windows).
+struct EfiMem<'a>(MemoryMap<'a>);
+
+impl PhysMem for EfiMem<'_> {
+    fn read(&self, addr: u64, len: usize) -> Option<&[u8]> {
+        let end = addr.checked_add(len as u64)?;
+        let mapped = end <= 1 << 39 && (addr >> 30..=end.saturating_sub(1) >> 30).all(|g| !crate::platform::is_device_gib(g));
+        if len == 0 || !mapped || !self.0.contains_memory(addr, len as u64) {
+            return None;
+        }
+        // SAFETY: the range is normal memory by the firmware's map, and
+        // identity-mapped as normal memory; the hypervisor writes none of
+        // the firmware's tables (ACPI reclaim/NVS, runtime data) so the
+        // shared borrow holds.
+        Some(unsafe { core::slice::from_raw_parts(addr as *const u8, len) })
+    }
+}
+
+/// The hypervisor proper after an EFI boot: the machine from ACPI, then
+/// power-off (no Dom0 on this path yet).
+pub fn acpi_main(h: &'static Handoff) -> ! {
+    let map = match h.memory_map() {
+        Ok(m) => m,
+        Err(e) => hv_fatal!("{e}"),
+    };
+    let ram = match map.ram() {
+        Ok(r) => r,
+        Err(e) => hv_fatal!("{e}"),
+    };
+    info!(
+        "EFI boot: RSDP {:#x}, memory map of {} descriptors, {} MiB of RAM in {} ranges",
+        h.rsdp,
+        map.len(),
+        ram.iter().map(|r| r.size).sum::<u64>() >> 20,
+        ram.len()
+    );
+    let mem = EfiMem(map);
+    let plat: Platform = match Tables::from_rsdp(&mem, h.rsdp)
+        .and_then(|t| AcpiMachine::parse(&t))
+        .and_then(|m| m.to_platform(ram))
+    {
+        Ok(p) => p,
+        Err(e) => hv_fatal!("{e}"),
+    };
+    info!("ACPI machine: {}", machine_line(&plat));
+    info!("EFI boot: Dom0 with ACPI is not implemented yet; powering off");
+    smc::psci_system_off()
+}
