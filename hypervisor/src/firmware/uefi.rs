@@ -38,7 +38,8 @@ impl Guid {
 
 /// `EFI_ACPI_20_TABLE_GUID` (8868e871-e4f1-11d3-bc22-0080c73c8881): the
 /// configuration table entry pointing at the ACPI 2.0+ RSDP.
-pub const ACPI_20_TABLE_GUID: Guid = Guid::new(0x8868_e871, 0xe4f1, 0x11d3, [0xbc, 0x22, 0x00, 0x80, 0xc7, 0x3c, 0x88, 0x81]);
+pub const ACPI_20_TABLE_GUID: Guid =
+    Guid::new(0x8868_e871, 0xe4f1, 0x11d3, [0xbc, 0x22, 0x00, 0x80, 0xc7, 0x3c, 0x88, 0x81]);
 
 /// The address of the configuration table entry with `guid`, if any.
 pub fn find_config_table(entries: impl IntoIterator<Item = (Guid, u64)>, guid: Guid) -> Option<u64> {
@@ -84,7 +85,7 @@ impl MemoryDescriptor {
     /// The region, or `None` when it is empty, unaligned or wraps.
     pub fn region(&self) -> Option<Region> {
         let size = self.pages.checked_mul(EFI_PAGE_SIZE)?;
-        (size > 0 && self.phys_start % EFI_PAGE_SIZE == 0 && self.phys_start.checked_add(size).is_some())
+        (size > 0 && self.phys_start.is_multiple_of(EFI_PAGE_SIZE) && self.phys_start.checked_add(size).is_some())
             .then_some(Region { base: self.phys_start, size })
     }
 
@@ -146,10 +147,10 @@ pub struct MemoryMap<'a> {
 impl<'a> MemoryMap<'a> {
     /// Checks the descriptor size and that `bytes` holds whole descriptors.
     pub fn new(bytes: &'a [u8], descriptor_size: usize) -> Result<Self, EfiError> {
-        if descriptor_size < MEMORY_DESCRIPTOR_LEN || descriptor_size % 8 != 0 || descriptor_size > 4096 {
+        if descriptor_size < MEMORY_DESCRIPTOR_LEN || !descriptor_size.is_multiple_of(8) || descriptor_size > 4096 {
             return Err(EfiError::BadDescriptorSize(descriptor_size));
         }
-        if bytes.len() % descriptor_size != 0 {
+        if !bytes.len().is_multiple_of(descriptor_size) {
             return Err(EfiError::BadMapSize { size: bytes.len(), descriptor_size });
         }
         Ok(MemoryMap { bytes, descriptor_size })
@@ -284,13 +285,15 @@ impl fmt::Display for CfgError {
     }
 }
 
+/// One `key=value` of a section, with its line number.
+type KeyLine = (String, String, usize);
+
 impl EfiConfig {
     /// Parses the file's bytes (a UTF-8 BOM and CRLF line ends allowed).
     pub fn parse(bytes: &[u8]) -> Result<EfiConfig, CfgError> {
         let text = core::str::from_utf8(bytes).map_err(|_| CfgError::NotText)?;
         let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-        // (section name, [(key, value, line)])
-        let mut sections: Vec<(String, Vec<(String, String, usize)>)> = Vec::new();
+        let mut sections: Vec<(String, Vec<KeyLine>)> = Vec::new();
         for (i, raw) in text.lines().enumerate() {
             let line = raw.trim();
             if line.is_empty() || line.starts_with('#') {
@@ -311,7 +314,7 @@ impl EfiConfig {
             }
             keys.push((k.to_string(), v.trim().to_string(), i + 1));
         }
-        let get = |keys: &[(String, String, usize)], k: &str| keys.iter().find(|e| e.0 == k).map(|e| e.1.clone());
+        let get = |keys: &[KeyLine], k: &str| keys.iter().find(|e| e.0 == k).map(|e| e.1.clone());
         let global = sections.iter().find(|s| s.0 == "global");
         let chosen = match global.and_then(|g| get(&g.1, "default")) {
             Some(name) => sections.iter().find(|s| s.0 == name && s.0 != "global").ok_or(CfgError::NoSection(name))?,
@@ -384,7 +387,10 @@ mod tests {
             [0x71, 0xe8, 0x68, 0x88, 0xf1, 0xe4, 0xd3, 0x11, 0xbc, 0x22, 0x00, 0x80, 0xc7, 0x3c, 0x88, 0x81]
         );
         let other = Guid::new(1, 2, 3, [0; 8]);
-        assert_eq!(find_config_table([(other, 1), (ACPI_20_TABLE_GUID, 0x7713_0018)], ACPI_20_TABLE_GUID), Some(0x7713_0018));
+        assert_eq!(
+            find_config_table([(other, 1), (ACPI_20_TABLE_GUID, 0x7713_0018)], ACPI_20_TABLE_GUID),
+            Some(0x7713_0018)
+        );
         assert_eq!(find_config_table([(other, 1)], ACPI_20_TABLE_GUID), None);
     }
 
@@ -421,9 +427,10 @@ mod tests {
         for bad in [desc(7, 0x4000_0800, 1, 40), desc(7, 0x4000_0000, 0, 40), desc(7, u64::MAX - 4095, 2, 40)] {
             assert_eq!(MemoryMap::new(&bad, 40).unwrap().ram().unwrap_err(), EfiError::BadDescriptor { index: 0 });
         }
-        assert_eq!(MemoryMap::new(&desc(7, 0, u64::MAX, 40), 40).unwrap().ram().unwrap_err(), EfiError::BadDescriptor {
-            index: 0
-        });
+        assert_eq!(
+            MemoryMap::new(&desc(7, 0, u64::MAX, 40), 40).unwrap().ram().unwrap_err(),
+            EfiError::BadDescriptor { index: 0 }
+        );
     }
 
     #[test]

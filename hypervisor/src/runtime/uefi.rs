@@ -265,7 +265,8 @@ struct EfiMem<'a>(MemoryMap<'a>);
 impl PhysMem for EfiMem<'_> {
     fn read(&self, addr: u64, len: usize) -> Option<&[u8]> {
         let end = addr.checked_add(len as u64)?;
-        let mapped = end <= 1 << 39 && (addr >> 30..=end.saturating_sub(1) >> 30).all(|g| !crate::platform::is_device_gib(g));
+        let mapped =
+            end <= 1 << 39 && (addr >> 30..=end.saturating_sub(1) >> 30).all(|g| !crate::platform::is_device_gib(g));
         if len == 0 || !mapped || !self.0.contains_memory(addr, len as u64) {
             return None;
         }
@@ -296,13 +297,11 @@ pub fn acpi_main(h: &'static Handoff) -> ! {
         ram.len()
     );
     let mem = EfiMem(map);
-    let plat: Platform = match Tables::from_rsdp(&mem, h.rsdp)
-        .and_then(|t| AcpiMachine::parse(&t))
-        .and_then(|m| m.to_platform(ram))
-    {
-        Ok(p) => p,
-        Err(e) => hv_fatal!("{e}"),
-    };
+    let plat: Platform =
+        match Tables::from_rsdp(&mem, h.rsdp).and_then(|t| AcpiMachine::parse(&t)).and_then(|m| m.to_platform(ram)) {
+            Ok(p) => p,
+            Err(e) => hv_fatal!("{e}"),
+        };
     info!("ACPI machine: {}", machine_line(&plat));
     info!("EFI boot: Dom0 with ACPI is not implemented yet; powering off");
     smc::psci_system_off()
