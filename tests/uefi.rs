@@ -1,7 +1,7 @@
 //! The UEFI boot path (`cargo xtask run --firmware uefi`, Graviton's on
 //! QEMU): EDK2 with ACPI starts the hypervisor as an EFI application from
-//! the ESP (`EFI/BOOT/BOOTAA64.EFI`); it finds the ACPI RSDP, leaves boot
-//! services, describes the machine from ACPI and powers off (no Dom0 on
+//! the ESP (`EFI/BOOT/BOOTAA64.EFI`); it finds the ACPI RSDP, reads its
+//! configuration file from the ESP, leaves boot services, describes the machine from ACPI and powers off (no Dom0 on
 //! this path yet).
 
 use integration_tests::*;
@@ -23,6 +23,11 @@ fn edk2_starts_the_hypervisor_which_reads_acpi_and_powers_off() {
     // The EFI half: banner and RSDP on ConOut, at EL2 (it refuses otherwise).
     assert_console(&r, "hypervisor 0.1.0: EFI application at ");
     assert_console(&r, "EFI: ACPI 2.0 RSDP at 0x");
+    // The configuration file xtask put next to the application, read
+    // through LoadedImage + SimpleFileSystem, parsed after the restart.
+    assert_console(&r, r"EFI: read \EFI\BOOT\hypervisor.cfg (");
+    assert_console(&r, r#"(HV) INFO  EFI config [dom0]: options "dom0_mem=1024M dom0_max_vcpus=2", kernel vmlinuz ""#);
+    assert_console(&r, "ramdisk initrd");
     // The hypervisor proper, after ExitBootServices and the restart.
     assert_console(&r, "(HV) INFO  EFI boot: RSDP 0x");
     assert_console(

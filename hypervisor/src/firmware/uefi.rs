@@ -24,6 +24,7 @@ use crate::dtb::{Platform, Region};
 
 /// An `EFI_GUID` as it lies in memory (Data1..Data3 little-endian).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(transparent)]
 pub struct Guid(pub [u8; 16]);
 
 impl Guid {

@@ -5,7 +5,8 @@
 //! arch/aarch64/entry.rs once the image is relocated): the firmware's MMU
 //! setup (identity map), its stack, its exception vectors. Through the
 //! system table, and nothing else, it prints a banner on ConOut, finds the
-//! ACPI 2.0 RSDP in the configuration table, reads the memory map and calls
+//! ACPI 2.0 RSDP in the configuration table, reads the configuration file,
+//! reads the memory map and calls
 //! ExitBootServices. The tables are walked as raw `#[repr(C)]` structures
 //! (UEFI 2.10 sections 4.3, 4.4, 7, 12.4): five calls do not justify the
 //! `uefi` crate, and this code must build for the softfloat bare-metal
@@ -20,8 +21,9 @@
 //! the ACPI tables (`firmware::uefi`, `firmware::acpi`), logs the machine
 //! and powers off. Dom0 with ACPI is not built yet.
 //!
-//! Reading the configuration file and Dom0's files from the ESP (the
-//! LoadedImage and SimpleFileSystem protocols) is not done yet.
+//! It also reads the configuration file (Xen's `xen.cfg` format) from the
+//! ESP through the LoadedImage and SimpleFileSystem protocols; loading
+//! Dom0's kernel and initrd from there is not done yet.
 
 use core::ffi::c_void;
 use core::fmt::{self, Write};
@@ -29,9 +31,9 @@ use core::fmt::{self, Write};
 use crate::arch::{cache, smc};
 use crate::dtb::Platform;
 use crate::firmware::acpi::{AcpiMachine, PhysMem, Tables};
-use crate::firmware::uefi::{self, find_config_table, machine_line, Guid, MemoryMap, ACPI_20_TABLE_GUID};
+use crate::firmware::uefi::{self, find_config_table, machine_line, EfiConfig, Guid, MemoryMap, ACPI_20_TABLE_GUID};
 use crate::hv_fatal;
-use log::info;
+use log::{error, info};
 
 type Status = usize;
 const EFI_SUCCESS: Status = 0;
@@ -103,7 +105,7 @@ struct BootServices {
     install_protocol_interface: usize,
     reinstall_protocol_interface: usize,
     uninstall_protocol_interface: usize,
-    handle_protocol: usize,
+    handle_protocol: extern "efiapi" fn(*mut c_void, *const Guid, *mut *mut c_void) -> Status,
     reserved: usize,
     register_protocol_notify: usize,
     locate_handle: usize,
@@ -115,6 +117,44 @@ struct BootServices {
     unload_image: usize,
     exit_boot_services: extern "efiapi" fn(*mut c_void, usize) -> Status,
 }
+
+/// `EFI_LOADED_IMAGE_PROTOCOL` up to the device the image was loaded from.
+#[repr(C)]
+struct LoadedImage {
+    revision: u32,
+    parent_handle: *mut c_void,
+    system_table: *const SystemTable,
+    device_handle: *mut c_void,
+}
+
+#[repr(C)]
+struct SimpleFileSystem {
+    revision: u64,
+    open_volume: extern "efiapi" fn(*mut SimpleFileSystem, *mut *mut FileProtocol) -> Status,
+}
+
+/// `EFI_FILE_PROTOCOL` up to Read.
+#[repr(C)]
+struct FileProtocol {
+    revision: u64,
+    open: extern "efiapi" fn(*mut FileProtocol, *mut *mut FileProtocol, *const u16, u64, u64) -> Status,
+    close: extern "efiapi" fn(*mut FileProtocol) -> Status,
+    delete: usize,
+    read: extern "efiapi" fn(*mut FileProtocol, *mut usize, *mut u8) -> Status,
+}
+
+const LOADED_IMAGE_PROTOCOL_GUID: Guid =
+    Guid::new(0x5b1b_31a1, 0x9562, 0x11d2, [0x8e, 0x3f, 0x00, 0xa0, 0xc9, 0x69, 0x72, 0x3b]);
+const SIMPLE_FILE_SYSTEM_PROTOCOL_GUID: Guid =
+    Guid::new(0x964e_5b22, 0x6459, 0x11d2, [0x8e, 0x39, 0x00, 0xa0, 0xc9, 0x69, 0x72, 0x3b]);
+const EFI_FILE_MODE_READ: u64 = 1;
+
+/// Where the configuration file is read from: the removable-media
+/// directory (`\EFI\BOOT\`, where xtask puts the application).
+const CONFIG_PATH: &str = "\\EFI\\BOOT\\hypervisor.cfg";
+
+/// Room for the configuration file (a few lines).
+const CONFIG_BYTES: usize = 4096;
 
 /// Room for the memory map (EDK2 on QEMU virt: ~60 descriptors of 48
 /// bytes; a large server has a few hundred).
@@ -129,12 +169,20 @@ pub struct Handoff {
     map_size: usize,
     descriptor_size: usize,
     map: [u8; MAP_BYTES],
+    /// Bytes of `config` read from [`CONFIG_PATH`] (0: none).
+    config_size: usize,
+    config: [u8; CONFIG_BYTES],
 }
 
 impl Handoff {
     /// The memory map as the firmware returned it at ExitBootServices.
     pub fn memory_map(&self) -> Result<MemoryMap<'_>, uefi::EfiError> {
         MemoryMap::new(self.map.get(..self.map_size).unwrap_or(&[]), self.descriptor_size)
+    }
+
+    /// The configuration file's bytes, if it was read.
+    pub fn config(&self) -> Option<&[u8]> {
+        self.config.get(..self.config_size).filter(|c| !c.is_empty())
     }
 }
 
@@ -144,7 +192,15 @@ const NOT_EFI: u64 = 0x6e6f_7420_6566_6921;
 const FROM_EFI: u64 = 0x6566_6920_626f_6f74;
 
 #[link_section = ".data.efi_handoff"]
-static mut HANDOFF: Handoff = Handoff { magic: NOT_EFI, rsdp: 0, map_size: 0, descriptor_size: 0, map: [0; MAP_BYTES] };
+static mut HANDOFF: Handoff = Handoff {
+    magic: NOT_EFI,
+    rsdp: 0,
+    map_size: 0,
+    descriptor_size: 0,
+    map: [0; MAP_BYTES],
+    config_size: 0,
+    config: [0; CONFIG_BYTES],
+};
 
 extern "C" {
     static __image_start: u8;
@@ -211,11 +267,21 @@ extern "C" fn hv_efi_main(image: *mut c_void, st: *const SystemTable) -> Status 
         let _ = writeln!(out, "EFI: no ACPI 2.0 RSDP in the configuration table ({} entries)", config.len());
         return EFI_UNSUPPORTED;
     };
-    let _ = writeln!(out, "EFI: ACPI 2.0 RSDP at {rsdp:#x}; ExitBootServices");
+    let _ = writeln!(out, "EFI: ACPI 2.0 RSDP at {rsdp:#x}");
 
     // SAFETY: only this CPU runs (boot services are single-threaded), and
     // nothing else refers to HANDOFF before `take_handoff`.
     let h = unsafe { &mut *core::ptr::addr_of_mut!(HANDOFF) };
+    match read_file(bs, image, CONFIG_PATH, &mut h.config) {
+        Ok(n) => {
+            h.config_size = n;
+            let _ = writeln!(out, "EFI: read {CONFIG_PATH} ({n} bytes)");
+        }
+        Err((what, st)) => {
+            let _ = writeln!(out, "EFI: no {CONFIG_PATH} ({what}: status {st:#x}); going on without it");
+        }
+    }
+    let _ = writeln!(out, "EFI: ExitBootServices");
     // GetMemoryMap, then ExitBootServices with its key; nothing but these
     // two calls in between (no printing). A stale key (the map changed)
     // means: get the map again and retry.
@@ -246,6 +312,56 @@ extern "C" fn hv_efi_main(image: *mut c_void, st: *const SystemTable) -> Status 
     // SAFETY: boot services are gone and the image is cleaned;
     // `efi_to_primary` never returns.
     unsafe { efi_to_primary() }
+}
+
+/// Reads the file at `path` on the volume the application was loaded from
+/// into `buf`; returns its length. A file that does not fit is an error.
+/// The error names the step that failed and the firmware's status.
+fn read_file(
+    bs: &BootServices,
+    image: *mut c_void,
+    path: &str,
+    buf: &mut [u8],
+) -> Result<usize, (&'static str, Status)> {
+    let check = |what, st: Status| if st == EFI_SUCCESS { Ok(()) } else { Err((what, st)) };
+    let mut li: *mut c_void = core::ptr::null_mut();
+    check("LoadedImage", (bs.handle_protocol)(image, &LOADED_IMAGE_PROTOCOL_GUID, &mut li))?;
+    // SAFETY: the firmware returned its LoadedImage protocol for our image
+    // (valid until ExitBootServices); only `device_handle` is read.
+    let device = unsafe { (*(li as *const LoadedImage)).device_handle };
+    let mut fs: *mut c_void = core::ptr::null_mut();
+    check("SimpleFileSystem", (bs.handle_protocol)(device, &SIMPLE_FILE_SYSTEM_PROTOCOL_GUID, &mut fs))?;
+    let fs = fs as *mut SimpleFileSystem;
+    let mut root: *mut FileProtocol = core::ptr::null_mut();
+    // SAFETY: the device's SimpleFileSystem protocol, as the firmware gave it.
+    check("OpenVolume", unsafe { ((*fs).open_volume)(fs, &mut root) })?;
+    let mut name = [0u16; 64];
+    uefi::encode_ucs2(path, &mut name);
+    let mut file: *mut FileProtocol = core::ptr::null_mut();
+    // SAFETY: `root` is the open volume's root directory; `name` is a
+    // NUL-terminated UCS-2 path that outlives the call.
+    let st = unsafe { ((*root).open)(root, &mut file, name.as_ptr(), EFI_FILE_MODE_READ, 0) };
+    let result = check("Open", st).and_then(|()| {
+        // Read up to `buf.len()` bytes, then one more: a file that fills
+        // `buf` is too large (its end would be cut off).
+        let mut size = buf.len();
+        let mut more = 1usize;
+        let mut tmp = [0u8; 1];
+        // SAFETY: `file` was opened just above; `buf` has `size` bytes,
+        // `tmp` one.
+        let read = check("Read", unsafe { ((*file).read)(file, &mut size, buf.as_mut_ptr()) })
+            .and_then(|()| check("Read", unsafe { ((*file).read)(file, &mut more, tmp.as_mut_ptr()) }));
+        // SAFETY: closes the file opened above, once.
+        unsafe { ((*file).close)(file) };
+        read?;
+        if more != 0 {
+            return Err(("too large", EFI_ERROR | 5));
+        }
+        Ok(size)
+    });
+    // SAFETY: closes the root directory opened above, once.
+    unsafe { ((*root).close)(root) };
+    result
 }
 
 /// The EFI hand-off, when this boot came through [`hv_efi_main`]; `None`
@@ -296,6 +412,18 @@ pub fn acpi_main(h: &'static Handoff) -> ! {
         ram.iter().map(|r| r.size).sum::<u64>() >> 20,
         ram.len()
     );
+    match h.config().map(EfiConfig::parse) {
+        None => info!("EFI boot: no configuration file"),
+        Some(Ok(c)) => info!(
+            "EFI config [{}]: options \"{}\", kernel {} \"{}\", ramdisk {}",
+            c.section,
+            c.options,
+            c.kernel.as_deref().unwrap_or("(none)"),
+            c.kernel_args,
+            c.ramdisk.as_deref().unwrap_or("(none)")
+        ),
+        Some(Err(e)) => error!("{e}"),
+    }
     let mem = EfiMem(map);
     let plat: Platform =
         match Tables::from_rsdp(&mem, h.rsdp).and_then(|t| AcpiMachine::parse(&t)).and_then(|m| m.to_platform(ram)) {
