@@ -1,8 +1,9 @@
 //! The UEFI boot path (`cargo xtask run --firmware uefi`, Graviton's on
 //! QEMU): EDK2 with ACPI starts the hypervisor as an EFI application from
 //! the ESP (`EFI/BOOT/BOOTAA64.EFI`); it finds the ACPI RSDP, reads its
-//! configuration file from the ESP, leaves boot services, describes the machine from ACPI and powers off (no Dom0 on
-//! this path yet).
+//! configuration file and Dom0's kernel and initrd from the ESP, leaves
+//! boot services, describes the machine from ACPI, plans where Dom0 would
+//! go and powers off (no Dom0 on this path yet).
 
 use integration_tests::*;
 use std::time::Duration;
@@ -28,6 +29,15 @@ fn edk2_starts_the_hypervisor_which_reads_acpi_and_powers_off() {
     assert_console(&r, r"EFI: read \EFI\BOOT\hypervisor.cfg (");
     assert_console(&r, r#"(HV) INFO  EFI config [dom0]: options "dom0_mem=1024M dom0_max_vcpus=2", kernel vmlinuz ""#);
     assert_console(&r, "ramdisk initrd");
+    // Dom0's kernel and initrd named there, loaded from the ESP, and the
+    // boot-layout plan placing Dom0's RAM (1 GiB) in the EFI memory map's RAM.
+    assert_console(&r, "EFI: loaded kernel vmlinuz at 0x");
+    assert_console(&r, "EFI: loaded ramdisk initrd at 0x");
+    let layout = r.console.lines().find(|l| l.contains("EFI boot: layout: ")).expect("no layout line");
+    let guest = layout.split("guest RAM ").nth(1).and_then(|s| s.split(',').next()).expect(layout);
+    let (lo, hi) = guest.split_once('-').expect(layout);
+    let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).expect(layout);
+    assert_eq!(hex(hi) - hex(lo), 1 << 30, "{layout}");
     // The hypervisor proper, after ExitBootServices and the restart.
     assert_console(&r, "(HV) INFO  EFI boot: RSDP 0x");
     assert_console(

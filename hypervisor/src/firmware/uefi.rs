@@ -338,6 +338,40 @@ impl EfiConfig {
     }
 }
 
+/// `key`'s value in the section [`EfiConfig::parse`] would use, without
+/// allocating (the EFI application looks up file names before the
+/// hypervisor has a heap); `None` when the text, section or key is missing.
+/// Errors are left to [`EfiConfig::parse`], which runs after the restart.
+pub fn config_lookup<'a>(bytes: &'a [u8], key: &str) -> Option<&'a str> {
+    let text = core::str::from_utf8(bytes).ok()?;
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    // (section, key, value) of every `key=value` line.
+    let entries = || {
+        let mut section = None;
+        text.lines().filter_map(move |l| {
+            let l = l.trim();
+            if let Some(name) = l.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+                section = Some(name.trim());
+                return None;
+            }
+            let (k, v) = l.split_once('=').filter(|_| !l.starts_with('#'))?;
+            Some((section?, k.trim(), v.trim()))
+        })
+    };
+    let sections = || text.lines().filter_map(|l| l.trim().strip_prefix('[')?.strip_suffix(']').map(str::trim));
+    let chosen = match entries().find(|e| e.0 == "global" && e.1 == "default") {
+        Some((_, _, name)) => sections().find(|&s| s == name && s != "global")?,
+        None => sections().find(|&s| s != "global")?,
+    };
+    entries().find(|e| e.0 == chosen && e.1 == key).map(|e| e.2)
+}
+
+/// The file named by a `kernel=` value (its first word; the rest is Dom0's
+/// command line).
+pub fn kernel_file(value: &str) -> &str {
+    value.split(char::is_whitespace).next().unwrap_or("")
+}
+
 /// One line describing the machine: CPUs, GIC, ITS, console UART, PCIe
 /// ECAM, PSCI conduit and RAM.
 pub fn machine_line(p: &Platform) -> String {
@@ -460,6 +494,24 @@ mod tests {
         assert_eq!(c.ramdisk.as_deref(), Some("initrd.cpio"));
         let c = EfiConfig::parse(b"[global]\n[a]\nkernel=k\n[b]\n").unwrap();
         assert_eq!((c.section.as_str(), c.kernel.as_deref(), c.kernel_args.as_str()), ("a", Some("k"), ""));
+    }
+
+    #[test]
+    fn lookup_without_a_heap_agrees_with_the_parser() {
+        let texts: [&[u8]; 3] = [
+            b"[global]\ndefault=b\n[a]\nkernel=ka x\n[b]\n# c\nkernel = kb y z\nramdisk=rb\n",
+            b"[global]\n[a]\nkernel=k\n[b]\nramdisk=r\n",
+            b"[only]\nramdisk=r\noptions=o=1\n",
+        ];
+        for t in texts {
+            let c = EfiConfig::parse(t).unwrap();
+            assert_eq!(config_lookup(t, "kernel").map(kernel_file), c.kernel.as_deref());
+            assert_eq!(config_lookup(t, "ramdisk"), c.ramdisk.as_deref());
+            assert_eq!(config_lookup(t, "options").unwrap_or(""), c.options);
+        }
+        assert_eq!(config_lookup(b"[global]\ndefault=zz\n[a]\nkernel=k\n", "kernel"), None);
+        assert_eq!(config_lookup(b"\xff", "kernel"), None);
+        assert_eq!(kernel_file("vmlinuz console=hvc0"), "vmlinuz");
     }
 
     #[test]

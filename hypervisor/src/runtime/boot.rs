@@ -46,7 +46,7 @@ fn find_dtb(regs: [u64; 4]) -> Result<(&'static [u8], Convention), NoDtb> {
 
 /// Checks the boot inputs, reads the kernel's arm64 header (once the
 /// module is known to lie in RAM and overlap nothing) and plans the layout.
-fn plan_layout(
+pub(super) fn plan_layout(
     plat: &Platform,
     kernel: &BootModule,
     cfg: &Config,

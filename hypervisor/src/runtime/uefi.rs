@@ -18,18 +18,22 @@
 //! **In the hypervisor proper** ([`acpi_main`], called from
 //! `boot::primary_main` when [`take_handoff`] finds the hand-off): the
 //! hypervisor's own MMU, console and heap; it decodes the memory map and
-//! the ACPI tables (`firmware::uefi`, `firmware::acpi`), logs the machine
-//! and powers off. Dom0 with ACPI is not built yet.
+//! the ACPI tables (`firmware::uefi`, `firmware::acpi`), logs the machine,
+//! plans where Dom0 would go (`boot::plan`) and powers off. Dom0 with ACPI
+//! is not built yet.
 //!
-//! It also reads the configuration file (Xen's `xen.cfg` format) from the
-//! ESP through the LoadedImage and SimpleFileSystem protocols; loading
-//! Dom0's kernel and initrd from there is not done yet.
+//! Files come from the ESP through the LoadedImage and SimpleFileSystem
+//! protocols: the configuration file (Xen's `xen.cfg` format) and the
+//! kernel and initrd it names, loaded into `EfiLoaderData` pages. After
+//! the restart the boot-layout plan places Dom0 in the memory map's RAM.
 
+use alloc::string::String;
 use core::ffi::c_void;
 use core::fmt::{self, Write};
 
 use crate::arch::{cache, smc};
-use crate::dtb::Platform;
+use crate::config::Config;
+use crate::dtb::{BootModule, Platform, Region};
 use crate::firmware::acpi::{AcpiMachine, PhysMem, Tables};
 use crate::firmware::uefi::{self, find_config_table, machine_line, EfiConfig, Guid, MemoryMap, ACPI_20_TABLE_GUID};
 use crate::hv_fatal;
@@ -91,7 +95,7 @@ struct BootServices {
     hdr: TableHeader,
     raise_tpl: usize,
     restore_tpl: usize,
-    allocate_pages: usize,
+    allocate_pages: extern "efiapi" fn(u32, u32, usize, *mut u64) -> Status,
     free_pages: usize,
     get_memory_map: extern "efiapi" fn(*mut usize, *mut u8, *mut usize, *mut usize, *mut u32) -> Status,
     allocate_pool: usize,
@@ -141,16 +145,31 @@ struct FileProtocol {
     close: extern "efiapi" fn(*mut FileProtocol) -> Status,
     delete: usize,
     read: extern "efiapi" fn(*mut FileProtocol, *mut usize, *mut u8) -> Status,
+    write: usize,
+    get_position: usize,
+    set_position: usize,
+    get_info: extern "efiapi" fn(*mut FileProtocol, *const Guid, *mut usize, *mut u8) -> Status,
 }
 
 const LOADED_IMAGE_PROTOCOL_GUID: Guid =
     Guid::new(0x5b1b_31a1, 0x9562, 0x11d2, [0x8e, 0x3f, 0x00, 0xa0, 0xc9, 0x69, 0x72, 0x3b]);
 const SIMPLE_FILE_SYSTEM_PROTOCOL_GUID: Guid =
     Guid::new(0x964e_5b22, 0x6459, 0x11d2, [0x8e, 0x39, 0x00, 0xa0, 0xc9, 0x69, 0x72, 0x3b]);
+const FILE_INFO_GUID: Guid = Guid::new(0x0957_6e92, 0x6d3f, 0x11d2, [0x8e, 0x39, 0x00, 0xa0, 0xc9, 0x69, 0x72, 0x3b]);
 const EFI_FILE_MODE_READ: u64 = 1;
+/// AllocatePages: `AllocateAnyPages`, memory type `EfiLoaderData` (the OS
+/// owns it after ExitBootServices).
+const ALLOCATE_ANY_PAGES: u32 = 0;
+const LOADER_DATA: u32 = 2;
 
-/// Where the configuration file is read from: the removable-media
-/// directory (`\EFI\BOOT\`, where xtask puts the application).
+/// A failed firmware call: what was being done, and the status.
+type EfiFail = (&'static str, Status);
+
+/// The directory files are read from: the removable-media directory
+/// (`\EFI\BOOT\`), where xtask puts the application. A name starting
+/// with `\` in the configuration file is a path from the volume's root.
+const ESP_DIR: &str = "\\EFI\\BOOT\\";
+/// The configuration file.
 const CONFIG_PATH: &str = "\\EFI\\BOOT\\hypervisor.cfg";
 
 /// Room for the configuration file (a few lines).
@@ -172,6 +191,10 @@ pub struct Handoff {
     /// Bytes of `config` read from [`CONFIG_PATH`] (0: none).
     config_size: usize,
     config: [u8; CONFIG_BYTES],
+    /// Dom0's kernel and initrd as loaded into `EfiLoaderData` pages
+    /// (size 0: not loaded).
+    pub kernel: Region,
+    pub ramdisk: Region,
 }
 
 impl Handoff {
@@ -200,6 +223,8 @@ static mut HANDOFF: Handoff = Handoff {
     map: [0; MAP_BYTES],
     config_size: 0,
     config: [0; CONFIG_BYTES],
+    kernel: Region { base: 0, size: 0 },
+    ramdisk: Region { base: 0, size: 0 },
 };
 
 extern "C" {
@@ -272,15 +297,7 @@ extern "C" fn hv_efi_main(image: *mut c_void, st: *const SystemTable) -> Status 
     // SAFETY: only this CPU runs (boot services are single-threaded), and
     // nothing else refers to HANDOFF before `take_handoff`.
     let h = unsafe { &mut *core::ptr::addr_of_mut!(HANDOFF) };
-    match read_file(bs, image, CONFIG_PATH, &mut h.config) {
-        Ok(n) => {
-            h.config_size = n;
-            let _ = writeln!(out, "EFI: read {CONFIG_PATH} ({n} bytes)");
-        }
-        Err((what, st)) => {
-            let _ = writeln!(out, "EFI: no {CONFIG_PATH} ({what}: status {st:#x}); going on without it");
-        }
-    }
+    load_boot_files(&mut out, bs, image, h);
     let _ = writeln!(out, "EFI: ExitBootServices");
     // GetMemoryMap, then ExitBootServices with its key; nothing but these
     // two calls in between (no printing). A stale key (the map changed)
@@ -314,54 +331,169 @@ extern "C" fn hv_efi_main(image: *mut c_void, st: *const SystemTable) -> Status 
     unsafe { efi_to_primary() }
 }
 
-/// Reads the file at `path` on the volume the application was loaded from
-/// into `buf`; returns its length. A file that does not fit is an error.
-/// The error names the step that failed and the firmware's status.
-fn read_file(
-    bs: &BootServices,
-    image: *mut c_void,
-    path: &str,
-    buf: &mut [u8],
-) -> Result<usize, (&'static str, Status)> {
-    let check = |what, st: Status| if st == EFI_SUCCESS { Ok(()) } else { Err((what, st)) };
-    let mut li: *mut c_void = core::ptr::null_mut();
-    check("LoadedImage", (bs.handle_protocol)(image, &LOADED_IMAGE_PROTOCOL_GUID, &mut li))?;
-    // SAFETY: the firmware returned its LoadedImage protocol for our image
-    // (valid until ExitBootServices); only `device_handle` is read.
-    let device = unsafe { (*(li as *const LoadedImage)).device_handle };
-    let mut fs: *mut c_void = core::ptr::null_mut();
-    check("SimpleFileSystem", (bs.handle_protocol)(device, &SIMPLE_FILE_SYSTEM_PROTOCOL_GUID, &mut fs))?;
-    let fs = fs as *mut SimpleFileSystem;
-    let mut root: *mut FileProtocol = core::ptr::null_mut();
-    // SAFETY: the device's SimpleFileSystem protocol, as the firmware gave it.
-    check("OpenVolume", unsafe { ((*fs).open_volume)(fs, &mut root) })?;
-    let mut name = [0u16; 64];
-    uefi::encode_ucs2(path, &mut name);
-    let mut file: *mut FileProtocol = core::ptr::null_mut();
-    // SAFETY: `root` is the open volume's root directory; `name` is a
-    // NUL-terminated UCS-2 path that outlives the call.
-    let st = unsafe { ((*root).open)(root, &mut file, name.as_ptr(), EFI_FILE_MODE_READ, 0) };
-    let result = check("Open", st).and_then(|()| {
-        // Read up to `buf.len()` bytes, then one more: a file that fills
-        // `buf` is too large (its end would be cut off).
-        let mut size = buf.len();
-        let mut more = 1usize;
-        let mut tmp = [0u8; 1];
-        // SAFETY: `file` was opened just above; `buf` has `size` bytes,
-        // `tmp` one.
-        let read = check("Read", unsafe { ((*file).read)(file, &mut size, buf.as_mut_ptr()) })
-            .and_then(|()| check("Read", unsafe { ((*file).read)(file, &mut more, tmp.as_mut_ptr()) }));
+/// The root directory of the volume the application was loaded from.
+struct Volume(*mut FileProtocol);
+
+impl Volume {
+    fn open(bs: &BootServices, image: *mut c_void) -> Result<Volume, EfiFail> {
+        let mut li: *mut c_void = core::ptr::null_mut();
+        check("LoadedImage", (bs.handle_protocol)(image, &LOADED_IMAGE_PROTOCOL_GUID, &mut li))?;
+        // SAFETY: the firmware returned its LoadedImage protocol for our
+        // image (valid until ExitBootServices); only `device_handle` is read.
+        let device = unsafe { (*(li as *const LoadedImage)).device_handle };
+        let mut fs: *mut c_void = core::ptr::null_mut();
+        check("SimpleFileSystem", (bs.handle_protocol)(device, &SIMPLE_FILE_SYSTEM_PROTOCOL_GUID, &mut fs))?;
+        let fs = fs as *mut SimpleFileSystem;
+        let mut root: *mut FileProtocol = core::ptr::null_mut();
+        // SAFETY: the device's SimpleFileSystem protocol, as the firmware
+        // gave it.
+        check("OpenVolume", unsafe { ((*fs).open_volume)(fs, &mut root) })?;
+        Ok(Volume(root))
+    }
+
+    /// Runs `f` on the file `name` ([`ESP_DIR`]-relative unless it starts
+    /// with `\`), closing it afterwards.
+    fn with_file<T>(&self, name: &str, f: impl FnOnce(File) -> Result<T, EfiFail>) -> Result<T, EfiFail> {
+        let mut path = [0u16; 256];
+        let prefix = if name.starts_with('\\') { "" } else { ESP_DIR };
+        for (n, c) in prefix.chars().chain(name.chars()).enumerate() {
+            let c = if c == '/' { '\\' } else { c };
+            match u16::try_from(u32::from(c)) {
+                // Room for this and the NUL.
+                Ok(v) if n + 1 < path.len() => path[n] = v,
+                _ => return Err(("file name", EFI_INVALID_PARAMETER)),
+            }
+        }
+        let mut file: *mut FileProtocol = core::ptr::null_mut();
+        // SAFETY: `self.0` is the open root directory; `path` is a
+        // NUL-terminated UCS-2 path that outlives the call.
+        check("Open", unsafe { ((*self.0).open)(self.0, &mut file, path.as_ptr(), EFI_FILE_MODE_READ, 0) })?;
+        let r = f(File(file));
         // SAFETY: closes the file opened above, once.
         unsafe { ((*file).close)(file) };
-        read?;
-        if more != 0 {
+        r
+    }
+}
+
+impl Drop for Volume {
+    fn drop(&mut self) {
+        // SAFETY: closes the root directory `Volume::open` opened, once.
+        unsafe { ((*self.0).close)(self.0) };
+    }
+}
+
+/// An open file.
+struct File(*mut FileProtocol);
+
+impl File {
+    /// `FileSize` from `EFI_FILE_INFO` (UEFI 2.10 section 13.5.16).
+    fn size(&self) -> Result<u64, EfiFail> {
+        let mut info = [0u64; 64];
+        let mut len = core::mem::size_of_val(&info);
+        // SAFETY: an open file; `info` has `len` bytes, 8-byte aligned.
+        check("GetInfo", unsafe { ((*self.0).get_info)(self.0, &FILE_INFO_GUID, &mut len, info.as_mut_ptr().cast()) })?;
+        Ok(info[1])
+    }
+
+    /// Reads until `len` bytes are at `dst` or the file ends; returns the
+    /// number read.
+    ///
+    /// # Safety
+    ///
+    /// `dst` must be valid for writes of `len` bytes.
+    unsafe fn read(&self, dst: *mut u8, len: usize) -> Result<usize, EfiFail> {
+        let mut done = 0;
+        while done < len {
+            let mut n = len - done;
+            // SAFETY: the caller's `dst` range, from `done` on.
+            check("Read", unsafe { ((*self.0).read)(self.0, &mut n, dst.add(done)) })?;
+            if n == 0 {
+                break;
+            }
+            done += n;
+        }
+        Ok(done)
+    }
+}
+
+fn check(what: &'static str, st: Status) -> Result<(), EfiFail> {
+    if st == EFI_SUCCESS {
+        Ok(())
+    } else {
+        Err((what, st))
+    }
+}
+
+/// Reads the configuration file into `buf`; a file that fills it is too
+/// large (its end would be cut off).
+fn read_config(vol: &Volume, buf: &mut [u8]) -> Result<usize, EfiFail> {
+    vol.with_file(&CONFIG_PATH[ESP_DIR.len()..], |f| {
+        // SAFETY: `buf` is valid for its length.
+        let n = unsafe { f.read(buf.as_mut_ptr(), buf.len()) }?;
+        if n == buf.len() {
             return Err(("too large", EFI_ERROR | 5));
         }
-        Ok(size)
-    });
-    // SAFETY: closes the root directory opened above, once.
-    unsafe { ((*root).close)(root) };
-    result
+        Ok(n)
+    })
+}
+
+/// Loads the file `name` into new `EfiLoaderData` pages.
+fn load_file(bs: &BootServices, vol: &Volume, name: &str) -> Result<Region, EfiFail> {
+    vol.with_file(name, |f| {
+        let size = f.size()?;
+        let len = usize::try_from(size).map_err(|_| ("file size", EFI_UNSUPPORTED))?;
+        if len == 0 {
+            return Err(("empty file", EFI_LOAD_ERROR));
+        }
+        let mut base = 0u64;
+        check("AllocatePages", (bs.allocate_pages)(ALLOCATE_ANY_PAGES, LOADER_DATA, len.div_ceil(4096), &mut base))?;
+        // SAFETY: the firmware just gave us these pages (identity-mapped,
+        // at least `len` bytes).
+        let n = unsafe { f.read(base as *mut u8, len) }?;
+        if n != len {
+            return Err(("short read", EFI_LOAD_ERROR));
+        }
+        Ok(Region { base, size })
+    })
+}
+
+/// Reads the configuration file and loads the kernel and initrd it names;
+/// prints what it did or why not (the boot goes on without them).
+fn load_boot_files(out: &mut ConOut, bs: &BootServices, image: *mut c_void, h: &mut Handoff) {
+    let vol = match Volume::open(bs, image) {
+        Ok(v) => v,
+        Err((what, st)) => {
+            let _ = writeln!(out, "EFI: cannot open the boot volume ({what}: status {st:#x})");
+            return;
+        }
+    };
+    match read_config(&vol, &mut h.config) {
+        Ok(n) => {
+            h.config_size = n;
+            let _ = writeln!(out, "EFI: read {CONFIG_PATH} ({n} bytes)");
+        }
+        Err((what, st)) => {
+            let _ = writeln!(out, "EFI: no {CONFIG_PATH} ({what}: status {st:#x}); going on without it");
+            return;
+        }
+    }
+    let config = &h.config[..h.config_size];
+    let files = [
+        ("kernel", uefi::config_lookup(config, "kernel").map(uefi::kernel_file)),
+        ("ramdisk", uefi::config_lookup(config, "ramdisk")),
+    ];
+    for (key, name) in files {
+        let Some(name) = name.filter(|n| !n.is_empty()) else { continue };
+        match load_file(bs, &vol, name) {
+            Ok(r) => {
+                let _ = writeln!(out, "EFI: loaded {key} {name} at {:#x} ({} bytes)", r.base, r.size);
+                *(if key == "kernel" { &mut h.kernel } else { &mut h.ramdisk }) = r;
+            }
+            Err((what, st)) => {
+                let _ = writeln!(out, "EFI: cannot load {key} {name} ({what}: status {st:#x})");
+            }
+        }
+    }
 }
 
 /// The EFI hand-off, when this boot came through [`hv_efi_main`]; `None`
@@ -412,25 +544,66 @@ pub fn acpi_main(h: &'static Handoff) -> ! {
         ram.iter().map(|r| r.size).sum::<u64>() >> 20,
         ram.len()
     );
-    match h.config().map(EfiConfig::parse) {
-        None => info!("EFI boot: no configuration file"),
-        Some(Ok(c)) => info!(
-            "EFI config [{}]: options \"{}\", kernel {} \"{}\", ramdisk {}",
-            c.section,
-            c.options,
-            c.kernel.as_deref().unwrap_or("(none)"),
-            c.kernel_args,
-            c.ramdisk.as_deref().unwrap_or("(none)")
-        ),
-        Some(Err(e)) => error!("{e}"),
-    }
     let mem = EfiMem(map);
-    let plat: Platform =
+    let mut plat: Platform =
         match Tables::from_rsdp(&mem, h.rsdp).and_then(|t| AcpiMachine::parse(&t)).and_then(|m| m.to_platform(ram)) {
             Ok(p) => p,
             Err(e) => hv_fatal!("{e}"),
         };
     info!("ACPI machine: {}", machine_line(&plat));
+    let efi_cfg = match h.config().map(EfiConfig::parse) {
+        None => {
+            info!("EFI boot: no configuration file");
+            EfiConfig::default()
+        }
+        Some(Ok(c)) => c,
+        Some(Err(e)) => hv_fatal!("{e}"),
+    };
+    info!(
+        "EFI config [{}]: options \"{}\", kernel {} \"{}\", ramdisk {}",
+        efi_cfg.section,
+        efi_cfg.options,
+        efi_cfg.kernel.as_deref().unwrap_or("(none)"),
+        efi_cfg.kernel_args,
+        efi_cfg.ramdisk.as_deref().unwrap_or("(none)")
+    );
+    let cfg = match Config::parse(&efi_cfg.options) {
+        Ok(c) => c,
+        Err(e) => {
+            error!("bad hypervisor option: {e:?}; using defaults");
+            Config::default()
+        }
+    };
+    let module = |r: Region, args: Option<String>| {
+        (r.size > 0).then_some(BootModule { base: r.base, size: r.size, bootargs: args })
+    };
+    plat.kernel = module(h.kernel, Some(efi_cfg.kernel_args.clone()));
+    plat.ramdisk = module(h.ramdisk, None);
+    plat.bootargs = Some(efi_cfg.options.clone());
+    // Where Dom0 would go: the same boot-layout plan as the DTB path, on
+    // the RAM of the EFI memory map. The RSDP stands where the DTB would
+    // (the firmware's description of the machine, kept).
+    if let Some(kernel) = &plat.kernel {
+        let Some(rsdp) = mem.read(h.rsdp, 36) else { hv_fatal!("ACPI RSDP at {:#x} is not readable", h.rsdp) };
+        let image = Region {
+            base: core::ptr::addr_of!(__image_start) as u64,
+            size: core::ptr::addr_of!(__image_end) as u64 - core::ptr::addr_of!(__image_start) as u64,
+        };
+        match super::boot::plan_layout(&plat, kernel, &cfg, image, rsdp) {
+            Ok(plan) => info!(
+                "EFI boot: layout: heap {:#x}-{:#x}, guest RAM {:#x}-{:#x}, kernel {:#x} -> {:#x}, initrd {:#x} -> {:#x}",
+                plan.heap.base,
+                plan.heap.end(),
+                plan.guest_ram.base,
+                plan.guest_ram.end(),
+                plan.kernel.src.base,
+                plan.kernel.dst.base,
+                plan.initrd.map_or(0, |c| c.src.base),
+                plan.initrd.map_or(0, |c| c.dst.base)
+            ),
+            Err(e) => hv_fatal!("boot layout: {e}"),
+        }
+    }
     info!("EFI boot: Dom0 with ACPI is not implemented yet; powering off");
     smc::psci_system_off()
 }
