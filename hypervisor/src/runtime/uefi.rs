@@ -303,10 +303,14 @@ extern "C" fn hv_efi_main(image: *mut c_void, st: *const SystemTable) -> Status 
     // two calls in between (no printing). A stale key (the map changed)
     // means: get the map again and retry.
     let mut status = EFI_LOAD_ERROR;
-    for _ in 0..4 {
+    for attempt in 0..4 {
         let (mut size, mut key, mut dsize, mut dversion) = (MAP_BYTES, 0usize, 0usize, 0u32);
         status = (bs.get_memory_map)(&mut size, h.map.as_mut_ptr(), &mut key, &mut dsize, &mut dversion);
         if status != EFI_SUCCESS {
+            if attempt == 0 {
+                // Still before any ExitBootServices: ConOut works.
+                let _ = writeln!(out, "EFI: GetMemoryMap failed (status {status:#x}, {size} bytes needed)");
+            }
             break;
         }
         h.map_size = size;
