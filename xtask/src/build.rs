@@ -33,7 +33,7 @@ pub fn hypervisor(platform: &str) -> Result<PathBuf> {
     let bin = crate::out_dir().join(format!("hypervisor-{platform}.bin"));
     std::fs::create_dir_all(crate::out_dir()).map_err(|e| e.to_string())?;
     let data = std::fs::read(&elf).map_err(|e| format!("{}: {e}", elf.display()))?;
-    let flat = elf_to_flat(&data)?;
+    let flat = pe_pad(elf_to_flat(&data)?)?;
     std::fs::write(&bin, flat).map_err(|e| e.to_string())?;
     Ok(bin)
 }
@@ -92,6 +92,63 @@ pub fn elf_to_flat(elf: &[u8]) -> Result<Vec<u8>> {
     Ok(out)
 }
 
+/// The image's PE/COFF header (written by hypervisor/src/arch/aarch64/entry.rs
+/// so EDK2 starts the same file as an EFI application): checks what a PE
+/// loader relies on and pads the flat image with zeros up to the end of the
+/// last section's file data (the sections' raw data ends where BSS starts,
+/// after the ELF's last file byte). The padding lies inside the arm64
+/// header's `image_size`, so other loaders see no difference.
+pub fn pe_pad(mut flat: Vec<u8>) -> Result<Vec<u8>> {
+    let u16_at = |b: &[u8], o: usize| b.get(o..o + 2).map(|s| u16::from_le_bytes(s.try_into().unwrap()));
+    let u32_at = |b: &[u8], o: usize| b.get(o..o + 4).map(|s| u32::from_le_bytes(s.try_into().unwrap()));
+    let bad = |what: &str| format!("PE/COFF header: {what}");
+    if flat.get(0..2) != Some(b"MZ") {
+        return Err(bad("no MZ signature at offset 0"));
+    }
+    let pe = u32_at(&flat, 0x3c).ok_or_else(|| bad("truncated"))? as usize;
+    if flat.get(pe..pe + 4) != Some(b"PE\0\0") || u16_at(&flat, pe + 4) != Some(0xaa64) {
+        return Err(bad("no PE signature for AArch64 at the offset in 0x3c"));
+    }
+    let sections = u16_at(&flat, pe + 6).ok_or_else(|| bad("truncated"))? as usize;
+    let opt = pe + 24;
+    let opt_size = u16_at(&flat, pe + 20).ok_or_else(|| bad("truncated"))? as usize;
+    let field = |o: usize| u32_at(&flat, opt + o).ok_or_else(|| bad("truncated optional header"));
+    if u16_at(&flat, opt) != Some(0x20b) || u16_at(&flat, opt + 68) != Some(10) {
+        return Err(bad("not a PE32+ EFI application"));
+    }
+    let (entry, section_align, file_align, image_size, headers) =
+        (field(16)?, field(32)?, field(36)?, field(56)?, field(60)?);
+    if !section_align.is_power_of_two() || !file_align.is_power_of_two() || file_align > section_align {
+        return Err(bad("bad alignments"));
+    }
+    let mut raw_end = headers as usize;
+    let mut entry_in_code = false;
+    for i in 0..sections {
+        let sh = opt + opt_size + i * 40;
+        let f = |o: usize| u32_at(&flat, sh + o).ok_or_else(|| bad("truncated section table"));
+        let (vsize, va, raw_size, raw_ptr, flags) = (f(8)?, f(12)?, f(16)?, f(20)?, f(36)?);
+        if va % section_align != 0 || raw_size % file_align != 0 || raw_ptr != va || va < headers {
+            return Err(bad(&format!("section {i} is not aligned, or its file offset is not its RVA")));
+        }
+        if raw_size > vsize || va as u64 + vsize as u64 > image_size as u64 {
+            return Err(bad(&format!("section {i} does not fit the image")));
+        }
+        if va as usize != raw_end {
+            return Err(bad(&format!("section {i} does not follow the previous one")));
+        }
+        raw_end = (raw_ptr + raw_size) as usize;
+        entry_in_code |= flags & 0x2000_0000 != 0 && (va..va + vsize).contains(&entry);
+    }
+    if !entry_in_code {
+        return Err(bad("the entry point is not in an executable section"));
+    }
+    if flat.len() > raw_end {
+        return Err(bad(&format!("the image has {} bytes beyond the sections' file data", flat.len() - raw_end)));
+    }
+    flat.resize(raw_end, 0);
+    Ok(flat)
+}
+
 /// R_AARCH64_RELATIVE, the one relocation type the entry code applies.
 const R_AARCH64_RELATIVE: u64 = 1027;
 
@@ -138,4 +195,64 @@ fn check_relocations(elf: &[u8], dynamic: &[u8], loads: &[(u64, usize, usize, bo
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pe_pad;
+
+    /// A minimal image: arm64 + PE headers in page 0, .text one page,
+    /// .data 0x800 bytes of file data and a 0x2000-byte virtual size.
+    fn image() -> Vec<u8> {
+        let mut b = vec![0u8; 0x1000 + 0x1000 + 0x700];
+        b[0..2].copy_from_slice(b"MZ");
+        b[0x3c..0x40].copy_from_slice(&0x40u32.to_le_bytes());
+        b[0x40..0x44].copy_from_slice(b"PE\0\0");
+        b[0x44..0x46].copy_from_slice(&0xaa64u16.to_le_bytes());
+        b[0x46..0x48].copy_from_slice(&2u16.to_le_bytes());
+        let opt = 0x40 + 24;
+        b[0x40 + 20..0x40 + 22].copy_from_slice(&160u16.to_le_bytes());
+        let w32 = |b: &mut Vec<u8>, o: usize, v: u32| b[o..o + 4].copy_from_slice(&v.to_le_bytes());
+        b[opt..opt + 2].copy_from_slice(&0x20bu16.to_le_bytes());
+        b[opt + 68..opt + 70].copy_from_slice(&10u16.to_le_bytes());
+        for (o, v) in [(16, 0x1000), (32, 0x1000), (36, 0x200), (56, 0x4000), (60, 0x1000)] {
+            w32(&mut b, opt + o, v);
+        }
+        let sh = opt + 160;
+        for (i, (vsize, va, raw, flags)) in
+            [(0x1000, 0x1000, 0x1000, 0x6000_0020u32), (0x2000, 0x2000, 0x800, 0xc000_0040)].into_iter().enumerate()
+        {
+            let s = sh + i * 40;
+            for (o, v) in [(8, vsize), (12, va), (16, raw), (20, va), (36, flags)] {
+                w32(&mut b, s + o, v);
+            }
+        }
+        b
+    }
+
+    #[test]
+    fn pads_to_the_last_sections_file_data() {
+        let out = pe_pad(image()).unwrap();
+        assert_eq!(out.len(), 0x2800);
+        assert!(out[0x2700..].iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn refuses_broken_headers() {
+        let mut b = image();
+        b[0] = b'X';
+        assert!(pe_pad(b).unwrap_err().contains("MZ"));
+        let mut b = image();
+        b.resize(0x3000, 1);
+        assert!(pe_pad(b).unwrap_err().contains("beyond"));
+        let mut b = image();
+        b[0x58 + 16..0x58 + 20].copy_from_slice(&0x2100u32.to_le_bytes());
+        assert!(pe_pad(b).unwrap_err().contains("entry point"));
+        let mut b = image();
+        b[0x58 + 160 + 40 + 16..0x58 + 160 + 40 + 20].copy_from_slice(&0x3000u32.to_le_bytes());
+        assert!(pe_pad(b).unwrap_err().contains("does not fit"));
+        let mut b = image();
+        b[0x58 + 68] = 3;
+        assert!(pe_pad(b).unwrap_err().contains("EFI application"));
+    }
 }

@@ -8,6 +8,7 @@
 //!   convention enters it (`--hv-addr`, `--hv-entry`)
 //! - [`image`]: builds the guest kernel + initramfs (guest-images/build.sh)
 //! - [`firmware`]: TF-A from Debian's source package, cached; the DTB with the hypervisor's options
+//! - [`uefi`]: `--firmware uefi`: EDK2 as -bios, the ESP with the hypervisor as BOOTAA64.EFI
 //! - [`qemu`]: composes the QEMU command line and runs it with a timeout
 //! - [`fvp`]: the FVP Base RevC command line and DTB (`run --platform fvp`)
 //! - [`shrinkwrap`]: the Shrinkwrap overlay fvp/hypervisor.yaml and its check
@@ -29,6 +30,7 @@ pub mod qemu;
 pub mod setup;
 pub mod shrinkwrap;
 pub mod trace;
+pub mod uefi;
 
 #[cfg(test)]
 mod arch_doc;

@@ -40,6 +40,8 @@ fn cmd_test(args: &TestArgs) -> Result<i32, String> {
     for gic in [3, 4] {
         xtask::firmware::tf_a(gic)?;
     }
+    // EDK2 for tests/uefi.rs.
+    xtask::setup::ensure_edk2()?;
     let mut child = std::process::Command::new(env!("CARGO"))
         .current_dir(xtask::root())
         .args(args.cargo_test_args())

@@ -251,9 +251,29 @@ pub fn run(o: &RunOptions) -> Result<RunResult> {
         args = a;
         dtb = Some(file);
     }
+    // UEFI: EDK2 boots the hypervisor from an ESP made for this run.
+    let mut esp = None;
+    if let Some(crate::firmware::Firmware::Uefi) = o.firmware {
+        crate::setup::ensure_edk2()?;
+        let dir = crate::out_dir().join(format!("esp-{}", std::process::id()));
+        let guest_args = args
+            .iter()
+            .find_map(|a| a.strip_prefix("guest-loader,").and_then(|d| d.split_once(",bootargs=")).map(|x| x.1))
+            .unwrap_or_default()
+            .replace(",,", ",");
+        let (a, hv_args) = crate::uefi::boot_args(&args, &dir)?;
+        let initrd_name = initrd.as_ref().map(|_| "initrd");
+        let cfg = crate::uefi::config_file(&hv_args, "vmlinuz", &guest_args, initrd_name);
+        crate::uefi::make_esp(&dir, &hv, &kernel, initrd.as_ref(), &cfg)?;
+        args = a;
+        esp = Some(dir);
+    }
     let r = run_args(args, o);
     if let Some(f) = dtb {
         let _ = std::fs::remove_file(f);
+    }
+    if let Some(d) = esp {
+        let _ = std::fs::remove_dir_all(d);
     }
     r
 }

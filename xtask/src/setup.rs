@@ -189,6 +189,19 @@ pub fn ensure_qemu() -> Result<()> {
     }
 }
 
+/// EDK2 for `--firmware uefi` (Debian's `qemu-efi-aarch64`).
+pub fn ensure_edk2() -> Result<()> {
+    if std::path::Path::new(crate::uefi::EDK2_FD).exists() {
+        return Ok(());
+    }
+    apt_install("EDK2 (UEFI firmware for QEMU arm64)", &["qemu-efi-aarch64"])?;
+    if std::path::Path::new(crate::uefi::EDK2_FD).exists() {
+        Ok(())
+    } else {
+        Err(format!("{} still missing after apt-get install", crate::uefi::EDK2_FD))
+    }
+}
+
 /// Tools the guest image builder uses (normally present on Debian).
 pub fn ensure_image_tools() -> Result<()> {
     let missing: Vec<&str> = [("python3", "python3"), ("dpkg-deb", "dpkg"), ("cpio", "cpio")]

@@ -7,3 +7,4 @@
 //! care which firmware booted it.
 
 pub mod acpi;
+pub mod uefi;

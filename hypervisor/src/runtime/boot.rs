@@ -47,7 +47,7 @@ fn find_dtb(regs: [u64; 4]) -> Result<(&'static [u8], Convention), NoDtb> {
 
 /// Checks the boot inputs, reads the kernel's arm64 header (once the
 /// module is known to lie in RAM and overlap nothing) and plans the layout.
-fn plan_layout(
+pub(super) fn plan_layout(
     plat: &Platform,
     kernel: &BootModule,
     cfg: &Config,
@@ -87,6 +87,11 @@ pub fn primary_main(regs: [u64; 4]) -> ! {
     console::init_log(log::LevelFilter::Info);
     // SAFETY: pCPU 0 takes its own run block, once.
     exception::init_cpu(unsafe { percpu::run_block(0) });
+    // Started as an EFI application (runtime/uefi.rs): the machine is
+    // described by ACPI, not by a DTB.
+    if let Some(h) = super::uefi::take_handoff() {
+        super::uefi::acpi_main(h)
+    }
     // SAFETY: the image symbols come from the linker script.
     let (img_start, img_end) = (core::ptr::addr_of!(__image_start) as usize, core::ptr::addr_of!(__image_end) as usize);
     let (dtb, convention) = match find_dtb(regs) {

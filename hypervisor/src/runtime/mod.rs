@@ -9,6 +9,7 @@
 //! - `vlpi`: GICv4 direct injection: vPEs, residency, doorbells
 //! - `vblk`: the guest's virtio-blk wired to traps, timer and vGIC
 //! - `physblk`: the physical virtio-blk as that device's backend
+//! - `uefi`: the EFI application (UEFI boot) and the ACPI boot after it
 
 pub mod boot;
 pub mod console;
@@ -16,6 +17,7 @@ pub mod heap;
 pub mod its;
 pub mod percpu;
 pub mod physblk;
+pub mod uefi;
 pub mod vblk;
 pub mod vcpu;
 pub mod vlpi;

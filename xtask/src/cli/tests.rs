@@ -208,6 +208,9 @@ fn run_rejects_bad_values() {
         assert_eq!(run_options(line).unwrap_err(), "--disk-latency-us goes with --disk ram");
     }
     assert!(run_args("run --disk ram --disk-latency-us 5").check().is_ok());
+    // The UEFI path runs no guest yet.
+    assert!(run_args("run --firmware uefi --cmd true").check().unwrap_err().contains("no Dom0 yet"));
+    assert!(run_args("run --firmware uefi").check().is_ok());
 }
 
 #[test]

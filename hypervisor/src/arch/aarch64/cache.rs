@@ -26,3 +26,20 @@ pub fn clean_to_poc(start: u64, len: u64) {
     }
     sysreg::dsb_sy();
 }
+
+/// Cleans and invalidates `[start, start + len)` to the point of
+/// coherency: memory gets every dirty line and the caches keep none, so
+/// whatever is written with the MMU (caches) off is what is read after.
+pub fn clean_inval_to_poc(start: u64, len: u64) {
+    let line = dcache_line();
+    let end = start.saturating_add(len);
+    let mut p = start & !(line - 1);
+    while p < end {
+        // SAFETY: `dc civac` writes a dirty line back before dropping it,
+        // so what each address holds does not change (callers pass RAM of
+        // the identity map, as for `clean_to_poc`).
+        unsafe { core::arch::asm!("dc civac, {0}", in(reg) p, options(nostack, preserves_flags)) };
+        p += line;
+    }
+    sysreg::dsb_sy();
+}

@@ -151,6 +151,12 @@ pub fn tlbi_vmalls12e1is() {
     unsafe { core::arch::asm!("dsb ishst", "tlbi vmalls12e1is", "dsb ish", "isb", options(nostack, preserves_flags)) };
 }
 
+/// The exception level this code runs at (CurrentEL.EL, 0..3).
+pub fn current_el() -> u64 {
+    use aarch64_cpu::registers::CurrentEL;
+    CurrentEL.read(CurrentEL::EL)
+}
+
 /// This pCPU's MPIDR_EL1 affinity fields (Aff3..Aff0, without the U/MT and
 /// RES1 bits).
 pub fn mpidr() -> u64 {
