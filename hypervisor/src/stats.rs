@@ -197,9 +197,11 @@ counters! {
     lpis_injected,
     /// Kicks sent to this vCPU (EL2 trap code: IPIs / reschedule requests).
     kicks,
-    /// GICv4 doorbells of this vCPU's vPE taken (EL2 trap code).
+    /// GICv4 doorbells of this vCPU's vPE that found it blocked and woke it (EL2 trap code).
     doorbells,
-    /// Doorbells that found the vCPU running: nothing to wake (EL2 trap code).
+    /// Doorbells that found the vCPU runnable but descheduled: expected under GICv4.0, no wake (EL2 trap code).
+    doorbells_runnable,
+    /// Doorbells that found the vCPU running or offline: nothing to do (EL2 trap code).
     doorbells_spurious,
     /// Times its vPE was made resident or non-resident (EL2 trap code).
     vpe_residency_switches,
@@ -231,6 +233,8 @@ counters! {
     exits,
     /// Exits for a physical interrupt.
     irq_exits,
+    /// IRQ exits that delivered a guest MSI (took its host LPI or a GICv4 doorbell): interrupt delivery's share.
+    irq_exits_msi,
     /// Emulated MMIO accesses.
     mmio,
     /// HVC calls.

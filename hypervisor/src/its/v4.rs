@@ -450,6 +450,34 @@ pub fn needs_vmovp(mapped_pcpu: usize, running_on: usize) -> Option<usize> {
     (mapped_pcpu != running_on).then_some(running_on)
 }
 
+/// What a doorbell found (GICv4.0 raises one for *every* vLPI that arrives
+/// while its vPE is not resident on the redistributor VMAPP/VMOVP named).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DoorbellFor {
+    /// The vCPU is blocked (WFI): wake it, cause `Doorbell`.
+    Wake,
+    /// The vCPU is runnable but descheduled (e.g. preempted by another
+    /// vCPU): expected under GICv4.0, and no wake: loading it makes its vPE
+    /// resident, and the redistributor then rescans the pending table. Not
+    /// a wake in Credit2 terms either (it is already on a runqueue).
+    Runnable,
+    /// Truly spurious: the vCPU is running (its vPE is in the short
+    /// non-resident window of a load, a put or a WFI's check, whose own
+    /// check of `vlpi_pending` covers it) or offline. Nothing to do.
+    Spurious,
+}
+
+/// Classifies a doorbell by the target vCPU's scheduler state (`None`: no
+/// such vCPU).
+pub fn doorbell_for(state: Option<crate::sched::RunState>) -> DoorbellFor {
+    use crate::sched::RunState;
+    match state {
+        Some(RunState::Blocked) => DoorbellFor::Wake,
+        Some(RunState::Runnable) => DoorbellFor::Runnable,
+        Some(RunState::Running(_) | RunState::Offline) | None => DoorbellFor::Spurious,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -701,5 +729,15 @@ mod tests {
         assert_eq!(residency(on), Residency::Settled { valid: true, pending_last: false });
         assert_eq!(VPT_BYTES, 2048);
         assert_eq!(VPROP_TABLE_BYTES, 8192);
+    }
+
+    #[test]
+    fn doorbell_classes() {
+        use crate::sched::RunState;
+        assert_eq!(doorbell_for(Some(RunState::Blocked)), DoorbellFor::Wake);
+        assert_eq!(doorbell_for(Some(RunState::Runnable)), DoorbellFor::Runnable, "descheduled: expected, no wake");
+        assert_eq!(doorbell_for(Some(RunState::Running(1))), DoorbellFor::Spurious);
+        assert_eq!(doorbell_for(Some(RunState::Offline)), DoorbellFor::Spurious);
+        assert_eq!(doorbell_for(None), DoorbellFor::Spurious);
     }
 }

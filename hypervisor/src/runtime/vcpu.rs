@@ -230,7 +230,9 @@ fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Option<u64>) {
                     rec(vm, me, Event::IrqsOff { vcpu: id as u16 });
                 }
                 inc(&vm.shared[id].counters.irq_exits);
-                handle_irqs(vm, me, Some(id), deadline);
+                if handle_irqs(vm, me, Some(id), deadline) {
+                    inc(&vm.shared[id].counters.irq_exits_msi);
+                }
                 Next::Enter
             }
             ExitKind::SError => {
@@ -358,11 +360,14 @@ pub(super) fn wake_vcpu(vm: &Vm, me: usize, k: usize, now: u64, cause: WakeCause
 /// Takes every pending physical interrupt. `cur` is the vCPU on this pCPU.
 /// Each goes where `Vm::routes` says; forwarded interrupts (virtual timer,
 /// passthrough SPIs) only get a priority drop here, the guest's deactivation
-/// ends them; everything else is dropped and deactivated.
-fn handle_irqs(vm: &Vm, me: usize, cur: Option<usize>, deadline: &mut Option<u64>) {
+/// ends them; everything else is dropped and deactivated. Returns whether
+/// one of them delivered a guest MSI (its host LPI, or a GICv4 doorbell).
+fn handle_irqs(vm: &Vm, me: usize, cur: Option<usize>, deadline: &mut Option<u64>) -> bool {
+    let mut msi = false;
     while let Some(id) = gic::ack() {
         let route = vm.routes.read().lookup(id);
         vm.irq_counters.record(route);
+        msi |= matches!(route, Some(Route::GuestLpi { .. } | Route::Doorbell { .. }));
         match route {
             Some(Route::VirtualTimer) => virtual_timer_irq(vm, id, cur),
             Some(Route::PhysDisk) => phys_disk_irq(vm, me, id),
@@ -380,6 +385,7 @@ fn handle_irqs(vm: &Vm, me: usize, cur: Option<usize>, deadline: &mut Option<u64
             Some(Route::Kick) | None => eoi_deactivate(id),
         }
     }
+    msi
 }
 
 /// Priority drop and deactivation (EOImode = 1).

@@ -20,11 +20,18 @@
 //!   VMOVP happens only on migration — then GICR_VPROPBASER = the guest's
 //!   LPI configuration table, GICR_VPENDBASER.Valid = 1. On put: Valid = 0,
 //!   Dirty polled (bounded), PendingLast read.
-//! * [`doorbell`]: a doorbell for a vCPU that is not running wakes it with
-//!   `WakeCause::Doorbell` through the scheduler's wake path (so
-//!   `sched_wake_preempt=off` stays the Xen-compatible control); one for a
-//!   vCPU that is not blocked (running, or runnable and rescanned when
-//!   loaded) is counted as spurious and does nothing else.
+//! * [`doorbell`]: GICv4.0 raises the doorbell for every vLPI that arrives
+//!   while the vPE is not resident, so it comes for blocked vCPUs and for
+//!   runnable but descheduled ones alike (`its::v4::doorbell_for`). A
+//!   blocked vCPU is woken with `WakeCause::Doorbell` through the
+//!   scheduler's wake path (so `sched_wake_preempt=off` stays the
+//!   Xen-compatible control), counted in `doorbells`. A runnable one is
+//!   expected and gets no extra wake (it is on a runqueue already, not a
+//!   wake in Credit2 terms; loading it rescans its pending table): counted
+//!   in `doorbells_runnable`. Only a doorbell for a running (or offline)
+//!   vCPU is spurious (`doorbells_spurious`): its vPE was in the short
+//!   non-resident window of a load, put or WFI check, which `vlpi_pending`
+//!   covers.
 //!
 //! WFI: `runtime::vcpu::block` puts the vPE first and blocks only when
 //! PendingLast is clear and no doorbell came since (the `vlpi_pending`
@@ -38,8 +45,8 @@ use crate::arch::gic::its::VpeHw;
 use crate::intid::IntId;
 use crate::irq::{IrqRoutes, Route};
 use crate::its::host::ItsError;
-use crate::its::v4::{self, GuestChange, VlpiIts, Vpe, VpeMap};
-use crate::sched::{RunState, VcpuId, WakeCause};
+use crate::its::v4::{self, DoorbellFor, GuestChange, VlpiIts, Vpe, VpeMap};
+use crate::sched::{VcpuId, WakeCause};
 use alloc::vec::Vec;
 use core::sync::atomic::Ordering;
 use log::{info, warn};
@@ -177,12 +184,14 @@ pub fn doorbell(vm: &Vm, me: usize, id: IntId, vcpu: usize) {
     // Checked after the flag: a vCPU whose WFI blocked before the flag was
     // set is Blocked by now (it blocked under the vGIC lock).
     let state = vm.sched.lock().state(VcpuId(vcpu as u32));
-    if state != Some(RunState::Blocked) {
-        // Running: its vPE is resident, or it is leaving and sees the flag;
-        // runnable: made resident when loaded, which rescans the table.
-        inc(&s.counters.doorbells_spurious);
-        return;
+    match v4::doorbell_for(state) {
+        DoorbellFor::Wake => {
+            inc(&s.counters.doorbells);
+            wake_vcpu(vm, me, vcpu, super::percpu::now_ns(), WakeCause::Doorbell);
+        }
+        // Descheduled: made resident when loaded, which rescans the table.
+        DoorbellFor::Runnable => inc(&s.counters.doorbells_runnable),
+        // Running: its vPE is resident again, or it is leaving and sees the flag.
+        DoorbellFor::Spurious => inc(&s.counters.doorbells_spurious),
     }
-    inc(&s.counters.doorbells);
-    wake_vcpu(vm, me, vcpu, super::percpu::now_ns(), WakeCause::Doorbell);
 }

@@ -114,6 +114,7 @@ macro_rules! trap_counters {
 trap_counters!(
     exits,
     irq_exits,
+    irq_exits_msi,
     mmio,
     hvc,
     smc,
@@ -129,6 +130,7 @@ trap_counters!(
     lpis_injected,
     kicks,
     doorbells,
+    doorbells_runnable,
     doorbells_spurious,
     vpe_residency_switches,
     vmovps,
