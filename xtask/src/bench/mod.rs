@@ -162,6 +162,25 @@ spelled_enum! {
 }
 
 spelled_enum! {
+    /// What the guest's idle loop does (Linux's `nohlt`).
+    Idle {
+        /// WFI (the default): an idle vCPU blocks in the hypervisor, and
+        /// under GICv4 its vPE is not resident while it does.
+        Wfi = "wfi",
+        /// `nohlt` on the guest's command line: the idle loop polls, so a
+        /// vCPU never blocks and its vPE stays resident; interrupts arrive
+        /// while it runs (issue 10's "fio vCPU resident" line).
+        Poll = "poll",
+    }
+}
+
+impl Default for Idle {
+    fn default() -> Self {
+        Idle::Wfi
+    }
+}
+
+spelled_enum! {
     /// The machine's GIC and how a PCIe disk's MSIs reach the guest (issue 10).
     Delivery {
         /// `--gic 3`: a GICv3 machine; MSIs are host LPIs the hypervisor
@@ -313,6 +332,9 @@ pub struct Case {
     pub clock: Clock,
     /// GIC version and MSI delivery mode (v3-emulated outside `--gic`).
     pub delivery: Delivery,
+    /// The guest's idle loop (WFI except in the resident-vCPU cases).
+    #[serde(default)]
+    pub idle: Idle,
 }
 
 impl fmt::Display for Case {
@@ -325,7 +347,11 @@ impl fmt::Display for Case {
         if self.shows_delivery() {
             write!(f, " {}", self.delivery)?;
         }
-        write!(f, " {}", self.clock)
+        write!(f, " {}", self.clock)?;
+        if self.idle != Idle::Wfi {
+            write!(f, " idle={}", self.idle)?;
+        }
+        Ok(())
     }
 }
 
@@ -351,7 +377,8 @@ impl Case {
             Sched::WakePreempt => "preempt".to_string(),
         };
         let delivery = if self.shows_delivery() { format!(" {}", self.delivery) } else { String::new() };
-        format!("{} {irq} {sched} {}{delivery} {}", self.topology, self.disk, self.clock)
+        let idle = if self.idle == Idle::Wfi { String::new() } else { format!(" idle-{}", self.idle) };
+        format!("{} {irq} {sched} {}{delivery} {}{idle}", self.topology, self.disk, self.clock)
     }
 }
 
@@ -415,6 +442,7 @@ pub fn matrix(full: bool, quick: bool) -> Vec<Case> {
                     disk: Disk::Ram,
                     clock: Clock::Icount,
                     delivery: Delivery::V3Emulated,
+                    idle: Idle::Wfi,
                 });
             }
         }
@@ -441,6 +469,7 @@ pub fn matrix(full: bool, quick: bool) -> Vec<Case> {
                             disk,
                             clock,
                             delivery: Delivery::V3Emulated,
+                            idle: Idle::Wfi,
                         });
                     }
                 }
@@ -492,6 +521,7 @@ pub fn disk_matrix(disks: &[Disk], gics: &[u8]) -> Vec<Case> {
                         disk,
                         clock: Clock::Icount,
                         delivery,
+                        idle: Idle::Wfi,
                     });
                 }
             }
@@ -505,12 +535,40 @@ pub fn disk_matrix(disks: &[Disk], gics: &[u8]) -> Vec<Case> {
                         disk,
                         clock: Clock::Icount,
                         delivery,
+                        idle: Idle::Wfi,
                     });
+                }
+                if !gics.is_empty() {
+                    v.push(resident_case(disk, delivery));
                 }
             }
         }
     }
     v
+}
+
+/// Issue 10's "fio vCPU resident and alone on its pCPU" case (2p2v, real
+/// time: two pCPUs need QEMU's MTTCG threads): the hog on vCPU0, which
+/// starts on pCPU0, fio on vCPU1, which starts on pCPU1, every MSI steered
+/// to vCPU1 (`msi-fio`), wake-preempt, and the guest's idle loop polling
+/// (`nohlt`, [`Idle::Poll`]). fio stays psync at depth 1, the workload of
+/// every other row: what changes is that vCPU1 no longer blocks in WFI
+/// between two reads (its vPE stays resident), so each completion
+/// interrupt arrives while it runs, and the exits it costs are interrupt
+/// delivery's alone (the report's "MSI IRQ exits / I/O" column). A polled
+/// fio (libaio at depth > 1) would not do: fio still sleeps in
+/// io_getevents() for at least one completion once the queue is full.
+pub fn resident_case(disk: Disk, delivery: Delivery) -> Case {
+    Case {
+        topology: Topology::TwoP2V,
+        irq: Irq::MsiFio,
+        sched: Sched::WakePreempt,
+        ratelimit_us: DEFAULT_RATELIMIT_US,
+        disk,
+        clock: Clock::Realtime,
+        delivery,
+        idle: Idle::Poll,
+    }
 }
 
 /// The hypervisor boot arguments of a case. Provisional names, kept in this
@@ -653,6 +711,7 @@ pub fn run_options(case: &Case, runtime_s: u32) -> crate::qemu::RunOptions {
         timeout: run_timeout(case, runtime_s),
         icount: case.clock == Clock::Icount,
         gic: case.delivery.gic(),
+        append: (case.idle == Idle::Poll).then(|| format!("{} nohlt", crate::qemu::DEFAULT_GUEST_ARGS)),
         extra: qemu_disk_args(case.disk),
         echo: false,
         ..Default::default()

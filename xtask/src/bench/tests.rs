@@ -16,6 +16,7 @@ fn fixture_case() -> Case {
         disk: Disk::Ram,
         clock: Clock::Realtime,
         delivery: Delivery::V3Emulated,
+        idle: Idle::Wfi,
     }
 }
 
@@ -677,6 +678,7 @@ fn record_console_fixture() {
         disk: Disk::Ram,
         clock: Clock::Realtime,
         delivery: Delivery::V3Emulated,
+        idle: Idle::Wfi,
     };
     let cmd = guest_command(&case, 5);
     eprintln!("{cmd}");
@@ -729,11 +731,11 @@ fn gic_list_gives_the_delivery_modes() {
 fn gic_matrix_labels_and_arguments() {
     let m = disk_matrix(&[Disk::Nvme], &[3, 4]);
     // SPI reference once (on the first mode), then per mode: the quick
-    // cases and the two MSI-steering cases.
-    assert_eq!(m.len(), 4 + 2 * 6);
+    // cases, the two MSI-steering cases and the resident-vCPU case.
+    assert_eq!(m.len(), 4 + 2 * 7);
     assert!(m[..4].iter().all(|c| c.disk == Disk::Passthrough && c.delivery == Delivery::V3Emulated));
-    assert!(m[4..10].iter().all(|c| c.disk == Disk::Nvme && c.delivery == Delivery::V3Emulated));
-    assert!(m[10..].iter().all(|c| c.disk == Disk::Nvme && c.delivery == Delivery::V4Direct));
+    assert!(m[4..11].iter().all(|c| c.disk == Disk::Nvme && c.delivery == Delivery::V3Emulated));
+    assert!(m[11..].iter().all(|c| c.disk == Disk::Nvme && c.delivery == Delivery::V4Direct));
     assert_eq!(m[8].irq, Irq::MsiFio);
     assert_eq!(m[9].irq, Irq::MsiHog);
     for c in [m[8], m[9]] {
@@ -741,20 +743,35 @@ fn gic_matrix_labels_and_arguments() {
     }
     // Labels: SPI rows unchanged, PCIe rows name their delivery.
     assert_eq!(m[3].label(), "1p2v unp preempt passthrough icount");
-    assert_eq!(m[13].label(), "1p2v unp preempt nvme v4-direct icount");
-    assert_eq!(m[15].label(), "1p2v msi-hog preempt nvme v4-direct icount");
+    assert_eq!(m[14].label(), "1p2v unp preempt nvme v4-direct icount");
+    assert_eq!(m[16].label(), "1p2v msi-hog preempt nvme v4-direct icount");
     assert_eq!(m[5].to_string(), "1p2v unpinned xen-compat rl=1000 nvme v3-emulated icount");
     // Arguments: GIC version, gic_vlpi=off, dom0_msi_vcpu.
-    assert_eq!(run_options(&m[13], 5).gic, 4);
+    assert_eq!(run_options(&m[14], 5).gic, 4);
     assert_eq!(run_options(&m[5], 5).gic, 3);
-    assert!(!hypervisor_args(&m[13]).contains("gic_vlpi") && !hypervisor_args(&m[13]).contains("dom0_msi_vcpu"));
-    assert!(hypervisor_args(&m[14]).ends_with(" dom0_msi_vcpu=1"));
-    assert!(hypervisor_args(&m[15]).ends_with(" dom0_msi_vcpu=0"));
+    assert!(!hypervisor_args(&m[14]).contains("gic_vlpi") && !hypervisor_args(&m[14]).contains("dom0_msi_vcpu"));
+    assert!(hypervisor_args(&m[15]).ends_with(" dom0_msi_vcpu=1"));
+    assert!(hypervisor_args(&m[16]).ends_with(" dom0_msi_vcpu=0"));
     // Steering cases run the unpinned guest script (no smp_affinity write).
-    assert_eq!(guest_command(&m[15], 5), guest_command(&m[13], 5));
+    assert_eq!(guest_command(&m[16], 5), guest_command(&m[14], 5));
+    // The resident-vCPU case (issue 10): 2p2v, real time, MSIs at vCPU1,
+    // the guest's idle loop polling; once per delivery mode.
+    for c in [m[10], m[17]] {
+        assert_eq!(c, resident_case(Disk::Nvme, c.delivery));
+        assert_eq!((c.topology, c.irq, c.clock, c.idle), (Topology::TwoP2V, Irq::MsiFio, Clock::Realtime, Idle::Poll));
+        let o = run_options(&c, 5);
+        assert_eq!((o.pcpus, o.vcpus, o.icount), (2, 2, false));
+        assert_eq!(o.append.as_deref(), Some("console=ttyAMA0 earlycon=pl011,0x09000000 nohlt"));
+        assert!(hypervisor_args(&c).ends_with(" dom0_msi_vcpu=1"));
+        // The same fio (psync, depth 1) and hog as every other row.
+        assert_eq!(guest_command(&c, 5), guest_command(&Case { topology: Topology::OneP2V, ..m[14] }, 5));
+    }
+    assert_eq!(m[17].label(), "2p2v msi-fio preempt nvme v4-direct realtime idle-poll");
+    assert_eq!(m[10].to_string(), "2p2v msi-fio wake-preempt nvme v3-emulated realtime idle=poll");
+    assert!(m.iter().filter(|c| c.idle == Idle::Wfi).all(|c| run_options(c, 5).append.is_none()));
     // --gic 4 alone: the emulated path on the GICv4 machine is the reference.
     let v4 = disk_matrix(&[Disk::Nvme], &[4]);
-    assert_eq!(v4.len(), 16);
+    assert_eq!(v4.len(), 18);
     assert!(v4[..4].iter().all(|c| c.disk == Disk::Passthrough && c.delivery == Delivery::V4Emulated));
     assert_eq!(v4[4].label(), "1p1v unp xen-1000 nvme v4-emulated icount");
     assert!(hypervisor_args(&v4[4]).ends_with(" dom0_disk=nvme gic_vlpi=off"));
@@ -770,7 +787,9 @@ fn gic_matrix_labels_and_arguments() {
 fn gicv4_stats(exits: u64, irq_exits: u64, injected: u64, wakes: u64) -> String {
     format!(
         "{STATS}vcpu1.exits={exits}\nvcpu1.irq_exits={irq_exits}\nvcpu0.irq_exits={irq_exits}\n\
-         vcpu0.lpis_injected={injected}\nvcpu1.doorbells={}\nvcpu1.doorbells_spurious=2\nvcpu1.wakes_doorbell={wakes}\n",
+         vcpu1.irq_exits_msi={}\nvcpu0.lpis_injected={injected}\nvcpu1.doorbells={}\n\
+         vcpu1.doorbells_runnable=3\nvcpu1.doorbells_spurious=2\nvcpu1.wakes_doorbell={wakes}\n",
+        irq_exits / 2,
         wakes + 2
     )
 }
@@ -780,12 +799,14 @@ fn parses_gicv4_counters_per_io() {
     let mut s = sample_with(1000.0, 300.0, 1.0);
     s.fio.total_ios = 1000;
     s.stats = hypervisor::stats::parse_text(&gicv4_stats(3000, 50, 0, 990)).unwrap();
-    let r = CaseResult { case: disk_matrix(&[Disk::Nvme], &[3, 4])[13], samples: vec![s.clone(), s], errors: vec![] };
+    let r = CaseResult { case: disk_matrix(&[Disk::Nvme], &[3, 4])[14], samples: vec![s.clone(), s], errors: vec![] };
     let sum = summarize(&r).unwrap();
     assert_eq!(sum.ios_with_stats, 2000);
     let fc = sum.fio_vcpu_counters.as_ref();
     assert_eq!(fc.and_then(|c| c.get("wakes_doorbell")), Some(1980));
     assert_eq!(fc.and_then(|c| c.get("doorbells")), Some(1984));
+    assert_eq!(fc.and_then(|c| c.get("doorbells_runnable")), Some(6));
+    assert_eq!(report::per_io(fc, "irq_exits_msi", sum.ios_with_stats), 0.025);
     assert_eq!(report::per_io(fc, "exits", sum.ios_with_stats), 3.0);
     // IRQ exits of both vCPUs: (50 + 50) × 2 repeats / 2000 reads.
     assert_eq!(report::per_io(sum.all_vcpu_counters.as_ref(), "irq_exits", 2000), 0.1);
@@ -827,6 +848,11 @@ fn gic_results() -> Vec<CaseResult> {
                 let (injected, wakes) = if v4 { (0, 990) } else { (1000, 0) };
                 s.stats = hypervisor::stats::parse_text(&gicv4_stats(2500, 40, injected, wakes)).unwrap();
             }
+            if case.idle == Idle::Poll {
+                // Resident: v4 takes 10 MSI exits in 1000 reads, v3 one per read.
+                let (irq_exits, injected) = if v4 { (20, 0) } else { (2000, 1000) };
+                s.stats = hypervisor::stats::parse_text(&gicv4_stats(irq_exits + 5, irq_exits, injected, 0)).unwrap();
+            }
             CaseResult { case, samples: vec![s], errors: vec![] }
         })
         .collect()
@@ -837,18 +863,32 @@ fn report_shows_delivery_modes_and_issue10_targets() {
     let r = gic_results();
     let md = render_report(&r);
     assert!(md.contains("## Interrupt delivery: GICv3 emulated LPIs vs GICv4 direct vLPIs"), "{md}");
-    // Per case: IOPS, p99, kick→run, exits/IO, IRQ exits/IO, LPIs/IO, doorbells.
+    // Per case: IOPS, p99, kick→run, exits/IO, fio vCPU IRQ exits/IO and its
+    // MSI share, all IRQ exits/IO, LPIs/IO, doorbell wakes, doorbells by class.
     assert!(
-        md.contains("| 1p2v unp preempt nvme v4-direct icount | 1000 | 400.0 | 7127 / 9845 | 2.500 | 0.080 | 0.000 | 990 | 992 (2) |"),
+        md.contains("| 1p2v unp preempt nvme v4-direct icount | 1000 | 400.0 | 7127 / 9845 | 2.500 | 0.040 | 0.020 | 0.080 | 0.000 | 990 | 992 / 3 / 2 |"),
         "{md}"
     );
-    assert!(md.contains("| 1p2v unp preempt nvme v3-emulated icount | 950 | 400.0 | 7127 / 9845 | 2.500 | 0.080 | 1.000 | 0 | 2 (2) |"), "{md}");
+    assert!(md.contains("| 1p2v unp preempt nvme v3-emulated icount | 950 | 400.0 | 7127 / 9845 | 2.500 | 0.040 | 0.020 | 0.080 | 1.000 | 0 | 2 / 3 / 2 |"), "{md}");
     assert!(
         md.contains(
-            "| 1p1v unp xen-1000 nvme v4-direct icount | 1000 | 400.0 | n/a | n/a | n/a | n/a | n/a | n/a (n/a) |"
+            "| 1p1v unp xen-1000 nvme v4-direct icount | 1000 | 400.0 | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a / n/a / n/a |"
         ),
         "{md}"
     );
+    // The resident-vCPU line: judged on MSI IRQ exits per I/O, v4 only.
+    assert!(md.contains("### fio vCPU resident and alone on its pCPU (2p2v)"), "{md}");
+    assert!(
+        md.contains("| 2p2v msi-fio preempt nvme v4-direct realtime idle-poll | 1000 | 0.025 | 0.020 | 0.010 | 0.000 | 2 / 3 / 2 | met |"),
+        "{md}"
+    );
+    assert!(
+        md.contains("| 2p2v msi-fio preempt nvme v3-emulated realtime idle-poll | 950 | 2.005 | 2.000 | 1.000 | 0.000 | 2 / 3 / 2 | n/a (emulated: one exit per MSI) |"),
+        "{md}"
+    );
+    assert_eq!(report::resident_status(0.099), Status::Met);
+    assert_eq!(report::resident_status(0.1), Status::Missed);
+    assert_eq!(report::resident_status(f64::NAN), Status::NotMeasured);
     // Steering: hog / fio.
     assert!(md.contains("### MSI aimed at the hog vCPU / at the fio vCPU"));
     assert!(
@@ -871,10 +911,13 @@ fn report_shows_delivery_modes_and_issue10_targets() {
     // results.json names the delivery of the GICv4 cases only.
     let json = results_json(&r.iter().filter_map(summarize).collect::<Vec<_>>());
     let back: ResultsFile = serde_json::from_str(&json).unwrap();
-    assert_eq!(back.cases.len(), 16);
-    assert_eq!(back.cases[10].delivery, Delivery::V4Direct);
+    assert_eq!(back.cases.len(), 18);
+    assert_eq!(back.cases[11].delivery, Delivery::V4Direct);
+    assert_eq!((back.cases[17].idle, back.cases[16].idle), (Idle::Poll, Idle::Wfi));
     assert_eq!(back.cases[4].delivery, Delivery::V3Emulated);
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();
-    assert_eq!(v["cases"][10]["delivery"], "v4-direct");
+    assert_eq!(v["cases"][11]["delivery"], "v4-direct");
+    assert_eq!(v["cases"][17]["idle"], "poll");
+    assert!(v["cases"][16].get("idle").is_none());
     assert!(v["cases"][4].get("delivery").is_none());
 }
