@@ -174,8 +174,9 @@ spelled_enum! {
     }
 }
 
-impl Default for Idle {
-    fn default() -> Self {
+impl Idle {
+    /// What cases (and `results.json` entries) without the field mean.
+    pub fn wfi() -> Idle {
         Idle::Wfi
     }
 }
@@ -333,7 +334,7 @@ pub struct Case {
     /// GIC version and MSI delivery mode (v3-emulated outside `--gic`).
     pub delivery: Delivery,
     /// The guest's idle loop (WFI except in the resident-vCPU cases).
-    #[serde(default)]
+    #[serde(default = "Idle::wfi")]
     pub idle: Idle,
 }
 

@@ -32,7 +32,7 @@ pub struct ResultCase {
     pub delivery: Delivery,
     /// The guest's idle loop; left out for WFI (every case before the
     /// resident-vCPU one).
-    #[serde(default, skip_serializing_if = "is_wfi")]
+    #[serde(default = "Idle::wfi", skip_serializing_if = "is_wfi")]
     pub idle: Idle,
     pub iops: f64,
     pub clat_p50_us: f64,
