@@ -145,7 +145,8 @@ pub fn build_dom0_efi(host: &Tables<'_>, acpi: &Dom0AcpiConfig, cfg: &Dom0EfiCon
 
 /// The DT with only `/chosen` (Linux's `drivers/firmware/efi/fdtparams.c`
 /// reads the `linux,uefi-*` properties: the table and map addresses as
-/// 64-bit cells, the sizes and version as 32-bit ones).
+/// 64-bit cells, the sizes and version as 32-bit ones), and
+/// `linux,uefi-secure-boot` (0), which Debian's kernels require.
 pub fn chosen_dtb(bootargs: &str, initrd: Option<Region>, systab: u64, mmap: Region) -> Result<Vec<u8>, vm_fdt::Error> {
     let mut w = FdtWriter::new()?;
     let root = w.begin_node("")?;
@@ -162,6 +163,9 @@ pub fn chosen_dtb(bootargs: &str, initrd: Option<Region>, systab: u64, mmap: Reg
     w.property_u32("linux,uefi-mmap-size", mmap.size as u32)?;
     w.property_u32("linux,uefi-mmap-desc-size", MEMORY_DESCRIPTOR_LEN as u32)?;
     w.property_u32("linux,uefi-mmap-desc-ver", MEMORY_DESCRIPTOR_VERSION)?;
+    // Debian's kernels (secure-boot lockdown patch) want it among the
+    // others, or take the machine for a non-EFI one: 0 = not in secure boot.
+    w.property_u32("linux,uefi-secure-boot", 0)?;
     w.end_node(chosen)?;
     w.end_node(root)?;
     w.finish()
@@ -327,6 +331,7 @@ mod tests {
         assert_eq!(u32p("linux,uefi-mmap-size"), 200);
         assert_eq!(u32p("linux,uefi-mmap-desc-size"), 40);
         assert_eq!(u32p("linux,uefi-mmap-desc-ver"), 1);
+        assert_eq!(u32p("linux,uefi-secure-boot"), 0);
         assert_eq!(u64p("linux,initrd-end"), 0x4800_1000);
         assert_eq!(chosen.property("bootargs").unwrap().as_str(), Some("acpi=force"));
         // Only /chosen under the root (Linux then picks ACPI).
