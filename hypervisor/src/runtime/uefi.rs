@@ -19,8 +19,9 @@
 //! `boot::primary_main` when [`take_handoff`] finds the hand-off): the
 //! hypervisor's own MMU, console and heap; it decodes the memory map and
 //! the ACPI tables (`firmware::uefi`, `firmware::acpi`), logs the machine,
-//! plans where Dom0 would go (`boot::plan`) and powers off. Dom0 with ACPI
-//! is not built yet.
+//! plans where Dom0 goes (`boot::plan`), brings up the GIC, ITS and
+//! secondary pCPUs (`boot::bring_up`, as on the DT path) and boots Dom0
+//! with ACPI (`firmware::dom0_efi`).
 //!
 //! Files come from the ESP through the LoadedImage and SimpleFileSystem
 //! protocols: the configuration file (Xen's `xen.cfg` format) and the
@@ -532,7 +533,7 @@ impl PhysMem for EfiMem<'_> {
 }
 
 /// The hypervisor proper after an EFI boot: the machine from ACPI, then
-/// power-off (no Dom0 on this path yet).
+/// Dom0 with ACPI.
 pub fn acpi_main(h: &'static Handoff) -> ! {
     let map = match h.memory_map() {
         Ok(m) => m,
