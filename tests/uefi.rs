@@ -17,7 +17,10 @@ fn edk2_starts_the_hypervisor_which_boots_dom0_with_acpi() {
         pcpus: 2,
         vcpus: 2,
         echo: false,
-        cmd: Some(r#"ls /sys/firmware/acpi/tables; dmesg | grep -E "started at EL|ACPI: (RSDP|STAO)"; cat /proc/cmdline"#.into()),
+        cmd: Some(
+            r#"ls /sys/firmware/acpi/tables; dmesg | grep -E "started at EL|ACPI: (RSDP|STAO)"; cat /proc/cmdline"#
+                .into(),
+        ),
         timeout: Duration::from_secs(400),
         ..Default::default()
     });

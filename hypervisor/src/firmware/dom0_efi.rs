@@ -222,7 +222,11 @@ pub fn memory_map(cfg: &Dom0EfiConfig) -> Result<Vec<u8>, Dom0EfiError> {
     }
     all.push(desc(memory_type::ACPI_RECLAIM, area, EFI_MEMORY_WB));
     if ram.end() > area.end() {
-        all.push(desc(memory_type::CONVENTIONAL, Region { base: area.end(), size: ram.end() - area.end() }, EFI_MEMORY_WB));
+        all.push(desc(
+            memory_type::CONVENTIONAL,
+            Region { base: area.end(), size: ram.end() - area.end() },
+            EFI_MEMORY_WB,
+        ));
     }
     let overlaps_ram = |r: Region| r.base < ram.end() && ram.base < r.end();
     for d in &cfg.firmware {
@@ -265,7 +269,10 @@ mod tests {
         assert_eq!(u64::from_le_bytes(t[104..112].try_into().unwrap()), 1);
         assert_eq!(u64::from_le_bytes(t[112..120].try_into().unwrap()), 0x1000 + CONFIG_TABLE_OFF as u64);
         assert_eq!(&t[CONFIG_TABLE_OFF..CONFIG_TABLE_OFF + 16], &ACPI_20_TABLE_GUID.0);
-        assert_eq!(u64::from_le_bytes(t[CONFIG_TABLE_OFF + 16..CONFIG_TABLE_OFF + 24].try_into().unwrap()), 0xdead_0000);
+        assert_eq!(
+            u64::from_le_bytes(t[CONFIG_TABLE_OFF + 16..CONFIG_TABLE_OFF + 24].try_into().unwrap()),
+            0xdead_0000
+        );
         // The header CRC: recomputed with the field zeroed.
         let mut h = t[..SYSTEM_TABLE_LEN].to_vec();
         let crc = u32::from_le_bytes(h[16..20].try_into().unwrap());

@@ -32,9 +32,9 @@ use alloc::string::String;
 use core::ffi::c_void;
 use core::fmt::{self, Write};
 
+use super::vm::{AcpiDom0, GuestFirmware};
 use crate::arch::{cache, smc};
 use crate::config::Config;
-use super::vm::{AcpiDom0, GuestFirmware};
 use crate::dtb::{BootModule, Platform, Region};
 use crate::firmware::acpi::{AcpiMachine, PhysMem, Tables};
 use crate::firmware::uefi::{self, find_config_table, machine_line, EfiConfig, Guid, MemoryMap, ACPI_20_TABLE_GUID};

@@ -493,7 +493,12 @@ const DOM0_BASE: u64 = 0x4800_0000;
 fn dom0_tables_parse_back() {
     let host = host();
     let vcpus = vec![0x0, 0x1, 0x100];
-    let cfg = Dom0AcpiConfig { vcpu_mpidrs: vcpus.clone(), base: DOM0_BASE, remove: vec![Signature(*b"DBG2")], ..Default::default() };
+    let cfg = Dom0AcpiConfig {
+        vcpu_mpidrs: vcpus.clone(),
+        base: DOM0_BASE,
+        remove: vec![Signature(*b"DBG2")],
+        ..Default::default()
+    };
     let d = build_dom0_tables(&host, &cfg).unwrap();
     let mems = [MemImage { base: MEM_BASE, bytes: MEM }, MemImage { base: DOM0_BASE, bytes: &d.blob }];
     // Every checksum is checked on the way.
@@ -569,7 +574,8 @@ fn dom0_gicc_length_follows_host() {
 
 #[test]
 fn dom0_tables_keep_uart_and_drop_its() {
-    let cfg = Dom0AcpiConfig { vcpu_mpidrs: vec![0], base: DOM0_BASE, keep_uart: true, drop_its: true, ..Default::default() };
+    let cfg =
+        Dom0AcpiConfig { vcpu_mpidrs: vec![0], base: DOM0_BASE, keep_uart: true, drop_its: true, ..Default::default() };
     let d = build_dom0_tables(&host(), &cfg).unwrap();
     let mems = [MemImage { base: MEM_BASE, bytes: MEM }, MemImage { base: DOM0_BASE, bytes: &d.blob }];
     let t = Tables::from_rsdp(&mems[..], d.rsdp).unwrap();
