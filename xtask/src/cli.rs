@@ -235,9 +235,6 @@ impl RunArgs {
                 "--hv-addr and --hv-entry are for QEMU's direct boot (TF-A and FVP load the hypervisor as BL33)".into(),
             );
         }
-        if self.firmware == Some(crate::firmware::Firmware::Uefi) && self.cmd.is_some() {
-            return Err("--firmware uefi boots no Dom0 yet (it discovers the machine and powers off): no --cmd".into());
-        }
         if self.disk_latency_us.is_some() && self.disk != Some(DiskKind::Ram) {
             return Err("--disk-latency-us goes with --disk ram".into());
         }

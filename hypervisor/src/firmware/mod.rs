@@ -7,4 +7,5 @@
 //! care which firmware booted it.
 
 pub mod acpi;
+pub mod dom0_efi;
 pub mod uefi;

@@ -149,22 +149,31 @@ pub fn primary_main(regs: [u64; 4]) -> ! {
         plan.guest_ram.end(),
         plan.ram_disk.map(|d| (d.base, d.end()))
     );
+    let nr_pcpus = bring_up(&plat, &cfg, &plan);
+    // Keep a copy, though the plan keeps guest memory off the original.
+    let host_dtb: &'static [u8] = Box::leak(dtb.to_vec().into_boxed_slice());
+    run_dom0(&plat, &cfg, &plan, &vm::GuestFirmware::Dtb(host_dtb), nr_pcpus)
+}
+
+/// Once the layout is planned, on either boot path (DT, EFI): the main
+/// heap, the physical GIC and ITS, the secondary pCPUs. Returns how many
+/// pCPUs are online.
+pub(super) fn bring_up(plat: &Platform, cfg: &Config, plan: &Plan) -> usize {
     // SAFETY: the plan put the heap in RAM that holds nothing the
     // hypervisor keeps (image, DTB, modules, reserved regions) and that is
     // identity-mapped normal memory; it is added once.
     unsafe { heap::add(plan.heap.base as usize, plan.heap.size as usize) };
-    // Keep a copy, though the plan keeps guest memory off the original.
-    let host_dtb: &'static [u8] = Box::leak(dtb.to_vec().into_boxed_slice());
 
     let Some(gicr) = plat.gic.gicr.first() else {
         hv_fatal!("no GIC redistributor region");
     };
-    // SAFETY: the GIC frames the DTB names, inside the platform's device
-    // windows (mapped as device memory); from here only `gic` touches them.
+    // SAFETY: the GIC frames the firmware names, inside the platform's
+    // device windows (mapped as device memory); from here only `gic`
+    // touches them.
     if let Err(e) = unsafe { gic::init(plat.gic.gicd.base, gicr.base, plat.cpus.len()) } {
         hv_fatal!("GIC: {e:?}");
     }
-    init_its(&plat, &cfg);
+    init_its(plat, cfg);
     gic::init_cpu(0);
     if let Err(e) = crate::vgic::usable_lrs(gic::nr_lrs()) {
         hv_fatal!("GIC: {e}; cannot run guests");
@@ -191,8 +200,18 @@ pub fn primary_main(regs: [u64; 4]) -> ! {
     }
     info!("{nr_pcpus} pCPU(s) online");
     its_self_test(nr_pcpus);
+    nr_pcpus
+}
 
-    match vm::Vm::create_dom0(&plat, &cfg, &plan, host_dtb, nr_pcpus) {
+/// Creates Dom0 and runs pCPU 0's loop.
+pub(super) fn run_dom0(
+    plat: &Platform,
+    cfg: &Config,
+    plan: &Plan,
+    firmware: &vm::GuestFirmware<'_>,
+    nr_pcpus: usize,
+) -> ! {
+    match vm::Vm::create_dom0(plat, cfg, plan, firmware, nr_pcpus) {
         Ok(vm) => {
             let vm: &'static vm::Vm = Box::leak(vm);
             VM.call_once(|| vm);

@@ -19,8 +19,9 @@
 //! `boot::primary_main` when [`take_handoff`] finds the hand-off): the
 //! hypervisor's own MMU, console and heap; it decodes the memory map and
 //! the ACPI tables (`firmware::uefi`, `firmware::acpi`), logs the machine,
-//! plans where Dom0 would go (`boot::plan`) and powers off. Dom0 with ACPI
-//! is not built yet.
+//! plans where Dom0 goes (`boot::plan`), brings up the GIC, ITS and
+//! secondary pCPUs (`boot::bring_up`, as on the DT path) and boots Dom0
+//! with ACPI (`firmware::dom0_efi`).
 //!
 //! Files come from the ESP through the LoadedImage and SimpleFileSystem
 //! protocols: the configuration file (Xen's `xen.cfg` format) and the
@@ -31,6 +32,7 @@ use alloc::string::String;
 use core::ffi::c_void;
 use core::fmt::{self, Write};
 
+use super::vm::{AcpiDom0, GuestFirmware};
 use crate::arch::{cache, smc};
 use crate::config::Config;
 use crate::dtb::{BootModule, Platform, Region};
@@ -531,7 +533,7 @@ impl PhysMem for EfiMem<'_> {
 }
 
 /// The hypervisor proper after an EFI boot: the machine from ACPI, then
-/// power-off (no Dom0 on this path yet).
+/// Dom0 with ACPI.
 pub fn acpi_main(h: &'static Handoff) -> ! {
     let map = match h.memory_map() {
         Ok(m) => m,
@@ -581,33 +583,98 @@ pub fn acpi_main(h: &'static Handoff) -> ! {
     let module = |r: Region, args: Option<String>| {
         (r.size > 0).then_some(BootModule { base: r.base, size: r.size, bootargs: args })
     };
-    plat.kernel = module(h.kernel, Some(efi_cfg.kernel_args.clone()));
+    // Dom0 boots with ACPI from the tables of `firmware::dom0_efi`, and
+    // never calls the fake system table's (absent) runtime services.
+    let dom0_args = alloc::format!("{} efi=noruntime acpi=force", efi_cfg.kernel_args);
+    plat.kernel = module(h.kernel, Some(dom0_args));
     plat.ramdisk = module(h.ramdisk, None);
     plat.bootargs = Some(efi_cfg.options.clone());
     // Where Dom0 would go: the same boot-layout plan as the DTB path, on
     // the RAM of the EFI memory map. The RSDP stands where the DTB would
     // (the firmware's description of the machine, kept).
-    if let Some(kernel) = &plat.kernel {
+    let Some(kernel) = plat.kernel.clone() else {
+        info!("EFI boot: no Dom0 kernel in the configuration file; powering off");
+        smc::psci_system_off()
+    };
+    let plan = {
         let Some(rsdp) = mem.read(h.rsdp, 36) else { hv_fatal!("ACPI RSDP at {:#x} is not readable", h.rsdp) };
         let image = Region {
             base: core::ptr::addr_of!(__image_start) as u64,
             size: core::ptr::addr_of!(__image_end) as u64 - core::ptr::addr_of!(__image_start) as u64,
         };
-        match super::boot::plan_layout(&plat, kernel, &cfg, image, rsdp) {
-            Ok(plan) => info!(
-                "EFI boot: layout: heap {:#x}-{:#x}, guest RAM {:#x}-{:#x}, kernel {:#x} -> {:#x}, initrd {:#x} -> {:#x}",
-                plan.heap.base,
-                plan.heap.end(),
-                plan.guest_ram.base,
-                plan.guest_ram.end(),
-                plan.kernel.src.base,
-                plan.kernel.dst.base,
-                plan.initrd.map_or(0, |c| c.src.base),
-                plan.initrd.map_or(0, |c| c.dst.base)
-            ),
+        let plan = match super::boot::plan_layout(&plat, &kernel, &cfg, image, rsdp) {
+            Ok(plan) => plan,
             Err(e) => hv_fatal!("boot layout: {e}"),
-        }
+        };
+        info!(
+            "EFI boot: layout: heap {:#x}-{:#x}, guest RAM {:#x}-{:#x}, kernel {:#x} -> {:#x}, initrd {:#x} -> {:#x}",
+            plan.heap.base,
+            plan.heap.end(),
+            plan.guest_ram.base,
+            plan.guest_ram.end(),
+            plan.kernel.src.base,
+            plan.kernel.dst.base,
+            plan.initrd.map_or(0, |c| c.src.base),
+            plan.initrd.map_or(0, |c| c.dst.base)
+        );
+        plan
+    };
+    // Dom0 with ACPI: the same bring-up as the DT path, then Dom0 with the
+    // firmware view of `firmware::dom0_efi`.
+    let nr_pcpus = super::boot::bring_up(&plat, &cfg, &plan);
+    let tables = match Tables::from_rsdp(&mem, h.rsdp) {
+        Ok(t) => t,
+        Err(e) => hv_fatal!("{e}"),
+    };
+    let firmware: alloc::vec::Vec<_> = mem
+        .0
+        .iter()
+        .filter(|d| matches!(d.ty, uefi::memory_type::ACPI_RECLAIM | uefi::memory_type::ACPI_NVS))
+        .collect();
+    let acpi = AcpiDom0 { tables: &tables, firmware, mmio: qemu_virt_dsdt_devices(&mut plat) };
+    super::boot::run_dom0(&plat, &cfg, &plan, &GuestFirmware::Acpi(acpi), nr_pcpus)
+}
+
+/// The devices QEMU virt's DSDT lists that Linux probes (the DSDT's AML is
+/// not interpreted, and cannot be edited to hide them): the virtio-mmio
+/// slots go into `plat.virtio_mmio` (passed through like on the DT path),
+/// and the low device page range after the UART (RTC, fw_cfg, GPIO, GED,
+/// memory hotplug) is returned to be identity-mapped for Dom0; the PCIe
+/// host bridge gets QEMU's windows and INTx lines. Nothing on
+/// another platform (its DSDT devices would trap to an injected abort).
+fn qemu_virt_dsdt_devices(plat: &mut Platform) -> alloc::vec::Vec<Region> {
+    if crate::platform::PLATFORM.name != "qemu-virt" {
+        return alloc::vec::Vec::new();
     }
-    info!("EFI boot: Dom0 with ACPI is not implemented yet; powering off");
-    smc::psci_system_off()
+    plat.virtio_mmio = (0..32u32)
+        .filter_map(|i| {
+            Some(crate::dtb::MmioDevice {
+                base: 0x0a00_0000 + u64::from(i) * 0x200,
+                size: 0x200,
+                intid: crate::intid::IntId::try_from(32 + 16 + i).ok()?,
+                edge: true,
+                path: alloc::format!("ACPI VR{i:02}"),
+            })
+        })
+        .collect();
+    // The host bridge's windows and INTx lines, which live in the DSDT's
+    // `_CRS` and `_PRT` (the DT path reads them from `ranges` and
+    // `interrupt-map`).
+    for b in plat.pcie.iter_mut().filter(|b| b.ecam.base == 0x40_1000_0000) {
+        let window = |space, base: u64, size: u64, pci_addr| crate::dtb::PciWindow {
+            space,
+            prefetchable: false,
+            pci_addr,
+            cpu: Region { base, size },
+        };
+        b.windows = alloc::vec![
+            window(crate::dtb::PciSpace::Io, 0x3eff_0000, 0x1_0000, 0),
+            window(crate::dtb::PciSpace::Mem32, 0x1000_0000, 0x2eff_0000, 0x1000_0000),
+            window(crate::dtb::PciSpace::Mem64, 0x80_0000_0000, 0x80_0000_0000, 0x80_0000_0000),
+        ];
+        b.intx = (35..39u32)
+            .filter_map(|i| Some(crate::dtb::Irq { intid: crate::intid::IntId::try_from(i).ok()?, edge: false }))
+            .collect();
+    }
+    alloc::vec![Region { base: 0x0901_0000, size: 0x0a00_0000 - 0x0901_0000 }]
 }

@@ -54,6 +54,8 @@ pub enum VmError {
     Routes(RouteError),
     /// Two emulated devices claim one guest-physical address.
     Bus(BusError),
+    /// An ACPI Dom0's tables, system table or memory map.
+    Efi(crate::firmware::dom0_efi::Dom0EfiError),
 }
 
 impl core::fmt::Display for VmError {
@@ -63,6 +65,7 @@ impl core::fmt::Display for VmError {
             VmError::Layout(e) => write!(f, "{e}"),
             VmError::Routes(e) => write!(f, "IRQ routes: {e}"),
             VmError::Bus(e) => write!(f, "MMIO bus: {e}"),
+            VmError::Efi(e) => write!(f, "{e}"),
             other => write!(f, "{other:?}"),
         }
     }
@@ -320,6 +323,25 @@ fn build_bus(
     Ok(bus)
 }
 
+/// What Dom0 learns the machine from.
+pub enum GuestFirmware<'a> {
+    /// A DT derived from the host's (the `-kernel` and TF-A boots).
+    Dtb(&'a [u8]),
+    /// ACPI (the EFI boot): `firmware::dom0_efi` in the guest DTB area.
+    Acpi(AcpiDom0<'a>),
+}
+
+/// The host's ACPI side of an ACPI Dom0.
+pub struct AcpiDom0<'a> {
+    pub tables: &'a crate::firmware::acpi::Tables<'a>,
+    /// Host firmware memory Dom0 reads (ACPI reclaim/NVS), identity-mapped
+    /// as normal memory and passed on in Dom0's memory map.
+    pub firmware: Vec<crate::firmware::uefi::MemoryDescriptor>,
+    /// Host devices the DSDT describes that Dom0 probes, identity-mapped
+    /// as device memory (the DSDT is not rewritten, so they cannot be hidden).
+    pub mmio: Vec<Region>,
+}
+
 /// vMPIDR of vCPU `i`: Aff0 = i % 16, Aff1 = i / 16.
 pub fn vcpu_mpidr(i: usize) -> u64 {
     ((i as u64 / 16) << 8) | (i as u64 % 16)
@@ -331,7 +353,7 @@ impl Vm {
         plat: &Platform,
         cfg: &Config,
         plan: &Plan,
-        host_dtb: &[u8],
+        firmware: &GuestFirmware<'_>,
         nr_pcpus: usize,
     ) -> Result<Box<Vm>, VmError> {
         let kernel_mod = plat.kernel.as_ref().ok_or(VmError::NoKernel)?;
@@ -366,7 +388,14 @@ impl Vm {
         };
         let same_page =
             |d: &dtb::MmioDevice| disk_slot.as_ref().is_some_and(|s| s.base & !(PAGE - 1) == d.base & !(PAGE - 1));
+        let acpi = match firmware {
+            GuestFirmware::Acpi(a) => Some(a),
+            GuestFirmware::Dtb(_) => None,
+        };
         let passthrough: Vec<dtb::MmioDevice> = match cfg.disk {
+            // ACPI: the DSDT lists every slot and cannot be edited, so every
+            // slot but the hypervisor's disk is Dom0's.
+            _ if acpi.is_some() => plat.virtio_mmio.iter().filter(|d| !same_page(d)).cloned().collect(),
             DiskMode::Passthrough => plat.virtio_mmio.clone(),
             DiskMode::None | DiskMode::VirtioPci | DiskMode::Nvme => Vec::new(),
             DiskMode::Ram | DiskMode::Backend => plat.virtio_mmio.iter().filter(|d| !same_page(d)).cloned().collect(),
@@ -374,24 +403,17 @@ impl Vm {
         // PCIe (dom0_disk=virtio-pci|nvme): the host bridges, Dom0-style,
         // with INTx; other modes hide them (their QEMU command lines put no
         // device behind them, and the guest boots without a bus scan).
-        let bridges: &[dtb::PcieHost] = if cfg.disk.pcie() { &plat.pcie } else { &[] };
+        // ACPI: the DSDT's host bridge cannot be hidden (Linux finds its ECAM
+        // even without an MCFG), so it is always passed through.
+        let bridges: &[dtb::PcieHost] = if cfg.disk.pcie() || acpi.is_some() { &plat.pcie } else { &[] };
         if cfg.disk.pcie() && bridges.is_empty() {
             return Err(VmError::Memory("a PCIe disk needs a PCIe host bridge (pci-host-ecam-generic) on the machine"));
         }
         let pcie_frames: Vec<Region> = bridges.iter().flat_map(bridge_frames).collect();
         let mut ranges: Vec<Region> = passthrough.iter().map(|d| Region { base: d.base, size: d.size }).collect();
         ranges.extend(&pcie_frames);
+        ranges.extend(acpi.iter().flat_map(|a| a.mmio.iter().copied()));
         check_passthrough(plat, plan, &ranges, disk_slot.as_ref())?;
-        let mut remove = dtb::default_removals(host_dtb)?;
-        if !cfg.disk.pcie() {
-            remove.extend(plat.pcie.iter().map(|b| b.path.clone()));
-        }
-        for d in &plat.virtio_mmio {
-            let ours = disk_slot.as_ref().is_some_and(|s| s.base == d.base);
-            if !ours && !passthrough.iter().any(|p| p.base == d.base) {
-                remove.push(d.path.clone());
-            }
-        }
         if cfg.disk == DiskMode::Backend && !disk_slot.as_ref().is_some_and(|s| virtio_mmio_present(s.base)) {
             return Err(VmError::Memory(
                 "dom0_disk=backend needs a virtio-blk device on the machine (QEMU -device virtio-blk-device)",
@@ -399,21 +421,65 @@ impl Vm {
         }
         let bootargs = kernel_mod.bootargs.clone().unwrap_or_else(|| String::from("console=ttyAMA0"));
         let vcpu_mpidrs: Vec<u64> = (0..nr_vcpus).map(vcpu_mpidr).collect();
-        let guest_dtb = dtb::build_guest_dtb(
-            host_dtb,
-            &GuestDtbConfig {
-                memory: ram,
-                vcpu_mpidrs: vcpu_mpidrs.clone(),
-                bootargs,
-                initrd,
-                remove_paths: remove,
-                extra_virtio_mmio: Vec::new(),
-                keep_its: cfg.disk.pcie() && gic::its::its_present(),
-                ipa_size: Some(1 << crate::stage2::IPA_BITS),
-            },
-        )?;
+        let keep_its = cfg.disk.pcie() && gic::its::its_present();
+        let guest_dtb = match firmware {
+            GuestFirmware::Dtb(host_dtb) => {
+                let mut remove = dtb::default_removals(host_dtb)?;
+                if !cfg.disk.pcie() {
+                    remove.extend(plat.pcie.iter().map(|b| b.path.clone()));
+                }
+                for d in &plat.virtio_mmio {
+                    let ours = disk_slot.as_ref().is_some_and(|s| s.base == d.base);
+                    if !ours && !passthrough.iter().any(|p| p.base == d.base) {
+                        remove.push(d.path.clone());
+                    }
+                }
+                dtb::build_guest_dtb(
+                    host_dtb,
+                    &GuestDtbConfig {
+                        memory: ram,
+                        vcpu_mpidrs: vcpu_mpidrs.clone(),
+                        bootargs,
+                        initrd,
+                        remove_paths: remove,
+                        extra_virtio_mmio: Vec::new(),
+                        keep_its,
+                        ipa_size: Some(1 << crate::stage2::IPA_BITS),
+                    },
+                )?
+            }
+            GuestFirmware::Acpi(a) => {
+                use crate::firmware::acpi::dom0::Dom0AcpiConfig;
+                use crate::firmware::dom0_efi::{build_dom0_efi, Dom0EfiConfig};
+                let acpi_cfg = Dom0AcpiConfig {
+                    vcpu_mpidrs: vcpu_mpidrs.clone(),
+                    base: 0,
+                    remove: Vec::new(),
+                    keep_uart: true,
+                    drop_its: !keep_its,
+                };
+                let efi = build_dom0_efi(
+                    a.tables,
+                    &acpi_cfg,
+                    &Dom0EfiConfig {
+                        ram,
+                        area: plan.guest_dtb,
+                        bootargs,
+                        initrd,
+                        firmware: a.firmware.clone(),
+                        mmio: a.mmio.iter().chain(ranges.iter()).copied().collect(),
+                    },
+                )
+                .map_err(VmError::Efi)?;
+                info!(
+                    "dom0 ACPI: RSDP {:#x}, EFI system table {:#x}, memory map {:#x} ({} bytes)",
+                    efi.tables.rsdp, efi.system_table, efi.memory_map.base, efi.memory_map.size
+                );
+                efi.blob
+            }
+        };
         if guest_dtb.len() as u64 > plan.guest_dtb.size {
-            return Err(VmError::Memory("guest DTB larger than 2 MiB"));
+            return Err(VmError::Memory("guest DTB (or ACPI Dom0 firmware area) larger than 2 MiB"));
         }
         // SAFETY: the last 2 MiB of guest RAM, reserved for the DTB by the plan.
         unsafe { core::ptr::copy_nonoverlapping(guest_dtb.as_ptr(), dtb_at as *mut u8, guest_dtb.len()) };
@@ -432,6 +498,16 @@ impl Vm {
                     mapped_pages.push(p);
                 }
                 p += PAGE;
+            }
+        }
+        if let Some(a) = acpi {
+            for d in &a.firmware {
+                let Some(r) = d.region() else { continue };
+                s2.map(&mut frames, r.base, r.base, r.size, MemType::Normal)?;
+            }
+            for r in &a.mmio {
+                let base = r.base & !(PAGE - 1);
+                s2.map(&mut frames, base, base, r.end().next_multiple_of(PAGE) - base, MemType::Device)?;
             }
         }
         for r in &pcie_frames {

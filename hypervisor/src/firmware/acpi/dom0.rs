@@ -47,6 +47,11 @@ pub struct Dom0AcpiConfig {
     pub base: u64,
     /// Host tables not to pass on (e.g. `DBG2`), by signature.
     pub remove: Vec<Signature>,
+    /// Dom0 drives the SPCR UART itself (the hypervisor emulates a PL011
+    /// at its address): the STAO's `UART` is 0 and the DSDT device stays.
+    pub keep_uart: bool,
+    /// Leave the MADT's GIC ITS structures out (Dom0 gets no ITS).
+    pub drop_its: bool,
 }
 
 /// Dom0's new tables: `blob` belongs at `base`; the others are addresses in it.
@@ -75,8 +80,8 @@ pub fn build_dom0_tables(host: &Tables<'_>, cfg: &Dom0AcpiConfig) -> Result<Dom0
         });
     }
     let fadt = dom0_fadt(host)?;
-    let madt = dom0_madt(host, &cfg.vcpu_mpidrs)?;
-    let stao = dom0_stao(host)?;
+    let madt = dom0_madt(host, &cfg.vcpu_mpidrs, cfg.drop_its)?;
+    let stao = dom0_stao(host, !cfg.keep_uart)?;
 
     let mut blob = Vec::new();
     let rsdp_off = place(&mut blob, &[0u8; RSDP_LEN]);
@@ -148,7 +153,7 @@ fn dom0_fadt(host: &Tables<'_>) -> Result<Vec<u8>, AcpiError> {
     Ok(fadt)
 }
 
-fn dom0_madt(host: &Tables<'_>, mpidrs: &[u64]) -> Result<Vec<u8>, AcpiError> {
+fn dom0_madt(host: &Tables<'_>, mpidrs: &[u64], drop_its: bool) -> Result<Vec<u8>, AcpiError> {
     let t = host.find(Signature::MADT).ok_or(AcpiError::Missing(Signature::MADT))?;
     let parsed = tables::parse_madt(t.data)?;
     if mpidrs.is_empty() {
@@ -185,7 +190,7 @@ fn dom0_madt(host: &Tables<'_>, mpidrs: &[u64]) -> Result<Vec<u8>, AcpiError> {
         madt.extend_from_slice(&g);
     }
     for (ty, _, e) in entries {
-        if matches!(ty, MADT_GICD | MADT_GICR | MADT_GIC_ITS) {
+        if matches!(ty, MADT_GICD | MADT_GICR) || (ty == MADT_GIC_ITS && !drop_its) {
             madt.extend_from_slice(e);
         }
     }
@@ -193,13 +198,14 @@ fn dom0_madt(host: &Tables<'_>, mpidrs: &[u64]) -> Result<Vec<u8>, AcpiError> {
     Ok(madt)
 }
 
-/// STAO: the header (identity from the host XSDT) and `UART` = 1.
-fn dom0_stao(host: &Tables<'_>) -> Result<Vec<u8>, AcpiError> {
+/// STAO: the header (identity from the host XSDT) and `UART` = 1 when
+/// `hide_uart`.
+fn dom0_stao(host: &Tables<'_>, hide_uart: bool) -> Result<Vec<u8>, AcpiError> {
     let mut stao = host.xsdt.header()?.to_vec();
     stao[0..4].copy_from_slice(&Signature::STAO.0);
     stao[8] = 0;
     stao[28..32].copy_from_slice(&CREATOR_ID);
-    stao.push(1);
+    stao.push(u8::from(hide_uart));
     finish(&mut stao, Signature::STAO)?;
     Ok(stao)
 }

@@ -493,7 +493,12 @@ const DOM0_BASE: u64 = 0x4800_0000;
 fn dom0_tables_parse_back() {
     let host = host();
     let vcpus = vec![0x0, 0x1, 0x100];
-    let cfg = Dom0AcpiConfig { vcpu_mpidrs: vcpus.clone(), base: DOM0_BASE, remove: vec![Signature(*b"DBG2")] };
+    let cfg = Dom0AcpiConfig {
+        vcpu_mpidrs: vcpus.clone(),
+        base: DOM0_BASE,
+        remove: vec![Signature(*b"DBG2")],
+        ..Default::default()
+    };
     let d = build_dom0_tables(&host, &cfg).unwrap();
     let mems = [MemImage { base: MEM_BASE, bytes: MEM }, MemImage { base: DOM0_BASE, bytes: &d.blob }];
     // Every checksum is checked on the way.
@@ -531,7 +536,7 @@ fn dom0_per_cpu_gicr_and_errors() {
     let mut tables = host();
     let idx = tables.tables.iter().position(|t| t.signature() == Signature::MADT).unwrap();
     tables.tables[idx].data = &host_madt;
-    let cfg = |v: Vec<u64>| Dom0AcpiConfig { vcpu_mpidrs: v, base: DOM0_BASE, remove: vec![] };
+    let cfg = |v: Vec<u64>| Dom0AcpiConfig { vcpu_mpidrs: v, base: DOM0_BASE, remove: vec![], ..Default::default() };
     let d = build_dom0_tables(&tables, &cfg(vec![0x10, 0x11])).unwrap();
     let mems = [MemImage { base: MEM_BASE, bytes: MEM }, MemImage { base: DOM0_BASE, bytes: &d.blob }];
     let t = Tables::from_rsdp(&mems[..], d.rsdp).unwrap();
@@ -557,7 +562,7 @@ fn dom0_gicc_length_follows_host() {
     let mut tables = host();
     let idx = tables.tables.iter().position(|t| t.signature() == Signature::MADT).unwrap();
     tables.tables[idx].data = &host_madt;
-    let cfg = Dom0AcpiConfig { vcpu_mpidrs: vec![0, 1], base: DOM0_BASE, remove: vec![] };
+    let cfg = Dom0AcpiConfig { vcpu_mpidrs: vec![0, 1], base: DOM0_BASE, remove: vec![], ..Default::default() };
     let d = build_dom0_tables(&tables, &cfg).unwrap();
     let mems = [MemImage { base: MEM_BASE, bytes: MEM }, MemImage { base: DOM0_BASE, bytes: &d.blob }];
     let t = Tables::from_rsdp(&mems[..], d.rsdp).unwrap();
@@ -565,4 +570,23 @@ fn dom0_gicc_length_follows_host() {
     let giccs: Vec<_> = super::tables::madt_entries(data).unwrap().into_iter().filter(|e| e.0 == MADT_GICC).collect();
     assert_eq!(giccs.iter().map(|e| e.2.len()).collect::<Vec<_>>(), [82, 82]);
     assert_eq!(parse_madt(data).unwrap().giccs.len(), 2);
+}
+
+#[test]
+fn dom0_tables_keep_uart_and_drop_its() {
+    let cfg =
+        Dom0AcpiConfig { vcpu_mpidrs: vec![0], base: DOM0_BASE, keep_uart: true, drop_its: true, ..Default::default() };
+    let d = build_dom0_tables(&host(), &cfg).unwrap();
+    let mems = [MemImage { base: MEM_BASE, bytes: MEM }, MemImage { base: DOM0_BASE, bytes: &d.blob }];
+    let t = Tables::from_rsdp(&mems[..], d.rsdp).unwrap();
+    assert!(!stao_hides_uart(t.find(Signature::STAO).unwrap().data));
+    let madt = parse_madt(t.find(Signature::MADT).unwrap().data).unwrap();
+    assert!(madt.its.is_empty());
+    assert!(!madt.gicr_ranges.is_empty());
+    // The default still hides the UART and keeps the ITS.
+    let d = build_dom0_tables(&host(), &Dom0AcpiConfig { keep_uart: false, drop_its: false, ..cfg }).unwrap();
+    let mems = [MemImage { base: MEM_BASE, bytes: MEM }, MemImage { base: DOM0_BASE, bytes: &d.blob }];
+    let t = Tables::from_rsdp(&mems[..], d.rsdp).unwrap();
+    assert!(stao_hides_uart(t.find(Signature::STAO).unwrap().data));
+    assert_eq!(parse_madt(t.find(Signature::MADT).unwrap().data).unwrap().its.len(), 1);
 }
