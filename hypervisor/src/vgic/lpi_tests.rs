@@ -5,6 +5,7 @@ use super::lpi::{GICR_CTLR_CES, GICR_CTLR_ENABLE_LPIS, PENDBASER_MASK, PROPBASER
 use super::regs::*;
 use super::*;
 use crate::intid::IntId;
+use crate::testrng::Rng;
 use crate::virtio::VecMemory;
 use alloc::format;
 use alloc::vec;
@@ -447,22 +448,6 @@ fn dump_shows_lpis() {
     assert!(s.contains("lpis enabled=true"), "{s}");
     assert!(s.contains("lpi  8193 prio=0x40 E- in_lr=0 cleared"), "{s}");
     assert!(s.contains("lpi  8194 prio=0xa0 -P"), "{s}");
-}
-
-/// Tiny xorshift64 PRNG.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
 }
 
 /// Random LPI traffic, register writes and LR activity: no panic, an LPI at
