@@ -42,6 +42,7 @@ extern crate alloc;
 
 pub mod boot;
 pub mod config;
+pub mod domain;
 pub mod dtb;
 pub mod esr;
 pub mod firmware;
