@@ -4,6 +4,7 @@
 //! the host, so `cargo test` exercises it with fakes:
 //! - `boot`: the boot-layout plan and the arm64 Image header
 //! - `dtb`: device-tree discovery and guest DTB editing
+//! - `domain`: domains as data (Dom0 and dom0less DomUs)
 //! - `firmware`: the machine from ACPI (`firmware::acpi`: table parser, the
 //!   `Platform` it yields, Dom0's rewritten tables)
 //! - `config`: hypervisor options from `/chosen/xen,xen-bootargs` or `/chosen/bootargs`
