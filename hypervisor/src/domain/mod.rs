@@ -10,8 +10,19 @@
 //! This module holds the shared types; the parser, the layout and the
 //! DomU device-tree builder live in submodules.
 
+pub mod console;
+pub mod fdt;
+pub mod layout;
+#[cfg(test)]
+mod tests;
+
 use crate::dtb::Region;
 use alloc::string::String;
+
+/// vMPIDR of a domain's vCPU `i`: Aff0 = i % 16, Aff1 = i / 16.
+pub fn vcpu_mpidr(i: usize) -> u64 {
+    ((i as u64 / 16) << 8) | (i as u64 % 16)
+}
 
 /// A domain's number: Dom0 is 0, DomUs are 1, 2, … in device-tree order.
 pub type DomainId = u16;

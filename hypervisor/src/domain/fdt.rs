@@ -1,0 +1,144 @@
+//! A DomU's device tree, built from scratch (a DomU sees nothing of the
+//! host's tree): memory, the vCPUs with PSCI over HVC, the vGICv3's
+//! distributor and redistributors where [`super::layout`] puts them, the
+//! architected timer, a PL011 (with `vpl011`), the hypervisor's virtio-blk
+//! (with a disk) and `/chosen` (bootargs, initrd, stdout-path).
+//!
+//! The DomU's machine is laid out like QEMU `virt`, so a kernel configured
+//! for it finds what it expects: GICD 0x0800_0000, GICR 0x080A_0000, PL011
+//! 0x0900_0000 (SPI 1), virtio-mmio 0x0A00_0000 (SPI 16), RAM at
+//! 0x4000_0000.
+
+use super::layout::{DOMU_GICD, DOMU_GICR, DOMU_UART, DOMU_UART_SPI, DOMU_VIRTIO, DOMU_VIRTIO_SPI, GICR_STRIDE};
+use crate::dtb::{DtbError, Region};
+use alloc::format;
+use alloc::vec::Vec;
+use vm_fdt::FdtWriter;
+
+/// What the DomU's tree says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DomuDtConfig<'a> {
+    /// Guest-physical RAM.
+    pub ram: Region,
+    /// One `cpu@` node each, `reg` = [`super::vcpu_mpidr`].
+    pub vcpus: u32,
+    pub bootargs: &'a str,
+    /// Guest-physical initrd, inside `ram`.
+    pub initrd: Option<Region>,
+    /// A PL011 at [`DOMU_UART`] (and `stdout-path` to it).
+    pub vpl011: bool,
+    /// A virtio-mmio node at [`DOMU_VIRTIO`] for the hypervisor's disk.
+    pub disk: bool,
+}
+
+const PHANDLE_GIC: u32 = 1;
+const PHANDLE_CLK: u32 = 2;
+/// GIC interrupt specifier types and flags (the `arm,gic-v3` binding).
+const SPI: u32 = 0;
+const PPI: u32 = 1;
+const LEVEL_HIGH: u32 = 4;
+const EDGE_RISING: u32 = 1;
+
+fn reg(base: u64, size: u64) -> [u64; 2] {
+    [base, size]
+}
+
+/// Builds the DomU's flattened device tree.
+pub fn build_domu_dtb(cfg: &DomuDtConfig<'_>) -> Result<Vec<u8>, DtbError> {
+    if cfg.vcpus == 0 || cfg.vcpus > super::layout::MAX_DOMU_VCPUS {
+        return Err(DtbError::Write("a DomU has 1 to 64 vCPUs"));
+    }
+    if let Some(i) = cfg.initrd {
+        if i.base < cfg.ram.base || i.end() > cfg.ram.end() {
+            return Err(DtbError::Write("the initrd lies outside the DomU's RAM"));
+        }
+    }
+    let mut w = FdtWriter::new()?;
+    let root = w.begin_node("")?;
+    w.property_string("compatible", "linux,dummy-virt")?;
+    w.property_u32("#address-cells", 2)?;
+    w.property_u32("#size-cells", 2)?;
+    w.property_u32("interrupt-parent", PHANDLE_GIC)?;
+
+    let chosen = w.begin_node("chosen")?;
+    w.property_string("bootargs", cfg.bootargs)?;
+    if let Some(i) = cfg.initrd {
+        w.property_u64("linux,initrd-start", i.base)?;
+        w.property_u64("linux,initrd-end", i.end())?;
+    }
+    if cfg.vpl011 {
+        w.property_string("stdout-path", &format!("/pl011@{DOMU_UART:x}"))?;
+    }
+    w.end_node(chosen)?;
+
+    let mem = w.begin_node(&format!("memory@{:x}", cfg.ram.base))?;
+    w.property_string("device_type", "memory")?;
+    w.property_array_u64("reg", &reg(cfg.ram.base, cfg.ram.size))?;
+    w.end_node(mem)?;
+
+    let cpus = w.begin_node("cpus")?;
+    w.property_u32("#address-cells", 1)?;
+    w.property_u32("#size-cells", 0)?;
+    for i in 0..cfg.vcpus {
+        let mpidr = super::vcpu_mpidr(i as usize);
+        let c = w.begin_node(&format!("cpu@{mpidr:x}"))?;
+        w.property_string("device_type", "cpu")?;
+        w.property_string("compatible", "arm,armv8")?;
+        w.property_u32("reg", mpidr as u32)?;
+        w.property_string("enable-method", "psci")?;
+        w.end_node(c)?;
+    }
+    w.end_node(cpus)?;
+
+    let psci = w.begin_node("psci")?;
+    w.property_string_list("compatible", alloc::vec!["arm,psci-1.0".into(), "arm,psci-0.2".into()])?;
+    w.property_string("method", "hvc")?;
+    w.end_node(psci)?;
+
+    let gic = w.begin_node(&format!("intc@{DOMU_GICD:x}"))?;
+    w.property_string("compatible", "arm,gic-v3")?;
+    w.property_u32("#interrupt-cells", 3)?;
+    w.property_null("interrupt-controller")?;
+    w.property_u32("#redistributor-regions", 1)?;
+    let gicr_size = u64::from(cfg.vcpus) * GICR_STRIDE;
+    w.property_array_u64("reg", &[DOMU_GICD, 0x1_0000, DOMU_GICR, gicr_size])?;
+    w.property_u32("phandle", PHANDLE_GIC)?;
+    w.end_node(gic)?;
+
+    let timer = w.begin_node("timer")?;
+    w.property_string("compatible", "arm,armv8-timer")?;
+    // Secure physical, non-secure physical, virtual, hypervisor PPIs.
+    w.property_array_u32("interrupts", &[PPI, 13, LEVEL_HIGH, PPI, 14, LEVEL_HIGH, PPI, 11, LEVEL_HIGH, PPI, 10, LEVEL_HIGH])?;
+    w.property_null("always-on")?;
+    w.end_node(timer)?;
+
+    if cfg.vpl011 {
+        let clk = w.begin_node("apb-pclk")?;
+        w.property_string("compatible", "fixed-clock")?;
+        w.property_u32("#clock-cells", 0)?;
+        w.property_u32("clock-frequency", 24_000_000)?;
+        w.property_string("clock-output-names", "clk24mhz")?;
+        w.property_u32("phandle", PHANDLE_CLK)?;
+        w.end_node(clk)?;
+
+        let uart = w.begin_node(&format!("pl011@{DOMU_UART:x}"))?;
+        w.property_string_list("compatible", alloc::vec!["arm,pl011".into(), "arm,primecell".into()])?;
+        w.property_array_u64("reg", &reg(DOMU_UART, 0x1000))?;
+        w.property_array_u32("interrupts", &[SPI, DOMU_UART_SPI, LEVEL_HIGH])?;
+        w.property_array_u32("clocks", &[PHANDLE_CLK, PHANDLE_CLK])?;
+        w.property_string_list("clock-names", alloc::vec!["uartclk".into(), "apb_pclk".into()])?;
+        w.end_node(uart)?;
+    }
+
+    if cfg.disk {
+        let v = w.begin_node(&format!("virtio_mmio@{DOMU_VIRTIO:x}"))?;
+        w.property_string("compatible", "virtio,mmio")?;
+        w.property_array_u64("reg", &reg(DOMU_VIRTIO, 0x200))?;
+        w.property_array_u32("interrupts", &[SPI, DOMU_VIRTIO_SPI, EDGE_RISING])?;
+        w.property_null("dma-coherent")?;
+        w.end_node(v)?;
+    }
+
+    w.end_node(root)?;
+    Ok(w.finish()?)
+}

@@ -1,0 +1,182 @@
+//! Where a DomU's pieces go, as a pure function of its [`DomainSpec`] and
+//! [`DomuPlacement`] (host-tested): its guest-physical machine (laid out
+//! like QEMU `virt`) and, inside its RAM, the kernel, initrd and device tree
+//! with the host-physical address behind each. The EL2 code
+//! (`runtime::vm::Vm::create_domu`) copies and maps what this says.
+//!
+//! Also the `domu_selftest=N` test aid: DomU placements carved from the top
+//! of Dom0's planned RAM (before Dom0 is built), for testing DomUs before
+//! the dom0less device-tree parser provides real ones.
+
+use super::{DomainSpec, DomuPlacement};
+use crate::boot::plan::{ALIGN, GUEST_DTB_SIZE, MIN_GUEST_RAM};
+use crate::dtb::Region;
+use alloc::vec::Vec;
+use core::fmt;
+
+/// Guest-physical base of every DomU's RAM (QEMU virt's).
+pub const DOMU_RAM_BASE: u64 = 0x4000_0000;
+/// The DomU's vGIC distributor (64 KiB) and first redistributor.
+pub const DOMU_GICD: u64 = 0x0800_0000;
+pub const DOMU_GICR: u64 = 0x080A_0000;
+/// One redistributor's frames (RD + SGI, 64 KiB each).
+pub const GICR_STRIDE: u64 = 0x2_0000;
+/// The vPL011 and its SPI number (INTID 32 + 1).
+pub const DOMU_UART: u64 = 0x0900_0000;
+pub const DOMU_UART_SPI: u32 = 1;
+/// The hypervisor's virtio-blk for the DomU and its SPI number (INTID 48).
+pub const DOMU_VIRTIO: u64 = 0x0A00_0000;
+pub const DOMU_VIRTIO_SPI: u32 = 16;
+/// The most vCPUs a DomU may have (its redistributors end below the UART).
+pub const MAX_DOMU_VCPUS: u32 = 64;
+/// The most RAM a DomU may have: it must end inside the 39-bit IPA space.
+pub const MAX_DOMU_RAM: u64 = (1 << crate::stage2::IPA_BITS) - DOMU_RAM_BASE;
+
+/// Why a DomU cannot be laid out. `Display` is one line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DomainError {
+    /// Its RAM is smaller than [`MIN_GUEST_RAM`], larger than
+    /// [`MAX_DOMU_RAM`], or not 2 MiB aligned.
+    BadMemory { id: u16, memory: u64 },
+    /// 0 or more than [`MAX_DOMU_VCPUS`] vCPUs.
+    BadVcpus { id: u16, vcpus: u32 },
+    /// The placement's RAM is smaller than the spec's memory.
+    PlacementTooSmall { id: u16, memory: u64, placed: u64 },
+    /// A disk was asked for but not placed, or placed too small.
+    NoDisk { id: u16, size: u64 },
+    /// The kernel, initrd and device tree do not fit in its RAM.
+    ModulesDoNotFit { id: u16, need: u64, ram: u64 },
+    /// Not enough of Dom0's RAM to carve `n` self-test DomUs from.
+    SelftestNoRoom { n: u32, need: u64, dom0_ram: u64 },
+}
+
+impl fmt::Display for DomainError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            DomainError::BadMemory { id, memory } => {
+                write!(f, "d{id}: memory {memory:#x} must be 2 MiB aligned, at least 64 MiB and below the IPA limit")
+            }
+            DomainError::BadVcpus { id, vcpus } => write!(f, "d{id}: {vcpus} vCPUs (1 to {MAX_DOMU_VCPUS})"),
+            DomainError::PlacementTooSmall { id, memory, placed } => {
+                write!(f, "d{id}: {memory:#x} bytes of RAM asked, {placed:#x} placed")
+            }
+            DomainError::NoDisk { id, size } => write!(f, "d{id}: a {size:#x}-byte disk was not placed"),
+            DomainError::ModulesDoNotFit { id, need, ram } => {
+                write!(f, "d{id}: kernel, initrd and DTB need {need:#x} bytes, RAM is {ram:#x}")
+            }
+            DomainError::SelftestNoRoom { n, need, dom0_ram } => {
+                write!(f, "domu_selftest={n}: needs {need:#x} bytes of Dom0's {dom0_ram:#x} and leaves too little")
+            }
+        }
+    }
+}
+
+/// A guest-physical range and the host-physical address behind its base.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Placed {
+    pub ipa: Region,
+    pub host: u64,
+}
+
+/// One DomU's memory layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DomuLayout {
+    /// All its RAM.
+    pub ram: Placed,
+    /// The kernel: `ipa.size` is the header's `image_size` (zeroed beyond
+    /// the file).
+    pub kernel: Placed,
+    pub initrd: Option<Placed>,
+    /// The device tree's room (the last [`GUEST_DTB_SIZE`] of RAM).
+    pub dtb: Placed,
+    /// The RAM disk image (host memory the DomU cannot map).
+    pub disk: Option<Region>,
+}
+
+fn align_up(x: u64) -> Option<u64> {
+    x.checked_add(ALIGN - 1).map(|v| v & !(ALIGN - 1))
+}
+
+/// Lays a DomU out: RAM at [`DOMU_RAM_BASE`] backed by `placement.ram`, the
+/// kernel at its base (arm64 boot protocol: 2 MiB aligned, `image_size`
+/// reserved), the initrd at the next 2 MiB boundary, the DTB in the last
+/// 2 MiB. `image_size` is the kernel header's (`boot::image`).
+pub fn layout_domu(spec: &DomainSpec, placement: &DomuPlacement, image_size: u64) -> Result<DomuLayout, DomainError> {
+    let id = spec.id;
+    if spec.memory < MIN_GUEST_RAM || spec.memory > MAX_DOMU_RAM || spec.memory % ALIGN != 0 {
+        return Err(DomainError::BadMemory { id, memory: spec.memory });
+    }
+    if spec.vcpus == 0 || spec.vcpus > MAX_DOMU_VCPUS {
+        return Err(DomainError::BadVcpus { id, vcpus: spec.vcpus });
+    }
+    if placement.ram.size < spec.memory {
+        return Err(DomainError::PlacementTooSmall { id, memory: spec.memory, placed: placement.ram.size });
+    }
+    let disk = match (spec.disk_size, placement.disk) {
+        (0, _) => None,
+        (size, Some(d)) if d.size >= size => Some(Region { base: d.base, size }),
+        (size, _) => return Err(DomainError::NoDisk { id, size }),
+    };
+    let at = |ipa: u64| placement.ram.base + (ipa - DOMU_RAM_BASE);
+    let ram = Region { base: DOMU_RAM_BASE, size: spec.memory };
+    let kernel_size = image_size.max(spec.kernel.size);
+    let kernel = Region { base: DOMU_RAM_BASE, size: kernel_size };
+    let too_big = DomainError::ModulesDoNotFit { id, need: u64::MAX, ram: spec.memory };
+    let mut next = align_up(kernel.end()).ok_or(too_big)?;
+    let initrd = match spec.ramdisk {
+        Some(r) => {
+            let ipa = Region { base: next, size: r.size };
+            next = align_up(ipa.end()).ok_or(too_big)?;
+            Some(ipa)
+        }
+        None => None,
+    };
+    let dtb = Region { base: ram.end() - GUEST_DTB_SIZE, size: GUEST_DTB_SIZE };
+    if next > dtb.base {
+        let need = next - DOMU_RAM_BASE + GUEST_DTB_SIZE;
+        return Err(DomainError::ModulesDoNotFit { id, need, ram: spec.memory });
+    }
+    let placed = |ipa: Region| Placed { ipa, host: at(ipa.base) };
+    Ok(DomuLayout {
+        ram: placed(ram),
+        kernel: placed(kernel),
+        initrd: initrd.map(placed),
+        dtb: placed(dtb),
+        disk,
+    })
+}
+
+/// `domu_selftest=N`: carves N DomUs of `mem` bytes of RAM and `disk` bytes
+/// of RAM disk each from the top of Dom0's planned RAM `dom0_ram` (2 MiB
+/// aligned). Returns Dom0's RAM that is left and the placements (ids 1..=N).
+/// Dom0 keeps at least `dom0_min` bytes. A test aid; real DomUs are placed
+/// by the boot plan.
+pub fn selftest_carve(
+    dom0_ram: Region,
+    n: u32,
+    mem: u64,
+    disk: u64,
+    dom0_min: u64,
+) -> Result<(Region, Vec<DomuPlacement>), DomainError> {
+    let disk = align_up(disk).unwrap_or(u64::MAX);
+    let each = mem.checked_add(disk);
+    let need = each.and_then(|e| e.checked_mul(u64::from(n)));
+    let no_room = DomainError::SelftestNoRoom { n, need: need.unwrap_or(u64::MAX), dom0_ram: dom0_ram.size };
+    let need = need.ok_or(no_room)?;
+    if mem % ALIGN != 0 || need.checked_add(dom0_min).is_none_or(|t| t > dom0_ram.size) {
+        return Err(no_room);
+    }
+    let left = Region { base: dom0_ram.base, size: dom0_ram.size - need };
+    let each = need / u64::from(n.max(1));
+    let placements = (0..n)
+        .map(|i| {
+            let base = left.end() + u64::from(i) * each;
+            DomuPlacement {
+                id: (i + 1) as u16,
+                ram: Region { base, size: mem },
+                disk: (disk > 0).then_some(Region { base: base + mem, size: disk }),
+            }
+        })
+        .collect();
+    Ok((left, placements))
+}
