@@ -18,7 +18,6 @@ use crate::platform;
 use alloc::boxed::Box;
 use core::sync::atomic::Ordering;
 use log::{error, info};
-use spin::Once;
 
 extern "C" {
     static __image_start: u8;
@@ -211,14 +210,16 @@ pub(super) fn run_dom0(
     firmware: &vm::GuestFirmware<'_>,
     nr_pcpus: usize,
 ) -> ! {
-    match vm::Vm::create_dom0(plat, cfg, plan, firmware, nr_pcpus) {
-        Ok(vm) => {
-            let vm: &'static vm::Vm = Box::leak(vm);
-            VM.call_once(|| vm);
-            vcpu::pcpu_loop(vm, 0)
-        }
+    let host = match vm::Host::init(plat.bootargs.as_deref().unwrap_or(""), cfg, nr_pcpus) {
+        Ok(h) => h,
+        Err(e) => hv_fatal!("scheduler: {e}"),
+    };
+    let dom0: &'static vm::Vm = match vm::Vm::create_dom0(plat, cfg, plan, firmware, nr_pcpus, host) {
+        Ok(vm) => Box::leak(vm),
         Err(e) => hv_fatal!("cannot create the guest: {e}"),
-    }
+    };
+    vm::set_vms(alloc::vec![dom0]);
+    vcpu::pcpu_loop(0)
 }
 
 /// Sets up the physical ITS, if the DTB names one; without it (or when
@@ -257,8 +258,6 @@ fn its_self_test(pcpus: usize) {
     }
 }
 
-static VM: Once<&'static vm::Vm> = Once::new();
-
 extern "C" {
     fn secondary_entry();
 }
@@ -277,6 +276,6 @@ pub fn secondary_main(cpu: usize) -> ! {
     exception::init_cpu(unsafe { percpu::run_block(cpu) });
     gic::init_cpu(cpu);
     register_pcpu(cpu);
-    let vm = *VM.wait();
-    vcpu::pcpu_loop(vm, cpu)
+    vm::vms();
+    vcpu::pcpu_loop(cpu)
 }

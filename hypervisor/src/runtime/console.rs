@@ -1,19 +1,43 @@
-//! The hypervisor console: log output and the guest's emulated UART share the
-//! physical PL011. A hypervisor log line always starts on a fresh line, so it
-//! never splices into the middle of a guest line's bytes; guest bytes pass
-//! through unchanged.
+//! The hypervisor console: log output and every domain's emulated UART share
+//! the physical PL011. A hypervisor log line always starts on a fresh line, so
+//! it never splices into the middle of a guest line's bytes; Dom0's bytes pass
+//! through unchanged, other domains' lines get a `(dN) ` prefix, and input
+//! goes to one domain at a time, switched by Ctrl-A three times
+//! (`crate::domain::console`, Xen's convention).
 
 use crate::arch::pl011::Pl011;
+use crate::domain::console::{ConsoleMux, Input, InputSwitch, Sink};
+use crate::domain::DomainId;
 use core::fmt::Write;
 use spin::Mutex;
 
 struct Console {
     uart: Option<Pl011>,
-    /// The last byte the guest wrote was not a newline.
-    guest_mid_line: bool,
+    /// Who is mid-line, held DomU lines, the input focus.
+    mux: ConsoleMux,
+    switch: InputSwitch,
 }
 
-static CONSOLE: Mutex<Console> = Mutex::new(Console { uart: None, guest_mid_line: false });
+static CONSOLE: Mutex<Console> =
+    Mutex::new(Console { uart: None, mux: ConsoleMux::new(), switch: InputSwitch::new() });
+
+/// Guest bytes, as they are.
+struct Raw<'a>(&'a Pl011);
+
+impl Sink for Raw<'_> {
+    fn put(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0.putc(b);
+        }
+    }
+}
+
+/// A sink for when there is no UART yet.
+struct Nowhere;
+
+impl Sink for Nowhere {
+    fn put(&mut self, _: &[u8]) {}
+}
 
 struct Writer<'a>(&'a Pl011);
 
@@ -40,13 +64,32 @@ pub unsafe fn init(base: usize) {
     CONSOLE.lock().uart = Some(unsafe { Pl011::new(base) });
 }
 
-/// One byte from the guest's emulated UART.
+/// One byte from Dom0's emulated UART.
 pub fn guest_putc(b: u8) {
-    let mut c = CONSOLE.lock();
-    if let Some(u) = &c.uart {
-        u.putc(b);
+    domain_putc(0, b);
+}
+
+/// One byte from domain `dom`'s emulated UART.
+pub fn domain_putc(dom: DomainId, b: u8) {
+    let c = &mut *CONSOLE.lock();
+    match &c.uart {
+        Some(u) => c.mux.putc(dom, b, &mut Raw(u)),
+        None => c.mux.putc(dom, b, &mut Nowhere),
     }
-    c.guest_mid_line = b != b'\n';
+}
+
+/// The domain that gets console input.
+pub fn input_focus() -> DomainId {
+    CONSOLE.lock().mux.focus()
+}
+
+/// Gives console input to `dom` (and prints what it held back).
+pub fn set_input_focus(dom: DomainId) {
+    let c = &mut *CONSOLE.lock();
+    match &c.uart {
+        Some(u) => c.mux.set_focus(dom, &mut Raw(u)),
+        None => c.mux.set_focus(dom, &mut Nowhere),
+    }
 }
 
 /// Bytes waiting on the physical UART.
@@ -64,6 +107,32 @@ pub fn enable_rx_irq() {
 /// (`VPl011::pump_rx`: flow control by masking the receive interrupt).
 pub struct PhysRx;
 
+/// [`PhysRx`] for the domain with the focus: the third Ctrl-A in a row
+/// ends the pump (`switched`), the caller moves the focus and pumps on.
+#[derive(Default)]
+pub struct FocusRx {
+    pub switched: bool,
+}
+
+impl crate::vpl011::RxSource for FocusRx {
+    fn getc(&mut self) -> Option<u8> {
+        if self.switched {
+            return None;
+        }
+        let b = getc()?;
+        match CONSOLE.lock().switch.feed(b) {
+            Input::Byte(b) => Some(b),
+            Input::Switch => {
+                self.switched = true;
+                None
+            }
+        }
+    }
+    fn set_rx_irq(&mut self, on: bool) {
+        PhysRx.set_rx_irq(on);
+    }
+}
+
 impl crate::vpl011::RxSource for PhysRx {
     fn getc(&mut self) -> Option<u8> {
         getc()
@@ -77,16 +146,12 @@ impl crate::vpl011::RxSource for PhysRx {
 
 /// Prints a whole line (or lines) from the hypervisor.
 pub fn print_fmt(args: core::fmt::Arguments) {
-    let mut c = CONSOLE.lock();
-    let mid = c.guest_mid_line;
+    let c = &mut *CONSOLE.lock();
     if let Some(u) = &c.uart {
-        let mut w = Writer(u);
-        if mid {
-            let _ = w.write_str("\n");
-        }
-        let _ = w.write_fmt(args);
+        c.mux.break_line(&mut Raw(u));
+        let _ = Writer(u).write_fmt(args);
+        c.mux.after_hv_line(&mut Raw(u));
     }
-    c.guest_mid_line = false;
 }
 
 /// A `fmt::Write` that prints each complete line with [`print_fmt`] (so

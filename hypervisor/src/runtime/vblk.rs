@@ -88,9 +88,28 @@ impl VDisk {
         ram_base: u64,
         ram_size: u64,
     ) -> Self {
+        // SAFETY: guaranteed by the caller (identity-mapped guest RAM).
+        unsafe { Self::new_ram_at(base, intid, image, latency_ns, ram_base, ram_size, ram_base) }
+    }
+
+    /// A RAM disk for a guest whose RAM `[ram_base, ram_base + ram_size)`
+    /// is backed by host memory at `ram_host` (a DomU).
+    ///
+    /// # Safety
+    /// As for [`VDisk::new_ram`], with the guest RAM at `ram_host` in the
+    /// hypervisor's identity map.
+    pub unsafe fn new_ram_at(
+        base: u64,
+        intid: IntId,
+        image: &'static mut [u8],
+        latency_ns: u64,
+        ram_base: u64,
+        ram_size: u64,
+        ram_host: u64,
+    ) -> Self {
         let sectors = image.len() as u64 / 512;
         // SAFETY: guaranteed by the caller.
-        let mem = unsafe { IdentityMappedRam::new(ram_base, ram_size) };
+        let mem = unsafe { IdentityMappedRam::at(ram_base, ram_size, ram_host) };
         Self {
             base,
             intid,

@@ -16,7 +16,7 @@
 
 use super::console;
 use super::percpu::{self, now_ns, PCPUS, SGI_KICK};
-use super::vm::{inc, Vcpu, Vm, SPSR_EL1H_MASKED};
+use super::vm::{inc, vcpu_of, vms, Vcpu, Vm, SPSR_EL1H_MASKED};
 use crate::arch::exception::{run_guest, ExitKind, GuestRegs};
 use crate::arch::{context, el2, gic, smc, sysreg};
 use crate::esr::{self, Exit, MmioAccess};
@@ -25,7 +25,7 @@ use crate::irq::Route;
 use crate::mmio_bus::Device;
 use crate::psci::{self, Call};
 use crate::regs::ISS_ABORT;
-use crate::sched::{CritEvidence, RunState, VcpuId, WakeAction, WakeCause};
+use crate::sched::{CritEvidence, RunState, WakeAction, WakeCause};
 use crate::trace::{DumpReason, Event, ExitClass};
 use crate::traps::{self, VirtualSError};
 use crate::vdebug::{self, DebugReg};
@@ -50,10 +50,12 @@ enum Next {
 /// Configures this pCPU's EL2 controls for running `vm`: the trap
 /// configuration for what this CPU implements (`crate::traps`: HCR_EL2,
 /// CPTR_EL2, MDCR_EL2, CNTHCTL_EL2, host-tested), WFE trapped when vCPUs
-/// outnumber pCPUs, and the VM's stage 2.
-fn load_vm(vm: &Vm) {
+/// outnumber pCPUs, and the VM's stage 2 with its VMID. `first`: this pCPU
+/// has not run this VMID before (its TLB entries are invalidated, see
+/// `el2::load_guest_config`).
+fn load_vm(vm: &Vm, first: bool) {
     let t = traps::guest_traps(&el2::cpu_features(), vm.overcommitted);
-    el2::load_guest_config(&t, vm.stage2_root, vm.vmid);
+    el2::load_guest_config(&t, vm.stage2_root, vm.vmid, first);
 }
 
 /// Enables the physical interrupts this pCPU takes.
@@ -73,16 +75,21 @@ fn enable_irqs(vm: &Vm, me: usize) {
         console::enable_rx_irq();
         // Input that arrived before: enabling the interrupt cleared its
         // pending state, and a full physical FIFO never raises it again.
-        console_input(vm, me);
+        console_input(me);
     }
 }
 
-/// The pCPU's life: pick a vCPU, run it until it blocks, yields or is
-/// preempted, repeat; idle in WFI when there is nothing to run.
-pub fn pcpu_loop(vm: &'static Vm, me: usize) -> ! {
-    load_vm(vm);
+/// The pCPU's life: pick a vCPU of any VM from the host-wide scheduler,
+/// switch to its VM's stage 2 when it is another VM's, run it until it
+/// blocks, yields or is preempted, repeat; idle in WFI when there is nothing
+/// to run.
+pub fn pcpu_loop(me: usize) -> ! {
+    let vm = vms()[0];
     enable_irqs(vm, me);
     let mut deadline: Option<u64>;
+    // The VM whose stage 2 is loaded here, and the VMIDs this pCPU has run.
+    let mut loaded: Option<u16> = None;
+    let mut seen: alloc::vec::Vec<u16> = alloc::vec::Vec::new();
     loop {
         PCPUS[me].resched.store(false, Ordering::Relaxed);
         let now = now_ns();
@@ -96,45 +103,58 @@ pub fn pcpu_loop(vm: &'static Vm, me: usize) -> ! {
         };
         log::trace!("pCPU{me}: schedule -> {:?}", d);
         vm.trace[me].lock().decision(now, &d);
-        dump_if_outlier(vm, me, now, &d);
+        dump_if_outlier(me, now, &d);
         if let Some(k) = d.kick {
             rec(vm, me, Event::Kick { pcpu: k as u16 });
             percpu::kick(k);
         }
         deadline = d.timer_at;
-        match d.next {
-            Some(VcpuId(v)) => run_vcpu(vm, me, v as usize, &mut deadline),
+        match d.next.and_then(vcpu_of) {
+            Some((guest, v)) => {
+                if loaded != Some(guest.vmid) {
+                    let first = !seen.contains(&guest.vmid);
+                    load_vm(guest, first);
+                    if first {
+                        seen.push(guest.vmid);
+                    }
+                    loaded = Some(guest.vmid);
+                }
+                run_vcpu(guest, me, v, &mut deadline)
+            }
             None => {
-                arm_timer(vm, me, &mut deadline);
+                arm_timer(me, &mut deadline);
                 if !PCPUS[me].resched.load(Ordering::Acquire) {
                     sysreg::wfi();
                 }
-                handle_irqs(vm, me, None, &mut deadline);
+                handle_irqs(me, None, &mut deadline);
             }
         }
     }
 }
 
-/// Programs CNTHP for the earliest of the scheduler deadline and the virtual
-/// timers of vCPUs saved on this pCPU.
-fn arm_timer(vm: &Vm, me: usize, deadline: &mut Option<u64>) {
+/// Programs CNTHP for the earliest of the scheduler deadline and, in every
+/// VM, the virtual timers of vCPUs saved on this pCPU and the disk
+/// completions it watches.
+fn arm_timer(me: usize, deadline: &mut Option<u64>) {
     let req = PCPUS[me].rearm_at.swap(u64::MAX, Ordering::AcqRel);
     if req != u64::MAX {
         *deadline = Some(deadline.map_or(req, |d| d.min(req)));
     }
     let mut at = deadline.unwrap_or(u64::MAX);
-    if let Some(disk) = &vm.disk {
-        if disk.home.load(Ordering::Acquire) == me {
-            at = at.min(disk.deadline.load(Ordering::Acquire));
+    for vm in vms() {
+        if let Some(disk) = &vm.disk {
+            if disk.home.load(Ordering::Acquire) == me {
+                at = at.min(disk.deadline.load(Ordering::Acquire));
+            }
         }
-    }
-    for s in &vm.shared {
-        if s.vtimer_home.load(Ordering::Relaxed) == me {
-            at = at.min(s.vtimer_deadline.load(Ordering::Acquire)).min(s.wake_at.load(Ordering::Acquire));
+        for s in &vm.shared {
+            if s.vtimer_home.load(Ordering::Relaxed) == me {
+                at = at.min(s.vtimer_deadline.load(Ordering::Acquire)).min(s.wake_at.load(Ordering::Acquire));
+            }
         }
     }
     percpu::arm_hyp_timer((at != u64::MAX).then_some(at));
-    vm.trace[me].lock().note_arm(now_ns(), (at != u64::MAX).then_some(at));
+    vms()[0].trace[me].lock().note_arm(now_ns(), (at != u64::MAX).then_some(at));
 }
 
 /// Records `ev` now in this pCPU's flight-recorder ring.
@@ -185,6 +205,14 @@ fn save_vcpu(vm: &Vm, me: usize, v: &mut Vcpu) {
 }
 
 fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Option<u64>) {
+    if vm.stopped.load(Ordering::Acquire) {
+        // Its domain stopped while this vCPU was away: it goes offline.
+        vm.shared[id].online.store(false, Ordering::Release);
+        if let Err(e) = vm.sched.lock().power_off(now_ns(), me) {
+            warn!("d{} vCPU{id}: stopping: {e}", vm.domid);
+        }
+        return;
+    }
     let mut guard = vm.vcpus[id].lock();
     let v: &mut Vcpu = &mut guard;
     vm.shared[id].running_on.store(me, Ordering::Release);
@@ -193,7 +221,7 @@ fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Option<u64>) {
     follow_routes(vm, me, id);
     let n = vm.nr_lrs;
     loop {
-        arm_timer(vm, me, deadline);
+        arm_timer(me, deadline);
         let fr = vm.vgic.lock().flush_lrs(id, &mut v.lrs[..n]);
         vm.shared[id].counters.irqs_injected.fetch_add(fr.filled as u64, Ordering::Relaxed);
         for i in 0..n {
@@ -230,7 +258,7 @@ fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Option<u64>) {
                     rec(vm, me, Event::IrqsOff { vcpu: id as u16 });
                 }
                 inc(&vm.shared[id].counters.irq_exits);
-                if handle_irqs(vm, me, Some(id), deadline) {
+                if handle_irqs(me, Some((vm, id)), deadline) {
                     inc(&vm.shared[id].counters.irq_exits_msi);
                 }
                 Next::Enter
@@ -244,7 +272,8 @@ fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Option<u64>) {
                 Next::Enter
             }
         };
-        if next == Next::Schedule || PCPUS[me].resched.load(Ordering::Acquire) {
+        if next == Next::Schedule || PCPUS[me].resched.load(Ordering::Acquire) || vm.stopped.load(Ordering::Acquire)
+        {
             break;
         }
         if let Some(d) = *deadline {
@@ -341,13 +370,14 @@ pub(super) fn process_kicks(vm: &Vm, me: usize, kicks: Kicks, cause: WakeCause) 
 /// Wakes vCPU `k` if blocked, or interrupts its pCPU if it runs elsewhere.
 pub(super) fn wake_vcpu(vm: &Vm, me: usize, k: usize, now: u64, cause: WakeCause) {
     inc(&vm.shared[k].counters.kicks);
+    let g = vm.gid(k);
     let (action, state, blocked, deferral) = {
         let mut s = vm.sched.lock();
-        let blocked = s.state(VcpuId(k as u32)) == Some(RunState::Blocked);
-        let a = s.wake(now, VcpuId(k as u32), cause).unwrap_or(WakeAction::None);
-        (a, s.state(VcpuId(k as u32)), blocked, s.wake_deferral())
+        let blocked = s.state(g) == Some(RunState::Blocked);
+        let a = s.wake(now, g, cause).unwrap_or(WakeAction::None);
+        (a, s.state(g), blocked, s.wake_deferral())
     };
-    vm.trace[me].lock().wake(now, VcpuId(k as u32), cause, blocked, action, deferral);
+    vm.trace[me].lock().wake(now, g, cause, blocked, action, deferral);
     if let Some(RunState::Running(p)) = state {
         if p != me {
             rec(vm, me, Event::Kick { pcpu: p as u16 });
@@ -357,26 +387,31 @@ pub(super) fn wake_vcpu(vm: &Vm, me: usize, k: usize, now: u64, cause: WakeCause
     do_wake_action(me, action);
 }
 
-/// Takes every pending physical interrupt. `cur` is the vCPU on this pCPU.
-/// Each goes where `Vm::routes` says; forwarded interrupts (virtual timer,
+/// Takes every pending physical interrupt. `cur` is the VM and vCPU on this
+/// pCPU. Physical interrupts belong to Dom0 or to the hypervisor (DomUs get
+/// none), so each goes where Dom0's `Vm::routes` says, except the virtual
+/// timer, which is the running vCPU's. Forwarded interrupts (virtual timer,
 /// passthrough SPIs) only get a priority drop here, the guest's deactivation
 /// ends them; everything else is dropped and deactivated. Returns whether
 /// one of them delivered a guest MSI (its host LPI, or a GICv4 doorbell).
-fn handle_irqs(vm: &Vm, me: usize, cur: Option<usize>, deadline: &mut Option<u64>) -> bool {
+fn handle_irqs(me: usize, cur: Option<(&Vm, usize)>, deadline: &mut Option<u64>) -> bool {
     let mut msi = false;
+    let vm = vms()[0];
+    // Dom0's vCPU here, if it is Dom0's.
+    let cur0 = cur.filter(|(g, _)| g.domid == 0).map(|(_, v)| v);
     while let Some(id) = gic::ack() {
         let route = vm.routes.read().lookup(id);
         vm.irq_counters.record(route);
         msi |= matches!(route, Some(Route::GuestLpi { .. } | Route::Doorbell { .. }));
         match route {
-            Some(Route::VirtualTimer) => virtual_timer_irq(vm, id, cur),
+            Some(Route::VirtualTimer) => virtual_timer_irq(id, cur),
             Some(Route::PhysDisk) => phys_disk_irq(vm, me, id),
-            Some(Route::ForwardedSpi { vintid }) => forwarded_spi_irq(vm, me, id, vintid, cur),
+            Some(Route::ForwardedSpi { vintid }) => forwarded_spi_irq(vm, me, id, vintid, cur0),
             Some(Route::Console) => {
-                console_input(vm, me);
+                console_input(me);
                 eoi_deactivate(id);
             }
-            Some(Route::HypTimer) => hyp_timer_irq(vm, me, id, deadline),
+            Some(Route::HypTimer) => hyp_timer_irq(me, id, deadline),
             Some(Route::GuestLpi { devid, eventid }) => super::its::guest_lpi(vm, me, id, devid, eventid),
             Some(Route::Doorbell { vcpu }) => super::vlpi::doorbell(vm, me, id, vcpu),
             // SGI_KICK, maintenance: the exit itself was the point; requests
@@ -396,10 +431,10 @@ fn eoi_deactivate(id: IntId) {
 
 /// The virtual timer PPI, forwarded: it stays active until the guest
 /// deactivates it. With no vCPU here there is nobody to give it to.
-fn virtual_timer_irq(vm: &Vm, id: IntId, cur: Option<usize>) {
+fn virtual_timer_irq(id: IntId, cur: Option<(&Vm, usize)>) {
     gic::eoi(id);
     match cur {
-        Some(v) => {
+        Some((vm, v)) => {
             let _ = vm.vgic.lock().inject_edge(id, v);
         }
         None => gic::deactivate(id),
@@ -429,29 +464,53 @@ fn forwarded_spi_irq(vm: &Vm, me: usize, id: IntId, vintid: IntId, cur: Option<u
 }
 
 /// The EL2 timer: stopped here, re-armed by the run loop (`arm_timer`).
-fn hyp_timer_irq(vm: &Vm, me: usize, id: IntId, deadline: &mut Option<u64>) {
+fn hyp_timer_irq(me: usize, id: IntId, deadline: &mut Option<u64>) {
     eoi_deactivate(id);
     percpu::arm_hyp_timer(None);
-    vm.trace[me].lock().note_fire(now_ns());
-    timer_expired(vm, me, deadline);
+    vms()[0].trace[me].lock().note_fire(now_ns());
+    timer_expired(me, deadline);
 }
 
-/// Physical console input: fills the guest's UART FIFO (when it is full the
-/// physical receive interrupt is masked until the guest reads, see `mmio`),
-/// mirrors its interrupt line, and prints the statistics on Ctrl-\\.
-fn console_input(vm: &Vm, me: usize) {
-    let (level, stats_key) = {
-        let mut u = vm.uart.lock();
-        let keys = u.pump_rx(&mut console::PhysRx, STATS_KEY);
-        (u.irq_level(), keys > 0)
-    };
-    if stats_key {
-        print_stats(vm);
-        dump_trace(vm, DumpReason::Key, 0);
+/// Physical console input: fills the UART FIFO of the domain with the
+/// input focus (when it is full the physical receive interrupt is masked
+/// until the guest reads, see `uart_mmio`), mirrors its interrupt line, and
+/// prints the statistics on Ctrl-\\. Ctrl-A three times moves the focus to
+/// the next domain and the rest of the input goes there.
+fn console_input(me: usize) {
+    let all = vms();
+    loop {
+        let focus = console::input_focus();
+        let vm = all.get(usize::from(focus)).copied().unwrap_or(all[0]);
+        let mut rx = console::FocusRx::default();
+        let (level, stats_key) = {
+            let mut u = vm.uart.lock();
+            let keys = u.pump_rx(&mut rx, STATS_KEY);
+            (u.irq_level(), keys > 0)
+        };
+        if stats_key {
+            print_stats();
+            dump_trace(vm, DumpReason::Key, 0);
+        }
+        if let Ok(k) = vm.vgic.lock().set_level(vm.uart_intid, 0, level) {
+            process_kicks(vm, me, k, WakeCause::Interrupt);
+        }
+        if !rx.switched {
+            break;
+        }
+        switch_input(focus);
     }
-    if let Ok(k) = vm.vgic.lock().set_level(vm.uart_intid, 0, level) {
-        process_kicks(vm, me, k, WakeCause::Interrupt);
-    }
+}
+
+/// The third Ctrl-A: console input goes to the next domain still running.
+fn switch_input(from: crate::domain::DomainId) {
+    let live: alloc::vec::Vec<_> =
+        vms().iter().filter(|v| v.domid == 0 || !v.stopped.load(Ordering::Acquire)).map(|v| v.domid).collect();
+    let to = crate::domain::console::next_domain(from, &live);
+    crate::hvprintln!("(HV) input to d{to}");
+    console::set_input_focus(to);
+    // The old focus may have masked the receive interrupt (its FIFO full);
+    // the new one masks it again if it must.
+    crate::vpl011::RxSource::set_rx_irq(&mut console::PhysRx, true);
 }
 
 /// Mirrors the disk's interrupt line into the vGIC (and wakes its target).
@@ -461,10 +520,21 @@ fn disk_irq(vm: &Vm, me: usize, disk: &super::vblk::VDisk, level: bool) {
     }
 }
 
-/// The EL2 timer fired: virtual timers of saved vCPUs, disk completions and
-/// the scheduler.
-fn timer_expired(vm: &Vm, me: usize, deadline: &mut Option<u64>) {
+/// The EL2 timer fired: in every VM, virtual timers of saved vCPUs and disk
+/// completions; then the scheduler.
+fn timer_expired(me: usize, deadline: &mut Option<u64>) {
     let now = now_ns();
+    for vm in vms() {
+        vm_timers_expired(vm, me, now);
+    }
+    if deadline.is_some_and(|d| d <= now) {
+        *deadline = None;
+        PCPUS[me].resched.store(true, Ordering::Release);
+    }
+}
+
+/// One VM's part of `timer_expired`.
+fn vm_timers_expired(vm: &Vm, me: usize, now: u64) {
     if let Some(disk) = &vm.disk {
         if disk.home.load(Ordering::Acquire) == me {
             if let Some(level) = disk.poll(now, me) {
@@ -488,10 +558,6 @@ fn timer_expired(vm: &Vm, me: usize, deadline: &mut Option<u64>) {
         if w <= now && s.wake_at.compare_exchange(w, u64::MAX, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
             wake_vcpu(vm, me, v, now, WakeCause::Timer);
         }
-    }
-    if deadline.is_some_and(|d| d <= now) {
-        *deadline = None;
-        PCPUS[me].resched.store(true, Ordering::Release);
     }
 }
 
@@ -646,7 +712,7 @@ fn yield_cpu(vm: &Vm, me: usize, id: usize) -> Next {
         return Next::Enter;
     }
     let mut s = vm.sched.lock();
-    let target = (0..vm.shared.len()).filter(|&k| k != id).map(|k| VcpuId(k as u32)).find(|&k| s.is_preempted(k));
+    let target = (0..vm.shared.len()).filter(|&k| k != id).map(|k| vm.gid(k)).find(|&k| s.is_preempted(k));
     match s.yield_to(now_ns(), me, target) {
         Ok(()) => Next::Schedule,
         Err(_) => Next::Enter,
@@ -709,24 +775,30 @@ fn disk_mmio(vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess, value: u64) -> Re
 /// The vPL011 at offset `off` of its frame.
 fn uart_mmio(vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess, off: u64, value: u64) -> Result<(), ()> {
     let mut stats_key = false;
+    let mut rx = console::FocusRx::default();
+    let dom = vm.domid;
     let level = {
         let mut uart = vm.uart.lock();
         if a.write {
-            uart.write(off, a.size, value as u32, &mut console::guest_putc).map_err(|_| ())?;
+            uart.write(off, a.size, value as u32, &mut |b| console::domain_putc(dom, b)).map_err(|_| ())?;
         } else {
             let r = uart.read(off, a.size).map_err(|_| ())? as u64;
             reg_write(&mut v.regs, a.reg, esr::load_value(a, r));
             // Input held back while the FIFO was full: the read made room,
-            // take more (and unmask once drained).
-            if uart.rx_held() {
-                stats_key = uart.pump_rx(&mut console::PhysRx, STATS_KEY) > 0;
+            // take more (and unmask once drained), if input is still ours.
+            if uart.rx_held() && console::input_focus() == dom {
+                stats_key = uart.pump_rx(&mut rx, STATS_KEY) > 0;
             }
         }
         uart.irq_level()
     };
     if stats_key {
-        print_stats(vm);
+        print_stats();
         dump_trace(vm, DumpReason::Key, 0);
+    }
+    if rx.switched {
+        switch_input(dom);
+        console_input(me);
     }
     if let Ok(k) = vm.vgic.lock().set_level(vm.uart_intid, v.id, level) {
         process_kicks(vm, me, k, WakeCause::Interrupt);
@@ -823,9 +895,11 @@ fn psci_call(vm: &Vm, me: usize, v: &mut Vcpu) -> Next {
             }
             psci::SUCCESS
         }
-        Call::SystemOff => power_off(vm),
+        Call::SystemOff if vm.domid != 0 => return stop_domain(vm, me, v, "powered off"),
+        Call::SystemReset if vm.domid != 0 => return stop_domain(vm, me, v, "asked for a reset"),
+        Call::SystemOff => power_off(),
         Call::SystemReset => {
-            print_stats(vm);
+            print_stats();
             info!("dom0 requested a system reset");
             smc::psci_system_reset()
         }
@@ -858,7 +932,7 @@ fn cpu_on(vm: &Vm, me: usize, t: usize, entry: u64, context: u64) -> i64 {
         tv.gicif = Default::default();
         tv.vserror = Default::default();
     }
-    let r = vm.sched.lock().power_on(now_ns(), VcpuId(t as u32));
+    let r = vm.sched.lock().power_on(now_ns(), vm.gid(t));
     match r {
         Ok(a) => {
             do_wake_action(me, a);
@@ -876,9 +950,10 @@ fn cpu_on(vm: &Vm, me: usize, t: usize, entry: u64, context: u64) -> i64 {
 /// in waited longer than that since its wake (rate-limited by the trigger).
 /// The same for a virtual-timer wake: how late after the timer's deadline
 /// the vCPU switched in (what cyclictest sees, less the guest's own part).
-fn dump_if_outlier(vm: &Vm, me: usize, now: u64, d: &crate::sched::Decision) {
+fn dump_if_outlier(me: usize, now: u64, d: &crate::sched::Decision) {
     let Some((vcpu, _, lat)) = d.switch.into else { return };
-    let due = vm.shared[vcpu.0 as usize].vtimer_fired.swap(u64::MAX, Ordering::AcqRel);
+    let Some((vm, local)) = vcpu_of(vcpu) else { return };
+    let due = vm.shared[local].vtimer_fired.swap(u64::MAX, Ordering::AcqRel);
     let late = (due != u64::MAX).then(|| now.saturating_sub(due));
     if let Some(l) = late {
         vm.trace[me].lock().push(now, Event::TimerWake { vcpu: vcpu.0 as u16, late_ns: l });
@@ -912,12 +987,73 @@ pub fn dump_trace(vm: &Vm, why: DumpReason, from: u64) {
     vm.trace_trigger.dumped(now_ns());
 }
 
-/// Prints every vCPU's counters and scheduler statistics in the stable
-/// `vcpuN.name=value` format (see `crate::stats`).
-pub fn print_stats(vm: &Vm) {
-    let sched = vm.sched.lock();
+/// Prints every VM's statistics: Dom0's as they always were (`vcpuN.`,
+/// `blk0.`, `uart0.`, ...), then one block per domain (`domN.` totals: exits,
+/// aborts injected, disk requests) and each DomU's vCPUs, disk and UART with
+/// a `dN.` prefix.
+pub fn print_stats() {
+    let all = vms();
+    print_vm_stats(all[0]);
+    for vm in all {
+        print_domain_totals(vm);
+        if vm.domid != 0 {
+            print_domu_stats(vm);
+        }
+    }
+}
+
+/// `domN.name=value`: a domain's totals over its vCPUs and its disk.
+fn print_domain_totals(vm: &Vm) {
+    let sum = |f: fn(&super::vm::TrapCounters) -> &core::sync::atomic::AtomicU64| -> u64 {
+        vm.shared.iter().map(|s| f(&s.counters).load(Ordering::Relaxed)).sum()
+    };
+    let disk_requests = vm.disk.as_ref().map_or(0, |d| {
+        let st = d.state.lock();
+        let c = st.dev.counters();
+        c.reads + c.writes + c.flushes + c.get_ids + c.unsupported
+    });
+    let n = vm.domid;
+    crate::hvprintln!(
+        "(HV) stats begin dom{n}\ndom{n}.vcpus={}\ndom{n}.exits={}\ndom{n}.aborts_injected={}\ndom{n}.undef_injected={}\ndom{n}.disk_requests={disk_requests}\ndom{n}.stopped={}\n(HV) stats end dom{n}",
+        vm.vcpus.len(),
+        sum(|c| &c.exits),
+        sum(|c| &c.aborts_injected),
+        sum(|c| &c.undef_injected),
+        u8::from(vm.stopped.load(Ordering::Relaxed)),
+    );
+}
+
+/// A DomU's vCPUs, disk and UART, every line prefixed `dN.`.
+fn print_domu_stats(vm: &Vm) {
+    let n = vm.domid;
+    let prefixed = |text: &str| -> alloc::string::String {
+        text.lines().map(|l| alloc::format!("d{n}.{l}\n")).collect()
+    };
     for (i, s) in vm.shared.iter().enumerate() {
-        let mut st = sched.stats(VcpuId(i as u32)).cloned().unwrap_or_default();
+        let mut st = vm.sched.lock().stats(vm.gid(i)).cloned().unwrap_or_default();
+        s.counters.fill(&mut st.counters);
+        let mut text = alloc::string::String::new();
+        let _ = st.write_text(i as u32, &mut text);
+        crate::hvprintln!("(HV) stats begin d{n}.vcpu{i}\n{}(HV) stats end d{n}.vcpu{i}", prefixed(&text));
+    }
+    if let Some(disk) = &vm.disk {
+        let mut text = alloc::string::String::new();
+        disk.write_text(&mut text);
+        crate::hvprintln!("(HV) stats begin d{n}.blk0\n{}(HV) stats end d{n}.blk0", prefixed(&text));
+    }
+    let u = vm.uart.lock();
+    let (rx, holds, overruns) = (u.rx_bytes, u.rx_holds, u.rx_overruns);
+    drop(u);
+    crate::hvprintln!(
+        "(HV) stats begin d{n}.uart0\nd{n}.uart0.rx_bytes={rx}\nd{n}.uart0.rx_holds={holds}\nd{n}.uart0.rx_overruns={overruns}\n(HV) stats end d{n}.uart0"
+    );
+}
+
+/// Dom0's statistics in the stable `vcpuN.name=value` format (see
+/// `crate::stats`).
+fn print_vm_stats(vm: &Vm) {
+    for (i, s) in vm.shared.iter().enumerate() {
+        let mut st = vm.sched.lock().stats(vm.gid(i)).cloned().unwrap_or_default();
         s.counters.fill(&mut st.counters);
         let mut text = alloc::string::String::new();
         let _ = st.write_text(i as u32, &mut text);
@@ -962,8 +1098,28 @@ pub fn print_stats(vm: &Vm) {
     crate::hvprintln!("(HV) stats begin irq\n{}(HV) stats end irq", text);
 }
 
-fn power_off(vm: &Vm) -> ! {
-    print_stats(vm);
-    info!("dom0 powered off; no VM left, powering off the machine");
+/// Dom0's SYSTEM_OFF: the machine powers off (whatever DomUs still run).
+fn power_off() -> ! {
+    print_stats();
+    info!("dom0 powered off; powering off the machine");
     smc::psci_system_off()
+}
+
+/// A DomU's SYSTEM_OFF or SYSTEM_RESET: only that domain stops. Its vCPUs go
+/// offline (the caller's now; the others at their next switch-in or exit,
+/// see `run_vcpu`); its memory and devices stay as they are, unused.
+fn stop_domain(vm: &Vm, me: usize, v: &Vcpu, what: &str) -> Next {
+    if !vm.stopped.swap(true, Ordering::AcqRel) {
+        info!("d{} {what}: the domain stops (the machine powers off with dom0)", vm.domid);
+    }
+    vm.shared[v.id].online.store(false, Ordering::Release);
+    if let Err(e) = vm.sched.lock().power_off(now_ns(), me) {
+        warn!("d{} vCPU{}: stopping: {e}", vm.domid, v.id);
+    }
+    let now = now_ns();
+    // Others, even blocked ones, must run once to go offline.
+    for k in (0..vm.shared.len()).filter(|&k| k != v.id && vm.shared[k].online.load(Ordering::Acquire)) {
+        wake_vcpu(vm, me, k, now, WakeCause::Interrupt);
+    }
+    Next::Schedule
 }

@@ -46,7 +46,7 @@ use crate::intid::IntId;
 use crate::irq::{IrqRoutes, Route};
 use crate::its::host::ItsError;
 use crate::its::v4::{self, DoorbellFor, GuestChange, VlpiIts, Vpe, VpeMap};
-use crate::sched::{VcpuId, WakeCause};
+use crate::sched::WakeCause;
 use alloc::vec::Vec;
 use core::sync::atomic::Ordering;
 use log::{info, warn};
@@ -183,7 +183,7 @@ pub fn doorbell(vm: &Vm, me: usize, id: IntId, vcpu: usize) {
     }
     // Checked after the flag: a vCPU whose WFI blocked before the flag was
     // set is Blocked by now (it blocked under the vGIC lock).
-    let state = vm.sched.lock().state(VcpuId(vcpu as u32));
+    let state = vm.sched.lock().state(vm.gid(vcpu));
     match v4::doorbell_for(state) {
         DoorbellFor::Wake => {
             inc(&s.counters.doorbells);

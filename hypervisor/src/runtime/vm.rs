@@ -30,7 +30,8 @@ use alloc::string::String;
 use alloc::vec::Vec;
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use log::info;
-use spin::{Mutex, RwLock};
+use crate::domain::DomainId;
+use spin::{Mutex, Once, RwLock};
 
 const MB: u64 = 1 << 20;
 const PAGE: u64 = 4096;
@@ -189,9 +190,79 @@ pub struct VcpuShared {
     pub counters: TrapCounters,
 }
 
+/// What every VM shares: the one host-wide scheduler (every vCPU of every
+/// VM has a globally unique `VcpuId`, `Vm::gid`) and the flight recorder
+/// (one ring per pCPU). Made once, before the first VM.
+pub struct Host {
+    pub sched: Mutex<Scheduler>,
+    /// The flight recorder: one ring per pCPU, written only by that pCPU
+    /// (the lock is contended only by a dump copying it).
+    pub trace: Vec<Mutex<Ring>>,
+    /// When a wake→run latency dumps the rings (`sched_trace_threshold_us`).
+    pub trace_trigger: Trigger,
+}
+
+impl Vm {
+    /// The host-wide scheduler id of local vCPU `local`.
+    pub fn gid(&self, local: usize) -> VcpuId {
+        VcpuId(self.vcpu_base + local as u32)
+    }
+}
+
+static HOST: Once<Host> = Once::new();
+
+impl Host {
+    /// Makes the host-wide state once; later calls return the first.
+    pub fn init(bootargs: &str, cfg: &Config, nr_pcpus: usize) -> Result<&'static Host, VmError> {
+        if let Some(h) = HOST.get() {
+            return Ok(h);
+        }
+        let sched_cfg = SchedConfig::from_bootargs(bootargs).map_err(VmError::Sched)?;
+        let sched = Scheduler::new(sched_cfg, nr_pcpus).map_err(VmError::Sched)?;
+        Ok(HOST.call_once(|| Host {
+            sched: Mutex::new(sched),
+            trace: (0..nr_pcpus).map(|_| Mutex::new(Ring::new(RING_EVENTS))).collect(),
+            trace_trigger: Trigger::new(cfg.sched_trace_threshold_us, cfg.sched_trace_max_dumps),
+        }))
+    }
+}
+
+/// The VM table: Dom0 at index 0, then the DomUs in domain-id order. Set
+/// once when every VM is made, before any vCPU runs.
+static VMS: Once<Vec<&'static Vm>> = Once::new();
+
+/// Publishes the VM table (once; Dom0 first).
+pub fn set_vms(vms: Vec<&'static Vm>) -> &'static [&'static Vm] {
+    VMS.call_once(|| vms)
+}
+
+/// The VM table; waits until it is published (secondary pCPUs).
+pub fn vms() -> &'static [&'static Vm] {
+    VMS.wait()
+}
+
+/// The VM and local vCPU index of a host-wide scheduler id.
+pub fn vcpu_of(g: VcpuId) -> Option<(&'static Vm, usize)> {
+    vms().iter().find_map(|vm| {
+        let local = g.0.checked_sub(vm.vcpu_base)? as usize;
+        (local < vm.vcpus.len()).then_some((*vm, local))
+    })
+}
+
 pub struct Vm {
+    /// Domain id: 0 for Dom0, its index in the VM table.
+    pub domid: DomainId,
     pub vmid: u16,
+    /// Guest-physical RAM (identity-mapped for Dom0; at
+    /// `DOMU_RAM_BASE` for a DomU).
     pub ram: Region,
+    /// Host-physical address of `ram.base` (equal for Dom0).
+    pub ram_host: u64,
+    /// The host-wide scheduler id of local vCPU 0 (`Vm::gid`).
+    pub vcpu_base: u32,
+    /// The domain stopped (a DomU's SYSTEM_OFF/RESET): its vCPUs power off
+    /// at their next switch-in or exit.
+    pub stopped: AtomicBool,
     pub stage2_root: u64,
     pub vgic: Mutex<Vgic>,
     pub uart: Mutex<VPl011>,
@@ -225,7 +296,8 @@ pub struct Vm {
     pub bus: MmioBus,
     pub vcpus: Vec<Mutex<Vcpu>>,
     pub shared: Vec<VcpuShared>,
-    pub sched: Mutex<Scheduler>,
+    /// The host-wide scheduler (`Host::sched`), keyed by `Vm::gid`.
+    pub sched: &'static Mutex<Scheduler>,
     pub nr_pcpus: usize,
     pub nr_lrs: usize,
     /// More vCPUs than pCPUs: trap WFE so spinning vCPUs yield.
@@ -236,11 +308,9 @@ pub struct Vm {
     pub disk: Option<VDisk>,
     /// `timer_slop_ns`.
     pub timer_slop_ns: u64,
-    /// The flight recorder: one ring per pCPU, written only by that pCPU
-    /// (the lock is contended only by a dump copying it).
-    pub trace: Vec<Mutex<Ring>>,
-    /// When a wake→run latency dumps the rings (`sched_trace_threshold_us`).
-    pub trace_trigger: Trigger,
+    /// The host-wide flight recorder (`Host::trace`).
+    pub trace: &'static [Mutex<Ring>],
+    pub trace_trigger: &'static Trigger,
 }
 
 /// Whether a virtio-mmio slot holds a device (MagicValue "virt" and a
@@ -342,9 +412,9 @@ pub struct AcpiDom0<'a> {
     pub mmio: Vec<Region>,
 }
 
-/// vMPIDR of vCPU `i`: Aff0 = i % 16, Aff1 = i / 16.
+/// vMPIDR of vCPU `i` (`domain::vcpu_mpidr`).
 pub fn vcpu_mpidr(i: usize) -> u64 {
-    ((i as u64 / 16) << 8) | (i as u64 % 16)
+    crate::domain::vcpu_mpidr(i)
 }
 
 impl Vm {
@@ -355,6 +425,7 @@ impl Vm {
         plan: &Plan,
         firmware: &GuestFirmware<'_>,
         nr_pcpus: usize,
+        host: &'static Host,
     ) -> Result<Box<Vm>, VmError> {
         let kernel_mod = plat.kernel.as_ref().ok_or(VmError::NoKernel)?;
         let nr_vcpus = cfg.dom0_max_vcpus.unwrap_or(1) as usize;
@@ -564,8 +635,8 @@ impl Vm {
             );
         }
 
-        let sched_cfg = SchedConfig::from_bootargs(plat.bootargs.as_deref().unwrap_or("")).map_err(VmError::Sched)?;
-        let mut sched = Scheduler::new(sched_cfg, nr_pcpus).map_err(VmError::Sched)?;
+        // Dom0's vCPUs are host-wide ids 0..nr_vcpus (made first).
+        let mut sched = host.sched.lock();
         for i in 0..nr_vcpus {
             sched
                 .add_vcpu(VcpuId(i as u32), cfg.dom0_weight, cfg.dom0_vcpus_pin.then_some(i % nr_pcpus))
@@ -606,6 +677,7 @@ impl Vm {
         }
         shared[0].online.store(true, Ordering::Release);
         sched.power_on(0, VcpuId(0)).map_err(VmError::Sched)?;
+        drop(sched);
         let disk = match (&disk_slot, cfg.disk) {
             (Some(slot), DiskMode::Ram) => {
                 let Some(Region { base: at, size: disk_bytes }) = plan.ram_disk else {
@@ -695,8 +767,12 @@ impl Vm {
             info!("dom0 ITS: virtual GITS control frame at {:#x}, MSIs backed by {how}", r.base);
         }
         Ok(Box::new(Vm {
+            domid: 0,
             vmid: 1,
             ram,
+            ram_host: ram.base,
+            vcpu_base: 0,
+            stopped: AtomicBool::new(false),
             stage2_root: s2.root(),
             vgic: Mutex::new(vgic),
             uart: Mutex::new(VPl011::new()),
@@ -716,15 +792,15 @@ impl Vm {
             bus,
             vcpus,
             shared,
-            sched: Mutex::new(sched),
+            sched: &host.sched,
             nr_pcpus,
             nr_lrs,
             overcommitted: nr_vcpus > nr_pcpus,
             bad_accesses: AtomicU64::new(0),
             disk,
             timer_slop_ns: cfg.timer_slop_ns,
-            trace: (0..nr_pcpus).map(|_| Mutex::new(Ring::new(RING_EVENTS))).collect(),
-            trace_trigger: Trigger::new(cfg.sched_trace_threshold_us, cfg.sched_trace_max_dumps),
+            trace: &host.trace,
+            trace_trigger: &host.trace_trigger,
         }))
     }
 }

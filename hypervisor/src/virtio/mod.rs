@@ -183,12 +183,16 @@ impl GuestMemory for VecMemory {
     }
 }
 
-/// Guest RAM that the hypervisor has identity-mapped (VA == guest PA) at EL2:
+/// Guest RAM that the hypervisor has identity-mapped (VA == host PA) at EL2:
 /// the EL2 code's [`GuestMemory`]. Bounds-checked against one RAM region.
+/// Dom0's RAM is identity-mapped in stage 2 too (guest PA == host PA); a
+/// DomU's lies at another host address (`host`).
 #[derive(Debug)]
 pub struct IdentityMappedRam {
     base: u64,
     size: u64,
+    /// Host PA (== EL2 VA) of guest PA `base`.
+    host: u64,
 }
 
 impl IdentityMappedRam {
@@ -198,7 +202,20 @@ impl IdentityMappedRam {
     /// memory, for as long as this value is used, and must be memory the
     /// hypervisor itself does not use (it is the guest's RAM).
     pub unsafe fn new(base: u64, size: u64) -> Self {
-        Self { base, size }
+        Self { base, size, host: base }
+    }
+
+    /// Guest RAM `[base, base + size)` backed by host memory at `host`.
+    ///
+    /// # Safety
+    /// As for [`IdentityMappedRam::new`], for `[host, host + size)`.
+    pub unsafe fn at(base: u64, size: u64, host: u64) -> Self {
+        Self { base, size, host }
+    }
+
+    /// The host address of guest address `gpa` (checked first).
+    fn host_addr(&self, gpa: u64) -> usize {
+        (gpa - self.base + self.host) as usize
     }
 
     fn check(&self, gpa: u64, len: u64) -> Result<(), MemError> {
@@ -218,14 +235,14 @@ impl GuestMemory for IdentityMappedRam {
         // each byte is copied once into our private buffer and no reference
         // into guest memory is created, so a racing guest can only make us
         // see a mixture of old and new bytes, which the parsers tolerate.
-        unsafe { core::ptr::copy_nonoverlapping(gpa as usize as *const u8, buf.as_mut_ptr(), buf.len()) };
+        unsafe { core::ptr::copy_nonoverlapping(self.host_addr(gpa) as *const u8, buf.as_mut_ptr(), buf.len()) };
         Ok(())
     }
     fn write(&mut self, gpa: u64, buf: &[u8]) -> Result<(), MemError> {
         self.check(gpa, buf.len() as u64)?;
         // SAFETY: as in `read`; the destination is guest RAM, never
         // hypervisor memory (promised by `new`'s caller).
-        unsafe { core::ptr::copy_nonoverlapping(buf.as_ptr(), gpa as usize as *mut u8, buf.len()) };
+        unsafe { core::ptr::copy_nonoverlapping(buf.as_ptr(), self.host_addr(gpa) as *mut u8, buf.len()) };
         Ok(())
     }
     fn contains(&self, gpa: u64, len: u64) -> bool {

@@ -40,7 +40,15 @@ pub fn has_pauth() -> bool {
 /// Configures this pCPU for running a VM's guests: the trap configuration,
 /// guest-visible identity and timer offset, and the VM's stage 2 (VMID
 /// `vmid`, root table `stage2_root`).
-pub fn load_guest_config(t: &GuestTraps, stage2_root: u64, vmid: u16) {
+///
+/// TLB maintenance: stage-1 and stage-2 entries of EL1&0 are tagged with the
+/// VMID (Arm ARM D8.16, "VMID and the TLB"), so switching VTTBR_EL2 between
+/// VMs with distinct VMIDs whose tables never change needs none; the
+/// entries of a VMID are invalidated (TLBI VMALLS12E1IS, for the VMID now in
+/// VTTBR_EL2) the first time `invalidate` is set for it, before it ever runs
+/// here, so nothing cached under that VMID before (firmware, an earlier
+/// boot stage) can be used with the new tables.
+pub fn load_guest_config(t: &GuestTraps, stage2_root: u64, vmid: u16, invalidate: bool) {
     HCR_EL2.set(t.hcr.get());
     CPTR_EL2.set(t.cptr.get());
     MDCR_EL2.set(t.mdcr.get());
@@ -56,7 +64,9 @@ pub fn load_guest_config(t: &GuestTraps, stage2_root: u64, vmid: u16) {
     VTCR_EL2.set(stage2::vtcr(parange).get());
     VTTBR_EL2.set(stage2::vttbr(stage2_root, vmid).get());
     sysreg::isb();
-    sysreg::tlbi_vmalls12e1is();
+    if invalidate {
+        sysreg::tlbi_vmalls12e1is();
+    }
 }
 
 /// The syndrome registers of the exception that just left the guest.
