@@ -85,6 +85,17 @@ pub struct Config {
     /// At most this many threshold dumps per boot (`sched_trace_max_dumps=`,
     /// default `crate::trace::MAX_DUMPS`; at most 1000).
     pub sched_trace_max_dumps: u32,
+    /// Test aid (`domu_selftest=N`, at most 8): N DomUs running Dom0's
+    /// kernel and initrd, with RAM and a RAM disk carved from the top of
+    /// Dom0's RAM, until the dom0less device tree describes real ones.
+    pub domu_selftest: u32,
+    /// RAM of each self-test DomU (`domu_selftest_mem=`, default 512M).
+    pub domu_selftest_mem: u64,
+    /// Its RAM disk (`domu_selftest_disk=`, default 32M; 0 = none).
+    pub domu_selftest_disk: u64,
+    /// Base64 of the shell command each self-test DomU runs
+    /// (`domu_selftest_cmd=`, passed on as the guest image's `guestcmd=`).
+    pub domu_selftest_cmd: Option<String>,
     /// All `key=value` pairs in order, for other subsystems.
     pub raw: Vec<(String, String)>,
 }
@@ -105,6 +116,10 @@ impl Default for Config {
             dom0_msi_vcpu: None,
             sched_trace_threshold_us: None,
             sched_trace_max_dumps: crate::trace::MAX_DUMPS,
+            domu_selftest: 0,
+            domu_selftest_mem: 512 << 20,
+            domu_selftest_disk: 32 << 20,
+            domu_selftest_cmd: None,
             raw: Vec::new(),
         }
     }
@@ -181,6 +196,22 @@ impl Config {
                 }
                 "sched_trace_max_dumps" => {
                     c.sched_trace_max_dumps = v.parse().ok().filter(|&n: &u32| n <= 1000).ok_or_else(bad)?
+                }
+                "domu_selftest" => c.domu_selftest = v.parse().ok().filter(|&n: &u32| n <= 8).ok_or_else(bad)?,
+                "domu_selftest_mem" => {
+                    c.domu_selftest_mem =
+                        parse_size(v).filter(|&m| m >= 64 << 20 && m.is_multiple_of(2 << 20)).ok_or_else(bad)?
+                }
+                "domu_selftest_disk" => {
+                    c.domu_selftest_disk =
+                        parse_size(v).filter(|&s| s.is_multiple_of(512) && s <= 1 << 30).ok_or_else(bad)?
+                }
+                "domu_selftest_cmd" => {
+                    let ok = !v.is_empty() && v.bytes().all(|b| b.is_ascii_alphanumeric() || b"+/=".contains(&b));
+                    c.domu_selftest_cmd = Some(String::from(v)).filter(|_| ok);
+                    if !ok {
+                        return Err(bad());
+                    }
                 }
                 "dom0_disk_size" => {
                     c.disk_size =
@@ -259,6 +290,18 @@ mod tests {
         assert!(Config::parse("sched_trace_threshold_us=-1").is_err());
         assert_eq!(Config::parse("sched_trace_max_dumps=64").unwrap().sched_trace_max_dumps, 64);
         assert!(Config::parse("sched_trace_max_dumps=1001").is_err());
+    }
+
+    #[test]
+    fn domu_selftest_options() {
+        let c = Config::parse("domu_selftest=2 domu_selftest_mem=256M domu_selftest_cmd=dHJ1ZQ==").unwrap();
+        assert_eq!((c.domu_selftest, c.domu_selftest_mem, c.domu_selftest_disk), (2, 256 << 20, 32 << 20));
+        assert_eq!(c.domu_selftest_cmd.as_deref(), Some("dHJ1ZQ=="));
+        assert_eq!(Config::default().domu_selftest, 0);
+        assert!(Config::parse("domu_selftest=9").is_err());
+        assert!(Config::parse("domu_selftest_mem=63M").is_err());
+        assert!(Config::parse("domu_selftest_cmd=a,b").is_err());
+        assert!(Config::parse("domu_selftest_disk=0").unwrap().domu_selftest_disk == 0);
     }
 }
 

@@ -5,8 +5,8 @@
 //!
 //! Lines stay whole: the domain with the input focus writes through (an
 //! interactive shell's prompt has no newline), the others are held until a
-//! line is complete and printed while nobody is mid-line. A held line
-//! longer than [`LINE_MAX`] is printed anyway, on a line of its own.
+//! line is complete and printed while nobody is mid-line. Held output
+//! beyond [`LINE_MAX`] breaks the open line and is printed.
 //! Pure logic: the EL2 console (`runtime::console`) owns the UART and calls
 //! this with a byte sink.
 
@@ -18,8 +18,10 @@ use alloc::vec::Vec;
 pub const SWITCH_KEY: u8 = 0x01;
 /// Presses in a row that switch.
 pub const SWITCH_PRESSES: u8 = 3;
-/// The longest held line (bytes) before it is printed unfinished.
-pub const LINE_MAX: usize = 512;
+/// The most a domain's held output (bytes) grows while another domain's
+/// line stays open: past it that line is broken (a vCPU preempted mid-line
+/// keeps its line open for a whole time slice).
+pub const LINE_MAX: usize = 16 * 1024;
 
 /// Where the bytes go (the physical UART).
 pub trait Sink {
@@ -81,14 +83,16 @@ impl ConsoleMux {
             self.flush_held(out);
         }
         if self.held.get(&dom).is_some_and(|h| h.len() >= LINE_MAX) {
-            // Nobody finishes the open line: print this one on its own.
-            out.put(b"\n");
-            self.mid = None;
-            let line = self.held.remove(&dom).unwrap_or_default();
-            prefix(dom, out);
-            out.put(&line);
-            out.put(b"\n");
+            // The open line does not end: break it, print the complete
+            // held lines, and a partial one this long on its own.
+            self.break_line(out);
             self.flush_held(out);
+            if let Some(buf) = self.held.get_mut(&dom).filter(|h| h.len() >= LINE_MAX) {
+                prefix(dom, out);
+                out.put(buf);
+                out.put(b"\n");
+                buf.clear();
+            }
         }
     }
 

@@ -108,7 +108,10 @@ pub fn build_domu_dtb(cfg: &DomuDtConfig<'_>) -> Result<Vec<u8>, DtbError> {
     let timer = w.begin_node("timer")?;
     w.property_string("compatible", "arm,armv8-timer")?;
     // Secure physical, non-secure physical, virtual, hypervisor PPIs.
-    w.property_array_u32("interrupts", &[PPI, 13, LEVEL_HIGH, PPI, 14, LEVEL_HIGH, PPI, 11, LEVEL_HIGH, PPI, 10, LEVEL_HIGH])?;
+    w.property_array_u32(
+        "interrupts",
+        &[PPI, 13, LEVEL_HIGH, PPI, 14, LEVEL_HIGH, PPI, 11, LEVEL_HIGH, PPI, 10, LEVEL_HIGH],
+    )?;
     w.property_null("always-on")?;
     w.end_node(timer)?;
 

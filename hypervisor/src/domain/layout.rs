@@ -103,7 +103,7 @@ fn align_up(x: u64) -> Option<u64> {
 /// 2 MiB. `image_size` is the kernel header's (`boot::image`).
 pub fn layout_domu(spec: &DomainSpec, placement: &DomuPlacement, image_size: u64) -> Result<DomuLayout, DomainError> {
     let id = spec.id;
-    if spec.memory < MIN_GUEST_RAM || spec.memory > MAX_DOMU_RAM || spec.memory % ALIGN != 0 {
+    if spec.memory < MIN_GUEST_RAM || spec.memory > MAX_DOMU_RAM || !spec.memory.is_multiple_of(ALIGN) {
         return Err(DomainError::BadMemory { id, memory: spec.memory });
     }
     if spec.vcpus == 0 || spec.vcpus > MAX_DOMU_VCPUS {
@@ -137,13 +137,7 @@ pub fn layout_domu(spec: &DomainSpec, placement: &DomuPlacement, image_size: u64
         return Err(DomainError::ModulesDoNotFit { id, need, ram: spec.memory });
     }
     let placed = |ipa: Region| Placed { ipa, host: at(ipa.base) };
-    Ok(DomuLayout {
-        ram: placed(ram),
-        kernel: placed(kernel),
-        initrd: initrd.map(placed),
-        dtb: placed(dtb),
-        disk,
-    })
+    Ok(DomuLayout { ram: placed(ram), kernel: placed(kernel), initrd: initrd.map(placed), dtb: placed(dtb), disk })
 }
 
 /// `domu_selftest=N`: carves N DomUs of `mem` bytes of RAM and `disk` bytes
@@ -163,7 +157,7 @@ pub fn selftest_carve(
     let need = each.and_then(|e| e.checked_mul(u64::from(n)));
     let no_room = DomainError::SelftestNoRoom { n, need: need.unwrap_or(u64::MAX), dom0_ram: dom0_ram.size };
     let need = need.ok_or(no_room)?;
-    if mem % ALIGN != 0 || need.checked_add(dom0_min).is_none_or(|t| t > dom0_ram.size) {
+    if !mem.is_multiple_of(ALIGN) || need.checked_add(dom0_min).is_none_or(|t| t > dom0_ram.size) {
         return Err(no_room);
     }
     let left = Region { base: dom0_ram.base, size: dom0_ram.size - need };
@@ -179,4 +173,37 @@ pub fn selftest_carve(
         })
         .collect();
     Ok((left, placements))
+}
+
+/// The `domu_selftest=N` DomUs' specs: Dom0's kernel and initrd modules,
+/// `mem` bytes of RAM, one vCPU, a vPL011, a `disk`-byte RAM disk, and
+/// bootargs for the guest image's `/init` (`guestcmd=<cmd_b64>` when given).
+pub fn selftest_specs(
+    n: u32,
+    kernel: Region,
+    ramdisk: Option<Region>,
+    mem: u64,
+    disk: u64,
+    cmd_b64: Option<&str>,
+) -> Vec<DomainSpec> {
+    let mut bootargs = alloc::format!("console=ttyAMA0 earlycon=pl011,{DOMU_UART:#x}");
+    if let Some(c) = cmd_b64 {
+        bootargs.push_str(" guestcmd=");
+        bootargs.push_str(c);
+    }
+    (1..=n)
+        .map(|i| DomainSpec {
+            id: i as u16,
+            name: alloc::format!("domU{i}"),
+            memory: mem,
+            vcpus: 1,
+            vpl011: true,
+            kernel,
+            ramdisk,
+            bootargs: bootargs.clone(),
+            weight: super::DEFAULT_WEIGHT,
+            cap_percent: None,
+            disk_size: disk,
+        })
+        .collect()
 }

@@ -56,8 +56,14 @@ fn domu_dtb_reads_back_with_the_crates_parser() {
 
 #[test]
 fn domu_dtb_without_uart_or_disk_has_neither() {
-    let cfg =
-        DomuDtConfig { ram: r(DOMU_RAM_BASE, 128 * MIB), vcpus: 17, bootargs: "", initrd: None, vpl011: false, disk: false };
+    let cfg = DomuDtConfig {
+        ram: r(DOMU_RAM_BASE, 128 * MIB),
+        vcpus: 17,
+        bootargs: "",
+        initrd: None,
+        vpl011: false,
+        disk: false,
+    };
     let p = crate::dtb::discover(&build_domu_dtb(&cfg).unwrap()).unwrap();
     assert!(p.uart.is_none());
     assert!(p.virtio_mmio.is_empty());
@@ -67,7 +73,14 @@ fn domu_dtb_without_uart_or_disk_has_neither() {
 
 #[test]
 fn domu_dtb_refuses_bad_inputs() {
-    let base = DomuDtConfig { ram: r(DOMU_RAM_BASE, 128 * MIB), vcpus: 1, bootargs: "", initrd: None, vpl011: true, disk: true };
+    let base = DomuDtConfig {
+        ram: r(DOMU_RAM_BASE, 128 * MIB),
+        vcpus: 1,
+        bootargs: "",
+        initrd: None,
+        vpl011: true,
+        disk: true,
+    };
     assert!(build_domu_dtb(&DomuDtConfig { vcpus: 0, ..base.clone() }).is_err());
     assert!(build_domu_dtb(&DomuDtConfig { vcpus: 65, ..base.clone() }).is_err());
     let outside = Some(r(DOMU_RAM_BASE + 127 * MIB, 2 * MIB));
@@ -196,6 +209,29 @@ fn an_endless_held_line_is_printed_on_its_own() {
 }
 
 #[test]
+fn held_lines_forced_out_keep_one_prefix_each() {
+    let mut m = ConsoleMux::new();
+    let mut out = Vec::new();
+    m.putc(0, b'$', &mut out);
+    let line = [b'y'; 99];
+    let mut n = 0;
+    while n + 100 < LINE_MAX {
+        for &b in line.iter().chain(b"\n") {
+            m.putc(1, b, &mut out);
+        }
+        n += 100;
+    }
+    assert_eq!(text(&out), "$", "held while dom0 is mid-line");
+    for _ in n..LINE_MAX {
+        m.putc(1, b'y', &mut out);
+    }
+    let s = text(&out);
+    assert!(s.starts_with("$\n(d1) y"));
+    assert!(s.lines().skip(1).all(|l| l.starts_with("(d1) ")), "every forced line has its prefix");
+    assert_eq!(s.lines().count(), 1 + n / 100, "the unfinished rest stays held");
+}
+
+#[test]
 fn focus_switch_prints_what_the_new_focus_held() {
     let mut m = ConsoleMux::new();
     let mut out = Vec::new();
@@ -223,4 +259,21 @@ fn ctrl_a_three_times_switches_and_other_keys_reset_the_count() {
     assert_eq!(next_domain(2, &[0, 1, 2]), 0);
     assert_eq!(next_domain(1, &[0, 2]), 2);
     assert_eq!(next_domain(0, &[]), 0);
+}
+
+#[test]
+fn selftest_specs_reuse_dom0s_modules_and_pass_the_command() {
+    let k = r(0x4800_0000, 30 * MIB);
+    let i = Some(r(0x4a00_0000, 80 * MIB));
+    let specs = selftest_specs(2, k, i, 512 * MIB, 32 * MIB, Some("dHJ1ZQ=="));
+    assert_eq!(specs.len(), 2);
+    assert_eq!((specs[0].id, specs[1].id), (1, 2));
+    assert_eq!(specs[1].name, "domU2");
+    assert_eq!((specs[0].kernel, specs[0].ramdisk), (k, i));
+    assert!(specs[0].bootargs.starts_with("console=ttyAMA0 "));
+    assert!(specs[0].bootargs.ends_with(" guestcmd=dHJ1ZQ=="));
+    let p = selftest_carve(r(0x6000_0000, 2048 * MIB), 2, 512 * MIB, 32 * MIB, 256 * MIB).unwrap().1;
+    let l = layout_domu(&specs[1], &p[1], 40 * MIB).expect("a self-test DomU fits its placement");
+    assert_eq!(l.ram.host, p[1].ram.base);
+    assert!(selftest_specs(0, k, None, 512 * MIB, 0, None).is_empty());
 }

@@ -214,11 +214,32 @@ pub(super) fn run_dom0(
         Ok(h) => h,
         Err(e) => hv_fatal!("scheduler: {e}"),
     };
-    let dom0: &'static vm::Vm = match vm::Vm::create_dom0(plat, cfg, plan, firmware, nr_pcpus, host) {
+    // DomUs: the `domu_selftest=N` test aid for now (the dom0less parser's
+    // `Plan.domus` later), carved from Dom0's RAM before Dom0 is built.
+    let (plan, domus) = match cfg.domu_selftest {
+        0 => (*plan, alloc::vec::Vec::new()),
+        _ => match super::domu::selftest(plat, cfg, plan) {
+            Ok(p) => p,
+            Err(e) => hv_fatal!("domu_selftest: {e}"),
+        },
+    };
+    let dom0: &'static vm::Vm = match vm::Vm::create_dom0(plat, cfg, &plan, firmware, nr_pcpus, host) {
         Ok(vm) => Box::leak(vm),
         Err(e) => hv_fatal!("cannot create the guest: {e}"),
     };
-    vm::set_vms(alloc::vec![dom0]);
+    let mut table = alloc::vec![dom0];
+    let mut vcpu_base = dom0.vcpus.len() as u32;
+    for (spec, placement) in &domus {
+        // VMID 1 is Dom0's; DomU N gets N + 1.
+        match vm::Vm::create_domu(spec, placement, plat, nr_pcpus, host, vcpu_base, spec.id + 1) {
+            Ok(vm) => {
+                vcpu_base += vm.vcpus.len() as u32;
+                table.push(Box::leak(vm));
+            }
+            Err(e) => hv_fatal!("cannot create d{}: {e}", spec.id),
+        }
+    }
+    vm::set_vms(table);
     vcpu::pcpu_loop(0)
 }
 

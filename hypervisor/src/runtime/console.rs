@@ -18,8 +18,7 @@ struct Console {
     switch: InputSwitch,
 }
 
-static CONSOLE: Mutex<Console> =
-    Mutex::new(Console { uart: None, mux: ConsoleMux::new(), switch: InputSwitch::new() });
+static CONSOLE: Mutex<Console> = Mutex::new(Console { uart: None, mux: ConsoleMux::new(), switch: InputSwitch::new() });
 
 /// Guest bytes, as they are.
 struct Raw<'a>(&'a Pl011);

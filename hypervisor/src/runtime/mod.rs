@@ -3,7 +3,8 @@
 //! - `heap`: the bootstrap and planned heap, stage-2 table frames
 //! - `console`: log and guest output on the physical UART
 //! - `percpu`: per-pCPU shared state, run blocks, kicks, the EL2 timer
-//! - `vm`: the Dom0-style VM, its vCPUs and their creation
+//! - `vm`: a VM, its vCPUs, Dom0's creation, the VM table, the host-wide scheduler
+//! - `domu`: a DomU's creation from its spec and placement; `domu_selftest`
 //! - `vcpu`: the per-pCPU scheduling loop and every trap and interrupt
 //! - `its`: the guest's virtual ITS backed by host LPIs of the physical ITS
 //! - `vlpi`: GICv4 direct injection: vPEs, residency, doorbells
@@ -13,6 +14,7 @@
 
 pub mod boot;
 pub mod console;
+pub mod domu;
 pub mod heap;
 pub mod its;
 pub mod percpu;

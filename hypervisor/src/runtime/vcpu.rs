@@ -272,8 +272,7 @@ fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Option<u64>) {
                 Next::Enter
             }
         };
-        if next == Next::Schedule || PCPUS[me].resched.load(Ordering::Acquire) || vm.stopped.load(Ordering::Acquire)
-        {
+        if next == Next::Schedule || PCPUS[me].resched.load(Ordering::Acquire) || vm.stopped.load(Ordering::Acquire) {
             break;
         }
         if let Some(d) = *deadline {
@@ -480,7 +479,7 @@ fn console_input(me: usize) {
     let all = vms();
     loop {
         let focus = console::input_focus();
-        let vm = all.get(usize::from(focus)).copied().unwrap_or(all[0]);
+        let vm = all.iter().copied().find(|v| v.domid == focus).unwrap_or(all[0]);
         let mut rx = console::FocusRx::default();
         let (level, stats_key) = {
             let mut u = vm.uart.lock();
@@ -1026,9 +1025,8 @@ fn print_domain_totals(vm: &Vm) {
 /// A DomU's vCPUs, disk and UART, every line prefixed `dN.`.
 fn print_domu_stats(vm: &Vm) {
     let n = vm.domid;
-    let prefixed = |text: &str| -> alloc::string::String {
-        text.lines().map(|l| alloc::format!("d{n}.{l}\n")).collect()
-    };
+    let prefixed =
+        |text: &str| -> alloc::string::String { text.lines().map(|l| alloc::format!("d{n}.{l}\n")).collect() };
     for (i, s) in vm.shared.iter().enumerate() {
         let mut st = vm.sched.lock().stats(vm.gid(i)).cloned().unwrap_or_default();
         s.counters.fill(&mut st.counters);

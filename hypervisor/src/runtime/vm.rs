@@ -13,6 +13,7 @@ use crate::arch::exception::GuestRegs;
 use crate::arch::gic::{self, VcpuIfState};
 use crate::boot::plan::{self, LayoutError, ModuleCopy, Plan};
 use crate::config::{Config, DiskMode};
+use crate::domain::DomainId;
 use crate::dtb::{self, GuestDtbConfig, Platform, Region};
 use crate::intid::IntId;
 use crate::irq::{HostIrqs, IrqCounters, IrqRoutes, RouteError};
@@ -30,7 +31,6 @@ use alloc::string::String;
 use alloc::vec::Vec;
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use log::info;
-use crate::domain::DomainId;
 use spin::{Mutex, Once, RwLock};
 
 const MB: u64 = 1 << 20;
@@ -57,6 +57,8 @@ pub enum VmError {
     Bus(BusError),
     /// An ACPI Dom0's tables, system table or memory map.
     Efi(crate::firmware::dom0_efi::Dom0EfiError),
+    /// A DomU that cannot be laid out.
+    Domain(crate::domain::layout::DomainError),
 }
 
 impl core::fmt::Display for VmError {
@@ -67,6 +69,7 @@ impl core::fmt::Display for VmError {
             VmError::Routes(e) => write!(f, "IRQ routes: {e}"),
             VmError::Bus(e) => write!(f, "MMIO bus: {e}"),
             VmError::Efi(e) => write!(f, "{e}"),
+            VmError::Domain(e) => write!(f, "{e}"),
             other => write!(f, "{other:?}"),
         }
     }
@@ -326,7 +329,7 @@ fn virtio_mmio_present(base: u64) -> bool {
 
 /// Copies a boot module into guest RAM and zeroes the rest of its room
 /// (the kernel's BSS beyond the file).
-fn copy_module(c: &ModuleCopy) {
+pub(super) fn copy_module(c: &ModuleCopy) {
     let len = c.src.size.min(c.dst.size);
     // SAFETY: the plan checked that `src` lies in RAM and `dst` in guest
     // RAM, which overlaps nothing the hypervisor keeps (the modules among
@@ -369,7 +372,7 @@ fn bridge_frames(bridge: &dtb::PcieHost) -> Vec<Region> {
 /// The VM's MMIO bus: the vGIC's frames, the hypervisor's virtio-blk frame
 /// and the vPL011's (one `vpl011::FRAME_SIZE` frame, whatever the UART
 /// region's size).
-fn build_bus(
+pub(super) fn build_bus(
     vgic: &Vgic,
     disk: Option<&VDisk>,
     uart: Option<Region>,
@@ -642,32 +645,7 @@ impl Vm {
                 .add_vcpu(VcpuId(i as u32), cfg.dom0_weight, cfg.dom0_vcpus_pin.then_some(i % nr_pcpus))
                 .map_err(VmError::Sched)?;
         }
-        let mut vcpus = Vec::new();
-        let mut shared = Vec::new();
-        for i in 0..nr_vcpus {
-            vcpus.push(Mutex::new(Vcpu {
-                id: i,
-                regs: GuestRegs::default(),
-                el1: El1Context::reset(vcpu_mpidr(i)),
-                fp: FpContext::default(),
-                gicif: VcpuIfState::default(),
-                lrs: [0; crate::vgic::NUM_LRS_MAX],
-                vserror: Default::default(),
-                lhp_grace: false,
-                vpe_resident: false,
-            }));
-            shared.push(VcpuShared {
-                online: AtomicBool::new(false),
-                vtimer_deadline: AtomicU64::new(u64::MAX),
-                vtimer_home: AtomicUsize::new(0),
-                wake_at: AtomicU64::new(u64::MAX),
-                vtimer_fired: AtomicU64::new(u64::MAX),
-                ppi_resync: AtomicU32::new(0),
-                vlpi_pending: AtomicBool::new(false),
-                running_on: AtomicUsize::new(usize::MAX),
-                counters: TrapCounters::default(),
-            });
-        }
+        let (vcpus, shared) = new_vcpus(nr_vcpus);
         {
             // vCPU 0 enters the kernel per the arm64 boot protocol.
             let mut v0 = vcpus[0].lock();
@@ -803,6 +781,37 @@ impl Vm {
             trace_trigger: &host.trace_trigger,
         }))
     }
+}
+
+/// `n` vCPUs in reset state, all offline, and what other pCPUs see of them.
+pub(super) fn new_vcpus(n: usize) -> (Vec<Mutex<Vcpu>>, Vec<VcpuShared>) {
+    let mut vcpus = Vec::new();
+    let mut shared = Vec::new();
+    for i in 0..n {
+        vcpus.push(Mutex::new(Vcpu {
+            id: i,
+            regs: GuestRegs::default(),
+            el1: El1Context::reset(vcpu_mpidr(i)),
+            fp: FpContext::default(),
+            gicif: VcpuIfState::default(),
+            lrs: [0; crate::vgic::NUM_LRS_MAX],
+            vserror: Default::default(),
+            lhp_grace: false,
+            vpe_resident: false,
+        }));
+        shared.push(VcpuShared {
+            online: AtomicBool::new(false),
+            vtimer_deadline: AtomicU64::new(u64::MAX),
+            vtimer_home: AtomicUsize::new(0),
+            wake_at: AtomicU64::new(u64::MAX),
+            vtimer_fired: AtomicU64::new(u64::MAX),
+            ppi_resync: AtomicU32::new(0),
+            vlpi_pending: AtomicBool::new(false),
+            running_on: AtomicUsize::new(usize::MAX),
+            counters: TrapCounters::default(),
+        });
+    }
+    (vcpus, shared)
 }
 
 /// EL1h with D, A, I, F masked: the state Linux expects at entry.
