@@ -57,7 +57,8 @@ pub struct RunOptions {
 /// Console input written before the guest reads its console.
 #[derive(Clone, Debug, Default)]
 pub struct EarlyInput {
-    /// Written once the console shows this text; "" = as soon as QEMU
+    /// Written once the console shows this text (each of its lines, when
+    /// it has several: markers of several domains); "" = as soon as QEMU
     /// starts, before even the hypervisor runs.
     pub after: String,
     /// QEMU takes them as fast as the UART accepts them.
@@ -426,7 +427,7 @@ fn write_console_input(
     use std::io::Write;
     use std::sync::atomic::Ordering;
     let wait_for = |marker: &str| loop {
-        if console.lock().unwrap().contains(marker) {
+        if marker.split('\n').all(|m| console.lock().unwrap().contains(m)) {
             return true;
         }
         if done.load(Ordering::Acquire) {

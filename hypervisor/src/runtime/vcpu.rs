@@ -720,7 +720,9 @@ fn yield_cpu(vm: &Vm, me: usize, id: usize) -> Next {
 
 fn report_bad_access(vm: &Vm, v: &Vcpu, ipa: u64, what: &str) {
     if vm.bad_accesses.fetch_add(1, Ordering::Relaxed) < 16 {
-        warn!("vCPU{}: {what} at IPA {ipa:#x} (PC {:#x}); injecting an external abort", v.id, v.regs.elr);
+        // Dom0's lines as they always were; a DomU's name it.
+        let dom = if vm.domid == 0 { alloc::string::String::new() } else { alloc::format!("d{} ", vm.domid) };
+        warn!("{dom}vCPU{}: {what} at IPA {ipa:#x} (PC {:#x}); injecting an external abort", v.id, v.regs.elr);
     }
 }
 
