@@ -224,7 +224,14 @@ pub(super) fn run_dom0(
         },
     };
     let dom0: &'static vm::Vm = match vm::Vm::create_dom0(plat, cfg, &plan, firmware, nr_pcpus, host) {
-        Ok(vm) => Box::leak(vm),
+        Ok(mut vm) => {
+            // WFE traps (a spinning vCPU yields) when the vCPUs of all VMs
+            // together outnumber the pCPUs: a sibling holding the lock may
+            // be preempted by another VM's vCPU.
+            let total = vm.vcpus.len() + domus.iter().map(|(s, _)| s.vcpus as usize).sum::<usize>();
+            vm.overcommitted |= total > nr_pcpus;
+            Box::leak(vm)
+        }
         Err(e) => hv_fatal!("cannot create the guest: {e}"),
     };
     let mut table = alloc::vec![dom0];
@@ -232,7 +239,8 @@ pub(super) fn run_dom0(
     for (spec, placement) in &domus {
         // VMID 1 is Dom0's; DomU N gets N + 1.
         match vm::Vm::create_domu(spec, placement, plat, nr_pcpus, host, vcpu_base, spec.id + 1) {
-            Ok(vm) => {
+            Ok(mut vm) => {
+                vm.overcommitted |= dom0.overcommitted;
                 vcpu_base += vm.vcpus.len() as u32;
                 table.push(Box::leak(vm));
             }

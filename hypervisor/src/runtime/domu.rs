@@ -66,6 +66,11 @@ impl Vm {
         let l = layout::layout_domu(spec, placement, image_size)?;
         let nr_vcpus = spec.vcpus as usize;
 
+        // SAFETY: the placement's RAM is host RAM nothing else uses (the
+        // boot plan placed it apart from everything it keeps), identity-mapped
+        // as normal memory; the DomU does not run yet. Whatever was there
+        // before is not the DomU's to read.
+        unsafe { core::ptr::write_bytes(l.ram.host as *mut u8, 0, l.ram.ipa.size as usize) };
         copy_module(&ModuleCopy { src: spec.kernel, dst: Region { base: l.kernel.host, size: l.kernel.ipa.size } });
         if let (Some(src), Some(i)) = (spec.ramdisk, l.initrd) {
             copy_module(&ModuleCopy { src, dst: Region { base: i.host, size: i.ipa.size } });

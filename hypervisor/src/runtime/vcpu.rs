@@ -253,9 +253,9 @@ fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Option<u64>) {
         let next = match kind {
             ExitKind::Sync => handle_sync(vm, me, v),
             ExitKind::Irq | ExitKind::Fiq => {
-                rec(vm, me, Event::Exit { vcpu: id as u16, class: ExitClass::Irq });
+                rec(vm, me, Event::Exit { vcpu: vm.gid(id).0 as u16, class: ExitClass::Irq });
                 if CritEvidence::from_spsr(v.regs.spsr) == CritEvidence::IrqsMasked {
-                    rec(vm, me, Event::IrqsOff { vcpu: id as u16 });
+                    rec(vm, me, Event::IrqsOff { vcpu: vm.gid(id).0 as u16 });
                 }
                 inc(&vm.shared[id].counters.irq_exits);
                 if handle_irqs(me, Some((vm, id)), deadline) {
@@ -264,7 +264,7 @@ fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Option<u64>) {
                 Next::Enter
             }
             ExitKind::SError => {
-                rec(vm, me, Event::Exit { vcpu: id as u16, class: ExitClass::SError });
+                rec(vm, me, Event::Exit { vcpu: vm.gid(id).0 as u16, class: ExitClass::SError });
                 warn!("vCPU{id}: SError from the guest (ESR {:#x}); injecting it", el2::exit_syndrome().esr);
                 v.vserror.raise();
                 el2::set_vserror_syndrome(el2::cpu_features().ras);
@@ -579,7 +579,7 @@ fn handle_sync(vm: &Vm, me: usize, v: &mut Vcpu) -> Next {
     let ilen = esr::instruction_length(esr);
     let c = &vm.shared[v.id].counters;
     let exit = esr::decode(esr, far, hpfar);
-    rec(vm, me, Event::Exit { vcpu: v.id as u16, class: ExitClass::of(&exit) });
+    rec(vm, me, Event::Exit { vcpu: vm.gid(v.id).0 as u16, class: ExitClass::of(&exit) });
     match exit {
         Exit::Wfx { wfe, timeout } => {
             v.regs.elr += ilen;

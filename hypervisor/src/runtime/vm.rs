@@ -1,8 +1,12 @@
-//! The Dom0-style VM and its vCPUs: their state and creation (memory,
-//! kernel, initrd, DTB, vGIC, stage 2, scheduler, disk). The run loop that
-//! handles every guest exit is in `runtime::vcpu`.
+//! A VM and its vCPUs: their state, and Dom0's creation (memory, kernel,
+//! initrd, DTB, vGIC, stage 2, disk); DomUs are made in `runtime::domu`.
+//! VMs are data: a table (`vms`, Dom0 = index 0, then the DomUs), each VM
+//! with its own VMID, stage 2, vGIC, vPL011 and disk, and one host-wide
+//! scheduler (`Host`) in which every vCPU of every VM has its own
+//! `VcpuId` (`Vm::gid`). The run loop that handles every guest exit is in
+//! `runtime::vcpu`.
 //!
-//! Guest RAM is identity-mapped (IPA == PA), as Xen does for Dom0 on Arm
+//! Dom0's RAM is identity-mapped (IPA == PA), as Xen does for Dom0 on Arm
 //! without an IOMMU, so passthrough devices can DMA to guest addresses.
 
 use super::heap::HeapFrames;
