@@ -14,7 +14,7 @@ const DOMU_CMD: &str = "head -c 8388608 /dev/urandom > /tmp/d; a=$(sha256sum < /
     dd if=/tmp/d of=/dev/vda bs=1M oflag=direct 2>/dev/null; sync; echo 3 > /proc/sys/vm/drop_caches; \
     b=$(dd if=/dev/vda bs=1M count=8 iflag=direct 2>/dev/null | sha256sum); \
     [ \"$a\" = \"$b\" ] && echo domu-disk-SAME; \
-    for x in 0x60000000 0x9e000000 0x08080000 0x0c000000 0x7f00000000; do devmem $x 32; done; \
+    for x in 0x60000000 0x9e000000 0x08080000 0x0c000000 0x7f00000000 0x10000000000; do devmem $x 32; done; \
     echo domu-still-alive; echo domu-waiting; read k; echo domu-got-$k";
 
 /// Ctrl-A as QEMU's `-serial mon:stdio` passes it on (its own escape key,
@@ -53,12 +53,12 @@ fn a_domu_runs_beside_dom0_isolated_with_its_own_console_and_disk() {
         .lines()
         .any(|l| l.starts_with("[") && l.contains("Kernel command line: console=ttyAMA0 earlycon=pl011,0x09000000")));
     // Every wild access of the DomU was an abort it survived.
-    for ipa in ["0x60000000", "0x9e000000", "0x8080000", "0xc000000", "0x7f00000000"] {
+    for ipa in ["0x60000000", "0x9e000000", "0x8080000", "0xc000000", "0x7f00000000", "0x10000000000"] {
         let hit = |l: &&str| l.contains("d1 vCPU0: ") && l.contains(&format!(" at IPA {ipa} (PC "));
         assert!(c.lines().any(|l| hit(&l) && l.ends_with("injecting an external abort")), "no abort at {ipa}");
     }
     assert_console(&r, "(d1) domu-still-alive");
-    assert!(stat_line(c, "dom1.aborts_injected").unwrap() >= 5);
+    assert!(stat_line(c, "dom1.aborts_injected").unwrap() >= 6);
     assert_eq!(stat_line(c, "dom0.aborts_injected"), Some(0));
     // Its disk is the hypervisor's, served from its RAM image.
     assert!(stat_line(c, "d1.blk0.bytes_written").unwrap() >= 8 << 20);
