@@ -1,5 +1,5 @@
 //! Dom0 and a DomU side by side (`domu_selftest=1`: the DomU runs Dom0's
-//! kernel and initrd in 512 MiB carved from Dom0's RAM, with the
+//! kernel and initrd on 2 vCPUs in 512 MiB carved from Dom0's RAM, with the
 //! hypervisor's RAM virtio-blk and a vPL011): the DomU's console lines are
 //! prefixed `(d1) `, it reaches userspace, writes and reads back its disk,
 //! gets an abort for every wild access and keeps running; console input
@@ -31,7 +31,10 @@ fn a_domu_runs_beside_dom0_isolated_with_its_own_console_and_disk() {
         cmd: Some("echo dom0-waiting; read go; echo \"dom0-got-$go\" | tr -d '\\001'; exit 3".into()),
         pcpus: 2,
         mem_mb: 1536,
-        hv_args: format!("domu_selftest=1 domu_selftest_cmd={}", xtask::qemu::base64(DOMU_CMD.as_bytes())),
+        hv_args: format!(
+            "domu_selftest=1 domu_selftest_vcpus=2 domu_selftest_cmd={}",
+            xtask::qemu::base64(DOMU_CMD.as_bytes())
+        ),
         // Both domains wait at their `read` (earlier input could reach a
         // console nobody has opened yet).
         early_input: Some(EarlyInput { after: "(d1) domu-waiting\ndom0-waiting".into(), bytes: input }),
@@ -43,7 +46,9 @@ fn a_domu_runs_beside_dom0_isolated_with_its_own_console_and_disk() {
     assert!(r.hv_fatal.is_none(), "{:?}", r.hv_fatal);
     let c = &r.console;
     // The DomU booted its own kernel to userspace, every line prefixed.
-    assert_console(&r, "d1: 1 vCPU(s), RAM 0x40000000+0x20000000");
+    assert_console(&r, "d1: 2 vCPU(s), RAM 0x40000000+0x20000000");
+    // Its second vCPU came up by PSCI CPU_ON (over HVC, to the hypervisor).
+    assert!(c.lines().any(|l| l.starts_with("(d1) ") && l.contains("smp: Brought up 1 node, 2 CPUs")));
     assert_console(&r, "(d1) [    0.000000] Machine model: linux,dummy-virt");
     assert_console(&r, "(d1) guest: init ready");
     assert_console(&r, "(d1) domu-disk-SAME");
@@ -54,7 +59,7 @@ fn a_domu_runs_beside_dom0_isolated_with_its_own_console_and_disk() {
         .any(|l| l.starts_with("[") && l.contains("Kernel command line: console=ttyAMA0 earlycon=pl011,0x09000000")));
     // Every wild access of the DomU was an abort it survived.
     for ipa in ["0x60000000", "0x9e000000", "0x8080000", "0xc000000", "0x7f00000000", "0x10000000000"] {
-        let hit = |l: &&str| l.contains("d1 vCPU0: ") && l.contains(&format!(" at IPA {ipa} (PC "));
+        let hit = |l: &&str| l.contains(" d1 vCPU") && l.contains(&format!(" at IPA {ipa} (PC "));
         assert!(c.lines().any(|l| hit(&l) && l.ends_with("injecting an external abort")), "no abort at {ipa}");
     }
     assert_console(&r, "(d1) domu-still-alive");

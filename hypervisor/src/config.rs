@@ -91,6 +91,8 @@ pub struct Config {
     pub domu_selftest: u32,
     /// RAM of each self-test DomU (`domu_selftest_mem=`, default 512M).
     pub domu_selftest_mem: u64,
+    /// vCPUs of each self-test DomU (`domu_selftest_vcpus=`, 1 to 8, default 1).
+    pub domu_selftest_vcpus: u32,
     /// Its RAM disk (`domu_selftest_disk=`, default 32M; 0 = none).
     pub domu_selftest_disk: u64,
     /// Base64 of the shell command each self-test DomU runs
@@ -118,6 +120,7 @@ impl Default for Config {
             sched_trace_max_dumps: crate::trace::MAX_DUMPS,
             domu_selftest: 0,
             domu_selftest_mem: 512 << 20,
+            domu_selftest_vcpus: 1,
             domu_selftest_disk: 32 << 20,
             domu_selftest_cmd: None,
             raw: Vec::new(),
@@ -201,6 +204,9 @@ impl Config {
                 "domu_selftest_mem" => {
                     c.domu_selftest_mem =
                         parse_size(v).filter(|&m| m >= 64 << 20 && m.is_multiple_of(2 << 20)).ok_or_else(bad)?
+                }
+                "domu_selftest_vcpus" => {
+                    c.domu_selftest_vcpus = v.parse().ok().filter(|n: &u32| (1..=8).contains(n)).ok_or_else(bad)?
                 }
                 "domu_selftest_disk" => {
                     c.domu_selftest_disk =
@@ -299,6 +305,8 @@ mod tests {
         assert_eq!(c.domu_selftest_cmd.as_deref(), Some("dHJ1ZQ=="));
         assert_eq!(Config::default().domu_selftest, 0);
         assert!(Config::parse("domu_selftest=9").is_err());
+        assert_eq!(Config::parse("domu_selftest_vcpus=2").unwrap().domu_selftest_vcpus, 2);
+        assert!(Config::parse("domu_selftest_vcpus=0").is_err());
         assert!(Config::parse("domu_selftest_mem=63M").is_err());
         assert!(Config::parse("domu_selftest_cmd=a,b").is_err());
         assert!(Config::parse("domu_selftest_disk=0").unwrap().domu_selftest_disk == 0);

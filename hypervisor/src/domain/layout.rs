@@ -176,14 +176,13 @@ pub fn selftest_carve(
 }
 
 /// The `domu_selftest=N` DomUs' specs: Dom0's kernel and initrd modules,
-/// `mem` bytes of RAM, one vCPU, a vPL011, a `disk`-byte RAM disk, and
+/// `mem` bytes of RAM, `vcpus` vCPUs, a vPL011, a `disk`-byte RAM disk, and
 /// bootargs for the guest image's `/init` (`guestcmd=<cmd_b64>` when given).
 pub fn selftest_specs(
     n: u32,
     kernel: Region,
     ramdisk: Option<Region>,
-    mem: u64,
-    disk: u64,
+    (mem, vcpus, disk): (u64, u32, u64),
     cmd_b64: Option<&str>,
 ) -> Vec<DomainSpec> {
     let mut bootargs = alloc::format!("console=ttyAMA0 earlycon=pl011,{DOMU_UART:#x}");
@@ -196,7 +195,7 @@ pub fn selftest_specs(
             id: i as u16,
             name: alloc::format!("domU{i}"),
             memory: mem,
-            vcpus: 1,
+            vcpus,
             vpl011: true,
             kernel,
             ramdisk,

@@ -265,15 +265,16 @@ fn ctrl_a_three_times_switches_and_other_keys_reset_the_count() {
 fn selftest_specs_reuse_dom0s_modules_and_pass_the_command() {
     let k = r(0x4800_0000, 30 * MIB);
     let i = Some(r(0x4a00_0000, 80 * MIB));
-    let specs = selftest_specs(2, k, i, 512 * MIB, 32 * MIB, Some("dHJ1ZQ=="));
+    let specs = selftest_specs(2, k, i, (512 * MIB, 2, 32 * MIB), Some("dHJ1ZQ=="));
     assert_eq!(specs.len(), 2);
     assert_eq!((specs[0].id, specs[1].id), (1, 2));
     assert_eq!(specs[1].name, "domU2");
+    assert_eq!(specs[0].vcpus, 2);
     assert_eq!((specs[0].kernel, specs[0].ramdisk), (k, i));
     assert!(specs[0].bootargs.starts_with("console=ttyAMA0 "));
     assert!(specs[0].bootargs.ends_with(" guestcmd=dHJ1ZQ=="));
     let p = selftest_carve(r(0x6000_0000, 2048 * MIB), 2, 512 * MIB, 32 * MIB, 256 * MIB).unwrap().1;
     let l = layout_domu(&specs[1], &p[1], 40 * MIB).expect("a self-test DomU fits its placement");
     assert_eq!(l.ram.host, p[1].ram.base);
-    assert!(selftest_specs(0, k, None, 512 * MIB, 0, None).is_empty());
+    assert!(selftest_specs(0, k, None, (512 * MIB, 1, 0), None).is_empty());
 }

@@ -248,8 +248,7 @@ pub fn selftest(
         cfg.domu_selftest,
         Region { base: kernel.base, size: kernel.size },
         plat.ramdisk.as_ref().map(|r| Region { base: r.base, size: r.size }),
-        cfg.domu_selftest_mem,
-        cfg.domu_selftest_disk,
+        (cfg.domu_selftest_mem, cfg.domu_selftest_vcpus, cfg.domu_selftest_disk),
         cfg.domu_selftest_cmd.as_deref(),
     );
     info!(
