@@ -47,6 +47,9 @@ pub struct RunOptions {
     /// Typed on the console before the guest's shell reads (console-flood
     /// tests).
     pub early_input: Option<EarlyInput>,
+    /// Typed after `early_input`, once the console shows its own marker (a
+    /// second stage: e.g. after one domain stopped).
+    pub then_input: Option<EarlyInput>,
     /// Boot through firmware (`--firmware`) instead of QEMU's direct
     /// `-kernel` entry.
     pub firmware: Option<crate::firmware::Firmware>,
@@ -86,6 +89,7 @@ impl Default for RunOptions {
             kernel_addr: None,
             initrd_addr: None,
             early_input: None,
+            then_input: None,
             firmware: None,
             hv_boot: Default::default(),
         }
@@ -305,7 +309,8 @@ fn run_args(mut args: Vec<String>, o: &RunOptions) -> Result<RunResult> {
         });
     }
     eprintln!("xtask: {}", printable(&args));
-    run_captured(&args, o.timeout, o.echo, o.input.as_deref(), o.early_input.as_ref())
+    let early: Vec<EarlyInput> = o.early_input.iter().chain(&o.then_input).cloned().collect();
+    run_captured(&args, o.timeout, o.echo, o.input.as_deref(), &early)
 }
 
 /// The console on this terminal with the monitor multiplexed (what
@@ -323,16 +328,16 @@ pub fn interactive_console(log: &std::path::Path) -> Vec<String> {
 }
 
 /// Runs QEMU with the console captured (and echoed), killing it after
-/// `timeout`. `early_input` is written to the console when it says, `input`
-/// line by line once the guest's /init is up.
+/// `timeout`. Each `early_input` is written to the console in turn, when it
+/// says, `input` line by line once the guest's /init is up.
 pub fn run_captured(
     args: &[String],
     timeout: Duration,
     echo: bool,
     input: Option<&str>,
-    early_input: Option<&EarlyInput>,
+    early_input: &[EarlyInput],
 ) -> Result<RunResult> {
-    let piped = input.is_some() || early_input.is_some();
+    let piped = input.is_some() || !early_input.is_empty();
     let mut child = Command::new("qemu-system-aarch64")
         .args(args)
         .stdin(if piped { Stdio::piped() } else { Stdio::null() })
@@ -371,7 +376,7 @@ pub fn run_captured(
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let writer = child.stdin.take().map(|w| {
         let (console, done) = (console.clone(), done.clone());
-        let (input, early) = (input.map(|s| s.as_bytes().to_vec()), early_input.cloned());
+        let (input, early) = (input.map(|s| s.as_bytes().to_vec()), early_input.to_vec());
         std::thread::spawn(move || write_console_input(w, early, input, &console, &done))
     });
     let start = Instant::now();
@@ -414,12 +419,12 @@ pub fn run_captured(
     })
 }
 
-/// Feeds QEMU's stdin: `early` when the console shows its marker, then
+/// Feeds QEMU's stdin: each of `early` when the console shows its marker, then
 /// `input` line by line once the guest's /init is up. Returns when done,
 /// when QEMU is gone (writes fail) or when `done` is set.
 fn write_console_input(
     mut w: std::process::ChildStdin,
-    early: Option<EarlyInput>,
+    early: Vec<EarlyInput>,
     input: Option<Vec<u8>>,
     console: &Mutex<String>,
     done: &std::sync::atomic::AtomicBool,
@@ -435,7 +440,7 @@ fn write_console_input(
         }
         std::thread::sleep(Duration::from_millis(100));
     };
-    if let Some(e) = early {
+    for e in early {
         if !wait_for(&e.after) || w.write_all(&e.bytes).and_then(|_| w.flush()).is_err() {
             return;
         }

@@ -1111,6 +1111,12 @@ fn power_off() -> ! {
 fn stop_domain(vm: &Vm, me: usize, v: &Vcpu, what: &str) -> Next {
     if !vm.stopped.swap(true, Ordering::AcqRel) {
         info!("d{} {what}: the domain stops (the machine powers off with dom0)", vm.domid);
+        if console::input_focus() == vm.domid {
+            // Nobody reads its console any more: input goes back to Dom0.
+            crate::hvprintln!("(HV) input to d0");
+            console::set_input_focus(0);
+            crate::vpl011::RxSource::set_rx_irq(&mut console::PhysRx, true);
+        }
     }
     vm.shared[v.id].online.store(false, Ordering::Release);
     if let Err(e) = vm.sched.lock().power_off(now_ns(), me) {
