@@ -10,6 +10,11 @@
 //! This module holds the shared types; the parser, the layout and the
 //! DomU device-tree builder live in submodules.
 
+pub mod dom0less;
+
+#[cfg(test)]
+mod tests;
+
 use crate::dtb::Region;
 use alloc::string::String;
 
