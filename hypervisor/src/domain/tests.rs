@@ -378,3 +378,25 @@ fn corrupted_domain_trees_never_panic() {
         assert!(parse(&host[..len]).is_err());
     }
 }
+
+#[test]
+fn the_boot_log_lines() {
+    let (p, m) = basic();
+    let d = &parse(&tree(|w| domu(w, "domU1", &p, &m))).unwrap()[0];
+    assert_eq!(
+        d.to_string(),
+        "domU1 (d1): 256 MiB, 1 vCPU, kernel 0x70000000 (27262976 bytes), ramdisk 0x72000000 (83886080 bytes), \
+         weight 256, cap none, no disk, vpl011, bootargs \"console=ttyAMA0\""
+    );
+    let d =
+        DomainSpec { vcpus: 2, ramdisk: None, cap_percent: Some(25), disk_size: 64 * MIB, vpl011: false, ..d.clone() };
+    assert!(d.to_string().contains(" 2 vCPUs, "), "{d}");
+    assert!(d.to_string().contains(", no ramdisk, weight 256, cap 25%, disk 64 MiB, bootargs"), "{d}");
+    let p = DomuPlacement {
+        id: 1,
+        ram: Region { base: 0xb000_0000, size: 256 * MIB },
+        disk: Some(Region { base: 0xac00_0000, size: 64 * MIB }),
+    };
+    assert_eq!(p.to_string(), "d1: RAM 0xb0000000-0xc0000000, disk 0xac000000-0xb0000000");
+    assert_eq!(DomuPlacement { disk: None, ..p }.to_string(), "d1: RAM 0xb0000000-0xc0000000, no disk");
+}

@@ -65,6 +65,7 @@ pub(super) fn plan_layout(
         ram_disk: if cfg.disk == DiskMode::Ram { cfg.disk_size } else { 0 },
         heap_size: HEAP_SIZE,
         keep_low: platform::PLATFORM.hyp_reserved,
+        domus: &plat.domus,
     };
     plan::check(&inputs)?;
     // SAFETY: the module lies in RAM (checked just above), identity-mapped
@@ -133,6 +134,9 @@ pub fn primary_main(regs: [u64; 4]) -> ! {
         plat.gic.gicd.base,
         plat.gic.gicr.first().map_or(0, |r| r.base)
     );
+    for d in &plat.domus {
+        info!("{d}");
+    }
     let Some(kernel) = &plat.kernel else {
         hv_fatal!("no guest kernel: the device tree has no /chosen/module@... (multiboot,kernel)");
     };
@@ -149,6 +153,10 @@ pub fn primary_main(regs: [u64; 4]) -> ! {
         plan.guest_ram.end(),
         plan.ram_disk.map(|d| (d.base, d.end()))
     );
+    for d in &plan.domus {
+        // Placed, not started: this build runs Dom0 only (issue 13).
+        info!("layout: {d}; DomU not started");
+    }
     let nr_pcpus = bring_up(&plat, &cfg, &plan);
     // Keep a copy, though the plan keeps guest memory off the original.
     let host_dtb: &'static [u8] = Box::leak(dtb.to_vec().into_boxed_slice());
