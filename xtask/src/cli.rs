@@ -190,6 +190,18 @@ pub struct RunArgs {
     /// The guest's disk image on FVP (the virtio-blk device) [default: a sparse 256 MiB scratch image] (--platform fvp)
     #[arg(long, value_name = "FILE")]
     pub disk_image: Option<PathBuf>,
+    /// DomUs beside Dom0, described in the DTB with Xen's dom0less binding (/chosen/domU1..N)
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub domu: u32,
+    /// Run a command in each DomU after boot (as --cmd does in Dom0)
+    #[arg(long, value_name = "SHELL", allow_hyphen_values = true)]
+    pub domu_cmd: Option<String>,
+    /// Each DomU's RAM, e.g. 256M (a bare number is MiB; at least 128M)
+    #[arg(long = "domu-mem", value_name = "SIZE", default_value = "256M", value_parser = parse_mem)]
+    pub domu_mem_mb: u64,
+    /// Each DomU's vCPUs (0 counts as 1)
+    #[arg(long, value_name = "M", default_value_t = 1)]
+    pub domu_vcpus: u32,
 }
 
 /// `--gic`: 3 or 4 (listed in the help and in the error).
@@ -239,6 +251,12 @@ impl RunArgs {
             return Err("--disk-latency-us goes with --disk ram".into());
         }
         let fvp = self.platform == PlatformKind::FvpBaseRevc;
+        if self.domu == 0 && (self.domu_cmd.is_some() || self.domu_mem_mb != 256 || self.domu_vcpus != 1) {
+            return Err("--domu-cmd, --domu-mem and --domu-vcpus go with --domu N".into());
+        }
+        if self.domu > 0 && (fvp || self.firmware == Some(crate::firmware::Firmware::Uefi)) {
+            return Err("--domu is for QEMU with a device tree (not --platform fvp or --firmware uefi)".into());
+        }
         if !fvp && (self.dry_run || self.fvp.is_some() || self.tfa.is_some() || self.disk_image.is_some()) {
             return Err("--dry-run, --fvp, --tf-a and --disk-image go with --platform fvp".into());
         }
@@ -279,6 +297,12 @@ impl RunArgs {
             icount: self.icount,
             firmware: self.firmware,
             hv_boot: HvBoot { addr: self.hv_addr, entry: self.hv_entry },
+            domus: (self.domu > 0).then(|| crate::domu::DomuOptions {
+                count: self.domu,
+                cmd: self.domu_cmd.clone(),
+                mem_mb: self.domu_mem_mb,
+                vcpus: self.domu_vcpus.max(1),
+            }),
             ..Default::default()
         };
         if let Some(d) = self.disk {

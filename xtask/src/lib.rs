@@ -10,6 +10,7 @@
 //! - [`firmware`]: TF-A from Debian's source package, cached; the DTB with the hypervisor's options
 //! - [`uefi`]: `--firmware uefi`: EDK2 as -bios, the ESP with the hypervisor as BOOTAA64.EFI
 //! - [`qemu`]: composes the QEMU command line and runs it with a timeout
+//! - [`domu`]: `--domu N`: the DomUs' dom0less DTB nodes, their modules and RAM
 //! - [`fvp`]: the FVP Base RevC command line and DTB (`run --platform fvp`)
 //! - [`shrinkwrap`]: the Shrinkwrap overlay fvp/hypervisor.yaml and its check
 //! - [`lint`]: rustfmt and clippy (warnings as errors), run by `cargo xtask test`
@@ -21,6 +22,7 @@
 pub mod bench;
 pub mod build;
 pub mod cli;
+pub mod domu;
 pub mod firmware;
 pub mod fvp;
 pub mod hvload;

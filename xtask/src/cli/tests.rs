@@ -188,6 +188,24 @@ fn run_disk_options_become_boot_arguments() {
 }
 
 #[test]
+fn run_domu_options() {
+    let o = run_options("run --domu 2 --domu-cmd 'echo hi' --domu-mem 512M --domu-vcpus 0 --cmd true").unwrap();
+    let d = o.domus.expect("DomUs");
+    assert_eq!((d.count, d.cmd.as_deref(), d.mem_mb, d.vcpus), (2, Some("echo hi"), 512, 1));
+    let d = run_options("run --domu 1").unwrap().domus.expect("DomUs");
+    assert_eq!(d, crate::domu::DomuOptions::default());
+    assert_eq!(run_options("run --domu 0").unwrap().domus, None);
+    for line in ["run --domu-cmd true", "run --domu-mem 512M", "run --domu-vcpus 2"] {
+        assert_eq!(run_args(line).check().unwrap_err(), "--domu-cmd, --domu-mem and --domu-vcpus go with --domu N");
+    }
+    for line in ["run --domu 1 --firmware uefi", "run --domu 1 --platform fvp"] {
+        assert!(run_args(line).check().unwrap_err().starts_with("--domu is for QEMU with a device tree"), "{line}");
+    }
+    assert!(run_args("run --domu 1 --firmware tf-a").check().is_ok());
+    assert!(err("run --domu 1 --domu-mem 64M").to_string().contains("must be at least 128M"));
+}
+
+#[test]
 fn run_rejects_bad_values() {
     let e = err("run --mem 64M").to_string();
     assert!(e.contains("must be at least 128M"), "{e}");
@@ -382,6 +400,10 @@ fn option_names_are_the_documented_ones() {
             "--disk-image",
             "--hv-addr",
             "--hv-entry",
+            "--domu",
+            "--domu-cmd",
+            "--domu-mem",
+            "--domu-vcpus",
             "--help"
         ])
     );
