@@ -38,6 +38,10 @@ use super::{DomainId, DomainSpec, DEFAULT_WEIGHT};
 use crate::dtb::tree::{self, is_compatible, is_enabled, prop, prop_str, Entry, Index};
 use crate::dtb::{DtbError, Region};
 
+#[cfg(test)]
+#[path = "dom0less_tests.rs"]
+mod tests;
+
 /// Most vCPUs a DomU may ask for (the vGIC's limit).
 pub const MAX_DOMU_VCPUS: u32 = crate::vgic::MAX_VCPUS as u32;
 /// Most DomUs one tree may describe.

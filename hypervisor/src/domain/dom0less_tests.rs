@@ -8,8 +8,8 @@ use alloc::vec::Vec;
 use fdt::Fdt;
 use vm_fdt::FdtWriter;
 
-use super::dom0less::{parse, DomainError, DomainProblem, NodeName};
-use super::*;
+use super::{parse, DomainError, DomainProblem, NodeName};
+use crate::domain::*;
 use crate::dtb::{build_guest_dtb, default_removals, discover, DtbError, GuestDtbConfig};
 use crate::testrng::Rng;
 
@@ -287,7 +287,7 @@ fn bad_domains_are_typed_errors_naming_the_node() {
 #[test]
 fn too_many_domains() {
     let dtb = tree(|w| {
-        for i in 0..=dom0less::MAX_DOMUS {
+        for i in 0..=super::MAX_DOMUS {
             let (p, m) = basic();
             domu(w, &alloc::format!("domU{}", i + 1), &p, &m);
         }
