@@ -61,3 +61,18 @@ fn two_domus_are_parsed_and_placed_and_dom0_still_runs_its_command() {
     // Dom0 does not see the DomU nodes.
     assert!(!r.console.contains("xen,domain"));
 }
+
+#[test]
+fn a_domu_too_small_for_its_modules_stops_the_boot_with_one_line() {
+    // The CLI wants at least 128M; the runner takes what it is given.
+    let domus = DomuOptions { count: 1, cmd: None, mem_mb: 64, vcpus: 1 };
+    let o = RunOptions { cmd: Some("true".into()), echo: false, domus: Some(domus), ..Default::default() };
+    let r = run(&o);
+    // The need depends on the guest image's sizes.
+    let line = r.hv_fatal.clone().unwrap_or_else(|| panic!("no fatal line:\n{}", tail(&r.console, 30)));
+    assert!(line.starts_with("(HV) fatal: boot layout: DomU d1's kernel, initrd and DTB need "), "{line}");
+    assert!(line.ends_with(" MiB but its memory is 64 MiB"), "{line}");
+    assert_eq!(r.console.matches("(HV) fatal:").count(), 1);
+    assert!(!r.console.contains("Booting Linux"));
+    assert!(xtask::qemu::exit_code(&o, &r).unwrap_err().contains(&line));
+}
