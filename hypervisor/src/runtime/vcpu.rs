@@ -584,7 +584,7 @@ fn handle_sync(vm: &Vm, me: usize, v: &mut Vcpu) -> Next {
             }
             Next::Enter
         }
-        Exit::DataAbort { ipa, iss } if translation_fault(iss) && map_on_demand(vm, ipa) => Next::Enter,
+        Exit::DataAbort { ipa, iss } if esr::is_translation_fault(iss) && map_on_demand(vm, ipa) => Next::Enter,
         Exit::DataAbort { ipa, iss } => {
             let isv = ISS_ABORT::ISV.is_set(u64::from(iss));
             report_bad_access(vm, v, ipa, if isv { "data abort" } else { "data abort without syndrome" });
@@ -656,12 +656,6 @@ fn yield_cpu(vm: &Vm, me: usize, id: usize) -> Next {
         Ok(()) => Next::Schedule,
         Err(_) => Next::Enter,
     }
-}
-
-/// A stage-2 translation fault (DFSC 0b0001xx) on the data access itself,
-/// not on a stage-1 table walk (S1PTW).
-fn translation_fault(iss: u32) -> bool {
-    iss & 0x3c == 0x04 && iss & (1 << 7) == 0
 }
 
 /// An ACPI Dom0 touched an unmapped address outside RAM and its MMIO bus:

@@ -617,9 +617,8 @@ impl Vm {
         if acpi.is_some() {
             let hyp_uart = plat.uart.as_ref().map_or(platform::PLATFORM.uart_intid, |u| u.intid);
             let before = forwarded.len();
-            for raw in 32..32 + nr_spis.min(988) {
-                let Ok(intid) = IntId::try_from(raw) else { continue };
-                if intid != hyp_uart && !forwarded.contains(&intid) && vgic.set_hw(intid, Some(intid)).is_ok() {
+            for intid in crate::irq::acpi_dom0_spis(nr_spis.min(988), &[hyp_uart]) {
+                if !forwarded.contains(&intid) && vgic.set_hw(intid, Some(intid)).is_ok() {
                     forwarded.push(intid);
                     forwarded_edge.push(false);
                 }
