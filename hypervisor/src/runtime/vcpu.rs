@@ -262,14 +262,19 @@ fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Option<u64>) {
 
 /// Passthrough SPIs that the guest routes to vCPU `id` are routed
 /// physically to this pCPU while `id` runs here, so they arrive where they
-/// are injected (no IPI to another pCPU). Only changes are written.
+/// are injected (no IPI to another pCPU). Only changes are written, and only
+/// for SPIs the guest enabled: an ACPI Dom0 has every SPI forwarded and
+/// routed to one vCPU, most of them never used.
 fn follow_routes(vm: &Vm, me: usize, id: usize) {
     if vm.nr_pcpus < 2 || vm.forwarded.is_empty() {
         return;
     }
     let vgic = vm.vgic.lock();
     for (i, &intid) in vm.forwarded.iter().enumerate() {
-        if vgic.route_of(intid) == Some(id) && vm.forwarded_pcpu[i].swap(me, Ordering::AcqRel) != me {
+        if vgic.route_of(intid) == Some(id)
+            && vgic.spi_enabled(intid)
+            && vm.forwarded_pcpu[i].swap(me, Ordering::AcqRel) != me
+        {
             gic::route_spi(intid, PCPUS[me].mpidr.load(Ordering::Relaxed));
         }
     }

@@ -673,6 +673,12 @@ impl Vgic {
         Ok(())
     }
 
+    /// Whether the guest enabled SPI `intid` (GICD_ISENABLER); false for
+    /// other INTIDs.
+    pub fn spi_enabled(&self, intid: IntId) -> bool {
+        intid.is_spi() && self.irq(0, u32::from(intid)).is_some_and(|i| i.enabled)
+    }
+
     /// The physical INTID an interrupt is forwarded from, if any.
     pub fn hw_of(&self, vcpu: usize, intid: IntId) -> Option<IntId> {
         self.irq(vcpu, u32::from(intid))?.hw

@@ -949,3 +949,17 @@ fn icfgr_on_a_forwarded_spi_reports_the_physical_trigger() {
     w32(&mut g, sgi(1) + ICFGR + 4, 0xFFFF_FFFF);
     assert!(g.take_hw_triggers().is_empty(), "PPI 27 is not reported");
 }
+
+#[test]
+fn spi_enabled_follows_isenabler_and_icenabler() {
+    let mut g = hw_booted();
+    assert!(g.spi_enabled(id(40)));
+    assert!(!g.spi_enabled(id(41)));
+    enable(&mut g, 0, 41);
+    assert!(g.spi_enabled(id(41)));
+    g.mmio_write(0, GICD + ICENABLER + 4, 4, 1 << 8).unwrap();
+    assert!(!g.spi_enabled(id(40)));
+    // Private and out-of-range INTIDs are never "enabled SPIs".
+    assert!(!g.spi_enabled(id(27)));
+    assert!(!g.spi_enabled(id(1000)));
+}
