@@ -446,9 +446,10 @@ impl Vm {
             GuestFirmware::Dtb(_) => None,
         };
         let passthrough: Vec<dtb::MmioDevice> = match cfg.disk {
-            // ACPI: the DSDT lists every slot and cannot be edited, so every
-            // slot but the hypervisor's disk is Dom0's.
-            _ if acpi.is_some() => plat.virtio_mmio.iter().filter(|d| !same_page(d)).cloned().collect(),
+            // ACPI: the DSDT's devices (virtio-mmio slots among them) are
+            // mapped when Dom0 touches them (`crate::iomem`), their SPIs
+            // forwarded below: nothing to pass through by name.
+            _ if acpi.is_some() => Vec::new(),
             DiskMode::Passthrough => plat.virtio_mmio.clone(),
             DiskMode::None | DiskMode::VirtioPci | DiskMode::Nvme => Vec::new(),
             DiskMode::Ram | DiskMode::Backend => plat.virtio_mmio.iter().filter(|d| !same_page(d)).cloned().collect(),
@@ -475,6 +476,13 @@ impl Vm {
         let mut ranges: Vec<Region> = passthrough.iter().map(|d| Region { base: d.base, size: d.size }).collect();
         ranges.extend(&pcie_frames);
         check_passthrough(plat, plan, &ranges, disk_slot.as_ref())?;
+        if cfg.disk.emulated() && acpi.is_some() {
+            // Its virtio-mmio frame would need a DSDT entry, and the host's
+            // DSDT is passed on unchanged.
+            return Err(VmError::Memory(
+                "dom0_disk=ram|backend is not available to an ACPI Dom0 (use nvme, virtio-pci or none)",
+            ));
+        }
         if cfg.disk == DiskMode::Backend && !disk_slot.as_ref().is_some_and(|s| virtio_mmio_present(s.base)) {
             return Err(VmError::Memory(
                 "dom0_disk=backend needs a virtio-blk device on the machine (QEMU -device virtio-blk-device)",
