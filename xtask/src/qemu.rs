@@ -309,10 +309,6 @@ pub fn run(o: &RunOptions) -> Result<RunResult> {
             .find_map(|a| a.strip_prefix("guest-loader,").and_then(|d| d.split_once(",bootargs=")).map(|x| x.1))
             .unwrap_or_default()
             .replace(",,", ",");
-        // The ESP's virtio-blk-pci device is the firmware's: Linux would put
-        // its 64-bit BAR in QEMU's high PCIe window (0x80_0000_0000), beyond
-        // Dom0's 39-bit IPA space, and fault in the driver's probe.
-        let guest_args = format!("{guest_args} module_blacklist=virtio_pci");
         let (a, hv_args) = crate::uefi::boot_args(&args, &dir)?;
         let initrd_name = initrd.as_ref().map(|_| "initrd");
         let cfg = crate::uefi::config_file(&hv_args, "vmlinuz", &guest_args, initrd_name);

@@ -21,11 +21,13 @@ use crate::arch::exception::{run_guest, ExitKind, GuestRegs};
 use crate::arch::{context, el2, gic, smc, sysreg};
 use crate::esr::{self, Exit, MmioAccess};
 use crate::intid::IntId;
+use crate::iomem::IoMemDecision;
 use crate::irq::Route;
 use crate::mmio_bus::Device;
 use crate::psci::{self, Call};
 use crate::regs::ISS_ABORT;
 use crate::sched::{CritEvidence, RunState, VcpuId, WakeAction, WakeCause};
+use crate::stage2::{MemType, Stage2Error};
 use crate::trace::{DumpReason, Event, ExitClass};
 use crate::traps::{self, VirtualSError};
 use crate::vdebug::{self, DebugReg};
@@ -53,7 +55,7 @@ enum Next {
 /// outnumber pCPUs, and the VM's stage 2.
 fn load_vm(vm: &Vm) {
     let t = traps::guest_traps(&el2::cpu_features(), vm.overcommitted);
-    el2::load_guest_config(&t, vm.stage2_root, vm.vmid);
+    el2::load_guest_config(&t, vm.stage2_root, vm.vmid, vm.ipa);
 }
 
 /// Enables the physical interrupts this pCPU takes.
@@ -260,14 +262,19 @@ fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Option<u64>) {
 
 /// Passthrough SPIs that the guest routes to vCPU `id` are routed
 /// physically to this pCPU while `id` runs here, so they arrive where they
-/// are injected (no IPI to another pCPU). Only changes are written.
+/// are injected (no IPI to another pCPU). Only changes are written, and only
+/// for SPIs the guest enabled: an ACPI Dom0 has every SPI forwarded and
+/// routed to one vCPU, most of them never used.
 fn follow_routes(vm: &Vm, me: usize, id: usize) {
     if vm.nr_pcpus < 2 || vm.forwarded.is_empty() {
         return;
     }
     let vgic = vm.vgic.lock();
     for (i, &intid) in vm.forwarded.iter().enumerate() {
-        if vgic.route_of(intid) == Some(id) && vm.forwarded_pcpu[i].swap(me, Ordering::AcqRel) != me {
+        if vgic.route_of(intid) == Some(id)
+            && vgic.spi_enabled(intid)
+            && vm.forwarded_pcpu[i].swap(me, Ordering::AcqRel) != me
+        {
             gic::route_spi(intid, PCPUS[me].mpidr.load(Ordering::Relaxed));
         }
     }
@@ -574,12 +581,15 @@ fn handle_sync(vm: &Vm, me: usize, v: &mut Vcpu) -> Next {
             inc(&c.mmio);
             if mmio(vm, me, v, &a).is_ok() {
                 v.regs.elr += ilen;
+            } else if vm.bus.lookup(a.ipa).is_none() && map_on_demand(vm, a.ipa) {
+                // Mapped: the guest retries the access on the device itself.
             } else {
                 report_bad_access(vm, v, a.ipa, "bad MMIO access");
                 inject_abort(vm, v, true, far);
             }
             Next::Enter
         }
+        Exit::DataAbort { ipa, iss } if esr::is_translation_fault(iss) && map_on_demand(vm, ipa) => Next::Enter,
         Exit::DataAbort { ipa, iss } => {
             let isv = ISS_ABORT::ISV.is_set(u64::from(iss));
             report_bad_access(vm, v, ipa, if isv { "data abort" } else { "data abort without syndrome" });
@@ -653,6 +663,45 @@ fn yield_cpu(vm: &Vm, me: usize, id: usize) -> Next {
     }
 }
 
+/// An ACPI Dom0 touched an unmapped address outside RAM and its MMIO bus:
+/// maps the page (or its 2 MiB block) 1:1 as device memory when
+/// `Vm::iomem` permits it, so the guest's retry reaches the device (Xen's
+/// on-demand MMIO for its hardware domain). False: refused, abort the guest.
+fn map_on_demand(vm: &Vm, ipa: u64) -> bool {
+    let Some(policy) = &vm.iomem else { return false };
+    let r = match policy.decide(ipa) {
+        IoMemDecision::Map(r) => r,
+        IoMemDecision::Deny(why) => {
+            inc(&vm.iomem_denied);
+            debug!("on-demand MMIO at {ipa:#x} refused: {why}");
+            return false;
+        }
+    };
+    let page = ipa & !0xfff;
+    let mut guard = vm.stage2.lock();
+    let (s2, frames) = &mut *guard;
+    // The block overlaps something mapped (ECAM, firmware tables, an
+    // earlier page): the page alone. Mapped already: another vCPU won the
+    // race for this fault, retry.
+    let res = match s2.map(frames, r.base, r.base, r.size, MemType::Device) {
+        Err(Stage2Error::AlreadyMapped) if r.size > 0x1000 => s2.map(frames, page, page, 0x1000, MemType::Device),
+        res => res,
+    };
+    match res {
+        Ok(()) => {
+            el2::stage2_updated();
+            inc(&vm.iomem_maps);
+            debug!("on-demand MMIO: mapped {:#x}+{:#x} for {ipa:#x}", r.base, r.size);
+            true
+        }
+        Err(Stage2Error::AlreadyMapped) => s2.translate(frames, ipa).is_some(),
+        Err(e) => {
+            warn!("on-demand MMIO at {ipa:#x}: {e:?}");
+            false
+        }
+    }
+}
+
 fn report_bad_access(vm: &Vm, v: &Vcpu, ipa: u64, what: &str) {
     if vm.bad_accesses.fetch_add(1, Ordering::Relaxed) < 16 {
         warn!("vCPU{}: {what} at IPA {ipa:#x} (PC {:#x}); injecting an external abort", v.id, v.regs.elr);
@@ -678,9 +727,13 @@ fn vgic_mmio(vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess, value: u64) -> Re
     if a.write {
         let kicks = vgic.mmio_write(v.id, a.ipa, a.size, value).map_err(|_| ())?;
         let hw = vgic.take_hw_deactivations();
+        let triggers = vgic.take_hw_triggers();
         let lpis_on = vgic.take_lpi_enable_events();
         drop(vgic);
         deactivate_hw(vm, me, v.id, hw);
+        for (pintid, edge) in triggers {
+            gic::set_spi_trigger(pintid, edge);
+        }
         process_kicks(vm, me, kicks, WakeCause::Interrupt);
         super::its::lpis_enabled(vm, me, lpis_on);
     } else {
@@ -957,6 +1010,13 @@ pub fn print_stats(vm: &Vm) {
     crate::hvprintln!(
         "(HV) stats begin uart0\nuart0.rx_bytes={rx_bytes}\nuart0.rx_holds={rx_holds}\nuart0.rx_overruns={rx_overruns}\n(HV) stats end uart0"
     );
+    if vm.iomem.is_some() {
+        crate::hvprintln!(
+            "(HV) stats begin iomem\niomem.maps={}\niomem.denied={}\n(HV) stats end iomem",
+            vm.iomem_maps.load(Ordering::Relaxed),
+            vm.iomem_denied.load(Ordering::Relaxed)
+        );
+    }
     let mut text = alloc::string::String::new();
     let _ = vm.irq_counters.write_text(&mut text);
     crate::hvprintln!("(HV) stats begin irq\n{}(HV) stats end irq", text);

@@ -173,6 +173,30 @@ pub fn enable(intid: IntId, cpu: usize, edge: bool) {
     }
 }
 
+/// Sets an enabled SPI's trigger (a forwarded SPI whose guest wrote its
+/// GICD_ICFGR): disabled around the GICD_ICFGR write, whose effect on an
+/// enabled interrupt is UNPREDICTABLE, then enabled again.
+pub fn set_spi_trigger(intid: IntId, edge: bool) {
+    let Some(id) = arm_gic_id(intid).filter(|_| intid.is_spi()) else {
+        return;
+    };
+    if let Some(g) = GIC.lock().as_mut() {
+        let trigger = if edge { arm_gic::Trigger::Edge } else { arm_gic::Trigger::Level };
+        let _ = g.gic.enable_interrupt(id, None, false);
+        // GICD_CTLR.RWP: the disable has taken effect (bounded: a GIC
+        // that never clears it gets the write anyway).
+        for _ in 0..100_000 {
+            // SAFETY: GICD_CTLR of the distributor `init` was given, read
+            // under the GIC lock; reading it has no side effect.
+            if unsafe { core::ptr::read_volatile(g.gicd as *const u32) } & (1 << 31) == 0 {
+                break;
+            }
+        }
+        let _ = g.gic.set_trigger(id, None, trigger);
+        let _ = g.gic.enable_interrupt(id, None, true);
+    }
+}
+
 /// Acknowledges the highest-priority pending group-1 interrupt; `None` when
 /// the GIC answers with a special INTID (nothing pending).
 pub fn ack() -> Option<IntId> {
