@@ -36,10 +36,10 @@
 //!   its domain's budget is used up).
 //! * Hard affinity pins a vCPU to one pCPU. Unpinned vCPUs are placed on an
 //!   idle pCPU when they wake if one exists, else on the pCPU whose runner has
-//!   the least credit; a vCPU a wake asked a pCPU to run (Credit2's
-//!   `tickled_cpu`) is left to that pCPU until it has rescheduled. Within a
-//!   runqueue any of its pCPUs picks any queued vCPU, so one shared runqueue
-//!   needs no balancing; `schedule()` asks (through [`Decision::kick`]) an idle
+//!   the least credit (that pCPU is asked to reschedule, but whichever of the
+//!   runqueue's pCPUs schedules first may take it). Within a runqueue any of
+//!   its pCPUs picks any queued vCPU, so one shared runqueue needs no
+//!   balancing; `schedule()` asks (through [`Decision::kick`]) an idle
 //!   pCPU to come and pick when work is left queued. With several runqueues,
 //!   `schedule()` also pulls one vCPU from a runqueue ≥ 2 longer, or a
 //!   remote waiter richer by > 500 µs (migrate resist); their credits are
@@ -511,9 +511,6 @@ struct Vcpu {
     budget: i64,
     /// Runnable but off the runqueues: its domain's budget is exhausted.
     parked: bool,
-    /// The pCPU a wake asked to run it (Credit2's `tickled_cpu`): other
-    /// pCPUs leave it queued until that one has called `schedule()`.
-    tickled_cpu: Option<usize>,
     /// Last time credit was burned (valid while running).
     last_burn: u64,
     /// Time of the wake that made it runnable, until it is scheduled in.
@@ -548,8 +545,6 @@ struct Runqueue {
 struct Pcpu {
     /// The runqueue this pCPU picks from.
     rq: usize,
-    /// Asked to reschedule for a queued vCPU, and has not yet.
-    tickled: bool,
     curr: Option<usize>,
     /// When `curr` was switched in (ratelimit window start).
     entry: u64,
@@ -733,7 +728,6 @@ impl Scheduler {
             home,
             budget: 0,
             parked: false,
-            tickled_cpu: None,
             last_burn: 0,
             woken_at: None,
             preempted: false,
@@ -873,7 +867,6 @@ impl Scheduler {
         if let Some(s) = prev {
             self.burn(s, now);
         }
-        self.pcpus[pcpu].tickled = false;
         self.replenish_due(now);
         let mut prev_runnable = prev.filter(|&s| self.vcpus[s].state == RunState::Running(pcpu));
         // A capped runner whose budget is used up draws more, or is parked.
@@ -971,7 +964,6 @@ impl Scheduler {
             v.state = RunState::Running(pcpu);
             v.last_burn = now;
             v.preempted = false;
-            v.tickled_cpu = None;
             if v.home != pcpu {
                 v.home = pcpu;
                 v.stats.counters.migrations += 1;
@@ -1271,11 +1263,7 @@ impl Scheduler {
         }
         let rq = self.pcpus[p].rq;
         loop {
-            let head = self.rqs[rq].queue.iter().copied().find(|&h| {
-                let v = &self.vcpus[h];
-                let for_other = v.tickled_cpu.is_some_and(|o| o != p && self.pcpus[o].tickled);
-                v.allowed_on(p) && !for_other
-            });
+            let head = self.rqs[rq].queue.iter().copied().find(|&h| self.vcpus[h].allowed_on(p));
             let pick = match (prev, head) {
                 (None, h) => h,
                 (Some(s), None) => Some(s),
@@ -1429,12 +1417,7 @@ impl Scheduler {
         let rq = self.pcpus[p].rq;
         self.set_rq(s, rq);
         self.enqueue(s);
-        let action = self.tickle(now, s, p);
-        if let WakeAction::Reschedule { pcpu } = action {
-            self.vcpus[s].tickled_cpu = Some(pcpu);
-            self.pcpus[pcpu].tickled = true;
-        }
-        action
+        self.tickle(now, s, p)
     }
     /// Decide whether the vCPU `s`, just queued on `p`, preempts `p`'s runner.
     fn tickle(&mut self, now: u64, s: usize, p: usize) -> WakeAction {
