@@ -956,7 +956,7 @@ impl Scheduler {
         let head = self.rqs[rq].queue.first().map(|&h| self.vcpus[h].credit);
         let best = head.map_or(self.vcpus[n].credit, |h| h.max(self.vcpus[n].credit));
         if best <= 0 {
-            self.reset_credit(rq, self.vcpus[n].credit);
+            self.reset_credit(now, rq, self.vcpus[n].credit);
         }
 
         if prev_runnable != Some(n) {
@@ -1125,8 +1125,15 @@ impl Scheduler {
     /// CREDIT_INIT (times `m` if the picked vCPU is deeper than
     /// -CREDIT_INIT, so that it is positive again), capped at
     /// `CREDIT_INIT + CARRYOVER_MAX`: what a vCPU had left carries over up
-    /// to that cap.
-    fn reset_credit(&mut self, rq: usize, picked_credit: i64) {
+    /// to that cap. vCPUs running on the runqueue's other pCPUs are charged
+    /// up to `now` first (as Credit2 does), so that the cap clips what they
+    /// really have left.
+    fn reset_credit(&mut self, now: u64, rq: usize, picked_credit: i64) {
+        for p in 0..self.pcpus.len() {
+            if let Some(s) = self.pcpus[p].curr.filter(|_| self.pcpus[p].rq == rq) {
+                self.burn(s, now);
+            }
+        }
         let mut m: i64 = 1;
         if picked_credit < -CREDIT_INIT_NS {
             m += (-picked_credit) / CREDIT_INIT_NS;

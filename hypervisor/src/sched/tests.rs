@@ -756,9 +756,13 @@ fn fleet_cap_25_holds_in_every_period() {
                 let share = ns as f64 / CAP_PERIOD_NS as f64;
                 assert!((share - 0.25).abs() <= 0.01, "{nr}p {cfg:?}: period {k}: {share}");
             }
-            // The others get the rest.
-            let others: u64 = (1..doms.len()).map(|i| r.vcpu_ns[i]).sum();
-            assert!(others >= nr as u64 * 1000 * MS - 250 * MS - 10 * MS, "{nr}p {cfg:?}: others {others}");
+            // The hogs share the rest evenly. (With two pCPUs this needs the
+            // reset to charge the other pCPU's runner first: charged late, its
+            // credit was clipped every epoch and it got 0.76 to the other's 0.99.)
+            let fair = (nr as f64 - 0.25) / (doms.len() - 1) as f64;
+            for i in 1..doms.len() {
+                assert!((r.share(i) - fair).abs() <= 0.03, "{nr}p {cfg:?}: hog d{} got {}", i + 1, r.share(i));
+            }
         }
     }
 }
