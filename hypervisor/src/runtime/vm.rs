@@ -20,7 +20,7 @@ use crate::irq::{HostIrqs, IrqCounters, IrqRoutes, RouteError};
 use crate::its::v4::LpiPath;
 use crate::mmio_bus::{BusError, Device, MmioBus, MmioRange};
 use crate::platform;
-use crate::sched::{SchedConfig, SchedError, Scheduler, VcpuId};
+use crate::sched::{DomainParams, SchedConfig, SchedError, Scheduler, VcpuId};
 use crate::stage2::{IpaSize, MemType, Stage2, Stage2Error};
 use crate::trace::{Ring, Trigger, RING_EVENTS};
 use crate::vgic::its::{Vits, VitsConfig};
@@ -650,10 +650,10 @@ impl Vm {
 
         let sched_cfg = SchedConfig::from_bootargs(plat.bootargs.as_deref().unwrap_or("")).map_err(VmError::Sched)?;
         let mut sched = Scheduler::new(sched_cfg, nr_pcpus).map_err(VmError::Sched)?;
+        let dom0 = DomainParams { weight: cfg.dom0_weight, cap_percent: cfg.dom0_cap };
+        sched.add_domain(0, dom0).map_err(VmError::Sched)?;
         for i in 0..nr_vcpus {
-            sched
-                .add_vcpu(VcpuId(i as u32), cfg.dom0_weight, cfg.dom0_vcpus_pin.then_some(i % nr_pcpus))
-                .map_err(VmError::Sched)?;
+            sched.add_vcpu(VcpuId(i as u32), 0, cfg.dom0_vcpus_pin.then_some(i % nr_pcpus)).map_err(VmError::Sched)?;
         }
         let mut vcpus = Vec::new();
         let mut shared = Vec::new();

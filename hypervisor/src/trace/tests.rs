@@ -116,8 +116,9 @@ fn synthetic_outlier_dumps_the_events_that_explain_it() {
     const HOG: VcpuId = VcpuId(0);
     const RT: VcpuId = VcpuId(1);
     let mut s = Scheduler::new(SchedConfig::xen_compat(1000), 1).unwrap();
-    s.add_vcpu(HOG, 256, None).unwrap();
-    s.add_vcpu(RT, 256, None).unwrap();
+    s.add_domain(0, Default::default()).unwrap();
+    s.add_vcpu(HOG, 0, None).unwrap();
+    s.add_vcpu(RT, 0, None).unwrap();
     let mut ring = Ring::new(RING_EVENTS);
     let trigger = Trigger::new(Some(150), MAX_DUMPS);
     let mut dumps = Vec::new();
