@@ -9,6 +9,7 @@
 //! - [`image`]: builds the guest kernel + initramfs (guest-images/build.sh)
 //! - [`firmware`]: TF-A from Debian's source package, cached; the DTB with the hypervisor's options
 //! - [`uefi`]: `--firmware uefi`: EDK2 as -bios, the ESP with the hypervisor as BOOTAA64.EFI
+//! - [`graviton`]: `--platform graviton`: the UEFI + ACPI boot on a Neoverse core with NVMe, on QEMU
 //! - [`qemu`]: composes the QEMU command line and runs it with a timeout
 //! - [`fvp`]: the FVP Base RevC command line and DTB (`run --platform fvp`)
 //! - [`shrinkwrap`]: the Shrinkwrap overlay fvp/hypervisor.yaml and its check
@@ -23,6 +24,7 @@ pub mod build;
 pub mod cli;
 pub mod firmware;
 pub mod fvp;
+pub mod graviton;
 pub mod hvload;
 pub mod image;
 pub mod lint;
