@@ -19,7 +19,6 @@
 
 pub mod its;
 
-use super::entry::MAX_CPUS;
 use super::sysreg::{
     self, ICC_BPR1_EL1, ICC_CTLR_EL1, ICC_DIR_EL1, ICC_EOIR1_EL1, ICC_IAR1_EL1, ICC_IGRPEN1_EL1, ICC_PMR_EL1,
     ICC_SGI1R_EL1,
@@ -90,9 +89,13 @@ unsafe impl Send for PhysGic {}
 static GIC: Mutex<Option<PhysGic>> = Mutex::new(None);
 
 /// RD_base of each pCPU's redistributor, found by [`init_cpu`]; 0 = none.
-#[allow(clippy::declare_interior_mutable_const)]
-const NO_RD: AtomicU64 = AtomicU64::new(0);
-static RD_BASE: [AtomicU64; MAX_CPUS] = [NO_RD; MAX_CPUS];
+/// [`init`] sizes it for the machine's pCPUs.
+static RD_BASE: spin::Once<alloc::boxed::Box<[AtomicU64]>> = spin::Once::new();
+
+/// pCPU `cpu`'s RD_base, 0 when unknown.
+pub(super) fn rd_base(cpu: usize) -> u64 {
+    RD_BASE.get().and_then(|r| r.get(cpu)).map_or(0, |r| r.load(Ordering::Acquire))
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GicSetupError {
@@ -116,6 +119,7 @@ pub unsafe fn init(gicd: u64, gicr: u64, cpus: usize) -> Result<(), GicSetupErro
     let mut gic =
         unsafe { GicV3::new(UniqueMmioPointer::new(d), r, cpus) }.map_err(|_| GicSetupError::Redistributor)?;
     gic.setup(0);
+    RD_BASE.call_once(|| (0..cpus).map(|_| AtomicU64::new(0)).collect());
     *GIC.lock() = Some(PhysGic { gic, gicd, gicr });
     Ok(())
 }
@@ -126,7 +130,7 @@ pub fn init_cpu(cpu: usize) {
     if let Some(g) = GIC.lock().as_mut() {
         g.gic.init_cpu(cpu);
         let rd = find_redistributor(g, sysreg::mpidr()).unwrap_or(0);
-        if let Some(slot) = RD_BASE.get(cpu) {
+        if let Some(slot) = RD_BASE.get().and_then(|r| r.get(cpu)) {
             slot.store(rd, Ordering::Release);
         }
     }
@@ -343,7 +347,7 @@ fn find_redistributor_frames(g: &PhysGic) -> alloc::vec::Vec<u64> {
 /// on pCPU `cpu`'s redistributor (GICR_ISACTIVER0 / GICR_ICACTIVER0). Call
 /// it on `cpu` itself.
 pub fn set_private_active(cpu: usize, intid: IntId, active: bool) {
-    let rd = RD_BASE.get(cpu).map_or(0, |r| r.load(Ordering::Acquire));
+    let rd = rd_base(cpu);
     if rd == 0 || !(intid.is_sgi() || intid.is_ppi()) {
         return;
     }
