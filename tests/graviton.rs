@@ -24,9 +24,11 @@ fn xtask_run(args: &[&str], cmd: &str) -> RunOptions {
 
 /// The issue's first acceptance line, with 2 pCPUs and 2 vCPUs. On the
 /// platform's QEMU virtio-blk for now (`--disk passthrough`): with the
-/// default NVMe disk, Dom0's boot stops after `clk: Disabling unused
-/// clocks` until the ACPI PCIe work (issue 12's NVMe part) lands; then
-/// drop the `--disk` here so the test runs the default.
+/// default NVMe disk, Linux puts the controller's 64-bit BAR in QEMU's high
+/// PCIe window, beyond Dom0's 39-bit IPA space, its probe gets an external
+/// abort and the boot stops after `clk: Disabling unused clocks`, until
+/// the ACPI PCIe work (issue 12's NVMe part) lands; then drop the `--disk`
+/// here so the test runs the default.
 #[test]
 fn graviton_platform_boots_dom0_with_acpi_at_el1() {
     let o = xtask_run(
