@@ -10,6 +10,12 @@
 //! are sized by the same count. Graviton4 has 192 CPUs; [`MAX_PCPUS`] is
 //! only a sanity bound on a machine description that lists absurdly many.
 //!
+//! One more bound: the physical GIC driver (arm-gic's `GicV3`) handles one
+//! contiguous redistributor region, and pCPU n uses its n-th frame. CPUs
+//! whose redistributors lie in a further region (QEMU virt puts CPUs 123
+//! and up in a second one) stay off, with a warning, rather than the
+//! driver walking off the end of the first region.
+//!
 //! The heap grows with the count ([`heap_size`]), so 192 pCPUs get their
 //! stacks and rings without starving the guest-facing allocations that the
 //! fixed 48 MiB was sized for.
@@ -40,9 +46,10 @@ pub const PER_PCPU_HEAP: u64 = 512 << 10;
 /// lists `described` CPUs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PcpuCount {
-    /// pCPUs brought up (at most [`MAX_PCPUS`]).
+    /// pCPUs brought up (at most [`MAX_PCPUS`], at most the first
+    /// redistributor region's frames).
     pub used: usize,
-    /// CPUs described beyond [`MAX_PCPUS`], left off.
+    /// CPUs described beyond those bounds, left off.
     pub ignored: usize,
 }
 
@@ -61,12 +68,14 @@ impl core::fmt::Display for PcpuError {
     }
 }
 
-/// The pCPU count for `described` CPUs: all of them up to [`MAX_PCPUS`].
-pub fn count(described: usize) -> Result<PcpuCount, PcpuError> {
+/// The pCPU count for `described` CPUs when the first redistributor region
+/// holds `redistributors` frames: all of them up to [`MAX_PCPUS`] and up to
+/// `redistributors` (the boot CPU always counts).
+pub fn count(described: usize, redistributors: usize) -> Result<PcpuCount, PcpuError> {
     if described == 0 {
         return Err(PcpuError::NoCpus);
     }
-    let used = described.min(MAX_PCPUS);
+    let used = described.min(MAX_PCPUS).min(redistributors.max(1));
     Ok(PcpuCount { used, ignored: described - used })
 }
 
@@ -83,13 +92,23 @@ mod tests {
 
     #[test]
     fn every_described_cpu_up_to_the_bound() {
-        assert_eq!(count(0), Err(PcpuError::NoCpus));
-        assert_eq!(count(1), Ok(PcpuCount { used: 1, ignored: 0 }));
+        assert_eq!(count(0, 8), Err(PcpuError::NoCpus));
+        assert_eq!(count(1, 1), Ok(PcpuCount { used: 1, ignored: 0 }));
         // More than the former fixed 8; Graviton4's 192.
-        assert_eq!(count(12), Ok(PcpuCount { used: 12, ignored: 0 }));
-        assert_eq!(count(192), Ok(PcpuCount { used: 192, ignored: 0 }));
-        assert_eq!(count(MAX_PCPUS), Ok(PcpuCount { used: MAX_PCPUS, ignored: 0 }));
-        assert_eq!(count(100_000), Ok(PcpuCount { used: MAX_PCPUS, ignored: 100_000 - MAX_PCPUS }));
+        assert_eq!(count(12, 12), Ok(PcpuCount { used: 12, ignored: 0 }));
+        assert_eq!(count(192, 192), Ok(PcpuCount { used: 192, ignored: 0 }));
+        assert_eq!(count(MAX_PCPUS, 1000), Ok(PcpuCount { used: MAX_PCPUS, ignored: 0 }));
+        assert_eq!(count(100_000, 100_000), Ok(PcpuCount { used: MAX_PCPUS, ignored: 100_000 - MAX_PCPUS }));
+    }
+
+    #[test]
+    fn cpus_beyond_the_first_redistributor_region_stay_off() {
+        // QEMU virt with 192 CPUs: 123 redistributors in the first region.
+        assert_eq!(count(192, 123), Ok(PcpuCount { used: 123, ignored: 69 }));
+        // A region that reads as empty still runs the boot CPU.
+        assert_eq!(count(4, 0), Ok(PcpuCount { used: 1, ignored: 3 }));
+        // More frames than CPUs: the CPUs decide.
+        assert_eq!(count(2, 123), Ok(PcpuCount { used: 2, ignored: 0 }));
     }
 
     #[test]

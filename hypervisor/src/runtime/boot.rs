@@ -163,18 +163,30 @@ pub(super) fn bring_up(plat: &Platform, cfg: &Config, plan: &Plan) -> usize {
     // hypervisor keeps (image, DTB, modules, reserved regions) and that is
     // identity-mapped normal memory; it is added once.
     unsafe { heap::add(plan.heap.base as usize, plan.heap.size as usize) };
-    let count = match pcpus::count(plat.cpus.len()) {
-        Ok(c) => c,
-        Err(e) => hv_fatal!("{e}"),
-    };
-    if count.ignored > 0 {
-        warn!("{} CPUs described; bringing up the first {} (pcpus::MAX_PCPUS)", plat.cpus.len(), count.used);
-    }
-    percpu::init(count.used);
 
     let Some(gicr) = plat.gic.gicr.first() else {
         hv_fatal!("no GIC redistributor region");
     };
+    // SAFETY: the redistributor region the firmware names, inside the
+    // platform's device windows (mapped as device memory).
+    let frames = unsafe { gic::redistributors_in(gicr.base, gicr.size) };
+    let count = match pcpus::count(plat.cpus.len(), frames) {
+        Ok(c) => c,
+        Err(e) => hv_fatal!("{e}"),
+    };
+    if count.ignored > 0 {
+        warn!(
+            "{} CPUs described, {} redistributors in the first GICR region ({} region(s)); bringing up {} \
+             (bound {})",
+            plat.cpus.len(),
+            frames,
+            plat.gic.gicr.len(),
+            count.used,
+            pcpus::MAX_PCPUS
+        );
+    }
+    percpu::init(count.used);
+
     // SAFETY: the GIC frames the firmware names, inside the platform's
     // device windows (mapped as device memory); from here only `gic`
     // touches them.

@@ -324,6 +324,32 @@ fn find_redistributor(g: &PhysGic, mpidr: u64) -> Option<u64> {
     None
 }
 
+/// How many redistributor frames the region at `base` of `size` bytes
+/// holds: the frames up to the one marked GICR_TYPER.Last, within the
+/// region, at most `crate::boot::pcpus::MAX_PCPUS`. Read before [`init`],
+/// which hands the region to the driver.
+///
+/// # Safety
+///
+/// `base..base + size` must be a redistributor region the firmware names,
+/// identity-mapped as device memory (only GICR_TYPER registers are read).
+pub unsafe fn redistributors_in(base: u64, size: u64) -> usize {
+    let end = base.saturating_add(size);
+    let (mut frame, mut n) = (base, 0);
+    while n < crate::boot::pcpus::MAX_PCPUS && frame.saturating_add(GICR_FRAME_V3) <= end {
+        // SAFETY: GICR_TYPER of a frame inside the region (the caller's
+        // contract), read-only and without side effects.
+        let raw = unsafe { core::ptr::read_volatile((frame + GICR_TYPER_OFF) as *const u64) };
+        let typer = LocalRegisterCopy::<u64, GICR_TYPER::Register>::new(raw);
+        n += 1;
+        if typer.is_set(GICR_TYPER::Last) {
+            break;
+        }
+        frame += if typer.is_set(GICR_TYPER::VLPIS) { GICR_FRAME_V4 } else { GICR_FRAME_V3 };
+    }
+    n
+}
+
 /// GICR_TYPER of every redistributor frame in the region, in order, up to
 /// the one marked Last.
 fn find_redistributor_frames(g: &PhysGic) -> alloc::vec::Vec<u64> {
