@@ -139,3 +139,22 @@ fn dom0_cap_parks_dom0_for_half_of_each_period() {
     // It was parked and unparked about once per period.
     assert!(stat(&r.console, 0, "schedule_ins").unwrap() as f64 >= uptime * 50.0);
 }
+
+/// More pCPUs than the former fixed limit of 8: the DT's 12 CPUs all come
+/// online (stacks, run blocks and per-pCPU state allocated at boot for
+/// that many; `hypervisor::boot::pcpus`), and the guest runs on them.
+#[test]
+fn twelve_pcpus_come_online_on_the_dt_path() {
+    let r = run_cmd("nproc", |o| {
+        o.pcpus = 12;
+        o.vcpus = 2;
+    });
+    assert_console(&r, "(HV) INFO  12 CPUs, RAM ");
+    for cpu in 1..12 {
+        assert_console(&r, &format!("(HV) INFO  pCPU{cpu} online (MPIDR "));
+    }
+    assert_console(&r, "(HV) INFO  12 pCPU(s) online");
+    assert_console(&r, "dom0: 2 vCPU(s) on 12 pCPU(s)");
+    assert!(r.console.lines().any(|l| l.trim() == "2"), "nproc did not print 2:\n{}", tail(&r.console, 40));
+    assert_eq!(r.guest_exit, Some(0));
+}

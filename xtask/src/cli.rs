@@ -55,13 +55,18 @@ pub enum PlatformKind {
     /// Arm FVP Base RevC (FVP_Base_RevC-2xAEMvA, with TF-A)
     #[value(name = "fvp-base-revc", alias = "fvp")]
     FvpBaseRevc,
+    /// AWS Graviton's boot path on QEMU: EDK2 + ACPI, Neoverse N1, GICv3 + ITS, NVMe (runs here)
+    #[value(name = "graviton")]
+    Graviton,
 }
 
 impl PlatformKind {
-    /// The directory under `platforms/` (`HV_PLATFORM`).
+    /// The platform descriptor under `platforms/` the EL2 image is built
+    /// with (`HV_PLATFORM`). Graviton on QEMU runs the qemu-virt image (see
+    /// [`crate::graviton`]).
     pub fn dir(self) -> &'static str {
         match self {
-            PlatformKind::QemuVirt => "qemu-virt",
+            PlatformKind::QemuVirt | PlatformKind::Graviton => "qemu-virt",
             PlatformKind::FvpBaseRevc => "fvp-base-revc",
         }
     }
@@ -135,9 +140,9 @@ pub struct RunArgs {
     /// Guest RAM, e.g. 768M or 2G (a bare number is MiB; at least 128M)
     #[arg(long = "mem", value_name = "SIZE", default_value = "1G", value_parser = parse_mem)]
     pub mem_mb: u64,
-    /// QEMU CPU model
-    #[arg(long, value_name = "MODEL", default_value = "max,pauth-impdef=on")]
-    pub cpu: String,
+    /// QEMU CPU model [default: max,pauth-impdef=on; neoverse-n1 with --platform graviton]
+    #[arg(long, value_name = "MODEL")]
+    pub cpu: Option<String>,
     /// Extra hypervisor boot arguments (e.g. "loglvl=debug sched_ratelimit_us=0")
     #[arg(long, value_name = "ARGS", default_value = "", hide_default_value = true, allow_hyphen_values = true)]
     pub hv_args: String,
@@ -168,7 +173,7 @@ pub struct RunArgs {
     /// Deterministic guest time (-icount shift=0,sleep=on)
     #[arg(long)]
     pub icount: bool,
-    /// The guest's disk [default: QEMU's devices passed through, no disk image]
+    /// The guest's disk [default: QEMU's devices passed through, no disk image; nvme with --platform graviton]
     #[arg(long, value_name = "KIND")]
     pub disk: Option<DiskKind>,
     /// Service time of every RAM-disk request, exact on the EL2 timer (guest virtual time under --icount); only with --disk ram
@@ -177,7 +182,7 @@ pub struct RunArgs {
     /// Boot through firmware: tf-a = TF-A at EL3 (built once from Debian's source package), the hypervisor as BL33
     #[arg(long, value_name = "FW")]
     pub firmware: Option<crate::firmware::Firmware>,
-    /// Where to run: QEMU virt, or Arm's FVP Base RevC (`fvp`; needs the FVP and a TF-A build)
+    /// Where to run: QEMU virt, Arm's FVP Base RevC (`fvp`; needs the FVP and a TF-A build), or Graviton's UEFI + ACPI boot on QEMU (`graviton`)
     #[arg(long, value_name = "PLATFORM", default_value = "qemu-virt")]
     pub platform: PlatformKind,
     /// Print the simulator's command line instead of running it (--platform fvp)
@@ -244,10 +249,16 @@ impl RunArgs {
     pub fn check(&self) -> Result<(), String> {
         let hv_boot = HvBoot { addr: self.hv_addr, entry: self.hv_entry };
         hv_boot.check()?;
-        if hv_boot != HvBoot::default() && (self.firmware.is_some() || self.platform == PlatformKind::FvpBaseRevc) {
-            return Err(
-                "--hv-addr and --hv-entry are for QEMU's direct boot (TF-A and FVP load the hypervisor as BL33)".into(),
-            );
+        let graviton = self.platform == PlatformKind::Graviton;
+        if graviton && self.firmware == Some(crate::firmware::Firmware::TfA) {
+            return Err("--platform graviton boots through UEFI (--firmware uefi is implied)".into());
+        }
+        if hv_boot != HvBoot::default()
+            && (self.firmware.is_some() || graviton || self.platform == PlatformKind::FvpBaseRevc)
+        {
+            return Err("--hv-addr and --hv-entry are for QEMU's direct boot (TF-A and FVP load the hypervisor as \
+                        BL33, EDK2 as an EFI application)"
+                .into());
         }
         if self.disk_latency_us.is_some() && self.disk != Some(DiskKind::Ram) {
             return Err("--disk-latency-us goes with --disk ram".into());
@@ -280,14 +291,17 @@ impl RunArgs {
     /// The runner's options. `scratch_disk` makes the QEMU disk image that
     /// `--disk passthrough|backend|virtio-pci|nvme` attach (the caller passes
     /// [`crate::qemu::scratch_disk`]).
+    /// `--platform graviton` adds the platform's firmware, CPU model and
+    /// default disk ([`crate::graviton`]).
     pub fn run_options(&self, scratch_disk: impl FnOnce() -> std::io::Result<PathBuf>) -> Result<RunOptions, String> {
         self.check()?;
+        let graviton = self.platform == PlatformKind::Graviton;
         let mut o = RunOptions {
             gic: self.gic,
             pcpus: self.pcpus.max(1),
             vcpus: self.vcpus.max(1),
             mem_mb: self.mem_mb,
-            cpu: self.cpu.clone(),
+            cpu: self.cpu.clone().unwrap_or_else(|| crate::qemu::DEFAULT_CPU.into()),
             hv_args: self.hv_args.clone(),
             timeout: Duration::from_secs(self.timeout),
             cmd: self.cmd.clone(),
@@ -307,7 +321,10 @@ impl RunArgs {
             }),
             ..Default::default()
         };
-        if let Some(d) = self.disk {
+        if graviton {
+            crate::graviton::apply(&mut o, self.cpu.is_some());
+        }
+        if let Some(d) = self.disk.or(graviton.then_some(crate::graviton::DEFAULT_DISK)) {
             let mut args = format!("dom0_disk={}", d.as_str());
             if d == DiskKind::Ram {
                 args.push_str(&format!(" dom0_disk_latency_us={}", self.disk_latency_us.unwrap_or(0)));
@@ -448,6 +465,9 @@ pub struct BenchWakeupArgs {
     /// Extra hypervisor boot arguments for every case (e.g. sched_lhp_grace_us=20)
     #[arg(long, value_name = "ARGS", allow_hyphen_values = true)]
     pub hv_args: Option<String>,
+    /// Where to run: QEMU virt, or graviton (EDK2 + ACPI, Neoverse N1): the quick matrix on --disk, default nvme
+    #[arg(long, value_name = "PLATFORM", default_value = "qemu-virt", conflicts_with = "full")]
+    pub platform: PlatformKind,
 }
 
 impl BenchWakeupArgs {

@@ -15,7 +15,7 @@
 //! the interrupt is handled.
 
 use super::console;
-use super::percpu::{self, now_ns, PCPUS, SGI_KICK};
+use super::percpu::{self, now_ns, pcpu, SGI_KICK};
 use super::vm::{inc, Vcpu, Vm, SPSR_EL1H_MASKED};
 use crate::arch::exception::{run_guest, ExitKind, GuestRegs};
 use crate::arch::{context, el2, gic, smc, sysreg};
@@ -86,7 +86,7 @@ pub fn pcpu_loop(vm: &'static Vm, me: usize) -> ! {
     enable_irqs(vm, me);
     let mut deadline: Option<u64>;
     loop {
-        PCPUS[me].resched.store(false, Ordering::Relaxed);
+        pcpu(me).resched.store(false, Ordering::Relaxed);
         let now = now_ns();
         let d = vm.sched.lock().schedule(now, me);
         let d = match d {
@@ -108,7 +108,7 @@ pub fn pcpu_loop(vm: &'static Vm, me: usize) -> ! {
             Some(VcpuId(v)) => run_vcpu(vm, me, v as usize, &mut deadline),
             None => {
                 arm_timer(vm, me, &mut deadline);
-                if !PCPUS[me].resched.load(Ordering::Acquire) {
+                if !pcpu(me).resched.load(Ordering::Acquire) {
                     sysreg::wfi();
                 }
                 handle_irqs(vm, me, None, &mut deadline);
@@ -120,7 +120,7 @@ pub fn pcpu_loop(vm: &'static Vm, me: usize) -> ! {
 /// Programs CNTHP for the earliest of the scheduler deadline and the virtual
 /// timers of vCPUs saved on this pCPU.
 fn arm_timer(vm: &Vm, me: usize, deadline: &mut Option<u64>) {
-    let req = PCPUS[me].rearm_at.swap(u64::MAX, Ordering::AcqRel);
+    let req = pcpu(me).rearm_at.swap(u64::MAX, Ordering::AcqRel);
     if req != u64::MAX {
         *deadline = Some(deadline.map_or(req, |d| d.min(req)));
     }
@@ -190,7 +190,7 @@ fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Option<u64>) {
     let mut guard = vm.vcpus[id].lock();
     let v: &mut Vcpu = &mut guard;
     vm.shared[id].running_on.store(me, Ordering::Release);
-    PCPUS[me].running.store(id, Ordering::Release);
+    pcpu(me).running.store(id, Ordering::Release);
     load_vcpu(vm, me, v);
     follow_routes(vm, me, id);
     let n = vm.nr_lrs;
@@ -246,7 +246,7 @@ fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Option<u64>) {
                 Next::Enter
             }
         };
-        if next == Next::Schedule || PCPUS[me].resched.load(Ordering::Acquire) {
+        if next == Next::Schedule || pcpu(me).resched.load(Ordering::Acquire) {
             break;
         }
         if let Some(d) = *deadline {
@@ -256,7 +256,7 @@ fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Option<u64>) {
         }
     }
     save_vcpu(vm, me, v);
-    PCPUS[me].running.store(usize::MAX, Ordering::Release);
+    pcpu(me).running.store(usize::MAX, Ordering::Release);
     vm.shared[id].running_on.store(usize::MAX, Ordering::Release);
 }
 
@@ -275,7 +275,7 @@ fn follow_routes(vm: &Vm, me: usize, id: usize) {
             && vgic.spi_enabled(intid)
             && vm.forwarded_pcpu[i].swap(me, Ordering::AcqRel) != me
         {
-            gic::route_spi(intid, PCPUS[me].mpidr.load(Ordering::Relaxed));
+            gic::route_spi(intid, pcpu(me).mpidr.load(Ordering::Relaxed));
         }
     }
 }
@@ -387,7 +387,7 @@ fn handle_irqs(vm: &Vm, me: usize, cur: Option<usize>, deadline: &mut Option<u64
             Some(Route::GuestLpi { devid, eventid }) => super::its::guest_lpi(vm, me, id, devid, eventid),
             Some(Route::Doorbell { vcpu }) => super::vlpi::doorbell(vm, me, id, vcpu),
             // SGI_KICK, maintenance: the exit itself was the point; requests
-            // are in PCPUS[me], list registers are refilled at entry.
+            // are in pcpu(me), list registers are refilled at entry.
             // Unrouted: the default.
             Some(Route::Kick) | None => eoi_deactivate(id),
         }
@@ -498,7 +498,7 @@ fn timer_expired(vm: &Vm, me: usize, deadline: &mut Option<u64>) {
     }
     if deadline.is_some_and(|d| d <= now) {
         *deadline = None;
-        PCPUS[me].resched.store(true, Ordering::Release);
+        pcpu(me).resched.store(true, Ordering::Release);
     }
 }
 
