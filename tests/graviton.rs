@@ -22,27 +22,26 @@ fn xtask_run(args: &[&str], cmd: &str) -> RunOptions {
     o
 }
 
-/// The issue's first acceptance line, with 2 pCPUs and 2 vCPUs. On the
-/// platform's QEMU virtio-blk for now (`--disk passthrough`): with the
-/// default NVMe disk, Linux puts the controller's 64-bit BAR in QEMU's high
-/// PCIe window, beyond Dom0's 39-bit IPA space, its probe gets an external
-/// abort and the boot stops after `clk: Disabling unused clocks`, until
-/// the ACPI PCIe work (issue 12's NVMe part) lands; then drop the `--disk`
-/// here so the test runs the default.
+/// The issue's first two acceptance lines, with 2 pCPUs and 2 vCPUs, on
+/// the platform's default disk (NVMe): the ACPI tables, EL1, the command
+/// line, and fio with crc32c verification (libaio, iodepth 8) on
+/// `/dev/nvme0n1` with the NVMe queues' MSIs in `/proc/interrupts`.
 #[test]
 fn graviton_platform_boots_dom0_with_acpi_at_el1() {
     let o = xtask_run(
-        &["--platform", "graviton", "--pcpus", "2", "--vcpus", "2", "--disk", "passthrough"],
-        r#"ls /sys/firmware/acpi/tables; dmesg | grep "started at EL"; cat /proc/cmdline; grep -m1 "CPU part" /proc/cpuinfo"#,
+        &["--platform", "graviton", "--pcpus", "2", "--vcpus", "2"],
+        concat!(
+            r#"ls /sys/firmware/acpi/tables; dmesg | grep "started at EL"; cat /proc/cmdline; "#,
+            r#"grep -m1 "CPU part" /proc/cpuinfo; "#,
+            "fio --name=v --filename=/dev/nvme0n1 --rw=randwrite --bs=4k --size=8M --ioengine=libaio --iodepth=8 ",
+            "--direct=1 --verify=crc32c --do_verify=1 | grep -E 'err=|verify'; grep nvme /proc/interrupts"
+        ),
     );
     let r = run(&o);
     // EDK2 started the hypervisor as an EFI application at EL2, with the
     // disk in its options.
     assert_console(&r, "hypervisor 0.1.0: EFI application at ");
-    assert_console(
-        &r,
-        r#"(HV) INFO  EFI config [dom0]: options "dom0_mem=1024M dom0_max_vcpus=2 dom0_disk=passthrough""#,
-    );
+    assert_console(&r, r#"(HV) INFO  EFI config [dom0]: options "dom0_mem=1024M dom0_max_vcpus=2 dom0_disk=nvme""#);
     assert_console(&r, "(HV) INFO  ACPI machine: 2 CPUs, GICv3 GICD 0x8000000 GICR 0x80a0000, ITS 0x8080000");
     assert_console(&r, "(HV) INFO  2 pCPU(s) online");
     // Dom0 sees the MADT (APIC), FADT (FACP) and GTDT, runs at EL1, booted
@@ -59,6 +58,20 @@ fn graviton_platform_boots_dom0_with_acpi_at_el1() {
     assert_console(&r, "CPU: All CPU(s) started at EL1");
     assert_console(&r, "efi=noruntime acpi=force");
     assert!(r.console.lines().any(|l| l.starts_with("CPU part") && l.ends_with("0xd0c")), "{}", tail(&r.console, 30));
+    // fio wrote and read back 8 MiB with checksums, without an error, and
+    // the NVMe queues' MSI-X interrupts arrived through the vITS.
+    assert!(r.console.lines().any(|l| l.contains(": pid=") && l.contains("err= 0")), "{}", tail(&r.console, 30));
+    assert!(!r.console.contains("verify: bad"), "{}", tail(&r.console, 30));
+    let nvme_irqs: u64 = r
+        .console
+        .lines()
+        .filter(|l| l.contains("ITS-MSI") && l.contains("nvme0q"))
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            Some(f.get(1)?.parse::<u64>().ok()? + f.get(2)?.parse::<u64>().ok()?)
+        })
+        .sum();
+    assert!(nvme_irqs >= 1000, "NVMe queue interrupts: {nvme_irqs}\n{}", tail(&r.console, 30));
     assert_eq!(r.guest_exit, Some(0), "{}", tail(&r.console, 30));
     assert_eq!(r.hv_fatal, None, "{}", tail(&r.console, 30));
 }
