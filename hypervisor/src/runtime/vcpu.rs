@@ -227,7 +227,7 @@ fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Option<u64>) {
             ExitKind::Irq | ExitKind::Fiq => {
                 rec(vm, me, Event::Exit { vcpu: id as u16, class: ExitClass::Irq });
                 if CritEvidence::from_spsr(v.regs.spsr) == CritEvidence::IrqsMasked {
-                    rec(vm, me, Event::IrqsOff { vcpu: id as u16 });
+                    rec(vm, me, Event::IrqsOff { vcpu: id as u16, pc: v.regs.elr });
                 }
                 inc(&vm.shared[id].counters.irq_exits);
                 if handle_irqs(vm, me, Some(id), deadline) {
