@@ -129,6 +129,7 @@ trap_counters!(
     debug_emulated,
     wfi_traps,
     wfe_traps,
+    spin_yields,
     irqs_injected,
     lpis_injected,
     kicks,
