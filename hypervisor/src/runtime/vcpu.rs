@@ -180,8 +180,9 @@ fn save_vcpu(vm: &Vm, me: usize, v: &mut Vcpu) {
         el2::set_hcr(VirtualSError::on_switch_out(el2::hcr()));
     }
     gic::set_private_active(me, vm.virt_timer_intid, false);
-    let deadline = crate::time::vtimer_deadline_ns(v.el1.cntv_ctl, v.el1.cntv_cval, percpu::cntfrq());
-    let deadline = crate::config::apply_slop(deadline, vm.timer_slop_ns);
+    let busy = vm.vgic.lock().is_pending_or_active(v.id, vm.virt_timer_intid);
+    let (ctl, cval) = (v.el1.cntv_ctl, v.el1.cntv_cval);
+    let deadline = crate::time::saved_vtimer_deadline_ns(ctl, cval, percpu::cntfrq(), vm.timer_slop_ns, busy);
     vm.shared[v.id].vtimer_home.store(me, Ordering::Relaxed);
     vm.shared[v.id].vtimer_deadline.store(deadline, Ordering::Release);
 }
