@@ -26,6 +26,7 @@ use crate::irq::Route;
 use crate::mmio_bus::Device;
 use crate::psci::{self, Call};
 use crate::regs::ISS_ABORT;
+use crate::sched::spin::{self, SpinDetector};
 use crate::sched::{CritEvidence, RunState, VcpuId, WakeAction, WakeCause};
 use crate::stage2::{MemType, Stage2Error};
 use crate::trace::{DumpReason, Event, ExitClass};
@@ -107,7 +108,7 @@ pub fn pcpu_loop(vm: &'static Vm, me: usize) -> ! {
         match d.next {
             Some(VcpuId(v)) => run_vcpu(vm, me, v as usize, &mut deadline),
             None => {
-                arm_timer(vm, me, &mut deadline);
+                arm_timer(vm, me, &mut deadline, None);
                 if !pcpu(me).resched.load(Ordering::Acquire) {
                     sysreg::wfi();
                 }
@@ -117,14 +118,15 @@ pub fn pcpu_loop(vm: &'static Vm, me: usize) -> ! {
     }
 }
 
-/// Programs CNTHP for the earliest of the scheduler deadline and the virtual
-/// timers of vCPUs saved on this pCPU.
-fn arm_timer(vm: &Vm, me: usize, deadline: &mut Option<u64>) {
+/// Programs CNTHP for the earliest of the scheduler deadline, the virtual
+/// timers of vCPUs saved on this pCPU and `sample` (the next spin sample of
+/// the running vCPU, see `sched::spin`).
+fn arm_timer(vm: &Vm, me: usize, deadline: &mut Option<u64>, sample: Option<u64>) {
     let req = pcpu(me).rearm_at.swap(u64::MAX, Ordering::AcqRel);
     if req != u64::MAX {
         *deadline = Some(deadline.map_or(req, |d| d.min(req)));
     }
-    let mut at = deadline.unwrap_or(u64::MAX);
+    let mut at = deadline.unwrap_or(u64::MAX).min(sample.unwrap_or(u64::MAX));
     if let Some(disk) = &vm.disk {
         if disk.home.load(Ordering::Acquire) == me {
             at = at.min(disk.deadline.load(Ordering::Acquire));
@@ -180,8 +182,9 @@ fn save_vcpu(vm: &Vm, me: usize, v: &mut Vcpu) {
         el2::set_hcr(VirtualSError::on_switch_out(el2::hcr()));
     }
     gic::set_private_active(me, vm.virt_timer_intid, false);
-    let deadline = crate::time::vtimer_deadline_ns(v.el1.cntv_ctl, v.el1.cntv_cval, percpu::cntfrq());
-    let deadline = crate::config::apply_slop(deadline, vm.timer_slop_ns);
+    let busy = vm.vgic.lock().is_pending_or_active(v.id, vm.virt_timer_intid);
+    let (ctl, cval) = (v.el1.cntv_ctl, v.el1.cntv_cval);
+    let deadline = crate::time::saved_vtimer_deadline_ns(ctl, cval, percpu::cntfrq(), vm.timer_slop_ns, busy);
     vm.shared[v.id].vtimer_home.store(me, Ordering::Relaxed);
     vm.shared[v.id].vtimer_deadline.store(deadline, Ordering::Release);
 }
@@ -194,8 +197,12 @@ fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Option<u64>) {
     load_vcpu(vm, me, v);
     follow_routes(vm, me, id);
     let n = vm.nr_lrs;
+    // Sampled for spinning while a sibling is preempted (`sched::spin`).
+    let mut spin = SpinDetector::new();
+    let mut watch = has_preempted_sibling(vm, id);
     loop {
-        arm_timer(vm, me, deadline);
+        let sample = watch.then(|| now_ns().saturating_add(spin::SAMPLE_NS));
+        arm_timer(vm, me, deadline, sample);
         let fr = vm.vgic.lock().flush_lrs(id, &mut v.lrs[..n]);
         vm.shared[id].counters.irqs_injected.fetch_add(fr.filled as u64, Ordering::Relaxed);
         for i in 0..n {
@@ -225,17 +232,28 @@ fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Option<u64>) {
             do_wake_action(me, a.unwrap_or(WakeAction::None));
         }
         let next = match kind {
-            ExitKind::Sync => handle_sync(vm, me, v),
+            ExitKind::Sync => {
+                spin.reset();
+                handle_sync(vm, me, v)
+            }
             ExitKind::Irq | ExitKind::Fiq => {
                 rec(vm, me, Event::Exit { vcpu: id as u16, class: ExitClass::Irq });
-                if CritEvidence::from_spsr(v.regs.spsr) == CritEvidence::IrqsMasked {
-                    rec(vm, me, Event::IrqsOff { vcpu: id as u16 });
+                let evidence = CritEvidence::from_spsr(v.regs.spsr);
+                if evidence == CritEvidence::IrqsMasked {
+                    rec(vm, me, Event::IrqsOff { vcpu: id as u16, pc: v.regs.elr });
                 }
                 inc(&vm.shared[id].counters.irq_exits);
                 if handle_irqs(vm, me, Some(id), deadline) {
                     inc(&vm.shared[id].counters.irq_exits_msi);
                 }
-                Next::Enter
+                watch = has_preempted_sibling(vm, id);
+                if watch && spin.sample(now_ns(), v.regs.elr, evidence) {
+                    // A lock or flag wait whose WFE did not trap: as on WFE.
+                    inc(&vm.shared[id].counters.spin_yields);
+                    yield_cpu(vm, me, id)
+                } else {
+                    Next::Enter
+                }
             }
             ExitKind::SError => {
                 rec(vm, me, Event::Exit { vcpu: id as u16, class: ExitClass::SError });
@@ -647,6 +665,16 @@ fn block(vm: &Vm, me: usize, v: &mut Vcpu, limit: u64) -> Next {
             Next::Enter
         }
     }
+}
+
+/// Whether vCPUs outnumber pCPUs and a vCPU other than `id` is runnable but
+/// was descheduled involuntarily (a lock holder `id` may be waiting for).
+fn has_preempted_sibling(vm: &Vm, id: usize) -> bool {
+    if !vm.overcommitted {
+        return false;
+    }
+    let s = vm.sched.lock();
+    (0..vm.shared.len()).any(|k| k != id && s.is_preempted(VcpuId(k as u32)))
 }
 
 /// WFE while vCPUs outnumber pCPUs: the vCPU probably spins on a lock whose

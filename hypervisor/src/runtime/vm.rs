@@ -130,6 +130,7 @@ trap_counters!(
     debug_emulated,
     wfi_traps,
     wfe_traps,
+    spin_yields,
     irqs_injected,
     lpis_injected,
     kicks,

@@ -110,6 +110,8 @@
 //!   yields, directed at a preempted sibling (see [`Scheduler::is_preempted`])
 //!   which is then run next on this pCPU if its affinity allows, for a
 //!   grace-long "loan" after which the ratelimit does not hold the yielder off.
+//!   Where WFE does not trap (QEMU's TCG), [`spin::SpinDetector`] finds the
+//!   spinner by sampling its PC instead, and the run loop yields it the same way.
 //!
 //! # Preemption-rate bound
 //! A vCPU that was descheduled by a wake-preemption gets a protected run of
@@ -140,6 +142,7 @@
 
 pub mod domain;
 pub mod sim;
+pub mod spin;
 #[cfg(test)]
 mod tests;
 

@@ -1,5 +1,8 @@
 //! The runner of `cargo xtask bench wakeup`: boots one QEMU per case and
 //! repeat, collects fio's and the hypervisor's figures, writes the report.
+//! Each repeat's console is kept (`<case>-r<N>.console.txt`), and its
+//! flight-recorder dumps (`--hv-args sched_trace_threshold_us=N`) are
+//! rendered as timelines, worst first (`<case>-r<N>.trace.txt`).
 
 use super::{disk_matrix, matrix, parse_console, quick_matrix_on, run_options, write_report, Case, CaseResult, Disk};
 use super::{platform_out_dir, Progress};
@@ -42,7 +45,11 @@ pub fn wakeup(args: &BenchWakeupArgs) -> Result<()> {
             if let Some(extra) = &args.hv_args {
                 o.hv_args = format!("{} {extra}", o.hv_args);
             }
-            match crate::qemu::run(&o) {
+            let run = crate::qemu::run(&o);
+            if let Ok(run) = &run {
+                keep_console(case, rep, &run.console);
+            }
+            match run {
                 Ok(run) if run.timed_out => r.errors.push(format!("repeat {rep}: QEMU timed out")),
                 Ok(run) => match parse_console(&run.console) {
                     Ok(s) => {
@@ -77,4 +84,21 @@ pub fn wakeup(args: &BenchWakeupArgs) -> Result<()> {
     println!("{report}");
     eprintln!("wrote {}, {}, {}", files.report_md.display(), files.results_json.display(), files.latency_svg.display());
     Ok(())
+}
+
+/// Writes a repeat's console and its rendered dumps next to the report
+/// (best effort: a failure is reported, the benchmark goes on).
+fn keep_console(case: &Case, rep: u32, console: &str) {
+    let dir = super::out_dir();
+    let name = format!("{}-r{}", super::timer::slug(&case.label()), rep + 1);
+    let mut out =
+        std::fs::create_dir_all(&dir).and_then(|_| std::fs::write(dir.join(format!("{name}.console.txt")), console));
+    match super::timer::render_dumps(console) {
+        Ok(Some(t)) => out = out.and_then(|_| std::fs::write(dir.join(format!("{name}.trace.txt")), t)),
+        Ok(None) => {}
+        Err(e) => eprintln!("  flight-recorder dumps: {e}"),
+    }
+    if let Err(e) = out {
+        eprintln!("  keeping the console of {name}: {e}");
+    }
 }
