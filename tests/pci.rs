@@ -73,7 +73,7 @@ fn assert_fio_ok(r: &RunResult, found: &str) {
     assert_eq!(r.guest_exit, Some(0));
     // Terse v3: version;fio version;job;group;error.
     assert_console(r, "terse=3;fio-3.33;v;0;0");
-    assert_console(r, "dom0 PCIe: /pcie@10000000 ECAM 0x4010000000+0x10000000, 2 window(s) mapped");
+    assert_console(r, "dom0 PCIe: /pcie@10000000 ECAM 0x4010000000+0x10000000, 3 window(s) mapped");
 }
 
 /// MSIs through the vITS: the device's interrupts are `ITS-MSI` in the

@@ -55,6 +55,9 @@ pub struct Config {
     pub loglvl: log::LevelFilter,
     /// Scheduler weight of the guest's vCPUs (`dom0_weight=`, Credit2 default 256).
     pub dom0_weight: u32,
+    /// Credit2 cap of the guest in percent of one pCPU (`dom0_cap=`, 1 to
+    /// 100 per pCPU, checked by the scheduler; default uncapped).
+    pub dom0_cap: Option<u32>,
     /// Pin vCPU i to pCPU i mod N (`dom0_vcpus_pin`).
     pub dom0_vcpus_pin: bool,
     /// The guest's disk (`dom0_disk=`).
@@ -109,6 +112,7 @@ impl Default for Config {
             dom0_max_vcpus: None,
             loglvl: log::LevelFilter::Info,
             dom0_weight: 256,
+            dom0_cap: None,
             dom0_vcpus_pin: false,
             disk: DiskMode::Passthrough,
             disk_size: 128 << 20,
@@ -178,6 +182,7 @@ impl Config {
                 "dom0_weight" => {
                     c.dom0_weight = v.parse().ok().filter(|&w: &u32| (1..=65535).contains(&w)).ok_or_else(bad)?
                 }
+                "dom0_cap" => c.dom0_cap = Some(v.parse().ok().filter(|&n: &u32| n >= 1).ok_or_else(bad)?),
                 "dom0_vcpus_pin" => c.dom0_vcpus_pin = matches!(v, "" | "1" | "true" | "on"),
                 "dom0_disk" => {
                     c.disk = match v {
@@ -268,6 +273,9 @@ mod tests {
         let p = Config::parse("dom0_vcpus_pin dom0_weight=512").unwrap();
         assert!(p.dom0_vcpus_pin);
         assert_eq!(p.dom0_weight, 512);
+        assert_eq!(p.dom0_cap, None);
+        assert_eq!(Config::parse("dom0_cap=50").unwrap().dom0_cap, Some(50));
+        assert!(Config::parse("dom0_cap=0").is_err() && Config::parse("dom0_cap=x").is_err());
         assert!(Config::parse("loglvl=loud").is_err());
         assert_eq!(Config::parse("").unwrap(), Config::default());
         let d = Config::parse("dom0_disk=ram dom0_disk_latency_us=200 dom0_disk_size=64M").unwrap();

@@ -186,6 +186,13 @@ fn decode_wfx(iss: u32) -> Exit {
     Exit::Wfx { wfe: ti & 1 == 1, timeout }
 }
 
+/// A data abort's ISS says a stage-2 translation fault (DFSC 0b0001LL, any
+/// level) on the access itself, not on a stage-1 table walk (S1PTW): the
+/// IPA has no mapping, so one may be added (on-demand device memory).
+pub const fn is_translation_fault(iss: u32) -> bool {
+    iss & 0x3c == 0x04 && iss & (1 << 7) == 0
+}
+
 fn decode_dabt(iss: u32, far: u64, hpfar: u64) -> Exit {
     let ipa = fault_ipa(hpfar, far);
     let isv = iss & (1 << 24) != 0;
@@ -324,6 +331,19 @@ mod tests {
     fn no_isv_is_not_guessed() {
         let iss = 0x07 | (1 << 6);
         assert!(matches!(decode(esr(ec::DABT_LOWER, true, iss), 0, 0), Exit::DataAbort { .. }));
+    }
+
+    #[test]
+    fn translation_faults_only_on_the_access_itself() {
+        for level in 0..4 {
+            assert!(is_translation_fault(0x04 | level), "level {level}");
+            assert!(is_translation_fault((1 << 24) | (1 << 6) | 0x04 | level), "with ISV and WnR");
+            assert!(!is_translation_fault((1 << 7) | 0x04 | level), "S1PTW");
+            assert!(!is_translation_fault(0x08 | level), "access flag");
+            assert!(!is_translation_fault(0x0c | level), "permission");
+        }
+        assert!(!is_translation_fault(0x10), "synchronous external abort");
+        assert!(!is_translation_fault(0x21), "alignment");
     }
 
     #[test]

@@ -230,6 +230,18 @@ impl IrqRoutes {
     }
 }
 
+/// The SPIs an ACPI Dom0 gets as forwarded HW interrupts (Xen's
+/// `acpi_route_spis`): every SPI of a distributor with `nr_spis` of them
+/// (INTIDs 32 up, below the special range) except those in `keep`, the
+/// hypervisor's own. The DSDT tells Dom0 which device uses which; the
+/// hypervisor does not read it.
+pub fn acpi_dom0_spis(nr_spis: u32, keep: &[IntId]) -> alloc::vec::Vec<IntId> {
+    (32..32u32.saturating_add(nr_spis).min(IntId::SPECIAL_FIRST.raw()))
+        .filter_map(|raw| IntId::try_from(raw).ok())
+        .filter(|i| !keep.contains(i))
+        .collect()
+}
+
 /// The physical interrupts a VM's run loop takes, as `runtime::vm` knows them.
 pub struct HostIrqs<'a> {
     pub virt_timer: IntId,
@@ -287,6 +299,23 @@ mod tests {
 
     fn id(v: u32) -> IntId {
         IntId::try_from(v).unwrap()
+    }
+
+    #[test]
+    fn an_acpi_dom0_gets_every_spi_but_the_hypervisors() {
+        // QEMU virt: 224 SPIs, the hypervisor's PL011 on INTID 33.
+        let spis = acpi_dom0_spis(224, &[id(33)]);
+        assert_eq!(spis.len(), 223);
+        assert_eq!((spis[0], spis[1], spis[222]), (id(32), id(34), id(255)));
+        // A full distributor stops below the special INTIDs; private
+        // INTIDs in `keep` change nothing.
+        let spis = acpi_dom0_spis(988, &[id(27), id(26)]);
+        assert_eq!((spis.len(), spis.last()), (988, Some(&id(1019))));
+        assert_eq!(acpi_dom0_spis(u32::MAX, &[]).len(), 988);
+        assert!(acpi_dom0_spis(0, &[]).is_empty());
+        // The result routes without a clash next to the hypervisor's own.
+        let spis = acpi_dom0_spis(224, &[IntId::spi(1).unwrap()]);
+        assert!(IrqRoutes::build(&host(&spis), 4).is_ok());
     }
 
     fn host(forwarded: &[IntId]) -> HostIrqs<'_> {

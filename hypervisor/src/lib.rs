@@ -17,6 +17,7 @@
 //! - `its`: the ITS register layouts and command format (physical driver and vITS)
 //! - `irq`: the physical IRQ route table (INTID → what the hypervisor does)
 //! - `mmio_bus`: a VM's emulated MMIO ranges (guest-physical range → device)
+//! - `iomem`: which unmapped addresses an ACPI Dom0 gets mapped on demand
 //! - `vgic`: the virtual GICv3 register model and list registers
 //! - `virtio`: the hypervisor's virtio-blk device and its RAM backend
 //! - `vpl011`: the emulated PL011
@@ -49,6 +50,7 @@ pub mod esr;
 pub mod firmware;
 pub mod idregs;
 pub mod intid;
+pub mod iomem;
 pub mod irq;
 pub mod its;
 pub mod mmio_bus;

@@ -1,8 +1,25 @@
 //! Stage-2 translation tables (IPA -> PA) for one VM.
 //!
-//! 4 KiB granule, 39-bit IPA space, walk starting at level 1 (VTCR_EL2.T0SZ=25,
-//! SL0=1), so the root is a single 4 KiB table: no concatenated roots needed
-//! and 512 GiB of IPA covers QEMU virt, FVP Base and Graviton memory maps.
+//! 4 KiB granule. The IPA size is chosen at boot ([`IpaSize::choose`]) from
+//! what the CPU implements (ID_AA64MMFR0_EL1.PARange) and what the platform
+//! needs Dom0 to reach (RAM, MMIO windows, ECAM; all of the physical address
+//! space for an ACPI Dom0, whose devices are found on demand):
+//!
+//! * 39 bits, walked from level 1 (VTCR_EL2.T0SZ=25, SL0=1): one 4 KiB root
+//!   table; enough for RAM and the low device windows of QEMU virt and FVP.
+//! * 40 to 48 bits, walked from level 0 (T0SZ=64-bits, SL0=2): still one 4 KiB
+//!   root table, one more level in the walk. QEMU virt's high PCIe window at
+//!   0x80_0000_0000 (512 GiB) needs 40 bits; Graviton's devices sit higher.
+//!
+//! Level-0 start rather than concatenated level-1 roots (KVM's choice for 40
+//! to 43 bits): the root stays a single frame, so [`TableAlloc`] hands out
+//! nothing but 4 KiB frames and the walk code is the same for every size;
+//! the price is one more table lookup on a TLB miss. The architecture
+//! allows a level-0 start with the 4 KiB granule only when the implemented
+//! PA size is at least 44 bits (AArch64.S2InvalidSL), so on a CPU with 40 or
+//! 42 bits of PA the IPA stays at 39 bits and what lies above is out of
+//! range (a 64-bit PCIe window up there is trimmed from Dom0's view). The
+//! output size (VTCR_EL2.PS) is PARange itself, at most 48 bits.
 //! Large aligned ranges use 1 GiB / 2 MiB blocks, the rest 4 KiB pages.
 //!
 //! The table builder is written here rather than taken from `aarch64-paging`
@@ -19,7 +36,7 @@ use tock_registers::LocalRegisterCopy;
 pub enum Stage2Error {
     /// Address or size not 4 KiB aligned.
     Unaligned,
-    /// Beyond the 39-bit IPA space.
+    /// Beyond the VM's IPA space (or a PA beyond 48 bits).
     OutOfRange,
     /// The range overlaps an existing mapping.
     AlreadyMapped,
@@ -47,7 +64,72 @@ pub trait TableAlloc {
     fn table(&mut self, pa: u64) -> Option<&mut [u64; 512]>;
 }
 
-pub const IPA_BITS: u32 = 39;
+/// The IPA space of a VM's stage 2: 39 bits (level-1 start) or 40 to 48
+/// bits (level-0 start). See the module doc.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IpaSize {
+    bits: u32,
+}
+
+impl IpaSize {
+    /// 39 bits from level 1: the size every CPU supports here.
+    pub const DEFAULT: IpaSize = IpaSize { bits: 39 };
+    /// The largest: 48 bits (52 would need FEAT_LPA/LPA2 descriptors).
+    pub const MAX_BITS: u32 = 48;
+
+    /// `bits` of IPA, if this builder supports it (39..=48).
+    pub const fn new(bits: u32) -> Option<IpaSize> {
+        if bits >= 39 && bits <= Self::MAX_BITS {
+            Some(IpaSize { bits })
+        } else {
+            None
+        }
+    }
+
+    /// The smallest IPA size that reaches `needed_top` (the end of the
+    /// highest range the VM must see) on a CPU with `pa_bits` of physical
+    /// address ([`pa_bits`]): 39 bits when that is enough or when the CPU
+    /// cannot start a walk at level 0 (PA < 44 bits); else the bits needed,
+    /// at most the PA size and 48. What does not fit is out of range.
+    pub fn choose(pa_bits: u32, needed_top: u64) -> IpaSize {
+        let need = 64 - needed_top.saturating_sub(1).leading_zeros();
+        if need <= 39 || pa_bits < 44 {
+            return Self::DEFAULT;
+        }
+        IpaSize { bits: need.min(pa_bits).min(Self::MAX_BITS) }
+    }
+
+    pub const fn bits(self) -> u32 {
+        self.bits
+    }
+
+    /// One past the highest IPA.
+    pub const fn limit(self) -> u64 {
+        1 << self.bits
+    }
+
+    /// The level the walk starts at.
+    const fn start_level(self) -> u32 {
+        if self.bits <= 39 {
+            1
+        } else {
+            0
+        }
+    }
+}
+
+/// Physical address bits of an ID_AA64MMFR0_EL1.PARange encoding (an
+/// unknown encoding counts as the largest this builder knows, 48).
+pub const fn pa_bits(parange: u64) -> u32 {
+    match parange {
+        0 => 32,
+        1 => 36,
+        2 => 40,
+        3 => 42,
+        4 => 44,
+        _ => 48,
+    }
+}
 const PAGE: u64 = 4096;
 const DESC_VALID: u64 = 1;
 const DESC_TABLE: u64 = 0b11;
@@ -61,18 +143,19 @@ const MEMATTR_DEVICE_NGNRE: u64 = 0b0001 << 2;
 const XN: u64 = 0b10 << 53;
 const ADDR_MASK: u64 = 0x0000_ffff_ffff_f000;
 
-/// VTCR_EL2 for this layout: 39-bit IPA walked from level 1, 4 KiB granule,
-/// write-back inner-shareable table walks, physical address size `ps` (a
-/// PARange encoding).
-pub fn vtcr(ps: u64) -> LocalRegisterCopy<u64, VTCR_EL2::Register> {
+/// VTCR_EL2 for an IPA space of `ipa` with a 4 KiB granule and write-back
+/// inner-shareable table walks, on a CPU whose ID_AA64MMFR0_EL1.PARange is
+/// `parange`: PS = PARange (at most 48 bits), T0SZ and SL0 from `ipa`.
+pub fn vtcr(ipa: IpaSize, parange: u64) -> LocalRegisterCopy<u64, VTCR_EL2::Register> {
+    let sl0 = if ipa.start_level() == 0 { VTCR_EL2::SL0::Granule4KBLevel0 } else { VTCR_EL2::SL0::Granule4KBLevel1 };
     let v = VTCR_EL2::RES1::SET
-        + VTCR_EL2::PS.val(ps)
+        + VTCR_EL2::PS.val(parange.min(5))
         + VTCR_EL2::TG0::Granule4KB
         + VTCR_EL2::SH0::Inner
         + VTCR_EL2::ORGN0::NormalWBRAWA
         + VTCR_EL2::IRGN0::NormalWBRAWA
-        + VTCR_EL2::SL0::Granule4KBLevel1
-        + VTCR_EL2::T0SZ.val(64 - u64::from(IPA_BITS));
+        + sl0
+        + VTCR_EL2::T0SZ.val(64 - u64::from(ipa.bits));
     LocalRegisterCopy::new(v.value)
 }
 
@@ -90,7 +173,7 @@ fn leaf_attrs(mem: MemType) -> u64 {
     }
 }
 
-/// Level shift: level 1 = 1 GiB, level 2 = 2 MiB, level 3 = 4 KiB.
+/// Level shift: level 0 = 512 GiB, 1 = 1 GiB, 2 = 2 MiB, 3 = 4 KiB.
 const fn shift(level: u32) -> u32 {
     12 + 9 * (3 - level)
 }
@@ -106,12 +189,18 @@ enum Walk {
 /// One VM's stage-2 tables.
 pub struct Stage2 {
     root: u64,
+    ipa: IpaSize,
 }
 
 impl Stage2 {
-    pub fn new(alloc: &mut impl TableAlloc) -> Result<Self, Stage2Error> {
+    pub fn new(alloc: &mut impl TableAlloc, ipa: IpaSize) -> Result<Self, Stage2Error> {
         let root = alloc.alloc_table().ok_or(Stage2Error::NoMemory)?;
-        Ok(Self { root })
+        Ok(Self { root, ipa })
+    }
+
+    /// Its IPA space (for VTCR_EL2: [`vtcr`]).
+    pub fn ipa(&self) -> IpaSize {
+        self.ipa
     }
 
     /// Physical address of the root table (for VTTBR_EL2).
@@ -132,7 +221,7 @@ impl Stage2 {
             return Err(Stage2Error::Unaligned);
         }
         let end = ipa.checked_add(size).ok_or(Stage2Error::OutOfRange)?;
-        if end > 1 << IPA_BITS || pa.checked_add(size).is_none_or(|e| e > 1 << 48) {
+        if end > self.ipa.limit() || pa.checked_add(size).is_none_or(|e| e > 1 << 48) {
             return Err(Stage2Error::OutOfRange);
         }
         // Refuse overlaps up front so a failed map leaves nothing half done.
@@ -171,7 +260,7 @@ impl Stage2 {
         mem: MemType,
     ) -> Result<(), Stage2Error> {
         let mut table = self.root;
-        for l in 1..level {
+        for l in self.ipa.start_level()..level {
             let idx = ((ipa >> shift(l)) & 511) as usize;
             let desc = alloc.table(table).ok_or(Stage2Error::UnknownTable)?[idx];
             table = if desc & DESC_VALID == 0 {
@@ -200,13 +289,14 @@ impl Stage2 {
 
     /// Walks `ipa` down to its leaf, or to the level whose entry is empty.
     /// An address outside the IPA space or a table the allocator does not
-    /// know counts as empty at level 1 (nothing the walk can map).
+    /// know counts as empty at the root level (nothing the walk can map).
     fn walk(&self, alloc: &mut impl TableAlloc, ipa: u64) -> Walk {
-        if ipa >= 1 << IPA_BITS {
-            return Walk::Empty(1);
+        let start = self.ipa.start_level();
+        if ipa >= self.ipa.limit() {
+            return Walk::Empty(start);
         }
         let mut table = self.root;
-        for level in 1..=3 {
+        for level in start..=3 {
             let Some(t) = alloc.table(table) else {
                 return Walk::Empty(level);
             };
@@ -263,7 +353,7 @@ mod tests {
     #[test]
     fn identity_ram_uses_blocks() {
         let mut m = FakeMem::default();
-        let mut s2 = Stage2::new(&mut m).unwrap();
+        let mut s2 = Stage2::new(&mut m, IpaSize::DEFAULT).unwrap();
         s2.map(&mut m, 0x4000_0000, 0x4000_0000, 0x4000_0000, MemType::Normal).unwrap();
         // A single 1 GiB block: only the root table exists.
         assert_eq!(m.tables.len(), 1);
@@ -278,7 +368,7 @@ mod tests {
     #[test]
     fn pcie_windows_use_blocks_and_overlaps_are_refused() {
         let mut m = FakeMem::default();
-        let mut s2 = Stage2::new(&mut m).unwrap();
+        let mut s2 = Stage2::new(&mut m, IpaSize::DEFAULT).unwrap();
         s2.map(&mut m, 0x40_1000_0000, 0x40_1000_0000, 0x1000_0000, MemType::Device).unwrap();
         assert_eq!(m.tables.len(), 2, "root + one level-2 table of 2 MiB blocks");
         s2.map(&mut m, 0x1000_0000, 0x1000_0000, 0x2eff_0000, MemType::Device).unwrap();
@@ -304,7 +394,7 @@ mod tests {
     #[test]
     fn mixed_sizes_and_device_pages() {
         let mut m = FakeMem::default();
-        let mut s2 = Stage2::new(&mut m).unwrap();
+        let mut s2 = Stage2::new(&mut m, IpaSize::DEFAULT).unwrap();
         s2.map(&mut m, 0x0a00_0000, 0x0a00_0000, 0x4000, MemType::Device).unwrap();
         s2.map(&mut m, 0x6020_0000, 0x9000_0000, 0x20_3000, MemType::Normal).unwrap();
         assert_eq!(s2.translate(&mut m, 0x0a00_3e10), Some((0x0a00_3e10, MemType::Device)));
@@ -317,7 +407,7 @@ mod tests {
     #[test]
     fn bad_requests_are_errors() {
         let mut m = FakeMem::default();
-        let mut s2 = Stage2::new(&mut m).unwrap();
+        let mut s2 = Stage2::new(&mut m, IpaSize::DEFAULT).unwrap();
         assert_eq!(s2.map(&mut m, 0x1001, 0x1000, 0x1000, MemType::Normal), Err(Stage2Error::Unaligned));
         assert_eq!(s2.map(&mut m, 1 << 39, 0, 0x1000, MemType::Normal), Err(Stage2Error::OutOfRange));
         assert_eq!(s2.map(&mut m, u64::MAX & !0xfff, 0, 0x2000, MemType::Normal), Err(Stage2Error::OutOfRange));
@@ -329,7 +419,7 @@ mod tests {
     #[test]
     fn out_of_table_memory_is_an_error() {
         let mut m = FakeMem { limit: 2, ..Default::default() };
-        let mut s2 = Stage2::new(&mut m).unwrap();
+        let mut s2 = Stage2::new(&mut m, IpaSize::DEFAULT).unwrap();
         assert_eq!(s2.map(&mut m, 0x1000, 0x1000, 0x1000, MemType::Normal), Err(Stage2Error::NoMemory));
     }
 
@@ -338,16 +428,87 @@ mod tests {
         // The allocator only lends out frames it handed out: tables built
         // with one cannot be walked through another.
         let mut a = FakeMem::default();
-        let mut s2 = Stage2::new(&mut a).unwrap();
+        let mut s2 = Stage2::new(&mut a, IpaSize::DEFAULT).unwrap();
         s2.map(&mut a, 0x4000_0000, 0x4000_0000, 0x20_0000, MemType::Normal).unwrap();
         let mut b = FakeMem::default();
         assert_eq!(s2.translate(&mut b, 0x4000_0000), None);
         assert_eq!(s2.map(&mut b, 0x1000, 0x1000, 0x1000, MemType::Normal), Err(Stage2Error::UnknownTable));
     }
 
+    /// Every IPA size from 40 to 48 bits walks from level 0: the top page
+    /// and a 1 GiB block at the top of the space map and translate, QEMU
+    /// virt's 64-bit PCIe window fits from 40 bits, and the first byte past
+    /// the space (and a range crossing it) is out of range.
+    #[test]
+    fn level0_sizes_map_high_and_refuse_beyond() {
+        for bits in 40..=48 {
+            let ipa = IpaSize::new(bits).unwrap();
+            let mut m = FakeMem::default();
+            let mut s2 = Stage2::new(&mut m, ipa).unwrap();
+            let top = ipa.limit();
+            s2.map(&mut m, top - PAGE, 0x9000_0000, PAGE, MemType::Device).unwrap();
+            assert_eq!(s2.translate(&mut m, top - 8), Some((0x9000_0ff8, MemType::Device)), "{bits}");
+            assert_eq!(m.tables.len(), 4, "{bits}: root (level 0) + levels 1, 2, 3");
+            s2.map(&mut m, top - (2 << 30), top - (2 << 30), 1 << 30, MemType::Normal).unwrap();
+            assert_eq!(m.tables.len(), 4, "{bits}: a 1 GiB block in the existing level-1 table");
+            assert_eq!(
+                s2.translate(&mut m, top - (2 << 30) + 0x1234),
+                Some((top - (2 << 30) + 0x1234, MemType::Normal))
+            );
+            assert_eq!(s2.translate(&mut m, top - (1 << 30)), None);
+            s2.map(&mut m, 0x80_0000_0000, 0x80_0000_0000, 0x1000_0000, MemType::Device).unwrap();
+            assert_eq!(s2.translate(&mut m, 0x80_0fff_fff0), Some((0x80_0fff_fff0, MemType::Device)), "{bits}");
+            // Low addresses still work (RAM at 1 GiB).
+            s2.map(&mut m, 0x4000_0000, 0x4000_0000, 0x4000_0000, MemType::Normal).unwrap();
+            assert_eq!(s2.translate(&mut m, 0x7fff_fff8), Some((0x7fff_fff8, MemType::Normal)));
+            assert_eq!(s2.map(&mut m, top, top, PAGE, MemType::Device), Err(Stage2Error::OutOfRange), "{bits}");
+            assert_eq!(s2.map(&mut m, top - PAGE, 0, 2 * PAGE, MemType::Device), Err(Stage2Error::OutOfRange));
+            assert_eq!(s2.translate(&mut m, top), None);
+            assert_eq!(s2.translate(&mut m, u64::MAX), None);
+            let v = vtcr(ipa, 5);
+            assert_eq!(v.read(VTCR_EL2::T0SZ), u64::from(64 - bits));
+            assert_eq!(v.read(VTCR_EL2::SL0), 2, "walk starts at level 0");
+            assert_eq!(v.read(VTCR_EL2::PS), 5);
+        }
+    }
+
+    /// 39 bits: out of range from 512 GiB, as before.
+    #[test]
+    fn level1_size_refuses_the_high_window() {
+        let mut m = FakeMem::default();
+        let mut s2 = Stage2::new(&mut m, IpaSize::DEFAULT).unwrap();
+        s2.map(&mut m, (1 << 39) - PAGE, (1 << 39) - PAGE, PAGE, MemType::Device).unwrap();
+        assert_eq!(s2.translate(&mut m, (1 << 39) - 1), Some(((1 << 39) - 1, MemType::Device)));
+        assert_eq!(m.tables.len(), 3, "root (level 1) + levels 2, 3");
+        assert_eq!(s2.map(&mut m, 1 << 39, 1 << 39, PAGE, MemType::Device), Err(Stage2Error::OutOfRange));
+    }
+
+    #[test]
+    fn ipa_size_choice() {
+        let gib = 1u64 << 30;
+        // Enough with 39 bits: 39 whatever the CPU.
+        assert_eq!(IpaSize::choose(48, 4 * gib).bits(), 39);
+        assert_eq!(IpaSize::choose(48, 1 << 39).bits(), 39);
+        assert_eq!(IpaSize::choose(36, 4 * gib).bits(), 39);
+        // QEMU virt's 64-bit PCIe window ends at 1 TiB: 40 bits.
+        assert_eq!(IpaSize::choose(48, 0x100_0000_0000).bits(), 40);
+        assert_eq!(IpaSize::choose(44, 0x100_0000_0001).bits(), 41);
+        // All of a 48-bit PA space (an ACPI Dom0).
+        assert_eq!(IpaSize::choose(48, 1 << 48).bits(), 48);
+        // Capped by the PA size and by 48; no level-0 walk below 44 bits of PA.
+        assert_eq!(IpaSize::choose(44, 1 << 47).bits(), 44);
+        assert_eq!(IpaSize::choose(52, u64::MAX).bits(), 48);
+        assert_eq!(IpaSize::choose(42, 0x100_0000_0000).bits(), 39);
+        assert_eq!(IpaSize::choose(40, 0x100_0000_0000).bits(), 39);
+        assert_eq!(IpaSize::choose(48, 0).bits(), 39);
+        assert_eq!(IpaSize::new(38), None);
+        assert_eq!(IpaSize::new(49), None);
+        assert_eq!([0, 1, 2, 3, 4, 5, 6, 15].map(pa_bits), [32, 36, 40, 42, 44, 48, 48, 48]);
+    }
+
     #[test]
     fn vtcr_and_vttbr_fields() {
-        let v = vtcr(2);
+        let v = vtcr(IpaSize::DEFAULT, 2);
         assert_eq!(v.read(VTCR_EL2::T0SZ), 25);
         assert_eq!(v.read(VTCR_EL2::SL0), 1, "walk starts at level 1");
         assert_eq!(v.read(VTCR_EL2::PS), 2);

@@ -211,6 +211,8 @@ counters! {
     wfi_traps,
     /// WFE traps (EL2 trap code).
     wfe_traps,
+    /// Yields because sampling found it spinning with IRQs masked, WFE not trapping (EL2 trap code, `sched::spin`).
+    spin_yields,
     /// Times this vCPU was preempted by a woken vCPU.
     preempt_wake,
     /// Times this vCPU was preempted at the end of its slice (timer/credit).

@@ -36,11 +36,43 @@ pub fn vtimer_deadline_ns(cntv_ctl: u64, cntv_cval: u64, freq_hz: u64) -> u64 {
     }
 }
 
+/// The deadline the EL2 timer watches for a vCPU switched out with this
+/// virtual timer (`vtimer_deadline_ns`, rounded up by `slop`), or `u64::MAX`
+/// when its interrupt is already pending or active in the vGIC
+/// (`irq_pending_or_active`): injecting it again changes nothing the guest
+/// can see, but the EL2 timer would fire at every switch-out of a vCPU that
+/// has not yet taken its expired timer (a preempted hog in its tick), an
+/// extra exit of whichever vCPU runs meanwhile. The guest reprograms the
+/// timer when it handles the interrupt, and the next switch-out reads it.
+pub fn saved_vtimer_deadline_ns(
+    cntv_ctl: u64,
+    cntv_cval: u64,
+    freq_hz: u64,
+    slop: u64,
+    irq_pending_or_active: bool,
+) -> u64 {
+    if irq_pending_or_active {
+        return u64::MAX;
+    }
+    crate::config::apply_slop(vtimer_deadline_ns(cntv_ctl, cntv_cval, freq_hz), slop)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     const QEMU_HZ: u64 = 62_500_000;
+
+    #[test]
+    fn a_saved_timer_whose_interrupt_is_pending_is_not_watched() {
+        let (on, cval) = (CTL_ENABLE, 62_500_000);
+        assert_eq!(saved_vtimer_deadline_ns(on, cval, QEMU_HZ, 0, false), 1_000_000_000);
+        assert_eq!(saved_vtimer_deadline_ns(on, cval, QEMU_HZ, 0, true), u64::MAX);
+        // Slop rounds up; masked or disabled timers are never watched.
+        assert_eq!(saved_vtimer_deadline_ns(on, cval + 1, QEMU_HZ, 50_000, false), 1_000_050_000);
+        assert_eq!(saved_vtimer_deadline_ns(on | CTL_IMASK, cval, QEMU_HZ, 0, false), u64::MAX);
+        assert_eq!(saved_vtimer_deadline_ns(0, cval, QEMU_HZ, 0, false), u64::MAX);
+    }
 
     #[test]
     fn conversions_are_exact_for_ordinary_values() {

@@ -24,6 +24,8 @@
 //! trace pcpu0 t=123460000 exit vcpu1 class=wfi
 //! trace pcpu0 t=123460100 timer_arm at=123500000
 //! trace pcpu0 t=123460200 vtimer_late vcpu1 late_ns=52000
+//! trace pcpu0 t=123470000 exit vcpu0 class=irq
+//! trace pcpu0 t=123470000 irqs_off vcpu0 pc=0xffff800008123456
 //! (HV) trace end
 //! ```
 //!
@@ -153,9 +155,12 @@ pub enum Event {
         class: ExitClass,
     },
     /// At the IRQ exit just recorded, `vcpu` was at EL1 with IRQs masked
-    /// (PSTATE.I): a pending virtual interrupt could not be taken.
+    /// (PSTATE.I): a pending virtual interrupt could not be taken. `pc` is
+    /// where (the guest's ELR_EL2 at the exit), to look up in the guest's
+    /// `/proc/kallsyms`: a run of these at one place is a guest spin loop.
     IrqsOff {
         vcpu: u16,
+        pc: u64,
     },
     /// `vcpu` switched in `late_ns` after the deadline of the virtual timer
     /// injected while it was not running.
@@ -228,7 +233,7 @@ impl fmt::Display for Event {
             Event::TimerArm { at } => write!(f, "timer_arm at={at}"),
             Event::TimerFire => write!(f, "timer_fire"),
             Event::Exit { vcpu, class } => write!(f, "exit vcpu{vcpu} class={}", class.name()),
-            Event::IrqsOff { vcpu } => write!(f, "irqs_off vcpu{vcpu}"),
+            Event::IrqsOff { vcpu, pc } => write!(f, "irqs_off vcpu{vcpu} pc={pc:#x}"),
             Event::TimerWake { vcpu, late_ns } => write!(f, "vtimer_late vcpu{vcpu} late_ns={late_ns}"),
         }
     }

@@ -21,6 +21,8 @@ pub struct Cli {
     pub command: Command,
 }
 
+// Parsed once per process: the size of the `run` variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Boot Linux under the hypervisor in QEMU (installs QEMU, builds the guest image)
@@ -53,13 +55,18 @@ pub enum PlatformKind {
     /// Arm FVP Base RevC (FVP_Base_RevC-2xAEMvA, with TF-A)
     #[value(name = "fvp-base-revc", alias = "fvp")]
     FvpBaseRevc,
+    /// AWS Graviton's boot path on QEMU: EDK2 + ACPI, Neoverse N1, GICv3 + ITS, NVMe (runs here)
+    #[value(name = "graviton")]
+    Graviton,
 }
 
 impl PlatformKind {
-    /// The directory under `platforms/` (`HV_PLATFORM`).
+    /// The platform descriptor under `platforms/` the EL2 image is built
+    /// with (`HV_PLATFORM`). Graviton on QEMU runs the qemu-virt image (see
+    /// [`crate::graviton`]).
     pub fn dir(self) -> &'static str {
         match self {
-            PlatformKind::QemuVirt => "qemu-virt",
+            PlatformKind::QemuVirt | PlatformKind::Graviton => "qemu-virt",
             PlatformKind::FvpBaseRevc => "fvp-base-revc",
         }
     }
@@ -133,9 +140,9 @@ pub struct RunArgs {
     /// Guest RAM, e.g. 768M or 2G (a bare number is MiB; at least 128M)
     #[arg(long = "mem", value_name = "SIZE", default_value = "1G", value_parser = parse_mem)]
     pub mem_mb: u64,
-    /// QEMU CPU model
-    #[arg(long, value_name = "MODEL", default_value = "max,pauth-impdef=on")]
-    pub cpu: String,
+    /// QEMU CPU model [default: max,pauth-impdef=on; neoverse-n1 with --platform graviton]
+    #[arg(long, value_name = "MODEL")]
+    pub cpu: Option<String>,
     /// Extra hypervisor boot arguments (e.g. "loglvl=debug sched_ratelimit_us=0")
     #[arg(long, value_name = "ARGS", default_value = "", hide_default_value = true, allow_hyphen_values = true)]
     pub hv_args: String,
@@ -166,7 +173,7 @@ pub struct RunArgs {
     /// Deterministic guest time (-icount shift=0,sleep=on)
     #[arg(long)]
     pub icount: bool,
-    /// The guest's disk [default: QEMU's devices passed through, no disk image]
+    /// The guest's disk [default: QEMU's devices passed through, no disk image; nvme with --platform graviton]
     #[arg(long, value_name = "KIND")]
     pub disk: Option<DiskKind>,
     /// Service time of every RAM-disk request, exact on the EL2 timer (guest virtual time under --icount); only with --disk ram
@@ -175,7 +182,7 @@ pub struct RunArgs {
     /// Boot through firmware: tf-a = TF-A at EL3 (built once from Debian's source package), the hypervisor as BL33
     #[arg(long, value_name = "FW")]
     pub firmware: Option<crate::firmware::Firmware>,
-    /// Where to run: QEMU virt, or Arm's FVP Base RevC (`fvp`; needs the FVP and a TF-A build)
+    /// Where to run: QEMU virt, Arm's FVP Base RevC (`fvp`; needs the FVP and a TF-A build), or Graviton's UEFI + ACPI boot on QEMU (`graviton`)
     #[arg(long, value_name = "PLATFORM", default_value = "qemu-virt")]
     pub platform: PlatformKind,
     /// Print the simulator's command line instead of running it (--platform fvp)
@@ -190,6 +197,18 @@ pub struct RunArgs {
     /// The guest's disk image on FVP (the virtio-blk device) [default: a sparse 256 MiB scratch image] (--platform fvp)
     #[arg(long, value_name = "FILE")]
     pub disk_image: Option<PathBuf>,
+    /// DomUs beside Dom0, described in the DTB with Xen's dom0less binding (/chosen/domU1..N)
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub domu: u32,
+    /// Run a command in each DomU after boot (as --cmd does in Dom0)
+    #[arg(long, value_name = "SHELL", allow_hyphen_values = true)]
+    pub domu_cmd: Option<String>,
+    /// Each DomU's RAM, e.g. 256M (a bare number is MiB; at least 128M)
+    #[arg(long = "domu-mem", value_name = "SIZE", default_value = "256M", value_parser = parse_mem)]
+    pub domu_mem_mb: u64,
+    /// Each DomU's vCPUs (0 counts as 1)
+    #[arg(long, value_name = "M", default_value_t = 1)]
+    pub domu_vcpus: u32,
 }
 
 /// `--gic`: 3 or 4 (listed in the help and in the error).
@@ -230,15 +249,27 @@ impl RunArgs {
     pub fn check(&self) -> Result<(), String> {
         let hv_boot = HvBoot { addr: self.hv_addr, entry: self.hv_entry };
         hv_boot.check()?;
-        if hv_boot != HvBoot::default() && (self.firmware.is_some() || self.platform == PlatformKind::FvpBaseRevc) {
-            return Err(
-                "--hv-addr and --hv-entry are for QEMU's direct boot (TF-A and FVP load the hypervisor as BL33)".into(),
-            );
+        let graviton = self.platform == PlatformKind::Graviton;
+        if graviton && self.firmware == Some(crate::firmware::Firmware::TfA) {
+            return Err("--platform graviton boots through UEFI (--firmware uefi is implied)".into());
+        }
+        if hv_boot != HvBoot::default()
+            && (self.firmware.is_some() || graviton || self.platform == PlatformKind::FvpBaseRevc)
+        {
+            return Err("--hv-addr and --hv-entry are for QEMU's direct boot (TF-A and FVP load the hypervisor as \
+                        BL33, EDK2 as an EFI application)"
+                .into());
         }
         if self.disk_latency_us.is_some() && self.disk != Some(DiskKind::Ram) {
             return Err("--disk-latency-us goes with --disk ram".into());
         }
         let fvp = self.platform == PlatformKind::FvpBaseRevc;
+        if self.domu == 0 && (self.domu_cmd.is_some() || self.domu_mem_mb != 256 || self.domu_vcpus != 1) {
+            return Err("--domu-cmd, --domu-mem and --domu-vcpus go with --domu N".into());
+        }
+        if self.domu > 0 && (fvp || self.firmware == Some(crate::firmware::Firmware::Uefi)) {
+            return Err("--domu is for QEMU with a device tree (not --platform fvp or --firmware uefi)".into());
+        }
         if !fvp && (self.dry_run || self.fvp.is_some() || self.tfa.is_some() || self.disk_image.is_some()) {
             return Err("--dry-run, --fvp, --tf-a and --disk-image go with --platform fvp".into());
         }
@@ -260,14 +291,17 @@ impl RunArgs {
     /// The runner's options. `scratch_disk` makes the QEMU disk image that
     /// `--disk passthrough|backend|virtio-pci|nvme` attach (the caller passes
     /// [`crate::qemu::scratch_disk`]).
+    /// `--platform graviton` adds the platform's firmware, CPU model and
+    /// default disk ([`crate::graviton`]).
     pub fn run_options(&self, scratch_disk: impl FnOnce() -> std::io::Result<PathBuf>) -> Result<RunOptions, String> {
         self.check()?;
+        let graviton = self.platform == PlatformKind::Graviton;
         let mut o = RunOptions {
             gic: self.gic,
             pcpus: self.pcpus.max(1),
             vcpus: self.vcpus.max(1),
             mem_mb: self.mem_mb,
-            cpu: self.cpu.clone(),
+            cpu: self.cpu.clone().unwrap_or_else(|| crate::qemu::DEFAULT_CPU.into()),
             hv_args: self.hv_args.clone(),
             timeout: Duration::from_secs(self.timeout),
             cmd: self.cmd.clone(),
@@ -279,9 +313,18 @@ impl RunArgs {
             icount: self.icount,
             firmware: self.firmware,
             hv_boot: HvBoot { addr: self.hv_addr, entry: self.hv_entry },
+            domus: (self.domu > 0).then(|| crate::domu::DomuOptions {
+                count: self.domu,
+                cmd: self.domu_cmd.clone(),
+                mem_mb: self.domu_mem_mb,
+                vcpus: self.domu_vcpus.max(1),
+            }),
             ..Default::default()
         };
-        if let Some(d) = self.disk {
+        if graviton {
+            crate::graviton::apply(&mut o, self.cpu.is_some());
+        }
+        if let Some(d) = self.disk.or(graviton.then_some(crate::graviton::DEFAULT_DISK)) {
             let mut args = format!("dom0_disk={}", d.as_str());
             if d == DiskKind::Ram {
                 args.push_str(&format!(" dom0_disk_latency_us={}", self.disk_latency_us.unwrap_or(0)));
@@ -422,6 +465,9 @@ pub struct BenchWakeupArgs {
     /// Extra hypervisor boot arguments for every case (e.g. sched_lhp_grace_us=20)
     #[arg(long, value_name = "ARGS", allow_hyphen_values = true)]
     pub hv_args: Option<String>,
+    /// Where to run: QEMU virt, or graviton (EDK2 + ACPI, Neoverse N1): the quick matrix on --disk, default nvme
+    #[arg(long, value_name = "PLATFORM", default_value = "qemu-virt", conflicts_with = "full")]
+    pub platform: PlatformKind,
 }
 
 impl BenchWakeupArgs {

@@ -254,7 +254,7 @@ fn tree_name(tree: &Path) -> String {
 pub enum Firmware {
     /// TF-A (BL1, BL2, BL31 at EL3) from Debian's source package, the hypervisor as BL33 at EL2
     TfA,
-    /// EDK2 (qemu-efi-aarch64) with ACPI, the hypervisor an EFI application on an ESP; ACPI machine discovery only, no Dom0 yet
+    /// EDK2 (qemu-efi-aarch64) with ACPI, the hypervisor an EFI application on an ESP; Dom0 boots with ACPI
     Uefi,
 }
 

@@ -9,7 +9,9 @@
 //! - [`image`]: builds the guest kernel + initramfs (guest-images/build.sh)
 //! - [`firmware`]: TF-A from Debian's source package, cached; the DTB with the hypervisor's options
 //! - [`uefi`]: `--firmware uefi`: EDK2 as -bios, the ESP with the hypervisor as BOOTAA64.EFI
+//! - [`graviton`]: `--platform graviton`: the UEFI + ACPI boot on a Neoverse core with NVMe, on QEMU
 //! - [`qemu`]: composes the QEMU command line and runs it with a timeout
+//! - [`domu`]: `--domu N`: the DomUs' dom0less DTB nodes, their modules and RAM
 //! - [`fvp`]: the FVP Base RevC command line and DTB (`run --platform fvp`)
 //! - [`shrinkwrap`]: the Shrinkwrap overlay fvp/hypervisor.yaml and its check
 //! - [`lint`]: rustfmt and clippy (warnings as errors), run by `cargo xtask test`
@@ -21,8 +23,10 @@
 pub mod bench;
 pub mod build;
 pub mod cli;
+pub mod domu;
 pub mod firmware;
 pub mod fvp;
+pub mod graviton;
 pub mod hvload;
 pub mod image;
 pub mod lint;

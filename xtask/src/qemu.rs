@@ -16,6 +16,11 @@ const KERNEL_ADDR: u64 = 0x5000_0000;
 const MODULE_GAP: u64 = 2 << 20;
 const RESERVED_MB: u64 = hypervisor::platform_desc::known::qemu_virt::PLATFORM.hyp_reserved >> 20;
 
+/// QEMU's CPU model when none is named (`--cpu`): `max` with the cheap
+/// pointer-authentication algorithm (the default one makes Linux boot 3×
+/// slower).
+pub const DEFAULT_CPU: &str = "max,pauth-impdef=on";
+
 /// The guest kernel's command line when `RunOptions::append` is `None`.
 pub const DEFAULT_GUEST_ARGS: &str = "console=ttyAMA0 earlycon=pl011,0x09000000";
 
@@ -55,6 +60,8 @@ pub struct RunOptions {
     pub firmware: Option<crate::firmware::Firmware>,
     /// Where the hypervisor is loaded and how it is entered (`hvload`).
     pub hv_boot: crate::hvload::HvBoot,
+    /// DomUs described in the DTB (`--domu N`, see [`crate::domu`]).
+    pub domus: Option<crate::domu::DomuOptions>,
 }
 
 /// Console input written before the guest reads its console.
@@ -75,7 +82,7 @@ impl Default for RunOptions {
             pcpus: 1,
             vcpus: 1,
             mem_mb: 1024,
-            cpu: "max,pauth-impdef=on".into(),
+            cpu: DEFAULT_CPU.into(),
             hv_args: String::new(),
             timeout: Duration::from_secs(600),
             cmd: None,
@@ -92,6 +99,7 @@ impl Default for RunOptions {
             then_input: None,
             firmware: None,
             hv_boot: Default::default(),
+            domus: None,
         }
     }
 }
@@ -157,26 +165,10 @@ pub fn command_line(hv_bin: &Path, kernel: &Path, initrd: Option<&PathBuf>, o: &
     if let Some(cmd) = &o.cmd {
         guest_args.push_str(&format!(" guestcmd={}", base64(cmd.as_bytes())));
     }
-    let mut hv_args = format!("dom0_mem={}M dom0_max_vcpus={}", o.mem_mb, o.vcpus);
-    if !o.hv_args.is_empty() {
-        hv_args.push(' ');
-        hv_args.push_str(&o.hv_args);
-    }
-    // A RAM disk (dom0_disk=ram) lives in host RAM below the guest's.
-    let disk_mb = if hv_args.split_whitespace().any(|w| w == "dom0_disk=ram") {
-        hv_args
-            .split_whitespace()
-            .find_map(|w| w.strip_prefix("dom0_disk_size="))
-            .and_then(|v| {
-                v.strip_suffix('M')
-                    .and_then(|n| n.parse::<u64>().ok())
-                    .or_else(|| v.strip_suffix('G').and_then(|n| n.parse::<u64>().ok()).map(|g| g * 1024))
-            })
-            .unwrap_or(128)
-    } else {
-        0
-    };
+    let hv_args = hypervisor_args(o);
     let kernel_len = std::fs::metadata(kernel).map(|m| m.len()).unwrap_or(64 << 20);
+    let base_mb = base_ram_mb(o);
+    let domus = domu_layout(kernel, initrd, o, base_mb);
     let kernel_addr = o.kernel_addr.unwrap_or(KERNEL_ADDR);
     let initrd_addr = o.initrd_addr.unwrap_or((kernel_addr + kernel_len + MODULE_GAP) & !(MODULE_GAP - 1));
     let mut a: Vec<String> = vec![
@@ -187,7 +179,7 @@ pub fn command_line(hv_bin: &Path, kernel: &Path, initrd: Option<&PathBuf>, o: &
         "-smp".into(),
         o.pcpus.to_string(),
         "-m".into(),
-        format!("{}M", o.mem_mb + RESERVED_MB + disk_mb),
+        format!("{}M", base_mb + domus.as_ref().map_or(0, |d| d.extra_mb)),
         "-nographic".into(),
         "-nic".into(),
         "none".into(),
@@ -207,12 +199,60 @@ pub fn command_line(hv_bin: &Path, kernel: &Path, initrd: Option<&PathBuf>, o: &
         a.push("-device".into());
         a.push(format!("guest-loader,addr={:#x},initrd={}", initrd_addr, i.display()));
     }
+    if let Some(d) = domus {
+        a.extend(d.loader_args);
+    }
     if o.icount {
         a.push("-icount".into());
         a.push("shift=0,sleep=on".into());
     }
     a.extend(o.extra.iter().cloned());
     a
+}
+
+/// The hypervisor's options: `dom0_mem`, `dom0_max_vcpus`, then `--hv-args`.
+fn hypervisor_args(o: &RunOptions) -> String {
+    let mut hv_args = format!("dom0_mem={}M dom0_max_vcpus={}", o.mem_mb, o.vcpus);
+    if !o.hv_args.is_empty() {
+        hv_args.push(' ');
+        hv_args.push_str(&o.hv_args);
+    }
+    hv_args
+}
+
+/// QEMU's RAM in MiB without the DomUs' share: the hypervisor's low
+/// reserve, Dom0's RAM and a RAM disk (`dom0_disk=ram`, in host RAM below
+/// the guest's).
+fn base_ram_mb(o: &RunOptions) -> u64 {
+    let hv_args = hypervisor_args(o);
+    let disk_mb = if hv_args.split_whitespace().any(|w| w == "dom0_disk=ram") {
+        hv_args
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("dom0_disk_size="))
+            .and_then(|v| {
+                v.strip_suffix('M')
+                    .and_then(|n| n.parse::<u64>().ok())
+                    .or_else(|| v.strip_suffix('G').and_then(|n| n.parse::<u64>().ok()).map(|g| g * 1024))
+            })
+            .unwrap_or(128)
+    } else {
+        0
+    };
+    o.mem_mb + RESERVED_MB + disk_mb
+}
+
+/// Where the DomUs of `o` go (`None` without `--domu`), on QEMU virt's RAM
+/// of `base_mb` MiB before they are added.
+pub fn domu_layout(
+    kernel: &Path,
+    initrd: Option<&PathBuf>,
+    o: &RunOptions,
+    base_mb: u64,
+) -> Option<crate::domu::DomuLayout> {
+    let d = o.domus.as_ref().filter(|d| d.count > 0)?;
+    let len = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(64 << 20);
+    let initrd = initrd.map(|i| (i.as_path(), len(i)));
+    Some(crate::domu::layout(d, crate::hvload::RAM_BASE, base_mb, (kernel, len(kernel)), initrd))
 }
 
 fn shell_quote(s: &str) -> String {
@@ -245,6 +285,7 @@ pub fn run(o: &RunOptions) -> Result<RunResult> {
         }
     };
     let mut args = command_line(&hv, &kernel, initrd.as_ref(), o);
+    let domu_nodes = domu_layout(&kernel, initrd.as_ref(), o, base_ram_mb(o)).map(|l| l.nodes);
     // Under firmware the hypervisor's options travel in a DTB made for this
     // run (removed afterwards).
     let mut dtb = None;
@@ -253,7 +294,19 @@ pub fn run(o: &RunOptions) -> Result<RunResult> {
         let file = crate::out_dir().join(format!("firmware-{}.dtb", std::process::id()));
         let (a, hv_args) = crate::firmware::boot_args(&args, &flash, &file)?;
         crate::firmware::write_dtb(&a, &file, &hv_args)?;
+        if let Some(nodes) = &domu_nodes {
+            crate::domu::add_to_file(&file, nodes)?;
+        }
         args = a;
+        dtb = Some(file);
+    } else if let Some(nodes) = &domu_nodes {
+        // DomUs: QEMU's own DTB with the dom0less nodes, passed with -dtb.
+        if o.firmware.is_some() {
+            return Err("--domu needs a device tree: not with --firmware uefi".into());
+        }
+        let file = crate::out_dir().join(format!("domu-{}.dtb", std::process::id()));
+        crate::domu::write_dtb(&args, &file, nodes)?;
+        args.extend(["-dtb".into(), file.display().to_string()]);
         dtb = Some(file);
     }
     // UEFI: EDK2 boots the hypervisor from an ESP made for this run.
@@ -266,10 +319,6 @@ pub fn run(o: &RunOptions) -> Result<RunResult> {
             .find_map(|a| a.strip_prefix("guest-loader,").and_then(|d| d.split_once(",bootargs=")).map(|x| x.1))
             .unwrap_or_default()
             .replace(",,", ",");
-        // The ESP's virtio-blk-pci device is the firmware's: Linux would put
-        // its 64-bit BAR in QEMU's high PCIe window (0x80_0000_0000), beyond
-        // Dom0's 39-bit IPA space, and fault in the driver's probe.
-        let guest_args = format!("{guest_args} module_blacklist=virtio_pci");
         let (a, hv_args) = crate::uefi::boot_args(&args, &dir)?;
         let initrd_name = initrd.as_ref().map(|_| "initrd");
         let cfg = crate::uefi::config_file(&hv_args, "vmlinuz", &guest_args, initrd_name);

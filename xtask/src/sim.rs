@@ -11,11 +11,13 @@
 //! incoming vCPU and are nobody's progress. Further tables, printed only:
 //! the lock-holder scenario (submission latency), a fast waker against the
 //! hog (the preemption-rate bound, `--min-run-us`), and a hog that floods
-//! the SGI register (the bounded lock-holder grace).
+//! the SGI register (the bounded lock-holder grace), and CPU hogs in
+//! Credit2 domains on 2 pCPUs (weights, a 25 % cap: shares of a pCPU, and
+//! the capped domain's least and most in any 10 ms period).
 //! The options and their defaults are in [`xtask::cli::SimWakeupArgs`].
 
 use hypervisor::sched::sim::{self, Scenario, SimParams, SimResult, Topology};
-use hypervisor::sched::{CritEvidence, SchedConfig};
+use hypervisor::sched::{CritEvidence, DomainParams, SchedConfig, VcpuId, CAP_PERIOD_NS};
 use std::fmt::Write as _;
 use xtask::cli::SimWakeupArgs as Opts;
 
@@ -173,6 +175,8 @@ pub fn main(o: &Opts) -> Result<(), String> {
         );
     }
 
+    domains(o, pc)?;
+
     if let Some(path) = &o.json {
         let mut s = String::from("{\"cases\":[");
         for (i, c) in cases.iter().enumerate() {
@@ -195,6 +199,51 @@ pub fn main(o: &Opts) -> Result<(), String> {
         s.push_str("]}\n");
         std::fs::write(path, s).map_err(|e| format!("writing {}: {e}", path.display()))?;
         println!("\nwrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// CPU hogs in domains on 2 pCPUs (`sched::sim::run_fleet`): each domain's
+/// share of a pCPU, and the capped one's least/most in a 10 ms period.
+fn domains(o: &Opts, cfg: SchedConfig) -> Result<(), String> {
+    println!();
+    println!("domains (2 pCPUs, one CPU hog per domain): share of a pCPU per domain");
+    println!("{:<34} shares", "case");
+    // Per domain: (weight, cap in %).
+    type Doms = &'static [(u32, Option<u32>)];
+    let cases: [(&str, Doms); 3] = [
+        ("weights 512/256/256/256", &[(512, None), (256, None), (256, None), (256, None)]),
+        ("three equal", &[(256, None), (256, None), (256, None)]),
+        ("d1 capped 25%, two hogs", &[(256, Some(25)), (256, None), (256, None)]),
+    ];
+    for (name, doms) in cases {
+        let p = sim::FleetParams {
+            cfg,
+            nr_pcpus: 2,
+            domains: (1..)
+                .zip(doms.iter())
+                .map(|(d, &(weight, cap_percent))| (d, DomainParams { weight, cap_percent }))
+                .collect(),
+            vcpus: (1..=doms.len() as u16)
+                .map(|d| sim::FleetVcpu { id: VcpuId(u32::from(d)), dom: d, affinity: None })
+                .collect(),
+            duration_ns: o.seconds * 1_000_000_000,
+            period_ns: CAP_PERIOD_NS,
+            changes: Vec::new(),
+        };
+        let r = sim::run_fleet(&p).map_err(|e| e.to_string())?;
+        let mut line: String = (0..doms.len()).map(|i| format!(" d{}={:.3}", i + 1, r.share(i))).collect();
+        if doms[0].1.is_some() {
+            let per = &r.domain_periods[0];
+            let pct = |ns: u64| ns as f64 / CAP_PERIOD_NS as f64;
+            let _ = write!(
+                line,
+                "  (d1 per period: min {:.3} max {:.3})",
+                pct(per.iter().copied().min().unwrap_or(0)),
+                pct(per.iter().copied().max().unwrap_or(0))
+            );
+        }
+        println!("{name:<34}{line}");
     }
     Ok(())
 }

@@ -156,7 +156,10 @@ fn parse_event(line: &str, rest: &str) -> Result<(usize, Record), ParseError> {
             };
             Event::Exit { vcpu: vcpu_word(args.first(), line)?, class }
         }
-        "irqs_off" => Event::IrqsOff { vcpu: vcpu_word(args.first(), line)? },
+        "irqs_off" => {
+            let pc = m.get("pc").and_then(|v| v.strip_prefix("0x")).and_then(|h| u64::from_str_radix(h, 16).ok());
+            Event::IrqsOff { vcpu: vcpu_word(args.first(), line)?, pc: pc.ok_or_else(|| err(line, "bad pc"))? }
+        }
         "vtimer_late" => Event::TimerWake { vcpu: vcpu_word(args.first(), line)?, late_ns: num(&m, "late_ns", line)? },
         _ => return Err(err(line, "unknown event")),
     };
@@ -331,7 +334,7 @@ mod tests {
             Event::Exit { vcpu: 3, class: ExitClass::SError },
             Event::Exit { vcpu: 3, class: ExitClass::Other },
             Event::TimerWake { vcpu: 1, late_ns: 500 },
-            Event::IrqsOff { vcpu: 1 },
+            Event::IrqsOff { vcpu: 1, pc: 0xffff_8000_0812_3456 },
         ]
     }
 

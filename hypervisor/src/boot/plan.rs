@@ -17,11 +17,17 @@
 //!
 //! # Policy
 //!
-//! * Kept (never written): the image, the DTB, the modules, reserved
-//!   regions. Reserved regions may cover the DTB (firmware often reserves
-//!   it), nothing else that is kept.
+//! * Kept (never written): the image, the DTB, the modules (Dom0's and
+//!   every DomU's), reserved regions. Reserved regions may cover the DTB
+//!   (firmware often reserves it), nothing else that is kept. DomUs may
+//!   share a module (the same kind at exactly the same range: one kernel
+//!   file loaded once for several DomUs); any other overlap is an error.
 //! * The heap: the lowest free 2 MiB-aligned range of `heap_size`, so it
 //!   sits near the image and leaves the top of RAM to the guest.
+//! * Each DomU, in order: its RAM (`memory`, rounded up to 2 MiB) at the
+//!   top of the highest free range that holds it, then its disk
+//!   (`disk_size`, rounded up) the same way. DomUs are placed before Dom0's
+//!   RAM, so Dom0 without `dom0_mem` gets the largest range that is left.
 //! * Guest RAM (identity-mapped): `dom0_mem` at the top of the highest free
 //!   range that holds it. Without `dom0_mem`: the largest free range above
 //!   the bottom `keep_low` of RAM, less the RAM disk.
@@ -32,6 +38,7 @@
 //!
 //! Everything placed is 2 MiB aligned, so stage 2 can use block mappings.
 
+use crate::domain::{DomainId, DomainSpec, DomuPlacement};
 use crate::dtb::Region;
 use alloc::vec::Vec;
 use core::fmt;
@@ -75,6 +82,9 @@ pub struct Inputs<'a> {
     /// Without `dom0_mem`, guest RAM starts at least this far above the
     /// lowest RAM (at most half of the lowest bank).
     pub keep_low: u64,
+    /// The dom0less DomUs (`Platform::domus`): their modules are kept,
+    /// their RAM and disks placed.
+    pub domus: &'a [DomainSpec],
 }
 
 /// A module copied into guest RAM: `src.size` bytes are copied, the rest
@@ -86,7 +96,7 @@ pub struct ModuleCopy {
 }
 
 /// Where everything goes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Plan {
     /// The hypervisor image (an input, kept for later checks).
     pub image: Region,
@@ -101,6 +111,26 @@ pub struct Plan {
     pub initrd: Option<ModuleCopy>,
     /// Where the guest DTB goes (its last [`GUEST_DTB_SIZE`] bytes).
     pub guest_dtb: Region,
+    /// Each DomU's RAM and disk, in the order of `Inputs::domus`.
+    pub domus: Vec<DomuPlacement>,
+}
+
+/// A range the plan keeps, and whose it is (for errors that name a DomU).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Kept {
+    /// The DomU it belongs to; `None` for Dom0's modules and the machine's.
+    pub domain: Option<DomainId>,
+    pub name: &'static str,
+    pub range: Region,
+}
+
+impl fmt::Display for Kept {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.domain {
+            Some(d) => write!(f, "DomU d{d}'s {} {}", self.name, Range(self.range)),
+            None => write!(f, "{} {}", self.name, Range(self.range)),
+        }
+    }
 }
 
 /// Why the boot layout does not work. `Display` is one line.
@@ -124,6 +154,15 @@ pub enum LayoutError {
     ModulesDoNotFit { need: u64, guest_ram: Region },
     /// The kernel module is not an arm64 Image.
     BadKernel(&'static str),
+    /// A DomU's module (`kernel`, `ramdisk`) is not entirely inside RAM.
+    DomuOutsideRam { id: DomainId, what: &'static str, range: Region },
+    /// Two kept ranges share a byte and at least one is a DomU's module.
+    DomuOverlap { a: Kept, b: Kept },
+    /// No free RAM range holds a DomU's `what` (`RAM`, `disk`).
+    DomuNoRoom { id: DomainId, what: &'static str, size: u64, largest: u64 },
+    /// A DomU's kernel, initrd and DTB (2 MiB-aligned, as in Dom0's RAM) do
+    /// not fit in its `memory`.
+    DomuModulesDoNotFit { id: DomainId, need: u64, memory: u64 },
 }
 
 /// `[base, end)` in hex.
@@ -184,6 +223,19 @@ impl fmt::Display for LayoutError {
                 Size(guest_ram.size)
             ),
             LayoutError::BadKernel(why) => write!(f, "the kernel module is not an arm64 Image: {why}"),
+            LayoutError::DomuOutsideRam { id, what, range } => {
+                write!(f, "DomU d{id}'s {what} module {} is not inside RAM", Range(range))
+            }
+            LayoutError::DomuOverlap { a, b } => write!(f, "{a} overlaps {b}"),
+            LayoutError::DomuNoRoom { id, what, size, largest } => write!(
+                f,
+                "no free RAM range of {} for DomU d{id}'s {what} (largest free range: {})",
+                Size(size),
+                Size(largest)
+            ),
+            LayoutError::DomuModulesDoNotFit { id, need, memory } => {
+                write!(f, "DomU d{id}'s kernel, initrd and DTB need {} but its memory is {}", Size(need), Size(memory))
+            }
         }
     }
 }
@@ -291,7 +343,7 @@ fn highest_fit(free: &[Region], size: u64) -> Option<Region> {
 /// The inputs, checked: RAM spans, the ranges kept (named) and reserved.
 struct Checked {
     spans: Vec<Region>,
-    kept: Vec<(&'static str, Region)>,
+    kept: Vec<Kept>,
     reserved: Vec<Region>,
     kernel: Region,
     initrd: Option<Region>,
@@ -312,19 +364,39 @@ fn check_inputs(i: &Inputs<'_>) -> Result<Checked, LayoutError> {
     }
 
     // What must be kept, in the order errors name them.
-    let mut kept: Vec<(&'static str, Region)> = Vec::from([("kernel", kernel)]);
-    kept.extend(initrd.map(|r| ("initrd", r)));
-    kept.push(("device tree", dtb));
-    kept.push(("hypervisor image", image));
-    for (n, a) in kept.iter().enumerate() {
-        if let Some(b) = kept[n + 1..].iter().find(|b| overlaps(a.1, b.1)) {
-            return Err(LayoutError::Overlap { a: *a, b: *b });
+    let dom0 = |name, range| Kept { domain: None, name, range };
+    let mut kept: Vec<Kept> = Vec::from([dom0("kernel", kernel)]);
+    kept.extend(initrd.map(|r| dom0("initrd", r)));
+    kept.push(dom0("device tree", dtb));
+    kept.push(dom0("hypervisor image", image));
+    for d in i.domus {
+        let modules = [Some(("kernel", d.kernel)), d.ramdisk.map(|r| ("ramdisk", r))];
+        for (what, r) in modules.into_iter().flatten() {
+            let range = range(what, r.base, r.size)?;
+            if !spans.iter().any(|s| s.base <= range.base && end(range) <= end(*s)) {
+                return Err(LayoutError::DomuOutsideRam { id: d.id, what, range });
+            }
+            let k = Kept { domain: Some(d.id), name: what, range };
+            // One file loaded once may serve several DomUs.
+            let shared = |o: &Kept| o.domain.is_some() && o.name == what && o.range == range;
+            if !kept.iter().any(shared) {
+                kept.push(k);
+            }
         }
-        if a.0 == "device tree" {
+    }
+    let overlap = |a: Kept, b: Kept| match (a.domain, b.domain) {
+        (None, None) => LayoutError::Overlap { a: (a.name, a.range), b: (b.name, b.range) },
+        _ => LayoutError::DomuOverlap { a, b },
+    };
+    for (n, a) in kept.iter().enumerate() {
+        if let Some(b) = kept[n + 1..].iter().find(|b| overlaps(a.range, b.range)) {
+            return Err(overlap(*a, *b));
+        }
+        if a.name == "device tree" {
             continue;
         }
-        if let Some(r) = reserved.iter().find(|r| overlaps(a.1, **r)) {
-            return Err(LayoutError::Overlap { a: *a, b: ("reserved region", *r) });
+        if let Some(r) = reserved.iter().find(|r| overlaps(a.range, **r)) {
+            return Err(overlap(*a, dom0("reserved region", *r)));
         }
     }
     Ok(Checked { spans, kept, reserved, kernel, initrd })
@@ -342,7 +414,7 @@ pub fn plan(i: &Inputs<'_>) -> Result<Plan, LayoutError> {
     let Checked { spans, kept, reserved, kernel, initrd } = check_inputs(i)?;
     let image = i.image;
 
-    let mut used: Vec<Region> = kept.iter().map(|k| k.1).collect();
+    let mut used: Vec<Region> = kept.iter().map(|k| k.range).collect();
     used.extend(reserved.iter().copied());
     let free = subtract(&spans, &used);
 
@@ -356,7 +428,34 @@ pub fn plan(i: &Inputs<'_>) -> Result<Plan, LayoutError> {
         size: heap_size,
         largest: largest(&free),
     })?;
-    let free = subtract(&free, &[heap]);
+    let mut free = subtract(&free, &[heap]);
+
+    let mut domus = Vec::new();
+    for d in i.domus {
+        let no_room =
+            |what, size, free: &[Region]| LayoutError::DomuNoRoom { id: d.id, what, size, largest: largest(free) };
+        let memory = align_up(d.memory, ALIGN).ok_or(no_room("RAM", d.memory, &free))?;
+        let need = [Some(d.kernel.size), d.ramdisk.map(|r| r.size), Some(GUEST_DTB_SIZE)]
+            .into_iter()
+            .flatten()
+            .try_fold(0u64, |acc, s| acc.checked_add(align_up(s, ALIGN)?))
+            .unwrap_or(u64::MAX);
+        if need > memory {
+            return Err(LayoutError::DomuModulesDoNotFit { id: d.id, need, memory: d.memory });
+        }
+        let ram = highest_fit(&free, memory).ok_or(no_room("RAM", memory, &free))?;
+        free = subtract(&free, &[ram]);
+        let disk = match d.disk_size {
+            0 => None,
+            size => {
+                let size = align_up(size, ALIGN).ok_or(no_room("disk", size, &free))?;
+                let disk = highest_fit(&free, size).ok_or(no_room("disk", size, &free))?;
+                free = subtract(&free, &[disk]);
+                Some(disk)
+            }
+        };
+        domus.push(DomuPlacement { id: d.id, ram, disk });
+    }
 
     let ram_total: u64 = spans.iter().map(|s| s.size).sum();
     let disk = match i.ram_disk {
@@ -415,7 +514,7 @@ pub fn plan(i: &Inputs<'_>) -> Result<Plan, LayoutError> {
             return Err(LayoutError::ModulesDoNotFit { need, guest_ram });
         }
     }
-    Ok(Plan { image, heap, guest_ram, ram_disk, kernel: kernel_copy, initrd: initrd_copy, guest_dtb })
+    Ok(Plan { image, heap, guest_ram, ram_disk, kernel: kernel_copy, initrd: initrd_copy, guest_dtb, domus })
 }
 
 /// Checks that no passthrough device range (mapped into the guest page by

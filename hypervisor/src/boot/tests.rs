@@ -2,6 +2,7 @@
 
 use super::image::arm64_image_size;
 use super::plan::*;
+use crate::domain::{DomainSpec, DomuPlacement, DEFAULT_WEIGHT};
 use crate::dtb::Region;
 use crate::testrng::Rng;
 use alloc::format;
@@ -44,6 +45,7 @@ fn inputs(kernel_at: u64, initrd: Option<Region>) -> Inputs<'static> {
         ram_disk: 0,
         heap_size: 48 * MIB,
         keep_low: 512 * MIB,
+        domus: &[],
     }
 }
 
@@ -52,12 +54,24 @@ fn kept(i: &Inputs<'_>) -> Vec<Region> {
     let mut k = Vec::from([i.image, i.dtb, i.kernel.module]);
     k.extend(i.initrd);
     k.extend(i.reserved.iter().copied());
+    for d in i.domus {
+        k.push(d.kernel);
+        k.extend(d.ramdisk);
+    }
     k
 }
 
 /// The invariants every plan must satisfy.
 fn check_plan(i: &Inputs<'_>, p: &Plan) {
-    let written: Vec<Region> = [Some(p.heap), Some(p.guest_ram), p.ram_disk].into_iter().flatten().collect();
+    let mut written: Vec<Region> = [Some(p.heap), Some(p.guest_ram), p.ram_disk].into_iter().flatten().collect();
+    assert_eq!(p.domus.len(), i.domus.len());
+    for (d, placed) in i.domus.iter().zip(&p.domus) {
+        assert_eq!(placed.id, d.id);
+        assert_eq!(placed.ram.size, d.memory.div_ceil(ALIGN) * ALIGN);
+        assert_eq!(placed.disk.map_or(0, |x| x.size), d.disk_size.div_ceil(ALIGN) * ALIGN);
+        written.push(placed.ram);
+        written.extend(placed.disk);
+    }
     for (n, w) in written.iter().enumerate() {
         assert_eq!(w.base % ALIGN, 0, "{w:x?} not aligned in {p:x?}");
         assert!(i.ram.iter().any(|b| b.base <= w.base && end(*w) <= end(*b)), "{w:x?} outside RAM in {p:x?}");
@@ -339,7 +353,7 @@ fn passthrough_devices_must_not_touch_ram_or_the_hypervisor() {
 #[test]
 fn pcie_bridge_frames_are_checked_like_devices() {
     let plat = crate::dtb::discover(include_bytes!("../dtb/testdata/qemu-virt-gicv3-smp2.dtb")).unwrap();
-    let frames = plat.pcie[0].passthrough_frames(1 << crate::stage2::IPA_BITS);
+    let frames = plat.pcie[0].passthrough_frames(crate::stage2::IpaSize::DEFAULT.limit());
     assert_eq!(frames, [r(0x40_1000_0000, 0x1000_0000), r(0x3eff_0000, 0x1_0000), r(0x1000_0000, 0x2eff_0000)]);
     let hyp = [
         ("GIC distributor", plat.gic.gicd),
@@ -384,6 +398,16 @@ fn random_layouts_plan_disjointly_or_fail_with_one_line() {
         let module = pick(&mut rng, 64 * MIB);
         let initrd = (rng.below(4) != 0).then(|| pick(&mut rng, 128 * MIB));
         let reserved: Vec<Region> = (0..rng.below(4)).map(|_| pick(&mut rng, 32 * MIB)).collect();
+        let mut domus: Vec<DomainSpec> = Vec::new();
+        for id in 1..=rng.below(4) as u16 {
+            // Sometimes the same kernel file as the DomU before.
+            let kernel = match domus.last() {
+                Some(prev) if rng.below(2) == 0 => prev.kernel,
+                _ => pick(&mut rng, 32 * MIB),
+            };
+            let ramdisk = (rng.below(2) == 0).then(|| pick(&mut rng, 64 * MIB));
+            domus.push(domu(id, MIB * (1 + rng.below(512)), kernel, ramdisk, MIB * rng.below(3) * 16));
+        }
         let i = Inputs {
             ram: &ram,
             image: r(0x4020_0000, 2 * MIB * (1 + rng.below(4))),
@@ -395,6 +419,7 @@ fn random_layouts_plan_disjointly_or_fail_with_one_line() {
             ram_disk: if rng.below(3) == 0 { MIB * (1 + rng.below(512)) } else { 0 },
             heap_size: 48 * MIB,
             keep_low: 512 * MIB,
+            domus: &domus,
         };
         match plan(&i) {
             Ok(p) => {
@@ -410,4 +435,121 @@ fn random_layouts_plan_disjointly_or_fail_with_one_line() {
     }
     // Both outcomes are exercised.
     assert!(ok > 1000 && failed > 1000, "ok {ok}, failed {failed}");
+}
+
+/// A DomU as the parser would describe it.
+fn domu(id: u16, memory: u64, kernel: Region, ramdisk: Option<Region>, disk_size: u64) -> DomainSpec {
+    DomainSpec {
+        id,
+        name: format!("domU{id}"),
+        memory,
+        vcpus: 1,
+        vpl011: true,
+        kernel,
+        ramdisk,
+        bootargs: "console=ttyAMA0".to_string(),
+        weight: DEFAULT_WEIGHT,
+        cap_percent: None,
+        disk_size,
+    }
+}
+
+/// QEMU virt as `cargo xtask run --domu 2` makes it: 1 GiB for Dom0, 512
+/// MiB kept low, 2 × (256 MiB RAM + 64 MiB disk) and 128 MiB of DomU
+/// modules at the top, shared by both DomUs.
+const DOMU_RAM: [Region; 1] = [Region { base: 0x4000_0000, size: (1024 + 512 + 2 * 320 + 128) * MIB }];
+
+fn domu_inputs(domus: &[DomainSpec]) -> Inputs<'_> {
+    Inputs { ram: &DOMU_RAM, domus, ..inputs(0x5000_0000, Some(r(0x51c0_0000, INITRD_FILE))) }
+}
+
+#[test]
+fn domus_are_placed_at_the_top_and_dom0_below_them() {
+    let top = end(DOMU_RAM[0]);
+    let kernel = r(top - 128 * MIB, KERNEL_FILE);
+    let initrd = r(top - 96 * MIB, INITRD_FILE);
+    let d = [domu(1, 256 * MIB, kernel, Some(initrd), 64 * MIB), domu(2, 256 * MIB, kernel, Some(initrd), 64 * MIB)];
+    let i = domu_inputs(&d);
+    let p = plan_ok(&i);
+    // Below the modules: d1's RAM, its disk, d2's RAM, its disk, then Dom0.
+    let below = top - 128 * MIB;
+    assert_eq!(
+        p.domus,
+        [
+            DomuPlacement { id: 1, ram: r(below - 256 * MIB, 256 * MIB), disk: Some(r(below - 320 * MIB, 64 * MIB)) },
+            DomuPlacement { id: 2, ram: r(below - 576 * MIB, 256 * MIB), disk: Some(r(below - 640 * MIB, 64 * MIB)) },
+        ]
+    );
+    assert_eq!(p.guest_ram, r(below - 640 * MIB - 1024 * MIB, 1024 * MIB));
+    // Without dom0_mem Dom0 takes the largest range left: everything
+    // between the low 512 MiB and the DomUs.
+    let p = plan_ok(&Inputs { dom0_mem: None, ..i });
+    assert_eq!(p.guest_ram, r(0x6000_0000, below - 640 * MIB - 0x6000_0000));
+    // No disk: only RAM.
+    let d = [domu(1, 100 * MIB + 1, kernel, None, 0)];
+    let p = plan_ok(&domu_inputs(&d));
+    assert_eq!(p.domus, [DomuPlacement { id: 1, ram: r(below - 102 * MIB, 102 * MIB), disk: None }]);
+}
+
+#[test]
+fn impossible_domus_are_errors_naming_the_domain() {
+    let top = end(DOMU_RAM[0]);
+    let kernel = r(top - 128 * MIB, KERNEL_FILE);
+    let initrd = r(top - 96 * MIB, INITRD_FILE);
+    let ok = domu(1, 256 * MIB, kernel, Some(initrd), 64 * MIB);
+    let err = |d: &[DomainSpec]| plan(&domu_inputs(d)).unwrap_err();
+    // Too much memory for the second DomU.
+    let e = err(&[ok.clone(), domu(2, 4096 * MIB, kernel, None, 0)]);
+    assert!(matches!(e, LayoutError::DomuNoRoom { id: 2, what: "RAM", size, .. } if size == 4096 * MIB), "{e:?}");
+    assert!(e.to_string().starts_with("no free RAM range of 4096 MiB for DomU d2's RAM (largest free range: "), "{e}");
+    // A disk that does not fit.
+    let e = err(&[domu(1, 256 * MIB, kernel, None, 8192 * MIB)]);
+    assert!(matches!(e, LayoutError::DomuNoRoom { id: 1, what: "disk", .. }), "{e:?}");
+    // DomUs that fit alone but leave Dom0's 1 GiB no room.
+    let e = err(&[ok.clone(), domu(2, 700 * MIB, kernel, None, 0)]);
+    assert!(matches!(e, LayoutError::NoRoom { what: "guest RAM (dom0_mem)", .. }), "{e:?}");
+    // Modules outside RAM.
+    let e = err(&[domu(1, 256 * MIB, r(top, MIB), None, 0)]);
+    assert_eq!(e, LayoutError::DomuOutsideRam { id: 1, what: "kernel", range: r(top, MIB) });
+    assert_eq!(e.to_string(), format!("DomU d1's kernel module [{top:#x}, {:#x}) is not inside RAM", top + MIB));
+    let e = err(&[domu(1, 256 * MIB, kernel, Some(r(top - MIB, 2 * MIB)), 0)]);
+    assert!(matches!(e, LayoutError::DomuOutsideRam { id: 1, what: "ramdisk", .. }), "{e:?}");
+    // A DomU module over Dom0's kernel, the image, the DTB, another DomU's.
+    let dom0_kernel = r(0x5000_0000, KERNEL_FILE);
+    let e = err(&[domu(1, 256 * MIB, r(0x5010_0000, MIB), None, 0)]);
+    assert_eq!(
+        e,
+        LayoutError::DomuOverlap {
+            a: Kept { domain: None, name: "kernel", range: dom0_kernel },
+            b: Kept { domain: Some(1), name: "kernel", range: r(0x5010_0000, MIB) },
+        }
+    );
+    assert_eq!(
+        e.to_string(),
+        format!("kernel [0x50000000, {:#x}) overlaps DomU d1's kernel [0x50100000, 0x50200000)", end(dom0_kernel))
+    );
+    let e = err(&[domu(1, 256 * MIB, r(0x4030_0000, MIB), None, 0)]);
+    assert!(matches!(e, LayoutError::DomuOverlap { a: Kept { name: "hypervisor image", .. }, .. }), "{e:?}");
+    let e = err(&[domu(1, 256 * MIB, r(0x4800_0000, MIB), None, 0)]);
+    assert!(matches!(e, LayoutError::DomuOverlap { a: Kept { name: "device tree", .. }, .. }), "{e:?}");
+    // Two DomUs may share a file exactly, not partly, and not across kinds.
+    let e = err(&[ok.clone(), domu(2, 256 * MIB, r(kernel.base + MIB, MIB), None, 0)]);
+    assert!(
+        matches!(e, LayoutError::DomuOverlap { a: Kept { domain: Some(1), .. }, b: Kept { domain: Some(2), .. } }),
+        "{e:?}"
+    );
+    let e = err(&[ok.clone(), domu(2, 256 * MIB, initrd, Some(kernel), 0)]);
+    assert!(matches!(e, LayoutError::DomuOverlap { .. }), "{e:?}");
+    // Reserved memory under a DomU module.
+    let reserved = [r(top - 110 * MIB, MIB)];
+    let d = [ok.clone()];
+    let e = plan(&Inputs { reserved: &reserved, ..domu_inputs(&d) }).unwrap_err();
+    assert!(matches!(e, LayoutError::DomuOverlap { b: Kept { name: "reserved region", .. }, .. }), "{e:?}");
+    // Memory too small for its own kernel, initrd and DTB.
+    let e = err(&[domu(1, 64 * MIB, kernel, Some(initrd), 0)]);
+    assert_eq!(e, LayoutError::DomuModulesDoNotFit { id: 1, need: (28 + 84 + 2) * MIB, memory: 64 * MIB });
+    assert_eq!(e.to_string(), "DomU d1's kernel, initrd and DTB need 114 MiB but its memory is 64 MiB");
+    // Memory of u64::MAX: no room, no overflow.
+    let e = err(&[domu(1, u64::MAX, kernel, None, 0)]);
+    assert!(matches!(e, LayoutError::DomuNoRoom { id: 1, what: "RAM", .. }), "{e:?}");
 }

@@ -29,8 +29,10 @@ pub const DOMU_VIRTIO: u64 = 0x0A00_0000;
 pub const DOMU_VIRTIO_SPI: u32 = 16;
 /// The most vCPUs a DomU may have (its redistributors end below the UART).
 pub const MAX_DOMU_VCPUS: u32 = 64;
-/// The most RAM a DomU may have: it must end inside the 39-bit IPA space.
-pub const MAX_DOMU_RAM: u64 = (1 << crate::stage2::IPA_BITS) - DOMU_RAM_BASE;
+/// A DomU's IPA space (bits): 39, which every CPU supports here.
+pub const DOMU_IPA_BITS: u32 = 39;
+/// The most RAM a DomU may have: it must end inside its IPA space.
+pub const MAX_DOMU_RAM: u64 = (1 << DOMU_IPA_BITS) - DOMU_RAM_BASE;
 
 /// Why a DomU cannot be laid out. `Display` is one line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

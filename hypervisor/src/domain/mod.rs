@@ -11,7 +11,7 @@
 //! DomU device-tree builder live in submodules.
 
 pub mod console;
-pub mod fdt;
+pub mod domu_dt;
 pub mod layout;
 #[cfg(test)]
 mod tests;
@@ -53,7 +53,7 @@ pub struct DomainSpec {
     /// Credit2 cap in percent of one pCPU (`hv,sched-cap`; none = uncapped).
     pub cap_percent: Option<u32>,
     /// Size in bytes of the RAM-backed virtio-blk disk the hypervisor serves
-    /// to this domain (`hv,disk-size`; 0 = no disk).
+    /// to this domain (`hv,disk-size`; 0 or absent = no disk).
     pub disk_size: u64,
 }
 
@@ -68,3 +68,6 @@ pub struct DomuPlacement {
     /// Backs its RAM disk, when `disk_size` > 0.
     pub disk: Option<Region>,
 }
+
+/// The dom0less parser: the boot DTB's `/chosen/domU*` nodes → [`DomainSpec`]s.
+pub mod dom0less;

@@ -3,7 +3,7 @@
 //! prefixes, whole lines and the Ctrl-A switch.
 
 use super::console::{next_domain, ConsoleMux, Input, InputSwitch, LINE_MAX, SWITCH_KEY};
-use super::fdt::{build_domu_dtb, DomuDtConfig};
+use super::domu_dt::{build_domu_dtb, DomuDtConfig};
 use super::layout::*;
 use super::{DomainSpec, DomuPlacement, DEFAULT_WEIGHT};
 use crate::dtb::Region;

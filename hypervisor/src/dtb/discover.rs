@@ -30,6 +30,10 @@ pub fn discover(dtb: &[u8]) -> Result<Platform, DtbError> {
         Some(c) => modules(&idx, c)?,
         None => (None, None),
     };
+    let domus = match chosen {
+        Some(c) => crate::domain::dom0less::from_chosen(&idx, c).map_err(DtbError::Domain)?,
+        None => Vec::new(),
+    };
     let psci_method = idx
         .iter()
         .find(|e| is_enabled(e.node) && compatible_prefix(e, "arm,psci"))
@@ -47,6 +51,7 @@ pub fn discover(dtb: &[u8]) -> Result<Platform, DtbError> {
         bootargs: chosen.and_then(|c| hypervisor_bootargs(idx.entries[c].node)).map(String::from),
         kernel,
         ramdisk,
+        domus,
         gic,
     };
     Ok(platform)

@@ -16,7 +16,8 @@
 //!   with virtualization=on, which would go to EL3 behind our back);
 //! * `/chosen` → host properties kept (`stdout-path`, seeds, …) except the
 //!   command line and initrd, which come from the config; the `module@`
-//!   children are the hypervisor's boot modules and are dropped.
+//!   children are the hypervisor's boot modules and are dropped, and so are
+//!   the dom0less DomU nodes (`compatible = "xen,domain"`).
 //!
 //! Nodes missing from the host (`/psci`, `/chosen`, `/cpus`, memory) are
 //! created. Extra `virtio,mmio` nodes (the hypervisor's emulated devices) are
@@ -392,7 +393,9 @@ impl Builder<'_> {
             let cells = tree::child_cells(host, self.root_cells)?;
             for child in host.children() {
                 let child_path = child_path(path, child.name);
-                if !is_boot_module(child) && !self.dropped(&child_path) {
+                // DomUs (dom0less `xen,domain` nodes) are not Dom0's business.
+                let domu = is_compatible(child, "xen,domain");
+                if !is_boot_module(child) && !domu && !self.dropped(&child_path) {
                     self.copy(child, &child_path, 3, cells)?;
                 }
             }

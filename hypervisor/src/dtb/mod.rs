@@ -53,14 +53,16 @@
 //!   0x10300), never by an index.
 //! * Nodes with `status` other than `okay` are ignored by [`discover`].
 
-mod blob;
+pub(crate) mod blob;
 mod discover;
 mod guest;
-mod tree;
+pub(crate) mod tree;
 
 #[cfg(test)]
 mod tests;
 
+use crate::domain::dom0less::DomainError;
+use crate::domain::DomainSpec;
 use crate::intid::IntId;
 use alloc::string::String;
 use alloc::vec::Vec;
@@ -87,6 +89,8 @@ pub enum DtbError {
     TooBig,
     /// `vm-fdt` refused to write the guest tree (its reason).
     Write(&'static str),
+    /// A dom0less domain node (`/chosen/domU*`) is unusable.
+    Domain(DomainError),
 }
 
 impl fmt::Display for DtbError {
@@ -99,6 +103,7 @@ impl fmt::Display for DtbError {
             DtbError::BadValue(what) => write!(f, "bad device tree value: {what}"),
             DtbError::TooBig => write!(f, "value does not fit its device tree cells"),
             DtbError::Write(why) => write!(f, "cannot write device tree: {why}"),
+            DtbError::Domain(e) => write!(f, "{e}"),
         }
     }
 }
@@ -286,6 +291,9 @@ pub struct Platform {
     pub bootargs: Option<String>,
     pub kernel: Option<BootModule>,
     pub ramdisk: Option<BootModule>,
+    /// The dom0less DomUs (`/chosen/domU*`, `compatible = "xen,domain"`),
+    /// in tree order: see [`crate::domain::dom0less`].
+    pub domus: Vec<DomainSpec>,
 }
 
 /// How to edit the host tree into the guest's.

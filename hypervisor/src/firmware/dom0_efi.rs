@@ -13,7 +13,7 @@
 //! | offset | what |
 //! |---|---|
 //! | 0 | the DT: `/chosen` only (bootargs, initrd, `linux,uefi-*`) |
-//! | [`SYSTAB_OFF`] | `EFI_SYSTEM_TABLE`, its one configuration table entry (ACPI 2.0 → Dom0's RSDP), the vendor string |
+//! | [`SYSTAB_OFF`] | `EFI_SYSTEM_TABLE`, its configuration table (ACPI 2.0 → Dom0's RSDP; Linux's memreserve table → an empty list root after it), the vendor string |
 //! | [`MMAP_OFF`] | the memory map |
 //! | [`ACPI_OFF`] | Dom0's ACPI tables (`acpi::dom0::build_dom0_tables`) |
 //!
@@ -21,6 +21,12 @@
 //! ACPI reclaim (Linux keeps it reserved and maps it cacheable), the host's
 //! ACPI reclaim and NVS regions (where the tables Dom0 gets by address
 //! live: DSDT, GTDT, SPCR, ...) as they are, and MMIO regions Dom0 may map.
+//!
+//! The memreserve table (`LINUX_EFI_MEMRESERVE_TABLE_GUID`, a linked list
+//! root Linux writes into) is where Linux's ITS driver records its LPI
+//! tables for a kexec'd kernel; without it `efi_mem_reserve_persistent`
+//! fails and the driver warns once per CPU (Dom0 has the ITS with a PCIe
+//! disk).
 
 use alloc::string::String;
 use alloc::vec::Vec;
@@ -28,7 +34,7 @@ use core::fmt;
 
 use super::acpi::dom0::{build_dom0_tables, Dom0AcpiConfig, Dom0Tables};
 use super::acpi::{AcpiError, Tables};
-use super::uefi::{memory_type, MemoryDescriptor, ACPI_20_TABLE_GUID, EFI_PAGE_SIZE, MEMORY_DESCRIPTOR_LEN};
+use super::uefi::{memory_type, Guid, MemoryDescriptor, ACPI_20_TABLE_GUID, EFI_PAGE_SIZE, MEMORY_DESCRIPTOR_LEN};
 use crate::dtb::Region;
 use vm_fdt::FdtWriter;
 
@@ -49,9 +55,18 @@ pub const MEMORY_DESCRIPTOR_VERSION: u32 = 1;
 const SYSTEM_TABLE_SIGNATURE: u64 = 0x5453_5953_2049_4249;
 const SYSTEM_TABLE_REVISION: u32 = (2 << 16) | 70;
 const SYSTEM_TABLE_LEN: usize = 120;
-/// Where the configuration table and the vendor string go, after it.
+/// Where the configuration table (two 24-byte entries), the vendor string
+/// and the memreserve list root go, after it.
 const CONFIG_TABLE_OFF: usize = 128;
-const VENDOR_OFF: usize = 160;
+const CONFIG_ENTRIES: u64 = 2;
+const VENDOR_OFF: usize = 176;
+const MEMRESERVE_OFF: usize = 0x200;
+/// `struct linux_efi_memreserve` with no entries and no next: size, count
+/// (32 bits each), next (64).
+const MEMRESERVE_LEN: usize = 16;
+/// Linux's `LINUX_EFI_MEMRESERVE_TABLE_GUID`.
+pub const LINUX_EFI_MEMRESERVE_TABLE_GUID: Guid =
+    Guid::new(0x888e_b0c6, 0x8ede, 0x4ff5, [0xa8, 0xf0, 0x9a, 0xee, 0x5c, 0xb9, 0x77, 0xc2]);
 const VENDOR: &str = "hypervisor";
 
 /// What Dom0's firmware view is made of.
@@ -171,19 +186,22 @@ pub fn chosen_dtb(bootargs: &str, initrd: Option<Region>, systab: u64, mmap: Reg
     w.finish()
 }
 
-/// `EFI_SYSTEM_TABLE` at `at`, with one configuration table entry (ACPI
-/// 2.0 → `rsdp`) and the vendor string after it; no services, no console.
+/// `EFI_SYSTEM_TABLE` at `at`, with two configuration table entries (ACPI
+/// 2.0 → `rsdp`, Linux's memreserve table → an empty list root), the vendor
+/// string and that root after it; no services, no console.
 pub fn system_table(at: u64, rsdp: u64) -> Vec<u8> {
-    let mut t = alloc::vec![0u8; VENDOR_OFF + 2 * (VENDOR.len() + 1)];
+    let mut t = alloc::vec![0u8; MEMRESERVE_OFF + MEMRESERVE_LEN];
     let put = |t: &mut [u8], off: usize, bytes: &[u8]| t[off..off + bytes.len()].copy_from_slice(bytes);
     put(&mut t, 0, &SYSTEM_TABLE_SIGNATURE.to_le_bytes());
     put(&mut t, 8, &SYSTEM_TABLE_REVISION.to_le_bytes());
     put(&mut t, 12, &(SYSTEM_TABLE_LEN as u32).to_le_bytes());
     put(&mut t, 24, &(at + VENDOR_OFF as u64).to_le_bytes());
-    put(&mut t, 104, &1u64.to_le_bytes());
+    put(&mut t, 104, &CONFIG_ENTRIES.to_le_bytes());
     put(&mut t, 112, &(at + CONFIG_TABLE_OFF as u64).to_le_bytes());
     put(&mut t, CONFIG_TABLE_OFF, &ACPI_20_TABLE_GUID.0);
     put(&mut t, CONFIG_TABLE_OFF + 16, &rsdp.to_le_bytes());
+    put(&mut t, CONFIG_TABLE_OFF + 24, &LINUX_EFI_MEMRESERVE_TABLE_GUID.0);
+    put(&mut t, CONFIG_TABLE_OFF + 40, &(at + MEMRESERVE_OFF as u64).to_le_bytes());
     for (i, c) in VENDOR.bytes().enumerate() {
         put(&mut t, VENDOR_OFF + 2 * i, &u16::from(c).to_le_bytes());
     }
@@ -266,13 +284,21 @@ mod tests {
     fn system_table_points_at_the_rsdp() {
         let t = system_table(0x1000, 0xdead_0000);
         assert_eq!(u64::from_le_bytes(t[0..8].try_into().unwrap()), SYSTEM_TABLE_SIGNATURE);
-        assert_eq!(u64::from_le_bytes(t[104..112].try_into().unwrap()), 1);
+        assert_eq!(u64::from_le_bytes(t[104..112].try_into().unwrap()), 2);
         assert_eq!(u64::from_le_bytes(t[112..120].try_into().unwrap()), 0x1000 + CONFIG_TABLE_OFF as u64);
         assert_eq!(&t[CONFIG_TABLE_OFF..CONFIG_TABLE_OFF + 16], &ACPI_20_TABLE_GUID.0);
         assert_eq!(
             u64::from_le_bytes(t[CONFIG_TABLE_OFF + 16..CONFIG_TABLE_OFF + 24].try_into().unwrap()),
             0xdead_0000
         );
+        // Linux's memreserve table: an empty list root inside the blob.
+        assert_eq!(&t[CONFIG_TABLE_OFF + 24..CONFIG_TABLE_OFF + 40], &LINUX_EFI_MEMRESERVE_TABLE_GUID.0);
+        let root = u64::from_le_bytes(t[CONFIG_TABLE_OFF + 40..CONFIG_TABLE_OFF + 48].try_into().unwrap());
+        assert_eq!(root, 0x1000 + MEMRESERVE_OFF as u64);
+        assert_eq!(t.len(), MEMRESERVE_OFF + MEMRESERVE_LEN);
+        assert!(t[MEMRESERVE_OFF..].iter().all(|&b| b == 0), "size 0, count 0, next 0");
+        assert!(VENDOR_OFF + 2 * (VENDOR.len() + 1) <= MEMRESERVE_OFF);
+        assert_eq!(LINUX_EFI_MEMRESERVE_TABLE_GUID.0[..4], [0xc6, 0xb0, 0x8e, 0x88]);
         // The header CRC: recomputed with the field zeroed.
         let mut h = t[..SYSTEM_TABLE_LEN].to_vec();
         let crc = u32::from_le_bytes(h[16..20].try_into().unwrap());

@@ -3,12 +3,13 @@
 //! GIC, and the Dom0-style VM. Every stop on an error is one `(HV) fatal:`
 //! line (`hv_fatal!`) and PSCI SYSTEM_OFF.
 
-use super::percpu::{self, PCPUS};
+use super::percpu::{self, pcpu};
 use super::{console, heap, vcpu, vm};
-use crate::arch::entry::MAX_CPUS;
-use crate::arch::{exception, gic, mmu, smc, sysreg};
+use crate::arch::entry::STACK_SIZE;
+use crate::arch::{cache, exception, gic, mmu, smc, sysreg};
 use crate::boot::handoff::{self, Convention, NoDtb};
 use crate::boot::image as boot_image;
+use crate::boot::pcpus;
 use crate::boot::plan::{self, LayoutError, Plan};
 use crate::config::{Config, DiskMode};
 use crate::dtb::{self, BootModule, Platform, Region};
@@ -17,15 +18,12 @@ use crate::its::v4::LpiPath;
 use crate::platform;
 use alloc::boxed::Box;
 use core::sync::atomic::Ordering;
-use log::{error, info};
+use log::{error, info, warn};
 
 extern "C" {
     static __image_start: u8;
     static __image_end: u8;
 }
-
-/// Size of the main heap; where it goes is planned (`boot::plan`).
-const HEAP_SIZE: u64 = 48 << 20;
 
 /// Finds the DTB among the boot registers (either BL33 convention,
 /// `boot::handoff`). Runs with the MMU on: only normal memory of the
@@ -62,8 +60,10 @@ pub(super) fn plan_layout(
         initrd: plat.ramdisk.as_ref().map(|r| Region { base: r.base, size: r.size }),
         dom0_mem: cfg.dom0_mem,
         ram_disk: if cfg.disk == DiskMode::Ram { cfg.disk_size } else { 0 },
-        heap_size: HEAP_SIZE,
+        // Grows with the pCPUs (their stacks, rings, LPI tables).
+        heap_size: pcpus::heap_size(plat.cpus.len()),
         keep_low: platform::PLATFORM.hyp_reserved,
+        domus: &plat.domus,
     };
     plan::check(&inputs)?;
     // SAFETY: the module lies in RAM (checked just above), identity-mapped
@@ -132,6 +132,9 @@ pub fn primary_main(regs: [u64; 4]) -> ! {
         plat.gic.gicd.base,
         plat.gic.gicr.first().map_or(0, |r| r.base)
     );
+    for d in &plat.domus {
+        info!("{d}");
+    }
     let Some(kernel) = &plat.kernel else {
         hv_fatal!("no guest kernel: the device tree has no /chosen/module@... (multiboot,kernel)");
     };
@@ -148,6 +151,9 @@ pub fn primary_main(regs: [u64; 4]) -> ! {
         plan.guest_ram.end(),
         plan.ram_disk.map(|d| (d.base, d.end()))
     );
+    for d in &plan.domus {
+        info!("layout: {d}");
+    }
     let nr_pcpus = bring_up(&plat, &cfg, &plan);
     // Keep a copy, though the plan keeps guest memory off the original.
     let host_dtb: &'static [u8] = Box::leak(dtb.to_vec().into_boxed_slice());
@@ -155,8 +161,9 @@ pub fn primary_main(regs: [u64; 4]) -> ! {
 }
 
 /// Once the layout is planned, on either boot path (DT, EFI): the main
-/// heap, the physical GIC and ITS, the secondary pCPUs. Returns how many
-/// pCPUs are online.
+/// heap, the per-pCPU state for every CPU the machine describes (up to
+/// `pcpus::MAX_PCPUS`), the physical GIC and ITS, the secondary pCPUs.
+/// Returns how many pCPUs are online.
 pub(super) fn bring_up(plat: &Platform, cfg: &Config, plan: &Plan) -> usize {
     // SAFETY: the plan put the heap in RAM that holds nothing the
     // hypervisor keeps (image, DTB, modules, reserved regions) and that is
@@ -166,13 +173,33 @@ pub(super) fn bring_up(plat: &Platform, cfg: &Config, plan: &Plan) -> usize {
     let Some(gicr) = plat.gic.gicr.first() else {
         hv_fatal!("no GIC redistributor region");
     };
+    // SAFETY: the redistributor region the firmware names, inside the
+    // platform's device windows (mapped as device memory).
+    let frames = unsafe { gic::redistributors_in(gicr.base, gicr.size) };
+    let count = match pcpus::count(plat.cpus.len(), frames) {
+        Ok(c) => c,
+        Err(e) => hv_fatal!("{e}"),
+    };
+    if count.ignored > 0 {
+        warn!(
+            "{} CPUs described, {} redistributors in the first GICR region ({} region(s)); bringing up {} \
+             (bound {})",
+            plat.cpus.len(),
+            frames,
+            plat.gic.gicr.len(),
+            count.used,
+            pcpus::MAX_PCPUS
+        );
+    }
+    percpu::init(count.used);
+
     // SAFETY: the GIC frames the firmware names, inside the platform's
     // device windows (mapped as device memory); from here only `gic`
     // touches them.
-    if let Err(e) = unsafe { gic::init(plat.gic.gicd.base, gicr.base, plat.cpus.len()) } {
+    if let Err(e) = unsafe { gic::init(plat.gic.gicd.base, gicr.base, count.used) } {
         hv_fatal!("GIC: {e:?}");
     }
-    init_its(plat, cfg);
+    init_its(plat, cfg, count.used);
     gic::init_cpu(0);
     if let Err(e) = crate::vgic::usable_lrs(gic::nr_lrs()) {
         hv_fatal!("GIC: {e}; cannot run guests");
@@ -182,24 +209,56 @@ pub(super) fn bring_up(plat: &Platform, cfg: &Config, plan: &Plan) -> usize {
     // Secondary pCPUs: PSCI CPU_ON to firmware; they wait for the VM.
     let me = sysreg::mpidr();
     let mut nr_pcpus = 1;
+    // A stack a CPU did not take (CPU_ON failed) goes to the next one.
+    let mut stack = None;
     for &mpidr in plat.cpus.iter().filter(|&&m| m & 0xff_00ff_ffff != me) {
-        if nr_pcpus >= MAX_CPUS {
+        if nr_pcpus >= count.used {
             break;
         }
-        let entry = secondary_entry as *const () as u64;
-        let r = smc::psci_cpu_on(mpidr, entry, nr_pcpus as u64);
+        let top = *stack.get_or_insert_with(secondary_stack);
+        let r = start_secondary(mpidr, top, nr_pcpus);
         if r != 0 {
             error!("pCPU with MPIDR {mpidr:#x} did not start (PSCI {r})");
             continue;
         }
-        while !PCPUS[nr_pcpus].online.load(Ordering::Acquire) {
+        stack = None;
+        while !pcpu(nr_pcpus).online.load(Ordering::Acquire) {
             core::hint::spin_loop();
         }
+        info!("pCPU{nr_pcpus} online (MPIDR {mpidr:#x})");
         nr_pcpus += 1;
     }
     info!("{nr_pcpus} pCPU(s) online");
     its_self_test(nr_pcpus);
     nr_pcpus
+}
+
+/// A secondary pCPU's stack, from the heap (it runs on it for good);
+/// returns its top.
+fn secondary_stack() -> u64 {
+    let Ok(layout) = core::alloc::Layout::from_size_align(STACK_SIZE, 4096) else {
+        hv_fatal!("pCPU stack layout");
+    };
+    // SAFETY: a layout of non-zero size; the block is never freed.
+    let base = unsafe { alloc::alloc::alloc_zeroed(layout) };
+    if base.is_null() {
+        hv_fatal!("no heap left for a pCPU stack");
+    }
+    base as u64 + STACK_SIZE as u64
+}
+
+/// PSCI CPU_ON for the CPU `mpidr` as pCPU `index`, on the stack whose top
+/// is `top`: `secondary_entry` gets `top` as its context ID and reads the
+/// index from the 16 bytes below it. Returns the PSCI status.
+fn start_secondary(mpidr: u64, top: u64, index: usize) -> i64 {
+    // SAFETY: the 16 bytes below `top` belong to the stack block
+    // `secondary_stack` allocated, which no one else uses.
+    unsafe { core::ptr::write_volatile((top - 16) as *mut u64, index as u64) };
+    // The secondary starts with its MMU off: it reads the index from memory
+    // and its first stack writes go to memory, so no line of the block may
+    // stay in this CPU's cache (a later write-back would overwrite them).
+    cache::clean_inval_to_poc(top - STACK_SIZE as u64, STACK_SIZE as u64);
+    smc::psci_cpu_on(mpidr, secondary_entry as *const () as u64, top)
 }
 
 /// Creates Dom0 and runs pCPU 0's loop.
@@ -214,10 +273,11 @@ pub(super) fn run_dom0(
         Ok(h) => h,
         Err(e) => hv_fatal!("scheduler: {e}"),
     };
-    // DomUs: the `domu_selftest=N` test aid for now (the dom0less parser's
-    // `Plan.domus` later), carved from Dom0's RAM before Dom0 is built.
+    // DomUs: the dom0less ones (`Platform::domus`, placed in `Plan::domus`),
+    // or the `domu_selftest=N` test aid, carved from Dom0's RAM before Dom0
+    // is built.
     let (plan, domus) = match cfg.domu_selftest {
-        0 => (*plan, alloc::vec::Vec::new()),
+        0 => (plan.clone(), plat.domus.iter().cloned().zip(plan.domus.iter().copied()).collect()),
         _ => match super::domu::selftest(plat, cfg, plan) {
             Ok(p) => p,
             Err(e) => hv_fatal!("domu_selftest: {e}"),
@@ -253,12 +313,12 @@ pub(super) fn run_dom0(
 
 /// Sets up the physical ITS, if the DTB names one; without it (or when
 /// its setup fails) the hypervisor runs as before, without host LPIs.
-fn init_its(plat: &Platform, cfg: &Config) {
+fn init_its(plat: &Platform, cfg: &Config, pcpus: usize) {
     let Some(its) = plat.gic.its else {
         info!("ITS: none in the device tree; no host LPIs");
         return;
     };
-    if let Err(e) = gic::its::init(its.base, plat.cpus.len(), cfg.gic_vlpi) {
+    if let Err(e) = gic::its::init(its.base, pcpus, cfg.gic_vlpi) {
         info!("ITS: at {:#x} not used ({e}); no host LPIs", its.base);
         return;
     }
@@ -294,8 +354,8 @@ extern "C" {
 /// Records this pCPU's MPIDR for IPIs (`gic::init_cpu` found its
 /// redistributor).
 fn register_pcpu(cpu: usize) {
-    PCPUS[cpu].mpidr.store(sysreg::mpidr(), Ordering::Relaxed);
-    PCPUS[cpu].online.store(true, Ordering::Release);
+    pcpu(cpu).mpidr.store(sysreg::mpidr(), Ordering::Relaxed);
+    pcpu(cpu).online.store(true, Ordering::Release);
 }
 
 pub fn secondary_main(cpu: usize) -> ! {

@@ -17,14 +17,15 @@ use crate::arch::gic;
 use crate::boot::image as boot_image;
 use crate::boot::plan::{ModuleCopy, Plan, GUEST_DTB_SIZE};
 use crate::config::Config;
-use crate::domain::fdt::{build_domu_dtb, DomuDtConfig};
+use crate::domain::domu_dt::{build_domu_dtb, DomuDtConfig};
 use crate::domain::layout::{self, DomainError, DOMU_GICD, DOMU_GICR, DOMU_UART, DOMU_UART_SPI, DOMU_VIRTIO_SPI};
 use crate::domain::{DomainSpec, DomuPlacement};
 use crate::dtb::{Platform, Region};
 use crate::intid::IntId;
 use crate::irq::{HostIrqs, IrqCounters, IrqRoutes};
 use crate::platform;
-use crate::stage2::{MemType, Stage2};
+use crate::sched::DomainParams;
+use crate::stage2::{IpaSize, MemType, Stage2};
 use crate::vgic::{Vgic, VgicConfig};
 use crate::vpl011::VPl011;
 use alloc::boxed::Box;
@@ -93,7 +94,8 @@ impl Vm {
 
         // Stage 2: its RAM, nothing else.
         let mut frames = HeapFrames::default();
-        let mut s2 = Stage2::new(&mut frames)?;
+        let ipa = IpaSize::DEFAULT;
+        let mut s2 = Stage2::new(&mut frames, ipa)?;
         s2.map(&mut frames, l.ram.ipa.base, l.ram.host, l.ram.ipa.size, MemType::Normal)?;
 
         let vcpu_mpidrs: Vec<u64> = (0..nr_vcpus).map(crate::domain::vcpu_mpidr).collect();
@@ -114,10 +116,10 @@ impl Vm {
         let (vcpus, shared) = new_vcpus(nr_vcpus);
         {
             let mut sched = host.sched.lock();
+            let params = DomainParams { weight: spec.weight, cap_percent: spec.cap_percent };
+            sched.add_domain(spec.id, params).map_err(VmError::Sched)?;
             for i in 0..nr_vcpus {
-                sched
-                    .add_vcpu(crate::sched::VcpuId(vcpu_base + i as u32), spec.weight, None)
-                    .map_err(VmError::Sched)?;
+                sched.add_vcpu(crate::sched::VcpuId(vcpu_base + i as u32), spec.id, None).map_err(VmError::Sched)?;
             }
             let mut v0 = vcpus[0].lock();
             v0.regs.x[0] = l.dtb.ipa.base;
@@ -190,6 +192,12 @@ impl Vm {
             vcpu_base,
             stopped: AtomicBool::new(false),
             stage2_root: s2.root(),
+            ipa,
+            stage2: Mutex::new((s2, frames)),
+            // Every access outside its RAM and devices aborts.
+            iomem: None,
+            iomem_maps: AtomicU64::new(0),
+            iomem_denied: AtomicU64::new(0),
             vgic: Mutex::new(vgic),
             uart: Mutex::new(VPl011::new()),
             uart_region,
@@ -237,7 +245,7 @@ pub fn selftest(
         cfg.domu_selftest_disk,
         256 << 20,
     )?;
-    let mut dom0 = *plan;
+    let mut dom0 = plan.clone();
     dom0.guest_ram = left;
     dom0.guest_dtb = Region { base: left.end() - GUEST_DTB_SIZE, size: GUEST_DTB_SIZE };
     let modules_end = plan.initrd.map_or(plan.kernel.dst.end(), |i| i.dst.end());

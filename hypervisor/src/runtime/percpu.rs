@@ -1,12 +1,16 @@
 //! Per-pCPU state: what other pCPUs may set (reschedule requests, timer
 //! re-arm requests) as atomics, the run block for guest entry, and time.
+//! Allocated at boot for the machine's pCPUs ([`init`],
+//! `crate::boot::pcpus`): there is no fixed CPU count.
 
-use crate::arch::entry::MAX_CPUS;
 use crate::arch::exception::CpuRun;
 use crate::arch::sysreg::CNTHP_CVAL_EL2;
 use crate::intid::IntId;
 use aarch64_cpu::registers::{CNTFRQ_EL0, CNTHP_CTL_EL2, CNTPCT_EL0};
+use alloc::boxed::Box;
+use alloc::vec::Vec;
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use spin::Once;
 use tock_registers::interfaces::{Readable, Writeable};
 
 /// The physical SGI that asks a pCPU to look at its requests (and, as a
@@ -39,29 +43,44 @@ impl PcpuShared {
     }
 }
 
-#[allow(clippy::declare_interior_mutable_const)]
-const INIT: PcpuShared = PcpuShared::new();
-pub static PCPUS: [PcpuShared; MAX_CPUS] = [INIT; MAX_CPUS];
+/// Every pCPU's shared state, allocated by [`init`].
+static PCPUS: Once<&'static [PcpuShared]> = Once::new();
 
-#[allow(clippy::declare_interior_mutable_const)]
-const RUN_INIT: CpuRun = CpuRun::new();
-static mut RUNS: [CpuRun; MAX_CPUS] = [RUN_INIT; MAX_CPUS];
+/// Allocates the shared state of `n` pCPUs: once, on the primary, after
+/// the main heap is added and before any secondary starts.
+pub fn init(n: usize) {
+    PCPUS.call_once(|| Box::leak((0..n.max(1)).map(|_| PcpuShared::new()).collect::<Vec<_>>().into_boxed_slice()));
+}
 
-/// This pCPU's run block (guest entry/exit save area).
+/// pCPU `cpu`'s shared state. `cpu` is an index the boot code handed out,
+/// below the count [`init`] got; any other is a hypervisor bug and panics
+/// like an out-of-bounds index.
+pub fn pcpu(cpu: usize) -> &'static PcpuShared {
+    &PCPUS.get().expect("percpu::init ran at boot")[cpu]
+}
+
+/// pCPU 0's run block: it is taken before the main heap exists.
+static mut BOOT_RUN: CpuRun = CpuRun::new();
+
+/// This pCPU's run block (guest entry/exit save area): pCPU 0's in the
+/// image, the others' from the heap (call it with the MMU on).
 ///
 /// # Safety
 ///
-/// Call once per `cpu`, from that pCPU: the block is handed out as
-/// `&'static mut`, so a second call for the same index would alias it.
+/// Call once per `cpu`, from that pCPU: pCPU 0's block is handed out as
+/// `&'static mut`, so a second call for it would alias it.
 pub unsafe fn run_block(cpu: usize) -> &'static mut CpuRun {
-    // SAFETY: the caller takes each entry once; indexing panics (at boot)
-    // rather than going out of bounds for a bad `cpu`.
-    unsafe { &mut (*core::ptr::addr_of_mut!(RUNS))[cpu] }
+    if cpu == 0 {
+        // SAFETY: pCPU 0 takes its block once (the caller's contract).
+        unsafe { &mut *core::ptr::addr_of_mut!(BOOT_RUN) }
+    } else {
+        Box::leak(Box::new(CpuRun::new()))
+    }
 }
 
 /// Asks pCPU `cpu` to reschedule, by SGI when it is not this one.
 pub fn request_resched(me: usize, cpu: usize) {
-    PCPUS[cpu].resched.store(true, Ordering::Release);
+    pcpu(cpu).resched.store(true, Ordering::Release);
     if cpu != me {
         kick(cpu);
     }
@@ -69,7 +88,7 @@ pub fn request_resched(me: usize, cpu: usize) {
 
 /// Asks pCPU `cpu` to move its scheduler deadline to `at` or earlier.
 pub fn request_rearm(me: usize, cpu: usize, at: u64) {
-    PCPUS[cpu].rearm_at.fetch_min(at, Ordering::AcqRel);
+    pcpu(cpu).rearm_at.fetch_min(at, Ordering::AcqRel);
     if cpu != me {
         kick(cpu);
     }
@@ -77,7 +96,7 @@ pub fn request_rearm(me: usize, cpu: usize, at: u64) {
 
 /// Interrupts pCPU `cpu` (a running vCPU there exits and refills its LRs).
 pub fn kick(cpu: usize) {
-    let mpidr = PCPUS[cpu].mpidr.load(Ordering::Acquire);
+    let mpidr = pcpu(cpu).mpidr.load(Ordering::Acquire);
     crate::arch::gic::send_sgi(SGI_KICK, mpidr);
 }
 

@@ -631,50 +631,10 @@ pub fn acpi_main(h: &'static Handoff) -> ! {
         .iter()
         .filter(|d| matches!(d.ty, uefi::memory_type::ACPI_RECLAIM | uefi::memory_type::ACPI_NVS))
         .collect();
-    let acpi = AcpiDom0 { tables: &tables, firmware, mmio: qemu_virt_dsdt_devices(&mut plat) };
+    // Dom0's devices (the DSDT's, which the hypervisor does not interpret)
+    // are mapped on demand outside this memory (`crate::iomem`), and every
+    // SPI but the hypervisor's is Dom0's (`runtime::vm`).
+    let memory = mem.0.iter().filter(|d| !matches!(d.ty, uefi::memory_type::MMIO | uefi::memory_type::MMIO_PORT_SPACE));
+    let acpi = AcpiDom0 { tables: &tables, firmware, memory: memory.filter_map(|d| d.region()).collect() };
     super::boot::run_dom0(&plat, &cfg, &plan, &GuestFirmware::Acpi(acpi), nr_pcpus)
-}
-
-/// The devices QEMU virt's DSDT lists that Linux probes (the DSDT's AML is
-/// not interpreted, and cannot be edited to hide them): the virtio-mmio
-/// slots go into `plat.virtio_mmio` (passed through like on the DT path),
-/// and the low device page range after the UART (RTC, fw_cfg, GPIO, GED,
-/// memory hotplug) is returned to be identity-mapped for Dom0; the PCIe
-/// host bridge gets QEMU's windows and INTx lines. Nothing on
-/// another platform (its DSDT devices would trap to an injected abort).
-fn qemu_virt_dsdt_devices(plat: &mut Platform) -> alloc::vec::Vec<Region> {
-    if crate::platform::PLATFORM.name != "qemu-virt" {
-        return alloc::vec::Vec::new();
-    }
-    plat.virtio_mmio = (0..32u32)
-        .filter_map(|i| {
-            Some(crate::dtb::MmioDevice {
-                base: 0x0a00_0000 + u64::from(i) * 0x200,
-                size: 0x200,
-                intid: crate::intid::IntId::try_from(32 + 16 + i).ok()?,
-                edge: true,
-                path: alloc::format!("ACPI VR{i:02}"),
-            })
-        })
-        .collect();
-    // The host bridge's windows and INTx lines, which live in the DSDT's
-    // `_CRS` and `_PRT` (the DT path reads them from `ranges` and
-    // `interrupt-map`).
-    for b in plat.pcie.iter_mut().filter(|b| b.ecam.base == 0x40_1000_0000) {
-        let window = |space, base: u64, size: u64, pci_addr| crate::dtb::PciWindow {
-            space,
-            prefetchable: false,
-            pci_addr,
-            cpu: Region { base, size },
-        };
-        b.windows = alloc::vec![
-            window(crate::dtb::PciSpace::Io, 0x3eff_0000, 0x1_0000, 0),
-            window(crate::dtb::PciSpace::Mem32, 0x1000_0000, 0x2eff_0000, 0x1000_0000),
-            window(crate::dtb::PciSpace::Mem64, 0x80_0000_0000, 0x80_0000_0000, 0x80_0000_0000),
-        ];
-        b.intx = (35..39u32)
-            .filter_map(|i| Some(crate::dtb::Irq { intid: crate::intid::IntId::try_from(i).ok()?, edge: false }))
-            .collect();
-    }
-    alloc::vec![Region { base: 0x0901_0000, size: 0x0a00_0000 - 0x0901_0000 }]
 }

@@ -15,17 +15,20 @@
 //! the interrupt is handled.
 
 use super::console;
-use super::percpu::{self, now_ns, PCPUS, SGI_KICK};
+use super::percpu::{self, now_ns, pcpu, SGI_KICK};
 use super::vm::{inc, vcpu_of, vms, Vcpu, Vm, SPSR_EL1H_MASKED};
 use crate::arch::exception::{run_guest, ExitKind, GuestRegs};
 use crate::arch::{context, el2, gic, smc, sysreg};
 use crate::esr::{self, Exit, MmioAccess};
 use crate::intid::IntId;
+use crate::iomem::IoMemDecision;
 use crate::irq::Route;
 use crate::mmio_bus::Device;
 use crate::psci::{self, Call};
 use crate::regs::ISS_ABORT;
+use crate::sched::spin::{self, SpinDetector};
 use crate::sched::{CritEvidence, RunState, WakeAction, WakeCause};
+use crate::stage2::{MemType, Stage2Error};
 use crate::trace::{DumpReason, Event, ExitClass};
 use crate::traps::{self, VirtualSError};
 use crate::vdebug::{self, DebugReg};
@@ -55,7 +58,7 @@ enum Next {
 /// `el2::load_guest_config`).
 fn load_vm(vm: &Vm, first: bool) {
     let t = traps::guest_traps(&el2::cpu_features(), vm.overcommitted);
-    el2::load_guest_config(&t, vm.stage2_root, vm.vmid, first);
+    el2::load_guest_config(&t, vm.stage2_root, vm.vmid, vm.ipa, first);
 }
 
 /// Enables the physical interrupts this pCPU takes.
@@ -91,7 +94,7 @@ pub fn pcpu_loop(me: usize) -> ! {
     let mut loaded: Option<u16> = None;
     let mut seen: alloc::vec::Vec<u16> = alloc::vec::Vec::new();
     loop {
-        PCPUS[me].resched.store(false, Ordering::Relaxed);
+        pcpu(me).resched.store(false, Ordering::Relaxed);
         let now = now_ns();
         let d = vm.sched.lock().schedule(now, me);
         let d = match d {
@@ -122,8 +125,8 @@ pub fn pcpu_loop(me: usize) -> ! {
                 run_vcpu(guest, me, v, &mut deadline)
             }
             None => {
-                arm_timer(me, &mut deadline);
-                if !PCPUS[me].resched.load(Ordering::Acquire) {
+                arm_timer(me, &mut deadline, None);
+                if !pcpu(me).resched.load(Ordering::Acquire) {
                     sysreg::wfi();
                 }
                 handle_irqs(me, None, &mut deadline);
@@ -132,15 +135,16 @@ pub fn pcpu_loop(me: usize) -> ! {
     }
 }
 
-/// Programs CNTHP for the earliest of the scheduler deadline and, in every
+/// Programs CNTHP for the earliest of the scheduler deadline, `sample` (the
+/// next spin sample of the running vCPU, see `sched::spin`) and, in every
 /// VM, the virtual timers of vCPUs saved on this pCPU and the disk
 /// completions it watches.
-fn arm_timer(me: usize, deadline: &mut Option<u64>) {
-    let req = PCPUS[me].rearm_at.swap(u64::MAX, Ordering::AcqRel);
+fn arm_timer(me: usize, deadline: &mut Option<u64>, sample: Option<u64>) {
+    let req = pcpu(me).rearm_at.swap(u64::MAX, Ordering::AcqRel);
     if req != u64::MAX {
         *deadline = Some(deadline.map_or(req, |d| d.min(req)));
     }
-    let mut at = deadline.unwrap_or(u64::MAX);
+    let mut at = deadline.unwrap_or(u64::MAX).min(sample.unwrap_or(u64::MAX));
     for vm in vms() {
         if let Some(disk) = &vm.disk {
             if disk.home.load(Ordering::Acquire) == me {
@@ -198,8 +202,9 @@ fn save_vcpu(vm: &Vm, me: usize, v: &mut Vcpu) {
         el2::set_hcr(VirtualSError::on_switch_out(el2::hcr()));
     }
     gic::set_private_active(me, vm.virt_timer_intid, false);
-    let deadline = crate::time::vtimer_deadline_ns(v.el1.cntv_ctl, v.el1.cntv_cval, percpu::cntfrq());
-    let deadline = crate::config::apply_slop(deadline, vm.timer_slop_ns);
+    let busy = vm.vgic.lock().is_pending_or_active(v.id, vm.virt_timer_intid);
+    let (ctl, cval) = (v.el1.cntv_ctl, v.el1.cntv_cval);
+    let deadline = crate::time::saved_vtimer_deadline_ns(ctl, cval, percpu::cntfrq(), vm.timer_slop_ns, busy);
     vm.shared[v.id].vtimer_home.store(me, Ordering::Relaxed);
     vm.shared[v.id].vtimer_deadline.store(deadline, Ordering::Release);
 }
@@ -216,12 +221,16 @@ fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Option<u64>) {
     let mut guard = vm.vcpus[id].lock();
     let v: &mut Vcpu = &mut guard;
     vm.shared[id].running_on.store(me, Ordering::Release);
-    PCPUS[me].running.store(id, Ordering::Release);
+    pcpu(me).running.store(id, Ordering::Release);
     load_vcpu(vm, me, v);
     follow_routes(vm, me, id);
     let n = vm.nr_lrs;
+    // Sampled for spinning while a sibling is preempted (`sched::spin`).
+    let mut spin = SpinDetector::new();
+    let mut watch = has_preempted_sibling(vm, id);
     loop {
-        arm_timer(me, deadline);
+        let sample = watch.then(|| now_ns().saturating_add(spin::SAMPLE_NS));
+        arm_timer(me, deadline, sample);
         let fr = vm.vgic.lock().flush_lrs(id, &mut v.lrs[..n]);
         vm.shared[id].counters.irqs_injected.fetch_add(fr.filled as u64, Ordering::Relaxed);
         for i in 0..n {
@@ -251,17 +260,28 @@ fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Option<u64>) {
             do_wake_action(me, a.unwrap_or(WakeAction::None));
         }
         let next = match kind {
-            ExitKind::Sync => handle_sync(vm, me, v),
+            ExitKind::Sync => {
+                spin.reset();
+                handle_sync(vm, me, v)
+            }
             ExitKind::Irq | ExitKind::Fiq => {
                 rec(vm, me, Event::Exit { vcpu: vm.gid(id).0 as u16, class: ExitClass::Irq });
-                if CritEvidence::from_spsr(v.regs.spsr) == CritEvidence::IrqsMasked {
-                    rec(vm, me, Event::IrqsOff { vcpu: vm.gid(id).0 as u16 });
+                let evidence = CritEvidence::from_spsr(v.regs.spsr);
+                if evidence == CritEvidence::IrqsMasked {
+                    rec(vm, me, Event::IrqsOff { vcpu: vm.gid(id).0 as u16, pc: v.regs.elr });
                 }
                 inc(&vm.shared[id].counters.irq_exits);
                 if handle_irqs(me, Some((vm, id)), deadline) {
                     inc(&vm.shared[id].counters.irq_exits_msi);
                 }
-                Next::Enter
+                watch = has_preempted_sibling(vm, id);
+                if watch && spin.sample(now_ns(), v.regs.elr, evidence) {
+                    // A lock or flag wait whose WFE did not trap: as on WFE.
+                    inc(&vm.shared[id].counters.spin_yields);
+                    yield_cpu(vm, me, id)
+                } else {
+                    Next::Enter
+                }
             }
             ExitKind::SError => {
                 rec(vm, me, Event::Exit { vcpu: vm.gid(id).0 as u16, class: ExitClass::SError });
@@ -272,7 +292,7 @@ fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Option<u64>) {
                 Next::Enter
             }
         };
-        if next == Next::Schedule || PCPUS[me].resched.load(Ordering::Acquire) || vm.stopped.load(Ordering::Acquire) {
+        if next == Next::Schedule || pcpu(me).resched.load(Ordering::Acquire) || vm.stopped.load(Ordering::Acquire) {
             break;
         }
         if let Some(d) = *deadline {
@@ -282,21 +302,26 @@ fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Option<u64>) {
         }
     }
     save_vcpu(vm, me, v);
-    PCPUS[me].running.store(usize::MAX, Ordering::Release);
+    pcpu(me).running.store(usize::MAX, Ordering::Release);
     vm.shared[id].running_on.store(usize::MAX, Ordering::Release);
 }
 
 /// Passthrough SPIs that the guest routes to vCPU `id` are routed
 /// physically to this pCPU while `id` runs here, so they arrive where they
-/// are injected (no IPI to another pCPU). Only changes are written.
+/// are injected (no IPI to another pCPU). Only changes are written, and only
+/// for SPIs the guest enabled: an ACPI Dom0 has every SPI forwarded and
+/// routed to one vCPU, most of them never used.
 fn follow_routes(vm: &Vm, me: usize, id: usize) {
     if vm.nr_pcpus < 2 || vm.forwarded.is_empty() {
         return;
     }
     let vgic = vm.vgic.lock();
     for (i, &intid) in vm.forwarded.iter().enumerate() {
-        if vgic.route_of(intid) == Some(id) && vm.forwarded_pcpu[i].swap(me, Ordering::AcqRel) != me {
-            gic::route_spi(intid, PCPUS[me].mpidr.load(Ordering::Relaxed));
+        if vgic.route_of(intid) == Some(id)
+            && vgic.spi_enabled(intid)
+            && vm.forwarded_pcpu[i].swap(me, Ordering::AcqRel) != me
+        {
+            gic::route_spi(intid, pcpu(me).mpidr.load(Ordering::Relaxed));
         }
     }
 }
@@ -414,7 +439,7 @@ fn handle_irqs(me: usize, cur: Option<(&Vm, usize)>, deadline: &mut Option<u64>)
             Some(Route::GuestLpi { devid, eventid }) => super::its::guest_lpi(vm, me, id, devid, eventid),
             Some(Route::Doorbell { vcpu }) => super::vlpi::doorbell(vm, me, id, vcpu),
             // SGI_KICK, maintenance: the exit itself was the point; requests
-            // are in PCPUS[me], list registers are refilled at entry.
+            // are in pcpu(me), list registers are refilled at entry.
             // Unrouted: the default.
             Some(Route::Kick) | None => eoi_deactivate(id),
         }
@@ -528,7 +553,7 @@ fn timer_expired(me: usize, deadline: &mut Option<u64>) {
     }
     if deadline.is_some_and(|d| d <= now) {
         *deadline = None;
-        PCPUS[me].resched.store(true, Ordering::Release);
+        pcpu(me).resched.store(true, Ordering::Release);
     }
 }
 
@@ -639,12 +664,15 @@ fn handle_sync(vm: &Vm, me: usize, v: &mut Vcpu) -> Next {
             inc(&c.mmio);
             if mmio(vm, me, v, &a).is_ok() {
                 v.regs.elr += ilen;
+            } else if vm.bus.lookup(a.ipa).is_none() && map_on_demand(vm, a.ipa) {
+                // Mapped: the guest retries the access on the device itself.
             } else {
                 report_bad_access(vm, v, a.ipa, "bad MMIO access");
                 inject_abort(vm, v, true, far);
             }
             Next::Enter
         }
+        Exit::DataAbort { ipa, iss } if esr::is_translation_fault(iss) && map_on_demand(vm, ipa) => Next::Enter,
         Exit::DataAbort { ipa, iss } => {
             let isv = ISS_ABORT::ISV.is_set(u64::from(iss));
             report_bad_access(vm, v, ipa, if isv { "data abort" } else { "data abort without syndrome" });
@@ -704,6 +732,16 @@ fn block(vm: &Vm, me: usize, v: &mut Vcpu, limit: u64) -> Next {
     }
 }
 
+/// Whether vCPUs outnumber pCPUs and a vCPU other than `id` is runnable but
+/// was descheduled involuntarily (a lock holder `id` may be waiting for).
+fn has_preempted_sibling(vm: &Vm, id: usize) -> bool {
+    if !vm.overcommitted {
+        return false;
+    }
+    let s = vm.sched.lock();
+    (0..vm.shared.len()).any(|k| k != id && s.is_preempted(vm.gid(k)))
+}
+
 /// WFE while vCPUs outnumber pCPUs: the vCPU probably spins on a lock whose
 /// holder is preempted; yield, directly to a preempted sibling if any.
 fn yield_cpu(vm: &Vm, me: usize, id: usize) -> Next {
@@ -715,6 +753,45 @@ fn yield_cpu(vm: &Vm, me: usize, id: usize) -> Next {
     match s.yield_to(now_ns(), me, target) {
         Ok(()) => Next::Schedule,
         Err(_) => Next::Enter,
+    }
+}
+
+/// An ACPI Dom0 touched an unmapped address outside RAM and its MMIO bus:
+/// maps the page (or its 2 MiB block) 1:1 as device memory when
+/// `Vm::iomem` permits it, so the guest's retry reaches the device (Xen's
+/// on-demand MMIO for its hardware domain). False: refused, abort the guest.
+fn map_on_demand(vm: &Vm, ipa: u64) -> bool {
+    let Some(policy) = &vm.iomem else { return false };
+    let r = match policy.decide(ipa) {
+        IoMemDecision::Map(r) => r,
+        IoMemDecision::Deny(why) => {
+            inc(&vm.iomem_denied);
+            debug!("on-demand MMIO at {ipa:#x} refused: {why}");
+            return false;
+        }
+    };
+    let page = ipa & !0xfff;
+    let mut guard = vm.stage2.lock();
+    let (s2, frames) = &mut *guard;
+    // The block overlaps something mapped (ECAM, firmware tables, an
+    // earlier page): the page alone. Mapped already: another vCPU won the
+    // race for this fault, retry.
+    let res = match s2.map(frames, r.base, r.base, r.size, MemType::Device) {
+        Err(Stage2Error::AlreadyMapped) if r.size > 0x1000 => s2.map(frames, page, page, 0x1000, MemType::Device),
+        res => res,
+    };
+    match res {
+        Ok(()) => {
+            el2::stage2_updated();
+            inc(&vm.iomem_maps);
+            debug!("on-demand MMIO: mapped {:#x}+{:#x} for {ipa:#x}", r.base, r.size);
+            true
+        }
+        Err(Stage2Error::AlreadyMapped) => s2.translate(frames, ipa).is_some(),
+        Err(e) => {
+            warn!("on-demand MMIO at {ipa:#x}: {e:?}");
+            false
+        }
     }
 }
 
@@ -745,9 +822,13 @@ fn vgic_mmio(vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess, value: u64) -> Re
     if a.write {
         let kicks = vgic.mmio_write(v.id, a.ipa, a.size, value).map_err(|_| ())?;
         let hw = vgic.take_hw_deactivations();
+        let triggers = vgic.take_hw_triggers();
         let lpis_on = vgic.take_lpi_enable_events();
         drop(vgic);
         deactivate_hw(vm, me, v.id, hw);
+        for (pintid, edge) in triggers {
+            gic::set_spi_trigger(pintid, edge);
+        }
         process_kicks(vm, me, kicks, WakeCause::Interrupt);
         super::its::lpis_enabled(vm, me, lpis_on);
     } else {
@@ -1093,6 +1174,13 @@ fn print_vm_stats(vm: &Vm) {
     crate::hvprintln!(
         "(HV) stats begin uart0\nuart0.rx_bytes={rx_bytes}\nuart0.rx_holds={rx_holds}\nuart0.rx_overruns={rx_overruns}\n(HV) stats end uart0"
     );
+    if vm.iomem.is_some() {
+        crate::hvprintln!(
+            "(HV) stats begin iomem\niomem.maps={}\niomem.denied={}\n(HV) stats end iomem",
+            vm.iomem_maps.load(Ordering::Relaxed),
+            vm.iomem_denied.load(Ordering::Relaxed)
+        );
+    }
     let mut text = alloc::string::String::new();
     let _ = vm.irq_counters.write_text(&mut text);
     crate::hvprintln!("(HV) stats begin irq\n{}(HV) stats end irq", text);

@@ -20,12 +20,13 @@ use crate::config::{Config, DiskMode};
 use crate::domain::DomainId;
 use crate::dtb::{self, GuestDtbConfig, Platform, Region};
 use crate::intid::IntId;
+use crate::iomem::IoMemPolicy;
 use crate::irq::{HostIrqs, IrqCounters, IrqRoutes, RouteError};
 use crate::its::v4::LpiPath;
 use crate::mmio_bus::{BusError, Device, MmioBus, MmioRange};
 use crate::platform;
-use crate::sched::{SchedConfig, SchedError, Scheduler, VcpuId};
-use crate::stage2::{MemType, Stage2, Stage2Error};
+use crate::sched::{DomainParams, SchedConfig, SchedError, Scheduler, VcpuId};
+use crate::stage2::{IpaSize, MemType, Stage2, Stage2Error};
 use crate::trace::{Ring, Trigger, RING_EVENTS};
 use crate::vgic::its::{Vits, VitsConfig};
 use crate::vgic::{Vgic, VgicConfig, VgicError};
@@ -137,6 +138,7 @@ trap_counters!(
     debug_emulated,
     wfi_traps,
     wfe_traps,
+    spin_yields,
     irqs_injected,
     lpis_injected,
     kicks,
@@ -271,6 +273,17 @@ pub struct Vm {
     /// at their next switch-in or exit.
     pub stopped: AtomicBool,
     pub stage2_root: u64,
+    /// The IPA space of its stage 2 (VTCR_EL2.T0SZ/SL0).
+    pub ipa: IpaSize,
+    /// Its stage-2 tables and their frames, for mappings added while the
+    /// guest runs (`iomem`); a leaf lock.
+    pub stage2: Mutex<(Stage2, HeapFrames)>,
+    /// An ACPI Dom0's on-demand device memory (`runtime::vcpu`); `None`:
+    /// every unmapped access aborts.
+    pub iomem: Option<IoMemPolicy>,
+    /// Pages or blocks mapped on demand, and accesses the policy refused.
+    pub iomem_maps: AtomicU64,
+    pub iomem_denied: AtomicU64,
     pub vgic: Mutex<Vgic>,
     pub uart: Mutex<VPl011>,
     pub uart_region: Option<Region>,
@@ -368,9 +381,50 @@ fn check_passthrough(
     plan::check_passthrough(&plat.memory, &hyp, ranges).map_err(VmError::Layout)
 }
 
-/// What a PCIe host bridge passed through maps into stage 2.
-fn bridge_frames(bridge: &dtb::PcieHost) -> Vec<Region> {
-    bridge.passthrough_frames(1 << crate::stage2::IPA_BITS)
+/// What a PCIe host bridge passed through maps into stage 2 (the windows
+/// inside the IPA space).
+fn bridge_frames(bridge: &dtb::PcieHost, ipa: IpaSize) -> Vec<Region> {
+    bridge.passthrough_frames(ipa.limit())
+}
+
+/// The end of the highest range a DT Dom0 must reach: its RAM, the
+/// passthrough devices and the PCIe bridges' ECAM and windows.
+fn needed_ipa_top(ram: Region, passthrough: &[dtb::MmioDevice], bridges: &[dtb::PcieHost]) -> u64 {
+    let devices = passthrough.iter().map(|d| d.base.saturating_add(d.size));
+    let pcie = bridges.iter().flat_map(|b| core::iter::once(b.ecam).chain(b.windows.iter().map(|w| w.cpu)));
+    devices.chain(pcie.map(|r| r.base.saturating_add(r.size))).fold(ram.end(), u64::max)
+}
+
+/// What an ACPI Dom0 may get mapped on demand: everything in the IPA space
+/// but memory (any firmware memory-map entry that is not MMIO, the RAM the
+/// machine description lists, the hypervisor's image, heap and RAM disk),
+/// the GIC's frames, the hypervisor's UART and the emulated devices.
+fn iomem_policy(plat: &Platform, plan: &Plan, acpi: &AcpiDom0<'_>, bus: &MmioBus, ipa: IpaSize) -> IoMemPolicy {
+    let mut p = IoMemPolicy::new(ipa.limit());
+    for r in &acpi.memory {
+        p.deny("firmware memory", *r);
+    }
+    for r in &plat.memory {
+        p.deny("RAM", *r);
+    }
+    for r in [plan.image, plan.heap].into_iter().chain(plan.ram_disk) {
+        p.deny("hypervisor memory", r);
+    }
+    p.deny("GIC distributor", plat.gic.gicd);
+    for r in &plat.gic.gicr {
+        p.deny("GIC redistributors", *r);
+    }
+    if let Some(r) = plat.gic.its {
+        // The control frame and the translation frame after it.
+        p.deny("GIC ITS", Region { base: r.base, size: r.size.max(2 * crate::its::CONTROL_FRAME_SIZE) });
+    }
+    if let Some(u) = &plat.uart {
+        p.deny("hypervisor UART", Region { base: u.base, size: u.size.max(PAGE) });
+    }
+    for (r, _) in bus.ranges() {
+        p.deny("emulated device", Region { base: r.base, size: r.size });
+    }
+    p
 }
 
 /// The VM's MMIO bus: the vGIC's frames, the hypervisor's virtio-blk frame
@@ -414,9 +468,9 @@ pub struct AcpiDom0<'a> {
     /// Host firmware memory Dom0 reads (ACPI reclaim/NVS), identity-mapped
     /// as normal memory and passed on in Dom0's memory map.
     pub firmware: Vec<crate::firmware::uefi::MemoryDescriptor>,
-    /// Host devices the DSDT describes that Dom0 probes, identity-mapped
-    /// as device memory (the DSDT is not rewritten, so they cannot be hidden).
-    pub mmio: Vec<Region>,
+    /// Every range of the firmware's memory map that is not MMIO: never
+    /// mapped on demand (Dom0's devices are, `crate::iomem`).
+    pub memory: Vec<Region>,
 }
 
 /// vMPIDR of vCPU `i` (`domain::vcpu_mpidr`).
@@ -471,9 +525,10 @@ impl Vm {
             GuestFirmware::Dtb(_) => None,
         };
         let passthrough: Vec<dtb::MmioDevice> = match cfg.disk {
-            // ACPI: the DSDT lists every slot and cannot be edited, so every
-            // slot but the hypervisor's disk is Dom0's.
-            _ if acpi.is_some() => plat.virtio_mmio.iter().filter(|d| !same_page(d)).cloned().collect(),
+            // ACPI: the DSDT's devices (virtio-mmio slots among them) are
+            // mapped when Dom0 touches them (`crate::iomem`), their SPIs
+            // forwarded below: nothing to pass through by name.
+            _ if acpi.is_some() => Vec::new(),
             DiskMode::Passthrough => plat.virtio_mmio.clone(),
             DiskMode::None | DiskMode::VirtioPci | DiskMode::Nvme => Vec::new(),
             DiskMode::Ram | DiskMode::Backend => plat.virtio_mmio.iter().filter(|d| !same_page(d)).cloned().collect(),
@@ -487,11 +542,26 @@ impl Vm {
         if cfg.disk.pcie() && bridges.is_empty() {
             return Err(VmError::Memory("a PCIe disk needs a PCIe host bridge (pci-host-ecam-generic) on the machine"));
         }
-        let pcie_frames: Vec<Region> = bridges.iter().flat_map(bridge_frames).collect();
+        // The IPA space: all of the physical address space for an ACPI Dom0
+        // (its devices are found on demand, anywhere), else what the DT
+        // describes for it; at most what the CPU implements (`stage2`).
+        let pa_bits = crate::stage2::pa_bits(crate::arch::el2::parange());
+        let ipa = IpaSize::choose(
+            pa_bits,
+            if acpi.is_some() { 1 << pa_bits } else { needed_ipa_top(ram, &passthrough, bridges) },
+        );
+        info!("dom0 stage 2: {}-bit IPA ({}-bit PA)", ipa.bits(), pa_bits);
+        let pcie_frames: Vec<Region> = bridges.iter().flat_map(|b| bridge_frames(b, ipa)).collect();
         let mut ranges: Vec<Region> = passthrough.iter().map(|d| Region { base: d.base, size: d.size }).collect();
         ranges.extend(&pcie_frames);
-        ranges.extend(acpi.iter().flat_map(|a| a.mmio.iter().copied()));
         check_passthrough(plat, plan, &ranges, disk_slot.as_ref())?;
+        if cfg.disk.emulated() && acpi.is_some() {
+            // Its virtio-mmio frame would need a DSDT entry, and the host's
+            // DSDT is passed on unchanged.
+            return Err(VmError::Memory(
+                "dom0_disk=ram|backend is not available to an ACPI Dom0 (use nvme, virtio-pci or none)",
+            ));
+        }
         if cfg.disk == DiskMode::Backend && !disk_slot.as_ref().is_some_and(|s| virtio_mmio_present(s.base)) {
             return Err(VmError::Memory(
                 "dom0_disk=backend needs a virtio-blk device on the machine (QEMU -device virtio-blk-device)",
@@ -522,7 +592,7 @@ impl Vm {
                         remove_paths: remove,
                         extra_virtio_mmio: Vec::new(),
                         keep_its,
-                        ipa_size: Some(1 << crate::stage2::IPA_BITS),
+                        ipa_size: Some(ipa.limit()),
                     },
                 )?
             }
@@ -545,7 +615,7 @@ impl Vm {
                         bootargs,
                         initrd,
                         firmware: a.firmware.clone(),
-                        mmio: a.mmio.iter().chain(ranges.iter()).copied().collect(),
+                        mmio: ranges.clone(),
                     },
                 )
                 .map_err(VmError::Efi)?;
@@ -565,7 +635,7 @@ impl Vm {
 
         // Stage 2: RAM, and the passthrough device frames (page granular).
         let mut frames = HeapFrames::default();
-        let mut s2 = Stage2::new(&mut frames)?;
+        let mut s2 = Stage2::new(&mut frames, ipa)?;
         s2.map(&mut frames, ram.base, ram.base, ram.size, MemType::Normal)?;
         let mut mapped_pages: Vec<u64> = Vec::new();
         for d in &passthrough {
@@ -582,10 +652,6 @@ impl Vm {
             for d in &a.firmware {
                 let Some(r) = d.region() else { continue };
                 s2.map(&mut frames, r.base, r.base, r.size, MemType::Normal)?;
-            }
-            for r in &a.mmio {
-                let base = r.base & !(PAGE - 1);
-                s2.map(&mut frames, base, base, r.end().next_multiple_of(PAGE) - base, MemType::Device)?;
             }
         }
         for r in &pcie_frames {
@@ -631,23 +697,43 @@ impl Vm {
                 forwarded_edge.push(irq.edge);
             }
         }
+        // ACPI: every SPI the hypervisor does not take is Dom0's, forwarded
+        // as a HW interrupt (Xen's acpi_route_spis): the DSDT names the
+        // devices' interrupts to Dom0 only. Level until the guest's
+        // GICD_ICFGR says otherwise (`Vgic::take_hw_triggers`).
+        if acpi.is_some() {
+            let hyp_uart = plat.uart.as_ref().map_or(platform::PLATFORM.uart_intid, |u| u.intid);
+            let before = forwarded.len();
+            for intid in crate::irq::acpi_dom0_spis(nr_spis.min(988), &[hyp_uart]) {
+                if !forwarded.contains(&intid) && vgic.set_hw(intid, Some(intid)).is_ok() {
+                    forwarded.push(intid);
+                    forwarded_edge.push(false);
+                }
+            }
+            info!(
+                "dom0 ACPI: {} SPIs forwarded (all but the hypervisor's UART, {})",
+                forwarded.len() - before,
+                hyp_uart
+            );
+        }
         for b in bridges {
             info!(
                 "dom0 PCIe: {} ECAM {:#x}+{:#x}, {} window(s) mapped, INTx {:?}",
                 b.path,
                 b.ecam.base,
                 b.ecam.size,
-                bridge_frames(b).len() - 1,
+                bridge_frames(b, ipa).len() - 1,
                 b.intx.iter().map(|i| u32::from(i.intid)).collect::<Vec<_>>()
             );
         }
 
-        // Dom0's vCPUs are host-wide ids 0..nr_vcpus (made first).
+        // Dom0's vCPUs are host-wide ids 0..nr_vcpus (made first), in
+        // scheduler domain 0.
         let mut sched = host.sched.lock();
+        let dom0 = DomainParams { weight: cfg.dom0_weight, cap_percent: cfg.dom0_cap };
+        sched.add_domain(0, dom0).map_err(VmError::Sched)?;
         for i in 0..nr_vcpus {
-            sched
-                .add_vcpu(VcpuId(i as u32), cfg.dom0_weight, cfg.dom0_vcpus_pin.then_some(i % nr_pcpus))
-                .map_err(VmError::Sched)?;
+            sched.add_vcpu(VcpuId(i as u32), 0, cfg.dom0_vcpus_pin.then_some(i % nr_pcpus)).map_err(VmError::Sched)?;
         }
         let (vcpus, shared) = new_vcpus(nr_vcpus);
         {
@@ -738,6 +824,7 @@ impl Vm {
             None => None,
         };
         let bus = build_bus(&vgic, disk.as_ref(), uart_region, guest_its)?;
+        let iomem = acpi.map(|a| iomem_policy(plat, plan, a, &bus, ipa));
         let vlpi = match guest_its {
             Some(_) if gic::its::lpi_path() == LpiPath::Direct => {
                 super::vlpi::VlpiVm::create(nr_vcpus, nr_pcpus, &mut routes)
@@ -756,6 +843,11 @@ impl Vm {
             vcpu_base: 0,
             stopped: AtomicBool::new(false),
             stage2_root: s2.root(),
+            ipa,
+            stage2: Mutex::new((s2, frames)),
+            iomem,
+            iomem_maps: AtomicU64::new(0),
+            iomem_denied: AtomicU64::new(0),
             vgic: Mutex::new(vgic),
             uart: Mutex::new(VPl011::new()),
             uart_region,

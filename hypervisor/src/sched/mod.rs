@@ -8,24 +8,68 @@
 //! Credit2 model, so figures stay comparable with Xen, and fix the wake path.
 //!
 //! # Model (Credit2 semantics)
+//! * Every vCPU belongs to a domain ([`DomainId`], Dom0 = 0) whose weight
+//!   each of its vCPUs carries (not split between them) and which may be
+//!   capped (below).
 //! * Credit is nanoseconds. A running vCPU burns `elapsed * max_weight /
-//!   weight` (default weight 256), so heavier vCPUs burn slower.
-//! * Each pCPU has a runqueue sorted by credit (highest first, FIFO on ties).
-//!   A pCPU runs whichever of {current vCPU, runqueue head} has more credit.
-//! * When the picked vCPU has credit ≤ 0, every vCPU (Credit2: of that
-//!   runqueue; here global, see `reset_credit`) gets `CREDIT_INIT` (10 ms) added — several times if the picked
-//!   one is deeper than -10 ms — capped at `CREDIT_INIT + CARRYOVER_MAX`.
+//!   weight` (default weight 256; `max_weight` is the largest of its
+//!   runqueue), the division's remainder carried to the next burn (Credit2's
+//!   `residual`), so heavier domains burn slower and short runs lose nothing.
+//! * pCPUs share Credit2 runqueues sorted by credit (highest first, FIFO on
+//!   ties): by default one for all pCPUs (`credit2_runqueue=all`, what Xen's
+//!   default `socket` gives on a one-socket machine such as QEMU `virt`), or
+//!   one per pCPU (`credit2_runqueue=cpu`). A pCPU runs whichever of
+//!   {current vCPU, first queued vCPU allowed on it} has more credit.
+//! * Reset: when the best candidate of a runqueue — the picked vCPU or the
+//!   runqueue's head, whichever has more credit — has credit ≤ 0, every
+//!   online vCPU of that runqueue (only that one) gets `CREDIT_INIT` (10 ms)
+//!   added — several times if the picked one is deeper than -10 ms — and is
+//!   capped at `CREDIT_INIT + CARRYOVER_MAX`: what it had left carries over up
+//!   to 500 µs. Counted per runqueue ([`Scheduler::runqueue_resets`]) and per
+//!   domain ([`DomainStats::credit_resets`]).
 //! * Slice: run until the picked vCPU's credit would fall to the next
 //!   waiter's (or to 0 if nobody waits), clamped to
-//!   `[max(min_slice, rest of ratelimit window), max_slice]`.
+//!   `[max(min_slice, rest of ratelimit window), max_slice]`, and then to a
+//!   capped vCPU's budget.
 //! * Ratelimit: a runnable vCPU that has run less than `ratelimit` since it
-//!   was switched in keeps the pCPU at a `schedule()` unless it yields.
+//!   was switched in keeps the pCPU at a `schedule()` unless it yields (or
+//!   its domain's budget is used up).
 //! * Hard affinity pins a vCPU to one pCPU. Unpinned vCPUs are placed on an
 //!   idle pCPU when they wake if one exists, else on the pCPU whose runner has
-//!   the least credit; `schedule()` pulls one vCPU from a runqueue that is ≥ 2
-//!   longer, or a remote waiter richer by > 500 µs (migrate resist), and asks (through [`Decision::kick`]) an idle pCPU to come and
-//!   pull when work is left queued.
+//!   the least credit (that pCPU is asked to reschedule, but whichever of the
+//!   runqueue's pCPUs schedules first may take it). Within a runqueue any of
+//!   its pCPUs picks any queued vCPU, so one shared runqueue needs no
+//!   balancing; `schedule()` asks (through [`Decision::kick`]) an idle
+//!   pCPU to come and pick when work is left queued. With several runqueues,
+//!   `schedule()` also pulls one vCPU from a runqueue ≥ 2 longer, or a
+//!   remote waiter richer by > 500 µs (migrate resist); their credits are
+//!   reset apart, so that layout balances load, not exact weights.
 //!
+//! # Domains, weights and caps ([`DomainParams`])
+//! `add_domain(dom, DomainParams { weight, cap_percent })` first, then
+//! `add_vcpu(vcpu, dom, affinity)` (vCPU ids are unique across domains);
+//! `set_domain_params(now, dom, …)` changes weight and cap at run time;
+//! `domain_of`, `domain_stats` (run time, credit resets, cap parks,
+//! replenishments). Weights are 1..=65535; a cap is 1..=100 × nr_pcpus
+//! percent of one pCPU. Bad values, unknown or duplicate ids are
+//! [`SchedError`]s and change nothing. Caps are Credit2's: a capped domain
+//! has a budget of `cap% × CAP_PERIOD_NS` (10 ms) per period, one pCPU's
+//! worth per 100 %, replenished every period (periods counted from time 0
+//! of the caller's clock; the pool never holds more than one period's, an
+//! overrun is paid from the next). Its running vCPUs draw it in quotas of
+//! the period's budget / nr_vcpus (≥ 500 µs) and give back what is left
+//! when switched out; a vCPU with none is *parked* (runnable, off the
+//! runqueues; [`Scheduler::is_parked`]) until a replenishment or a sibling's
+//! give-back. A parked vCPU's wake is a no-op, and a blocked vCPU woken
+//! while its domain has no budget is parked at once: it preempts nobody
+//! and the answer re-arms a timer to the replenishment. While a vCPU is
+//! parked every pCPU's timer is no later than its replenishment, so
+//! unparking happens at a `schedule()` at that time. One difference from
+//! Credit2: the budget bounds a slice hard, after the min slice and the
+//! ratelimit (Credit2 lets its minimum timer overrun the budget and charges
+//! the debt to the next period), so a capped domain gets its exact share
+//! in every period.
+
 //! # Wake paths ([`WakeMode`])
 //! * [`WakeMode::XenCompat`] reproduces `runq_tickle`: a busy pCPU whose
 //!   runner ran less than `ratelimit - 50 µs` is not tickled; otherwise it is
@@ -66,6 +110,8 @@
 //!   yields, directed at a preempted sibling (see [`Scheduler::is_preempted`])
 //!   which is then run next on this pCPU if its affinity allows, for a
 //!   grace-long "loan" after which the ratelimit does not hold the yielder off.
+//!   Where WFE does not trap (QEMU's TCG), [`spin::SpinDetector`] finds the
+//!   spinner by sampling its PC instead, and the run loop yields it the same way.
 //!
 //! # Preemption-rate bound
 //! A vCPU that was descheduled by a wake-preemption gets a protected run of
@@ -94,9 +140,14 @@
 //! scheduling timer says so, switching to [`Decision::next`] and arming the
 //! timer at [`Decision::timer_at`]. `sim` runs exactly this on a virtual clock.
 
+pub mod domain;
 pub mod sim;
+pub mod spin;
 #[cfg(test)]
 mod tests;
+
+use domain::Domain;
+pub use domain::{DomainId, DomainParams, DomainStats, CAP_PERIOD_NS};
 
 use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
@@ -110,7 +161,7 @@ pub const CREDIT_INIT_NS: i64 = 10_000_000;
 pub const CARRYOVER_MAX_NS: i64 = 500_000;
 /// Credit2's ratelimit tolerance in `runq_tickle`.
 pub const RATELIMIT_TOLERANCE_NS: u64 = 50_000;
-/// Default vCPU weight (`dom0_weight`).
+/// Default domain weight (`dom0_weight`).
 pub const DEFAULT_WEIGHT: u32 = 256;
 /// Credit lead a remote waiter needs to be pulled to another pCPU (Credit2's migrate resist).
 pub const MIGRATE_RESIST_NS: i64 = 500_000;
@@ -124,6 +175,16 @@ pub enum WakeMode {
     XenCompat,
     /// Immediate preempt-on-wake; bounded deferral otherwise.
     Preempt,
+}
+
+/// How pCPUs are grouped into Credit2 runqueues (`credit2_runqueue=`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunqueueLayout {
+    /// One runqueue shared by all pCPUs (`all`; what Xen's default,
+    /// `socket`, gives on a one-socket machine such as QEMU `virt`).
+    All,
+    /// One runqueue per pCPU (`cpu`), balanced by load.
+    PerCpu,
 }
 
 /// Scheduler tunables. All times in ns.
@@ -145,6 +206,8 @@ pub struct SchedConfig {
     /// preempt it again (0 = off). Bounds wake-preemptions of any vCPU to
     /// one per this much of its run time.
     pub wake_min_run_ns: u64,
+    /// `credit2_runqueue=all|cpu`.
+    pub runqueue: RunqueueLayout,
 }
 
 impl Default for SchedConfig {
@@ -181,6 +244,7 @@ impl Default for SchedConfig {
             max_slice_ns: 10_000_000,
             lhp_grace_ns: 40_000,
             wake_min_run_ns: 100_000,
+            runqueue: RunqueueLayout::All,
         }
     }
 }
@@ -196,7 +260,8 @@ impl SchedConfig {
     /// Keys: `sched=credit2`, `sched_ratelimit_us=N` (0, or 100..=500000 as
     /// in Xen), `sched_wake_preempt=on|off`, `sched_wake_granularity_us=N`,
     /// `sched_lhp_grace_us=N`, `sched_wake_min_run_us=N`, `sched_min_slice_us=N`,
-    /// `sched_max_slice_us=N`.
+    /// `sched_max_slice_us=N`, `credit2_runqueue=all|cpu` (Xen's `socket`
+    /// and `node` mean `all` here: one socket).
     pub fn from_bootargs(args: &str) -> Result<Self, SchedError> {
         let mut cfg = Self::default();
         for word in args.split_ascii_whitespace() {
@@ -227,6 +292,13 @@ impl SchedConfig {
                 "sched_wake_min_run_us" => cfg.wake_min_run_ns = us("sched_wake_min_run_us")?,
                 "sched_min_slice_us" => cfg.min_slice_ns = us("sched_min_slice_us")?,
                 "sched_max_slice_us" => cfg.max_slice_ns = us("sched_max_slice_us")?,
+                "credit2_runqueue" => {
+                    cfg.runqueue = match val {
+                        "all" | "socket" | "node" => RunqueueLayout::All,
+                        "cpu" => RunqueueLayout::PerCpu,
+                        _ => return Err(SchedError::BadBootArg("credit2_runqueue")),
+                    }
+                }
                 _ => {}
             }
         }
@@ -373,6 +445,10 @@ pub enum SchedError {
     UnknownVcpu(VcpuId),
     DuplicateVcpu(VcpuId),
     BadWeight(u32),
+    /// A cap of 0 % or above 100 % per pCPU.
+    BadCap(u32),
+    UnknownDomain(DomainId),
+    DuplicateDomain(DomainId),
     /// The pCPU has no running vCPU (block/yield on an idle pCPU).
     NotRunning(usize),
     /// `power_on` of a vCPU that is already on.
@@ -390,6 +466,9 @@ impl fmt::Display for SchedError {
             SchedError::UnknownVcpu(v) => write!(f, "unknown {v}"),
             SchedError::DuplicateVcpu(v) => write!(f, "{v} added twice"),
             SchedError::BadWeight(w) => write!(f, "bad weight {w} (1..=65535)"),
+            SchedError::BadCap(c) => write!(f, "bad cap {c}% (1 to 100 per pCPU)"),
+            SchedError::UnknownDomain(d) => write!(f, "unknown domain d{d}"),
+            SchedError::DuplicateDomain(d) => write!(f, "domain d{d} added twice"),
             SchedError::NotRunning(p) => write!(f, "no vCPU running on pCPU {p}"),
             SchedError::AlreadyOnline(v) => write!(f, "{v} is already on"),
             SchedError::BadConfig => write!(f, "inconsistent scheduler configuration"),
@@ -405,7 +484,7 @@ pub enum RunState {
     Offline,
     /// Waiting for an event (WFI).
     Blocked,
-    /// On a runqueue.
+    /// On a runqueue, or parked there for lack of its domain's budget.
     Runnable,
     /// On this pCPU.
     Running(usize),
@@ -418,12 +497,23 @@ enum PreemptReason {
 
 struct Vcpu {
     id: VcpuId,
+    /// Its domain's slot in `Scheduler::domains`.
+    dom: usize,
     state: RunState,
     credit: i64,
+    /// Its domain's weight.
     weight: u32,
+    /// Remainder of the last credit burn's division (Credit2's `residual`).
+    residual: u64,
     affinity: Option<usize>,
-    /// Runqueue this vCPU belongs to (credit resets are per runqueue).
+    /// The runqueue it belongs to (credit resets are per runqueue).
+    rq: usize,
+    /// The pCPU it last ran on, or was placed on (migrations count changes).
     home: usize,
+    /// Budget it holds, drawn from its capped domain's pool (ns).
+    budget: i64,
+    /// Runnable but off the runqueues: its domain's budget is exhausted.
+    parked: bool,
     /// Last time credit was burned (valid while running).
     last_burn: u64,
     /// Time of the wake that made it runnable, until it is scheduled in.
@@ -443,10 +533,21 @@ impl Vcpu {
     }
 }
 
+/// A Credit2 runqueue: the vCPUs waiting for any of its pCPUs.
+#[derive(Default)]
+struct Runqueue {
+    /// Slots, sorted by credit (highest first, FIFO on ties).
+    queue: Vec<usize>,
+    /// Largest weight of its vCPUs (Credit2's `rqd->max_weight`).
+    max_weight: u32,
+    /// Credit resets of this runqueue.
+    resets: u64,
+}
+
 #[derive(Default)]
 struct Pcpu {
-    /// Slots, sorted by credit (highest first).
-    runq: Vec<usize>,
+    /// The runqueue this pCPU picks from.
+    rq: usize,
     curr: Option<usize>,
     /// When `curr` was switched in (ratelimit window start).
     entry: u64,
@@ -469,13 +570,15 @@ struct Pcpu {
     loan: bool,
 }
 
-/// The scheduler: all vCPUs of all VMs over `nr_pcpus` pCPUs.
+/// The scheduler: all vCPUs of all domains over `nr_pcpus` pCPUs.
 pub struct Scheduler {
     cfg: SchedConfig,
     vcpus: Vec<Vcpu>,
     index: BTreeMap<VcpuId, usize>,
+    domains: Vec<Domain>,
+    dom_index: BTreeMap<DomainId, usize>,
     pcpus: Vec<Pcpu>,
-    max_weight: u32,
+    rqs: Vec<Runqueue>,
     /// How the last `wake` was deferred, if it was (see [`Scheduler::wake_deferral`]).
     last_deferral: Option<(Deferral, u64)>,
 }
@@ -486,9 +589,27 @@ impl Scheduler {
             return Err(SchedError::NoPcpus);
         }
         cfg.validate()?;
+        let nr_rqs = match cfg.runqueue {
+            RunqueueLayout::All => 1,
+            RunqueueLayout::PerCpu => nr_pcpus,
+        };
         let mut pcpus = Vec::new();
         pcpus.resize_with(nr_pcpus, Pcpu::default);
-        Ok(Self { cfg, vcpus: Vec::new(), index: BTreeMap::new(), pcpus, max_weight: 1, last_deferral: None })
+        for (p, pc) in pcpus.iter_mut().enumerate() {
+            pc.rq = p % nr_rqs;
+        }
+        let mut rqs = Vec::new();
+        rqs.resize_with(nr_rqs, || Runqueue { max_weight: 1, ..Runqueue::default() });
+        Ok(Self {
+            cfg,
+            vcpus: Vec::new(),
+            index: BTreeMap::new(),
+            domains: Vec::new(),
+            dom_index: BTreeMap::new(),
+            pcpus,
+            rqs,
+            last_deferral: None,
+        })
     }
 
     pub fn config(&self) -> &SchedConfig {
@@ -499,15 +620,94 @@ impl Scheduler {
         self.pcpus.len()
     }
 
-    /// Register a vCPU (offline until [`Scheduler::power_on`]).
+    /// Number of runqueues (`credit2_runqueue=`).
+    pub fn nr_runqueues(&self) -> usize {
+        self.rqs.len()
+    }
+
+    /// The runqueue `pcpu` picks from.
+    pub fn runqueue_of(&self, pcpu: usize) -> Option<usize> {
+        self.pcpus.get(pcpu).map(|p| p.rq)
+    }
+
+    /// Credit resets of runqueue `rq` so far.
+    pub fn runqueue_resets(&self, rq: usize) -> Option<u64> {
+        self.rqs.get(rq).map(|r| r.resets)
+    }
+
+    /// Register a domain. Its cap periods run from time 0 of the caller's
+    /// clock, with a full budget at first.
+    pub fn add_domain(&mut self, dom: DomainId, params: DomainParams) -> Result<(), SchedError> {
+        if self.dom_index.contains_key(&dom) {
+            return Err(SchedError::DuplicateDomain(dom));
+        }
+        params.validate(self.pcpus.len())?;
+        self.dom_index.insert(dom, self.domains.len());
+        self.domains.push(Domain::new(dom, params, 0));
+        Ok(())
+    }
+
+    /// Change a domain's weight and cap at `now`. Run time until `now` is
+    /// charged at the old weight. A new cap starts a full budget and a
+    /// period now; a changed one keeps the period (what is left is clipped
+    /// to the new budget); removing it unparks the domain's vCPUs. Running
+    /// vCPUs see the change at their pCPU's next `schedule()`.
+    pub fn set_domain_params(&mut self, now: u64, dom: DomainId, params: DomainParams) -> Result<(), SchedError> {
+        let d = self.dom_slot(dom)?;
+        params.validate(self.pcpus.len())?;
+        for p in 0..self.pcpus.len() {
+            if let Some(s) = self.pcpus[p].curr {
+                self.burn(s, now);
+            }
+        }
+        let old_cap = self.domains[d].params.cap_percent;
+        self.domains[d].params.weight = params.weight;
+        self.domains[d].set_cap(params.cap_percent, now);
+        for v in self.vcpus.iter_mut().filter(|v| v.dom == d) {
+            v.weight = params.weight;
+            if old_cap.is_none() {
+                v.budget = 0;
+            }
+        }
+        self.update_max_weights();
+        if params.cap_percent.is_none() {
+            self.unpark_domain(now, d);
+        }
+        Ok(())
+    }
+
+    /// A domain's parameters.
+    pub fn domain_params(&self, dom: DomainId) -> Option<DomainParams> {
+        self.dom_index.get(&dom).map(|&d| self.domains[d].params)
+    }
+
+    /// A domain's counters.
+    pub fn domain_stats(&self, dom: DomainId) -> Option<&DomainStats> {
+        self.dom_index.get(&dom).map(|&d| &self.domains[d].stats)
+    }
+
+    /// All domain ids, in registration order.
+    pub fn domain_ids(&self) -> impl Iterator<Item = DomainId> + '_ {
+        self.domains.iter().map(|d| d.id)
+    }
+
+    /// The domain of a vCPU.
+    pub fn domain_of(&self, vcpu: VcpuId) -> Option<DomainId> {
+        self.index.get(&vcpu).map(|&s| self.domains[self.vcpus[s].dom].id)
+    }
+
+    /// Parked for lack of budget (runnable, not on a runqueue).
+    pub fn is_parked(&self, vcpu: VcpuId) -> bool {
+        self.index.get(&vcpu).is_some_and(|&s| self.vcpus[s].parked)
+    }
+
+    /// Register a vCPU of domain `dom` (offline until [`Scheduler::power_on`]).
     /// `affinity = Some(p)` pins it to pCPU `p`.
-    pub fn add_vcpu(&mut self, vcpu: VcpuId, weight: u32, affinity: Option<usize>) -> Result<(), SchedError> {
+    pub fn add_vcpu(&mut self, vcpu: VcpuId, dom: DomainId, affinity: Option<usize>) -> Result<(), SchedError> {
         if self.index.contains_key(&vcpu) {
             return Err(SchedError::DuplicateVcpu(vcpu));
         }
-        if weight == 0 || weight > 65535 {
-            return Err(SchedError::BadWeight(weight));
-        }
+        let d = self.dom_slot(dom)?;
         if let Some(p) = affinity {
             self.check_pcpu(p)?;
         }
@@ -517,14 +717,20 @@ impl Scheduler {
                 (0..self.pcpus.len()).min_by_key(|&p| self.vcpus.iter().filter(|v| v.home == p).count()).unwrap_or(0)
             }
         };
+        let weight = self.domains[d].params.weight;
         self.index.insert(vcpu, self.vcpus.len());
         self.vcpus.push(Vcpu {
             id: vcpu,
+            dom: d,
             state: RunState::Offline,
             credit: CREDIT_INIT_NS,
             weight,
+            residual: 0,
             affinity,
+            rq: self.pcpus[home].rq,
             home,
+            budget: 0,
+            parked: false,
             last_burn: 0,
             woken_at: None,
             preempted: false,
@@ -532,16 +738,19 @@ impl Scheduler {
             yielding: false,
             stats: VcpuStats::default(),
         });
-        self.max_weight = self.max_weight.max(weight);
+        self.domains[d].nr_vcpus += 1;
+        let rq = &mut self.rqs[self.pcpus[home].rq];
+        rq.max_weight = rq.max_weight.max(weight);
         Ok(())
     }
 
-    /// PSCI CPU_ON: the vCPU becomes runnable.
+    /// PSCI CPU_ON: the vCPU becomes runnable (parked if its domain has no budget).
     pub fn power_on(&mut self, now: u64, vcpu: VcpuId) -> Result<WakeAction, SchedError> {
         let s = self.slot(vcpu)?;
         if self.vcpus[s].state != RunState::Offline {
             return Err(SchedError::AlreadyOnline(vcpu));
         }
+        self.replenish_due(now);
         self.vcpus[s].state = RunState::Blocked;
         Ok(self.make_runnable(now, s))
     }
@@ -556,10 +765,14 @@ impl Scheduler {
     }
 
     /// Wake `vcpu` (virtual interrupt, vSGI, vtimer, doorbell). A vCPU that is
-    /// not blocked gets a no-op; an offline one is ignored.
+    /// not blocked gets a no-op (a parked one stays parked until its
+    /// domain's budget is replenished); an offline one is ignored. A vCPU
+    /// whose domain has no budget left is parked at once: it preempts
+    /// nobody, and the answer re-arms a timer to the replenishment.
     pub fn wake(&mut self, now: u64, vcpu: VcpuId, cause: WakeCause) -> Result<WakeAction, SchedError> {
         let s = self.slot(vcpu)?;
         self.last_deferral = None;
+        self.replenish_due(now);
         let v = &mut self.vcpus[s];
         match v.state {
             RunState::Offline => return Ok(WakeAction::None),
@@ -579,7 +792,6 @@ impl Scheduler {
         v.woken_at = Some(now);
         Ok(self.make_runnable(now, s))
     }
-
     /// How the last [`Scheduler::wake`] was deferred (kind, until when), if
     /// it asked for a preemption that waits or fell in a ratelimit window.
     pub fn wake_deferral(&self) -> Option<(Deferral, u64)> {
@@ -658,7 +870,16 @@ impl Scheduler {
         if let Some(s) = prev {
             self.burn(s, now);
         }
-        let prev_runnable = prev.filter(|&s| self.vcpus[s].state == RunState::Running(pcpu));
+        self.replenish_due(now);
+        let mut prev_runnable = prev.filter(|&s| self.vcpus[s].state == RunState::Running(pcpu));
+        // A capped runner whose budget is used up draws more, or is parked.
+        if let Some(s) = prev_runnable {
+            if !self.ensure_budget(s) {
+                self.vcpus[s].state = RunState::Runnable;
+                self.park(s);
+                prev_runnable = None;
+            }
+        }
         let yielding = prev_runnable.is_some_and(|s| self.vcpus[s].yielding);
         self.balance(pcpu, prev_runnable);
 
@@ -667,11 +888,12 @@ impl Scheduler {
         if let (Some(s), false, Some(_)) = (prev_runnable, yielding, self.pcpus[pcpu].pending_preempt) {
             let at = self.deferral_end(pcpu);
             if now < at {
-                self.pcpus[pcpu].timer_at = Some(at);
+                let timer = self.clamp_timer(Some(at.min(self.budget_end(now, s))));
+                self.pcpus[pcpu].timer_at = timer;
                 let kind = if at == self.pcpus[pcpu].protect_until { Deferral::MinRun } else { Deferral::LhpGrace };
                 let switch = SwitchInfo { deferred: Some((kind, at)), ..Default::default() };
                 let next = Some(self.vcpus[s].id);
-                return Ok(Decision { next, timer_at: Some(at), preempted: None, kick: None, switch });
+                return Ok(Decision { next, timer_at: timer, preempted: None, kick: None, switch });
             }
         }
         let forced = self.pcpus[pcpu].pending_preempt.take();
@@ -688,18 +910,20 @@ impl Scheduler {
                 (RunState::Offline, _) => SwitchReason::Off,
                 (RunState::Blocked, _) => SwitchReason::Block,
                 _ if yielding => SwitchReason::Yield,
+                _ if v.parked => SwitchReason::SliceEnd,
                 (_, Some(PreemptReason::Wake)) => SwitchReason::WakePreempt,
                 _ => SwitchReason::SliceEnd,
             };
             switch.out = Some((v.id, why, v.credit));
         }
+        let left = prev.filter(|&s| next != Some(s));
 
         // Put the previous vCPU back on the runqueue if it is switched out runnable.
         let mut preempted = None;
         if let Some(s) = prev_runnable {
             if next != Some(s) {
                 self.vcpus[s].state = RunState::Runnable;
-                self.enqueue(pcpu, s);
+                self.enqueue(s);
                 if !yielding {
                     self.vcpus[s].preempted = true;
                     self.vcpus[s].wake_preempted = forced == Some(PreemptReason::Wake);
@@ -717,22 +941,36 @@ impl Scheduler {
         let Some(n) = next else {
             let pc = &mut self.pcpus[pcpu];
             pc.curr = None;
-            pc.timer_at = None;
             pc.crit_until = 0;
             pc.protect_until = 0;
-            return Ok(Decision { next: None, timer_at: None, preempted, kick: None, switch });
+            if let Some(s) = left {
+                self.give_back_budget(now, s);
+            }
+            let timer = self.clamp_timer(None);
+            self.pcpus[pcpu].timer_at = timer;
+            let kick = self.idle_pcpu_for_queued(pcpu);
+            return Ok(Decision { next: None, timer_at: timer, preempted, kick, switch });
         };
 
-        if self.vcpus[n].credit <= 0 {
-            self.reset_credit(self.vcpus[n].credit);
+        let rq = self.pcpus[pcpu].rq;
+        self.rqs[rq].queue.retain(|&x| x != n);
+        // Credit2's epoch end: the best candidate of the runqueue (the
+        // picked vCPU or the runqueue's head, whichever has more) has no credit.
+        let head = self.rqs[rq].queue.first().map(|&h| self.vcpus[h].credit);
+        let best = head.map_or(self.vcpus[n].credit, |h| h.max(self.vcpus[n].credit));
+        if best <= 0 {
+            self.reset_credit(now, rq, self.vcpus[n].credit);
         }
 
         if prev_runnable != Some(n) {
-            self.pcpus[pcpu].runq.retain(|&x| x != n);
             let v = &mut self.vcpus[n];
             v.state = RunState::Running(pcpu);
             v.last_burn = now;
             v.preempted = false;
+            if v.home != pcpu {
+                v.home = pcpu;
+                v.stats.counters.migrations += 1;
+            }
             let protect = core::mem::take(&mut v.wake_preempted) && self.cfg.wake_min_run_ns > 0;
             v.stats.counters.schedule_ins += 1;
             let latency = v.woken_at.take().map(|w| now.saturating_sub(w));
@@ -747,13 +985,19 @@ impl Scheduler {
             pc.protect_until = if protect { now.saturating_add(self.cfg.wake_min_run_ns) } else { 0 };
         }
 
+        // What the vCPU that left holds goes back to its domain's pool
+        // (after the switch, as Credit2's context_saved).
+        if let Some(s) = left {
+            self.give_back_budget(now, s);
+        }
         let lend = directed && self.cfg.wake_mode == WakeMode::Preempt && self.cfg.lhp_grace_ns > 0;
         self.pcpus[pcpu].loan = lend;
         let slice = if lend { self.cfg.lhp_grace_ns.max(MIN_TIMER_NS) } else { self.runtime(now, pcpu, n) };
-        let at = now.saturating_add(slice);
-        self.pcpus[pcpu].timer_at = Some(at);
+        let at = now.saturating_add(slice).min(self.budget_end(now, n));
+        let timer = self.clamp_timer(Some(at));
+        self.pcpus[pcpu].timer_at = timer;
         let kick = self.idle_pcpu_for_queued(pcpu);
-        Ok(Decision { next: Some(self.vcpus[n].id), timer_at: Some(at), preempted, kick, switch })
+        Ok(Decision { next: Some(self.vcpus[n].id), timer_at: timer, preempted, kick, switch })
     }
 
     /// Counters and histogram of a vCPU.
@@ -782,7 +1026,10 @@ impl Scheduler {
 
     /// Runnable but descheduled involuntarily (a directed-yield candidate).
     pub fn is_preempted(&self, vcpu: VcpuId) -> bool {
-        self.index.get(&vcpu).is_some_and(|&s| self.vcpus[s].preempted && self.vcpus[s].state == RunState::Runnable)
+        self.index.get(&vcpu).is_some_and(|&s| {
+            let v = &self.vcpus[s];
+            v.preempted && !v.parked && v.state == RunState::Runnable
+        })
     }
 
     /// vCPU currently on `pcpu`.
@@ -804,6 +1051,10 @@ impl Scheduler {
         self.index.get(&v).copied().ok_or(SchedError::UnknownVcpu(v))
     }
 
+    fn dom_slot(&self, d: DomainId) -> Result<usize, SchedError> {
+        self.dom_index.get(&d).copied().ok_or(SchedError::UnknownDomain(d))
+    }
+
     fn running(&self, p: usize) -> Result<usize, SchedError> {
         self.check_pcpu(p)?;
         match self.pcpus[p].curr {
@@ -812,9 +1063,11 @@ impl Scheduler {
         }
     }
 
-    /// Charge a running vCPU for its time since the last burn.
+    /// Charge a running vCPU for its time since the last burn: credit
+    /// `elapsed × max_weight / weight`, the division's remainder carried to
+    /// the next burn; a capped domain's vCPU also spends budget 1:1.
     fn burn(&mut self, s: usize, now: u64) {
-        let max_w = self.max_weight as i128;
+        let max_w = u128::from(self.rqs[self.vcpus[s].rq].max_weight);
         let v = &mut self.vcpus[s];
         if !matches!(v.state, RunState::Running(_)) {
             return;
@@ -822,8 +1075,16 @@ impl Scheduler {
         let delta = now.saturating_sub(v.last_burn);
         v.last_burn = v.last_burn.max(now);
         v.stats.counters.run_ns += delta;
-        let cost = delta as i128 * max_w / v.weight as i128;
-        v.credit = (v.credit as i128 - cost).max(i64::MIN as i128 / 2) as i64;
+        let scaled = delta as u128 * max_w + u128::from(v.residual);
+        let w = u128::from(v.weight.max(1));
+        v.residual = (scaled % w) as u64;
+        let cost = (scaled / w).min(i64::MAX as u128) as i64;
+        v.credit = v.credit.saturating_sub(cost).max(i64::MIN / 2);
+        let d = &mut self.domains[v.dom];
+        d.stats.run_ns += delta;
+        if d.capped() {
+            v.budget = v.budget.saturating_sub(delta.min(i64::MAX as u64) as i64);
+        }
     }
 
     /// Credit → run time for vCPU `s`.
@@ -831,38 +1092,150 @@ impl Scheduler {
         if credit <= 0 {
             return 0;
         }
-        (credit as i128 * self.vcpus[s].weight as i128 / self.max_weight as i128) as u64
+        let max_w = self.rqs[self.vcpus[s].rq].max_weight.max(1);
+        (credit as i128 * self.vcpus[s].weight as i128 / max_w as i128) as u64
     }
 
-    fn enqueue(&mut self, p: usize, s: usize) {
+    fn update_max_weights(&mut self) {
+        for (i, rq) in self.rqs.iter_mut().enumerate() {
+            rq.max_weight = self.vcpus.iter().filter(|v| v.rq == i).map(|v| v.weight).max().unwrap_or(1);
+        }
+    }
+
+    /// Move vCPU `s` (not queued) to runqueue `rq`.
+    fn set_rq(&mut self, s: usize, rq: usize) {
+        if self.vcpus[s].rq != rq {
+            self.vcpus[s].rq = rq;
+            self.update_max_weights();
+        }
+    }
+
+    /// Queue the runnable vCPU `s` on its runqueue, by credit.
+    fn enqueue(&mut self, s: usize) {
         let c = self.vcpus[s].credit;
         let vcpus = &self.vcpus;
-        let q = &mut self.pcpus[p].runq;
+        let q = &mut self.rqs[vcpus[s].rq].queue;
         let pos = q.iter().position(|&x| vcpus[x].credit < c).unwrap_or(q.len());
         q.insert(pos, s);
     }
 
-    fn sort_runq(&mut self, p: usize) {
+    fn sort_runq(&mut self, rq: usize) {
         let vcpus = &self.vcpus;
-        self.pcpus[p].runq.sort_by(|&a, &b| vcpus[b].credit.cmp(&vcpus[a].credit));
+        self.rqs[rq].queue.sort_by(|&a, &b| vcpus[b].credit.cmp(&vcpus[a].credit));
     }
 
-    /// Credit2 reset: every online vCPU gets CREDIT_INIT (times `m` if the
-    /// picked vCPU is very negative), capped with carry-over. Credit2 resets
-    /// one runqueue (a socket's); ours are per pCPU, so the reset is global to
-    /// keep credits comparable for the credit-based pull in `balance`. With
-    /// one pCPU (the case compared against Xen) the two are the same.
-    fn reset_credit(&mut self, picked_credit: i64) {
+    /// Credit2 reset of runqueue `rq`: each of its online vCPUs gets
+    /// CREDIT_INIT (times `m` if the picked vCPU is deeper than
+    /// -CREDIT_INIT, so that it is positive again), capped at
+    /// `CREDIT_INIT + CARRYOVER_MAX`: what a vCPU had left carries over up
+    /// to that cap. vCPUs running on the runqueue's other pCPUs are charged
+    /// up to `now` first (as Credit2 does), so that the cap clips what they
+    /// really have left.
+    fn reset_credit(&mut self, now: u64, rq: usize, picked_credit: i64) {
+        for p in 0..self.pcpus.len() {
+            if let Some(s) = self.pcpus[p].curr.filter(|_| self.pcpus[p].rq == rq) {
+                self.burn(s, now);
+            }
+        }
         let mut m: i64 = 1;
         if picked_credit < -CREDIT_INIT_NS {
             m += (-picked_credit) / CREDIT_INIT_NS;
         }
         let add = m.saturating_mul(CREDIT_INIT_NS);
-        for v in self.vcpus.iter_mut().filter(|v| v.state != RunState::Offline) {
+        let mut doms = Vec::new();
+        for v in self.vcpus.iter_mut().filter(|v| v.rq == rq && v.state != RunState::Offline) {
             v.credit = v.credit.saturating_add(add).min(CREDIT_INIT_NS + CARRYOVER_MAX_NS);
+            if !doms.contains(&v.dom) {
+                doms.push(v.dom);
+            }
         }
-        for p in 0..self.pcpus.len() {
-            self.sort_runq(p);
+        for d in doms {
+            self.domains[d].stats.credit_resets += 1;
+        }
+        self.rqs[rq].resets += 1;
+        self.sort_runq(rq);
+    }
+
+    /// Replenish every capped domain whose period is over, and unpark its vCPUs.
+    fn replenish_due(&mut self, now: u64) {
+        for d in 0..self.domains.len() {
+            if self.domains[d].replenish_due(now) && self.domains[d].budget > 0 {
+                self.unpark_domain(now, d);
+            }
+        }
+    }
+
+    /// Make the parked vCPUs of domain `d` runnable again.
+    fn unpark_domain(&mut self, now: u64, d: usize) {
+        for s in 0..self.vcpus.len() {
+            if self.vcpus[s].dom == d && self.vcpus[s].parked {
+                self.vcpus[s].parked = false;
+                if self.vcpus[s].state == RunState::Runnable {
+                    // Its pCPU's timer is due now (see `clamp_timer`), so a
+                    // tickle of a busy pCPU is seen at its `schedule()`.
+                    let _ = self.queue_and_tickle(now, s);
+                }
+            }
+        }
+    }
+
+    /// Make sure the (capped) vCPU `s` holds budget, drawing a quota from
+    /// its domain's pool; false if there is none left (park it).
+    fn ensure_budget(&mut self, s: usize) -> bool {
+        let d = self.vcpus[s].dom;
+        if !self.domains[d].capped() || self.vcpus[s].budget > 0 {
+            return true;
+        }
+        let held = self.vcpus[s].budget;
+        self.vcpus[s].budget = self.domains[d].grab(held);
+        self.vcpus[s].budget > 0
+    }
+
+    /// Park the runnable vCPU `s` (taken off its runqueue) until its domain has budget.
+    fn park(&mut self, s: usize) {
+        let rq = self.vcpus[s].rq;
+        self.rqs[rq].queue.retain(|&x| x != s);
+        self.vcpus[s].parked = true;
+        self.domains[self.vcpus[s].dom].stats.cap_parks += 1;
+    }
+
+    /// `s` left its pCPU: what it holds goes back to its domain's pool,
+    /// and if that leaves budget, the domain's parked vCPUs come back.
+    fn give_back_budget(&mut self, now: u64, s: usize) {
+        let d = self.vcpus[s].dom;
+        if !self.domains[d].capped() {
+            return;
+        }
+        let held = core::mem::take(&mut self.vcpus[s].budget);
+        self.domains[d].give_back(held);
+        if self.domains[d].budget > 0 {
+            self.unpark_domain(now, d);
+        }
+    }
+
+    /// When the running vCPU `s`'s budget runs out (`u64::MAX`: uncapped).
+    /// The budget bounds the slice hard, after min slice and ratelimit
+    /// (Credit2 lets the minimum timer overrun it and charges the debt to
+    /// the next period; we keep each period exact).
+    fn budget_end(&self, now: u64, s: usize) -> u64 {
+        if !self.domains[self.vcpus[s].dom].capped() {
+            return u64::MAX;
+        }
+        let b = self.vcpus[s].budget.max(0) as u64;
+        now.saturating_add(b.max(MIN_TIMER_NS))
+    }
+
+    /// The earliest replenishment that will unpark someone.
+    fn next_unpark(&self) -> Option<u64> {
+        self.vcpus.iter().filter(|v| v.parked).map(|v| self.domains[v.dom].next_repl).min()
+    }
+
+    /// A pCPU's timer, brought forward to the next replenishment while a
+    /// vCPU is parked, so that every pCPU reschedules when it comes back.
+    fn clamp_timer(&self, at: Option<u64>) -> Option<u64> {
+        match (at, self.next_unpark()) {
+            (Some(a), Some(r)) => Some(a.min(r)),
+            (a, r) => a.or(r),
         }
     }
 
@@ -884,36 +1257,46 @@ impl Scheduler {
         }
         // Directed yield: run the target here if it is runnable and may run here.
         if let Some(t) = yield_target {
-            if self.vcpus[t].state == RunState::Runnable && self.vcpus[t].allowed_on(p) {
-                let from = self.vcpus[t].home;
-                if from != p {
-                    self.pcpus[from].runq.retain(|&x| x != t);
-                    self.vcpus[t].home = p;
-                    self.vcpus[t].stats.counters.migrations += 1;
-                    self.enqueue(p, t);
+            let v = &self.vcpus[t];
+            if v.state == RunState::Runnable && !v.parked && v.allowed_on(p) {
+                if self.ensure_budget(t) {
+                    let rq = self.pcpus[p].rq;
+                    if self.vcpus[t].rq != rq {
+                        self.rqs[self.vcpus[t].rq].queue.retain(|&x| x != t);
+                        self.set_rq(t, rq);
+                        self.enqueue(t);
+                    }
+                    return (Some(t), true);
                 }
-                return (Some(t), true);
+                self.park(t);
             }
         }
-        let head = self.pcpus[p].runq.first().copied();
-        let pick = match (prev, head) {
-            (None, h) => h,
-            (Some(s), None) => Some(s),
-            (Some(s), Some(h)) => {
-                if yielding || self.vcpus[h].credit > self.vcpus[s].credit {
-                    Some(h)
-                } else {
-                    Some(s)
+        let rq = self.pcpus[p].rq;
+        loop {
+            let head = self.rqs[rq].queue.iter().copied().find(|&h| self.vcpus[h].allowed_on(p));
+            let pick = match (prev, head) {
+                (None, h) => h,
+                (Some(s), None) => Some(s),
+                (Some(s), Some(h)) => {
+                    if yielding || self.vcpus[h].credit > self.vcpus[s].credit {
+                        Some(h)
+                    } else {
+                        Some(s)
+                    }
                 }
+            };
+            match pick {
+                // A queued vCPU of a capped domain runs only with budget.
+                Some(h) if Some(h) == head && !self.ensure_budget(h) => self.park(h),
+                _ => return (pick, false),
             }
-        };
-        (pick, false)
+        }
     }
 
     /// Credit2's slice length for the vCPU `n` just picked on `p`.
     fn runtime(&self, now: u64, p: usize, n: usize) -> u64 {
         let credit = self.vcpus[n].credit;
-        let rt = match self.pcpus[p].runq.first() {
+        let rt = match self.rqs[self.pcpus[p].rq].queue.first() {
             Some(&w) if self.vcpus[w].credit > 0 => credit.saturating_sub(self.vcpus[w].credit),
             _ => credit,
         };
@@ -929,25 +1312,36 @@ impl Scheduler {
         t.max(min_t).max(MIN_TIMER_NS)
     }
 
-    /// Pull at most one vCPU from another pCPU's runqueue: from one that is
-    /// at least 2 longer than ours, or else the richest remote waiter when its
-    /// credit beats our best candidate by more than `MIGRATE_RESIST_NS`
-    /// (Credit2's migration resistance), so that unequal queues share fairly.
+    /// Runnable vCPUs of runqueue `rq`: queued plus running on its pCPUs.
+    fn rq_load(&self, rq: usize) -> usize {
+        let running = self
+            .pcpus
+            .iter()
+            .filter(|pc| pc.rq == rq)
+            .filter(|pc| pc.curr.is_some_and(|s| matches!(self.vcpus[s].state, RunState::Running(_))))
+            .count();
+        self.rqs[rq].queue.len() + running
+    }
+
+    /// With several runqueues (`credit2_runqueue=cpu`), pull at most one
+    /// vCPU into `p`'s from another: from one whose load is at least 2
+    /// higher, or else the richest remote waiter when its credit beats our
+    /// best candidate by more than `MIGRATE_RESIST_NS` (Credit2's migration
+    /// resistance). Credits of different runqueues are reset apart, so this
+    /// is load balancing, not exact fairness; one shared runqueue (the
+    /// default) needs none.
     fn balance(&mut self, p: usize, prev: Option<usize>) {
-        if self.pcpus.len() < 2 {
+        if self.rqs.len() < 2 {
             return;
         }
-        let load = |sched: &Self, q: usize| {
-            sched.pcpus[q].runq.len()
-                + sched.pcpus[q].curr.map_or(0, |s| matches!(sched.vcpus[s].state, RunState::Running(_)) as usize)
-        };
-        let mine = self.pcpus[p].runq.len() + prev.is_some() as usize;
-        let mut from: Option<(usize, usize)> = None; // (pcpu, index in its runq)
+        let my_rq = self.pcpus[p].rq;
+        let mine = self.rqs[my_rq].queue.len() + prev.is_some() as usize;
+        let mut from: Option<(usize, usize)> = None; // (runqueue, index in its queue)
         let mut best_load = 0;
-        for q in (0..self.pcpus.len()).filter(|&q| q != p) {
-            let l = load(self, q);
+        for q in (0..self.rqs.len()).filter(|&q| q != my_rq) {
+            let l = self.rq_load(q);
             if l >= mine + 2 && l > best_load {
-                if let Some(i) = self.pcpus[q].runq.iter().position(|&s| self.vcpus[s].allowed_on(p)) {
+                if let Some(i) = self.rqs[q].queue.iter().position(|&s| self.vcpus[s].allowed_on(p)) {
                     best_load = l;
                     from = Some((q, i));
                 }
@@ -957,14 +1351,14 @@ impl Scheduler {
             let local_best = prev
                 .map(|s| self.vcpus[s].credit)
                 .into_iter()
-                .chain(self.pcpus[p].runq.first().map(|&s| self.vcpus[s].credit))
+                .chain(self.rqs[my_rq].queue.first().map(|&s| self.vcpus[s].credit))
                 .max()
                 .unwrap_or(i64::MIN);
             let mut best_credit = local_best.saturating_add(MIGRATE_RESIST_NS);
-            for q in (0..self.pcpus.len()).filter(|&q| q != p) {
-                let runq = &self.pcpus[q].runq;
-                if let Some(i) = runq.iter().position(|&s| self.vcpus[s].allowed_on(p)) {
-                    let c = self.vcpus[runq[i]].credit;
+            for q in (0..self.rqs.len()).filter(|&q| q != my_rq) {
+                let queue = &self.rqs[q].queue;
+                if let Some(i) = queue.iter().position(|&s| self.vcpus[s].allowed_on(p)) {
+                    let c = self.vcpus[queue[i]].credit;
                     if c > best_credit {
                         best_credit = c;
                         from = Some((q, i));
@@ -973,15 +1367,14 @@ impl Scheduler {
             }
         }
         let Some((q, i)) = from else { return };
-        let s = self.pcpus[q].runq.remove(i);
-        self.vcpus[s].home = p;
-        self.vcpus[s].stats.counters.migrations += 1;
-        self.enqueue(p, s);
+        let s = self.rqs[q].queue.remove(i);
+        self.set_rq(s, my_rq);
+        self.enqueue(s);
     }
 
-    /// An idle pCPU that could take something still queued on `p`.
+    /// An idle pCPU that could take something still queued on `p`'s runqueue.
     fn idle_pcpu_for_queued(&self, p: usize) -> Option<usize> {
-        let q = &self.pcpus[p].runq;
+        let q = &self.rqs[self.pcpus[p].rq].queue;
         if q.is_empty() {
             return None;
         }
@@ -989,7 +1382,7 @@ impl Scheduler {
             .find(|&o| o != p && self.pcpus[o].curr.is_none() && q.iter().any(|&s| self.vcpus[s].allowed_on(o)))
     }
 
-    /// Where a vCPU that becomes runnable should queue.
+    /// The pCPU a vCPU that becomes runnable should go to (and tickle).
     fn place(&self, s: usize) -> usize {
         let v = &self.vcpus[s];
         if let Some(a) = v.affinity {
@@ -1014,17 +1407,28 @@ impl Scheduler {
     }
 
     fn make_runnable(&mut self, now: u64, s: usize) -> WakeAction {
-        let p = self.place(s);
-        if self.vcpus[s].home != p {
-            self.vcpus[s].home = p;
-            self.vcpus[s].stats.counters.migrations += 1;
-        }
         self.vcpus[s].state = RunState::Runnable;
         self.vcpus[s].preempted = false;
-        self.enqueue(p, s);
-        self.tickle(now, s, p)
+        let d = self.vcpus[s].dom;
+        if self.domains[d].capped() && self.vcpus[s].budget <= 0 && self.domains[d].budget <= 0 {
+            // No budget: parked, it waits for the replenishment and preempts nobody.
+            self.vcpus[s].parked = true;
+            self.domains[d].stats.cap_parks += 1;
+            let p = self.place(s);
+            let at = self.domains[d].next_repl;
+            return self.rearm(now, p, at);
+        }
+        self.queue_and_tickle(now, s)
     }
 
+    /// Queue the runnable vCPU `s` where `place` says and decide whether it preempts there.
+    fn queue_and_tickle(&mut self, now: u64, s: usize) -> WakeAction {
+        let p = self.place(s);
+        let rq = self.pcpus[p].rq;
+        self.set_rq(s, rq);
+        self.enqueue(s);
+        self.tickle(now, s, p)
+    }
     /// Decide whether the vCPU `s`, just queued on `p`, preempts `p`'s runner.
     fn tickle(&mut self, now: u64, s: usize, p: usize) -> WakeAction {
         let Some(r) = self.pcpus[p].curr else {

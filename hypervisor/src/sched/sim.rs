@@ -30,7 +30,7 @@
 use alloc::vec;
 use alloc::vec::Vec;
 
-use super::{CritEvidence, SchedConfig, SchedError, Scheduler, VcpuId, WakeAction, WakeCause, DEFAULT_WEIGHT};
+use super::{CritEvidence, DomainId, DomainParams, SchedConfig, SchedError, Scheduler, VcpuId, WakeAction, WakeCause};
 
 pub const HOG: VcpuId = VcpuId(0);
 pub const IO: VcpuId = VcpuId(1);
@@ -212,8 +212,18 @@ enum Ev {
     Timer(usize),
 }
 
-/// Run one case.
+/// Run one case, both vCPUs in Dom0 (weight 256, uncapped).
 pub fn run(p: &SimParams) -> Result<SimResult, SchedError> {
+    run_in_domains(p, &[(0, DomainParams::default())], [0, 0])
+}
+
+/// Run one case with the vCPUs in domains: `domains` are registered, the
+/// hog goes into `of[0]`, the I/O vCPU into `of[1]`.
+pub fn run_in_domains(
+    p: &SimParams,
+    domains: &[(DomainId, DomainParams)],
+    of: [DomainId; 2],
+) -> Result<SimResult, SchedError> {
     let nr = match p.topology {
         Topology::OneP2V => 1,
         Topology::TwoP2V => 2,
@@ -223,8 +233,11 @@ pub fn run(p: &SimParams) -> Result<SimResult, SchedError> {
         Topology::OneP2V => (Some(0), Some(0)),
         Topology::TwoP2V => (Some(0), Some(1)),
     };
-    sched.add_vcpu(HOG, DEFAULT_WEIGHT, hog_aff)?;
-    sched.add_vcpu(IO, DEFAULT_WEIGHT, io_aff)?;
+    for &(d, params) in domains {
+        sched.add_domain(d, params)?;
+    }
+    sched.add_vcpu(HOG, of[0], hog_aff)?;
+    sched.add_vcpu(IO, of[1], io_aff)?;
     let mut e = Engine {
         p: *p,
         sched,
@@ -530,4 +543,132 @@ impl Engine {
         }
         Ok(())
     }
+}
+
+// ----- CPU hogs in several domains (issue 13's fairness) -----
+
+/// One always-runnable vCPU of [`FleetParams`].
+#[derive(Clone, Copy, Debug)]
+pub struct FleetVcpu {
+    pub id: VcpuId,
+    pub dom: DomainId,
+    pub affinity: Option<usize>,
+}
+
+/// CPU hogs in domains on `nr_pcpus` pCPUs, `schedule()` called exactly
+/// when the scheduler asks (timers, kicks), context switches free.
+#[derive(Clone, Debug)]
+pub struct FleetParams {
+    pub cfg: SchedConfig,
+    pub nr_pcpus: usize,
+    pub domains: Vec<(DomainId, DomainParams)>,
+    pub vcpus: Vec<FleetVcpu>,
+    pub duration_ns: u64,
+    /// Length of the accounting periods of [`FleetResult::domain_periods`].
+    pub period_ns: u64,
+    /// `set_domain_params` at these times (every pCPU reschedules then).
+    pub changes: Vec<(u64, DomainId, DomainParams)>,
+}
+
+/// What a fleet run measured, from the scheduler's decisions.
+#[derive(Clone, Debug, Default)]
+pub struct FleetResult {
+    pub duration_ns: u64,
+    /// Run time of each vCPU, in `FleetParams::vcpus` order, ns.
+    pub vcpu_ns: Vec<u64>,
+    /// Run time of each domain (in `FleetParams::domains` order) in each period, ns.
+    pub domain_periods: Vec<Vec<u64>>,
+}
+
+impl FleetResult {
+    /// vCPU `i`'s share of one pCPU over the whole run.
+    pub fn share(&self, i: usize) -> f64 {
+        if self.duration_ns == 0 {
+            return 0.0;
+        }
+        self.vcpu_ns.get(i).map_or(0.0, |&n| n as f64 / self.duration_ns as f64)
+    }
+}
+
+/// Run a fleet of hogs.
+pub fn run_fleet(p: &FleetParams) -> Result<FleetResult, SchedError> {
+    let mut s = Scheduler::new(p.cfg, p.nr_pcpus)?;
+    for &(d, params) in &p.domains {
+        s.add_domain(d, params)?;
+    }
+    for v in &p.vcpus {
+        s.add_vcpu(v.id, v.dom, v.affinity)?;
+    }
+    for v in &p.vcpus {
+        s.power_on(0, v.id)?;
+    }
+    let period = p.period_ns.max(1);
+    let nr_periods = p.duration_ns.div_ceil(period) as usize;
+    let mut res = FleetResult {
+        duration_ns: p.duration_ns,
+        vcpu_ns: vec![0; p.vcpus.len()],
+        domain_periods: vec![vec![0; nr_periods]; p.domains.len()],
+    };
+    let vcpu_ix = |id: VcpuId| p.vcpus.iter().position(|v| v.id == id);
+    let dom_ix = |d: DomainId| p.domains.iter().position(|x| x.0 == d);
+    // Charge [from, to) of vCPU `v` to it and, period by period, to its domain.
+    let account = |res: &mut FleetResult, v: VcpuId, from: u64, to: u64| {
+        let Some(i) = vcpu_ix(v) else { return };
+        res.vcpu_ns[i] += to.saturating_sub(from);
+        let Some(d) = dom_ix(p.vcpus[i].dom) else { return };
+        let mut t = from;
+        while t < to {
+            let k = (t / period) as usize;
+            let end = ((k as u64 + 1) * period).min(to);
+            if let Some(slot) = res.domain_periods[d].get_mut(k) {
+                *slot += end - t;
+            }
+            t = end;
+        }
+    };
+    let mut on: Vec<Option<(VcpuId, u64)>> = vec![None; p.nr_pcpus];
+    let mut timers: Vec<Option<u64>> = vec![Some(0); p.nr_pcpus];
+    let mut changes = p.changes.clone();
+    changes.sort_by_key(|c| c.0);
+    let mut next_change = 0;
+    let mut steps: u64 = 0;
+    loop {
+        let timer = timers.iter().enumerate().filter_map(|(pc, t)| t.map(|t| (t, pc))).min();
+        let change = changes.get(next_change).map(|c| c.0);
+        let now = match (timer, change) {
+            (Some((t, _)), Some(c)) => t.min(c),
+            (Some((t, _)), None) => t,
+            (None, Some(c)) => c,
+            (None, None) => break,
+        };
+        steps += 1;
+        if now > p.duration_ns || steps > 100_000_000 {
+            break;
+        }
+        let due: Vec<usize> = if change == Some(now) {
+            let (_, d, params) = changes[next_change];
+            next_change += 1;
+            s.set_domain_params(now, d, params)?;
+            (0..p.nr_pcpus).collect()
+        } else {
+            timer.map(|(_, pc)| pc).into_iter().collect()
+        };
+        for pc in due {
+            let d = s.schedule(now, pc)?;
+            timers[pc] = d.timer_at;
+            if let Some(k) = d.kick {
+                timers[k] = Some(now);
+            }
+            if on[pc].map(|x| x.0) != d.next {
+                if let Some((v, from)) = on[pc] {
+                    account(&mut res, v, from, now);
+                }
+                on[pc] = d.next.map(|v| (v, now));
+            }
+        }
+    }
+    for (v, from) in on.iter().flatten() {
+        account(&mut res, *v, *from, p.duration_ns);
+    }
+    Ok(res)
 }

@@ -15,10 +15,12 @@ fn v(n: u32) -> VcpuId {
     VcpuId(n)
 }
 
+/// vCPUs `(id, weight, affinity)`, each in its own domain (numbered like the vCPU).
 fn sched(cfg: SchedConfig, pcpus: usize, vcpus: &[(u32, u32, Option<usize>)]) -> Scheduler {
     let mut s = Scheduler::new(cfg, pcpus).unwrap();
     for &(id, w, a) in vcpus {
-        s.add_vcpu(v(id), w, a).unwrap();
+        s.add_domain(id as DomainId, DomainParams { weight: w, cap_percent: None }).unwrap();
+        s.add_vcpu(v(id), id as DomainId, a).unwrap();
         s.power_on(0, v(id)).unwrap();
     }
     s
@@ -86,10 +88,24 @@ fn bootargs() {
 fn errors_not_panics() {
     assert_eq!(Scheduler::new(SchedConfig::default(), 0).err(), Some(SchedError::NoPcpus));
     let mut s = Scheduler::new(SchedConfig::default(), 1).unwrap();
-    assert_eq!(s.add_vcpu(v(0), 0, None), Err(SchedError::BadWeight(0)));
-    assert_eq!(s.add_vcpu(v(0), 256, Some(3)), Err(SchedError::BadPcpu(3)));
-    s.add_vcpu(v(0), 256, None).unwrap();
-    assert_eq!(s.add_vcpu(v(0), 256, None), Err(SchedError::DuplicateVcpu(v(0))));
+    assert_eq!(s.add_domain(0, DomainParams { weight: 0, cap_percent: None }), Err(SchedError::BadWeight(0)));
+    assert_eq!(s.add_domain(0, DomainParams { weight: 70000, cap_percent: None }), Err(SchedError::BadWeight(70000)));
+    assert_eq!(s.add_domain(0, DomainParams { weight: 256, cap_percent: Some(0) }), Err(SchedError::BadCap(0)));
+    assert_eq!(s.add_domain(0, DomainParams { weight: 256, cap_percent: Some(101) }), Err(SchedError::BadCap(101)));
+    assert_eq!(s.add_vcpu(v(0), 0, None), Err(SchedError::UnknownDomain(0)));
+    s.add_domain(0, DomainParams::default()).unwrap();
+    assert_eq!(s.add_domain(0, DomainParams::default()), Err(SchedError::DuplicateDomain(0)));
+    assert_eq!(s.set_domain_params(0, 7, DomainParams::default()), Err(SchedError::UnknownDomain(7)));
+    assert_eq!(
+        s.set_domain_params(0, 0, DomainParams { weight: 256, cap_percent: Some(500) }),
+        Err(SchedError::BadCap(500))
+    );
+    assert_eq!(s.domain_params(0), Some(DomainParams::default()), "a refused change changes nothing");
+    assert_eq!(s.add_vcpu(v(0), 0, Some(3)), Err(SchedError::BadPcpu(3)));
+    s.add_vcpu(v(0), 0, None).unwrap();
+    assert_eq!(s.add_vcpu(v(0), 0, None), Err(SchedError::DuplicateVcpu(v(0))));
+    assert_eq!(s.domain_of(v(0)), Some(0));
+    assert_eq!(s.domain_of(v(1)), None);
     assert_eq!(s.wake(0, v(9), WakeCause::Sgi), Err(SchedError::UnknownVcpu(v(9))));
     assert_eq!(s.block(0, 0), Err(SchedError::NotRunning(0)));
     assert_eq!(s.yield_to(0, 0, None), Err(SchedError::NotRunning(0)));
@@ -690,4 +706,211 @@ fn sim_is_deterministic() {
     let b = sim_case(SchedConfig::default(), Topology::OneP2V);
     assert_eq!(a.wake_to_run_ns, b.wake_to_run_ns);
     assert_eq!(a.completions, b.completions);
+}
+
+// ----- domains: weights, caps, resets (issue 13) -----
+
+fn fleet(cfg: SchedConfig, nr_pcpus: usize, doms: &[(DomainId, u32, Option<u32>)], duration: u64) -> sim::FleetParams {
+    sim::FleetParams {
+        cfg,
+        nr_pcpus,
+        domains: doms.iter().map(|&(d, weight, cap_percent)| (d, DomainParams { weight, cap_percent })).collect(),
+        vcpus: doms.iter().map(|&(d, _, _)| sim::FleetVcpu { id: v(u32::from(d)), dom: d, affinity: None }).collect(),
+        duration_ns: duration,
+        period_ns: CAP_PERIOD_NS,
+        changes: Vec::new(),
+    }
+}
+
+#[test]
+fn fleet_weights_512_256_256_256_on_two_pcpus() {
+    for cfg in [SchedConfig::default(), SchedConfig::xen_compat(1000)] {
+        let p = fleet(cfg, 2, &[(1, 512, None), (2, 256, None), (3, 256, None), (4, 256, None)], 3000 * MS);
+        let r = sim::run_fleet(&p).unwrap();
+        for (i, want) in [0.80, 0.40, 0.40, 0.40].into_iter().enumerate() {
+            assert!((r.share(i) - want).abs() <= 0.05, "{cfg:?}: d{} got {} of a pCPU", i + 1, r.share(i));
+        }
+    }
+}
+
+#[test]
+fn fleet_three_equal_hogs_on_two_pcpus() {
+    for cfg in [SchedConfig::default(), SchedConfig::xen_compat(1000)] {
+        let p = fleet(cfg, 2, &[(1, 256, None), (2, 256, None), (3, 256, None)], 3000 * MS);
+        let r = sim::run_fleet(&p).unwrap();
+        for i in 0..3 {
+            assert!((r.share(i) - 2.0 / 3.0).abs() <= 0.03, "{cfg:?}: d{} got {}", i + 1, r.share(i));
+        }
+    }
+}
+
+#[test]
+fn fleet_cap_25_holds_in_every_period() {
+    // 1 pCPU: the capped domain against a hog; 2 pCPUs: against two hogs.
+    for (nr, doms) in
+        [(1, &[(1, 256, Some(25)), (2, 256, None)][..]), (2, &[(1, 256, Some(25)), (2, 256, None), (3, 256, None)][..])]
+    {
+        for cfg in [SchedConfig::default(), SchedConfig::xen_compat(1000), SchedConfig::xen_compat(0)] {
+            let r = sim::run_fleet(&fleet(cfg, nr, doms, 1000 * MS)).unwrap();
+            for (k, &ns) in r.domain_periods[0].iter().enumerate() {
+                let share = ns as f64 / CAP_PERIOD_NS as f64;
+                assert!((share - 0.25).abs() <= 0.01, "{nr}p {cfg:?}: period {k}: {share}");
+            }
+            // The hogs share the rest evenly. (With two pCPUs this needs the
+            // reset to charge the other pCPU's runner first: charged late, its
+            // credit was clipped every epoch and it got 0.76 to the other's 0.99.)
+            let fair = (nr as f64 - 0.25) / (doms.len() - 1) as f64;
+            for i in 1..doms.len() {
+                assert!((r.share(i) - fair).abs() <= 0.03, "{nr}p {cfg:?}: hog d{} got {}", i + 1, r.share(i));
+            }
+        }
+    }
+}
+
+#[test]
+fn cap_parks_and_replenishes() {
+    let mut s = Scheduler::new(SchedConfig::default(), 1).unwrap();
+    s.add_domain(1, DomainParams { weight: 256, cap_percent: Some(25) }).unwrap();
+    s.add_vcpu(v(1), 1, None).unwrap();
+    s.power_on(0, v(1)).unwrap();
+    let d = s.schedule(0, 0).unwrap();
+    assert_eq!((d.next, d.timer_at), (Some(v(1)), Some(2500 * US)), "the slice ends with the budget");
+    // Out of budget: parked, the idle pCPU's timer is the replenishment.
+    let d = s.schedule(2500 * US, 0).unwrap();
+    assert_eq!((d.next, d.timer_at), (None, Some(10 * MS)));
+    assert!(s.is_parked(v(1)) && s.state(v(1)) == Some(RunState::Runnable));
+    // A wake of a parked vCPU changes nothing.
+    assert_eq!(s.wake(3 * MS, v(1), WakeCause::Interrupt), Ok(WakeAction::None));
+    assert!(s.is_parked(v(1)));
+    let d = s.schedule(10 * MS, 0).unwrap();
+    assert_eq!((d.next, d.timer_at), (Some(v(1)), Some(12_500 * US)));
+    let st = s.domain_stats(1).unwrap();
+    assert_eq!((st.cap_parks, st.replenishments, st.run_ns), (1, 1, 2500 * US));
+    // It blocks with budget left; the budget runs out nowhere, and a wake
+    // after the domain's pool is empty parks it at once (no preemption).
+    s.block(11 * MS, 0).unwrap();
+    assert_eq!(s.schedule(11 * MS, 0).unwrap().next, None);
+    assert_eq!(s.wake(11 * MS + 100 * US, v(1), WakeCause::Timer), Ok(WakeAction::Reschedule { pcpu: 0 }));
+    let d = s.schedule(11 * MS + 100 * US, 0).unwrap();
+    assert_eq!((d.next, d.timer_at), (Some(v(1)), Some(12_600 * US)), "what it gave back: 1.5 ms");
+    s.block(12_600 * US, 0).unwrap();
+    assert_eq!(s.schedule(12_600 * US, 0).unwrap().next, None);
+    assert_eq!(s.wake(13 * MS, v(1), WakeCause::Timer), Ok(WakeAction::RearmTimer { pcpu: 0, at: 20 * MS }));
+    assert!(s.is_parked(v(1)));
+    assert_eq!(s.domain_stats(1).unwrap().cap_parks, 2);
+    assert_eq!(s.schedule(20 * MS, 0).unwrap().next, Some(v(1)));
+    // Uncapping unparks at once and lifts the bound.
+    let d = s.schedule(22_500 * US, 0).unwrap();
+    assert_eq!(d.next, None);
+    s.set_domain_params(23 * MS, 1, DomainParams { weight: 256, cap_percent: None }).unwrap();
+    assert!(!s.is_parked(v(1)));
+    let d = s.schedule(23 * MS, 0).unwrap();
+    assert_eq!(d.next, Some(v(1)));
+    assert!(d.timer_at.unwrap() > 25 * MS);
+}
+
+#[test]
+fn capped_domain_shares_its_budget_between_vcpus() {
+    // 100 % cap, two vCPUs, two pCPUs, nothing else: one pCPU's worth in all.
+    let mut s = Scheduler::new(SchedConfig::default(), 2).unwrap();
+    s.add_domain(1, DomainParams { weight: 256, cap_percent: Some(100) }).unwrap();
+    s.add_vcpu(v(1), 1, None).unwrap();
+    s.add_vcpu(v(2), 1, None).unwrap();
+    s.power_on(0, v(1)).unwrap();
+    s.power_on(0, v(2)).unwrap();
+    run_hogs(&mut s, 1000 * MS);
+    let total = run_ns(&s, 1) + run_ns(&s, 2);
+    assert!(total.abs_diff(1000 * MS) <= 10 * MS, "total {total}");
+    assert!(run_ns(&s, 1).abs_diff(run_ns(&s, 2)) <= 50 * MS);
+    assert_eq!(s.domain_stats(1).unwrap().run_ns, total);
+}
+
+#[test]
+fn weight_change_mid_run_takes_effect() {
+    let mut p = fleet(SchedConfig::default(), 1, &[(1, 256, None), (2, 256, None)], 2000 * MS);
+    p.changes.push((1000 * MS, 1, DomainParams { weight: 768, cap_percent: None }));
+    p.period_ns = 1000 * MS;
+    let r = sim::run_fleet(&p).unwrap();
+    let (first, second) = (r.domain_periods[0][0] as f64 / 1e9, r.domain_periods[0][1] as f64 / 1e9);
+    assert!((first - 0.5).abs() <= 0.02, "before: {first}");
+    assert!((second - 0.75).abs() <= 0.03, "after: {second}");
+}
+
+#[test]
+fn credit_reset_uses_the_best_candidate() {
+    // Ratelimit keeps a runner at 0 credit while a richer vCPU waits: no reset.
+    let mut s = sched(SchedConfig::xen_compat(0), 1, &[(0, 256, None), (1, 256, None)]);
+    assert_eq!(s.schedule(0, 0).unwrap().next, Some(v(0)));
+    s.block(0, 0).unwrap();
+    assert_eq!(s.schedule(0, 0).unwrap().next, Some(v(1)));
+    // vcpu1 runs its whole credit; vcpu0 (blocked) still has 10 ms.
+    s.wake(5 * MS, v(0), WakeCause::Timer).unwrap();
+    let d = s.schedule(10 * MS, 0).unwrap();
+    assert_eq!(d.next, Some(v(0)), "the richer one runs");
+    assert_eq!(s.runqueue_resets(0), Some(0), "best candidate (10 ms) is positive: no reset");
+    // When the best candidate is at 0 too, the runqueue resets; the remainder carries.
+    let d = s.schedule(20 * MS, 0).unwrap();
+    assert!(d.next.is_some());
+    assert_eq!(s.runqueue_resets(0), Some(1));
+    assert_eq!(s.credit(v(0)), Some(CREDIT_INIT_NS));
+    assert_eq!(s.credit(v(1)), Some(CREDIT_INIT_NS));
+    assert_eq!(s.domain_stats(0).unwrap().credit_resets, 1);
+}
+
+#[test]
+fn credit_resets_are_per_runqueue() {
+    // credit2_runqueue=cpu: two pinned hogs on pCPU 0, one on pCPU 1 —
+    // each runqueue resets on its own schedule, only its own vCPUs.
+    let cfg = SchedConfig::from_bootargs("credit2_runqueue=cpu").unwrap();
+    let mut s = sched(cfg, 2, &[(0, 256, Some(0)), (1, 256, Some(0)), (2, 256, Some(1))]);
+    assert_eq!((s.nr_runqueues(), s.runqueue_of(1)), (2, Some(1)));
+    run_hogs(&mut s, 200 * MS);
+    let (r0, r1) = (s.runqueue_resets(0).unwrap(), s.runqueue_resets(1).unwrap());
+    // pCPU 1's lone hog burns 10 ms per epoch; pCPU 0's two burn 20 ms.
+    assert!((18..=21).contains(&r1), "rq1 resets {r1}");
+    assert!((9..=11).contains(&r0), "rq0 resets {r0}");
+    assert_eq!(s.domain_stats(2).unwrap().credit_resets, r1);
+    assert_eq!(s.domain_stats(0).unwrap().credit_resets, r0);
+    // The default: one runqueue for all pCPUs.
+    let s = Scheduler::new(SchedConfig::default(), 4).unwrap();
+    assert_eq!((s.nr_runqueues(), s.runqueue_of(3)), (1, Some(0)));
+    assert_eq!(SchedConfig::from_bootargs("credit2_runqueue=core"), Err(SchedError::BadBootArg("credit2_runqueue")));
+}
+
+#[test]
+fn burn_carries_the_remainder() {
+    // Weights 2 and 3 (max 3, the weight-3 vCPU offline): 1 ns at weight 2
+    // costs 1.5 ns of credit; charged 1 ns at a time, the halves are kept.
+    let mut s = Scheduler::new(SchedConfig::xen_compat(0), 1).unwrap();
+    s.add_domain(0, DomainParams { weight: 2, cap_percent: None }).unwrap();
+    s.add_domain(1, DomainParams { weight: 3, cap_percent: None }).unwrap();
+    s.add_vcpu(v(0), 0, None).unwrap();
+    s.add_vcpu(v(1), 1, None).unwrap();
+    s.power_on(0, v(0)).unwrap();
+    assert_eq!(s.schedule(0, 0).unwrap().next, Some(v(0)));
+    for t in 1..=1000 {
+        assert_eq!(s.schedule(t, 0).unwrap().next, Some(v(0)));
+    }
+    assert_eq!(s.credit(v(0)), Some(CREDIT_INIT_NS - 1500));
+}
+
+/// A capped domain's I/O vCPU (fio-like, ~9 % CPU) beside a hog in another
+/// domain on one pCPU: with budget it still preempts at once; when the cap
+/// is below its demand it gets its cap, and its wakes while out of budget
+/// preempt nobody.
+#[test]
+fn sim_capped_io_vcpu_preempts_with_budget() {
+    let doms = |cap| [(1, DomainParams::default()), (2, DomainParams { weight: 256, cap_percent: Some(cap) })];
+    let mut p = SimParams::wakeup(SchedConfig::default(), Topology::OneP2V);
+    p.duration_ns = 2000 * MS;
+    let base = sim::run(&p).unwrap();
+    let r = sim::run_in_domains(&p, &doms(50), [1, 2]).unwrap();
+    assert!(r.iops() >= 0.95 * base.iops(), "iops {} vs {}", r.iops(), base.iops());
+    assert!(r.wake_to_run(99, 100) <= 100 * US, "p99 {}", r.wake_to_run(99, 100));
+    // Cap 4 %: 400 µs of run time per 10 ms period.
+    let r = sim::run_in_domains(&p, &doms(4), [1, 2]).unwrap();
+    let io_share = r.io_run_ns as f64 / p.duration_ns as f64;
+    assert!((io_share - 0.04).abs() <= 0.005, "io share {io_share}");
+    assert!(r.iops() < 0.5 * base.iops());
+    assert!(r.hog_run_ns as f64 >= 0.95 * p.duration_ns as f64);
 }

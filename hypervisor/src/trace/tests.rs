@@ -74,7 +74,10 @@ fn text_format_is_stable() {
     assert_eq!(line(Event::TimerArm { at: u64::MAX }), "trace pcpu1 t=42 timer_arm off");
     assert_eq!(line(Event::Exit { vcpu: 2, class: ExitClass::Sgi }), "trace pcpu1 t=42 exit vcpu2 class=sgi");
     assert_eq!(line(Event::TimerWake { vcpu: 1, late_ns: 5 }), "trace pcpu1 t=42 vtimer_late vcpu1 late_ns=5");
-    assert_eq!(line(Event::IrqsOff { vcpu: 1 }), "trace pcpu1 t=42 irqs_off vcpu1");
+    assert_eq!(
+        line(Event::IrqsOff { vcpu: 1, pc: 0xffff_8000_0812_3456 }),
+        "trace pcpu1 t=42 irqs_off vcpu1 pc=0xffff800008123456"
+    );
 }
 
 #[test]
@@ -116,8 +119,9 @@ fn synthetic_outlier_dumps_the_events_that_explain_it() {
     const HOG: VcpuId = VcpuId(0);
     const RT: VcpuId = VcpuId(1);
     let mut s = Scheduler::new(SchedConfig::xen_compat(1000), 1).unwrap();
-    s.add_vcpu(HOG, 256, None).unwrap();
-    s.add_vcpu(RT, 256, None).unwrap();
+    s.add_domain(0, Default::default()).unwrap();
+    s.add_vcpu(HOG, 0, None).unwrap();
+    s.add_vcpu(RT, 0, None).unwrap();
     let mut ring = Ring::new(RING_EVENTS);
     let trigger = Trigger::new(Some(150), MAX_DUMPS);
     let mut dumps = Vec::new();

@@ -457,8 +457,15 @@ impl Vgic {
                     let intid = first + i;
                     // SGIs are always edge-triggered (ICFGR0 read-only).
                     if in_range(intid) && intid >= 16 {
-                        if let Some(irq) = self.irq_mut(rd, intid) {
-                            irq.edge = value & (1 << (2 * i + 1)) != 0;
+                        let edge = value & (1 << (2 * i + 1)) != 0;
+                        let changed_hw = self.irq_mut(rd, intid).and_then(|irq| {
+                            let was = core::mem::replace(&mut irq.edge, edge);
+                            irq.hw.filter(|_| was != edge)
+                        });
+                        // A forwarded SPI's physical trigger follows the
+                        // guest's (a PPI's is the hypervisor's: the timer).
+                        if let Some(p) = changed_hw.filter(|_| intid >= 32) {
+                            self.note_hw_trigger(p, edge);
                         }
                     }
                 }

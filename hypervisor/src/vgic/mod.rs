@@ -77,6 +77,10 @@
 //!   every `sync_lrs` and `mmio_write` the caller takes
 //!   [`Vgic::take_hw_deactivations`] and deactivates each physical interrupt
 //!   (an SPI in the distributor, a PPI on the pCPU where that vCPU runs).
+//! * The trigger of a forwarded SPI is the guest's: a GICD_ICFGR write that
+//!   changes it is reported by [`Vgic::take_hw_triggers`] (physical INTID,
+//!   edge), and the caller programs the physical GICD_ICFGR (an ACPI Dom0
+//!   learns its devices' triggers from the DSDT, the hypervisor does not).
 //!
 //! The model never panics on guest input: every index is checked, bad access
 //! sizes give [`VgicError::BadAccessSize`], reserved offsets read as zero and
@@ -363,6 +367,9 @@ pub struct Vgic {
     /// Physical deactivations the caller has not taken yet (one entry per
     /// interrupt at most, so bounded by the number of HW interrupts).
     hw_deactivations: Vec<HwDeactivation>,
+    /// Forwarded SPIs whose trigger the guest changed, as (physical INTID,
+    /// edge), not taken yet (one entry per SPI at most).
+    hw_triggers: Vec<(IntId, bool)>,
     /// Whether LPIs exist (`VgicConfig::lpis`).
     lpis: bool,
     /// One configuration byte per LPI (priority in bits \[7:2\], Enable in
@@ -406,6 +413,7 @@ impl Vgic {
             irouter: vec![0; nr_spis as usize],
             spi_target: vec![NO_VCPU; nr_spis as usize],
             hw_deactivations: Vec::new(),
+            hw_triggers: Vec::new(),
             lpis: cfg.lpis,
             lpi_config: if cfg.lpis { vec![0; NR_LPIS as usize] } else { Vec::new() },
             lpi_enable_events: Vec::new(),
@@ -665,6 +673,12 @@ impl Vgic {
         Ok(())
     }
 
+    /// Whether the guest enabled SPI `intid` (GICD_ISENABLER); false for
+    /// other INTIDs.
+    pub fn spi_enabled(&self, intid: IntId) -> bool {
+        intid.is_spi() && self.irq(0, u32::from(intid)).is_some_and(|i| i.enabled)
+    }
+
     /// The physical INTID an interrupt is forwarded from, if any.
     pub fn hw_of(&self, vcpu: usize, intid: IntId) -> Option<IntId> {
         self.irq(vcpu, u32::from(intid))?.hw
@@ -675,6 +689,21 @@ impl Vgic {
     /// Call after every `sync_lrs` and `mmio_write`; the list is then empty.
     pub fn take_hw_deactivations(&mut self) -> Vec<HwDeactivation> {
         core::mem::take(&mut self.hw_deactivations)
+    }
+
+    /// Forwarded SPIs whose trigger the guest changed through GICD_ICFGR
+    /// since the last call, as (physical INTID, edge-triggered): the caller
+    /// configures the physical SPI the same way. Call after `mmio_write`.
+    pub fn take_hw_triggers(&mut self) -> Vec<(IntId, bool)> {
+        core::mem::take(&mut self.hw_triggers)
+    }
+
+    /// Records that forwarded SPI `pintid` is now `edge` (or level).
+    fn note_hw_trigger(&mut self, pintid: IntId, edge: bool) {
+        match self.hw_triggers.iter_mut().find(|(p, _)| *p == pintid) {
+            Some(t) => t.1 = edge,
+            None => self.hw_triggers.push((pintid, edge)),
+        }
     }
 
     /// Records that `intid` (forwarded from `pintid`) went idle behind the

@@ -928,3 +928,38 @@ fn no_physical_deactivation_when_hardware_or_nothing_needs_it() {
     assert!(g.take_hw_deactivations().is_empty());
     assert!(g.has_deliverable(0));
 }
+
+/// The guest's GICD_ICFGR decides a forwarded SPI's trigger: a change is
+/// reported once per SPI with the physical INTID (the last value wins), an
+/// unchanged write or a software SPI reports nothing, and a forwarded PPI's
+/// trigger (the virtual timer) stays the hypervisor's.
+#[test]
+fn icfgr_on_a_forwarded_spi_reports_the_physical_trigger() {
+    let mut g = hw_booted();
+    // ICFGR2 holds INTIDs 32-47: SPI 40 is bits [17:16], 41 bits [19:18].
+    w32(&mut g, GICD + ICFGR + 8, (1 << 17) | (1 << 19));
+    assert_eq!(g.take_hw_triggers(), vec![(id(72), true)]);
+    assert!(g.take_hw_triggers().is_empty(), "taken once");
+    w32(&mut g, GICD + ICFGR + 8, 1 << 17);
+    assert!(g.take_hw_triggers().is_empty(), "no change for 40; 41 is not forwarded");
+    w32(&mut g, GICD + ICFGR + 8, 0);
+    w32(&mut g, GICD + ICFGR + 8, 1 << 17);
+    w32(&mut g, GICD + ICFGR + 8, 0);
+    assert_eq!(g.take_hw_triggers(), vec![(id(72), false)], "one entry, the last trigger");
+    w32(&mut g, sgi(1) + ICFGR + 4, 0xFFFF_FFFF);
+    assert!(g.take_hw_triggers().is_empty(), "PPI 27 is not reported");
+}
+
+#[test]
+fn spi_enabled_follows_isenabler_and_icenabler() {
+    let mut g = hw_booted();
+    assert!(g.spi_enabled(id(40)));
+    assert!(!g.spi_enabled(id(41)));
+    enable(&mut g, 0, 41);
+    assert!(g.spi_enabled(id(41)));
+    g.mmio_write(0, GICD + ICENABLER + 4, 4, 1 << 8).unwrap();
+    assert!(!g.spi_enabled(id(40)));
+    // Private and out-of-range INTIDs are never "enabled SPIs".
+    assert!(!g.spi_enabled(id(27)));
+    assert!(!g.spi_enabled(id(1000)));
+}

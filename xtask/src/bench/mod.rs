@@ -548,6 +548,24 @@ pub fn disk_matrix(disks: &[Disk], gics: &[u8]) -> Vec<Case> {
     v
 }
 
+/// The quick matrix's cases (1p1v and 1p2v, unpinned IRQ, xen-compat 1000
+/// vs wake-preempt, icount, GICv3) on each of `disks`, in the order given,
+/// duplicates dropped: what `bench wakeup --platform graviton` runs on the
+/// platform's disks (default NVMe, [`crate::graviton::DEFAULT_DISK`]).
+pub fn quick_matrix_on(disks: &[Disk]) -> Vec<Case> {
+    let mut order: Vec<Disk> = Vec::new();
+    for &d in disks {
+        if !order.contains(&d) {
+            order.push(d);
+        }
+    }
+    let mut v = Vec::new();
+    for disk in order {
+        v.extend(matrix(false, true).into_iter().map(|c| Case { disk, ..c }));
+    }
+    v
+}
+
 /// Issue 10's "fio vCPU resident and alone on its pCPU" case (2p2v, real
 /// time: two pCPUs need QEMU's MTTCG threads): the hog on vCPU0, which
 /// starts on pCPU0, fio on vCPU1, which starts on pCPU1, every MSI steered
@@ -722,6 +740,16 @@ pub fn run_options(case: &Case, runtime_s: u32) -> crate::qemu::RunOptions {
 /// `target/bench/wakeup/`.
 pub fn out_dir() -> PathBuf {
     crate::root().join("target").join("bench").join("wakeup")
+}
+
+/// Where a platform's report goes: [`out_dir`] for QEMU virt,
+/// `target/bench/wakeup-<platform>/` otherwise (`wakeup-graviton`), so the
+/// two reports sit side by side.
+pub fn platform_out_dir(platform: crate::cli::PlatformKind) -> PathBuf {
+    match platform {
+        crate::cli::PlatformKind::Graviton => crate::root().join("target").join("bench").join("wakeup-graviton"),
+        _ => out_dir(),
+    }
 }
 
 /// Progress line printer: `case i/n (elapsed mm:ss): <case>`.

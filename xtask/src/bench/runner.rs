@@ -1,13 +1,30 @@
 //! The runner of `cargo xtask bench wakeup`: boots one QEMU per case and
 //! repeat, collects fio's and the hypervisor's figures, writes the report.
+//! Each repeat's console is kept (`<case>-r<N>.console.txt`), and its
+//! flight-recorder dumps (`--hv-args sched_trace_threshold_us=N`) are
+//! rendered as timelines, worst first (`<case>-r<N>.trace.txt`).
 
-use super::{disk_matrix, matrix, parse_console, run_options, write_report, Case, CaseResult, Progress};
-use crate::cli::BenchWakeupArgs;
+use super::{disk_matrix, matrix, parse_console, quick_matrix_on, run_options, write_report, Case, CaseResult, Disk};
+use super::{platform_out_dir, Progress};
+use crate::cli::{BenchWakeupArgs, PlatformKind};
 use crate::Result;
+
+/// The cases `args` select, before `--only`: on Graviton the quick matrix
+/// on `--disk` (default the platform's NVMe), on QEMU virt the default,
+/// `--full`, `--quick` or `--disk` matrix.
+pub fn cases(args: &BenchWakeupArgs) -> Result<Vec<Case>> {
+    match args.platform {
+        PlatformKind::Graviton if args.disk.is_empty() => Ok(quick_matrix_on(&[Disk::Nvme])),
+        PlatformKind::Graviton => Ok(quick_matrix_on(&args.disk)),
+        PlatformKind::FvpBaseRevc => Err("bench wakeup runs on QEMU: --platform qemu-virt or graviton".into()),
+        PlatformKind::QemuVirt if args.disk.is_empty() => Ok(matrix(args.full, args.quick)),
+        PlatformKind::QemuVirt => Ok(disk_matrix(&args.disk, &args.gic)),
+    }
+}
 
 pub fn wakeup(args: &BenchWakeupArgs) -> Result<()> {
     let (runtime, repeats, only) = (args.runtime, args.repeats(), &args.only);
-    let all = if args.disk.is_empty() { matrix(args.full, args.quick) } else { disk_matrix(&args.disk, &args.gic) };
+    let all = cases(args)?;
     let cases: Vec<Case> = all
         .into_iter()
         .filter(|c| only.as_ref().is_none_or(|s| c.label().contains(s.as_str()) || c.to_string().contains(s.as_str())))
@@ -22,10 +39,17 @@ pub fn wakeup(args: &BenchWakeupArgs) -> Result<()> {
         let mut r = CaseResult { case: *case, samples: Vec::new(), errors: Vec::new() };
         for rep in 0..repeats {
             let mut o = run_options(case, runtime);
+            if args.platform == PlatformKind::Graviton {
+                crate::graviton::apply(&mut o, false);
+            }
             if let Some(extra) = &args.hv_args {
                 o.hv_args = format!("{} {extra}", o.hv_args);
             }
-            match crate::qemu::run(&o) {
+            let run = crate::qemu::run(&o);
+            if let Ok(run) = &run {
+                keep_console(case, rep, &run.console);
+            }
+            match run {
                 Ok(run) if run.timed_out => r.errors.push(format!("repeat {rep}: QEMU timed out")),
                 Ok(run) => match parse_console(&run.console) {
                     Ok(s) => {
@@ -55,9 +79,26 @@ pub fn wakeup(args: &BenchWakeupArgs) -> Result<()> {
         }
         results.push(r);
     }
-    let files = write_report(&super::out_dir(), &results)?;
+    let files = write_report(&platform_out_dir(args.platform), &results)?;
     let report = std::fs::read_to_string(&files.report_md).unwrap_or_default();
     println!("{report}");
     eprintln!("wrote {}, {}, {}", files.report_md.display(), files.results_json.display(), files.latency_svg.display());
     Ok(())
+}
+
+/// Writes a repeat's console and its rendered dumps next to the report
+/// (best effort: a failure is reported, the benchmark goes on).
+fn keep_console(case: &Case, rep: u32, console: &str) {
+    let dir = super::out_dir();
+    let name = format!("{}-r{}", super::timer::slug(&case.label()), rep + 1);
+    let mut out =
+        std::fs::create_dir_all(&dir).and_then(|_| std::fs::write(dir.join(format!("{name}.console.txt")), console));
+    match super::timer::render_dumps(console) {
+        Ok(Some(t)) => out = out.and_then(|_| std::fs::write(dir.join(format!("{name}.trace.txt")), t)),
+        Ok(None) => {}
+        Err(e) => eprintln!("  flight-recorder dumps: {e}"),
+    }
+    if let Err(e) = out {
+        eprintln!("  keeping the console of {name}: {e}");
+    }
 }

@@ -219,7 +219,7 @@ pub fn render_dumps(console: &str) -> std::result::Result<Option<String>, String
     Ok(Some(dumps.iter().map(|d| d.timeline()).collect::<Vec<_>>().join("\n")))
 }
 
-fn slug(label: &str) -> String {
+pub(crate) fn slug(label: &str) -> String {
     label.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect()
 }
 

@@ -107,6 +107,11 @@ fn documented_examples_parse() {
         "run --disk none",
         "run --disk virtio-pci --gic 4",
         "run --disk nvme",
+        "run --platform graviton",
+        "run --platform graviton --pcpus 2 --vcpus 2 --cmd 'ls /sys/firmware/acpi/tables; dmesg | grep \"started at EL\"; cat /proc/cmdline'",
+        "run --platform graviton --disk passthrough --cpu max,pauth-impdef=on",
+        "bench wakeup --platform graviton --quick",
+        "bench wakeup --platform graviton --quick --disk passthrough --runtime 5",
         "bench wakeup --quick",
         "bench wakeup --quick --runtime 5",
         "bench wakeup --quick --only \"1p2v unp\" --hv-args sched_lhp_grace_us=20",
@@ -188,6 +193,24 @@ fn run_disk_options_become_boot_arguments() {
 }
 
 #[test]
+fn run_domu_options() {
+    let o = run_options("run --domu 2 --domu-cmd 'echo hi' --domu-mem 512M --domu-vcpus 0 --cmd true").unwrap();
+    let d = o.domus.expect("DomUs");
+    assert_eq!((d.count, d.cmd.as_deref(), d.mem_mb, d.vcpus), (2, Some("echo hi"), 512, 1));
+    let d = run_options("run --domu 1").unwrap().domus.expect("DomUs");
+    assert_eq!(d, crate::domu::DomuOptions::default());
+    assert_eq!(run_options("run --domu 0").unwrap().domus, None);
+    for line in ["run --domu-cmd true", "run --domu-mem 512M", "run --domu-vcpus 2"] {
+        assert_eq!(run_args(line).check().unwrap_err(), "--domu-cmd, --domu-mem and --domu-vcpus go with --domu N");
+    }
+    for line in ["run --domu 1 --firmware uefi", "run --domu 1 --platform fvp"] {
+        assert!(run_args(line).check().unwrap_err().starts_with("--domu is for QEMU with a device tree"), "{line}");
+    }
+    assert!(run_args("run --domu 1 --firmware tf-a").check().is_ok());
+    assert!(err("run --domu 1 --domu-mem 64M").to_string().contains("must be at least 128M"));
+}
+
+#[test]
 fn run_rejects_bad_values() {
     let e = err("run --mem 64M").to_string();
     assert!(e.contains("must be at least 128M"), "{e}");
@@ -211,6 +234,59 @@ fn run_rejects_bad_values() {
     // The UEFI path boots Dom0 (with ACPI): it takes a command.
     assert!(run_args("run --firmware uefi --cmd true").check().is_ok());
     assert!(run_args("run --firmware uefi").check().is_ok());
+}
+
+/// `--platform graviton`: EDK2 + ACPI (`--firmware uefi`), Neoverse N1 and
+/// NVMe unless `--cpu`/`--disk` say otherwise; the qemu-virt image.
+#[test]
+fn graviton_platform_is_uefi_neoverse_and_nvme() {
+    use crate::firmware::Firmware;
+    let o = run_options("run --platform graviton --pcpus 2 --vcpus 2 --cmd true").unwrap();
+    assert_eq!(o.firmware, Some(Firmware::Uefi));
+    assert_eq!(o.cpu, "neoverse-n1");
+    assert_eq!((o.gic, o.pcpus, o.vcpus), (3, 2, 2));
+    assert_eq!(o.hv_args, "dom0_disk=nvme");
+    assert_eq!(
+        o.extra,
+        ["-drive", "if=none,file=/scratch/disk.img,format=raw,id=d0", "-device", "nvme,drive=d0,serial=hvdisk0"]
+    );
+    // --cpu and --disk still choose.
+    let o = run_options("run --platform graviton --cpu cortex-a72 --disk passthrough").unwrap();
+    assert_eq!((o.cpu.as_str(), o.hv_args.as_str()), ("cortex-a72", "dom0_disk=passthrough"));
+    assert_eq!(o.extra[3], "virtio-blk-device,drive=d0");
+    assert_eq!(run_options("run --platform graviton --disk none").unwrap().hv_args, "dom0_disk=none");
+    // UEFI only; EDK2 loads the image where it likes.
+    assert!(run_args("run --platform graviton --firmware uefi").check().is_ok());
+    let e = run_args("run --platform graviton --firmware tf-a").check().unwrap_err();
+    assert!(e.contains("boots through UEFI"), "{e}");
+    assert!(run_args("run --platform graviton --hv-addr 0x48000000").check().is_err());
+    assert!(run_args("run --platform graviton --dry-run").check().is_err());
+    // The qemu-virt image; QEMU virt itself keeps its defaults.
+    assert_eq!(PlatformKind::Graviton.dir(), "qemu-virt");
+    let o = run_options("run").unwrap();
+    assert_eq!((o.firmware, o.cpu.as_str()), (None, "max,pauth-impdef=on"));
+}
+
+#[test]
+fn bench_on_graviton_runs_the_quick_matrix_on_its_disk() {
+    use crate::bench::{runner::cases, Disk, Sched, Topology};
+    let b = bench_wakeup("bench wakeup --platform graviton --quick");
+    assert_eq!(b.platform, PlatformKind::Graviton);
+    let c = cases(&b).unwrap();
+    assert_eq!(c.len(), 4);
+    assert!(c.iter().all(|c| c.disk == Disk::Nvme && c.delivery.gic() == 3), "{c:?}");
+    for t in [Topology::OneP1V, Topology::OneP2V] {
+        for s in [Sched::XenCompat, Sched::WakePreempt] {
+            assert!(c.iter().any(|c| c.topology == t && c.sched == s), "{t:?} {s:?} missing: {c:?}");
+        }
+    }
+    let c = cases(&bench_wakeup("bench wakeup --platform graviton --quick --disk passthrough,nvme")).unwrap();
+    assert_eq!(c.iter().filter(|c| c.disk == Disk::Passthrough).count(), 4);
+    assert_eq!(c.iter().filter(|c| c.disk == Disk::Nvme).count(), 4);
+    assert!(cases(&bench_wakeup("bench wakeup --platform fvp --quick")).is_err());
+    assert_eq!(err("bench wakeup --platform graviton --full").kind(), ErrorKind::ArgumentConflict);
+    // QEMU virt's quick matrix is unchanged (the RAM disk).
+    assert!(cases(&bench_wakeup("bench wakeup --quick")).unwrap().iter().all(|c| c.disk == Disk::Ram));
 }
 
 #[test]
@@ -382,12 +458,27 @@ fn option_names_are_the_documented_ones() {
             "--disk-image",
             "--hv-addr",
             "--hv-entry",
+            "--domu",
+            "--domu-cmd",
+            "--domu-mem",
+            "--domu-vcpus",
             "--help"
         ])
     );
     assert_eq!(
         longs(&["bench", "wakeup"]),
-        sorted(&["--quick", "--full", "--disk", "--gic", "--runtime", "--repeats", "--only", "--hv-args", "--help"])
+        sorted(&[
+            "--quick",
+            "--full",
+            "--disk",
+            "--gic",
+            "--runtime",
+            "--repeats",
+            "--only",
+            "--hv-args",
+            "--platform",
+            "--help"
+        ])
     );
     assert_eq!(longs(&["bench", "timer"]), sorted(&["--samples", "--runtime", "--only", "--hv-args", "--help"]));
     assert_eq!(

@@ -37,9 +37,23 @@ pub fn has_pauth() -> bool {
     CpuFeatures::from_id_regs(&ids).pauth
 }
 
+/// ID_AA64MMFR0_EL1.PARange: the physical address size this CPU implements
+/// (`stage2::pa_bits` decodes it).
+pub fn parange() -> u64 {
+    ID_AA64MMFR0_EL1.read(ID_AA64MMFR0_EL1::PARange)
+}
+
+/// Makes stage-2 table writes visible to the table walker before the guest
+/// retries the access that faulted on the entry (the entry was invalid, so
+/// no TLB holds it: no invalidation is needed).
+pub fn stage2_updated() {
+    sysreg::dsb_ish();
+    sysreg::isb();
+}
+
 /// Configures this pCPU for running a VM's guests: the trap configuration,
 /// guest-visible identity and timer offset, and the VM's stage 2 (VMID
-/// `vmid`, root table `stage2_root`).
+/// `vmid`, root table `stage2_root`, IPA space `ipa`).
 ///
 /// TLB maintenance: stage-1 and stage-2 entries of EL1&0 are tagged with the
 /// VMID (Arm ARM D8.16, "VMID and the TLB"), so switching VTTBR_EL2 between
@@ -48,7 +62,7 @@ pub fn has_pauth() -> bool {
 /// VTTBR_EL2) the first time `invalidate` is set for it, before it ever runs
 /// here, so nothing cached under that VMID before (firmware, an earlier
 /// boot stage) can be used with the new tables.
-pub fn load_guest_config(t: &GuestTraps, stage2_root: u64, vmid: u16, invalidate: bool) {
+pub fn load_guest_config(t: &GuestTraps, stage2_root: u64, vmid: u16, ipa: stage2::IpaSize, invalidate: bool) {
     HCR_EL2.set(t.hcr.get());
     CPTR_EL2.set(t.cptr.get());
     MDCR_EL2.set(t.mdcr.get());
@@ -59,9 +73,7 @@ pub fn load_guest_config(t: &GuestTraps, stage2_root: u64, vmid: u16, invalidate
     // emulated, so the hardware one is cleared here once: with it set, the
     // guest's single-step and other debug exceptions would never fire.
     OSLAR_EL1.write(OSLAR_EL1::OSLK::Unlocked);
-    // Stage-2 output addresses: at most 40 bits (1 TiB).
-    let parange = ID_AA64MMFR0_EL1.read(ID_AA64MMFR0_EL1::PARange).min(2);
-    VTCR_EL2.set(stage2::vtcr(parange).get());
+    VTCR_EL2.set(stage2::vtcr(ipa, parange()).get());
     VTTBR_EL2.set(stage2::vttbr(stage2_root, vmid).get());
     sysreg::isb();
     if invalidate {

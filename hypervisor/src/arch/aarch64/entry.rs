@@ -24,18 +24,21 @@
 //! plain stores to memory (aligned 64-bit: the places are pointers), the
 //! same as the BSS clearing that follows; the image was cleaned to the
 //! point of coherency by its loader (the arm64 boot protocol). Then it
-//! zeroes BSS, takes stack 0 and calls Rust. Secondaries come in through
-//! `secondary_entry` from PSCI CPU_ON with their index in x0, after the
-//! primary relocated the image.
+//! zeroes BSS, takes the boot stack and calls Rust. Secondaries come in
+//! through `secondary_entry` from PSCI CPU_ON, after the primary relocated
+//! the image, with x0 (the context ID) = the top of the stack the primary
+//! allocated for them from the heap, their pCPU index stored in its top 16
+//! bytes (`runtime::boot::bring_up`; no fixed CPU count, see
+//! `crate::boot::pcpus`).
 
-pub const STACK_SIZE: usize = 64 * 1024;
-pub const MAX_CPUS: usize = 8;
+pub use crate::boot::pcpus::STACK_SIZE;
 
+/// pCPU 0's stack; the secondaries' come from the heap.
 #[repr(C, align(4096))]
-pub struct Stacks(pub [[u8; STACK_SIZE]; MAX_CPUS]);
+pub struct BootStack(pub [u8; STACK_SIZE]);
 
 #[no_mangle]
-pub static mut HV_STACKS: Stacks = Stacks([[0; STACK_SIZE]; MAX_CPUS]);
+pub static mut HV_BOOT_STACK: BootStack = BootStack([0; STACK_SIZE]);
 
 core::arch::global_asm!(
     r#"
@@ -126,8 +129,10 @@ primary_entry:
     bl      apply_relocations
     cbnz    x0, park                // cannot happen: xtask checked the ELF
     bl      zero_bss
-    mov     x0, #0
-    bl      set_stack
+    adrp    x1, HV_BOOT_STACK
+    add     x1, x1, :lo12:HV_BOOT_STACK
+    mov     x2, #{stack_size}
+    add     sp, x1, x2
     mov     x0, x19
     mov     x1, x20
     mov     x2, x21
@@ -140,9 +145,11 @@ park:
     .global secondary_entry
 secondary_entry:
     msr     daifset, #0xf
-    mov     x19, x0
-    bl      set_stack
-    mov     x0, x19
+    // x0 = the stack's top; the pCPU index is in the 16 bytes below it
+    // (written and cleaned to the point of coherency by the primary: the
+    // MMU is off here, so this load reads memory).
+    sub     sp, x0, #16
+    ldr     x0, [sp]
     bl      hv_secondary_main
     b       park
 
@@ -240,16 +247,6 @@ efi_to_primary:
     mov     x2, #0
     mov     x3, #0
     b       primary_entry
-
-// sp = HV_STACKS + (x0 + 1) * STACK_SIZE; clobbers x1, x2.
-set_stack:
-    adrp    x1, HV_STACKS
-    add     x1, x1, :lo12:HV_STACKS
-    add     x2, x0, #1
-    mov     x3, #{stack_size}
-    madd    x1, x2, x3, x1
-    mov     sp, x1
-    ret
 "#,
     stack_size = const STACK_SIZE,
     r_aarch64_relative = const R_AARCH64_RELATIVE,

@@ -7,8 +7,11 @@
 //! * FADT: the host's, with `ARM_BOOT_ARCH` = PSCI_COMPLIANT | PSCI_USE_HVC
 //!   (Dom0's PSCI calls trap to us, not to firmware). `X_DSDT` still points
 //!   at the host's DSDT.
-//! * MADT: the host's header, GICD, GICR and GIC ITS structures byte for
-//!   byte (the vGIC sits at the host's addresses); one GICC per Dom0 vCPU
+//! * MADT: the host's header, GICD, first GICR and GIC ITS structures byte
+//!   for byte (the vGIC sits at the host's addresses and emulates Dom0's
+//!   redistributors in the host's first GICR region: a further region, e.g.
+//!   QEMU virt's for CPUs 123 and up, is left out, or Linux would probe
+//!   frames nothing emulates); one GICC per Dom0 vCPU
 //!   with its virtual MPIDR, ACPI processor UID and CPU interface number =
 //!   vCPU index, enabled, no virtualization or GICv2 fields. Without GICR
 //!   structures, vCPU *i* gets the GICR base of the host's *i*-th usable
@@ -189,8 +192,10 @@ fn dom0_madt(host: &Tables<'_>, mpidrs: &[u64], drop_its: bool) -> Result<Vec<u8
         g[68..76].copy_from_slice(&mpidr.to_le_bytes());
         madt.extend_from_slice(&g);
     }
+    let mut gicr_kept = false;
     for (ty, _, e) in entries {
-        if matches!(ty, MADT_GICD | MADT_GICR) || (ty == MADT_GIC_ITS && !drop_its) {
+        let first_gicr = ty == MADT_GICR && !core::mem::replace(&mut gicr_kept, true);
+        if ty == MADT_GICD || first_gicr || (ty == MADT_GIC_ITS && !drop_its) {
             madt.extend_from_slice(e);
         }
     }

@@ -72,6 +72,7 @@ impl AcpiMachine {
             bootargs: None,
             kernel: None,
             ramdisk: None,
+            domus: Vec::new(),
         })
     }
 

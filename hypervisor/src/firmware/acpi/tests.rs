@@ -552,6 +552,31 @@ fn dom0_per_cpu_gicr_and_errors() {
     assert!(matches!(build_dom0_tables(&tables, &no_spcr), Err(AcpiError::Unsupported { .. })));
 }
 
+/// A host with two GICR regions (QEMU virt with more than 123 CPUs): Dom0's
+/// MADT keeps only the first, where the vGIC emulates its redistributors.
+#[test]
+fn dom0_madt_keeps_the_first_gicr_region_only() {
+    let host_madt = madt(&[
+        gicd(0x800_0000, 3),
+        gicc(0, 1, 0),
+        gicr(0x80a_0000, 0xf6_0000),
+        gicr(0x40_0000_0000, 0x400_0000),
+        its(0, 0x808_0000),
+    ]);
+    let mut tables = host();
+    let idx = tables.tables.iter().position(|t| t.signature() == Signature::MADT).unwrap();
+    tables.tables[idx].data = &host_madt;
+    assert_eq!(parse_madt(&host_madt).unwrap().gicr_ranges.len(), 2);
+    let cfg = Dom0AcpiConfig { vcpu_mpidrs: vec![0, 1], base: DOM0_BASE, remove: vec![], ..Default::default() };
+    let d = build_dom0_tables(&tables, &cfg).unwrap();
+    let mems = [MemImage { base: MEM_BASE, bytes: MEM }, MemImage { base: DOM0_BASE, bytes: &d.blob }];
+    let t = Tables::from_rsdp(&mems[..], d.rsdp).unwrap();
+    let m = parse_madt(t.find(Signature::MADT).unwrap().data).unwrap();
+    assert_eq!(m.gicr_ranges, [Region { base: 0x80a_0000, size: 0xf6_0000 }]);
+    assert_eq!(m.its.len(), 1);
+    assert_eq!(m.giccs.len(), 2);
+}
+
 /// ACPI 6.5 GICCs are 82 bytes: Dom0's are written the host's length.
 #[test]
 fn dom0_gicc_length_follows_host() {

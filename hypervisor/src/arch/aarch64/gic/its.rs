@@ -25,9 +25,8 @@
 //! reach GITS_CWRITER; a stall or timeout is an `ItsError`, one log line and
 //! a counter. All state is under the `ITS` lock, a leaf like `GIC`.
 
-use super::{find_redistributor_frames, GIC, GICR_TYPER, GICR_TYPER_OFF, RD_BASE};
+use super::{find_redistributor_frames, rd_base, GIC, GICR_TYPER, GICR_TYPER_OFF};
 use crate::arch::aarch64::cache;
-use crate::arch::aarch64::entry::MAX_CPUS;
 use crate::arch::aarch64::sysreg;
 use crate::intid::IntId;
 use crate::its::cmd::{Command, COMMAND_BYTES};
@@ -128,7 +127,7 @@ struct Its {
     lpis: LpiAllocator,
     map: Mappings,
     /// The RDbase field of each pCPU's collection (None until `init_cpu`).
-    rdbase: [Option<u64>; MAX_CPUS],
+    rdbase: Vec<Option<u64>>,
     itts: Vec<(u32, Frame)>,
     /// GICv4.0 direct injection, when `init` chose it.
     v4: Option<V4>,
@@ -215,7 +214,7 @@ pub fn init(base: u64, cpus: usize, want_vlpi: bool) -> Result<(), ItsError> {
         return Err(ItsError::NoIts);
     }
     disable(base)?;
-    let cpus = cpus.min(MAX_CPUS);
+    let cpus = cpus.min(crate::boot::pcpus::MAX_PCPUS);
     let device_bits = (typer.read(GITS_TYPER::Devbits) as u8 + 1).min(MAX_DEVICE_ID_BITS);
     let event_bits = typer.read(GITS_TYPER::IDbits) as u8 + 1;
     let cid_bits = if typer.is_set(GITS_TYPER::CIL) { typer.read(GITS_TYPER::CIDbits) as u8 + 1 } else { 16 };
@@ -279,7 +278,7 @@ pub fn init(base: u64, cpus: usize, want_vlpi: bool) -> Result<(), ItsError> {
         prop_clean: false,
         lpis: LpiAllocator::new(),
         map: Mappings::new(device_bits, event_bits, cpus),
-        rdbase: [None; MAX_CPUS],
+        rdbase: alloc::vec![None; cpus],
         itts: Vec::new(),
         v4: v4state,
         path,
@@ -406,8 +405,8 @@ pub fn init_cpu(cpu: usize) {
 
 impl Its {
     fn init_cpu(&mut self, cpu: usize) -> Result<(), ItsError> {
-        let rd = RD_BASE.get(cpu).map_or(0, |r| r.load(Ordering::Acquire));
-        if rd == 0 || cpu >= MAX_CPUS {
+        let rd = rd_base(cpu);
+        if rd == 0 || cpu >= self.rdbase.len() {
             return Err(ItsError::BadPcpu(cpu));
         }
         let typer = LocalRegisterCopy::<u64, GICR_TYPER::Register>::new(read64(rd + GICR_TYPER_OFF));
@@ -823,7 +822,7 @@ const DIRTY_POLLS: u32 = 1 << 16;
 /// GICR_VPENDBASER = its pending table with Valid = 1. The redistributor
 /// then scans the pending table; the guest may run meanwhile (GICv4.0).
 pub fn vpe_resident(pcpu: usize, vpropbaser: u64, vpt: u64) -> Result<(), ItsError> {
-    let rd = RD_BASE.get(pcpu).map_or(0, |r| r.load(Ordering::Acquire));
+    let rd = rd_base(pcpu);
     if rd == 0 {
         return Err(ItsError::BadPcpu(pcpu));
     }
@@ -838,7 +837,7 @@ pub fn vpe_resident(pcpu: usize, vpropbaser: u64, vpt: u64) -> Result<(), ItsErr
 /// waits (bounded) for Dirty to clear. Returns PendingLast: an enabled vLPI
 /// was pending as it left (the vCPU has an interrupt to take).
 pub fn vpe_nonresident(pcpu: usize, vpt: u64) -> Result<bool, ItsError> {
-    let rd = RD_BASE.get(pcpu).map_or(0, |r| r.load(Ordering::Acquire));
+    let rd = rd_base(pcpu);
     if rd == 0 {
         return Err(ItsError::BadPcpu(pcpu));
     }

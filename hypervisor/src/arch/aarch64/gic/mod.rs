@@ -19,7 +19,6 @@
 
 pub mod its;
 
-use super::entry::MAX_CPUS;
 use super::sysreg::{
     self, ICC_BPR1_EL1, ICC_CTLR_EL1, ICC_DIR_EL1, ICC_EOIR1_EL1, ICC_IAR1_EL1, ICC_IGRPEN1_EL1, ICC_PMR_EL1,
     ICC_SGI1R_EL1,
@@ -90,9 +89,13 @@ unsafe impl Send for PhysGic {}
 static GIC: Mutex<Option<PhysGic>> = Mutex::new(None);
 
 /// RD_base of each pCPU's redistributor, found by [`init_cpu`]; 0 = none.
-#[allow(clippy::declare_interior_mutable_const)]
-const NO_RD: AtomicU64 = AtomicU64::new(0);
-static RD_BASE: [AtomicU64; MAX_CPUS] = [NO_RD; MAX_CPUS];
+/// [`init`] sizes it for the machine's pCPUs.
+static RD_BASE: spin::Once<alloc::boxed::Box<[AtomicU64]>> = spin::Once::new();
+
+/// pCPU `cpu`'s RD_base, 0 when unknown.
+pub(super) fn rd_base(cpu: usize) -> u64 {
+    RD_BASE.get().and_then(|r| r.get(cpu)).map_or(0, |r| r.load(Ordering::Acquire))
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GicSetupError {
@@ -116,6 +119,7 @@ pub unsafe fn init(gicd: u64, gicr: u64, cpus: usize) -> Result<(), GicSetupErro
     let mut gic =
         unsafe { GicV3::new(UniqueMmioPointer::new(d), r, cpus) }.map_err(|_| GicSetupError::Redistributor)?;
     gic.setup(0);
+    RD_BASE.call_once(|| (0..cpus).map(|_| AtomicU64::new(0)).collect());
     *GIC.lock() = Some(PhysGic { gic, gicd, gicr });
     Ok(())
 }
@@ -126,7 +130,7 @@ pub fn init_cpu(cpu: usize) {
     if let Some(g) = GIC.lock().as_mut() {
         g.gic.init_cpu(cpu);
         let rd = find_redistributor(g, sysreg::mpidr()).unwrap_or(0);
-        if let Some(slot) = RD_BASE.get(cpu) {
+        if let Some(slot) = RD_BASE.get().and_then(|r| r.get(cpu)) {
             slot.store(rd, Ordering::Release);
         }
     }
@@ -170,6 +174,30 @@ pub fn enable(intid: IntId, cpu: usize, edge: bool) {
             let _ = g.gic.set_trigger(id, Some(cpu), trigger);
         }
         let _ = g.gic.enable_interrupt(id, Some(cpu), true);
+    }
+}
+
+/// Sets an enabled SPI's trigger (a forwarded SPI whose guest wrote its
+/// GICD_ICFGR): disabled around the GICD_ICFGR write, whose effect on an
+/// enabled interrupt is UNPREDICTABLE, then enabled again.
+pub fn set_spi_trigger(intid: IntId, edge: bool) {
+    let Some(id) = arm_gic_id(intid).filter(|_| intid.is_spi()) else {
+        return;
+    };
+    if let Some(g) = GIC.lock().as_mut() {
+        let trigger = if edge { arm_gic::Trigger::Edge } else { arm_gic::Trigger::Level };
+        let _ = g.gic.enable_interrupt(id, None, false);
+        // GICD_CTLR.RWP: the disable has taken effect (bounded: a GIC
+        // that never clears it gets the write anyway).
+        for _ in 0..100_000 {
+            // SAFETY: GICD_CTLR of the distributor `init` was given, read
+            // under the GIC lock; reading it has no side effect.
+            if unsafe { core::ptr::read_volatile(g.gicd as *const u32) } & (1 << 31) == 0 {
+                break;
+            }
+        }
+        let _ = g.gic.set_trigger(id, None, trigger);
+        let _ = g.gic.enable_interrupt(id, None, true);
     }
 }
 
@@ -320,6 +348,32 @@ fn find_redistributor(g: &PhysGic, mpidr: u64) -> Option<u64> {
     None
 }
 
+/// How many redistributor frames the region at `base` of `size` bytes
+/// holds: the frames up to the one marked GICR_TYPER.Last, within the
+/// region, at most `crate::boot::pcpus::MAX_PCPUS`. Read before [`init`],
+/// which hands the region to the driver.
+///
+/// # Safety
+///
+/// `base..base + size` must be a redistributor region the firmware names,
+/// identity-mapped as device memory (only GICR_TYPER registers are read).
+pub unsafe fn redistributors_in(base: u64, size: u64) -> usize {
+    let end = base.saturating_add(size);
+    let (mut frame, mut n) = (base, 0);
+    while n < crate::boot::pcpus::MAX_PCPUS && frame.saturating_add(GICR_FRAME_V3) <= end {
+        // SAFETY: GICR_TYPER of a frame inside the region (the caller's
+        // contract), read-only and without side effects.
+        let raw = unsafe { core::ptr::read_volatile((frame + GICR_TYPER_OFF) as *const u64) };
+        let typer = LocalRegisterCopy::<u64, GICR_TYPER::Register>::new(raw);
+        n += 1;
+        if typer.is_set(GICR_TYPER::Last) {
+            break;
+        }
+        frame += if typer.is_set(GICR_TYPER::VLPIS) { GICR_FRAME_V4 } else { GICR_FRAME_V3 };
+    }
+    n
+}
+
 /// GICR_TYPER of every redistributor frame in the region, in order, up to
 /// the one marked Last.
 fn find_redistributor_frames(g: &PhysGic) -> alloc::vec::Vec<u64> {
@@ -343,7 +397,7 @@ fn find_redistributor_frames(g: &PhysGic) -> alloc::vec::Vec<u64> {
 /// on pCPU `cpu`'s redistributor (GICR_ISACTIVER0 / GICR_ICACTIVER0). Call
 /// it on `cpu` itself.
 pub fn set_private_active(cpu: usize, intid: IntId, active: bool) {
-    let rd = RD_BASE.get(cpu).map_or(0, |r| r.load(Ordering::Acquire));
+    let rd = rd_base(cpu);
     if rd == 0 || !(intid.is_sgi() || intid.is_ppi()) {
         return;
     }

@@ -1,0 +1,109 @@
+//! Spin detection by sampling, for CPUs whose WFE does not trap.
+//!
+//! The lock-holder defence of [`super::Scheduler::yield_to`] relies on a
+//! waiter's WFE trapping to EL2 (HCR_EL2.TWE). QEMU's TCG never takes that
+//! trap (its WFE is a plain yield to its own main loop), so under QEMU a
+//! vCPU that spins on a lock held by a preempted sibling — with IRQs masked,
+//! as Linux's `spin_lock_irqsave` waiters do — runs without a single exit
+//! until its slice ends: its pending virtual timer cannot be taken, and the
+//! forwarded physical timer stays active meanwhile. `cargo xtask bench
+//! wakeup` showed such runs of 3.6 ms (docs/benchmarks/timer-tail.md).
+//!
+//! [`SpinDetector`] plays the part of pause-loop exiting instead: the run
+//! loop samples the vCPU at its exits (and arms the EL2 timer every
+//! [`SAMPLE_NS`] while a sibling is preempted, so that there are exits to
+//! sample); a vCPU found at EL1 with IRQs masked, within [`PC_WINDOW`] bytes
+//! of the same place, at every sample for at least [`SPIN_NS`] is spinning,
+//! and the caller yields it as if it had trapped on WFE. Any exit that is not
+//! a physical interrupt (a trap: the guest made progress) starts over.
+
+use super::CritEvidence;
+
+/// How often a running vCPU is sampled while a sibling is preempted (ns).
+pub const SAMPLE_NS: u64 = 50_000;
+/// How long the vCPU must stay at one place with IRQs masked (ns).
+pub const SPIN_NS: u64 = 100_000;
+/// How far apart (bytes) two samples of one spin loop may be: Linux's wait
+/// loops (`queued_spin_lock_slowpath`, `csd_lock_wait`, seqcount retries) are
+/// a few instructions long.
+pub const PC_WINDOW: u64 = 64;
+
+/// One vCPU's samples since it last showed progress.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SpinDetector {
+    /// The first sample of the current run of IRQs-masked samples at one place
+    /// (time, PC), if any.
+    first: Option<(u64, u64)>,
+}
+
+impl SpinDetector {
+    pub const fn new() -> Self {
+        SpinDetector { first: None }
+    }
+
+    /// A sample at an IRQ exit: `pc` is where the guest was (ELR_EL2),
+    /// `evidence` what its PSTATE showed. Returns whether the vCPU has been
+    /// spinning at that place with IRQs masked for [`SPIN_NS`]; the detector
+    /// then starts over (the caller yields).
+    pub fn sample(&mut self, now: u64, pc: u64, evidence: CritEvidence) -> bool {
+        if evidence != CritEvidence::IrqsMasked {
+            self.first = None;
+            return false;
+        }
+        match self.first {
+            Some((t0, pc0)) if pc.abs_diff(pc0) <= PC_WINDOW => {
+                if now.saturating_sub(t0) >= SPIN_NS {
+                    self.first = None;
+                    return true;
+                }
+                false
+            }
+            _ => {
+                self.first = Some((now, pc));
+                false
+            }
+        }
+    }
+
+    /// The guest made progress (a trap), or the vCPU was switched out.
+    pub fn reset(&mut self) {
+        self.first = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PC: u64 = 0xffff_de93_187b_ed4c;
+
+    #[test]
+    fn a_spin_at_one_place_with_irqs_masked_is_found_after_spin_ns() {
+        let mut d = SpinDetector::new();
+        assert!(!d.sample(1_000, PC, CritEvidence::IrqsMasked));
+        assert!(!d.sample(1_000 + SAMPLE_NS, PC + 0x0c, CritEvidence::IrqsMasked));
+        assert!(d.sample(1_000 + SPIN_NS, PC + 0x24, CritEvidence::IrqsMasked));
+        // It starts over after reporting.
+        assert!(!d.sample(1_000 + SPIN_NS + SAMPLE_NS, PC, CritEvidence::IrqsMasked));
+    }
+
+    #[test]
+    fn irqs_enabled_or_another_place_or_a_trap_starts_over() {
+        let mut d = SpinDetector::new();
+        d.sample(0, PC, CritEvidence::IrqsMasked);
+        assert!(!d.sample(SPIN_NS, PC, CritEvidence::None));
+        assert!(!d.sample(2 * SPIN_NS, PC, CritEvidence::IrqsMasked));
+        // Moved on: a new first sample, not a spin.
+        assert!(!d.sample(3 * SPIN_NS, PC + 4 * PC_WINDOW, CritEvidence::IrqsMasked));
+        d.reset();
+        assert!(!d.sample(4 * SPIN_NS, PC + 4 * PC_WINDOW, CritEvidence::IrqsMasked));
+        assert!(d.sample(5 * SPIN_NS, PC + 4 * PC_WINDOW, CritEvidence::IrqsMasked));
+    }
+
+    #[test]
+    fn a_short_masked_section_is_not_a_spin() {
+        let mut d = SpinDetector::new();
+        assert!(!d.sample(0, PC, CritEvidence::IrqsMasked));
+        assert!(!d.sample(SPIN_NS - 1, PC, CritEvidence::IrqsMasked));
+    }
+}

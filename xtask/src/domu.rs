@@ -1,0 +1,294 @@
+//! `cargo xtask run --domu N`: DomUs described with Xen's dom0less binding
+//! in the DTB QEMU hands the hypervisor.
+//!
+//! How a run with DomUs is made:
+//! - RAM: QEMU's `-m` grows by N × (`--domu-mem` + [`DOMU_DISK_MB`]) for
+//!   the DomUs' RAM and disks (the hypervisor places them, `boot::plan`),
+//!   plus room for one copy of the DomU kernel and initramfs at the top of
+//!   RAM, far from what QEMU places itself (the hypervisor at RAM + 2 MiB,
+//!   its DTB at RAM + 128 MiB, Dom0's modules from 0x50000000).
+//! - Modules: QEMU's generic loader puts the kernel and initramfs there
+//!   (`-device loader,file=…,addr=…,force-raw=on`); every DomU's module
+//!   nodes name the same two ranges (the plan allows DomUs to share a module
+//!   exactly).
+//! - DTB: QEMU dumps its own tree for the same command line (`-machine
+//!   dumpdtb=`, [`crate::firmware::dump_args`]); [`add_domus`] copies it
+//!   with one `/chosen/domU<i>` node per DomU added, and the run passes it
+//!   with `-dtb`. Under `--firmware tf-a` the DTB that run writes anyway gets
+//!   the same nodes.
+//! - Command: each DomU's kernel command line is `console=ttyAMA0` plus
+//!   `guestcmd=<base64 of --domu-cmd>`, the guest image's /init protocol, so
+//!   the same initramfs runs Dom0's `--cmd` and the DomUs' `--domu-cmd`.
+
+use crate::Result;
+use std::path::Path;
+
+/// Each DomU's RAM disk (`hv,disk-size`).
+pub const DOMU_DISK_MB: u64 = 64;
+/// The DomU kernel's command line before `guestcmd=`.
+pub const DOMU_ARGS: &str = "console=ttyAMA0";
+const MIB: u64 = 1 << 20;
+const ALIGN: u64 = 2 * MIB;
+
+/// What `--domu N --domu-cmd … --domu-mem … --domu-vcpus …` ask for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DomuOptions {
+    pub count: u32,
+    pub cmd: Option<String>,
+    pub mem_mb: u64,
+    pub vcpus: u32,
+}
+
+impl Default for DomuOptions {
+    fn default() -> Self {
+        DomuOptions { count: 1, cmd: None, mem_mb: 256, vcpus: 1 }
+    }
+}
+
+/// One `/chosen/domU<i>` node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DomuNode {
+    pub name: String,
+    pub memory_kib: u64,
+    pub cpus: u32,
+    pub disk_size: u64,
+    /// (base, size) of the kernel and the initramfs in host RAM.
+    pub kernel: (u64, u64),
+    pub ramdisk: Option<(u64, u64)>,
+    pub bootargs: String,
+}
+
+/// Where a run with DomUs puts things.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DomuLayout {
+    /// MiB added to QEMU's `-m`.
+    pub extra_mb: u64,
+    pub nodes: Vec<DomuNode>,
+    /// QEMU arguments that load the modules.
+    pub loader_args: Vec<String>,
+}
+
+fn align_up(v: u64) -> u64 {
+    v.div_ceil(ALIGN) * ALIGN
+}
+
+/// The layout for `o` on a machine whose RAM, before the DomUs' share is
+/// added, is `base_mb` MiB from `ram_base`; `kernel` and `initrd` are the
+/// files (with their lengths).
+pub fn layout(
+    o: &DomuOptions,
+    ram_base: u64,
+    base_mb: u64,
+    kernel: (&Path, u64),
+    initrd: Option<(&Path, u64)>,
+) -> DomuLayout {
+    let modules = align_up(kernel.1) + initrd.map_or(0, |i| align_up(i.1));
+    let extra_mb = u64::from(o.count) * (o.mem_mb + DOMU_DISK_MB) + modules / MIB;
+    let top = ram_base + (base_mb + extra_mb) * MIB;
+    let kernel_at = top - modules;
+    let initrd_at = kernel_at + align_up(kernel.1);
+    let mut bootargs = String::from(DOMU_ARGS);
+    if let Some(cmd) = &o.cmd {
+        bootargs.push_str(&format!(" guestcmd={}", crate::qemu::base64(cmd.as_bytes())));
+    }
+    let nodes = (1..=o.count)
+        .map(|i| DomuNode {
+            name: format!("domU{i}"),
+            memory_kib: o.mem_mb * 1024,
+            cpus: o.vcpus.max(1),
+            disk_size: DOMU_DISK_MB * MIB,
+            kernel: (kernel_at, kernel.1),
+            ramdisk: initrd.map(|i| (initrd_at, i.1)),
+            bootargs: bootargs.clone(),
+        })
+        .collect();
+    let loader = |file: &Path, at: u64| {
+        [
+            "-device".to_string(),
+            format!("loader,file={},addr={at:#x},force-raw=on", file.display().to_string().replace(',', ",,")),
+        ]
+    };
+    let mut loader_args = loader(kernel.0, kernel_at).to_vec();
+    if let Some(i) = initrd {
+        loader_args.extend(loader(i.0, initrd_at));
+    }
+    DomuLayout { extra_mb, nodes, loader_args }
+}
+
+/// `dtb` with the DomU nodes added at the end of `/chosen` (created when
+/// absent). Everything else is copied byte for byte, the memory
+/// reservations included.
+pub fn add_domus(dtb: &[u8], domus: &[DomuNode]) -> Result<Vec<u8>> {
+    use vm_fdt::{FdtReserveEntry, FdtWriter};
+    let f = fdt::Fdt::new(dtb).map_err(|e| format!("QEMU's DTB: {e:?}"))?;
+    let rsv: Vec<FdtReserveEntry> = f
+        .memory_reservations()
+        .map(|r| FdtReserveEntry::new(r.address() as u64, r.size() as u64))
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|e| format!("memory reservation: {e}"))?;
+    let mut w = FdtWriter::new_with_mem_reserv(&rsv).map_err(|e| e.to_string())?;
+    let root = f.all_nodes().next().ok_or("QEMU's DTB has no root node")?;
+    let top = w.begin_node("").map_err(|e| e.to_string())?;
+    for p in root.properties() {
+        w.property(p.name, p.value).map_err(|e| e.to_string())?;
+    }
+    let mut chosen_seen = false;
+    for c in root.children() {
+        if c.name == "chosen" {
+            chosen_seen = true;
+            let n = w.begin_node(c.name).map_err(|e| e.to_string())?;
+            for p in c.properties() {
+                w.property(p.name, p.value).map_err(|e| e.to_string())?;
+            }
+            for cc in c.children() {
+                copy(&mut w, cc)?;
+            }
+            write_domus(&mut w, domus)?;
+            w.end_node(n).map_err(|e| e.to_string())?;
+        } else {
+            copy(&mut w, c)?;
+        }
+    }
+    if !chosen_seen {
+        let n = w.begin_node("chosen").map_err(|e| e.to_string())?;
+        write_domus(&mut w, domus)?;
+        w.end_node(n).map_err(|e| e.to_string())?;
+    }
+    w.end_node(top).map_err(|e| e.to_string())?;
+    w.finish().map_err(|e| e.to_string())
+}
+
+fn copy(w: &mut vm_fdt::FdtWriter, n: fdt::node::FdtNode<'_, '_>) -> Result<()> {
+    let node = w.begin_node(n.name).map_err(|e| e.to_string())?;
+    for p in n.properties() {
+        w.property(p.name, p.value).map_err(|e| e.to_string())?;
+    }
+    for c in n.children() {
+        copy(w, c)?;
+    }
+    w.end_node(node).map_err(|e| e.to_string())
+}
+
+fn write_domus(w: &mut vm_fdt::FdtWriter, domus: &[DomuNode]) -> Result<()> {
+    let e = |e: vm_fdt::Error| e.to_string();
+    for d in domus {
+        let n = w.begin_node(&d.name).map_err(e)?;
+        w.property_string("compatible", "xen,domain").map_err(e)?;
+        w.property_u32("#address-cells", 2).map_err(e)?;
+        w.property_u32("#size-cells", 2).map_err(e)?;
+        // Xen writes `memory` as two cells.
+        w.property_u64("memory", d.memory_kib).map_err(e)?;
+        w.property_u32("cpus", d.cpus).map_err(e)?;
+        w.property_null("vpl011").map_err(e)?;
+        w.property_u64("hv,disk-size", d.disk_size).map_err(e)?;
+        let modules = [Some(("multiboot,kernel", d.kernel)), d.ramdisk.map(|r| ("multiboot,ramdisk", r))];
+        for (kind, (base, size)) in modules.into_iter().flatten() {
+            let m = w.begin_node(&format!("module@{base:x}")).map_err(e)?;
+            w.property_string_list("compatible", vec![kind.into(), "multiboot,module".into()]).map_err(e)?;
+            w.property_array_u64("reg", &[base, size]).map_err(e)?;
+            if kind == "multiboot,kernel" {
+                w.property_string("bootargs", &d.bootargs).map_err(e)?;
+            }
+            w.end_node(m).map_err(e)?;
+        }
+        w.end_node(n).map_err(e)?;
+    }
+    Ok(())
+}
+
+/// Writes `dtb`: QEMU's own tree for `run_args` (dumped with
+/// `-machine dumpdtb=`) plus the DomU nodes.
+pub fn write_dtb(run_args: &[String], dtb: &Path, domus: &[DomuNode]) -> Result<()> {
+    if let Some(d) = dtb.parent() {
+        std::fs::create_dir_all(d).map_err(|e| e.to_string())?;
+    }
+    let out = std::process::Command::new("qemu-system-aarch64")
+        .args(crate::firmware::dump_args(run_args, dtb))
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| format!("qemu-system-aarch64: {e}"))?;
+    if !out.status.success() || !dtb.is_file() {
+        return Err(format!("QEMU did not dump its DTB: {}", String::from_utf8_lossy(&out.stderr).trim()));
+    }
+    add_to_file(dtb, domus)
+}
+
+/// Adds the DomU nodes to the DTB file `dtb` in place.
+pub fn add_to_file(dtb: &Path, domus: &[DomuNode]) -> Result<()> {
+    let blob = std::fs::read(dtb).map_err(|e| format!("{}: {e}", dtb.display()))?;
+    let out = add_domus(&blob, domus)?;
+    std::fs::write(dtb, out).map_err(|e| format!("{}: {e}", dtb.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hypervisor::domain::dom0less;
+    use hypervisor::dtb::{discover, Region};
+
+    /// QEMU 7.2's virt DTB (GICv3, 2 CPUs, 1 GiB, Dom0's modules at
+    /// 0x50000000/0x58000000), from the hypervisor's test data.
+    const QEMU_DTB: &[u8] = include_bytes!("../../hypervisor/src/dtb/testdata/qemu-virt-gicv3-smp2.dtb");
+
+    fn two() -> DomuLayout {
+        let o = DomuOptions { count: 2, cmd: Some("echo hi".into()), mem_mb: 256, vcpus: 2 };
+        layout(&o, 0x4000_0000, 1536, (Path::new("/g/Image"), 27_303_872), Some((Path::new("/g/init,rd"), 86_978_560)))
+    }
+
+    #[test]
+    fn the_layout_puts_the_modules_at_the_top_of_the_grown_ram() {
+        let l = two();
+        // 2 × (256 + 64) MiB, then 28 + 84 MiB of modules.
+        assert_eq!(l.extra_mb, 640 + 112);
+        let top = 0x4000_0000 + (1536 + 752) * MIB;
+        assert_eq!(l.nodes[0].kernel, (top - 112 * MIB, 27_303_872));
+        assert_eq!(l.nodes[0].ramdisk, Some((top - 84 * MIB, 86_978_560)));
+        assert_eq!(l.nodes[1].kernel, l.nodes[0].kernel);
+        assert_eq!(l.nodes[1].name, "domU2");
+        assert_eq!(l.nodes[0].bootargs, "console=ttyAMA0 guestcmd=ZWNobyBoaQ==");
+        assert_eq!(
+            l.loader_args.join(" "),
+            format!(
+                "-device loader,file=/g/Image,addr={:#x},force-raw=on -device loader,file=/g/init,,rd,addr={:#x},force-raw=on",
+                top - 112 * MIB,
+                top - 84 * MIB
+            )
+        );
+    }
+
+    #[test]
+    fn the_domus_round_trip_through_the_hypervisors_parser() {
+        let l = two();
+        let dtb = add_domus(QEMU_DTB, &l.nodes).unwrap();
+        let d = dom0less::parse(&dtb).unwrap();
+        assert_eq!(d.len(), 2);
+        for (i, d) in d.iter().enumerate() {
+            assert_eq!(d.id as usize, i + 1);
+            assert_eq!(d.name, format!("domU{}", i + 1));
+            assert_eq!((d.memory, d.vcpus, d.vpl011, d.disk_size), (256 * MIB, 2, true, 64 * MIB));
+            assert_eq!(d.kernel, Region { base: l.nodes[0].kernel.0, size: l.nodes[0].kernel.1 });
+            assert_eq!(d.ramdisk.map(|r| (r.base, r.size)), l.nodes[0].ramdisk);
+            assert_eq!(d.bootargs, "console=ttyAMA0 guestcmd=ZWNobyBoaQ==");
+            assert_eq!((d.weight, d.cap_percent), (256, None));
+        }
+        // The rest of the machine is what QEMU described.
+        let before = discover(QEMU_DTB).unwrap();
+        let after = discover(&dtb).unwrap();
+        assert_eq!(after.domus, d);
+        assert_eq!(hypervisor::dtb::Platform { domus: Vec::new(), ..after }, before);
+        // No DomU: the same tree.
+        assert_eq!(discover(&add_domus(QEMU_DTB, &[]).unwrap()).unwrap(), before);
+    }
+
+    #[test]
+    fn a_tree_without_chosen_gets_one() {
+        let mut w = vm_fdt::FdtWriter::new().unwrap();
+        let root = w.begin_node("").unwrap();
+        w.property_u32("#address-cells", 2).unwrap();
+        w.end_node(root).unwrap();
+        let l = two();
+        let d = dom0less::parse(&add_domus(&w.finish().unwrap(), &l.nodes[..1]).unwrap()).unwrap();
+        assert_eq!(d.len(), 1);
+        assert!(add_domus(b"not a tree", &l.nodes).is_err());
+    }
+}
