@@ -1,7 +1,7 @@
 //! `cargo xtask run --domu N`: DomUs described in the DTB with Xen's
-//! dom0less binding. Until the multi-VM runtime runs them, the hypervisor
-//! parses them, places their RAM and disks, logs both, and boots Dom0 as
-//! before.
+//! dom0less binding: the hypervisor parses them, places their RAM and
+//! disks, logs both, and runs them beside Dom0 (what they do is
+//! tests/domu_selftest.rs's subject).
 
 use integration_tests::*;
 use xtask::domu::DomuOptions;
