@@ -4,7 +4,8 @@
 //! prefixed `(d1) `, it reaches userspace, writes and reads back its disk,
 //! gets an abort for every wild access and keeps running; console input
 //! moves between the domains with Ctrl-A three times; the DomU's power-off
-//! stops only it, and the machine powers off with Dom0's exit status.
+//! stops only it, and the machine powers off with Dom0's exit status. And
+//! the real path: dom0less DomUs (`--domu 2`) run their commands.
 
 use integration_tests::*;
 use std::time::Duration;
@@ -86,4 +87,33 @@ fn a_domu_runs_beside_dom0_isolated_with_its_own_console_and_disk() {
     assert_eq!(stat_line(c, "dom1.stopped"), Some(1));
     assert_console(&r, "dom0 powered off");
     assert_eq!(r.guest_exit, Some(3));
+}
+
+#[test]
+fn dom0less_domus_run_their_commands_beside_dom0() {
+    // The real path: `cargo xtask run --domu 2` (Xen's dom0less nodes in the
+    // DTB, placed by the boot plan); Dom0 waits until both DomUs stopped.
+    let domus = xtask::domu::DomuOptions { count: 2, cmd: Some("echo from-$((40 + 2))".into()), mem_mb: 256, vcpus: 1 };
+    let o = RunOptions {
+        cmd: Some("echo dom0-waiting; read go; echo dom0-got-$go".into()),
+        pcpus: 2,
+        domus: Some(domus),
+        early_input: Some(EarlyInput {
+            after: "d1 powered off: the domain stops\nd2 powered off: the domain stops\ndom0-waiting".into(),
+            bytes: b"go\n".to_vec(),
+        }),
+        echo: false,
+        timeout: Duration::from_secs(540),
+        ..Default::default()
+    };
+    let r = run(&o);
+    assert!(r.hv_fatal.is_none(), "{:?}", r.hv_fatal);
+    for d in 1..=2 {
+        assert_console(&r, &format!("d{d}: 1 vCPU(s), RAM 0x40000000+0x10000000"));
+        assert_console(&r, &format!("(d{d}) from-42"));
+        assert_console(&r, &format!("(d{d}) @@GUEST-EXIT 0@@"));
+        assert_eq!(stat_line(&r.console, &format!("dom{d}.stopped")), Some(1));
+    }
+    assert_console(&r, "dom0-got-go");
+    assert_eq!(r.guest_exit, Some(0));
 }
