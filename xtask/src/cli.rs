@@ -131,12 +131,12 @@ pub struct RunArgs {
     /// GIC version of the QEMU machine
     #[arg(long, value_name = "VERSION", default_value = "3", value_parser = gic_parser())]
     pub gic: u8,
-    /// Physical CPUs (0 counts as 1)
-    #[arg(long, value_name = "N", default_value_t = 1)]
-    pub pcpus: u32,
-    /// Guest vCPUs (0 counts as 1)
-    #[arg(long, value_name = "M", default_value_t = 1)]
-    pub vcpus: u32,
+    /// Physical CPUs (0 counts as 1; default 1, 2 with `--platform graviton`)
+    #[arg(long, value_name = "N")]
+    pub pcpus: Option<u32>,
+    /// Guest vCPUs (0 counts as 1; default 1, 2 with `--platform graviton`)
+    #[arg(long, value_name = "M")]
+    pub vcpus: Option<u32>,
     /// Guest RAM, e.g. 768M or 2G (a bare number is MiB; at least 128M)
     #[arg(long = "mem", value_name = "SIZE", default_value = "1G", value_parser = parse_mem)]
     pub mem_mb: u64,
@@ -296,10 +296,12 @@ impl RunArgs {
     pub fn run_options(&self, scratch_disk: impl FnOnce() -> std::io::Result<PathBuf>) -> Result<RunOptions, String> {
         self.check()?;
         let graviton = self.platform == PlatformKind::Graviton;
+        // Graviton's acceptance runs are SMP: 2 pCPUs and 2 vCPUs unless told.
+        let default_cpus = if graviton { crate::graviton::DEFAULT_CPUS } else { 1 };
         let mut o = RunOptions {
             gic: self.gic,
-            pcpus: self.pcpus.max(1),
-            vcpus: self.vcpus.max(1),
+            pcpus: self.pcpus.unwrap_or(default_cpus).max(1),
+            vcpus: self.vcpus.unwrap_or(default_cpus).max(1),
             mem_mb: self.mem_mb,
             cpu: self.cpu.clone().unwrap_or_else(|| crate::qemu::DEFAULT_CPU.into()),
             hv_args: self.hv_args.clone(),

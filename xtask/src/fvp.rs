@@ -320,8 +320,8 @@ pub fn plan(args: &RunArgs, hypervisor: PathBuf, kernel: PathBuf, initrd: Option
             max_guest_mb()
         ));
     }
-    if args.pcpus > MAX_CPUS {
-        return Err(format!("--pcpus {}: FVP Base RevC has {MAX_CPUS} CPUs", args.pcpus));
+    if let Some(n) = args.pcpus.filter(|&n| n > MAX_CPUS) {
+        return Err(format!("--pcpus {n}: FVP Base RevC has {MAX_CPUS} CPUs"));
     }
     let size = |p: &Path| std::fs::metadata(p).map(|m| m.len()).map_err(|e| format!("{}: {e}", p.display()));
     let kernel_size = size(&kernel)?;

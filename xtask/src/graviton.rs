@@ -28,6 +28,10 @@ pub const CPU: &str = "neoverse-n1";
 /// bus, as EBS volumes appear on Graviton.
 pub const DEFAULT_DISK: DiskKind = DiskKind::Nvme;
 
+/// pCPUs and Dom0 vCPUs when `--pcpus`/`--vcpus` are not given: every
+/// Graviton is SMP, so its runs are too.
+pub const DEFAULT_CPUS: u32 = 2;
+
 /// The platform's firmware: EDK2 with ACPI.
 pub const FIRMWARE: Firmware = Firmware::Uefi;
 
