@@ -1,7 +1,9 @@
 //! The physical GICv3/v4 as the hypervisor uses it: the only code that
 //! touches the distributor, the redistributors and the CPU interface.
 //!
-//! Distributor and redistributors are set up with the `arm-gic` crate; the
+//! Distributor and redistributors are set up with the `arm-gic` crate, each
+//! pCPU's redistributor at the frame `crate::gicr` found for its MPIDR in
+//! whichever GICR region holds it (not at an index into one region); the
 //! CPU interface runs with ICC_CTLR_EL1.EOImode = 1 so that a write to
 //! ICC_EOIR1_EL1 only drops priority and a forwarded interrupt stays active
 //! until the guest deactivates it through a HW=1 list register. The virtual
