@@ -14,6 +14,7 @@
 //! - `esr`: trap decoding; `psci`: PSCI/SMCCC decoding; `stage2`: stage-2
 //!   table building
 //! - `intid`: the GIC's interrupt IDs as a checked type (`IntId`)
+//! - `gicr`: each CPU's redistributor found over every GICR region
 //! - `its`: the ITS register layouts and command format (physical driver and vITS)
 //! - `irq`: the physical IRQ route table (INTID → what the hypervisor does)
 //! - `mmio_bus`: a VM's emulated MMIO ranges (guest-physical range → device)
@@ -48,6 +49,7 @@ pub mod domain;
 pub mod dtb;
 pub mod esr;
 pub mod firmware;
+pub mod gicr;
 pub mod idregs;
 pub mod intid;
 pub mod iomem;

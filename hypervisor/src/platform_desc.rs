@@ -149,7 +149,9 @@ mod tests {
         assert_eq!(u32::from(q.uart_intid), 33);
         assert_eq!(u32::from(q.maintenance_intid), 25);
         assert!(q.is_device_gib(0));
-        assert!(!q.is_device_gib(1) && !q.is_device_gib(256));
+        // The second GICR region and the high ECAM at 256 GiB.
+        assert!(q.is_device_gib(256));
+        assert!(!q.is_device_gib(1) && !q.is_device_gib(255) && !q.is_device_gib(257));
     }
 
     #[test]

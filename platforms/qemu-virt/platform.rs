@@ -11,9 +11,11 @@ pub const PLATFORM: Platform = Platform {
     early_uart: 0x0900_0000,
     // QEMU's -kernel puts an arm64 Image at RAM base (1 GiB) + 2 MiB.
     load_address: 0x4020_0000,
-    // Devices live below RAM (0x4000_0000); PCIe's high window (256 GiB
-    // and up) is never touched by the hypervisor.
-    device_gib: &[(0, 1)],
+    // Devices live below RAM (0x4000_0000), and at 256 GiB: the second
+    // GICR region (0x40_0000_0000, CPUs 123 and up) and the high PCIe ECAM
+    // (0x40_1000_0000). PCIe's 64-bit window (512 GiB and up) is never
+    // touched by the hypervisor.
+    device_gib: &[(0, 1), (256, 257)],
     // Without dom0_mem, guest RAM starts at least this far above the lowest
     // RAM (the boot-layout plan, boot::plan, places the heap and avoids the
     // DTB and modules wherever they are).

@@ -10,11 +10,11 @@
 //! are sized by the same count. Graviton4 has 192 CPUs; [`MAX_PCPUS`] is
 //! only a sanity bound on a machine description that lists absurdly many.
 //!
-//! One more bound: the physical GIC driver (arm-gic's `GicV3`) handles one
-//! contiguous redistributor region, and pCPU n uses its n-th frame. CPUs
-//! whose redistributors lie in a further region (QEMU virt puts CPUs 123
-//! and up in a second one) stay off, with a warning, rather than the
-//! driver walking off the end of the first region.
+//! One more bound: a CPU needs a redistributor. The physical GIC driver
+//! walks every GICR region the machine description lists (`crate::gicr`:
+//! QEMU virt puts CPUs 123 and up in a second region, an MADT may give one
+//! GICR base per GICC) and finds each CPU's frame by its affinity; a
+//! described CPU that no frame serves stays off, with a warning.
 //!
 //! The heap grows with the count ([`heap_size`]), so 192 pCPUs get their
 //! stacks and rings without starving the guest-facing allocations that the
@@ -46,8 +46,8 @@ pub const PER_PCPU_HEAP: u64 = 512 << 10;
 /// lists `described` CPUs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PcpuCount {
-    /// pCPUs brought up (at most [`MAX_PCPUS`], at most the first
-    /// redistributor region's frames).
+    /// pCPUs brought up (at most [`MAX_PCPUS`], at most the CPUs a
+    /// redistributor serves).
     pub used: usize,
     /// CPUs described beyond those bounds, left off.
     pub ignored: usize,
@@ -68,9 +68,9 @@ impl core::fmt::Display for PcpuError {
     }
 }
 
-/// The pCPU count for `described` CPUs when the first redistributor region
-/// holds `redistributors` frames: all of them up to [`MAX_PCPUS`] and up to
-/// `redistributors` (the boot CPU always counts).
+/// The pCPU count for `described` CPUs of which `redistributors` have a
+/// redistributor frame (over all GICR regions): all of them up to
+/// [`MAX_PCPUS`] and up to `redistributors` (the boot CPU always counts).
 pub fn count(described: usize, redistributors: usize) -> Result<PcpuCount, PcpuError> {
     if described == 0 {
         return Err(PcpuError::NoCpus);
@@ -102,8 +102,10 @@ mod tests {
     }
 
     #[test]
-    fn cpus_beyond_the_first_redistributor_region_stay_off() {
-        // QEMU virt with 192 CPUs: 123 redistributors in the first region.
+    fn cpus_without_a_redistributor_stay_off() {
+        // QEMU virt with 192 CPUs: 123 + 69 redistributors in two regions.
+        assert_eq!(count(192, 192), Ok(PcpuCount { used: 192, ignored: 0 }));
+        // Only the first region's 123 serve a CPU.
         assert_eq!(count(192, 123), Ok(PcpuCount { used: 123, ignored: 69 }));
         // A region that reads as empty still runs the boot CPU.
         assert_eq!(count(4, 0), Ok(PcpuCount { used: 1, ignored: 3 }));

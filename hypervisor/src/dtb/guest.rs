@@ -24,6 +24,12 @@
 //! appended to the root; their interrupts inherit the root's
 //! `interrupt-parent`, i.e. the GIC the guest sees at the host's address.
 //!
+//! The GICv3 node keeps only its first redistributor region (`reg` and
+//! `#redistributor-regions = <1>`): the vGIC emulates Dom0's
+//! redistributors there, and Linux reads every region's GICR_PIDR2, so a
+//! further host region (QEMU virt's at 256 GiB with more than 123 CPUs)
+//! would be an abort in the guest.
+//!
 //! PCI host bridges (`device_type = "pci"`) are copied with two edits:
 //! `ranges` entries whose CPU window ends beyond the guest's IPA space
 //! ([`GuestDtbConfig::ipa_size`]) are dropped (QEMU virt's 64-bit window at
@@ -186,6 +192,20 @@ fn pci_ranges_within(value: &[u8], cells: Cells, parent: Cells, limit: u64) -> R
 }
 
 /// Does this `/chosen` child describe a boot module?
+/// A GICv3 node's `reg` with only the first of its `regions` redistributor
+/// regions: GICD, the first GICR region, then whatever follows the regions
+/// (GICC, GICH, GICV), entries of `cells` each.
+pub(super) fn gic_reg_first_region(value: &[u8], regions: u32, cells: Cells) -> Result<Vec<u8>, DtbError> {
+    let entry = 4 * (cells.addr as usize + cells.size as usize);
+    let rest = entry.checked_mul(1 + regions as usize).filter(|&r| entry > 0 && r <= value.len());
+    let Some(rest) = rest else {
+        return Err(DtbError::BadValue("gic reg (fewer regions than #redistributor-regions)"));
+    };
+    let mut out = value[..2 * entry].to_vec();
+    out.extend_from_slice(&value[rest..]);
+    Ok(out)
+}
+
 fn is_boot_module(node: FdtNode<'_, '_>) -> bool {
     node.name.split('@').next() == Some("module")
         || prop(node, "compatible").is_some_and(|v| {
@@ -277,8 +297,27 @@ impl Builder<'_> {
         }
         let cells = tree::child_cells(node, reg_cells)?;
         let is_pci = prop_str(node, "device_type") == Some("pci");
+        // The vGIC emulates one redistributor region: the first.
+        let gicr_regions = if is_compatible(node, "arm,gic-v3") {
+            prop_u32(node, "#redistributor-regions", "#redistributor-regions")?.filter(|&n| n > 1)
+        } else {
+            None
+        };
         let n = self.w.begin_node(node.name)?;
         for p in node.properties() {
+            if let Some(regions) = gicr_regions {
+                match p.name {
+                    "#redistributor-regions" => {
+                        self.w.property_u32(p.name, 1)?;
+                        continue;
+                    }
+                    "reg" => {
+                        self.w.property(p.name, &gic_reg_first_region(p.value, regions, reg_cells)?)?;
+                        continue;
+                    }
+                    _ => {}
+                }
+            }
             if !self.cfg.keep_its && matches!(p.name, "msi-map" | "msi-map-mask" | "msi-parent") {
                 continue;
             }

@@ -990,3 +990,66 @@ fn patch_prop(dtb: &mut Vec<u8>, path: &str, name: &str, value: &[u8]) {
     copy(&mut w, f.all_nodes().next().unwrap(), "/", (path, name, value));
     *dtb = w.finish().unwrap();
 }
+
+/// QEMU virt's GIC node with a second redistributor region, as QEMU writes
+/// it for more than 123 CPUs: `#redistributor-regions = <2>`, the high
+/// region at 256 GiB after the low one.
+fn qemu_two_gicr_regions() -> Vec<u8> {
+    let mut dtb = V3_SMP2.to_vec();
+    let reg: Vec<u64> = vec![0x0800_0000, 0x1_0000, 0x080a_0000, 0xf6_0000, 0x40_0000_0000, 0x400_0000];
+    let reg: Vec<u8> = reg.iter().flat_map(|c| c.to_be_bytes()).collect();
+    patch_prop(&mut dtb, "/intc@8000000", "reg", &reg);
+    patch_prop(&mut dtb, "/intc@8000000", "#redistributor-regions", &2u32.to_be_bytes());
+    dtb
+}
+
+#[test]
+fn discover_two_redistributor_regions() {
+    let p = discover(&qemu_two_gicr_regions()).unwrap();
+    assert_eq!(p.gic.gicd, Region { base: 0x0800_0000, size: 0x1_0000 });
+    assert_eq!(
+        p.gic.gicr,
+        vec![Region { base: 0x080a_0000, size: 0xf6_0000 }, Region { base: 0x40_0000_0000, size: 0x400_0000 }]
+    );
+    // More regions declared than `reg` holds: an error, not a panic.
+    let mut bad = qemu_two_gicr_regions();
+    patch_prop(&mut bad, "/intc@8000000", "#redistributor-regions", &3u32.to_be_bytes());
+    assert!(matches!(discover(&bad), Err(DtbError::BadValue(_))));
+}
+
+#[test]
+fn dom0_sees_one_redistributor_region() {
+    // The vGIC emulates Dom0's redistributors in the host's first region;
+    // Linux would read the second region's GICR_PIDR2 and take an abort.
+    let host = qemu_two_gicr_regions();
+    let guest = build_guest_dtb(&host, &guest_config(&host)).unwrap();
+    let f = Fdt::new(&guest).unwrap();
+    let gic = f.find_node("/intc@8000000").unwrap();
+    assert_eq!(gic.property("#redistributor-regions").unwrap().as_usize(), Some(1));
+    let reg: Vec<u8> =
+        [0x0800_0000u64, 0x1_0000, 0x080a_0000, 0xf6_0000].iter().flat_map(|c| c.to_be_bytes()).collect();
+    assert_eq!(gic.property("reg").unwrap().value, &reg[..]);
+    let p = discover(&guest).unwrap();
+    assert_eq!(p.gic.gicr, vec![Region { base: 0x080a_0000, size: 0xf6_0000 }]);
+    // The ITS child and the rest of the node are kept as they were.
+    assert_eq!(p.gic.maintenance_intid, Some(id(25)));
+    // One region on the host: the node is copied byte for byte.
+    let guest1 = build_guest_dtb(V3_SMP2, &guest_config(V3_SMP2)).unwrap();
+    let f1 = Fdt::new(&guest1).unwrap();
+    let h = Fdt::new(V3_SMP2).unwrap();
+    assert_eq!(
+        f1.find_node("/intc@8000000").unwrap().property("reg").unwrap().value,
+        h.find_node("/intc@8000000").unwrap().property("reg").unwrap().value
+    );
+}
+
+#[test]
+fn gic_reg_trimming_checks_its_input() {
+    let cells = tree::Cells { addr: 2, size: 2 };
+    let reg = be(&[0, 1, 0, 2, 0, 3, 0, 4, 0, 5, 0, 6, 0, 7, 0, 8]);
+    // GICD, GICR0, GICR1, then a GICC entry: GICR1 goes, GICC stays.
+    assert_eq!(guest::gic_reg_first_region(&reg, 2, cells).unwrap(), be(&[0, 1, 0, 2, 0, 3, 0, 4, 0, 7, 0, 8]));
+    assert!(guest::gic_reg_first_region(&reg, 4, cells).is_err());
+    assert!(guest::gic_reg_first_region(&reg, u32::MAX, cells).is_err());
+    assert!(guest::gic_reg_first_region(&reg, 2, tree::Cells { addr: 0, size: 0 }).is_err());
+}

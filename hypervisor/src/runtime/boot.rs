@@ -17,6 +17,7 @@ use crate::hv_fatal;
 use crate::its::v4::LpiPath;
 use crate::platform;
 use alloc::boxed::Box;
+use alloc::vec::Vec;
 use core::sync::atomic::Ordering;
 use log::{error, info, warn};
 
@@ -170,35 +171,36 @@ pub(super) fn bring_up(plat: &Platform, cfg: &Config, plan: &Plan) -> usize {
     // identity-mapped normal memory; it is added once.
     unsafe { heap::add(plan.heap.base as usize, plan.heap.size as usize) };
 
-    let Some(gicr) = plat.gic.gicr.first() else {
-        hv_fatal!("no GIC redistributor region");
+    // Redistributor regions outside the platform's device windows are not
+    // mapped as device memory: left out, with their CPUs.
+    let regions: Vec<Region> = plat.gic.gicr.iter().copied().filter(|r| device_mapped(*r)).collect();
+    for r in plat.gic.gicr.iter().filter(|r| !device_mapped(**r)) {
+        warn!("GICR region {:#x}+{:#x} is outside the platform's device windows; its CPUs stay off", r.base, r.size);
+    }
+    let described = plat.cpus.len().min(pcpus::MAX_PCPUS);
+    // SAFETY: the GIC frames the firmware names, inside the platform's
+    // device windows (mapped as device memory, checked above); from here
+    // only `gic` touches them.
+    let frames = match unsafe { gic::init(plat.gic.gicd.base, &regions, described) } {
+        Ok(n) => n,
+        Err(e) => hv_fatal!("GIC: {e:?}"),
     };
-    // SAFETY: the redistributor region the firmware names, inside the
-    // platform's device windows (mapped as device memory).
-    let frames = unsafe { gic::redistributors_in(gicr.base, gicr.size) };
-    let count = match pcpus::count(plat.cpus.len(), frames) {
+    let count = match pcpus::count(plat.cpus.len(), gic::served(&plat.cpus)) {
         Ok(c) => c,
         Err(e) => hv_fatal!("{e}"),
     };
+    info!("GIC: {frames} redistributors in {} GICR region(s)", regions.len());
     if count.ignored > 0 {
         warn!(
-            "{} CPUs described, {} redistributors in the first GICR region ({} region(s)); bringing up {} \
-             (bound {})",
+            "{} CPUs described, {} with a redistributor; bringing up {} (bound {})",
             plat.cpus.len(),
-            frames,
-            plat.gic.gicr.len(),
+            gic::served(&plat.cpus),
             count.used,
             pcpus::MAX_PCPUS
         );
     }
     percpu::init(count.used);
 
-    // SAFETY: the GIC frames the firmware names, inside the platform's
-    // device windows (mapped as device memory); from here only `gic`
-    // touches them.
-    if let Err(e) = unsafe { gic::init(plat.gic.gicd.base, gicr.base, count.used) } {
-        hv_fatal!("GIC: {e:?}");
-    }
     init_its(plat, cfg, count.used);
     gic::init_cpu(0);
     if let Err(e) = crate::vgic::usable_lrs(gic::nr_lrs()) {
@@ -214,6 +216,10 @@ pub(super) fn bring_up(plat: &Platform, cfg: &Config, plan: &Plan) -> usize {
     for &mpidr in plat.cpus.iter().filter(|&&m| m & 0xff_00ff_ffff != me) {
         if nr_pcpus >= count.used {
             break;
+        }
+        if !gic::has_redistributor(mpidr) {
+            // Counted out by `pcpus::count` already.
+            continue;
         }
         let top = *stack.get_or_insert_with(secondary_stack);
         let r = start_secondary(mpidr, top, nr_pcpus);
@@ -231,6 +237,15 @@ pub(super) fn bring_up(plat: &Platform, cfg: &Config, plan: &Plan) -> usize {
     info!("{nr_pcpus} pCPU(s) online");
     its_self_test(nr_pcpus);
     nr_pcpus
+}
+
+/// Whether `r` lies in the platform's device windows (below 512 GiB),
+/// which the boot identity map maps as device memory.
+fn device_mapped(r: Region) -> bool {
+    let Some(last) = r.base.checked_add(r.size.max(1) - 1) else {
+        return false;
+    };
+    last >> 30 < 512 && (r.base >> 30..=last >> 30).all(platform::is_device_gib)
 }
 
 /// A secondary pCPU's stack, from the heap (it runs on it for good);

@@ -14,8 +14,11 @@
 //!   frames nothing emulates); one GICC per Dom0 vCPU
 //!   with its virtual MPIDR, ACPI processor UID and CPU interface number =
 //!   vCPU index, enabled, no virtualization or GICv2 fields. Without GICR
-//!   structures, vCPU *i* gets the GICR base of the host's *i*-th usable
-//!   GICC. GIC MSI frames and unknown structures are dropped.
+//!   structures, vCPU *i* gets the GICR base where the vGIC emulates its
+//!   redistributor: the host's first usable GICC's base plus *i* vGIC
+//!   frames (`vgic::regs::GICR_STRIDE`, a GICv3 frame even on a GICv4 host,
+//!   whose own frames are twice as long), as many vCPUs as the host has
+//!   such GICCs at most. GIC MSI frames and unknown structures are dropped.
 //! * STAO (Status Override Table) with `UART` = 1: Linux then hides the
 //!   DSDT device whose resources match the SPCR's base address (the
 //!   hypervisor's console; Linux's `drivers/acpi/scan.c` reads that address
@@ -187,7 +190,7 @@ fn dom0_madt(host: &Tables<'_>, mpidrs: &[u64], drop_its: bool) -> Result<Vec<u8
         g[4..8].copy_from_slice(&idx.to_le_bytes());
         g[8..12].copy_from_slice(&idx.to_le_bytes());
         g[12..16].copy_from_slice(&GICC_ENABLED.to_le_bytes());
-        let gicr = if per_cpu_gicr { host_gicr[i] } else { 0 };
+        let gicr = if per_cpu_gicr { host_gicr[0] + i as u64 * crate::vgic::regs::GICR_STRIDE } else { 0 };
         g[60..68].copy_from_slice(&gicr.to_le_bytes());
         g[68..76].copy_from_slice(&mpidr.to_le_bytes());
         madt.extend_from_slice(&g);

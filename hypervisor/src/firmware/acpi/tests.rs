@@ -326,6 +326,54 @@ fn many_cpus_with_gicc_gicr_bases() {
     assert_eq!(p.gic.gicr[5], Region { base: 0x2000_0000 + 5 * 0x4_0000, size: 0x4_0000 });
 }
 
+/// QEMU virt's MADT with 192 CPUs (what `-smp 192` with `acpi=on` lists:
+/// GICCs with GICR base 0, one GICR structure per redistributor region):
+/// both regions reach the machine description, and the redistributor walk
+/// over them serves every CPU.
+#[test]
+fn qemu_192_cpus_two_gicr_structures() {
+    let mpidr = |i: u64| ((i / 16) << 8) | (i % 16);
+    let mut entries = vec![gicd(0x800_0000, 3)];
+    entries.extend((0..192).map(|i| gicc(mpidr(i), 1, 0)));
+    entries.push(gicr(0x80a_0000, 0xf6_0000));
+    entries.push(gicr(0x40_0000_0000, 0x400_0000));
+    entries.push(its(0, 0x808_0000));
+    let madt_bytes = madt(&entries);
+    let m = AcpiMachine {
+        fadt: parse_fadt(FACP).unwrap(),
+        madt: parse_madt(&madt_bytes).unwrap(),
+        gtdt: parse_gtdt(GTDT).unwrap(),
+        spcr: None,
+        mcfg: vec![],
+        iort: None,
+    };
+    let p = m.to_platform(vec![]).unwrap();
+    assert_eq!(p.cpus.len(), 192);
+    assert_eq!(
+        p.gic.gicr,
+        [Region { base: 0x80a_0000, size: 0xf6_0000 }, Region { base: 0x40_0000_0000, size: 0x400_0000 }]
+    );
+    // QEMU's redistributors: 123 in the low region, 69 in the high one.
+    let frame = |i: u64| if i < 123 { 0x80a_0000 + i * 0x2_0000 } else { 0x40_0000_0000 + (i - 123) * 0x2_0000 };
+    let typer = |a: u64| {
+        let i = (0..192).find(|&i| frame(i) + crate::gicr::GICR_TYPER == a).expect("a GICR_TYPER");
+        (u64::from(crate::gicr::mpidr_affinity(mpidr(i))) << 32) | if i == 122 || i == 191 { 1 << 4 } else { 0 }
+    };
+    let frames = crate::gicr::walk(&p.gic.gicr, typer);
+    assert_eq!(crate::gicr::served(&frames, &p.cpus), 192);
+    assert_eq!(crate::gicr::find(&frames, p.cpus[150]).unwrap().rd_base, 0x40_0000_0000 + 27 * 0x2_0000);
+    // The per-GICC form of the same machine (no GICR structures).
+    let mut per_cpu = vec![gicd(0x800_0000, 3)];
+    per_cpu.extend((0..192).map(|i| gicc(mpidr(i), 1, frame(i))));
+    let madt_bytes = madt(&per_cpu);
+    let m = AcpiMachine { madt: parse_madt(&madt_bytes).unwrap(), ..m };
+    let p = m.to_platform(vec![]).unwrap();
+    assert_eq!(p.gic.gicr.len(), 192);
+    let frames = crate::gicr::walk(&p.gic.gicr, typer);
+    assert_eq!(crate::gicr::served(&frames, &p.cpus), 192);
+    assert_eq!(crate::gicr::find(&frames, p.cpus[191]).unwrap().rd_base, frame(191));
+}
+
 #[test]
 fn mcfg_bad_entries() {
     let entry = |base: u64, seg: u16, start: u8, end: u8| {
@@ -547,6 +595,16 @@ fn dom0_per_cpu_gicr_and_errors() {
     );
     assert!(matches!(build_dom0_tables(&tables, &cfg(vec![0, 1, 2])), Err(AcpiError::BadCount { .. })));
     assert!(matches!(build_dom0_tables(&tables, &cfg(vec![])), Err(AcpiError::BadCount { .. })));
+    // A GICv4 host's frames are 256 KiB apart; the vGIC's stay GICv3
+    // frames from the first one, and Dom0's MADT says where they are.
+    let v4_madt = madt(&[gicd(0x800_0000, 4), gicc(0, 1, 0x80a_0000), gicc(1, 1, 0x80e_0000), gicc(2, 1, 0x812_0000)]);
+    tables.tables[idx].data = &v4_madt;
+    let d = build_dom0_tables(&tables, &cfg(vec![0x10, 0x11])).unwrap();
+    let mems = [MemImage { base: MEM_BASE, bytes: MEM }, MemImage { base: DOM0_BASE, bytes: &d.blob }];
+    let t = Tables::from_rsdp(&mems[..], d.rsdp).unwrap();
+    let m = parse_madt(t.find(Signature::MADT).unwrap().data).unwrap();
+    assert_eq!(m.giccs.iter().map(|g| g.gicr_base).collect::<Vec<_>>(), [0x80a_0000, 0x80c_0000]);
+    tables.tables[idx].data = &host_madt;
     assert!(matches!(build_dom0_tables(&tables, &cfg(vec![1, 1])), Err(AcpiError::Overlap { .. })));
     let no_spcr = Dom0AcpiConfig { remove: vec![Signature::SPCR], ..cfg(vec![0]) };
     assert!(matches!(build_dom0_tables(&tables, &no_spcr), Err(AcpiError::Unsupported { .. })));

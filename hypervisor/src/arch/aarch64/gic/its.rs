@@ -203,7 +203,7 @@ pub fn stats() -> HostItsStats {
 pub fn init(base: u64, cpus: usize, want_vlpi: bool) -> Result<(), ItsError> {
     let (lpis, gicr_typers) = GIC.lock().as_ref().map_or((false, Vec::new()), |g| {
         let typers = find_redistributor_frames(g);
-        (g.gic.typer().lpis_supported() && typers.iter().all(|&t| t & gicr::TYPER_PLPIS != 0), typers)
+        (g.gicd.typer().lpis_supported() && typers.iter().all(|&t| t & gicr::TYPER_PLPIS != 0), typers)
     });
     if !lpis {
         return Err(ItsError::NoIts);

@@ -1,7 +1,9 @@
 //! The physical GICv3/v4 as the hypervisor uses it: the only code that
 //! touches the distributor, the redistributors and the CPU interface.
 //!
-//! Distributor and redistributors are set up with the `arm-gic` crate; the
+//! Distributor and redistributors are set up with the `arm-gic` crate, each
+//! pCPU's redistributor at the frame `crate::gicr` found for its MPIDR in
+//! whichever GICR region holds it (not at an index into one region); the
 //! CPU interface runs with ICC_CTLR_EL1.EOImode = 1 so that a write to
 //! ICC_EOIR1_EL1 only drops priority and a forwarded interrupt stays active
 //! until the guest deactivates it through a HW=1 list register. The virtual
@@ -23,6 +25,8 @@ use super::sysreg::{
     self, ICC_BPR1_EL1, ICC_CTLR_EL1, ICC_DIR_EL1, ICC_EOIR1_EL1, ICC_IAR1_EL1, ICC_IGRPEN1_EL1, ICC_PMR_EL1,
     ICC_SGI1R_EL1,
 };
+use crate::dtb::Region;
+use crate::gicr;
 use crate::intid::{IntId, IntIdKind};
 use crate::regs;
 use aarch64_cpu::registers::{
@@ -30,7 +34,9 @@ use aarch64_cpu::registers::{
     ICH_LR13_EL2, ICH_LR14_EL2, ICH_LR15_EL2, ICH_LR1_EL2, ICH_LR2_EL2, ICH_LR3_EL2, ICH_LR4_EL2, ICH_LR5_EL2,
     ICH_LR6_EL2, ICH_LR7_EL2, ICH_LR8_EL2, ICH_LR9_EL2, ICH_VMCR_EL2, ICH_VTR_EL2, MPIDR_EL1,
 };
-use arm_gic::gicv3::GicV3;
+use alloc::vec::Vec;
+use arm_gic::gicv3::registers::{Gicd, GicrSgi};
+use arm_gic::gicv3::{GicCpuInterface, GicDistributor, GicRedistributor};
 use arm_gic::UniqueMmioPointer;
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicU64, Ordering};
@@ -71,14 +77,12 @@ const GICR_SGI_BASE: u64 = 0x10000;
 /// SGI_base offsets of GICR_ISACTIVER0 and GICR_ICACTIVER0.
 const GICR_ISACTIVER0: u64 = 0x300;
 const GICR_ICACTIVER0: u64 = 0x380;
-/// Redistributor frame sizes: RD_base + SGI_base (+ VLPI_base + reserved).
-const GICR_FRAME_V3: u64 = 0x20000;
-const GICR_FRAME_V4: u64 = 0x40000;
 
 pub struct PhysGic {
-    gic: GicV3<'static>,
-    gicd: u64,
-    gicr: u64,
+    gicd: GicDistributor<'static>,
+    gicd_base: u64,
+    /// Every redistributor frame of every GICR region (`crate::gicr::walk`).
+    frames: Vec<gicr::Frame>,
 }
 
 // SAFETY: the GIC registers are device memory shared by all CPUs and the
@@ -99,41 +103,90 @@ pub(super) fn rd_base(cpu: usize) -> u64 {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GicSetupError {
-    /// The redistributor region could not be probed.
+    /// No distributor, or no redistributor frame in any region.
     Redistributor,
 }
 
-/// Sets up the distributor and every redistributor (once, on the primary).
+/// The redistributor at `rd` (RD_base + SGI_base) as `arm-gic` drives it.
 ///
 /// # Safety
 ///
-/// `gicd` and `gicr` must be the physical GIC's distributor and
-/// redistributor regions, identity-mapped as device memory, and nothing but
-/// this module may access them afterwards.
-pub unsafe fn init(gicd: u64, gicr: u64, cpus: usize) -> Result<(), GicSetupError> {
-    let (Some(d), Some(r)) = (NonNull::new(gicd as *mut _), NonNull::new(gicr as *mut _)) else {
-        return Err(GicSetupError::Redistributor);
-    };
-    // SAFETY: the caller guarantees both regions are the GIC's, mapped as
-    // device memory and owned by this module from now on.
-    let mut gic =
-        unsafe { GicV3::new(UniqueMmioPointer::new(d), r, cpus) }.map_err(|_| GicSetupError::Redistributor)?;
-    gic.setup(0);
-    RD_BASE.call_once(|| (0..cpus).map(|_| AtomicU64::new(0)).collect());
-    *GIC.lock() = Some(PhysGic { gic, gicd, gicr });
-    Ok(())
+/// `rd` must be the RD_base of a frame [`init`] found, and the caller must
+/// hold the `GIC` lock or be the only writer of that frame's registers.
+unsafe fn redistributor(rd: u64) -> Option<GicRedistributor<'static>> {
+    let p = NonNull::new(rd as *mut GicrSgi)?;
+    // SAFETY: a redistributor frame found by the walk of the firmware's
+    // GICR regions (identity-mapped device memory owned by this module);
+    // the caller serialises the accesses.
+    Some(GicRedistributor::new(unsafe { UniqueMmioPointer::new(p) }))
 }
 
-/// Per-CPU interface setup: system registers on, EOImode=1, all priorities
-/// allowed, group 1 enabled; finds this CPU's redistributor.
+/// Sets up the distributor and every redistributor frame of `regions`
+/// (once, on the primary), for up to `cpus` pCPUs. Returns the frames
+/// found: a pCPU is served by the one whose GICR_TYPER.Affinity is its
+/// MPIDR's ([`served`] says how many of a list of CPUs have one).
+///
+/// # Safety
+///
+/// `gicd` and every region of `regions` must be the physical GIC's
+/// distributor and redistributor regions, identity-mapped as device memory,
+/// and nothing but this module may access them afterwards.
+pub unsafe fn init(gicd: u64, regions: &[Region], cpus: usize) -> Result<usize, GicSetupError> {
+    let Some(d) = NonNull::new(gicd as *mut Gicd) else {
+        return Err(GicSetupError::Redistributor);
+    };
+    // SAFETY: GICR_TYPER of frames inside the regions (the caller's
+    // contract; `walk` stays inside each region), read-only, no side effect.
+    let frames = gicr::walk(regions, |a| unsafe { core::ptr::read_volatile(a as *const u64) });
+    if frames.is_empty() {
+        return Err(GicSetupError::Redistributor);
+    }
+    // SAFETY: the caller guarantees the distributor is the GIC's, mapped as
+    // device memory and owned by this module from now on.
+    let mut gicd_drv = GicDistributor::new(unsafe { UniqueMmioPointer::new(d) });
+    for f in &frames {
+        // SAFETY: a frame the walk found; no other CPU runs yet.
+        if let Some(mut r) = unsafe { redistributor(f.rd_base) } {
+            r.configure_default_settings();
+        }
+    }
+    gicd_drv.configure_default_settings();
+    RD_BASE.call_once(|| (0..cpus).map(|_| AtomicU64::new(0)).collect());
+    let n = frames.len();
+    *GIC.lock() = Some(PhysGic { gicd: gicd_drv, gicd_base: gicd, frames });
+    Ok(n)
+}
+
+/// How many of the CPUs `mpidrs` have a redistributor frame ([`init`]).
+pub fn served(mpidrs: &[u64]) -> usize {
+    GIC.lock().as_ref().map_or(0, |g| gicr::served(&g.frames, mpidrs))
+}
+
+/// Whether the CPU `mpidr` has a redistributor frame ([`init`]).
+pub fn has_redistributor(mpidr: u64) -> bool {
+    GIC.lock().as_ref().is_some_and(|g| gicr::find(&g.frames, mpidr).is_some())
+}
+
+/// Per-CPU interface setup: finds this CPU's redistributor by its MPIDR
+/// and wakes it; system registers on, EOImode=1, all priorities allowed,
+/// group 1 enabled.
 pub fn init_cpu(cpu: usize) {
+    let me = sysreg::mpidr();
     if let Some(g) = GIC.lock().as_mut() {
-        g.gic.init_cpu(cpu);
-        let rd = find_redistributor(g, sysreg::mpidr()).unwrap_or(0);
+        let rd = gicr::find(&g.frames, me).map_or(0, |f| f.rd_base);
+        if rd == 0 {
+            log::error!("pCPU{cpu}: no redistributor serves MPIDR {me:#x}");
+        }
         if let Some(slot) = RD_BASE.get().and_then(|r| r.get(cpu)) {
             slot.store(rd, Ordering::Release);
         }
+        // SAFETY: this CPU's own frame, under the GIC lock.
+        if let Some(mut r) = unsafe { redistributor(rd) } {
+            // Already awake (a warm restart) is fine.
+            let _ = r.mark_core_awake();
+        }
     }
+    GicCpuInterface::enable_system_register_el1();
     // EL1 may use the system-register interface; no FIQ/IRQ bypass.
     ICC_SRE_EL2.write(ICC_SRE_EL2::SRE::SET + ICC_SRE_EL2::DFB::SET + ICC_SRE_EL2::DIB::SET + ICC_SRE_EL2::ENABLE::SET);
     sysreg::isb();
@@ -147,7 +200,7 @@ pub fn init_cpu(cpu: usize) {
 
 /// The number of SPIs the distributor implements (from GICD_TYPER).
 pub fn nr_spis() -> u32 {
-    GIC.lock().as_ref().map_or(0, |g| g.gic.typer().num_spis())
+    GIC.lock().as_ref().map_or(0, |g| g.gicd.typer().num_spis())
 }
 
 /// The same interrupt in `arm-gic`'s type: SGIs, PPIs and SPIs (the
@@ -167,13 +220,24 @@ pub fn enable(intid: IntId, cpu: usize, edge: bool) {
     let Some(id) = arm_gic_id(intid) else {
         return;
     };
-    if let Some(g) = GIC.lock().as_mut() {
-        let trigger = if edge { arm_gic::Trigger::Edge } else { arm_gic::Trigger::Level };
-        let _ = g.gic.set_interrupt_priority(id, Some(cpu), 0x80);
+    let trigger = if edge { arm_gic::Trigger::Edge } else { arm_gic::Trigger::Level };
+    let Some(g) = &mut *GIC.lock() else {
+        return;
+    };
+    if id.is_private() {
+        // SAFETY: pCPU `cpu`'s frame as `init_cpu` found it, under the GIC lock.
+        let Some(mut r) = (unsafe { redistributor(rd_base(cpu)) }) else {
+            return;
+        };
+        let _ = r.set_interrupt_priority(id, 0x80);
         if !intid.is_sgi() {
-            let _ = g.gic.set_trigger(id, Some(cpu), trigger);
+            let _ = r.set_trigger(id, trigger);
         }
-        let _ = g.gic.enable_interrupt(id, Some(cpu), true);
+        let _ = r.enable_interrupt(id, true);
+    } else {
+        let _ = g.gicd.set_interrupt_priority(id, 0x80);
+        let _ = g.gicd.set_trigger(id, trigger);
+        let _ = g.gicd.enable_interrupt(id, true);
     }
 }
 
@@ -186,18 +250,18 @@ pub fn set_spi_trigger(intid: IntId, edge: bool) {
     };
     if let Some(g) = GIC.lock().as_mut() {
         let trigger = if edge { arm_gic::Trigger::Edge } else { arm_gic::Trigger::Level };
-        let _ = g.gic.enable_interrupt(id, None, false);
+        let _ = g.gicd.enable_interrupt(id, false);
         // GICD_CTLR.RWP: the disable has taken effect (bounded: a GIC
         // that never clears it gets the write anyway).
         for _ in 0..100_000 {
             // SAFETY: GICD_CTLR of the distributor `init` was given, read
             // under the GIC lock; reading it has no side effect.
-            if unsafe { core::ptr::read_volatile(g.gicd as *const u32) } & (1 << 31) == 0 {
+            if unsafe { core::ptr::read_volatile(g.gicd_base as *const u32) } & (1 << 31) == 0 {
                 break;
             }
         }
-        let _ = g.gic.set_trigger(id, None, trigger);
-        let _ = g.gic.enable_interrupt(id, None, true);
+        let _ = g.gicd.set_trigger(id, trigger);
+        let _ = g.gicd.enable_interrupt(id, true);
     }
 }
 
@@ -322,75 +386,9 @@ impl VcpuIfState {
     }
 }
 
-/// Finds the redistributor frame (RD_base) whose GICR_TYPER affinity matches
-/// `mpidr`, walking the region until GICR_TYPER.Last.
-fn find_redistributor(g: &PhysGic, mpidr: u64) -> Option<u64> {
-    let m = LocalRegisterCopy::<u64, MPIDR_EL1::Register>::new(mpidr);
-    let want = (m.read(MPIDR_EL1::Aff3) << 24)
-        | (m.read(MPIDR_EL1::Aff2) << 16)
-        | (m.read(MPIDR_EL1::Aff1) << 8)
-        | m.read(MPIDR_EL1::Aff0);
-    let mut frame = g.gicr;
-    for _ in 0..512 {
-        // SAFETY: GICR_TYPER of a frame inside the redistributor region
-        // (`init`'s contract), read-only and without side effects; the walk
-        // stops at the frame marked Last.
-        let typer = unsafe { core::ptr::read_volatile((frame + GICR_TYPER_OFF) as *const u64) };
-        let typer = LocalRegisterCopy::<u64, GICR_TYPER::Register>::new(typer);
-        if typer.read(GICR_TYPER::Affinity) == want {
-            return Some(frame);
-        }
-        if typer.is_set(GICR_TYPER::Last) {
-            return None;
-        }
-        frame += if typer.is_set(GICR_TYPER::VLPIS) { GICR_FRAME_V4 } else { GICR_FRAME_V3 };
-    }
-    None
-}
-
-/// How many redistributor frames the region at `base` of `size` bytes
-/// holds: the frames up to the one marked GICR_TYPER.Last, within the
-/// region, at most `crate::boot::pcpus::MAX_PCPUS`. Read before [`init`],
-/// which hands the region to the driver.
-///
-/// # Safety
-///
-/// `base..base + size` must be a redistributor region the firmware names,
-/// identity-mapped as device memory (only GICR_TYPER registers are read).
-pub unsafe fn redistributors_in(base: u64, size: u64) -> usize {
-    let end = base.saturating_add(size);
-    let (mut frame, mut n) = (base, 0);
-    while n < crate::boot::pcpus::MAX_PCPUS && frame.saturating_add(GICR_FRAME_V3) <= end {
-        // SAFETY: GICR_TYPER of a frame inside the region (the caller's
-        // contract), read-only and without side effects.
-        let raw = unsafe { core::ptr::read_volatile((frame + GICR_TYPER_OFF) as *const u64) };
-        let typer = LocalRegisterCopy::<u64, GICR_TYPER::Register>::new(raw);
-        n += 1;
-        if typer.is_set(GICR_TYPER::Last) {
-            break;
-        }
-        frame += if typer.is_set(GICR_TYPER::VLPIS) { GICR_FRAME_V4 } else { GICR_FRAME_V3 };
-    }
-    n
-}
-
-/// GICR_TYPER of every redistributor frame in the region, in order, up to
-/// the one marked Last.
-fn find_redistributor_frames(g: &PhysGic) -> alloc::vec::Vec<u64> {
-    let mut out = alloc::vec::Vec::new();
-    let mut frame = g.gicr;
-    for _ in 0..512 {
-        // SAFETY: as in `find_redistributor`: GICR_TYPER of a frame inside
-        // the region, read-only; the walk stops at the frame marked Last.
-        let raw = unsafe { core::ptr::read_volatile((frame + GICR_TYPER_OFF) as *const u64) };
-        out.push(raw);
-        let typer = LocalRegisterCopy::<u64, GICR_TYPER::Register>::new(raw);
-        if typer.is_set(GICR_TYPER::Last) {
-            break;
-        }
-        frame += if typer.is_set(GICR_TYPER::VLPIS) { GICR_FRAME_V4 } else { GICR_FRAME_V3 };
-    }
-    out
+/// GICR_TYPER of every redistributor frame of every region, in order.
+fn find_redistributor_frames(g: &PhysGic) -> Vec<u64> {
+    g.frames.iter().map(|f| f.typer).collect()
 }
 
 /// Sets or clears the physical active state of private interrupt `intid`
@@ -417,7 +415,7 @@ pub fn clear_spi_active(intid: IntId) {
     }
     let intid = u32::from(intid);
     if let Some(g) = GIC.lock().as_ref() {
-        let reg = g.gicd + 0x380 + 4 * u64::from(intid / 32);
+        let reg = g.gicd_base + 0x380 + 4 * u64::from(intid / 32);
         // SAFETY: a write-1-to-clear register of the distributor `init` was
         // given; only the bit of `intid`, an SPI the hypervisor forwards, is
         // written, under the GIC lock.
@@ -440,7 +438,7 @@ pub fn route_spi(intid: IntId, mpidr: u64) {
         + GICD_IROUTER::Aff1.val(m.read(MPIDR_EL1::Aff1))
         + GICD_IROUTER::Aff0.val(m.read(MPIDR_EL1::Aff0));
     if let Some(g) = GIC.lock().as_ref() {
-        let reg = g.gicd + GICD_IROUTER0 + 8 * u64::from(intid);
+        let reg = g.gicd_base + GICD_IROUTER0 + 8 * u64::from(intid);
         // SAFETY: GICD_IROUTER<intid> (an SPI, checked above) of the
         // distributor `init` was given; the GIC lock is held, and the
         // hypervisor owns the physical routing of every SPI.
