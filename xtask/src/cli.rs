@@ -443,7 +443,7 @@ pub enum BenchCommand {
 /// `cargo xtask bench wakeup`
 #[derive(Clone, Debug, Args)]
 pub struct BenchWakeupArgs {
-    /// 1p1v and 1p2v, unpinned IRQ, xen-compat 1000 vs wake-preempt, ram disk, icount, 1 repeat (wins over --full)
+    /// 1p1v, 1p2v and 1p1v+d1 (a DomU's hog), unpinned IRQ, xen-compat 1000 vs wake-preempt, ram disk, icount, 1 repeat (wins over --full)
     #[arg(long)]
     pub quick: bool,
     /// Also the real-time clock matrix (with 2p2v)

@@ -47,6 +47,10 @@ pub struct Summary {
     pub disk_irq_chips: Vec<String>,
     /// Stats parse problems of individual repeats.
     pub stats_errors: Vec<String>,
+    /// Median share of the pCPU time the hog got (`super::parse::hog_share`:
+    /// Dom0's vCPU0 in 1p2v/2p2v, the DomU in 1p1v+d1), over the repeats
+    /// that printed stats; `None` without a hog or stats.
+    pub hog_share: Option<f64>,
 }
 
 /// Medians over the samples of one case; `None` when no repeat succeeded.
@@ -132,5 +136,6 @@ pub fn summarize(r: &CaseResult) -> Option<Summary> {
         disk_irqs_per_cpu,
         disk_irq_chips,
         stats_errors: s.iter().filter_map(|x| x.stats_error.clone()).collect(),
+        hog_share: median(&s.iter().filter_map(|x| super::parse::hog_share(r.case.topology, x)).collect::<Vec<_>>()),
     })
 }

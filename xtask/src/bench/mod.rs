@@ -103,6 +103,10 @@ spelled_enum! {
         /// Two pCPUs, two vCPUs with the hog (real-time clock only: under
         /// `-icount` QEMU runs all pCPUs on one host thread).
         TwoP2V = "2p2v",
+        /// One pCPU shared by two domains (issue 13): Dom0's one vCPU runs
+        /// fio, one DomU with one vCPU runs the CPU hog ([`DOMU_HOG_MEM_MB`],
+        /// its default RAM disk, unused). Another tenant's hog, not a sibling.
+        OneP1VD1 = "1p1v+d1",
     }
 }
 
@@ -300,19 +304,28 @@ impl Irq {
 impl Topology {
     pub fn pcpus(self) -> u32 {
         match self {
-            Topology::OneP1V | Topology::OneP2V => 1,
+            Topology::OneP1V | Topology::OneP2V | Topology::OneP1VD1 => 1,
             Topology::TwoP2V => 2,
         }
     }
+    /// Dom0's vCPUs (a DomU's are not counted).
     pub fn vcpus(self) -> u32 {
         match self {
-            Topology::OneP1V => 1,
+            Topology::OneP1V | Topology::OneP1VD1 => 1,
             Topology::OneP2V | Topology::TwoP2V => 2,
         }
     }
-    /// Whether a CPU hog runs on vCPU0 (every topology with a second vCPU).
+    /// Whether a CPU hog runs on Dom0's vCPU0 (every topology with a second vCPU).
     pub fn has_hog(self) -> bool {
         self.vcpus() > 1
+    }
+    /// Whether the CPU hog runs in a DomU (`1p1v+d1`), on the fio vCPU's pCPU.
+    pub fn domu_hog(self) -> bool {
+        self == Topology::OneP1VD1
+    }
+    /// Whether fio shares its pCPU(s) with a hog, in Dom0 or in a DomU.
+    pub fn contended(self) -> bool {
+        self.has_hog() || self.domu_hog()
     }
     /// The vCPU fio (and a pinned disk IRQ) runs on: the last one.
     pub fn fio_vcpu(self) -> u32 {
@@ -407,6 +420,20 @@ pub const FIO_BEGIN: &str = "@@FIO-JSON-BEGIN@@";
 pub const FIO_END: &str = "@@FIO-JSON-END@@";
 /// Prefix of the line reporting the disk IRQ's /proc/interrupts line after fio.
 pub const IRQ_MARK: &str = "@@BENCH-IRQ@@";
+/// The line a `1p1v+d1` DomU prints as its hog starts (on the console as
+/// `(d1) @@BENCH-HOG@@`).
+pub const HOG_MARK: &str = "@@BENCH-HOG@@";
+/// The line Dom0 prints just before fio starts, in the `1p1v+d1` cases: the
+/// DomU's [`HOG_MARK`] must come before it (the hog ran during all of fio).
+pub const FIO_START_MARK: &str = "@@BENCH-FIO-START@@";
+/// RAM of the `1p1v+d1` DomU, MiB: the guest image's kernel (26 MiB) and
+/// initramfs (83 MiB, held while it is unpacked into a tmpfs of the same
+/// size) do not fit in 128 MiB; 256 MiB is what the DomU tests boot with.
+pub const DOMU_HOG_MEM_MB: u64 = 256;
+/// Seconds Dom0 sleeps before fio in the `1p1v+d1` cases, so the DomU
+/// (booting on the same pCPU, alone while Dom0 sleeps) has started its hog
+/// before fio starts; [`parse::check_domu_hog`] verifies it did.
+pub const DOMU_BOOT_WAIT_S: u32 = 2;
 
 /// The (scheduler, ratelimit) pairs: xen-compat at each ratelimit, then wake-preempt.
 fn scheds(quick: bool) -> Vec<(Sched, u32)> {
@@ -418,12 +445,14 @@ fn scheds(quick: bool) -> Vec<(Sched, u32)> {
 
 /// The benchmark matrix of issue 5.
 ///
-/// - `quick` (wins over `full`): 1p1v and 1p2v, unpinned IRQ, xen-compat
-///   1000 vs wake-preempt, ram disk, icount: 4 cases (run them once).
+/// - `quick` (wins over `full`): 1p1v, 1p2v and 1p1v+d1, unpinned IRQ,
+///   xen-compat 1000 vs wake-preempt, ram disk, icount: 6 cases (run them
+///   once).
 /// - default (`!full`): the icount matrix, i.e. the deterministic one the
-///   ratios come from: {1p1v, 1p2v} × IRQ × {xen 1000, 100, 0, preempt} ×
-///   {passthrough, backend, ram}.
-/// - `full`: the icount matrix plus the real-time one, which adds 2p2v.
+///   ratios come from: {1p1v, 1p2v, 1p1v+d1} × IRQ × {xen 1000, 100, 0,
+///   preempt} × {passthrough, backend, ram}.
+/// - `full`: the icount matrix plus the real-time one, which adds 2p2v
+///   (and has no 1p1v+d1: the DomU's ratios are the icount ones).
 ///
 /// 1p1v has one vCPU, so its IRQ can only be where fio runs: it appears
 /// once, as `unpinned`, and is the baseline for both IRQ settings of 1p2v.
@@ -434,7 +463,7 @@ pub fn matrix(full: bool, quick: bool) -> Vec<Case> {
     if quick {
         let mut v = Vec::new();
         for (sched, ratelimit_us) in scheds(true) {
-            for topology in [Topology::OneP1V, Topology::OneP2V] {
+            for topology in [Topology::OneP1V, Topology::OneP2V, Topology::OneP1VD1] {
                 v.push(Case {
                     topology,
                     irq: Irq::Unpinned,
@@ -453,8 +482,8 @@ pub fn matrix(full: bool, quick: bool) -> Vec<Case> {
     let mut v = Vec::new();
     for &clock in clocks {
         let topologies: &[Topology] = match clock {
-            Clock::Icount => &[Topology::OneP1V, Topology::OneP2V],
-            Clock::Realtime => Topology::ALL,
+            Clock::Icount => &[Topology::OneP1V, Topology::OneP2V, Topology::OneP1VD1],
+            Clock::Realtime => &[Topology::OneP1V, Topology::OneP2V, Topology::TwoP2V],
         };
         for &disk in Disk::SPI {
             for (sched, ratelimit_us) in scheds(false) {
@@ -548,8 +577,8 @@ pub fn disk_matrix(disks: &[Disk], gics: &[u8]) -> Vec<Case> {
     v
 }
 
-/// The quick matrix's cases (1p1v and 1p2v, unpinned IRQ, xen-compat 1000
-/// vs wake-preempt, icount, GICv3) on each of `disks`, in the order given,
+/// The quick matrix's cases without a DomU (1p1v and 1p2v, unpinned IRQ,
+/// xen-compat 1000 vs wake-preempt, icount, GICv3) on each of `disks`, in the order given,
 /// duplicates dropped: what `bench wakeup --platform graviton` runs on the
 /// platform's disks (default NVMe, [`crate::graviton::DEFAULT_DISK`]).
 pub fn quick_matrix_on(disks: &[Disk]) -> Vec<Case> {
@@ -561,7 +590,8 @@ pub fn quick_matrix_on(disks: &[Disk]) -> Vec<Case> {
     }
     let mut v = Vec::new();
     for disk in order {
-        v.extend(matrix(false, true).into_iter().map(|c| Case { disk, ..c }));
+        // No DomU there: `--domu` needs a device tree (Graviton boots with ACPI).
+        v.extend(matrix(false, true).into_iter().filter(|c| !c.topology.domu_hog()).map(|c| Case { disk, ..c }));
     }
     v
 }
@@ -633,10 +663,13 @@ pub fn fio_command(runtime_s: u32, dev: &str) -> String {
 ///    mask to its `smp_affinity` (a failure, e.g. a managed MSI-X vector, is
 ///    printed as `bench: ...` and exits 3: a "pinned" result that is not
 ///    pinned would be a lie).
-/// 3. Run fio on the last vCPU against [`Disk::device_path`], JSON into a
+/// 3. `1p1v+d1` (the hog is the DomU's, [`domu_hog_command`]): sleep
+///    [`DOMU_BOOT_WAIT_S`] so the DomU has booted and started it, then print
+///    [`FIO_START_MARK`].
+/// 4. Run fio on the last vCPU against [`Disk::device_path`], JSON into a
 ///    file (so the console carries nothing during the measurement), then
-///    kill the hog.
-/// 4. Print the disk IRQ's /proc/interrupts line(s) (`@@BENCH-IRQ@@ ...`:
+///    kill the hog (Dom0's; the DomU's runs until the machine powers off).
+/// 5. Print the disk IRQ's /proc/interrupts line(s) (`@@BENCH-IRQ@@ ...`:
 ///    which vCPU took the interrupts, through which irqchip; PCIe disks get
 ///    one such line per matching line) and the JSON between [`FIO_BEGIN`]
 ///    and [`FIO_END`]; exit with fio's status.
@@ -661,6 +694,9 @@ pub fn guest_command(case: &Case, runtime_s: u32) -> String {
             if t.has_hog() { "kill $H; " } else { "" }
         ));
     }
+    if t.domu_hog() {
+        s.push_str(&format!("sleep {DOMU_BOOT_WAIT_S}; echo {FIO_START_MARK}\n"));
+    }
     s.push_str(&format!(
         "taskset -c {cpu} {} > /tmp/fio.json; R=$?\n",
         fio_command(runtime_s, case.disk.device_path())
@@ -678,13 +714,23 @@ pub fn guest_command(case: &Case, runtime_s: u32) -> String {
     s
 }
 
+/// The `1p1v+d1` DomU's command: print [`HOG_MARK`], then spin until the
+/// machine powers off with Dom0 (it never exits, so `dom1.stopped` stays 0).
+pub fn domu_hog_command() -> String {
+    format!("echo {HOG_MARK}; while :; do :; done")
+}
+
 /// How long one run may take before QEMU is killed: boot plus fio, with
-/// room for icount's 10–60× slowdown of wall time.
+/// room for icount's 10–60× slowdown of wall time (a DomU booting on the
+/// same pCPU doubles the boot).
 pub fn run_timeout(case: &Case, runtime_s: u32) -> Duration {
-    let secs = match case.clock {
+    let mut secs = match case.clock {
         Clock::Icount => 300 + 60 * runtime_s as u64,
         Clock::Realtime => 180 + 3 * runtime_s as u64,
     };
+    if case.topology.domu_hog() {
+        secs += 300 + 60 * DOMU_BOOT_WAIT_S as u64;
+    }
     Duration::from_secs(secs)
 }
 
@@ -719,8 +765,9 @@ pub fn qemu_disk_args(disk: Disk) -> Vec<String> {
 }
 
 /// The `qemu::RunOptions` of one run of a case, for the runner: topology,
-/// clock, hypervisor arguments, guest command, timeout, and the QEMU disk
-/// ([`qemu_disk_args`]). The console is not echoed: show [`Progress`].
+/// clock, hypervisor arguments, guest command, timeout, the QEMU disk
+/// ([`qemu_disk_args`]) and, for `1p1v+d1`, the DomU with the hog. The
+/// console is not echoed: show [`Progress`].
 pub fn run_options(case: &Case, runtime_s: u32) -> crate::qemu::RunOptions {
     crate::qemu::RunOptions {
         pcpus: case.topology.pcpus(),
@@ -733,6 +780,12 @@ pub fn run_options(case: &Case, runtime_s: u32) -> crate::qemu::RunOptions {
         append: (case.idle == Idle::Poll).then(|| format!("{} nohlt", crate::qemu::DEFAULT_GUEST_ARGS)),
         extra: qemu_disk_args(case.disk),
         echo: false,
+        domus: case.topology.domu_hog().then(|| crate::domu::DomuOptions {
+            count: 1,
+            cmd: Some(domu_hog_command()),
+            mem_mb: DOMU_HOG_MEM_MB,
+            vcpus: 1,
+        }),
         ..Default::default()
     }
 }

@@ -11,9 +11,15 @@
 //! fio's JSON (3.33, `--output-format=json`) is read with serde_json; only
 //! the fields the report needs are taken, so other fio versions with the
 //! same fields work too.
+//!
+//! With a DomU (`1p1v+d1`) the console also carries the DomU's lines, whole
+//! and prefixed `(d1) ` (the hypervisor's console mux), and its stats with a
+//! `d1.` prefix: [`parse_domu_stats`] reads those, [`check_domu_hog`] decides
+//! whether the DomU's hog ran during all of fio, [`hog_share`] how much of
+//! the pCPU it got.
 
-use super::{FIO_BEGIN, FIO_END, IRQ_MARK};
-use hypervisor::stats::{parse_text, VcpuStats};
+use super::{Topology, FIO_BEGIN, FIO_END, FIO_START_MARK, HOG_MARK, IRQ_MARK};
+use hypervisor::stats::{parse_text, ParseError, VcpuStats};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -61,6 +67,8 @@ pub struct Sample {
     /// The irqchips of those lines as /proc/interrupts names them (`GICv3`
     /// for an SPI or INTx, `ITS-MSI` for an LPI), each once, in order.
     pub disk_irq_chips: Vec<String>,
+    /// DomU 1's vCPUs' statistics (its `d1.vcpuN.` lines; empty without a DomU).
+    pub domu_stats: BTreeMap<u32, VcpuStats>,
 }
 
 /// Whether `line[at..]` starts with a printk timestamp `[  12.345678]`.
@@ -93,7 +101,17 @@ fn find_timestamp(line: &str) -> Option<usize> {
     line.match_indices('[').map(|(i, _)| i).find(|&i| timestamp_at(line, i))
 }
 
-/// Removes kernel log lines from the text of a marker block. A kernel line
+/// The domain of a DomU's console line (`(d1) text` → `Some(1)`).
+pub fn domu_line(line: &str) -> Option<u32> {
+    let rest = line.strip_prefix("(d")?;
+    let (n, _) = rest.split_once(") ")?;
+    if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    n.parse().ok()
+}
+
+/// Removes kernel log lines (and DomUs' lines) from the text of a marker block. A kernel line
 /// in the middle of a userspace line leaves `head[ 1.2] msg` + `tail`:
 /// `head` and `tail` are rejoined (without a newline, which is what the
 /// userspace line had there; JSON does not care either way).
@@ -101,6 +119,9 @@ fn strip_kernel_lines(block: &str) -> String {
     let mut out = String::with_capacity(block.len());
     for raw in block.lines() {
         let line = raw.trim_end_matches('\r');
+        if domu_line(line).is_some() {
+            continue; // a DomU's line: always whole (the console mux holds it)
+        }
         match find_timestamp(line) {
             Some(0) => {}
             Some(p) => out.push_str(&line[..p]), // cut: continues on the next line
@@ -242,5 +263,75 @@ pub fn parse_console(console: &str) -> Result<Sample, String> {
         Err(e) => (BTreeMap::new(), Some(e.to_string())),
     };
     let (disk_irqs_per_cpu, disk_irq_chips) = parse_irq_lines(console);
-    Ok(Sample { fio, stats, stats_error, disk_irqs_per_cpu, disk_irq_chips })
+    let (domu_stats, stats_error) = match parse_domu_stats(console, 1) {
+        Ok(d) => (d, stats_error),
+        Err(e) => (BTreeMap::new(), Some(stats_error.map_or(format!("d1: {e}"), |s| format!("{s}; d1: {e}")))),
+    };
+    Ok(Sample { fio, stats, stats_error, disk_irqs_per_cpu, disk_irq_chips, domu_stats })
+}
+
+/// DomU `dom`'s vCPU statistics: the hypervisor prints them in the stable
+/// format with every line prefixed `d<dom>.` (`d1.vcpu0.run_ns=…`).
+pub fn parse_domu_stats(console: &str, dom: u32) -> Result<BTreeMap<u32, VcpuStats>, ParseError> {
+    let prefix = format!("d{dom}.");
+    let text: String =
+        console.lines().filter_map(|l| l.trim().strip_prefix(prefix.as_str())).flat_map(|l| [l, "\n"]).collect();
+    parse_text(&text)
+}
+
+/// The hog's share of the pCPU time the vCPUs ran, over the whole run
+/// (boot included), from the hypervisor's `run_ns` counters: 1p2v/2p2v,
+/// Dom0's vCPU0 over all Dom0 vCPUs; `1p1v+d1`, the DomU's vCPUs over
+/// Dom0's and the DomU's. `None` without a hog or without stats.
+pub fn hog_share(topology: Topology, s: &Sample) -> Option<f64> {
+    let run = |m: &BTreeMap<u32, VcpuStats>| m.values().map(|v| v.counters.run_ns).sum::<u64>();
+    let (hog, total) = if topology.domu_hog() {
+        let d = run(&s.domu_stats);
+        (d, d + run(&s.stats))
+    } else if topology.has_hog() {
+        (s.stats.get(&0)?.counters.run_ns, run(&s.stats))
+    } else {
+        return None;
+    };
+    (total > 0).then(|| hog as f64 / total as f64)
+}
+
+/// The least share of the pCPU a DomU hog that ran all along can have got:
+/// Credit2 gives it half of the pCPU while Dom0 boots beside it, and all of
+/// it while Dom0 sleeps before fio ([`super::DOMU_BOOT_WAIT_S`]).
+pub const MIN_DOMU_HOG_SHARE: f64 = 0.2;
+
+/// Whether a `1p1v+d1` run is a result: DomU 1 booted and printed
+/// [`HOG_MARK`] (`(d1) @@BENCH-HOG@@`) before Dom0 printed
+/// [`FIO_START_MARK`], it was still running when Dom0 powered the machine
+/// off (`dom1.stopped=0`), and the hypervisor charged it at least
+/// [`MIN_DOMU_HOG_SHARE`] of the pCPU ([`hog_share`]). Returns that share,
+/// or why the run is a failed case.
+pub fn check_domu_hog(console: &str, s: &Sample) -> Result<f64, String> {
+    let lines: Vec<&str> = console.lines().map(str::trim).collect();
+    let hog = lines.iter().position(|l| domu_line(l) == Some(1) && l.ends_with(HOG_MARK));
+    let start = lines.iter().position(|l| domu_line(l).is_none() && l.contains(FIO_START_MARK));
+    let Some(hog) = hog else {
+        return Err(format!("the DomU's hog never started (no `(d1) {HOG_MARK}` on the console: did d1 boot?)"));
+    };
+    let Some(start) = start else {
+        return Err(format!("Dom0 never printed {FIO_START_MARK}"));
+    };
+    if hog > start {
+        return Err("the DomU's hog started after fio: fio did not share its pCPU all along".into());
+    }
+    match lines.iter().find_map(|l| l.strip_prefix("dom1.stopped=")) {
+        Some("0") => {}
+        Some(_) => return Err("d1 stopped before Dom0 powered off: its hog did not run to the end".into()),
+        None => return Err("no dom1 stats on the console (d1 did not exist?)".into()),
+    }
+    let share = hog_share(Topology::OneP1VD1, s).ok_or("no run time for d1's or Dom0's vCPUs in the stats")?;
+    if share < MIN_DOMU_HOG_SHARE {
+        return Err(format!(
+            "the DomU's hog got {:.1} % of the pCPU (< {:.0} %): it did not run",
+            share * 100.0,
+            MIN_DOMU_HOG_SHARE * 100.0
+        ));
+    }
+    Ok(share)
 }

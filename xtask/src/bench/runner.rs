@@ -2,10 +2,12 @@
 //! repeat, collects fio's and the hypervisor's figures, writes the report.
 //! Each repeat's console is kept (`<case>-r<N>.console.txt`), and its
 //! flight-recorder dumps (`--hv-args sched_trace_threshold_us=N`) are
-//! rendered as timelines, worst first (`<case>-r<N>.trace.txt`).
+//! rendered as timelines, worst first (`<case>-r<N>.trace.txt`). A
+//! `1p1v+d1` repeat counts only when its DomU's hog ran during all of fio
+//! (`parse::check_domu_hog`).
 
 use super::{disk_matrix, matrix, parse_console, quick_matrix_on, run_options, write_report, Case, CaseResult, Disk};
-use super::{platform_out_dir, Progress};
+use super::{parse::check_domu_hog, platform_out_dir, Progress};
 use crate::cli::{BenchWakeupArgs, PlatformKind};
 use crate::Result;
 
@@ -51,7 +53,14 @@ pub fn wakeup(args: &BenchWakeupArgs) -> Result<()> {
             }
             match run {
                 Ok(run) if run.timed_out => r.errors.push(format!("repeat {rep}: QEMU timed out")),
-                Ok(run) => match parse_console(&run.console) {
+                Ok(run) => match parse_console(&run.console).and_then(|s| {
+                    // 1p1v+d1: a run where the DomU's hog did not run all along is a failure, not a result.
+                    if case.topology.domu_hog() {
+                        let share = check_domu_hog(&run.console, &s)?;
+                        eprintln!("  repeat {}: DomU hog ran, {:.0} % of the pCPU", rep + 1, share * 100.0);
+                    }
+                    Ok(s)
+                }) {
                     Ok(s) => {
                         eprintln!(
                             "  repeat {}: {:.0} IOPS, clat p99 {:.0} p99.9 {:.0} p99.99 {:.0} max {:.0} us",

@@ -214,21 +214,28 @@ fn median_and_summary() {
 #[test]
 fn matrix_sizes() {
     let quick = matrix(false, true);
-    assert_eq!(quick.len(), 4);
+    assert_eq!(quick.len(), 6);
     assert_eq!(matrix(true, true), quick, "quick wins over full");
     for c in &quick {
         assert_eq!((c.irq, c.disk, c.clock), (Irq::Unpinned, Disk::Ram, Clock::Icount));
         assert!(c.sched == Sched::WakePreempt || c.ratelimit_us == 1000);
         assert_ne!(c.topology, Topology::TwoP2V);
     }
-    // icount: 3 disks x 4 schedulers x (1p1v + 1p2v x 2 IRQ) = 36.
+    // Issue 13: each scheduler of quick has the DomU case beside 1p1v and 1p2v.
+    for sched in [Sched::XenCompat, Sched::WakePreempt] {
+        let t: Vec<Topology> = quick.iter().filter(|c| c.sched == sched).map(|c| c.topology).collect();
+        assert_eq!(t, [Topology::OneP1V, Topology::OneP2V, Topology::OneP1VD1]);
+    }
+    // icount: 3 disks x 4 schedulers x (1p1v + 1p2v x 2 IRQ + 1p1v+d1) = 48.
     let default = matrix(false, false);
-    assert_eq!(default.len(), 36);
+    assert_eq!(default.len(), 48);
     assert!(matrix(true, false).iter().all(|c| Disk::SPI.contains(&c.disk)), "PCIe disks only with --disk");
     assert!(default.iter().all(|c| c.clock == Clock::Icount));
-    // full adds real time with 2p2v: 3 x 4 x (1 + 2 + 2) = 60.
+    // full adds real time with 2p2v (no DomU): 3 x 4 x (1 + 2 + 2) = 60.
     let full = matrix(true, false);
-    assert_eq!(full.len(), 96);
+    assert_eq!(full.len(), 108);
+    assert!(full.iter().filter(|c| c.topology == Topology::OneP1VD1).all(|c| c.clock == Clock::Icount));
+    assert!(full.iter().filter(|c| c.topology.vcpus() == 1).all(|c| c.irq == Irq::Unpinned));
     assert!(full.iter().filter(|c| c.topology == Topology::TwoP2V).all(|c| c.clock == Clock::Realtime));
     assert_eq!(full.iter().filter(|c| c.topology == Topology::TwoP2V).count(), 24);
     let mut uniq = full.clone();
@@ -329,8 +336,10 @@ fn per_disk_configuration() {
 
 #[test]
 fn disk_matrix_puts_msi_beside_spi() {
-    let quick_of =
-        |disk: Disk| -> Vec<Case> { matrix(false, true).into_iter().map(|c| Case { disk, ..c }).collect::<Vec<_>>() };
+    // The quick matrix without its DomU cases (not part of `--disk`).
+    let quick_of = |disk: Disk| -> Vec<Case> {
+        matrix(false, true).into_iter().filter(|c| !c.topology.domu_hog()).map(|c| Case { disk, ..c }).collect()
+    };
     // A PCIe disk brings the SPI reference along, first.
     let nvme = disk_matrix(&[Disk::Nvme], &[]);
     assert_eq!(nvme.len(), 10);
@@ -351,7 +360,7 @@ fn disk_matrix_puts_msi_beside_spi() {
     assert_eq!(given.len(), 10);
     assert_eq!((given[0].disk, given[6].disk), (Disk::VirtioPci, Disk::Passthrough));
     // An SPI disk alone: just its cases.
-    assert_eq!(disk_matrix(&[Disk::Ram], &[]), matrix(false, true));
+    assert_eq!(disk_matrix(&[Disk::Ram], &[]), quick_of(Disk::Ram));
     assert!(disk_matrix(&[], &[]).is_empty());
 }
 
@@ -475,18 +484,25 @@ fn progress_line() {
 }
 
 /// The quick matrix with made-up figures around the recorded sample:
-/// baseline 1000 IOPS, wake-preempt 950, the control 100.
+/// baseline 1000 IOPS, wake-preempt 950, the control 100; with the DomU's
+/// hog 920 and 80, the hog charged 3/4 of the pCPU.
 fn quick_results() -> Vec<CaseResult> {
     let mut out = Vec::new();
     for case in matrix(false, true) {
         let (iops, p99, slat) = match (case.topology, case.sched) {
             (Topology::OneP1V, _) => (1000.0, 1500.0, 2.0),
+            (Topology::OneP1VD1, Sched::WakePreempt) => (920.0, 1800.0, 4.0),
+            (Topology::OneP1VD1, _) => (80.0, 12000.0, 2.5),
             (_, Sched::WakePreempt) => (950.0, 2000.0, 5.0),
             _ => (100.0, 10158.0, 2.5),
         };
         let mut s = sample_with(iops, p99, slat);
         if case.topology == Topology::OneP2V {
             s.stats = hypervisor::stats::parse_text(STATS).unwrap();
+        }
+        if case.topology == Topology::OneP1VD1 {
+            s.stats = hypervisor::stats::parse_text("vcpu0.run_ns=1000\n").unwrap();
+            s.domu_stats = hypervisor::stats::parse_text("vcpu0.run_ns=3000\n").unwrap();
         }
         out.push(CaseResult { case, samples: vec![s], errors: vec![] });
     }
@@ -513,7 +529,7 @@ fn report_has_targets_and_ratios() {
     );
     assert!(md.contains("**not measured**"));
     assert!(md.contains("**missed** | mean slat 5.00 vs 2.00 µs = 2.50× (≤ 2×) (lat−clat, see note)"));
-    assert!(md.contains("### 1p2v / 1p1v"));
+    assert!(md.contains("### 1p2v, 1p1v+d1 and 2p2v / 1p1v"));
     assert!(md.contains("| 1p2v unpinned wake-preempt ram icount | 0.95× | 1.33× | 2.50× |"), "{md}");
     assert!(md.contains("| 1p2v unpinned xen-compat rl=1000 ram icount | 0.10× |"));
     assert!(md.contains("### unpinned / pinned IRQ"));
@@ -532,11 +548,11 @@ fn failed_cases_are_listed_not_exported() {
     r[0].samples.clear();
     r[0].errors.push("QEMU killed after 900 s\nmore".into());
     let md = render_report(&r);
-    assert!(md.contains("4 case(s), 1 failed"));
+    assert!(md.contains("6 case(s), 1 failed"));
     assert!(md.contains(&format!("- {}: QEMU killed after 900 s", r[0].case)));
     let sums: Vec<Summary> = r.iter().filter_map(summarize).collect();
     let back: ResultsFile = serde_json::from_str(&results_json(&sums)).unwrap();
-    assert_eq!(back.cases.len(), 3);
+    assert_eq!(back.cases.len(), 5);
 }
 
 #[test]
@@ -546,7 +562,7 @@ fn results_json_matches_the_issue_schema() {
     let text = results_json(&sums);
     // Typed read-back (unknown fields rejected)...
     let back: ResultsFile = serde_json::from_str(&text).unwrap();
-    assert_eq!(back.cases.len(), 4);
+    assert_eq!(back.cases.len(), 6);
     let c = &back.cases[1];
     assert_eq!(
         (c.topology, c.irq, c.sched, c.ratelimit_us, c.disk, c.clock),
@@ -652,7 +668,7 @@ fn write_report_writes_three_files() {
     let md = std::fs::read_to_string(&files.report_md).unwrap();
     assert!(md.starts_with("# Wake-latency benchmark"));
     let json: ResultsFile = serde_json::from_str(&std::fs::read_to_string(&files.results_json).unwrap()).unwrap();
-    assert_eq!(json.cases.len(), 4);
+    assert_eq!(json.cases.len(), 6);
     assert!(std::fs::read_to_string(&files.latency_svg).unwrap().starts_with("<svg"));
     if keep.is_none() {
         std::fs::remove_dir_all(&dir).unwrap();
@@ -920,4 +936,117 @@ fn report_shows_delivery_modes_and_issue10_targets() {
     assert_eq!(v["cases"][17]["idle"], "poll");
     assert!(v["cases"][16].get("idle").is_none());
     assert!(v["cases"][4].get("delivery").is_none());
+}
+
+/// A `1p1v+d1` console: the DomU's boot and hog lines (prefixed by the
+/// hypervisor's console mux), Dom0's start mark, the recorded fio run with a
+/// DomU line landing inside its JSON, and both domains' stats.
+fn domu_console(hog_first: bool, stopped: u8, d1_run_ns: u64) -> String {
+    let hog = format!("(d1) [    3.100000] Run /init as init process\n(d1) {HOG_MARK}\n");
+    let start = format!("{FIO_START_MARK}\n");
+    let mut c = if hog_first { format!("{hog}{start}") } else { format!("{start}{hog}") };
+    let fio = CONSOLE.replacen("\"jobs\" : [", "\"jobs\" : [\n(d1) [   40.000001] random: crng init done", 1);
+    assert_ne!(fio, CONSOLE);
+    c.push_str(&fio);
+    c.push_str("(HV) stats begin vcpu0\nvcpu0.run_ns=1000000000\n(HV) stats end vcpu0\n");
+    c.push_str(&format!("(HV) stats begin dom1\ndom1.vcpus=1\ndom1.stopped={stopped}\n(HV) stats end dom1\n"));
+    c.push_str(&format!(
+        "(HV) stats begin d1.vcpu0\nd1.vcpu0.run_ns={d1_run_ns}\nd1.vcpu0.kick_to_run_ns.count=0\n(HV) stats end d1.vcpu0\n"
+    ));
+    c
+}
+
+#[test]
+fn the_domu_case_runs_fio_in_dom0_and_the_hog_in_a_domu() {
+    let case = Case { topology: Topology::OneP1VD1, sched: Sched::WakePreempt, clock: Clock::Icount, ..fixture_case() };
+    assert_eq!(case.to_string(), "1p1v+d1 unpinned wake-preempt ram icount");
+    assert_eq!(case.label(), "1p1v+d1 unp preempt ram icount");
+    assert_eq!("1p1v+d1".parse::<Topology>().unwrap(), Topology::OneP1VD1);
+    let t = case.topology;
+    assert_eq!(
+        (t.pcpus(), t.vcpus(), t.fio_vcpu(), t.has_hog(), t.domu_hog(), t.contended()),
+        (1, 1, 0, false, true, true)
+    );
+    assert!(!Topology::OneP1V.contended() && Topology::OneP2V.contended() && !Topology::OneP2V.domu_hog());
+    // Dom0 spins nothing; it waits for the DomU, marks fio's start, runs fio on its one vCPU.
+    let cmd = guest_command(&case, 5);
+    assert!(!cmd.contains("while :") && !cmd.contains("kill"), "{cmd}");
+    let wait = cmd.find(&format!("sleep {DOMU_BOOT_WAIT_S}; echo {FIO_START_MARK}")).expect("waits, then marks");
+    assert!(wait < cmd.find("taskset -c 0 fio --name=randread").unwrap());
+    // The DomU: one, one vCPU, its hog behind the mark.
+    let o = run_options(&case, 5);
+    assert_eq!((o.pcpus, o.vcpus, o.icount), (1, 1, true));
+    let d = o.domus.expect("a DomU");
+    assert_eq!((d.count, d.vcpus, d.mem_mb), (1, 1, DOMU_HOG_MEM_MB));
+    assert_eq!(d.cmd.as_deref(), Some("echo @@BENCH-HOG@@; while :; do :; done"));
+    assert!(run_timeout(&case, 5) > run_timeout(&Case { topology: Topology::OneP1V, ..case }, 5));
+    assert_eq!(run_options(&Case { topology: Topology::OneP2V, ..case }, 5).domus, None);
+    assert_eq!(hypervisor_args(&case), hypervisor_args(&Case { topology: Topology::OneP1V, ..case }));
+}
+
+#[test]
+fn a_domu_hog_run_counts_only_when_the_hog_ran_all_along() {
+    let good = domu_console(true, 0, 3_000_000_000);
+    // The DomU's line inside fio's JSON is dropped like a kernel line.
+    let s = parse_console(&good).unwrap();
+    assert_eq!(s.fio, parse_console(CONSOLE).unwrap().fio);
+    assert_eq!(s.domu_stats[&0].counters.run_ns, 3_000_000_000);
+    assert_eq!(s.stats[&0].counters.run_ns, 1_000_000_000);
+    assert_eq!(parse::hog_share(Topology::OneP1VD1, &s), Some(0.75));
+    assert_eq!(parse::hog_share(Topology::OneP1V, &s), None);
+    assert_eq!(parse::check_domu_hog(&good, &s), Ok(0.75));
+    let err = |c: &str| parse::check_domu_hog(c, &parse_console(c).unwrap()).unwrap_err();
+    let no_hog = good.replace(&format!("(d1) {HOG_MARK}"), "(d1) Kernel panic - not syncing");
+    assert!(err(&no_hog).contains("never started"), "{}", err(&no_hog));
+    // Dom0's copy of the mark (its own script's output) is not the DomU's.
+    assert!(err(&good.replace(&format!("(d1) {HOG_MARK}"), HOG_MARK)).contains("never started"));
+    assert!(err(&domu_console(false, 0, 3_000_000_000)).contains("started after fio"));
+    assert!(err(&domu_console(true, 1, 3_000_000_000)).contains("stopped before Dom0"));
+    assert!(err(&domu_console(true, 0, 10_000_000)).contains("did not run"));
+    assert!(err(&good.replace("dom1.stopped=0", "")).contains("no dom1 stats"));
+    assert!(err(&good.replace(FIO_START_MARK, "")).contains("never printed"));
+    assert_eq!(parse::domu_line("(d12) x"), Some(12));
+    for l in ["(d) x", "(dx) y", "d1) z", "(d1)x", "[ 1.0] (d1) x"] {
+        assert_eq!(parse::domu_line(l), None, "{l}");
+    }
+    // 1p2v: the sibling hog (Dom0's vCPU0) over Dom0's vCPUs.
+    let mut two = s.clone();
+    two.stats = hypervisor::stats::parse_text("vcpu0.run_ns=600\nvcpu1.run_ns=400\n").unwrap();
+    assert_eq!(parse::hog_share(Topology::OneP2V, &two), Some(0.6));
+}
+
+#[test]
+fn the_report_judges_the_domu_case() {
+    let r = quick_results();
+    let sums: Vec<Summary> = r.iter().filter_map(summarize).collect();
+    let d1 = sums.iter().find(|s| s.case.topology == Topology::OneP1VD1).unwrap();
+    assert_eq!(d1.hog_share, Some(0.75));
+    let checks = check_targets(&sums);
+    let of = |n: usize| checks.iter().filter(|c| c.target == n).collect::<Vec<_>>();
+    assert_eq!(of(5).len(), 1);
+    assert_eq!((of(5)[0].status, of(5)[0].group.as_str()), (Status::Met, "ram/icount"));
+    assert_eq!(of(5)[0].detail, "IOPS 920 vs 1p1v 1000 = 0.92× (≥ 0.90×); DomU hog's CPU share 75 %");
+    assert_eq!(of(6)[0].status, Status::Met);
+    assert_eq!(of(6)[0].detail, "IOPS 920 vs xen-compat 80 = 11.50× (≥ 10.00×); DomU hog's CPU share 75 %");
+    // Below the lines: missed; without the DomU cases: not measured.
+    let mut low = r.clone();
+    for c in low.iter_mut().filter(|c| c.case.topology == Topology::OneP1VD1 && c.case.sched == Sched::WakePreempt) {
+        c.samples[0].fio.iops = 700.0;
+    }
+    let checks = check_targets(&low.iter().filter_map(summarize).collect::<Vec<_>>());
+    assert!(checks.iter().filter(|c| c.target >= 5).all(|c| c.status == Status::Missed));
+    let without: Vec<Summary> = sums.iter().filter(|s| !s.case.topology.domu_hog()).cloned().collect();
+    assert!(check_targets(&without).iter().filter(|c| c.target >= 5).all(|c| c.status == Status::NotMeasured));
+    let md = render_report(&r);
+    assert!(md.contains(report::TARGETS[4]) && md.contains(report::TARGETS[5]));
+    assert!(md.contains("| 1p1v+d1 unpinned wake-preempt ram icount | 920 |"), "{md}");
+    assert!(md.contains("| 4.00¹ | 75 % | "), "{md}");
+    assert!(md.contains("| 1p1v+d1 unpinned wake-preempt ram icount | 0.92× | 1.20× | 2.00× |"), "{md}");
+    assert!(md.contains("### A DomU's hog (1p1v+d1) / a sibling vCPU's hog (1p2v unpinned)"));
+    assert!(md.contains("| 1p1v+d1 unpinned wake-preempt ram icount | 0.97× | 0.90× | 0.80× | 75 % vs - |"), "{md}");
+    assert!(md.contains("| 1p1v+d1 unpinned wake-preempt ram icount | 1000 µs | 11.50× |"), "{md}");
+    let back: ResultsFile = serde_json::from_str(&results_json(&sums)).unwrap();
+    let c = back.cases.iter().find(|c| c.topology == Topology::OneP1VD1).unwrap();
+    assert_eq!(c.hog_share, Some(0.75));
+    assert_eq!(back.cases[0].hog_share, None);
 }
