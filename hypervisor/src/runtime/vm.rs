@@ -656,6 +656,12 @@ impl Vm {
         for i in 0..nr_vcpus {
             sched.add_vcpu(VcpuId(i as u32), 0, cfg.dom0_vcpus_pin.then_some(i % nr_pcpus)).map_err(VmError::Sched)?;
         }
+        for (v, w) in SchedConfig::vcpu_weights_from_bootargs(plat.bootargs.as_deref().unwrap_or(""))
+            .map_err(VmError::Sched)?
+        {
+            sched.set_vcpu_weight(0, v, Some(w)).map_err(VmError::Sched)?;
+            info!("sched: {v} weight {w} (sched_vcpu_weight)");
+        }
         let mut vcpus = Vec::new();
         let mut shared = Vec::new();
         for i in 0..nr_vcpus {
