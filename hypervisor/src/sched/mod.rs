@@ -81,7 +81,9 @@
 //!   pCPU is remote), unless the runner is in a lock-holder grace or a
 //!   protected run (below), which defer it. A wake that does not preempt
 //!   re-arms the runner's timer to the end of its ratelimit window (never
-//!   later than the timer it had).
+//!   later than the timer it had); a waker heavier than the runner (its
+//!   own weight, [`Scheduler::set_vcpu_weight`]) instead catches up: it
+//!   preempts as soon as the runner's burn puts it ahead by the granularity.
 //!   The granularity stops two waking vCPUs from ping-ponging; credit burn
 //!   keeps a vCPU that wakes very often from getting more than its share.
 //!
@@ -948,6 +950,28 @@ impl Scheduler {
         let yielding = prev_runnable.is_some_and(|s| self.vcpus[s].yielding);
         self.balance(pcpu, prev_runnable);
 
+        // Catch-up of a heavier waker: a woken vCPU queued here whose weight
+        // exceeds the runner's, and which did not preempt at its wake (a
+        // little behind in credit, e.g. right after a reset), preempts once
+        // it leads by the granularity, as if it woke now, instead of waiting
+        // out the runner's ratelimit window (`tickle` pulled the timer to
+        // that moment). Equal weights keep Credit2's behaviour: the window.
+        if let (Some(s), false, WakeMode::Preempt, None) =
+            (prev_runnable, yielding, self.cfg.wake_mode, self.pcpus[pcpu].pending_preempt)
+        {
+            let rq = self.pcpus[pcpu].rq;
+            let head = self.rqs[rq].queue.iter().copied().find(|&h| self.vcpus[h].allowed_on(pcpu));
+            let (runner, g) = (&self.vcpus[s], self.cfg.wake_granularity_ns as i64);
+            if head.is_some_and(|h| {
+                let v = &self.vcpus[h];
+                v.woken_at.is_some() && v.weight > runner.weight && v.credit.saturating_sub(runner.credit) > g
+            }) {
+                let pc = &mut self.pcpus[pcpu];
+                pc.pending_preempt = Some(PreemptReason::Wake);
+                pc.grace_limit = now.max(pc.protect_until).saturating_add(self.cfg.lhp_grace_ns);
+            }
+        }
+
         // Lock-holder grace and protected run: a pending wake-preemption
         // waits for the end of them.
         if let (Some(s), false, Some(_)) = (prev_runnable, yielding, self.pcpus[pcpu].pending_preempt) {
@@ -1553,7 +1577,14 @@ impl Scheduler {
                     }
                 } else {
                     let window = self.cfg.ratelimit_ns.max(self.cfg.min_slice_ns);
-                    let end = self.pcpus[p].entry.saturating_add(window);
+                    let mut end = self.pcpus[p].entry.saturating_add(window);
+                    if self.vcpus[s].weight > self.vcpus[r].weight {
+                        // Catch-up (see `schedule`): when the runner's burn
+                        // makes the heavier waker lead by the granularity.
+                        let gap = (-lead).saturating_add(self.cfg.wake_granularity_ns as i64).saturating_add(1);
+                        // (+1 ns: `c2t` rounds down.)
+                        end = end.min(now.saturating_add(self.c2t(r, gap).saturating_add(1).max(MIN_TIMER_NS)));
+                    }
                     if in_window {
                         self.vcpus[s].stats.counters.ratelimit_deferrals += 1;
                         self.last_deferral = Some((Deferral::Ratelimit, end));

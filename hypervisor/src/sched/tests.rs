@@ -425,6 +425,38 @@ fn heavier_waker_cuts_the_protected_run_by_the_weight_ratio() {
     );
 }
 
+/// Issue 14, class 3 with weights: a heavier waker a little behind the
+/// runner in credit at its wake preempts once the runner's burn puts it
+/// ahead by the granularity, not at the end of the 1 ms ratelimit window.
+/// Equal weights keep the window (Credit2's behaviour).
+#[test]
+fn heavier_waker_catches_up_before_the_window_end() {
+    let setup = |w1: u32| {
+        let mut s = sched(SchedConfig::default(), 1, &[(0, 256, None), (1, w1, None)]);
+        assert_eq!(s.schedule(0, 0).unwrap().next, Some(v(0)));
+        s.block(100 * US, 0).unwrap();
+        assert_eq!(s.schedule(100 * US, 0).unwrap().next, Some(v(1)));
+        s.block(2_100 * US, 0).unwrap();
+        assert_eq!(s.schedule(2_100 * US, 0).unwrap().next, None);
+        assert_eq!(s.wake(2_100 * US, v(0), WakeCause::Timer), Ok(WakeAction::Reschedule { pcpu: 0 }));
+        assert_eq!(s.schedule(2_100 * US, 0).unwrap().next, Some(v(0)));
+        s
+    };
+    let t = 2_100 * US;
+    // Weight 1024 (max): vcpu0 burns 4 ns a ns. vcpu1 has 8.0 ms, vcpu0 9.2 ms
+    // at the wake: it leads by the granularity 1.3 ms of credit = 325 µs later.
+    let mut s = setup(1024);
+    let at = t + 100 * US + 325 * US + 1;
+    assert_eq!(s.wake(t + 100 * US, v(1), WakeCause::Timer), Ok(WakeAction::RearmTimer { pcpu: 0, at }));
+    let d = s.schedule(at, 0).unwrap();
+    assert_eq!((d.next, d.preempted), (Some(v(1)), Some(v(0))));
+    assert_eq!(d.switch.out.map(|o| o.1), Some(SwitchReason::WakePreempt));
+    // Equal weights: the runner keeps its window (1 ms from its switch-in).
+    let mut s = setup(256);
+    assert_eq!(s.wake(t + 100 * US, v(1), WakeCause::Timer), Ok(WakeAction::RearmTimer { pcpu: 0, at: t + 1 * MS }));
+    assert_eq!(s.schedule(t + 500 * US, 0).unwrap().next, Some(v(0)));
+}
+
 #[test]
 fn vcpu_weight_overrides_the_domain_weight() {
     // Two vCPUs of one domain; vcpu1 gets 512: it runs twice as much.
