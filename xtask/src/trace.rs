@@ -238,12 +238,53 @@ impl Dump {
         }
         let Reason::Outlier { vcpu, .. } = self.reason else { return None };
         let v = vcpu as u16;
-        let sin = self.events.iter().rev().find(|(_, r)| matches!(r.ev, Event::SchedIn { vcpu, .. } if vcpu == v))?;
-        let wake = self.events.iter().rev().find(|(_, r)| {
-            r.t <= sin.1.t
-                && matches!(r.ev, Event::Wake { vcpu, outcome, .. } if vcpu == v && outcome != WakeOutcome::Noop)
-        })?;
+        // The latest by time: the events are grouped by ring (pCPU), not sorted.
+        let sin = self
+            .events
+            .iter()
+            .filter(|(_, r)| matches!(r.ev, Event::SchedIn { vcpu, .. } if vcpu == v))
+            .max_by_key(|(_, r)| r.t)?;
+        let wake = self
+            .events
+            .iter()
+            .filter(|(_, r)| {
+                r.t <= sin.1.t
+                    && matches!(r.ev, Event::Wake { vcpu, outcome, .. } if vcpu == v && outcome != WakeOutcome::Noop)
+            })
+            .max_by_key(|(_, r)| r.t)?;
         Some((wake.1.t, sin.1.t))
+    }
+
+    /// Demand before the outlier (issue 14's fairness question): how long
+    /// the dump's vCPU ran, from its `sched_in`/`sched_out` events on any
+    /// pCPU, in the `window_ns` before its wake (the window starts no
+    /// earlier than the first event of the dump). `(run_ns, window_ns)`.
+    pub fn demand(&self, window_ns: u64) -> Option<(u64, u64)> {
+        let v = outlier_vcpu(self)?.0 as u16;
+        let (end, _) = self.outlier_span()?;
+        let mut ev: Vec<&Record> = self.events.iter().map(|(_, r)| r).filter(|r| r.t <= end).collect();
+        ev.sort_by_key(|r| r.t);
+        let start = end.saturating_sub(window_ns).max(ev.first()?.t);
+        // Running at `start` if its first switch at or after it is a switch-out.
+        let mut since = ev
+            .iter()
+            .filter(|r| r.t >= start)
+            .find_map(|r| match r.ev {
+                Event::SchedIn { vcpu, .. } if vcpu == v => Some(None),
+                Event::SchedOut { vcpu, .. } if vcpu == v => Some(Some(start)),
+                _ => None,
+            })
+            .flatten();
+        let mut run = 0;
+        for r in ev.iter().filter(|r| r.t >= start) {
+            match r.ev {
+                Event::SchedIn { vcpu, .. } if vcpu == v => since = Some(r.t),
+                Event::SchedOut { vcpu, .. } if vcpu == v => run += r.t - since.take().unwrap_or(r.t),
+                _ => {}
+            }
+        }
+        run += since.map_or(0, |s| end - s);
+        Some((run, end - start))
     }
 
     /// A per-pCPU timeline: one row per event in time order, times in µs
@@ -264,6 +305,15 @@ impl Dump {
             }
             Reason::Key => writeln!(s, "dump on demand"),
         };
+        if let Some((run, win)) = self.demand(DEMAND_WINDOW_NS).filter(|&(_, w)| w > 0) {
+            let _ = writeln!(
+                s,
+                "demand: it ran {} µs of the {} µs before its wake ({} %)",
+                run / 1000,
+                win / 1000,
+                run * 100 / win
+            );
+        }
         let _ = write!(s, "{:>12}", "t (µs)");
         for p in 0..ncols {
             let _ = write!(s, "  {:<W$}", format!("pcpu{p}"));
@@ -286,6 +336,10 @@ impl Dump {
         s
     }
 }
+
+/// The window [`Dump::timeline`] reports the outlier vCPU's demand over
+/// (Credit2's `CSCHED2_CREDIT_INIT`: one epoch's worth of credit).
+pub const DEMAND_WINDOW_NS: u64 = 10_000_000;
 
 /// The vCPU of a [`Reason::Outlier`] as the scheduler names it.
 pub fn outlier_vcpu(d: &Dump) -> Option<VcpuId> {
@@ -401,5 +455,29 @@ trace pcpu1 t=2000 exit vcpu0 class=mmio
         assert!(lines[4].starts_with("       1.000  ") && lines[4].contains("exit vcpu0 class=mmio"), "{tl}");
         assert!(lines[4].find("exit").unwrap() > 60, "pcpu1's column: {tl}");
         assert!(lines[5].starts_with("    1000.000  sched_in vcpu1") && lines[5].ends_with("<<"), "{tl}");
+    }
+
+    #[test]
+    fn demand_before_the_wake() {
+        // vcpu1 runs from before the window on pcpu0 until 3000, again
+        // 5000..6000 on pcpu1; woken at 9000 after blocking at 6000.
+        let text = "\
+(HV) trace begin reason=outlier vcpu1 latency_ns=500
+(HV) trace ring pcpu0 events=4 overwritten=9 from_t=1000
+trace pcpu0 t=1000 exit vcpu1 class=irq
+trace pcpu0 t=3000 sched_out vcpu1 credit=5 reason=slice_end
+trace pcpu0 t=3000 sched_in vcpu0 credit=9
+trace pcpu0 t=9000 wake vcpu1 cause=timer action=none
+trace pcpu0 t=9500 sched_in vcpu1 credit=5 wake_ns=500
+(HV) trace ring pcpu1 events=2 overwritten=0 from_t=5000
+trace pcpu1 t=5000 sched_in vcpu1 credit=4 wake_ns=0
+trace pcpu1 t=6000 sched_out vcpu1 credit=3 reason=block
+(HV) trace end
+";
+        let d = &parse_dumps(text).unwrap()[0];
+        assert_eq!(d.demand(10_000), Some((2000 + 1000, 8000)), "window clipped to the first event");
+        assert_eq!(d.demand(4000), Some((1000, 4000)));
+        assert_eq!(d.demand(7000), Some((1000 + 1000, 7000)), "running at the window's start");
+        assert!(d.timeline().lines().nth(1).unwrap().starts_with("demand: it ran 3 µs of the 8 µs"));
     }
 }

@@ -735,6 +735,14 @@ impl Vm {
         for i in 0..nr_vcpus {
             sched.add_vcpu(VcpuId(i as u32), 0, cfg.dom0_vcpus_pin.then_some(i % nr_pcpus)).map_err(VmError::Sched)?;
         }
+        // Our extension of Credit2: a Dom0 vCPU's own weight
+        // (`sched_vcpu_weight=V:W`; Dom0's vCPU V is host-wide id V).
+        for (v, w) in
+            SchedConfig::vcpu_weights_from_bootargs(plat.bootargs.as_deref().unwrap_or("")).map_err(VmError::Sched)?
+        {
+            sched.set_vcpu_weight(0, v, Some(w)).map_err(VmError::Sched)?;
+            info!("sched: {v} weight {w} (sched_vcpu_weight)");
+        }
         let (vcpus, shared) = new_vcpus(nr_vcpus);
         {
             // vCPU 0 enters the kernel per the arm64 boot protocol.

@@ -81,7 +81,9 @@
 //!   pCPU is remote), unless the runner is in a lock-holder grace or a
 //!   protected run (below), which defer it. A wake that does not preempt
 //!   re-arms the runner's timer to the end of its ratelimit window (never
-//!   later than the timer it had).
+//!   later than the timer it had); a waker heavier than the runner (its
+//!   own weight, [`Scheduler::set_vcpu_weight`]) instead catches up: it
+//!   preempts as soon as the runner's burn puts it ahead by the granularity.
 //!   The granularity stops two waking vCPUs from ping-ponging; credit burn
 //!   keeps a vCPU that wakes very often from getting more than its share.
 //!
@@ -126,7 +128,15 @@
 //! protect only vCPUs that were wake-preempted, rather than every runner
 //! that has just been switched in, so the common case — a woken I/O vCPU
 //! preempting a hog that got the pCPU at a slice end or by its own wake —
-//! keeps its immediate preemption. The context switch costs (a few µs of
+//! keeps its immediate preemption. A waker whose weight exceeds the
+//! runner's (per-vCPU weights, [`Scheduler::set_vcpu_weight`]) cuts the
+//! runner's protected run to `wake_min_run × w_runner / w_waker`: it is
+//! entitled to that much more of the pCPU, and so to that many more
+//! preemptions of it; equal weights keep the full bound. (The bound is
+//! not lifted on evidence of a light waker: cyclictest `-i50`, which it
+//! delays, and the fast waker it exists for — wakes every 50 µs, runs a
+//! few µs — both use well under their share, so no demand test tells
+//! them apart; timer-tail.md has the figures.) The context switch costs (a few µs of
 //! EL2 work each) fall inside the switched-in vCPU's run time, as the clock
 //! starts at `schedule()`; the simulator models them that way.
 //!
@@ -304,6 +314,28 @@ impl SchedConfig {
         }
         cfg.validate()?;
         Ok(cfg)
+    }
+
+    /// The per-vCPU weights of `/chosen/bootargs`: every
+    /// `sched_vcpu_weight=<vcpu>:<weight>` word (repeatable; weight 1..=65535),
+    /// in order. Our extension of Credit2, whose weights are per domain: the
+    /// vCPU burns credit, and bounds the protected run of a vCPU it
+    /// wake-preempts, as if its domain had that weight (see
+    /// [`Scheduler::set_vcpu_weight`]). A malformed word is an error.
+    pub fn vcpu_weights_from_bootargs(args: &str) -> Result<Vec<(VcpuId, u32)>, SchedError> {
+        let mut out = Vec::new();
+        for word in args.split_ascii_whitespace() {
+            let Some(val) = word.strip_prefix("sched_vcpu_weight=") else { continue };
+            let bad = SchedError::BadBootArg("sched_vcpu_weight");
+            let (v, w) = val.split_once(':').ok_or(bad)?;
+            let v = v.parse::<u32>().map_err(|_| bad)?;
+            let w = w.parse::<u32>().map_err(|_| bad)?;
+            if w == 0 || w > domain::MAX_WEIGHT {
+                return Err(SchedError::BadWeight(w));
+            }
+            out.push((VcpuId(v), w));
+        }
+        Ok(out)
     }
 
     fn validate(&self) -> Result<(), SchedError> {
@@ -501,8 +533,10 @@ struct Vcpu {
     dom: usize,
     state: RunState,
     credit: i64,
-    /// Its domain's weight.
+    /// Its weight: its own if set (`weight_override`), else its domain's.
     weight: u32,
+    /// Set by [`Scheduler::set_vcpu_weight`]; survives domain weight changes.
+    weight_override: Option<u32>,
     /// Remainder of the last credit burn's division (Credit2's `residual`).
     residual: u64,
     affinity: Option<usize>,
@@ -664,7 +698,7 @@ impl Scheduler {
         self.domains[d].params.weight = params.weight;
         self.domains[d].set_cap(params.cap_percent, now);
         for v in self.vcpus.iter_mut().filter(|v| v.dom == d) {
-            v.weight = params.weight;
+            v.weight = v.weight_override.unwrap_or(params.weight);
             if old_cap.is_none() {
                 v.budget = 0;
             }
@@ -674,6 +708,38 @@ impl Scheduler {
             self.unpark_domain(now, d);
         }
         Ok(())
+    }
+
+    /// Give one vCPU its own weight (`Some`, 1..=65535) or its domain's
+    /// again (`None`), at `now`: run time until `now` is charged at the old
+    /// weight. It then burns credit as a vCPU of a domain of that weight
+    /// would, and a vCPU it wake-preempts gets a protected run shortened
+    /// by the ratio of their weights (see the module doc). Credit2's
+    /// weights are per domain; this is the extension for two vCPUs of one
+    /// domain that need different shares (`sched_vcpu_weight=`).
+    pub fn set_vcpu_weight(&mut self, now: u64, vcpu: VcpuId, weight: Option<u32>) -> Result<(), SchedError> {
+        let s = self.slot(vcpu)?;
+        if let Some(w) = weight {
+            if w == 0 || w > domain::MAX_WEIGHT {
+                return Err(SchedError::BadWeight(w));
+            }
+        }
+        for p in 0..self.pcpus.len() {
+            if let Some(r) = self.pcpus[p].curr {
+                self.burn(r, now);
+            }
+        }
+        let dom_weight = self.domains[self.vcpus[s].dom].params.weight;
+        let v = &mut self.vcpus[s];
+        v.weight_override = weight;
+        v.weight = weight.unwrap_or(dom_weight);
+        self.update_max_weights();
+        Ok(())
+    }
+
+    /// A vCPU's weight (its own, or its domain's).
+    pub fn vcpu_weight(&self, vcpu: VcpuId) -> Option<u32> {
+        self.index.get(&vcpu).map(|&s| self.vcpus[s].weight)
     }
 
     /// A domain's parameters.
@@ -725,6 +791,7 @@ impl Scheduler {
             state: RunState::Offline,
             credit: CREDIT_INIT_NS,
             weight,
+            weight_override: None,
             residual: 0,
             affinity,
             rq: self.pcpus[home].rq,
@@ -882,6 +949,28 @@ impl Scheduler {
         }
         let yielding = prev_runnable.is_some_and(|s| self.vcpus[s].yielding);
         self.balance(pcpu, prev_runnable);
+
+        // Catch-up of a heavier waker: a woken vCPU queued here whose weight
+        // exceeds the runner's, and which did not preempt at its wake (a
+        // little behind in credit, e.g. right after a reset), preempts once
+        // it leads by the granularity, as if it woke now, instead of waiting
+        // out the runner's ratelimit window (`tickle` pulled the timer to
+        // that moment). Equal weights keep Credit2's behaviour: the window.
+        if let (Some(s), false, WakeMode::Preempt, None) =
+            (prev_runnable, yielding, self.cfg.wake_mode, self.pcpus[pcpu].pending_preempt)
+        {
+            let rq = self.pcpus[pcpu].rq;
+            let head = self.rqs[rq].queue.iter().copied().find(|&h| self.vcpus[h].allowed_on(pcpu));
+            let (runner, g) = (&self.vcpus[s], self.cfg.wake_granularity_ns as i64);
+            if head.is_some_and(|h| {
+                let v = &self.vcpus[h];
+                v.woken_at.is_some() && v.weight > runner.weight && v.credit.saturating_sub(runner.credit) > g
+            }) {
+                let pc = &mut self.pcpus[pcpu];
+                pc.pending_preempt = Some(PreemptReason::Wake);
+                pc.grace_limit = now.max(pc.protect_until).saturating_add(self.cfg.lhp_grace_ns);
+            }
+        }
 
         // Lock-holder grace and protected run: a pending wake-preemption
         // waits for the end of them.
@@ -1457,7 +1546,14 @@ impl Scheduler {
             }
             WakeMode::Preempt => {
                 if lead > self.cfg.wake_granularity_ns as i64 {
+                    // A waker heavier than the runner shortens the runner's
+                    // protected run by their weight ratio.
+                    let (ws, wr) = (u64::from(self.vcpus[s].weight), u64::from(self.vcpus[r].weight));
                     let pc = &mut self.pcpus[p];
+                    if pc.protect_until != 0 && ws > wr {
+                        let scaled = self.cfg.wake_min_run_ns.saturating_mul(wr) / ws;
+                        pc.protect_until = pc.protect_until.min(pc.entry.saturating_add(scaled));
+                    }
                     if pc.pending_preempt.is_none() {
                         // The grace cap runs from the first wake that asks,
                         // or from the end of a protected run that defers it.
@@ -1481,7 +1577,14 @@ impl Scheduler {
                     }
                 } else {
                     let window = self.cfg.ratelimit_ns.max(self.cfg.min_slice_ns);
-                    let end = self.pcpus[p].entry.saturating_add(window);
+                    let mut end = self.pcpus[p].entry.saturating_add(window);
+                    if self.vcpus[s].weight > self.vcpus[r].weight {
+                        // Catch-up (see `schedule`): when the runner's burn
+                        // makes the heavier waker lead by the granularity.
+                        let gap = (-lead).saturating_add(self.cfg.wake_granularity_ns as i64).saturating_add(1);
+                        // (+1 ns: `c2t` rounds down.)
+                        end = end.min(now.saturating_add(self.c2t(r, gap).saturating_add(1).max(MIN_TIMER_NS)));
+                    }
                     if in_window {
                         self.vcpus[s].stats.counters.ratelimit_deferrals += 1;
                         self.last_deferral = Some((Deferral::Ratelimit, end));

@@ -217,12 +217,27 @@ pub fn run(p: &SimParams) -> Result<SimResult, SchedError> {
     run_in_domains(p, &[(0, DomainParams::default())], [0, 0])
 }
 
+/// Run one case in Dom0 with the I/O vCPU's own weight
+/// ([`Scheduler::set_vcpu_weight`], `sched_vcpu_weight=1:<w>`).
+pub fn run_with_io_weight(p: &SimParams, io_weight: u32) -> Result<SimResult, SchedError> {
+    run_full(p, &[(0, DomainParams::default())], [0, 0], Some(io_weight))
+}
+
 /// Run one case with the vCPUs in domains: `domains` are registered, the
 /// hog goes into `of[0]`, the I/O vCPU into `of[1]`.
 pub fn run_in_domains(
     p: &SimParams,
     domains: &[(DomainId, DomainParams)],
     of: [DomainId; 2],
+) -> Result<SimResult, SchedError> {
+    run_full(p, domains, of, None)
+}
+
+fn run_full(
+    p: &SimParams,
+    domains: &[(DomainId, DomainParams)],
+    of: [DomainId; 2],
+    io_weight: Option<u32>,
 ) -> Result<SimResult, SchedError> {
     let nr = match p.topology {
         Topology::OneP2V => 1,
@@ -238,6 +253,9 @@ pub fn run_in_domains(
     }
     sched.add_vcpu(HOG, of[0], hog_aff)?;
     sched.add_vcpu(IO, of[1], io_aff)?;
+    if io_weight.is_some() {
+        sched.set_vcpu_weight(0, IO, io_weight)?;
+    }
     let mut e = Engine {
         p: *p,
         sched,

@@ -398,6 +398,101 @@ fn wake_preempted_vcpu_gets_a_protected_run() {
 }
 
 #[test]
+fn heavier_waker_cuts_the_protected_run_by_the_weight_ratio() {
+    // vcpu1 with 4× vcpu0's weight: vcpu0's protected run is 100/4 = 25 µs.
+    let (mut s, back) = hog_back_after_wake_preemption(SchedConfig::default());
+    s.set_vcpu_weight(back, v(1), Some(1024)).unwrap();
+    assert_eq!(s.vcpu_weight(v(1)), Some(1024));
+    assert_eq!(
+        s.wake(back + 10 * US, v(1), WakeCause::Interrupt),
+        Ok(WakeAction::RearmTimer { pcpu: 0, at: back + 25 * US })
+    );
+    let d = s.schedule(back + 25 * US, 0).unwrap();
+    assert_eq!(d.next, Some(v(1)));
+    assert_eq!(s.stats(v(1)).unwrap().kick_to_run_ns.max(), Some(15 * US));
+    // Past the shortened run: at once.
+    let (mut s, back) = hog_back_after_wake_preemption(SchedConfig::default());
+    s.set_vcpu_weight(back, v(1), Some(1024)).unwrap();
+    assert_eq!(s.wake(back + 30 * US, v(1), WakeCause::Interrupt), Ok(WakeAction::Reschedule { pcpu: 0 }));
+    // A lighter waker does not lengthen it; equal weights keep the full 100 µs.
+    let (mut s, back) = hog_back_after_wake_preemption(SchedConfig::default());
+    s.set_vcpu_weight(back, v(0), Some(1024)).unwrap();
+    s.set_vcpu_weight(back, v(0), None).unwrap();
+    assert_eq!(s.vcpu_weight(v(0)), Some(256));
+    assert_eq!(
+        s.wake(back + 30 * US, v(1), WakeCause::Interrupt),
+        Ok(WakeAction::RearmTimer { pcpu: 0, at: back + 100 * US })
+    );
+}
+
+/// Issue 14, class 3 with weights: a heavier waker a little behind the
+/// runner in credit at its wake preempts once the runner's burn puts it
+/// ahead by the granularity, not at the end of the 1 ms ratelimit window.
+/// Equal weights keep the window (Credit2's behaviour).
+#[test]
+fn heavier_waker_catches_up_before_the_window_end() {
+    let setup = |w1: u32| {
+        let mut s = sched(SchedConfig::default(), 1, &[(0, 256, None), (1, w1, None)]);
+        assert_eq!(s.schedule(0, 0).unwrap().next, Some(v(0)));
+        s.block(100 * US, 0).unwrap();
+        assert_eq!(s.schedule(100 * US, 0).unwrap().next, Some(v(1)));
+        s.block(2_100 * US, 0).unwrap();
+        assert_eq!(s.schedule(2_100 * US, 0).unwrap().next, None);
+        assert_eq!(s.wake(2_100 * US, v(0), WakeCause::Timer), Ok(WakeAction::Reschedule { pcpu: 0 }));
+        assert_eq!(s.schedule(2_100 * US, 0).unwrap().next, Some(v(0)));
+        s
+    };
+    let t = 2_100 * US;
+    // Weight 1024 (max): vcpu0 burns 4 ns a ns. vcpu1 has 8.0 ms, vcpu0 9.2 ms
+    // at the wake: it leads by the granularity 1.3 ms of credit = 325 µs later.
+    let mut s = setup(1024);
+    let at = t + 100 * US + 325 * US + 1;
+    assert_eq!(s.wake(t + 100 * US, v(1), WakeCause::Timer), Ok(WakeAction::RearmTimer { pcpu: 0, at }));
+    let d = s.schedule(at, 0).unwrap();
+    assert_eq!((d.next, d.preempted), (Some(v(1)), Some(v(0))));
+    assert_eq!(d.switch.out.map(|o| o.1), Some(SwitchReason::WakePreempt));
+    // Equal weights: the runner keeps its window (1 ms from its switch-in).
+    let mut s = setup(256);
+    assert_eq!(s.wake(t + 100 * US, v(1), WakeCause::Timer), Ok(WakeAction::RearmTimer { pcpu: 0, at: t + 1 * MS }));
+    assert_eq!(s.schedule(t + 500 * US, 0).unwrap().next, Some(v(0)));
+}
+
+#[test]
+fn vcpu_weight_overrides_the_domain_weight() {
+    // Two vCPUs of one domain; vcpu1 gets 512: it runs twice as much.
+    let mut s = Scheduler::new(SchedConfig::default(), 1).unwrap();
+    s.add_domain(0, DomainParams::default()).unwrap();
+    for i in 0..2 {
+        s.add_vcpu(v(i), 0, None).unwrap();
+        s.power_on(0, v(i)).unwrap();
+    }
+    s.set_vcpu_weight(0, v(1), Some(512)).unwrap();
+    run_hogs(&mut s, 3000 * MS);
+    let ratio = run_ns(&s, 1) as f64 / run_ns(&s, 0) as f64;
+    assert!((ratio - 2.0).abs() < 0.1, "ratio {ratio}");
+    // A domain weight change leaves the override alone.
+    s.set_domain_params(3000 * MS, 0, DomainParams { weight: 128, cap_percent: None }).unwrap();
+    assert_eq!((s.vcpu_weight(v(0)), s.vcpu_weight(v(1))), (Some(128), Some(512)));
+    // Bad input: typed errors, nothing changed.
+    assert_eq!(s.set_vcpu_weight(0, v(1), Some(0)), Err(SchedError::BadWeight(0)));
+    assert_eq!(s.set_vcpu_weight(0, v(1), Some(65536)), Err(SchedError::BadWeight(65536)));
+    assert_eq!(s.set_vcpu_weight(0, v(9), Some(1)), Err(SchedError::UnknownVcpu(v(9))));
+    assert_eq!(s.vcpu_weight(v(1)), Some(512));
+}
+
+#[test]
+fn vcpu_weights_from_bootargs() {
+    let f = SchedConfig::vcpu_weights_from_bootargs;
+    assert_eq!(f("quiet sched_vcpu_weight=1:1024 sched_vcpu_weight=0:128"), Ok(vec![(v(1), 1024), (v(0), 128)]));
+    assert_eq!(f("console=ttyAMA0"), Ok(vec![]));
+    assert_eq!(f("sched_vcpu_weight=1"), Err(SchedError::BadBootArg("sched_vcpu_weight")));
+    assert_eq!(f("sched_vcpu_weight=x:5"), Err(SchedError::BadBootArg("sched_vcpu_weight")));
+    assert_eq!(f("sched_vcpu_weight=1:"), Err(SchedError::BadBootArg("sched_vcpu_weight")));
+    assert_eq!(f("sched_vcpu_weight=1:0"), Err(SchedError::BadWeight(0)));
+    assert_eq!(f("sched_vcpu_weight=1:70000"), Err(SchedError::BadWeight(70000)));
+}
+
+#[test]
 fn protected_run_and_grace_defer_to_the_later_end() {
     let (mut s, back) = hog_back_after_wake_preemption(SchedConfig::default());
     // Grace until back + 110 µs outlasts the protected run (back + 100 µs).
@@ -698,6 +793,29 @@ fn sim_fast_waker_cannot_chop_a_hog() {
     let off = fast_waker(SchedConfig { wake_min_run_ns: 0, ..cfg });
     assert!(off.hog_preempts_per_s() > 15_000.0, "{}", off.hog_preempts_per_s());
     assert!(off.hog_share() < 0.8, "{}", off.hog_share());
+}
+
+/// Issue 14, class 1: the same fast waker (cyclictest `-i50`'s shape) with
+/// four times the hog's weight (`sched_vcpu_weight=1:1024`) may cut the
+/// hog's protected run to a quarter: its p99 wake→run drops to that plus
+/// a switch, and it still gets no more than its weighted share.
+#[test]
+fn sim_heavier_fast_waker_gets_a_shorter_bound() {
+    let mut p = SimParams::wakeup(SchedConfig::default(), Topology::OneP2V);
+    p.duration_ns = 1000 * MS;
+    p.service_ns = 50 * US;
+    p.submit_ns = 5 * US;
+    p.switch_ns = 5 * US;
+    let eq = sim::run(&p).unwrap();
+    let heavy = sim::run_with_io_weight(&p, 1024).unwrap();
+    let (p99_eq, p99_heavy) = (eq.wake_to_run(99, 100), heavy.wake_to_run(99, 100));
+    // Equal weights: the waker (back 50 µs after it blocks) waits the rest of 100 µs.
+    assert!(p99_eq >= 50 * US, "equal weights keep the 100 µs bound: p99 {p99_eq}");
+    assert!(p99_heavy <= 10 * US, "weight 4x (25 µs run, over before the next wake): p99 {p99_heavy}");
+    // Still bounded: at most one preemption per 25 µs of the hog's run time.
+    let bound = heavy.hog_run_ns as f64 / (25 * US) as f64 / (heavy.duration_ns as f64 / 1e9);
+    assert!(heavy.hog_preempts_per_s() <= bound + 1.0, "{} > {bound}", heavy.hog_preempts_per_s());
+    assert!(heavy.io_run_ns as f64 / heavy.duration_ns as f64 <= 0.8 + 0.01);
 }
 
 #[test]
