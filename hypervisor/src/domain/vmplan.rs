@@ -156,6 +156,10 @@ pub struct VmPlan {
     pub passthrough: Vec<MmioDevice>,
     /// PCIe host bridges passed through (Dom0).
     pub bridges: Vec<PcieHost>,
+    /// The device ranges the guest is given (passthrough devices, the
+    /// bridges' ECAM and windows inside the IPA space), not page-rounded:
+    /// an ACPI Dom0's EFI memory map lists them as MMIO.
+    pub mmio: Vec<Region>,
     /// Device-tree nodes hidden from a DT Dom0 beyond the default removals:
     /// unused PCIe bridges and virtio-mmio slots neither passed through nor ours.
     pub hidden_paths: Vec<String>,
@@ -604,6 +608,7 @@ pub fn plan_dom0(
         mappings,
         passthrough,
         bridges,
+        mmio: ranges,
         hidden_paths,
         disk,
         uart,
@@ -669,6 +674,7 @@ pub fn plan_domu(
         mappings,
         passthrough: Vec::new(),
         bridges: Vec::new(),
+        mmio: Vec::new(),
         hidden_paths: Vec::new(),
         disk,
         uart,
