@@ -1,5 +1,6 @@
 //! Building a DomU at EL2 from a `DomainSpec` and its `DomuPlacement`:
-//! applies what `domain::layout::layout_domu` planned. Its RAM is mapped
+//! applies what `domain::vmplan::plan_domu` planned (its layout from
+//! `domain::layout::layout_domu`). Its RAM is mapped
 //! at `DOMU_RAM_BASE` (not identity-mapped), nothing else is: no physical
 //! device, no passthrough interrupt. It gets a vGICv3 with one
 //! redistributor per vCPU, a vPL011 (`vpl011`) and the hypervisor's

@@ -8,6 +8,12 @@
 //!
 //! Dom0's RAM is identity-mapped (IPA == PA), as Xen does for Dom0 on Arm
 //! without an IOMMU, so passthrough devices can DMA to guest addresses.
+//!
+//! Plan/apply: what Dom0 is made of (IPA size, stage-2 mappings, passthrough
+//! devices and PCIe bridges, the disk slot, forwarded SPIs, vGIC, vITS, MMIO
+//! bus, IRQ route sources, the iomem policy) is decided by the pure,
+//! host-tested `domain::vmplan::plan_dom0`; `Vm::create_dom0` only reads the
+//! hardware facts the planner needs (`hw_facts`) and applies the plan.
 
 use super::heap::HeapFrames;
 use super::vblk::VDisk;
@@ -529,7 +535,10 @@ impl Vm {
         if matches!(firmware, GuestFirmware::Acpi(_)) {
             info!(
                 "dom0 ACPI: {} SPIs forwarded (all but the hypervisor's UART, {})",
-                vp.forwarded.iter().filter(|f| !f.edge).count(),
+                vp.forwarded
+                    .iter()
+                    .filter(|f| !vp.bridges.iter().flat_map(|b| &b.intx).any(|i| i.intid == f.intid))
+                    .count(),
                 vp.console_intid
             );
         }
