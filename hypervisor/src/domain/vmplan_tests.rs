@@ -331,3 +331,38 @@ fn impossible_domus_are_typed_errors() {
     let e = plan_domu(&good, &no_disk, 28 * MIB, &plat, &hw(false)).unwrap_err();
     assert!(matches!(e, PlanError::Domain(super::layout::DomainError::NoDisk { .. })), "{e}");
 }
+
+/// QEMU+EDK2's real ACPI tables (`firmware/acpi/testdata/`) as the machine:
+/// the ACPI Dom0 of the EFI boot.
+#[test]
+fn acpi_dom0_on_qemu_edk2_tables() {
+    use crate::firmware::acpi::{AcpiMachine, MemImage, Tables};
+    const MEM: &[u8] = include_bytes!("../firmware/acpi/testdata/qemu-virt-mem-77130000.bin");
+    let tables = Tables::from_rsdp(&MemImage { base: 0x7713_0000, bytes: MEM }, 0x7713_0018).unwrap();
+    let mut plat = AcpiMachine::parse(&tables).unwrap().to_platform(Vec::from([r(0x4000_0000, 0x4000_0000)])).unwrap();
+    plat.kernel = Some(BootModule { base: 0x4800_0000, size: 27 * MIB, bootargs: None });
+    let firmware = [r(0x7713_0000, 0x1_0000)];
+    let memory = [r(0x4000_0000, 0x4000_0000)];
+    let fw = Dom0Firmware::Acpi { firmware: &firmware, memory: &memory };
+    let h = HwFacts { present: Vec::new(), ..hw(true) };
+    for (mode, its) in [("dom0_disk=nvme", true), ("dom0_disk=virtio-pci", true), ("dom0_disk=none", false)] {
+        let p = plan_dom0(&plat, &boot_plan(), &cfg(mode), fw, &h).unwrap();
+        check_mappings(&p);
+        // The MCFG's host bridge, always; the ITS only for a PCIe disk.
+        assert_eq!(p.bridges.len(), 1);
+        assert!(p.mappings.iter().any(|m| m.why == MapWhy::PcieBridge && m.ipa == plat.pcie[0].ecam.base));
+        assert_eq!(p.its.is_some(), its);
+        assert_eq!(p.forwarded.len(), 288 - 1);
+        assert!(p.mappings.iter().any(|m| m.why == MapWhy::Firmware && m.ipa == 0x7713_0000));
+        let io = p.iomem.as_ref().unwrap();
+        // The GIC and the hypervisor's UART (SPCR) are never Dom0's.
+        for denied in [plat.gic.gicd.base, plat.gic.gicr[0].base, plat.uart.as_ref().unwrap().base] {
+            assert!(matches!(io.decide(denied), IoMemDecision::Deny(_)), "{denied:#x} must be denied");
+        }
+        assert!(matches!(io.decide(0x0a00_0000), IoMemDecision::Map(_)));
+    }
+    for mode in ["dom0_disk=ram", "dom0_disk=backend"] {
+        let e = plan_dom0(&plat, &boot_plan(), &cfg(mode), fw, &h).unwrap_err();
+        assert_eq!(e, PlanError::EmulatedDiskOnAcpi);
+    }
+}
