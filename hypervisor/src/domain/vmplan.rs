@@ -187,9 +187,11 @@ pub struct VmPlan {
 }
 
 impl VmPlan {
-    /// The physical interrupts the run loop takes for this VM.
-    pub fn host_irqs(&self) -> (HostIrqs<'static>, Vec<IntId>) {
-        let forwarded = self.forwarded.iter().map(|f| f.intid).collect();
+    /// The VM's physical IRQ route table: the interrupts the run loop takes
+    /// for it (its timers, maintenance, kick, console, the physical disk's
+    /// SPI in backend mode, the forwarded SPIs).
+    pub fn routes(&self) -> Result<IrqRoutes, RouteError> {
+        let forwarded: Vec<IntId> = self.forwarded.iter().map(|f| f.intid).collect();
         let phys_disk = self.disk.and_then(|d| matches!(d.backing, DiskBacking::Phys { .. }).then_some(d.intid));
         let h = HostIrqs {
             virt_timer: self.virt_timer_intid,
@@ -198,15 +200,8 @@ impl VmPlan {
             kick: self.kick_intid,
             uart: self.console_intid,
             phys_disk,
-            forwarded: &[],
+            forwarded: &forwarded,
         };
-        (h, forwarded)
-    }
-
-    /// The VM's physical IRQ route table.
-    pub fn routes(&self) -> Result<IrqRoutes, RouteError> {
-        let (mut h, forwarded) = self.host_irqs();
-        h.forwarded = &forwarded;
         IrqRoutes::build(&h, self.lpi_routes)
     }
 
