@@ -438,6 +438,112 @@ pub fn vcpu_mpidr(i: usize) -> u64 {
     crate::domain::vcpu_mpidr(i)
 }
 
+/// Writes Dom0's firmware view into the plan's guest DTB slot: a DT
+/// derived from the host's without the nodes the plan hides, or an ACPI
+/// Dom0's tables, EFI system table and memory map.
+fn write_dom0_firmware(plat: &Platform, plan: &Plan, vp: &VmPlan, firmware: &GuestFirmware<'_>) -> Result<(), VmError> {
+    let kernel_mod = plat.kernel.as_ref().ok_or(VmError::NoKernel)?;
+    let (ram, nr_vcpus, dtb_at) = (vp.ram, vp.nr_vcpus, plan.guest_dtb.base);
+    let initrd = plan.initrd.map(|c| c.dst);
+    let bootargs = kernel_mod.bootargs.clone().unwrap_or_else(|| String::from("console=ttyAMA0"));
+    let vcpu_mpidrs: Vec<u64> = (0..nr_vcpus).map(vcpu_mpidr).collect();
+    let keep_its = vp.its.is_some();
+    let guest_dtb = match firmware {
+        GuestFirmware::Dtb(host_dtb) => {
+            let mut remove = dtb::default_removals(host_dtb)?;
+            remove.extend(vp.hidden_paths.iter().cloned());
+            dtb::build_guest_dtb(
+                host_dtb,
+                &GuestDtbConfig {
+                    memory: ram,
+                    vcpu_mpidrs,
+                    bootargs,
+                    initrd,
+                    remove_paths: remove,
+                    extra_virtio_mmio: Vec::new(),
+                    keep_its,
+                    ipa_size: Some(vp.ipa.limit()),
+                },
+            )?
+        }
+        GuestFirmware::Acpi(a) => {
+            use crate::firmware::acpi::dom0::Dom0AcpiConfig;
+            use crate::firmware::dom0_efi::{build_dom0_efi, Dom0EfiConfig};
+            let acpi_cfg =
+                Dom0AcpiConfig { vcpu_mpidrs, base: 0, remove: Vec::new(), keep_uart: true, drop_its: !keep_its };
+            let efi = build_dom0_efi(
+                a.tables,
+                &acpi_cfg,
+                &Dom0EfiConfig {
+                    ram,
+                    area: plan.guest_dtb,
+                    bootargs,
+                    initrd,
+                    firmware: a.firmware.clone(),
+                    mmio: vp.mmio.clone(),
+                },
+            )
+            .map_err(VmError::Efi)?;
+            info!(
+                "dom0 ACPI: RSDP {:#x}, EFI system table {:#x}, memory map {:#x} ({} bytes)",
+                efi.tables.rsdp, efi.system_table, efi.memory_map.base, efi.memory_map.size
+            );
+            efi.blob
+        }
+    };
+    if guest_dtb.len() as u64 > plan.guest_dtb.size {
+        return Err(VmError::Memory("guest DTB (or ACPI Dom0 firmware area) larger than 2 MiB"));
+    }
+    // SAFETY: the last 2 MiB of guest RAM, reserved for the DTB by the plan.
+    unsafe { core::ptr::copy_nonoverlapping(guest_dtb.as_ptr(), dtb_at as *mut u8, guest_dtb.len()) };
+    cache::clean_to_poc(dtb_at, guest_dtb.len() as u64);
+    Ok(())
+}
+
+/// Makes the hypervisor's virtio-blk the plan gives Dom0 (identity-mapped RAM).
+fn apply_dom0_disk(vp: &VmPlan) -> Result<Option<VDisk>, VmError> {
+    let ram = vp.ram;
+    Ok(match vp.disk {
+        Some(DiskPlan { base, intid, backing: DiskBacking::Ram { image, latency_us } }) => {
+            // SAFETY: the plan put the RAM disk in RAM that holds
+            // nothing the hypervisor keeps and lies outside guest RAM
+            // and the heap: it is ours alone, identity-mapped, and the
+            // guest has no stage-2 mapping of it. Guest RAM is
+            // identity-mapped.
+            let bytes = unsafe {
+                core::ptr::write_bytes(image.base as *mut u8, 0, image.size as usize);
+                core::slice::from_raw_parts_mut(image.base as *mut u8, image.size as usize)
+            };
+            info!(
+                "dom0 disk: virtio-blk at {:#x}, {}, RAM image {} MiB, service time {} us",
+                base,
+                intid,
+                image.size / MB,
+                latency_us
+            );
+            // SAFETY: as above.
+            Some(unsafe { VDisk::new_ram(base, intid, bytes, latency_us * 1000, ram.base, ram.size) })
+        }
+        Some(DiskPlan { base, intid, backing: DiskBacking::Phys { size } }) => {
+            // SAFETY: the device is not passed through (its page is not
+            // in stage 2): only the hypervisor drives it.
+            let phys = unsafe { super::physblk::open(base, size as usize) }.map_err(|e| {
+                log::error!("physical virtio-blk: {e:?}");
+                VmError::Memory("the physical virtio-blk device did not initialise")
+            })?;
+            info!(
+                "dom0 disk: virtio-blk at {:#x}, {}, over the physical virtio-blk ({} sectors)",
+                base,
+                intid,
+                phys.capacity_sectors()
+            );
+            // SAFETY: guest RAM is identity-mapped.
+            Some(unsafe { VDisk::new_phys(base, intid, phys, ram.base, ram.size) })
+        }
+        None => None,
+    })
+}
+
 impl Vm {
     /// Builds the Dom0-style guest from the boot modules, where `plan` says:
     /// `domain::vmplan::plan_dom0` decides its machine, this applies it
@@ -462,7 +568,6 @@ impl Vm {
         };
         let vp = vmplan::plan_dom0(plat, plan, cfg, fw, &hw).map_err(VmError::Plan)?;
         info!("dom0 stage 2: {}-bit IPA ({}-bit PA)", vp.ipa.bits(), hw.pa_bits);
-        let kernel_mod = plat.kernel.as_ref().ok_or(VmError::NoKernel)?;
         let nr_vcpus = vp.nr_vcpus;
         let ram = vp.ram;
         // Kernel at the bottom of guest RAM (image_size reserved), initrd
@@ -476,58 +581,7 @@ impl Vm {
         let initrd = plan.initrd.map(|c| c.dst);
         let dtb_at = plan.guest_dtb.base;
 
-        let bootargs = kernel_mod.bootargs.clone().unwrap_or_else(|| String::from("console=ttyAMA0"));
-        let vcpu_mpidrs: Vec<u64> = (0..nr_vcpus).map(vcpu_mpidr).collect();
-        let keep_its = vp.its.is_some();
-        let guest_dtb = match firmware {
-            GuestFirmware::Dtb(host_dtb) => {
-                let mut remove = dtb::default_removals(host_dtb)?;
-                remove.extend(vp.hidden_paths.iter().cloned());
-                dtb::build_guest_dtb(
-                    host_dtb,
-                    &GuestDtbConfig {
-                        memory: ram,
-                        vcpu_mpidrs,
-                        bootargs,
-                        initrd,
-                        remove_paths: remove,
-                        extra_virtio_mmio: Vec::new(),
-                        keep_its,
-                        ipa_size: Some(vp.ipa.limit()),
-                    },
-                )?
-            }
-            GuestFirmware::Acpi(a) => {
-                use crate::firmware::acpi::dom0::Dom0AcpiConfig;
-                use crate::firmware::dom0_efi::{build_dom0_efi, Dom0EfiConfig};
-                let acpi_cfg =
-                    Dom0AcpiConfig { vcpu_mpidrs, base: 0, remove: Vec::new(), keep_uart: true, drop_its: !keep_its };
-                let efi = build_dom0_efi(
-                    a.tables,
-                    &acpi_cfg,
-                    &Dom0EfiConfig {
-                        ram,
-                        area: plan.guest_dtb,
-                        bootargs,
-                        initrd,
-                        firmware: a.firmware.clone(),
-                        mmio: vp.mmio.clone(),
-                    },
-                )
-                .map_err(VmError::Efi)?;
-                info!(
-                    "dom0 ACPI: RSDP {:#x}, EFI system table {:#x}, memory map {:#x} ({} bytes)",
-                    efi.tables.rsdp, efi.system_table, efi.memory_map.base, efi.memory_map.size
-                );
-                efi.blob
-            }
-        };
-        if guest_dtb.len() as u64 > plan.guest_dtb.size {
-            return Err(VmError::Memory("guest DTB (or ACPI Dom0 firmware area) larger than 2 MiB"));
-        }
-        // SAFETY: the last 2 MiB of guest RAM, reserved for the DTB by the plan.
-        unsafe { core::ptr::copy_nonoverlapping(guest_dtb.as_ptr(), dtb_at as *mut u8, guest_dtb.len()) };
-        cache::clean_to_poc(dtb_at, guest_dtb.len() as u64);
+        write_dom0_firmware(plat, plan, &vp, firmware)?;
 
         let (s2, frames) = apply_stage2(&vp)?;
         let nr_lrs = crate::vgic::usable_lrs(gic::nr_lrs())?;
@@ -572,45 +626,7 @@ impl Vm {
         shared[0].online.store(true, Ordering::Release);
         sched.power_on(0, VcpuId(0)).map_err(VmError::Sched)?;
         drop(sched);
-        let disk = match vp.disk {
-            Some(DiskPlan { base, intid, backing: DiskBacking::Ram { image, latency_us } }) => {
-                // SAFETY: the plan put the RAM disk in RAM that holds
-                // nothing the hypervisor keeps and lies outside guest RAM
-                // and the heap: it is ours alone, identity-mapped, and the
-                // guest has no stage-2 mapping of it. Guest RAM is
-                // identity-mapped.
-                let bytes = unsafe {
-                    core::ptr::write_bytes(image.base as *mut u8, 0, image.size as usize);
-                    core::slice::from_raw_parts_mut(image.base as *mut u8, image.size as usize)
-                };
-                info!(
-                    "dom0 disk: virtio-blk at {:#x}, {}, RAM image {} MiB, service time {} us",
-                    base,
-                    intid,
-                    image.size / MB,
-                    latency_us
-                );
-                // SAFETY: as above.
-                Some(unsafe { VDisk::new_ram(base, intid, bytes, latency_us * 1000, ram.base, ram.size) })
-            }
-            Some(DiskPlan { base, intid, backing: DiskBacking::Phys { size } }) => {
-                // SAFETY: the device is not passed through (its page is not
-                // in stage 2): only the hypervisor drives it.
-                let phys = unsafe { super::physblk::open(base, size as usize) }.map_err(|e| {
-                    log::error!("physical virtio-blk: {e:?}");
-                    VmError::Memory("the physical virtio-blk device did not initialise")
-                })?;
-                info!(
-                    "dom0 disk: virtio-blk at {:#x}, {}, over the physical virtio-blk ({} sectors)",
-                    base,
-                    intid,
-                    phys.capacity_sectors()
-                );
-                // SAFETY: guest RAM is identity-mapped.
-                Some(unsafe { VDisk::new_phys(base, intid, phys, ram.base, ram.size) })
-            }
-            None => None,
-        };
+        let disk = apply_dom0_disk(&vp)?;
         info!(
             "dom0: {} vCPU(s) on {} pCPU(s), RAM {:#x}-{:#x}, kernel {:#x} ({} KiB), initrd {:?}, dtb {:#x}, {} passthrough device(s)",
             nr_vcpus,
