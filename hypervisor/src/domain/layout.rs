@@ -2,7 +2,8 @@
 //! [`DomuPlacement`] (host-tested): its guest-physical machine (laid out
 //! like QEMU `virt`) and, inside its RAM, the kernel, initrd and device tree
 //! with the host-physical address behind each. The EL2 code
-//! (`runtime::vm::Vm::create_domu`) copies and maps what this says.
+//! (`runtime::vm::Vm::create_domu`, through `domain::vmplan::plan_domu`)
+//! copies and maps what this says.
 //!
 //! Also the `domu_selftest=N` test aid: DomU placements carved from the top
 //! of Dom0's planned RAM (before Dom0 is built), for testing DomUs before

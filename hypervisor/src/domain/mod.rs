@@ -15,6 +15,9 @@ pub mod domu_dt;
 pub mod layout;
 #[cfg(test)]
 mod tests;
+pub mod vmplan;
+#[cfg(test)]
+mod vmplan_tests;
 
 use crate::dtb::Region;
 use alloc::string::String;

@@ -1,5 +1,6 @@
 //! Building a DomU at EL2 from a `DomainSpec` and its `DomuPlacement`:
-//! applies what `domain::layout::layout_domu` planned. Its RAM is mapped
+//! applies what `domain::vmplan::plan_domu` planned (its layout from
+//! `domain::layout::layout_domu`). Its RAM is mapped
 //! at `DOMU_RAM_BASE` (not identity-mapped), nothing else is: no physical
 //! device, no passthrough interrupt. It gets a vGICv3 with one
 //! redistributor per vCPU, a vPL011 (`vpl011`) and the hypervisor's
@@ -9,37 +10,26 @@
 //! Also the `domu_selftest=N` test aid (`selftest`): N DomUs running Dom0's
 //! kernel and initrd in RAM carved from the top of Dom0's.
 
-use super::heap::HeapFrames;
 use super::vblk::VDisk;
-use super::vm::{build_bus, copy_module, new_vcpus, Host, Vm, VmError, SPSR_EL1H_MASKED};
+use super::vm::{apply_stage2, apply_vgic, copy_module, hw_facts, new_vcpus, Host, Vm, VmError, SPSR_EL1H_MASKED};
 use crate::arch::cache;
 use crate::arch::gic;
 use crate::boot::image as boot_image;
 use crate::boot::plan::{ModuleCopy, Plan, GUEST_DTB_SIZE};
 use crate::config::Config;
 use crate::domain::domu_dt::{build_domu_dtb, DomuDtConfig};
-use crate::domain::layout::{self, DomainError, DOMU_GICD, DOMU_GICR, DOMU_UART, DOMU_UART_SPI, DOMU_VIRTIO_SPI};
+use crate::domain::layout::{self, DomainError};
+use crate::domain::vmplan::{self, DiskBacking, DiskPlan};
 use crate::domain::{DomainSpec, DomuPlacement};
 use crate::dtb::{Platform, Region};
-use crate::intid::IntId;
-use crate::irq::{HostIrqs, IrqCounters, IrqRoutes};
-use crate::platform;
+use crate::irq::IrqCounters;
 use crate::sched::DomainParams;
-use crate::stage2::{IpaSize, MemType, Stage2};
-use crate::vgic::{Vgic, VgicConfig};
 use crate::vpl011::VPl011;
 use alloc::boxed::Box;
 use alloc::vec::Vec;
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use log::info;
 use spin::{Mutex, RwLock};
-
-/// The DomU's SPIs (the vGIC needs at least 32).
-const DOMU_SPIS: u32 = 32;
-
-fn spi(n: u32) -> Result<IntId, VmError> {
-    IntId::spi(n).map_err(|_| VmError::Memory("a DomU SPI out of range"))
-}
 
 impl From<DomainError> for VmError {
     fn from(e: DomainError) -> Self {
@@ -48,7 +38,8 @@ impl From<DomainError> for VmError {
 }
 
 impl Vm {
-    /// Builds DomU `spec` in `placement`. Its vCPUs are the host-wide
+    /// Builds DomU `spec` in `placement`: `domain::vmplan::plan_domu`
+    /// decides its machine, this applies it. Its vCPUs are the host-wide
     /// scheduler's `vcpu_base..`; `vmid` tags its stage 2 (unique per VM).
     pub fn create_domu(
         spec: &DomainSpec,
@@ -64,8 +55,9 @@ impl Vm {
         let header =
             unsafe { core::slice::from_raw_parts(spec.kernel.base as *const u8, spec.kernel.size.min(64) as usize) };
         let image_size = boot_image::arm64_image_size(header, spec.kernel.size).map_err(VmError::Layout)?;
-        let l = layout::layout_domu(spec, placement, image_size)?;
-        let nr_vcpus = spec.vcpus as usize;
+        let (vp, l) =
+            vmplan::plan_domu(spec, placement, image_size, plat, &hw_facts(plat, false)).map_err(VmError::Plan)?;
+        let nr_vcpus = vp.nr_vcpus;
 
         // SAFETY: the placement's RAM is host RAM nothing else uses (the
         // boot plan placed it apart from everything it keeps), identity-mapped
@@ -93,25 +85,8 @@ impl Vm {
         cache::clean_to_poc(l.dtb.host, dtb.len() as u64);
 
         // Stage 2: its RAM, nothing else.
-        let mut frames = HeapFrames::default();
-        let ipa = IpaSize::DEFAULT;
-        let mut s2 = Stage2::new(&mut frames, ipa)?;
-        s2.map(&mut frames, l.ram.ipa.base, l.ram.host, l.ram.ipa.size, MemType::Normal)?;
-
-        let vcpu_mpidrs: Vec<u64> = (0..nr_vcpus).map(crate::domain::vcpu_mpidr).collect();
-        let mut vgic = Vgic::try_new(VgicConfig {
-            gicd_base: DOMU_GICD,
-            gicr_base: DOMU_GICR,
-            nr_spis: DOMU_SPIS,
-            vcpu_mpidrs,
-            lpis: false,
-        })?;
-        // The virtual timer is the one physical interrupt a DomU gets: the
-        // PPI of the pCPU its vCPU runs on, forwarded as for Dom0.
-        let vt = plat.timer.virt_intid;
-        for v in 0..nr_vcpus {
-            vgic.set_hw_private(v, vt, Some(vt))?;
-        }
+        let (s2, frames) = apply_stage2(&vp)?;
+        let vgic = apply_vgic(&vp)?;
 
         let (vcpus, shared) = new_vcpus(nr_vcpus);
         {
@@ -129,9 +104,8 @@ impl Vm {
             sched.power_on(0, crate::sched::VcpuId(vcpu_base)).map_err(VmError::Sched)?;
         }
 
-        let disk_intid = spi(DOMU_VIRTIO_SPI)?;
-        let disk = match l.disk {
-            Some(d) => {
+        let disk = match vp.disk {
+            Some(DiskPlan { base, intid, backing: DiskBacking::Ram { image: d, latency_us } }) => {
                 // SAFETY: the placement's disk region is host RAM nothing
                 // else uses and that no stage 2 maps; the DomU's RAM is
                 // `l.ram` at `l.ram.host` in the hypervisor's identity map.
@@ -141,37 +115,19 @@ impl Vm {
                 };
                 // SAFETY: as above.
                 Some(unsafe {
-                    VDisk::new_ram_at(
-                        layout::DOMU_VIRTIO,
-                        disk_intid,
-                        image,
-                        0,
-                        l.ram.ipa.base,
-                        l.ram.ipa.size,
-                        l.ram.host,
-                    )
+                    VDisk::new_ram_at(base, intid, image, latency_us * 1000, vp.ram.base, vp.ram.size, vp.ram_host)
                 })
+            }
+            // A DomU's disk is a RAM image (`domain::vmplan::plan_domu`).
+            Some(DiskPlan { backing: DiskBacking::Phys { .. }, .. }) => {
+                return Err(VmError::Memory("a DomU cannot drive a physical disk"))
             }
             None => None,
         };
-        let uart_intid = spi(DOMU_UART_SPI)?;
-        let uart_region = spec.vpl011.then_some(Region { base: DOMU_UART, size: 0x1000 });
-        let maintenance_intid = plat.gic.maintenance_intid.unwrap_or(platform::PLATFORM.maintenance_intid);
         // Not consulted (physical interrupts go by Dom0's table); kept so
         // every VM has the same shape.
-        let routes = IrqRoutes::build(
-            &HostIrqs {
-                virt_timer: vt,
-                hyp_timer: plat.timer.hyp_intid,
-                maintenance: maintenance_intid,
-                kick: super::percpu::SGI_KICK,
-                uart: plat.uart.as_ref().map_or(platform::PLATFORM.uart_intid, |u| u.intid),
-                phys_disk: None,
-                forwarded: &[],
-            },
-            0,
-        )?;
-        let bus = build_bus(&vgic, disk.as_ref(), uart_region, None)?;
+        let routes = vp.routes()?;
+        let bus = vp.mmio_bus()?;
         info!(
             "d{}: {} vCPU(s), RAM {:#x}+{:#x} at host {:#x}, kernel {} KiB, initrd {:?}, disk {} MiB, vpl011 {}, VMID {vmid}",
             spec.id,
@@ -187,12 +143,12 @@ impl Vm {
         Ok(Box::new(Vm {
             domid: spec.id,
             vmid,
-            ram: l.ram.ipa,
-            ram_host: l.ram.host,
+            ram: vp.ram,
+            ram_host: vp.ram_host,
             vcpu_base,
             stopped: AtomicBool::new(false),
             stage2_root: s2.root(),
-            ipa,
+            ipa: vp.ipa,
             stage2: Mutex::new((s2, frames)),
             // Every access outside its RAM and devices aborts.
             iomem: None,
@@ -200,11 +156,11 @@ impl Vm {
             iomem_denied: AtomicU64::new(0),
             vgic: Mutex::new(vgic),
             uart: Mutex::new(VPl011::new()),
-            uart_region,
-            uart_intid,
-            virt_timer_intid: vt,
-            maintenance_intid,
-            hyp_timer_intid: plat.timer.hyp_intid,
+            uart_region: vp.uart,
+            uart_intid: vp.uart_intid,
+            virt_timer_intid: vp.virt_timer_intid,
+            maintenance_intid: vp.maintenance_intid,
+            hyp_timer_intid: vp.hyp_timer_intid,
             forwarded: Vec::new(),
             forwarded_edge: Vec::new(),
             forwarded_pcpu: Vec::new(),

@@ -8,6 +8,12 @@
 //!
 //! Dom0's RAM is identity-mapped (IPA == PA), as Xen does for Dom0 on Arm
 //! without an IOMMU, so passthrough devices can DMA to guest addresses.
+//!
+//! Plan/apply: what Dom0 is made of (IPA size, stage-2 mappings, passthrough
+//! devices and PCIe bridges, the disk slot, forwarded SPIs, vGIC, vITS, MMIO
+//! bus, IRQ route sources, the iomem policy) is decided by the pure,
+//! host-tested `domain::vmplan::plan_dom0`; `Vm::create_dom0` only reads the
+//! hardware facts the planner needs (`hw_facts`) and applies the plan.
 
 use super::heap::HeapFrames;
 use super::vblk::VDisk;
@@ -15,18 +21,19 @@ use crate::arch::cache;
 use crate::arch::context::{El1Context, FpContext};
 use crate::arch::exception::GuestRegs;
 use crate::arch::gic::{self, VcpuIfState};
-use crate::boot::plan::{self, LayoutError, ModuleCopy, Plan};
-use crate::config::{Config, DiskMode};
+use crate::boot::plan::{LayoutError, ModuleCopy, Plan};
+use crate::config::Config;
+use crate::domain::vmplan::{self, DiskBacking, DiskPlan, Dom0Firmware, HwFacts, PlanError, VmPlan};
 use crate::domain::DomainId;
 use crate::dtb::{self, GuestDtbConfig, Platform, Region};
 use crate::intid::IntId;
 use crate::iomem::IoMemPolicy;
-use crate::irq::{HostIrqs, IrqCounters, IrqRoutes, RouteError};
+use crate::irq::{IrqCounters, IrqRoutes, RouteError};
 use crate::its::v4::LpiPath;
-use crate::mmio_bus::{BusError, Device, MmioBus, MmioRange};
+use crate::mmio_bus::{BusError, MmioBus};
 use crate::platform;
 use crate::sched::{DomainParams, SchedConfig, SchedError, Scheduler, VcpuId};
-use crate::stage2::{IpaSize, MemType, Stage2, Stage2Error};
+use crate::stage2::{IpaSize, Stage2, Stage2Error};
 use crate::trace::{Ring, Trigger, RING_EVENTS};
 use crate::vgic::its::{Vits, VitsConfig};
 use crate::vgic::{Vgic, VgicConfig, VgicError};
@@ -39,11 +46,6 @@ use log::info;
 use spin::{Mutex, Once, RwLock};
 
 const MB: u64 = 1 << 20;
-const PAGE: u64 = 4096;
-
-/// Host LPIs the route table has room for (allocated when the VM is made:
-/// adding a route never allocates). Each backs one guest MSI.
-pub const LPI_ROUTES: usize = 1024;
 
 #[derive(Debug)]
 pub enum VmError {
@@ -64,6 +66,8 @@ pub enum VmError {
     Efi(crate::firmware::dom0_efi::Dom0EfiError),
     /// A DomU that cannot be laid out.
     Domain(crate::domain::layout::DomainError),
+    /// The VM planner refused the request (`domain::vmplan::PlanError`).
+    Plan(PlanError),
 }
 
 impl core::fmt::Display for VmError {
@@ -75,6 +79,7 @@ impl core::fmt::Display for VmError {
             VmError::Bus(e) => write!(f, "MMIO bus: {e}"),
             VmError::Efi(e) => write!(f, "{e}"),
             VmError::Domain(e) => write!(f, "{e}"),
+            VmError::Plan(e) => write!(f, "{e}"),
             other => write!(f, "{other:?}"),
         }
     }
@@ -359,99 +364,54 @@ pub(super) fn copy_module(c: &ModuleCopy) {
     cache::clean_to_poc(c.dst.base, c.dst.size);
 }
 
-/// Passthrough device frames must not reach RAM or anything the hypervisor
-/// owns (its memory, the GIC, its UART and virtio-blk slot): the guest would
-/// map them through stage 2.
-fn check_passthrough(
-    plat: &Platform,
-    plan: &Plan,
-    ranges: &[Region],
-    own_disk: Option<&dtb::MmioDevice>,
-) -> Result<(), VmError> {
-    let mut hyp: Vec<(&'static str, Region)> = Vec::from([
-        ("hypervisor image", plan.image),
-        ("hypervisor heap", plan.heap),
-        ("GIC distributor", plat.gic.gicd),
-    ]);
-    hyp.extend(plan.ram_disk.map(|r| ("RAM disk", r)));
-    hyp.extend(plat.gic.gicr.iter().map(|r| ("GIC redistributors", *r)));
-    hyp.extend(plat.gic.its.map(|r| ("GIC ITS", r)));
-    hyp.extend(plat.uart.as_ref().map(|u| ("hypervisor UART", Region { base: u.base, size: u.size })));
-    hyp.extend(own_disk.map(|d| ("hypervisor virtio-blk", Region { base: d.base, size: d.size })));
-    plan::check_passthrough(&plat.memory, &hyp, ranges).map_err(VmError::Layout)
+/// What the planner needs from the hardware (`domain::vmplan::HwFacts`):
+/// the PA size, the distributor's SPIs, whether the physical ITS works,
+/// which virtio-mmio slots hold a device (read only when `probe_virtio`:
+/// a DomU gets none), the platform's fallback INTIDs.
+pub(super) fn hw_facts(plat: &Platform, probe_virtio: bool) -> HwFacts {
+    HwFacts {
+        pa_bits: crate::stage2::pa_bits(crate::arch::el2::parange()),
+        nr_spis: gic::nr_spis(),
+        its_present: gic::its::its_present(),
+        present: if probe_virtio {
+            plat.virtio_mmio.iter().filter(|d| virtio_mmio_present(d.base)).map(|d| d.base).collect()
+        } else {
+            Vec::new()
+        },
+        uart_intid: platform::PLATFORM.uart_intid,
+        maintenance_intid: platform::PLATFORM.maintenance_intid,
+        kick: super::percpu::SGI_KICK,
+    }
 }
 
-/// What a PCIe host bridge passed through maps into stage 2 (the windows
-/// inside the IPA space).
-fn bridge_frames(bridge: &dtb::PcieHost, ipa: IpaSize) -> Vec<Region> {
-    bridge.passthrough_frames(ipa.limit())
+/// Applies a plan's stage 2: a new table, every mapping it lists.
+pub(super) fn apply_stage2(vp: &VmPlan) -> Result<(Stage2, HeapFrames), VmError> {
+    let mut frames = HeapFrames::default();
+    let mut s2 = Stage2::new(&mut frames, vp.ipa)?;
+    for m in &vp.mappings {
+        s2.map(&mut frames, m.ipa, m.pa, m.size, m.mem)?;
+    }
+    Ok((s2, frames))
 }
 
-/// The end of the highest range a DT Dom0 must reach: its RAM, the
-/// passthrough devices and the PCIe bridges' ECAM and windows.
-fn needed_ipa_top(ram: Region, passthrough: &[dtb::MmioDevice], bridges: &[dtb::PcieHost]) -> u64 {
-    let devices = passthrough.iter().map(|d| d.base.saturating_add(d.size));
-    let pcie = bridges.iter().flat_map(|b| core::iter::once(b.ecam).chain(b.windows.iter().map(|w| w.cpu)));
-    devices.chain(pcie.map(|r| r.base.saturating_add(r.size))).fold(ram.end(), u64::max)
-}
-
-/// What an ACPI Dom0 may get mapped on demand: everything in the IPA space
-/// but memory (any firmware memory-map entry that is not MMIO, the RAM the
-/// machine description lists, the hypervisor's image, heap and RAM disk),
-/// the GIC's frames, the hypervisor's UART and the emulated devices.
-fn iomem_policy(plat: &Platform, plan: &Plan, acpi: &AcpiDom0<'_>, bus: &MmioBus, ipa: IpaSize) -> IoMemPolicy {
-    let mut p = IoMemPolicy::new(ipa.limit());
-    for r in &acpi.memory {
-        p.deny("firmware memory", *r);
+/// Applies a plan's vGIC: the virtual timer HW-linked on every vCPU, the
+/// forwarded SPIs HW-linked to the same physical INTIDs.
+pub(super) fn apply_vgic(vp: &VmPlan) -> Result<Vgic, VmError> {
+    let mut vgic = Vgic::try_new(VgicConfig {
+        gicd_base: vp.vgic.gicd_base,
+        gicr_base: vp.vgic.gicr_base,
+        nr_spis: vp.vgic.nr_spis,
+        vcpu_mpidrs: (0..vp.nr_vcpus).map(vcpu_mpidr).collect(),
+        lpis: vp.vgic.lpis,
+    })?;
+    let vt = vp.virt_timer_intid;
+    for v in 0..vp.nr_vcpus {
+        vgic.set_hw_private(v, vt, Some(vt))?;
     }
-    for r in &plat.memory {
-        p.deny("RAM", *r);
+    for f in &vp.forwarded {
+        vgic.set_hw(f.intid, Some(f.intid))?;
     }
-    for r in [plan.image, plan.heap].into_iter().chain(plan.ram_disk) {
-        p.deny("hypervisor memory", r);
-    }
-    p.deny("GIC distributor", plat.gic.gicd);
-    for r in &plat.gic.gicr {
-        p.deny("GIC redistributors", *r);
-    }
-    if let Some(r) = plat.gic.its {
-        // The control frame and the translation frame after it.
-        p.deny("GIC ITS", Region { base: r.base, size: r.size.max(2 * crate::its::CONTROL_FRAME_SIZE) });
-    }
-    if let Some(u) = &plat.uart {
-        p.deny("hypervisor UART", Region { base: u.base, size: u.size.max(PAGE) });
-    }
-    for (r, _) in bus.ranges() {
-        p.deny("emulated device", Region { base: r.base, size: r.size });
-    }
-    p
-}
-
-/// The VM's MMIO bus: the vGIC's frames, the hypervisor's virtio-blk frame
-/// and the vPL011's (one `vpl011::FRAME_SIZE` frame, whatever the UART
-/// region's size).
-pub(super) fn build_bus(
-    vgic: &Vgic,
-    disk: Option<&VDisk>,
-    uart: Option<Region>,
-    its: Option<Region>,
-) -> Result<MmioBus, BusError> {
-    let mut bus = MmioBus::new();
-    for (base, size) in vgic.frames() {
-        bus.register(MmioRange::new(base, size), Device::Vgic)?;
-    }
-    if let Some(d) = disk {
-        bus.register(MmioRange::new(d.base, crate::virtio::mmio::FRAME_SIZE), Device::VirtioBlk)?;
-    }
-    if let Some(u) = uart {
-        bus.register(MmioRange::new(u.base, crate::vpl011::FRAME_SIZE), Device::Vpl011)?;
-    }
-    // The control frame only: the translation frame above it stays out of
-    // stage 2 (devices write the physical one; a vCPU has no business there).
-    if let Some(r) = its {
-        bus.register(MmioRange::new(r.base, crate::its::CONTROL_FRAME_SIZE), Device::Vits)?;
-    }
-    Ok(bus)
+    Ok(vgic)
 }
 
 /// What Dom0 learns the machine from.
@@ -478,8 +438,117 @@ pub fn vcpu_mpidr(i: usize) -> u64 {
     crate::domain::vcpu_mpidr(i)
 }
 
+/// Writes Dom0's firmware view into the plan's guest DTB slot: a DT
+/// derived from the host's without the nodes the plan hides, or an ACPI
+/// Dom0's tables, EFI system table and memory map.
+fn write_dom0_firmware(plat: &Platform, plan: &Plan, vp: &VmPlan, firmware: &GuestFirmware<'_>) -> Result<(), VmError> {
+    let kernel_mod = plat.kernel.as_ref().ok_or(VmError::NoKernel)?;
+    let (ram, nr_vcpus, dtb_at) = (vp.ram, vp.nr_vcpus, plan.guest_dtb.base);
+    let initrd = plan.initrd.map(|c| c.dst);
+    let bootargs = kernel_mod.bootargs.clone().unwrap_or_else(|| String::from("console=ttyAMA0"));
+    let vcpu_mpidrs: Vec<u64> = (0..nr_vcpus).map(vcpu_mpidr).collect();
+    let keep_its = vp.its.is_some();
+    let guest_dtb = match firmware {
+        GuestFirmware::Dtb(host_dtb) => {
+            let mut remove = dtb::default_removals(host_dtb)?;
+            remove.extend(vp.hidden_paths.iter().cloned());
+            dtb::build_guest_dtb(
+                host_dtb,
+                &GuestDtbConfig {
+                    memory: ram,
+                    vcpu_mpidrs,
+                    bootargs,
+                    initrd,
+                    remove_paths: remove,
+                    extra_virtio_mmio: Vec::new(),
+                    keep_its,
+                    ipa_size: Some(vp.ipa.limit()),
+                },
+            )?
+        }
+        GuestFirmware::Acpi(a) => {
+            use crate::firmware::acpi::dom0::Dom0AcpiConfig;
+            use crate::firmware::dom0_efi::{build_dom0_efi, Dom0EfiConfig};
+            let acpi_cfg =
+                Dom0AcpiConfig { vcpu_mpidrs, base: 0, remove: Vec::new(), keep_uart: true, drop_its: !keep_its };
+            let efi = build_dom0_efi(
+                a.tables,
+                &acpi_cfg,
+                &Dom0EfiConfig {
+                    ram,
+                    area: plan.guest_dtb,
+                    bootargs,
+                    initrd,
+                    firmware: a.firmware.clone(),
+                    mmio: vp.mmio.clone(),
+                },
+            )
+            .map_err(VmError::Efi)?;
+            info!(
+                "dom0 ACPI: RSDP {:#x}, EFI system table {:#x}, memory map {:#x} ({} bytes)",
+                efi.tables.rsdp, efi.system_table, efi.memory_map.base, efi.memory_map.size
+            );
+            efi.blob
+        }
+    };
+    if guest_dtb.len() as u64 > plan.guest_dtb.size {
+        return Err(VmError::Memory("guest DTB (or ACPI Dom0 firmware area) larger than 2 MiB"));
+    }
+    // SAFETY: the last 2 MiB of guest RAM, reserved for the DTB by the plan.
+    unsafe { core::ptr::copy_nonoverlapping(guest_dtb.as_ptr(), dtb_at as *mut u8, guest_dtb.len()) };
+    cache::clean_to_poc(dtb_at, guest_dtb.len() as u64);
+    Ok(())
+}
+
+/// Makes the hypervisor's virtio-blk the plan gives Dom0 (identity-mapped RAM).
+fn apply_dom0_disk(vp: &VmPlan) -> Result<Option<VDisk>, VmError> {
+    let ram = vp.ram;
+    Ok(match vp.disk {
+        Some(DiskPlan { base, intid, backing: DiskBacking::Ram { image, latency_us } }) => {
+            // SAFETY: the plan put the RAM disk in RAM that holds
+            // nothing the hypervisor keeps and lies outside guest RAM
+            // and the heap: it is ours alone, identity-mapped, and the
+            // guest has no stage-2 mapping of it. Guest RAM is
+            // identity-mapped.
+            let bytes = unsafe {
+                core::ptr::write_bytes(image.base as *mut u8, 0, image.size as usize);
+                core::slice::from_raw_parts_mut(image.base as *mut u8, image.size as usize)
+            };
+            info!(
+                "dom0 disk: virtio-blk at {:#x}, {}, RAM image {} MiB, service time {} us",
+                base,
+                intid,
+                image.size / MB,
+                latency_us
+            );
+            // SAFETY: as above.
+            Some(unsafe { VDisk::new_ram(base, intid, bytes, latency_us * 1000, ram.base, ram.size) })
+        }
+        Some(DiskPlan { base, intid, backing: DiskBacking::Phys { size } }) => {
+            // SAFETY: the device is not passed through (its page is not
+            // in stage 2): only the hypervisor drives it.
+            let phys = unsafe { super::physblk::open(base, size as usize) }.map_err(|e| {
+                log::error!("physical virtio-blk: {e:?}");
+                VmError::Memory("the physical virtio-blk device did not initialise")
+            })?;
+            info!(
+                "dom0 disk: virtio-blk at {:#x}, {}, over the physical virtio-blk ({} sectors)",
+                base,
+                intid,
+                phys.capacity_sectors()
+            );
+            // SAFETY: guest RAM is identity-mapped.
+            Some(unsafe { VDisk::new_phys(base, intid, phys, ram.base, ram.size) })
+        }
+        None => None,
+    })
+}
+
 impl Vm {
-    /// Builds the Dom0-style guest from the boot modules, where `plan` says.
+    /// Builds the Dom0-style guest from the boot modules, where `plan` says:
+    /// `domain::vmplan::plan_dom0` decides its machine, this applies it
+    /// (copies the modules, writes the guest DTB or ACPI tables, maps stage
+    /// 2, makes the vGIC, vITS, disk and vCPUs).
     pub fn create_dom0(
         plat: &Platform,
         cfg: &Config,
@@ -488,9 +557,19 @@ impl Vm {
         nr_pcpus: usize,
         host: &'static Host,
     ) -> Result<Box<Vm>, VmError> {
-        let kernel_mod = plat.kernel.as_ref().ok_or(VmError::NoKernel)?;
-        let nr_vcpus = cfg.dom0_max_vcpus.unwrap_or(1) as usize;
-        let ram = plan.guest_ram;
+        let hw = hw_facts(plat, true);
+        let fw_regions: Vec<Region> = match firmware {
+            GuestFirmware::Acpi(a) => a.firmware.iter().filter_map(|d| d.region()).collect(),
+            GuestFirmware::Dtb(_) => Vec::new(),
+        };
+        let fw = match firmware {
+            GuestFirmware::Acpi(a) => Dom0Firmware::Acpi { firmware: &fw_regions, memory: &a.memory },
+            GuestFirmware::Dtb(_) => Dom0Firmware::Dt,
+        };
+        let vp = vmplan::plan_dom0(plat, plan, cfg, fw, &hw).map_err(VmError::Plan)?;
+        info!("dom0 stage 2: {}-bit IPA ({}-bit PA)", vp.ipa.bits(), hw.pa_bits);
+        let nr_vcpus = vp.nr_vcpus;
+        let ram = vp.ram;
         // Kernel at the bottom of guest RAM (image_size reserved), initrd
         // next, the DTB in the last 2 MiB: see `boot::plan`.
         copy_module(&plan.kernel);
@@ -502,227 +581,28 @@ impl Vm {
         let initrd = plan.initrd.map(|c| c.dst);
         let dtb_at = plan.guest_dtb.base;
 
-        // Disks. Passthrough: the virtio-mmio devices QEMU gives us, mapped
-        // into the guest (Dom0-style). Emulated: our virtio-blk device takes
-        // the slot of the first QEMU device (or the last slot), so the guest
-        // DTB keeps its node; slots sharing its 4 KiB page are not passed
-        // through (stage 2 maps pages) and are hidden from the guest.
-        let present: Vec<&dtb::MmioDevice> = plat.virtio_mmio.iter().filter(|d| virtio_mmio_present(d.base)).collect();
-        let disk_slot = if cfg.disk.emulated() {
-            present
-                .iter()
-                .copied()
-                .max_by_key(|d| d.base)
-                .or_else(|| plat.virtio_mmio.iter().max_by_key(|d| d.base))
-                .cloned()
-        } else {
-            None
-        };
-        let same_page =
-            |d: &dtb::MmioDevice| disk_slot.as_ref().is_some_and(|s| s.base & !(PAGE - 1) == d.base & !(PAGE - 1));
-        let acpi = match firmware {
-            GuestFirmware::Acpi(a) => Some(a),
-            GuestFirmware::Dtb(_) => None,
-        };
-        let passthrough: Vec<dtb::MmioDevice> = match cfg.disk {
-            // ACPI: the DSDT's devices (virtio-mmio slots among them) are
-            // mapped when Dom0 touches them (`crate::iomem`), their SPIs
-            // forwarded below: nothing to pass through by name.
-            _ if acpi.is_some() => Vec::new(),
-            DiskMode::Passthrough => plat.virtio_mmio.clone(),
-            DiskMode::None | DiskMode::VirtioPci | DiskMode::Nvme => Vec::new(),
-            DiskMode::Ram | DiskMode::Backend => plat.virtio_mmio.iter().filter(|d| !same_page(d)).cloned().collect(),
-        };
-        // PCIe (dom0_disk=virtio-pci|nvme): the host bridges, Dom0-style,
-        // with INTx; other modes hide them (their QEMU command lines put no
-        // device behind them, and the guest boots without a bus scan).
-        // ACPI: the DSDT's host bridge cannot be hidden (Linux finds its ECAM
-        // even without an MCFG), so it is always passed through.
-        let bridges: &[dtb::PcieHost] = if cfg.disk.pcie() || acpi.is_some() { &plat.pcie } else { &[] };
-        if cfg.disk.pcie() && bridges.is_empty() {
-            return Err(VmError::Memory("a PCIe disk needs a PCIe host bridge (pci-host-ecam-generic) on the machine"));
-        }
-        // The IPA space: all of the physical address space for an ACPI Dom0
-        // (its devices are found on demand, anywhere), else what the DT
-        // describes for it; at most what the CPU implements (`stage2`).
-        let pa_bits = crate::stage2::pa_bits(crate::arch::el2::parange());
-        let ipa = IpaSize::choose(
-            pa_bits,
-            if acpi.is_some() { 1 << pa_bits } else { needed_ipa_top(ram, &passthrough, bridges) },
-        );
-        info!("dom0 stage 2: {}-bit IPA ({}-bit PA)", ipa.bits(), pa_bits);
-        let pcie_frames: Vec<Region> = bridges.iter().flat_map(|b| bridge_frames(b, ipa)).collect();
-        let mut ranges: Vec<Region> = passthrough.iter().map(|d| Region { base: d.base, size: d.size }).collect();
-        ranges.extend(&pcie_frames);
-        check_passthrough(plat, plan, &ranges, disk_slot.as_ref())?;
-        if cfg.disk.emulated() && acpi.is_some() {
-            // Its virtio-mmio frame would need a DSDT entry, and the host's
-            // DSDT is passed on unchanged.
-            return Err(VmError::Memory(
-                "dom0_disk=ram|backend is not available to an ACPI Dom0 (use nvme, virtio-pci or none)",
-            ));
-        }
-        if cfg.disk == DiskMode::Backend && !disk_slot.as_ref().is_some_and(|s| virtio_mmio_present(s.base)) {
-            return Err(VmError::Memory(
-                "dom0_disk=backend needs a virtio-blk device on the machine (QEMU -device virtio-blk-device)",
-            ));
-        }
-        let bootargs = kernel_mod.bootargs.clone().unwrap_or_else(|| String::from("console=ttyAMA0"));
-        let vcpu_mpidrs: Vec<u64> = (0..nr_vcpus).map(vcpu_mpidr).collect();
-        let keep_its = cfg.disk.pcie() && gic::its::its_present();
-        let guest_dtb = match firmware {
-            GuestFirmware::Dtb(host_dtb) => {
-                let mut remove = dtb::default_removals(host_dtb)?;
-                if !cfg.disk.pcie() {
-                    remove.extend(plat.pcie.iter().map(|b| b.path.clone()));
-                }
-                for d in &plat.virtio_mmio {
-                    let ours = disk_slot.as_ref().is_some_and(|s| s.base == d.base);
-                    if !ours && !passthrough.iter().any(|p| p.base == d.base) {
-                        remove.push(d.path.clone());
-                    }
-                }
-                dtb::build_guest_dtb(
-                    host_dtb,
-                    &GuestDtbConfig {
-                        memory: ram,
-                        vcpu_mpidrs: vcpu_mpidrs.clone(),
-                        bootargs,
-                        initrd,
-                        remove_paths: remove,
-                        extra_virtio_mmio: Vec::new(),
-                        keep_its,
-                        ipa_size: Some(ipa.limit()),
-                    },
-                )?
-            }
-            GuestFirmware::Acpi(a) => {
-                use crate::firmware::acpi::dom0::Dom0AcpiConfig;
-                use crate::firmware::dom0_efi::{build_dom0_efi, Dom0EfiConfig};
-                let acpi_cfg = Dom0AcpiConfig {
-                    vcpu_mpidrs: vcpu_mpidrs.clone(),
-                    base: 0,
-                    remove: Vec::new(),
-                    keep_uart: true,
-                    drop_its: !keep_its,
-                };
-                let efi = build_dom0_efi(
-                    a.tables,
-                    &acpi_cfg,
-                    &Dom0EfiConfig {
-                        ram,
-                        area: plan.guest_dtb,
-                        bootargs,
-                        initrd,
-                        firmware: a.firmware.clone(),
-                        mmio: ranges.clone(),
-                    },
-                )
-                .map_err(VmError::Efi)?;
-                info!(
-                    "dom0 ACPI: RSDP {:#x}, EFI system table {:#x}, memory map {:#x} ({} bytes)",
-                    efi.tables.rsdp, efi.system_table, efi.memory_map.base, efi.memory_map.size
-                );
-                efi.blob
-            }
-        };
-        if guest_dtb.len() as u64 > plan.guest_dtb.size {
-            return Err(VmError::Memory("guest DTB (or ACPI Dom0 firmware area) larger than 2 MiB"));
-        }
-        // SAFETY: the last 2 MiB of guest RAM, reserved for the DTB by the plan.
-        unsafe { core::ptr::copy_nonoverlapping(guest_dtb.as_ptr(), dtb_at as *mut u8, guest_dtb.len()) };
-        cache::clean_to_poc(dtb_at, guest_dtb.len() as u64);
+        write_dom0_firmware(plat, plan, &vp, firmware)?;
 
-        // Stage 2: RAM, and the passthrough device frames (page granular).
-        let mut frames = HeapFrames::default();
-        let mut s2 = Stage2::new(&mut frames, ipa)?;
-        s2.map(&mut frames, ram.base, ram.base, ram.size, MemType::Normal)?;
-        let mut mapped_pages: Vec<u64> = Vec::new();
-        for d in &passthrough {
-            let mut p = d.base & !(PAGE - 1);
-            while p < d.base + d.size {
-                if !mapped_pages.contains(&p) {
-                    s2.map(&mut frames, p, p, PAGE, MemType::Device)?;
-                    mapped_pages.push(p);
-                }
-                p += PAGE;
-            }
-        }
-        if let Some(a) = acpi {
-            for d in &a.firmware {
-                let Some(r) = d.region() else { continue };
-                s2.map(&mut frames, r.base, r.base, r.size, MemType::Normal)?;
-            }
-        }
-        for r in &pcie_frames {
-            let base = r.base & !(PAGE - 1);
-            let top = r.end().next_multiple_of(PAGE);
-            s2.map(&mut frames, base, base, top - base, MemType::Device)?;
-        }
-
-        // The guest's ITS, at the host's address, when it has PCIe devices
-        // to give MSIs to and the physical ITS backs them.
-        let guest_its = plat.gic.its.filter(|_| cfg.disk.pcie() && gic::its::its_present());
-
-        // vGIC at the host's addresses, with as many SPIs as the hardware.
+        let (s2, frames) = apply_stage2(&vp)?;
         let nr_lrs = crate::vgic::usable_lrs(gic::nr_lrs())?;
-        let nr_spis = gic::nr_spis();
-        let gicr_base = plat.gic.gicr.first().map_or(0, |r| r.base);
-        let mut vgic = Vgic::try_new(VgicConfig {
-            gicd_base: plat.gic.gicd.base,
-            gicr_base,
-            nr_spis: nr_spis.min(988),
-            vcpu_mpidrs,
-            // LPIs exactly when the guest gets an ITS (below).
-            lpis: guest_its.is_some(),
-        })?;
-        let vt = plat.timer.virt_intid;
-        for v in 0..nr_vcpus {
-            vgic.set_hw_private(v, vt, Some(vt))?;
-        }
-        let mut forwarded = Vec::new();
-        let mut forwarded_edge = Vec::new();
-        for d in &passthrough {
-            if !forwarded.contains(&d.intid) && vgic.set_hw(d.intid, Some(d.intid)).is_ok() {
-                forwarded.push(d.intid);
-                forwarded_edge.push(true);
-            }
-        }
-        // The bridges' INTx lines: level SPIs, forwarded as HW interrupts
-        // like the virtio-mmio ones (the guest's EOI deactivates the physical
-        // SPI, which the GIC then samples again while the line is high).
-        for irq in bridges.iter().flat_map(|b| &b.intx) {
-            if !forwarded.contains(&irq.intid) && vgic.set_hw(irq.intid, Some(irq.intid)).is_ok() {
-                forwarded.push(irq.intid);
-                forwarded_edge.push(irq.edge);
-            }
-        }
-        // ACPI: every SPI the hypervisor does not take is Dom0's, forwarded
-        // as a HW interrupt (Xen's acpi_route_spis): the DSDT names the
-        // devices' interrupts to Dom0 only. Level until the guest's
-        // GICD_ICFGR says otherwise (`Vgic::take_hw_triggers`).
-        if acpi.is_some() {
-            let hyp_uart = plat.uart.as_ref().map_or(platform::PLATFORM.uart_intid, |u| u.intid);
-            let before = forwarded.len();
-            for intid in crate::irq::acpi_dom0_spis(nr_spis.min(988), &[hyp_uart]) {
-                if !forwarded.contains(&intid) && vgic.set_hw(intid, Some(intid)).is_ok() {
-                    forwarded.push(intid);
-                    forwarded_edge.push(false);
-                }
-            }
+        let vgic = apply_vgic(&vp)?;
+        if matches!(firmware, GuestFirmware::Acpi(_)) {
             info!(
                 "dom0 ACPI: {} SPIs forwarded (all but the hypervisor's UART, {})",
-                forwarded.len() - before,
-                hyp_uart
+                vp.forwarded
+                    .iter()
+                    .filter(|f| !vp.bridges.iter().flat_map(|b| &b.intx).any(|i| i.intid == f.intid))
+                    .count(),
+                vp.console_intid
             );
         }
-        for b in bridges {
+        for b in &vp.bridges {
             info!(
                 "dom0 PCIe: {} ECAM {:#x}+{:#x}, {} window(s) mapped, INTx {:?}",
                 b.path,
                 b.ecam.base,
                 b.ecam.size,
-                bridge_frames(b, ipa).len() - 1,
+                b.passthrough_frames(vp.ipa.limit()).len() - 1,
                 b.intx.iter().map(|i| u32::from(i.intid)).collect::<Vec<_>>()
             );
         }
@@ -754,50 +634,7 @@ impl Vm {
         shared[0].online.store(true, Ordering::Release);
         sched.power_on(0, VcpuId(0)).map_err(VmError::Sched)?;
         drop(sched);
-        let disk = match (&disk_slot, cfg.disk) {
-            (Some(slot), DiskMode::Ram) => {
-                let Some(Region { base: at, size: disk_bytes }) = plan.ram_disk else {
-                    return Err(VmError::Memory("dom0_disk=ram without a planned RAM disk"));
-                };
-                // SAFETY: the plan put the RAM disk in RAM that holds
-                // nothing the hypervisor keeps and lies outside guest RAM
-                // and the heap: it is ours alone, identity-mapped, and the
-                // guest has no stage-2 mapping of it. Guest RAM is
-                // identity-mapped.
-                let image = unsafe {
-                    core::ptr::write_bytes(at as *mut u8, 0, disk_bytes as usize);
-                    core::slice::from_raw_parts_mut(at as *mut u8, disk_bytes as usize)
-                };
-                info!(
-                    "dom0 disk: virtio-blk at {:#x}, {}, RAM image {} MiB, service time {} us",
-                    slot.base,
-                    slot.intid,
-                    disk_bytes / MB,
-                    cfg.disk_latency_us
-                );
-                // SAFETY: as above.
-                Some(unsafe {
-                    VDisk::new_ram(slot.base, slot.intid, image, cfg.disk_latency_us * 1000, ram.base, ram.size)
-                })
-            }
-            (Some(slot), DiskMode::Backend) => {
-                // SAFETY: the device is not passed through (its page is not
-                // in stage 2): only the hypervisor drives it.
-                let phys = unsafe { super::physblk::open(slot.base, slot.size.max(0x200) as usize) }.map_err(|e| {
-                    log::error!("physical virtio-blk: {e:?}");
-                    VmError::Memory("the physical virtio-blk device did not initialise")
-                })?;
-                info!(
-                    "dom0 disk: virtio-blk at {:#x}, {}, over the physical virtio-blk ({} sectors)",
-                    slot.base,
-                    slot.intid,
-                    phys.capacity_sectors()
-                );
-                // SAFETY: guest RAM is identity-mapped.
-                Some(unsafe { VDisk::new_phys(slot.base, slot.intid, phys, ram.base, ram.size) })
-            }
-            _ => None,
-        };
+        let disk = apply_dom0_disk(&vp)?;
         info!(
             "dom0: {} vCPU(s) on {} pCPU(s), RAM {:#x}-{:#x}, kernel {:#x} ({} KiB), initrd {:?}, dtb {:#x}, {} passthrough device(s)",
             nr_vcpus,
@@ -808,38 +645,23 @@ impl Vm {
             image_size / 1024,
             initrd.map(|r| (r.base, r.size)),
             dtb_at,
-            passthrough.len()
+            vp.passthrough.len()
         );
-        let uart_region = plat.uart.as_ref().map(|u| Region { base: u.base, size: u.size.max(0x1000) });
-        let uart_intid = plat.uart.as_ref().map_or(platform::PLATFORM.uart_intid, |u| u.intid);
-        let maintenance_intid = plat.gic.maintenance_intid.unwrap_or(platform::PLATFORM.maintenance_intid);
-        let mut routes = IrqRoutes::build(
-            &HostIrqs {
-                virt_timer: vt,
-                hyp_timer: plat.timer.hyp_intid,
-                maintenance: maintenance_intid,
-                kick: super::percpu::SGI_KICK,
-                uart: uart_intid,
-                phys_disk: disk.as_ref().and_then(|d| d.phys_intid),
-                forwarded: &forwarded,
-            },
-            LPI_ROUTES,
-        )?;
-        let vits = match guest_its {
+        let mut routes = vp.routes()?;
+        let vits = match vp.its {
             Some(r) => {
                 Some(Mutex::new(Vits::new(VitsConfig { base: r.base, nr_vcpus, msi_vcpu: cfg.msi_vcpu(nr_vcpus) })?))
             }
             None => None,
         };
-        let bus = build_bus(&vgic, disk.as_ref(), uart_region, guest_its)?;
-        let iomem = acpi.map(|a| iomem_policy(plat, plan, a, &bus, ipa));
-        let vlpi = match guest_its {
+        let bus = vp.mmio_bus()?;
+        let vlpi = match vp.its {
             Some(_) if gic::its::lpi_path() == LpiPath::Direct => {
                 super::vlpi::VlpiVm::create(nr_vcpus, nr_pcpus, &mut routes)
             }
             _ => None,
         };
-        if let Some(r) = guest_its {
+        if let Some(r) = vp.its {
             let how = if vlpi.is_some() { "GICv4 vLPIs with doorbells" } else { "host LPIs" };
             info!("dom0 ITS: virtual GITS control frame at {:#x}, MSIs backed by {how}", r.base);
         }
@@ -847,25 +669,25 @@ impl Vm {
             domid: 0,
             vmid: 1,
             ram,
-            ram_host: ram.base,
+            ram_host: vp.ram_host,
             vcpu_base: 0,
             stopped: AtomicBool::new(false),
             stage2_root: s2.root(),
-            ipa,
+            ipa: vp.ipa,
             stage2: Mutex::new((s2, frames)),
-            iomem,
+            iomem: vp.iomem,
             iomem_maps: AtomicU64::new(0),
             iomem_denied: AtomicU64::new(0),
             vgic: Mutex::new(vgic),
             uart: Mutex::new(VPl011::new()),
-            uart_region,
-            uart_intid,
-            virt_timer_intid: vt,
-            maintenance_intid,
-            hyp_timer_intid: plat.timer.hyp_intid,
-            forwarded_pcpu: forwarded.iter().map(|_| AtomicUsize::new(0)).collect(),
-            forwarded,
-            forwarded_edge,
+            uart_region: vp.uart,
+            uart_intid: vp.uart_intid,
+            virt_timer_intid: vp.virt_timer_intid,
+            maintenance_intid: vp.maintenance_intid,
+            hyp_timer_intid: vp.hyp_timer_intid,
+            forwarded_pcpu: vp.forwarded.iter().map(|_| AtomicUsize::new(0)).collect(),
+            forwarded: vp.forwarded.iter().map(|f| f.intid).collect(),
+            forwarded_edge: vp.forwarded.iter().map(|f| f.edge).collect(),
             routes: RwLock::new(routes),
             vits,
             lpis_dropped: AtomicU64::new(0),
