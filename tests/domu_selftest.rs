@@ -93,7 +93,13 @@ fn a_domu_runs_beside_dom0_isolated_with_its_own_console_and_disk() {
 fn dom0less_domus_run_their_commands_beside_dom0() {
     // The real path: `cargo xtask run --domu 2` (Xen's dom0less nodes in the
     // DTB, placed by the boot plan); Dom0 waits until both DomUs stopped.
-    let domus = xtask::domu::DomuOptions { count: 2, cmd: Some("echo from-$((40 + 2))".into()), mem_mb: 256, vcpus: 1 };
+    let domus = xtask::domu::DomuOptions {
+        count: 2,
+        cmd: Some("echo from-$((40 + 2))".into()),
+        mem_mb: 256,
+        vcpus: 1,
+        ..Default::default()
+    };
     let o = RunOptions {
         cmd: Some("echo dom0-waiting; read go; echo dom0-got-$go".into()),
         pcpus: 2,

@@ -209,6 +209,12 @@ pub struct RunArgs {
     /// Each DomU's vCPUs (0 counts as 1)
     #[arg(long, value_name = "M", default_value_t = 1)]
     pub domu_vcpus: u32,
+    /// Credit2 weight of each DomU (hv,sched-weight), in DomU order; one value is every DomU's [default: 256]
+    #[arg(long = "domu-weight", value_name = "W[,W...]", value_delimiter = ',')]
+    pub domu_weight: Vec<u32>,
+    /// Credit2 cap of each DomU in percent of one pCPU (hv,sched-cap; 0 = uncapped), as --domu-weight [default: uncapped]
+    #[arg(long = "domu-cap", value_name = "P[,P...]", value_delimiter = ',')]
+    pub domu_cap: Vec<u32>,
 }
 
 /// `--gic`: 3 or 4 (listed in the help and in the error).
@@ -264,9 +270,22 @@ impl RunArgs {
             return Err("--disk-latency-us goes with --disk ram".into());
         }
         let fvp = self.platform == PlatformKind::FvpBaseRevc;
-        if self.domu == 0 && (self.domu_cmd.is_some() || self.domu_mem_mb != 256 || self.domu_vcpus != 1) {
-            return Err("--domu-cmd, --domu-mem and --domu-vcpus go with --domu N".into());
+        if self.domu == 0
+            && (self.domu_cmd.is_some()
+                || self.domu_mem_mb != 256
+                || self.domu_vcpus != 1
+                || !self.domu_weight.is_empty()
+                || !self.domu_cap.is_empty())
+        {
+            return Err("--domu-cmd, --domu-mem, --domu-vcpus, --domu-weight and --domu-cap go with --domu N".into());
         }
+        let lists = crate::domu::DomuOptions {
+            count: self.domu,
+            weights: self.domu_weight.clone(),
+            caps: self.domu_cap.clone(),
+            ..Default::default()
+        };
+        lists.check()?;
         if self.domu > 0 && (fvp || self.firmware == Some(crate::firmware::Firmware::Uefi)) {
             return Err("--domu is for QEMU with a device tree (not --platform fvp or --firmware uefi)".into());
         }
@@ -320,6 +339,8 @@ impl RunArgs {
                 cmd: self.domu_cmd.clone(),
                 mem_mb: self.domu_mem_mb,
                 vcpus: self.domu_vcpus.max(1),
+                weights: self.domu_weight.clone(),
+                caps: self.domu_cap.clone(),
             }),
             ..Default::default()
         };

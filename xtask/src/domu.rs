@@ -30,18 +30,46 @@ pub const DOMU_ARGS: &str = "console=ttyAMA0";
 const MIB: u64 = 1 << 20;
 const ALIGN: u64 = 2 * MIB;
 
-/// What `--domu N --domu-cmd … --domu-mem … --domu-vcpus …` ask for.
+/// What `--domu N --domu-cmd … --domu-mem … --domu-vcpus … --domu-weight …
+/// --domu-cap …` ask for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DomuOptions {
     pub count: u32,
     pub cmd: Option<String>,
     pub mem_mb: u64,
     pub vcpus: u32,
+    /// Credit2 weights (`hv,sched-weight`), DomU 1, 2, …; one value is
+    /// every DomU's, none leaves the property out (the hypervisor's 256).
+    pub weights: Vec<u32>,
+    /// Credit2 caps in percent of a pCPU (`hv,sched-cap`), as `weights`.
+    pub caps: Vec<u32>,
 }
 
 impl Default for DomuOptions {
     fn default() -> Self {
-        DomuOptions { count: 1, cmd: None, mem_mb: 256, vcpus: 1 }
+        DomuOptions { count: 1, cmd: None, mem_mb: 256, vcpus: 1, weights: Vec::new(), caps: Vec::new() }
+    }
+}
+
+impl DomuOptions {
+    /// DomU `i`'s (1-based) value in `list`: its own, else the one value
+    /// given for all, else none.
+    fn nth(list: &[u32], i: u32) -> Option<u32> {
+        match list {
+            [] => None,
+            [all] => Some(*all),
+            l => l.get(i as usize - 1).copied(),
+        }
+    }
+
+    /// Checks that `weights` and `caps` have one value or one per DomU.
+    pub fn check(&self) -> Result<()> {
+        for (name, l) in [("--domu-weight", &self.weights), ("--domu-cap", &self.caps)] {
+            if l.len() > 1 && l.len() != self.count as usize {
+                return Err(format!("{name}: {} values for {} DomUs (give one, or one per DomU)", l.len(), self.count));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -52,6 +80,9 @@ pub struct DomuNode {
     pub memory_kib: u64,
     pub cpus: u32,
     pub disk_size: u64,
+    /// `hv,sched-weight` / `hv,sched-cap` (absent when `None`).
+    pub weight: Option<u32>,
+    pub cap: Option<u32>,
     /// (base, size) of the kernel and the initramfs in host RAM.
     pub kernel: (u64, u64),
     pub ramdisk: Option<(u64, u64)>,
@@ -97,6 +128,8 @@ pub fn layout(
             memory_kib: o.mem_mb * 1024,
             cpus: o.vcpus.max(1),
             disk_size: DOMU_DISK_MB * MIB,
+            weight: DomuOptions::nth(&o.weights, i),
+            cap: DomuOptions::nth(&o.caps, i),
             kernel: (kernel_at, kernel.1),
             ramdisk: initrd.map(|i| (initrd_at, i.1)),
             bootargs: bootargs.clone(),
@@ -181,6 +214,12 @@ fn write_domus(w: &mut vm_fdt::FdtWriter, domus: &[DomuNode]) -> Result<()> {
         w.property_u32("cpus", d.cpus).map_err(e)?;
         w.property_null("vpl011").map_err(e)?;
         w.property_u64("hv,disk-size", d.disk_size).map_err(e)?;
+        if let Some(v) = d.weight {
+            w.property_u32("hv,sched-weight", v).map_err(e)?;
+        }
+        if let Some(v) = d.cap {
+            w.property_u32("hv,sched-cap", v).map_err(e)?;
+        }
         let modules = [Some(("multiboot,kernel", d.kernel)), d.ramdisk.map(|r| ("multiboot,ramdisk", r))];
         for (kind, (base, size)) in modules.into_iter().flatten() {
             let m = w.begin_node(&format!("module@{base:x}")).map_err(e)?;
@@ -231,7 +270,7 @@ mod tests {
     const QEMU_DTB: &[u8] = include_bytes!("../../hypervisor/src/dtb/testdata/qemu-virt-gicv3-smp2.dtb");
 
     fn two() -> DomuLayout {
-        let o = DomuOptions { count: 2, cmd: Some("echo hi".into()), mem_mb: 256, vcpus: 2 };
+        let o = DomuOptions { count: 2, cmd: Some("echo hi".into()), mem_mb: 256, vcpus: 2, ..Default::default() };
         layout(&o, 0x4000_0000, 1536, (Path::new("/g/Image"), 27_303_872), Some((Path::new("/g/init,rd"), 86_978_560)))
     }
 
@@ -278,6 +317,43 @@ mod tests {
         assert_eq!(hypervisor::dtb::Platform { domus: Vec::new(), ..after }, before);
         // No DomU: the same tree.
         assert_eq!(discover(&add_domus(QEMU_DTB, &[]).unwrap()).unwrap(), before);
+    }
+
+    #[test]
+    fn weights_and_caps_reach_the_hypervisors_parser() {
+        let with = |weights: Vec<u32>, caps: Vec<u32>| {
+            let o = DomuOptions { count: 3, mem_mb: 256, weights, caps, ..Default::default() };
+            o.check().map(|()| {
+                let l = layout(&o, 0x4000_0000, 1024, (Path::new("/g/Image"), 1 << 20), None);
+                let d = dom0less::parse(&add_domus(QEMU_DTB, &l.nodes).unwrap()).unwrap();
+                d.iter().map(|d| (d.weight, d.cap_percent)).collect::<Vec<_>>()
+            })
+        };
+        // One value per DomU, in order.
+        assert_eq!(
+            with(vec![512, 256, 128], vec![25, 0, 100]).unwrap(),
+            [(512, Some(25)), (256, None), (128, Some(100))]
+        );
+        // One value for all; none: the properties are left out.
+        assert_eq!(with(vec![1000], vec![]).unwrap(), [(1000, None); 3]);
+        assert_eq!(with(vec![], vec![50]).unwrap(), [(256, Some(50)); 3]);
+        let l = layout(&DomuOptions::default(), 0x4000_0000, 1024, (Path::new("/g/Image"), 1 << 20), None);
+        let dtb = add_domus(QEMU_DTB, &l.nodes).unwrap();
+        let f = fdt::Fdt::new(&dtb).unwrap();
+        let n = f.find_node("/chosen/domU1").unwrap();
+        assert!(n.property("hv,sched-weight").is_none() && n.property("hv,sched-cap").is_none());
+        // The cells as written: one big-endian u32 each.
+        let o = DomuOptions { weights: vec![512], caps: vec![25], ..Default::default() };
+        let l = layout(&o, 0x4000_0000, 1024, (Path::new("/g/Image"), 1 << 20), None);
+        let dtb = add_domus(QEMU_DTB, &l.nodes).unwrap();
+        let f = fdt::Fdt::new(&dtb).unwrap();
+        let n = f.find_node("/chosen/domU1").unwrap();
+        assert_eq!(n.property("hv,sched-weight").unwrap().value, 512u32.to_be_bytes());
+        assert_eq!(n.property("hv,sched-cap").unwrap().value, 25u32.to_be_bytes());
+        // Neither one nor one per DomU.
+        let e = with(vec![1, 2], vec![]).unwrap_err();
+        assert!(e.contains("--domu-weight: 2 values for 3 DomUs"), "{e}");
+        assert!(with(vec![], vec![1, 2, 3, 4]).unwrap_err().starts_with("--domu-cap: 4 values"));
     }
 
     #[test]

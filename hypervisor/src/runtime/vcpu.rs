@@ -1084,7 +1084,8 @@ pub fn print_stats() {
     }
 }
 
-/// `domN.name=value`: a domain's totals over its vCPUs and its disk.
+/// `domN.name=value`: a domain's totals over its vCPUs and its disk, and its
+/// run time (`run_ns`, the scheduler's [`crate::sched::DomainStats`]).
 fn print_domain_totals(vm: &Vm) {
     let sum = |f: fn(&super::vm::TrapCounters) -> &core::sync::atomic::AtomicU64| -> u64 {
         vm.shared.iter().map(|s| f(&s.counters).load(Ordering::Relaxed)).sum()
@@ -1095,8 +1096,10 @@ fn print_domain_totals(vm: &Vm) {
         c.reads + c.writes + c.flushes + c.get_ids + c.unsupported
     });
     let n = vm.domid;
+    // Run time as the scheduler charged it (Credit2's burn), all vCPUs.
+    let run_ns = vm.sched.lock().domain_stats(n).map_or(0, |d| d.run_ns);
     crate::hvprintln!(
-        "(HV) stats begin dom{n}\ndom{n}.vcpus={}\ndom{n}.exits={}\ndom{n}.aborts_injected={}\ndom{n}.undef_injected={}\ndom{n}.disk_requests={disk_requests}\ndom{n}.stopped={}\n(HV) stats end dom{n}",
+        "(HV) stats begin dom{n}\ndom{n}.vcpus={}\ndom{n}.exits={}\ndom{n}.aborts_injected={}\ndom{n}.undef_injected={}\ndom{n}.disk_requests={disk_requests}\ndom{n}.run_ns={run_ns}\ndom{n}.stopped={}\n(HV) stats end dom{n}",
         vm.vcpus.len(),
         sum(|c| &c.exits),
         sum(|c| &c.aborts_injected),

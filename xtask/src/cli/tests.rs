@@ -200,9 +200,19 @@ fn run_domu_options() {
     let d = run_options("run --domu 1").unwrap().domus.expect("DomUs");
     assert_eq!(d, crate::domu::DomuOptions::default());
     assert_eq!(run_options("run --domu 0").unwrap().domus, None);
-    for line in ["run --domu-cmd true", "run --domu-mem 512M", "run --domu-vcpus 2"] {
-        assert_eq!(run_args(line).check().unwrap_err(), "--domu-cmd, --domu-mem and --domu-vcpus go with --domu N");
+    for line in
+        ["run --domu-cmd true", "run --domu-mem 512M", "run --domu-vcpus 2", "run --domu-weight 5", "run --domu-cap 5"]
+    {
+        assert_eq!(
+            run_args(line).check().unwrap_err(),
+            "--domu-cmd, --domu-mem, --domu-vcpus, --domu-weight and --domu-cap go with --domu N"
+        );
     }
+    // Weights and caps: one per DomU, in order, or one for all.
+    let d = run_options("run --domu 3 --domu-weight 512,256,128 --domu-cap 25").unwrap().domus.unwrap();
+    assert_eq!((d.weights, d.caps), (vec![512, 256, 128], vec![25]));
+    assert!(run_args("run --domu 3 --domu-weight 1,2").check().unwrap_err().starts_with("--domu-weight: 2 values"));
+    assert!(err("run --domu 1 --domu-cap x").to_string().contains("--domu-cap"));
     for line in ["run --domu 1 --firmware uefi", "run --domu 1 --platform fvp"] {
         assert!(run_args(line).check().unwrap_err().starts_with("--domu is for QEMU with a device tree"), "{line}");
     }
@@ -462,6 +472,8 @@ fn option_names_are_the_documented_ones() {
             "--domu-cmd",
             "--domu-mem",
             "--domu-vcpus",
+            "--domu-weight",
+            "--domu-cap",
             "--help"
         ])
     );
