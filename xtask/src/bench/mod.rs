@@ -785,6 +785,8 @@ pub fn run_options(case: &Case, runtime_s: u32) -> crate::qemu::RunOptions {
             cmd: Some(domu_hog_command()),
             mem_mb: DOMU_HOG_MEM_MB,
             vcpus: 1,
+            weights: Vec::new(),
+            caps: Vec::new(),
         }),
         ..Default::default()
     }
