@@ -280,7 +280,7 @@ fn hog_shares(domus: DomuOptions, hv_args: &str, secs: u32) -> (Vec<f64>, RunRes
 }
 
 #[test]
-#[ignore = "passed once here in 39 s (0.817/0.413/0.412/0.413), then three runs did not finish in 2-6 min: to be explained (issue 13)"]
+#[ignore = "passed once in 39 s (0.817/0.413/0.412/0.413); later runs stall under --icount even on an idle host (guest time stops once two hogs run; fine without --icount): issue 13"]
 fn weights_512_256_256_256_share_two_pcpus_across_four_domains() {
     // Issue 13's fairness line in a real guest run: 2 pCPUs, one unpinned
     // 1-vCPU hog per domain, Dom0 weight 512 and the DomUs 256.
