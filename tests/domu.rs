@@ -232,24 +232,15 @@ fn run_ns_key(console: &str, key: &str) -> Vec<u64> {
     console.lines().filter_map(|l| l.trim().strip_prefix(key)?.parse().ok()).collect()
 }
 
-/// Dom0's `/proc/uptime` at a mark, in ns.
-fn uptime_ns(console: &str, mark: &str) -> u64 {
-    let l = console.lines().find_map(|l| l.strip_prefix(mark)).unwrap_or_else(|| panic!("no {mark}"));
-    let up = l.split_whitespace().next().unwrap();
-    let (s, cs) = up.split_once('.').unwrap();
-    s.parse::<u64>().unwrap() * 1_000_000_000 + cs.parse::<u64>().unwrap() * 10_000_000
-}
-
 /// Every domain runs a CPU hog (Dom0 one in the background); once all run,
 /// the test types Ctrl-\ (stats) and a line, Dom0 sleeps `secs` of guest
 /// time (`--icount`) and powers off. Returns each domain's share of a pCPU
-/// over that window, from the scheduler's per-domain run time.
+/// between the two stats prints (Ctrl-\ and power-off), from the
+/// scheduler's per-domain run time and the host clock (`host.now_ns`), both
+/// read at one instant in each print.
 fn hog_shares(domus: DomuOptions, hv_args: &str, secs: u32) -> (Vec<f64>, RunResult) {
     let n = domus.count;
-    let dom0 = format!(
-        "(while :; do :; done) & echo dom0-hogging; read go; echo mark0 $(cat /proc/uptime); sleep {secs}; \
-         echo mark1 $(cat /proc/uptime)"
-    );
+    let dom0 = format!("(while :; do :; done) & echo dom0-hogging; read go; sleep {secs}; echo slept");
     let after: Vec<String> =
         (1..=n).map(|d| format!("(d{d}) domu-hogging")).chain(["dom0-hogging".to_string()]).collect();
     let o = RunOptions {
@@ -267,8 +258,11 @@ fn hog_shares(domus: DomuOptions, hv_args: &str, secs: u32) -> (Vec<f64>, RunRes
     };
     let r = run(&o);
     assert!(r.hv_fatal.is_none(), "{:?}", r.hv_fatal);
-    // Dom0's uptime at both ends of its sleep (guest time under --icount).
-    let window = uptime_ns(&r.console, "mark1 ") - uptime_ns(&r.console, "mark0 ");
+    assert!(r.console.contains("slept"), "{}", tail(&r.console, 80));
+    let now = run_ns_key(&r.console, "host.now_ns=");
+    assert_eq!(now.len(), 2, "host.now_ns printed {} times", now.len());
+    let window = now[1] - now[0];
+    assert!(window >= u64::from(secs) * 1_000_000_000, "window {window} ns");
     let shares = (0..=n)
         .map(|d| {
             let v = run_ns(&r.console, d);
@@ -280,7 +274,6 @@ fn hog_shares(domus: DomuOptions, hv_args: &str, secs: u32) -> (Vec<f64>, RunRes
 }
 
 #[test]
-#[ignore = "passed once in 39 s (0.817/0.413/0.412/0.413); later runs stall under --icount even on an idle host (guest time stops once two hogs run; fine without --icount): issue 13"]
 fn weights_512_256_256_256_share_two_pcpus_across_four_domains() {
     // Issue 13's fairness line in a real guest run: 2 pCPUs, one unpinned
     // 1-vCPU hog per domain, Dom0 weight 512 and the DomUs 256.
@@ -294,7 +287,18 @@ fn weights_512_256_256_256_share_two_pcpus_across_four_domains() {
 }
 
 #[test]
-#[ignore = "not yet seen to pass: with a capped DomU under --icount the run did not finish in 150 s here (issue 13)"]
+fn three_equal_hogs_get_two_thirds_of_a_pcpu_each() {
+    // Dom0 and two DomUs, default weights, one hog each on 2 pCPUs.
+    let domus = DomuOptions { count: 2, mem_mb: 256, ..Default::default() };
+    let (s, r) = hog_shares(domus, "", 5);
+    eprintln!("shares: {s:.3?}");
+    for (d, share) in s.iter().enumerate() {
+        assert!((share - 2.0 / 3.0).abs() <= 0.03, "dom{d}: {share:.3} of a pCPU, want 0.667 ± 0.03 (all: {s:.3?})");
+    }
+    assert_eq!(r.guest_exit, Some(0));
+}
+
+#[test]
 fn a_domu_capped_at_25_percent_gets_a_quarter_beside_hogs() {
     // d1 capped at 25 %, d2 and Dom0 uncapped hogs: on 2 pCPUs d1 gets
     // 0.25 of a pCPU, the others share the rest.

@@ -24,6 +24,7 @@
 //! - `vpl011`: the emulated PL011
 //! - `sched`: the Credit2-compatible scheduler and its simulator
 //! - `stats`: per-vCPU counters and histograms in a stable text format
+//! - `sync`: the hypervisor's locks (`spin`'s, waiting with YIELD)
 //! - `time`: counter-tick/ns arithmetic that saturates
 //! - `trace`: the scheduling flight recorder (per-pCPU event rings, dump format)
 //! - `platform_desc`: the typed platform descriptor each `platforms/*/platform.rs`
@@ -61,6 +62,7 @@ pub mod regs;
 pub mod sched;
 pub mod stage2;
 pub mod stats;
+pub mod sync;
 #[cfg(test)]
 mod testrng;
 pub mod time;

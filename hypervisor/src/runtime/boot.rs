@@ -229,7 +229,7 @@ pub(super) fn bring_up(plat: &Platform, cfg: &Config, plan: &Plan) -> usize {
         }
         stack = None;
         while !pcpu(nr_pcpus).online.load(Ordering::Acquire) {
-            core::hint::spin_loop();
+            crate::sync::cpu_relax();
         }
         info!("pCPU{nr_pcpus} online (MPIDR {mpidr:#x})");
         nr_pcpus += 1;

@@ -8,8 +8,8 @@
 use crate::arch::pl011::Pl011;
 use crate::domain::console::{ConsoleMux, Input, InputSwitch, Sink};
 use crate::domain::DomainId;
+use crate::sync::Mutex;
 use core::fmt::Write;
-use spin::Mutex;
 
 struct Console {
     uart: Option<Pl011>,

@@ -24,12 +24,12 @@ use crate::domain::{DomainSpec, DomuPlacement};
 use crate::dtb::{Platform, Region};
 use crate::irq::IrqCounters;
 use crate::sched::DomainParams;
+use crate::sync::{Mutex, RwLock};
 use crate::vpl011::VPl011;
 use alloc::boxed::Box;
 use alloc::vec::Vec;
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use log::info;
-use spin::{Mutex, RwLock};
 
 impl From<DomainError> for VmError {
     fn from(e: DomainError) -> Self {

@@ -6,12 +6,35 @@
 //! the planned main heap is added to it afterwards (`add`).
 
 use crate::stage2::TableAlloc;
+use crate::sync::Mutex;
 use alloc::vec::Vec;
-use buddy_system_allocator::LockedHeap;
-use core::alloc::Layout;
+use buddy_system_allocator::Heap;
+use core::alloc::{GlobalAlloc, Layout};
+use core::ptr::NonNull;
+
+/// The buddy allocator behind one of our locks (`crate::sync`: waiting
+/// pCPUs YIELD), instead of `buddy_system_allocator::LockedHeap`, whose
+/// `spin` lock waits with ISB.
+struct LockedHeap(Mutex<Heap<32>>);
+
+// SAFETY: `alloc` hands out blocks the buddy allocator owns exclusively
+// until `dealloc` returns them with the same layout; the lock serialises
+// every access to the allocator's state.
+unsafe impl GlobalAlloc for LockedHeap {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        self.0.lock().alloc(layout).ok().map_or(core::ptr::null_mut(), |p| p.as_ptr())
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        if let Some(p) = NonNull::new(ptr) {
+            // SAFETY: the caller returns a block `alloc` handed out with
+            // this layout (GlobalAlloc's contract).
+            unsafe { self.0.lock().dealloc(p, layout) };
+        }
+    }
+}
 
 #[global_allocator]
-static HEAP: LockedHeap<32> = LockedHeap::empty();
+static HEAP: LockedHeap = LockedHeap(Mutex::new(Heap::new()));
 
 /// Size of the bootstrap heap: room for a 2 MiB DTB copy (the largest the
 /// boot code accepts) besides discovery's own allocations. The buddy
@@ -30,7 +53,7 @@ pub fn init_bootstrap() {
     // SAFETY: BOOT_HEAP is in the image's .bss (zeroed by the entry code,
     // identity-mapped normal memory); nothing but the allocator uses it, and
     // this runs once, so the range is added once.
-    unsafe { HEAP.lock().init(start, BOOT_HEAP_SIZE) };
+    unsafe { HEAP.0.lock().init(start, BOOT_HEAP_SIZE) };
 }
 
 /// Adds `[start, start+size)` (the planned main heap) to the allocator.
@@ -40,7 +63,7 @@ pub fn init_bootstrap() {
 /// and not already part of the heap.
 pub unsafe fn add(start: usize, size: usize) {
     // SAFETY: guaranteed by the caller.
-    unsafe { HEAP.lock().add_to_heap(start, start + size) };
+    unsafe { HEAP.0.lock().add_to_heap(start, start + size) };
 }
 
 /// Stage-2 table frames from the heap (VA == PA under the identity map).

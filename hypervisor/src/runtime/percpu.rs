@@ -6,11 +6,11 @@
 use crate::arch::exception::CpuRun;
 use crate::arch::sysreg::CNTHP_CVAL_EL2;
 use crate::intid::IntId;
+use crate::sync::Once;
 use aarch64_cpu::registers::{CNTFRQ_EL0, CNTHP_CTL_EL2, CNTPCT_EL0};
 use alloc::boxed::Box;
 use alloc::vec::Vec;
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use spin::Once;
 use tock_registers::interfaces::{Readable, Writeable};
 
 /// The physical SGI that asks a pCPU to look at its requests (and, as a

@@ -5,13 +5,13 @@
 
 use super::physblk::PhysBlk;
 use crate::intid::IntId;
+use crate::sync::Mutex;
 use crate::virtio::{
     BackendError, BackendRequest, BlkConfig, BlockBackend, Completion, Effects, IdentityMappedRam, MmioError,
     RamBackend, VirtioBlk,
 };
 use alloc::boxed::Box;
 use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use spin::Mutex;
 
 /// Where the device's requests go.
 pub enum Backend {

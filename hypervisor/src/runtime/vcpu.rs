@@ -1075,9 +1075,13 @@ pub fn dump_trace(vm: &Vm, why: DumpReason, from: u64) {
 /// a `dN.` prefix.
 pub fn print_stats() {
     let all = vms();
+    // One instant for every domain's run time, and the host clock at it, so
+    // shares over the time between two prints add up.
+    let now = now_ns();
+    crate::hvprintln!("(HV) stats begin host\nhost.now_ns={now}\n(HV) stats end host");
     print_vm_stats(all[0]);
     for vm in all {
-        print_domain_totals(vm);
+        print_domain_totals(vm, now);
         if vm.domid != 0 {
             print_domu_stats(vm);
         }
@@ -1086,7 +1090,7 @@ pub fn print_stats() {
 
 /// `domN.name=value`: a domain's totals over its vCPUs and its disk, and its
 /// run time (`run_ns`, the scheduler's [`crate::sched::DomainStats`]).
-fn print_domain_totals(vm: &Vm) {
+fn print_domain_totals(vm: &Vm, now: u64) {
     let sum = |f: fn(&super::vm::TrapCounters) -> &core::sync::atomic::AtomicU64| -> u64 {
         vm.shared.iter().map(|s| f(&s.counters).load(Ordering::Relaxed)).sum()
     };
@@ -1096,8 +1100,9 @@ fn print_domain_totals(vm: &Vm) {
         c.reads + c.writes + c.flushes + c.get_ids + c.unsupported
     });
     let n = vm.domid;
-    // Run time as the scheduler charged it (Credit2's burn), all vCPUs.
-    let run_ns = vm.sched.lock().domain_stats(n).map_or(0, |d| d.run_ns);
+    // Run time as the scheduler charges it (Credit2's burn), all vCPUs, up
+    // to `now`.
+    let run_ns = vm.sched.lock().domain_run_ns(n, now).unwrap_or(0);
     crate::hvprintln!(
         "(HV) stats begin dom{n}\ndom{n}.vcpus={}\ndom{n}.exits={}\ndom{n}.aborts_injected={}\ndom{n}.undef_injected={}\ndom{n}.disk_requests={disk_requests}\ndom{n}.run_ns={run_ns}\ndom{n}.stopped={}\n(HV) stats end dom{n}",
         vm.vcpus.len(),

@@ -34,6 +34,7 @@ use crate::mmio_bus::{BusError, MmioBus};
 use crate::platform;
 use crate::sched::{DomainParams, SchedConfig, SchedError, Scheduler, VcpuId};
 use crate::stage2::{IpaSize, Stage2, Stage2Error};
+use crate::sync::{Mutex, Once, RwLock};
 use crate::trace::{Ring, Trigger, RING_EVENTS};
 use crate::vgic::its::{Vits, VitsConfig};
 use crate::vgic::{Vgic, VgicConfig, VgicError};
@@ -43,7 +44,6 @@ use alloc::string::String;
 use alloc::vec::Vec;
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use log::info;
-use spin::{Mutex, Once, RwLock};
 
 const MB: u64 = 1 << 20;
 

@@ -752,6 +752,20 @@ impl Scheduler {
         self.dom_index.get(&dom).map(|&d| &self.domains[d].stats)
     }
 
+    /// A domain's run time up to `now`: what burning has charged plus the
+    /// time its running vCPUs have run since their last burn (read-only, so
+    /// every domain can be read at one instant).
+    pub fn domain_run_ns(&self, dom: DomainId, now: u64) -> Option<u64> {
+        let &d = self.dom_index.get(&dom)?;
+        let unburned: u64 = self
+            .vcpus
+            .iter()
+            .filter(|v| v.dom == d && matches!(v.state, RunState::Running(_)))
+            .map(|v| now.saturating_sub(v.last_burn))
+            .sum();
+        Some(self.domains[d].stats.run_ns.saturating_add(unburned))
+    }
+
     /// All domain ids, in registration order.
     pub fn domain_ids(&self) -> impl Iterator<Item = DomainId> + '_ {
         self.domains.iter().map(|d| d.id)

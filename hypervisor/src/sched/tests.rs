@@ -944,6 +944,21 @@ fn capped_domain_shares_its_budget_between_vcpus() {
 }
 
 #[test]
+fn domain_run_ns_counts_the_running_vcpus_unburned_time() {
+    let mut s = Scheduler::new(SchedConfig::default(), 1).unwrap();
+    s.add_domain(1, DomainParams { weight: 256, cap_percent: None }).unwrap();
+    s.add_vcpu(v(1), 1, None).unwrap();
+    s.power_on(0, v(1)).unwrap();
+    assert_eq!(s.schedule(0, 0).unwrap().next, Some(v(1)));
+    // Nothing burned yet: the charged run time lags, the read at 3 ms does not.
+    assert_eq!(s.domain_stats(1).unwrap().run_ns, 0);
+    assert_eq!(s.domain_run_ns(1, 3 * MS), Some(3 * MS));
+    assert_eq!(s.domain_run_ns(9, 3 * MS), None);
+    let _ = s.schedule(5 * MS, 0).unwrap();
+    assert_eq!(s.domain_run_ns(1, 7 * MS), Some(7 * MS));
+}
+
+#[test]
 fn weight_change_mid_run_takes_effect() {
     let mut p = fleet(SchedConfig::default(), 1, &[(1, 256, None), (2, 256, None)], 2000 * MS);
     p.changes.push((1000 * MS, 1, DomainParams { weight: 768, cap_percent: None }));

@@ -41,10 +41,10 @@ use crate::its::{
     gicr, lpi_config_byte, offset, CBASER_PAGE, GICR_PENDBASER, GICR_PROPBASER, GITS_BASER, GITS_CBASER,
     GITS_CQ_OFFSET, GITS_CTLR, GITS_TYPER, LPI_BASE,
 };
+use crate::sync::Mutex;
 use alloc::alloc::{alloc_zeroed, dealloc, Layout};
 use alloc::vec::Vec;
 use core::sync::atomic::{AtomicU64, Ordering};
-use spin::Mutex;
 use tock_registers::interfaces::Readable;
 use tock_registers::LocalRegisterCopy;
 
@@ -302,7 +302,7 @@ fn disable(base: u64) -> Result<(), ItsError> {
         if LocalRegisterCopy::<u64, GITS_CTLR::Register>::new(u64::from(read32(reg))).is_set(GITS_CTLR::Quiescent) {
             return Ok(());
         }
-        core::hint::spin_loop();
+        crate::sync::cpu_relax();
     }
     Err(ItsError::Table("the ITS never became quiescent"))
 }
@@ -507,7 +507,7 @@ impl Its {
                     self.wedged = true;
                     return Err(ItsError::Stalled { creadr });
                 }
-                QueueProgress::Busy => core::hint::spin_loop(),
+                QueueProgress::Busy => crate::sync::cpu_relax(),
             }
         }
         self.wedged = true;
@@ -729,7 +729,7 @@ fn wait_for(lpi: IntId) -> bool {
             super::deactivate(id);
             log::warn!("ITS self-test: unexpected interrupt {}", u32::from(id));
         }
-        core::hint::spin_loop();
+        crate::sync::cpu_relax();
     }
     false
 }
@@ -847,7 +847,7 @@ pub fn vpe_nonresident(pcpu: usize, vpt: u64) -> Result<bool, ItsError> {
         if let v4::Residency::Settled { pending_last, .. } = v4::residency(read64(rd + gicr::GICR_VPENDBASER)) {
             return Ok(pending_last);
         }
-        core::hint::spin_loop();
+        crate::sync::cpu_relax();
     }
     ERRORS.fetch_add(1, Ordering::Relaxed);
     Err(ItsError::VpeDirty { pcpu })

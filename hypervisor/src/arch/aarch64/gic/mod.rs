@@ -29,6 +29,7 @@ use crate::dtb::Region;
 use crate::gicr;
 use crate::intid::{IntId, IntIdKind};
 use crate::regs;
+use crate::sync::Mutex;
 use aarch64_cpu::registers::{
     ICC_SRE_EL2, ICH_AP0R0_EL2, ICH_AP1R0_EL2, ICH_HCR_EL2, ICH_LR0_EL2, ICH_LR10_EL2, ICH_LR11_EL2, ICH_LR12_EL2,
     ICH_LR13_EL2, ICH_LR14_EL2, ICH_LR15_EL2, ICH_LR1_EL2, ICH_LR2_EL2, ICH_LR3_EL2, ICH_LR4_EL2, ICH_LR5_EL2,
@@ -40,7 +41,6 @@ use arm_gic::gicv3::{GicCpuInterface, GicDistributor, GicRedistributor};
 use arm_gic::UniqueMmioPointer;
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicU64, Ordering};
-use spin::Mutex;
 use tock_registers::interfaces::{Readable, Writeable};
 use tock_registers::{register_bitfields, LocalRegisterCopy};
 
@@ -94,7 +94,7 @@ static GIC: Mutex<Option<PhysGic>> = Mutex::new(None);
 
 /// RD_base of each pCPU's redistributor, found by [`init_cpu`]; 0 = none.
 /// [`init`] sizes it for the machine's pCPUs.
-static RD_BASE: spin::Once<alloc::boxed::Box<[AtomicU64]>> = spin::Once::new();
+static RD_BASE: crate::sync::Once<alloc::boxed::Box<[AtomicU64]>> = crate::sync::Once::new();
 
 /// pCPU `cpu`'s RD_base, 0 when unknown.
 pub(super) fn rd_base(cpu: usize) -> u64 {
