@@ -516,6 +516,11 @@ pub struct BenchTimerArgs {
     /// Extra hypervisor boot arguments for every case (e.g. sched_trace_threshold_us=150)
     #[arg(long, value_name = "ARGS", allow_hyphen_values = true)]
     pub hv_args: Option<String>,
+    /// Stop cyclictest at the first sample above US µs (cyclictest -b) and
+    /// dump the hypervisor's flight recorder right then (the case's
+    /// *.trace.txt shows the events around that sample)
+    #[arg(long, value_name = "US")]
+    pub breaktrace: Option<u32>,
 }
 
 #[cfg(test)]

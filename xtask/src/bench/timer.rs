@@ -81,11 +81,18 @@ END{print \"# Percentiles: \"(a==\"\"?m:a)\" \"(b==\"\"?m:b)\" \"(d==\"\"?m:d);p
 /// The guest's script: a hog on vCPU0, cyclictest on vCPU1 for `samples`
 /// loops (and at most `seconds`), then its summary and [`PERCENTILE_AWK`]'s
 /// two lines between the markers.
-pub fn guest_command(c: &TimerCase, samples: u64, seconds: Option<u32>) -> String {
+/// With `breaktrace` (µs), cyclictest stops at the first sample above it
+/// (`-b`) and the guest at once writes Ctrl-\\ to its console, which makes
+/// the hypervisor dump its flight recorder: the events around that sample.
+pub fn guest_command(c: &TimerCase, samples: u64, seconds: Option<u32>, breaktrace: Option<u32>) -> String {
     let duration = seconds.map(|s| format!(" -D{s}")).unwrap_or_default();
+    let (brk, dump) = match breaktrace {
+        Some(us) => (format!(" -b{us}"), "; printf '\\034'"),
+        None => (String::new(), ""),
+    };
     format!(
         "taskset -c 0 sh -c 'while :; do :; done' & H=$!\n\
-         cyclictest -t1 -a1 -p99 -i{} -l{samples}{duration} -m -q -h{HISTOGRAM_US} > /tmp/ct.txt; R=$?\n\
+         cyclictest -t1 -a1 -p99 -i{} -l{samples}{duration}{brk} -m -q -h{HISTOGRAM_US} > /tmp/ct.txt; R=$?{dump}\n\
          kill $H\n\
          echo {BEGIN}; grep '^# [TMAH]' /tmp/ct.txt | head -6; \
          awk '{PERCENTILE_AWK}' /tmp/ct.txt /tmp/ct.txt; echo {END}\n\
@@ -260,7 +267,7 @@ pub fn run(args: &BenchTimerArgs) -> Result<()> {
             vcpus: 2,
             icount: true,
             hv_args,
-            cmd: Some(guest_command(&c, args.samples, args.runtime)),
+            cmd: Some(guest_command(&c, args.samples, args.runtime, args.breaktrace)),
             timeout: Duration::from_secs(600 + 3 * guest_s),
             echo: false,
             ..Default::default()
@@ -358,7 +365,7 @@ mod tests {
             "@@CT-BEGIN@@\n# Total: 1\n# Min Latencies: 1\n# Avg Latencies: 1\n# Max Latencies: 1\n@@CT-END@@"
         )
         .is_err());
-        assert!(guest_command(&cases()[0], 1_000_000, None).len() < 700, "guestcmd stays short");
+        assert!(guest_command(&cases()[0], 1_000_000, None, Some(150)).len() < 700, "guestcmd stays short");
     }
 
     #[test]
@@ -392,8 +399,11 @@ mod tests {
         let j: serde_json::Value = serde_json::from_str(&results_json(&results)).unwrap();
         assert_eq!(j["cases"].as_array().unwrap().len(), 1);
         assert_eq!(j["cases"][0]["p9999_us"], 12500);
-        assert!(guest_command(&c[0], 1000, Some(5)).contains("cyclictest -t1 -a1 -p99 -i50 -l1000 -D5 -m -q -h10000"));
-        assert!(guest_command(&c[0], 1000, None).contains("-i50 -l1000 -m"));
+        assert!(guest_command(&c[0], 1000, Some(5), None).contains("cyclictest -t1 -a1 -p99 -i50 -l1000 -D5 -m -q -h10000"));
+        assert!(guest_command(&c[0], 1000, None, None).contains("-i50 -l1000 -m"));
+        let b = guest_command(&c[0], 1000, None, Some(120));
+        assert!(b.contains("-i50 -l1000 -b120 -m") && b.contains("R=$?; printf '\\034'"), "{b}");
+        assert!(!guest_command(&c[0], 1000, None, None).contains("034"));
         assert_eq!(slug("1p2v wake-preempt -i50 timer_slop_ns=0"), "1p2v-wake-preempt--i50-timer-slop-ns-0");
     }
 
