@@ -399,7 +399,9 @@ mod tests {
         let j: serde_json::Value = serde_json::from_str(&results_json(&results)).unwrap();
         assert_eq!(j["cases"].as_array().unwrap().len(), 1);
         assert_eq!(j["cases"][0]["p9999_us"], 12500);
-        assert!(guest_command(&c[0], 1000, Some(5), None).contains("cyclictest -t1 -a1 -p99 -i50 -l1000 -D5 -m -q -h10000"));
+        assert!(
+            guest_command(&c[0], 1000, Some(5), None).contains("cyclictest -t1 -a1 -p99 -i50 -l1000 -D5 -m -q -h10000")
+        );
         assert!(guest_command(&c[0], 1000, None, None).contains("-i50 -l1000 -m"));
         let b = guest_command(&c[0], 1000, None, Some(120));
         assert!(b.contains("-i50 -l1000 -b120 -m") && b.contains("R=$?; printf '\\034'"), "{b}");
