@@ -227,9 +227,9 @@ fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Option<u64>) {
     let n = vm.nr_lrs;
     // Sampled for spinning while a sibling is preempted (`sched::spin`).
     let mut spin = SpinDetector::new();
-    let mut watch = has_preempted_sibling(vm, id);
+    let mut watch = spin_watch(vm, id);
     loop {
-        let sample = watch.then(|| now_ns().saturating_add(spin::SAMPLE_NS));
+        let sample = watch.map(|w| now_ns().saturating_add(w.sample_ns()));
         arm_timer(me, deadline, sample);
         let fr = vm.vgic.lock().flush_lrs(id, &mut v.lrs[..n]);
         vm.shared[id].counters.irqs_injected.fetch_add(fr.filled as u64, Ordering::Relaxed);
@@ -274,8 +274,8 @@ fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Option<u64>) {
                 if handle_irqs(me, Some((vm, id)), deadline) {
                     inc(&vm.shared[id].counters.irq_exits_msi);
                 }
-                watch = has_preempted_sibling(vm, id);
-                if watch && spin.sample(now_ns(), v.regs.elr, evidence) {
+                watch = spin_watch(vm, id);
+                if watch.is_some_and(|w| spin.sample(now_ns(), v.regs.elr, evidence, w.spin_ns())) {
                     // A lock or flag wait whose WFE did not trap: as on WFE.
                     inc(&vm.shared[id].counters.spin_yields);
                     yield_cpu(vm, me, id)
@@ -301,6 +301,9 @@ fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Option<u64>) {
             }
         }
     }
+    // Where the guest was at its last exit: inside a critical section or not.
+    let masked = CritEvidence::from_spsr(v.regs.spsr) == CritEvidence::IrqsMasked;
+    vm.shared[id].left_masked.store(masked, Ordering::Relaxed);
     save_vcpu(vm, me, v);
     pcpu(me).running.store(usize::MAX, Ordering::Release);
     vm.shared[id].running_on.store(usize::MAX, Ordering::Release);
@@ -732,14 +735,23 @@ fn block(vm: &Vm, me: usize, v: &mut Vcpu, limit: u64) -> Next {
     }
 }
 
-/// Whether vCPUs outnumber pCPUs and a vCPU other than `id` is runnable but
-/// was descheduled involuntarily (a lock holder `id` may be waiting for).
-fn has_preempted_sibling(vm: &Vm, id: usize) -> bool {
+/// How closely vCPU `id` is watched for spinning (`sched::spin`): not at
+/// all unless vCPUs outnumber pCPUs and a sibling is runnable but was
+/// descheduled involuntarily (a lock holder `id` may be waiting for);
+/// closely if that sibling left with IRQs masked.
+fn spin_watch(vm: &Vm, id: usize) -> Option<spin::Watch> {
     if !vm.overcommitted {
-        return false;
+        return None;
     }
     let s = vm.sched.lock();
-    (0..vm.shared.len()).any(|k| k != id && s.is_preempted(vm.gid(k)))
+    let mut watch = None;
+    for k in (0..vm.shared.len()).filter(|&k| k != id && s.is_preempted(vm.gid(k))) {
+        if vm.shared[k].left_masked.load(Ordering::Relaxed) {
+            return Some(spin::Watch::Critical);
+        }
+        watch = Some(spin::Watch::Preempted);
+    }
+    watch
 }
 
 /// WFE while vCPUs outnumber pCPUs: the vCPU probably spins on a lock whose
@@ -749,7 +761,14 @@ fn yield_cpu(vm: &Vm, me: usize, id: usize) -> Next {
         return Next::Enter;
     }
     let mut s = vm.sched.lock();
-    let target = (0..vm.shared.len()).filter(|&k| k != id).map(|k| vm.gid(k)).find(|&k| s.is_preempted(k));
+    // A sibling preempted inside a critical section first: the likely holder.
+    let preempted = |k: &usize| *k != id && s.is_preempted(vm.gid(*k));
+    let masked = |k: &usize| vm.shared[*k].left_masked.load(Ordering::Relaxed);
+    let target = (0..vm.shared.len())
+        .filter(preempted)
+        .find(masked)
+        .or_else(|| (0..vm.shared.len()).find(preempted))
+        .map(|k| vm.gid(k));
     match s.yield_to(now_ns(), me, target) {
         Ok(()) => Next::Schedule,
         Err(_) => Next::Enter,

@@ -201,6 +201,11 @@ pub struct VcpuShared {
     /// doorbell rang, or PendingLast was set when it left): do not block in
     /// WFI. Cleared when the vPE is resident again. Set under the vGIC lock.
     pub vlpi_pending: AtomicBool,
+    /// It last left its pCPU with the guest's IRQs masked (at EL1: inside
+    /// a critical section, maybe holding a lock a sibling will spin on);
+    /// while it is preempted so, siblings are watched closely for spinning
+    /// (`sched::spin::Watch::Critical`).
+    pub left_masked: AtomicBool,
     pub counters: TrapCounters,
 }
 
@@ -733,6 +738,7 @@ pub(super) fn new_vcpus(n: usize) -> (Vec<Mutex<Vcpu>>, Vec<VcpuShared>) {
             vtimer_fired: AtomicU64::new(u64::MAX),
             ppi_resync: AtomicU32::new(0),
             vlpi_pending: AtomicBool::new(false),
+            left_masked: AtomicBool::new(false),
             running_on: AtomicUsize::new(usize::MAX),
             counters: TrapCounters::default(),
         });

@@ -16,6 +16,15 @@
 //! of the same place, at every sample for at least [`SPIN_NS`] is spinning,
 //! and the caller yields it as if it had trapped on WFE. Any exit that is not
 //! a physical interrupt (a trap: the guest made progress) starts over.
+//!
+//! A sibling preempted *inside a critical section* (IRQs masked at its last
+//! exit: Linux's `irqsave` locks, seqcount write sides) is the likely holder
+//! of whatever the running vCPU waits for, so then the watch is close
+//! ([`Watch::Critical`]: sampled every [`CRIT_SAMPLE_NS`], a spin after
+//! [`CRIT_SPIN_NS`]). Seen in `cargo xtask bench timer --breaktrace 120`:
+//! the hog's vCPU wake-preempted with IRQs masked, cyclictest's vCPU then
+//! spinning at one place with IRQs masked for three 50 µs samples before
+//! the yield, a 158 µs sample (docs/benchmarks/timer-tail.md).
 
 use super::CritEvidence;
 
@@ -23,6 +32,37 @@ use super::CritEvidence;
 pub const SAMPLE_NS: u64 = 50_000;
 /// How long the vCPU must stay at one place with IRQs masked (ns).
 pub const SPIN_NS: u64 = 100_000;
+/// Sampling while a sibling is preempted inside a critical section (ns).
+pub const CRIT_SAMPLE_NS: u64 = 10_000;
+/// How long a spin must last then (ns): two samples at one place.
+pub const CRIT_SPIN_NS: u64 = 20_000;
+
+/// How closely a running vCPU is watched, from its siblings' state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Watch {
+    /// A sibling is preempted (runnable, switched out involuntarily).
+    Preempted,
+    /// A sibling is preempted with its IRQs masked (inside a critical section).
+    Critical,
+}
+
+impl Watch {
+    /// The sampling period (ns).
+    pub fn sample_ns(self) -> u64 {
+        match self {
+            Watch::Preempted => SAMPLE_NS,
+            Watch::Critical => CRIT_SAMPLE_NS,
+        }
+    }
+
+    /// How long a spin must last to count (ns).
+    pub fn spin_ns(self) -> u64 {
+        match self {
+            Watch::Preempted => SPIN_NS,
+            Watch::Critical => CRIT_SPIN_NS,
+        }
+    }
+}
 /// How far apart (bytes) two samples of one spin loop may be: Linux's wait
 /// loops (`queued_spin_lock_slowpath`, `csd_lock_wait`, seqcount retries) are
 /// a few instructions long.
@@ -43,16 +83,16 @@ impl SpinDetector {
 
     /// A sample at an IRQ exit: `pc` is where the guest was (ELR_EL2),
     /// `evidence` what its PSTATE showed. Returns whether the vCPU has been
-    /// spinning at that place with IRQs masked for [`SPIN_NS`]; the detector
-    /// then starts over (the caller yields).
-    pub fn sample(&mut self, now: u64, pc: u64, evidence: CritEvidence) -> bool {
+    /// spinning at that place with IRQs masked for `spin_ns`
+    /// ([`Watch::spin_ns`]); the detector then starts over (the caller yields).
+    pub fn sample(&mut self, now: u64, pc: u64, evidence: CritEvidence, spin_ns: u64) -> bool {
         if evidence != CritEvidence::IrqsMasked {
             self.first = None;
             return false;
         }
         match self.first {
             Some((t0, pc0)) if pc.abs_diff(pc0) <= PC_WINDOW => {
-                if now.saturating_sub(t0) >= SPIN_NS {
+                if now.saturating_sub(t0) >= spin_ns {
                     self.first = None;
                     return true;
                 }
@@ -80,30 +120,46 @@ mod tests {
     #[test]
     fn a_spin_at_one_place_with_irqs_masked_is_found_after_spin_ns() {
         let mut d = SpinDetector::new();
-        assert!(!d.sample(1_000, PC, CritEvidence::IrqsMasked));
-        assert!(!d.sample(1_000 + SAMPLE_NS, PC + 0x0c, CritEvidence::IrqsMasked));
-        assert!(d.sample(1_000 + SPIN_NS, PC + 0x24, CritEvidence::IrqsMasked));
+        assert!(!d.sample(1_000, PC, CritEvidence::IrqsMasked, SPIN_NS));
+        assert!(!d.sample(1_000 + SAMPLE_NS, PC + 0x0c, CritEvidence::IrqsMasked, SPIN_NS));
+        assert!(d.sample(1_000 + SPIN_NS, PC + 0x24, CritEvidence::IrqsMasked, SPIN_NS));
         // It starts over after reporting.
-        assert!(!d.sample(1_000 + SPIN_NS + SAMPLE_NS, PC, CritEvidence::IrqsMasked));
+        assert!(!d.sample(1_000 + SPIN_NS + SAMPLE_NS, PC, CritEvidence::IrqsMasked, SPIN_NS));
     }
 
     #[test]
     fn irqs_enabled_or_another_place_or_a_trap_starts_over() {
         let mut d = SpinDetector::new();
-        d.sample(0, PC, CritEvidence::IrqsMasked);
-        assert!(!d.sample(SPIN_NS, PC, CritEvidence::None));
-        assert!(!d.sample(2 * SPIN_NS, PC, CritEvidence::IrqsMasked));
+        d.sample(0, PC, CritEvidence::IrqsMasked, SPIN_NS);
+        assert!(!d.sample(SPIN_NS, PC, CritEvidence::None, SPIN_NS));
+        assert!(!d.sample(2 * SPIN_NS, PC, CritEvidence::IrqsMasked, SPIN_NS));
         // Moved on: a new first sample, not a spin.
-        assert!(!d.sample(3 * SPIN_NS, PC + 4 * PC_WINDOW, CritEvidence::IrqsMasked));
+        assert!(!d.sample(3 * SPIN_NS, PC + 4 * PC_WINDOW, CritEvidence::IrqsMasked, SPIN_NS));
         d.reset();
-        assert!(!d.sample(4 * SPIN_NS, PC + 4 * PC_WINDOW, CritEvidence::IrqsMasked));
-        assert!(d.sample(5 * SPIN_NS, PC + 4 * PC_WINDOW, CritEvidence::IrqsMasked));
+        assert!(!d.sample(4 * SPIN_NS, PC + 4 * PC_WINDOW, CritEvidence::IrqsMasked, SPIN_NS));
+        assert!(d.sample(5 * SPIN_NS, PC + 4 * PC_WINDOW, CritEvidence::IrqsMasked, SPIN_NS));
+    }
+
+    #[test]
+    fn a_critical_watch_finds_the_spin_after_two_close_samples() {
+        let w = Watch::Critical;
+        assert!(w.sample_ns() < SAMPLE_NS && w.spin_ns() < SPIN_NS);
+        assert_eq!((Watch::Preempted.sample_ns(), Watch::Preempted.spin_ns()), (SAMPLE_NS, SPIN_NS));
+        let mut d = SpinDetector::new();
+        assert!(!d.sample(0, PC, CritEvidence::IrqsMasked, w.spin_ns()));
+        assert!(!d.sample(w.sample_ns(), PC + 8, CritEvidence::IrqsMasked, w.spin_ns()));
+        assert!(d.sample(2 * w.sample_ns(), PC + 4, CritEvidence::IrqsMasked, w.spin_ns()));
+        // The same samples under the normal watch are not (yet) a spin.
+        let mut d = SpinDetector::new();
+        for k in 0..3 {
+            assert!(!d.sample(k * w.sample_ns(), PC, CritEvidence::IrqsMasked, SPIN_NS));
+        }
     }
 
     #[test]
     fn a_short_masked_section_is_not_a_spin() {
         let mut d = SpinDetector::new();
-        assert!(!d.sample(0, PC, CritEvidence::IrqsMasked));
-        assert!(!d.sample(SPIN_NS - 1, PC, CritEvidence::IrqsMasked));
+        assert!(!d.sample(0, PC, CritEvidence::IrqsMasked, SPIN_NS));
+        assert!(!d.sample(SPIN_NS - 1, PC, CritEvidence::IrqsMasked, SPIN_NS));
     }
 }
