@@ -38,6 +38,31 @@ fn range(s: &str) -> (u64, u64) {
     (hex(a), hex(b))
 }
 
+/// Runs Dom0's `cmd` beside `domus` on 2 pCPUs (540 s at most) and types
+/// `bytes` once the console has shown each of the `after` lines; `tweak`
+/// sets the rest. Asserts the hypervisor printed no fatal line.
+fn run_with_domus(
+    cmd: String,
+    domus: DomuOptions,
+    after: &str,
+    bytes: Vec<u8>,
+    tweak: impl FnOnce(&mut RunOptions),
+) -> RunResult {
+    let mut o = RunOptions {
+        cmd: Some(cmd),
+        pcpus: 2,
+        domus: Some(domus),
+        early_input: Some(EarlyInput { after: after.into(), bytes }),
+        echo: false,
+        timeout: Duration::from_secs(540),
+        ..Default::default()
+    };
+    tweak(&mut o);
+    let r = run(&o);
+    assert!(r.hv_fatal.is_none(), "{:?}", r.hv_fatal);
+    r
+}
+
 #[test]
 fn two_domus_are_parsed_and_placed_and_dom0_still_runs_its_command() {
     let domus =
@@ -110,21 +135,13 @@ fn fio_verifies_in_dom0_and_two_domus_at_once() {
     // virtio-blk over its RAM disk), all at the same time.
     // 512 MiB: in less the guest image's initramfs (85 MiB) does not unpack whole.
     let domus = DomuOptions { count: 2, cmd: Some(fio_verify("4M")), mem_mb: 512, vcpus: 1, ..Default::default() };
-    let mut o = RunOptions {
-        cmd: Some(format!("{}; echo dom0-fio-done; read go; exit $s", fio_verify("4M"))),
-        pcpus: 2,
-        domus: Some(domus),
-        early_input: Some(EarlyInput {
-            after: "d1 powered off: the domain stops\nd2 powered off: the domain stops\ndom0-fio-done".into(),
-            bytes: b"go\n".to_vec(),
-        }),
-        echo: false,
-        timeout: Duration::from_secs(540),
-        ..Default::default()
-    };
-    with_qemu_disk(&mut o);
-    let r = run(&o);
-    assert!(r.hv_fatal.is_none(), "{:?}", r.hv_fatal);
+    let r = run_with_domus(
+        format!("{}; echo dom0-fio-done; read go; exit $s", fio_verify("4M")),
+        domus,
+        "d1 powered off: the domain stops\nd2 powered off: the domain stops\ndom0-fio-done",
+        b"go\n".to_vec(),
+        with_qemu_disk,
+    );
     let c = &r.console;
     assert_eq!(fio_errs(c, ""), [0], "Dom0's fio:\n{}", tail(c, 60));
     assert_console(&r, "\nfio-status=0");
@@ -178,24 +195,12 @@ fn a_domus_wild_accesses_abort_while_dom0s_fio_verifies() {
          echo dom0-fio-looping; read go; [ -e /proc/$! ] && echo dom0-fio-still-running; touch /tmp/stop; wait",
         fio_verify("4M").replace("grep 'err=' /tmp/fio.out; ", "")
     );
-    let mut o = RunOptions {
-        cmd: Some(dom0),
-        pcpus: 2,
-        domus: Some(domus),
-        // Ctrl-A three times (doubled for QEMU's mon:stdio) moves the
-        // console input to d1, then back to Dom0.
-        early_input: Some(EarlyInput {
-            after: "(d1) domu-waiting\ndom0-fio-looping".into(),
-            bytes: [SWITCH, b"go\n"].concat(),
-        }),
-        then_input: Some(EarlyInput { after: "(d1) domu-still-alive".into(), bytes: [SWITCH, b"go\n"].concat() }),
-        echo: false,
-        timeout: Duration::from_secs(540),
-        ..Default::default()
-    };
-    with_qemu_disk(&mut o);
-    let r = run(&o);
-    assert!(r.hv_fatal.is_none(), "{:?}", r.hv_fatal);
+    // Ctrl-A three times (doubled for QEMU's mon:stdio) moves the console
+    // input to d1, then back to Dom0.
+    let r = run_with_domus(dom0, domus, "(d1) domu-waiting\ndom0-fio-looping", [SWITCH, b"go\n"].concat(), |o| {
+        o.then_input = Some(EarlyInput { after: "(d1) domu-still-alive".into(), bytes: [SWITCH, b"go\n"].concat() });
+        with_qemu_disk(o);
+    });
     let c = &r.console;
     // Dom0's RAM (identity-mapped: host-physical) is among the addresses.
     let line = c.lines().find(|l| l.contains("guest RAM ")).expect("Dom0's layout line");
@@ -243,21 +248,13 @@ fn hog_shares(domus: DomuOptions, hv_args: &str, secs: u32) -> (Vec<f64>, RunRes
     let dom0 = format!("(while :; do :; done) & echo dom0-hogging; read go; sleep {secs}; echo slept");
     let after: Vec<String> =
         (1..=n).map(|d| format!("(d{d}) domu-hogging")).chain(["dom0-hogging".to_string()]).collect();
-    let o = RunOptions {
-        cmd: Some(dom0),
-        pcpus: 2,
-        icount: true,
-        hv_args: hv_args.into(),
-        domus: Some(DomuOptions { cmd: Some("echo domu-hogging; while :; do :; done".into()), ..domus }),
+    let domus = DomuOptions { cmd: Some("echo domu-hogging; while :; do :; done".into()), ..domus };
+    let r = run_with_domus(dom0, domus, &after.join("\n"), b"\x1cgo\n".to_vec(), |o| {
+        o.icount = true;
+        o.hv_args = hv_args.into();
         // Busybox alone: four domains boot in a fraction of the time.
-        initrd: Some(small_initrd()),
-        early_input: Some(EarlyInput { after: after.join("\n"), bytes: b"\x1cgo\n".to_vec() }),
-        echo: false,
-        timeout: Duration::from_secs(540),
-        ..Default::default()
-    };
-    let r = run(&o);
-    assert!(r.hv_fatal.is_none(), "{:?}", r.hv_fatal);
+        o.initrd = Some(small_initrd());
+    });
     assert!(r.console.contains("slept"), "{}", tail(&r.console, 80));
     let now = run_ns_key(&r.console, "host.now_ns=");
     assert_eq!(now.len(), 2, "host.now_ns printed {} times", now.len());

@@ -52,6 +52,73 @@ pub fn stat_line(console: &str, name: &str) -> Option<u64> {
     console.lines().rev().find_map(|l| l.trim().strip_prefix(&prefix).and_then(|v| v.trim().parse().ok()))
 }
 
+/// One `/proc/interrupts` line: the IRQ number, the per-CPU counts, and
+/// the rest ("ITS-MSI 16385 Edge nvme0q1": chip, hwirq, trigger, name).
+#[derive(Debug)]
+pub struct IrqLine {
+    pub irq: u32,
+    pub counts: Vec<u64>,
+    pub desc: Vec<String>,
+}
+
+impl IrqLine {
+    /// The interrupt chip (`ITS-MSI`, `GICv3`).
+    pub fn chip(&self) -> &str {
+        &self.desc[0]
+    }
+
+    /// The counts of every CPU, summed.
+    pub fn total(&self) -> u64 {
+        self.counts.iter().sum()
+    }
+}
+
+/// The `/proc/interrupts` lines the guest printed after `tag` (e.g. with
+/// `grep nvme /proc/interrupts | sed 's/^/IRQ /'`) that contain `name`
+/// (`""`: every tagged line), with `cpus` count columns
+/// (`tag 15: 12 0 ITS-MSI 16384 Edge nvme0q0`). Panics on a line of
+/// another shape.
+pub fn proc_interrupts(console: &str, tag: &str, name: &str, cpus: usize) -> Vec<IrqLine> {
+    console
+        .lines()
+        .filter_map(|l| l.strip_prefix(tag))
+        .filter(|l| l.contains(name))
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            assert!(f.len() > cpus + 2, "short /proc/interrupts line: {l}");
+            IrqLine {
+                irq: f[0].trim_end_matches(':').parse().unwrap_or_else(|_| panic!("{l}")),
+                counts: f[1..=cpus].iter().map(|c| c.parse().unwrap_or_else(|_| panic!("{l}"))).collect(),
+                desc: f[cpus + 1..].iter().map(|s| s.to_string()).collect(),
+            }
+        })
+        .collect()
+}
+
+/// The interrupts counted in `lines`, every CPU's, summed.
+pub fn irq_total(lines: &[IrqLine]) -> u64 {
+    lines.iter().map(IrqLine::total).sum()
+}
+
+/// Dom0 booted with ACPI (the UEFI path): `ls /sys/firmware/acpi/tables`
+/// (in columns, ending with the `data` and `dynamic` directories) lists
+/// every one of `tables`, every CPU started at EL1, and the command line
+/// has the hypervisor's `efi=noruntime acpi=force`.
+#[track_caller]
+pub fn assert_dom0_acpi_at_el1(r: &RunResult, tables: &[&str]) {
+    let ls: Vec<&str> = r
+        .console
+        .lines()
+        .filter(|l| matches!(l.split_whitespace().last(), Some("data" | "dynamic")))
+        .flat_map(|l| l.split_whitespace())
+        .collect();
+    for t in tables {
+        assert!(ls.contains(t), "{t} not in /sys/firmware/acpi/tables: {ls:?}");
+    }
+    assert_console(r, "CPU: All CPU(s) started at EL1");
+    assert_console(r, "efi=noruntime acpi=force");
+}
+
 /// Attaches QEMU's virtio-blk device with the scratch image (the disk that
 /// is passed through, or that the hypervisor drives in backend mode).
 pub fn with_qemu_disk(o: &mut RunOptions) {

@@ -22,36 +22,6 @@ fn with_pci_disk(o: &mut RunOptions, kind: DiskKind) {
     ];
 }
 
-/// One `/proc/interrupts` line: number, per-CPU counts, and the rest
-/// ("ITS-MSI 16385 Edge nvme0q1").
-struct IrqLine {
-    irq: u32,
-    counts: Vec<u64>,
-    desc: Vec<String>,
-}
-
-/// The lines printed after `tag` (`tag 15: 12 0 ITS-MSI 16384 Edge nvme0q0`)
-/// with `cpus` count columns.
-fn irq_lines(console: &str, tag: &str, cpus: usize) -> Vec<IrqLine> {
-    console
-        .lines()
-        .filter_map(|l| l.strip_prefix(tag))
-        .map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            assert!(f.len() > cpus + 2, "short /proc/interrupts line: {l}");
-            IrqLine {
-                irq: f[0].trim_end_matches(':').parse().unwrap_or_else(|_| panic!("{l}")),
-                counts: f[1..=cpus].iter().map(|c| c.parse().unwrap_or_else(|_| panic!("{l}"))).collect(),
-                desc: f[cpus + 1..].iter().map(|s| s.to_string()).collect(),
-            }
-        })
-        .collect()
-}
-
-fn total(lines: &[IrqLine]) -> u64 {
-    lines.iter().flat_map(|l| &l.counts).sum()
-}
-
 /// The guest script: the device's interrupt lines (each prefixed `tag`)
 /// before and after 32 MiB of verified 4 KiB random writes (libaio, queue
 /// depth 8).
@@ -90,14 +60,14 @@ fn fio_verify_over_msi(kind: DiskKind, gic: u8, dev: &str, irq_name: &str, found
     assert_fio_ok(&r, found);
     assert_console(&r, "its=1");
     assert_console(&r, "dom0 ITS: virtual GITS control frame at 0x8080000");
-    let (before, after) = (irq_lines(&r.console, "IRQ-A ", 2), irq_lines(&r.console, "IRQ-B ", 2));
+    let (before, after) = (proc_interrupts(&r.console, "IRQ-A ", "", 2), proc_interrupts(&r.console, "IRQ-B ", "", 2));
     assert!(!after.is_empty(), "no {irq_name} line:\n{}", tail(&r.console, 40));
     for l in &after {
         assert_eq!(l.desc[0], "ITS-MSI", "IRQ {} is an MSI through the ITS: {:?}", l.irq, l.desc);
     }
     // 8192 writes and 8192 verify reads at depth 8: even with every batch
     // of 8 completions coalesced into one interrupt, more than 1000.
-    let (b, a) = (total(&before), total(&after));
+    let (b, a) = (irq_total(&before), irq_total(&after));
     assert!(a >= b + 1000, "{irq_name} interrupts {b} -> {a}");
     let lpis = stat_line(&r.console, "irq.guest_lpi").expect("irq.guest_lpi in the stats");
     let injected = stat(&r.console, 0, "lpis_injected").unwrap() + stat(&r.console, 1, "lpis_injected").unwrap();
@@ -149,14 +119,14 @@ fn nvme_fio_verify_over_intx_when_the_guest_turns_msi_off() {
     });
     assert_fio_ok(&r, found);
     assert_console(&r, "INTx [35, 36, 37, 38]");
-    let (before, after) = (irq_lines(&r.console, "IRQ-A ", 1), irq_lines(&r.console, "IRQ-B ", 1));
+    let (before, after) = (proc_interrupts(&r.console, "IRQ-A ", "", 1), proc_interrupts(&r.console, "IRQ-B ", "", 1));
     assert_eq!(after.len(), 1, "one INTx line:\n{}", tail(&r.console, 40));
     // "14: 16 GICv3 36 Level nvme0q0, nvme0q1".
     let d = &after[0].desc;
     assert_eq!((d[0].as_str(), d[2].as_str()), ("GICv3", "Level"), "{d:?}");
     let intid: u32 = d[1].parse().unwrap();
     assert!((35..=38).contains(&intid), "INTx is SPI 3..6 on QEMU virt, got INTID {intid}");
-    let (b, a) = (total(&before), total(&after));
+    let (b, a) = (irq_total(&before), irq_total(&after));
     assert!(a >= b + 1000, "INTx interrupts {b} -> {a}");
     assert!(stat_line(&r.console, "irq.forwarded_spi").unwrap() >= a - b);
 }
@@ -194,7 +164,7 @@ fn moved_msi(gic: u8) -> RunResult {
         with_pci_disk(o, DiskKind::Nvme);
     });
     assert_eq!(r.guest_exit, Some(0), "{}", tail(&r.console, 40));
-    let (a, b) = (irq_lines(&r.console, "IRQ-A ", 2), irq_lines(&r.console, "IRQ-B ", 2));
+    let (a, b) = (proc_interrupts(&r.console, "IRQ-A ", "", 2), proc_interrupts(&r.console, "IRQ-B ", "", 2));
     assert_eq!((a.len(), b.len()), (1, 1), "{}", tail(&r.console, 40));
     let (a, b) = (&a[0], &b[0]);
     assert_eq!(a.desc[0], "ITS-MSI");

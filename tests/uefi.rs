@@ -56,41 +56,13 @@ fn edk2_starts_the_hypervisor_which_boots_dom0_with_acpi() {
     assert_console(&r, "(HV) INFO  dom0 ACPI: RSDP 0x");
     assert_console(&r, "efi: EFI v2.70 by hypervisor");
     assert_console(&r, "ACPI: STAO 0x");
-    // `ls` prints the tables in columns, ending with the `data` and
-    // `dynamic` directories.
-    let ls: Vec<&str> = r
-        .console
-        .lines()
-        .filter(|l| matches!(l.split_whitespace().last(), Some("data" | "dynamic")))
-        .flat_map(|l| l.split_whitespace())
-        .collect();
-    for t in ["APIC", "FACP", "GTDT", "SPCR", "MCFG", "IORT", "DSDT", "STAO"] {
-        assert!(ls.contains(&t), "{t} not in /sys/firmware/acpi/tables: {ls:?}");
-    }
-    assert_console(&r, "CPU: All CPU(s) started at EL1");
-    assert_console(&r, "efi=noruntime acpi=force");
+    assert_dom0_acpi_at_el1(&r, &["APIC", "FACP", "GTDT", "SPCR", "MCFG", "IORT", "DSDT", "STAO"]);
     assert_eq!(r.guest_exit, Some(0), "{}", tail(&r.console, 30));
     // Both vCPUs ran and the guest's PSCI SYSTEM_OFF ended the run.
     assert!(stat(&r.console, 1, "exits").unwrap() > 0);
     assert_eq!(r.hv_fatal, None, "{}", tail(&r.console, 30));
     assert_eq!(r.qemu_status, Some(0), "{}", tail(&r.console, 30));
     assert!(!r.timed_out);
-}
-
-/// `/proc/interrupts` lines containing `name` printed after `tag`:
-/// (per-CPU counts summed, the rest of the line).
-fn irq_lines(console: &str, tag: &str, name: &str, cpus: usize) -> Vec<(u64, String)> {
-    console
-        .lines()
-        .filter_map(|l| l.strip_prefix(tag))
-        .filter(|l| l.contains(name))
-        .map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            assert!(f.len() > cpus + 2, "short /proc/interrupts line: {l}");
-            let n = f[1..=cpus].iter().map(|c| c.parse::<u64>().unwrap_or_else(|_| panic!("{l}"))).sum();
-            (n, f[cpus + 1..].join(" "))
-        })
-        .collect()
 }
 
 /// Graviton's storage on the ACPI path: QEMU's NVMe controller beside the
@@ -149,12 +121,12 @@ fn nvme_over_its_msi_on_the_acpi_path() {
     assert_eq!(r.guest_exit, Some(0), "{}", tail(&r.console, 40));
     // The NVMe queues' interrupts are MSIs through the (virtual) ITS, and
     // they fired.
-    let nvme = irq_lines(&r.console, "IRQ ", "nvme0q", 2);
+    let nvme = proc_interrupts(&r.console, "IRQ ", "nvme0q", 2);
     assert!(nvme.len() >= 2, "admin + I/O queues: {nvme:?}");
-    for (_, desc) in &nvme {
-        assert!(desc.starts_with("ITS-MSI"), "{desc}");
+    for l in &nvme {
+        assert_eq!(l.chip(), "ITS-MSI", "{l:?}");
     }
-    let total: u64 = nvme.iter().map(|(n, _)| n).sum();
+    let total = irq_total(&nvme);
     assert!(total >= 1000, "nvme interrupts: {nvme:?}");
     // The hypervisor took host LPIs for them and had nothing unrouted.
     let lpis = stat_line(&r.console, "irq.guest_lpi").expect("irq.guest_lpi in the stats");
