@@ -615,7 +615,7 @@ pub(super) fn start_vcpus(
 /// What a VM is made of beyond its plan: what applying the plan made, and
 /// its place among the host's VMs.
 pub(super) struct VmParts {
-    /// Its stage-2 tag, unique per VM (Dom0 1, DomU N N + 1).
+    /// Its stage-2 tag, unique per VM (Dom0's is 1, DomU N's is N + 1).
     pub vmid: u16,
     /// The host-wide scheduler id of local vCPU 0 (`Vm::gid`).
     pub vcpu_base: u32,
