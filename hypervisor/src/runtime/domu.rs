@@ -10,25 +10,21 @@
 //! Also the `domu_selftest=N` test aid (`selftest`): N DomUs running Dom0's
 //! kernel and initrd in RAM carved from the top of Dom0's.
 
-use super::vblk::VDisk;
-use super::vm::{apply_stage2, apply_vgic, copy_module, hw_facts, new_vcpus, Host, Vm, VmError, SPSR_EL1H_MASKED};
-use crate::arch::cache;
-use crate::arch::gic;
+use super::vm::{
+    apply_disk, apply_stage2, apply_vgic, copy_module, hw_facts, start_vcpus, write_firmware_blob, Host, VcpuStart, Vm,
+    VmError, VmParts,
+};
 use crate::boot::image as boot_image;
 use crate::boot::plan::{ModuleCopy, Plan, GUEST_DTB_SIZE};
 use crate::config::Config;
 use crate::domain::domu_dt::{build_domu_dtb, DomuDtConfig};
 use crate::domain::layout::{self, DomainError};
-use crate::domain::vmplan::{self, DiskBacking, DiskPlan};
+use crate::domain::vmplan;
 use crate::domain::{DomainSpec, DomuPlacement};
 use crate::dtb::{Platform, Region};
-use crate::irq::IrqCounters;
 use crate::sched::DomainParams;
-use crate::sync::{Mutex, RwLock};
-use crate::vpl011::VPl011;
 use alloc::boxed::Box;
 use alloc::vec::Vec;
-use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use log::info;
 
 impl From<DomainError> for VmError {
@@ -39,8 +35,10 @@ impl From<DomainError> for VmError {
 
 impl Vm {
     /// Builds DomU `spec` in `placement`: `domain::vmplan::plan_domu`
-    /// decides its machine, this applies it. Its vCPUs are the host-wide
-    /// scheduler's `vcpu_base..`; `vmid` tags its stage 2 (unique per VM).
+    /// decides its machine, this applies it (copies the modules, writes its
+    /// DTB, maps stage 2, makes the vGIC, vCPUs and disk) and makes the VM
+    /// (`Vm::from_plan`). Its vCPUs are the host-wide scheduler's
+    /// `vcpu_base..`; `vmid` tags its stage 2 (unique per VM).
     pub fn create_domu(
         spec: &DomainSpec,
         placement: &DomuPlacement,
@@ -57,7 +55,6 @@ impl Vm {
         let image_size = boot_image::arm64_image_size(header, spec.kernel.size).map_err(VmError::Layout)?;
         let (vp, l) =
             vmplan::plan_domu(spec, placement, image_size, plat, &hw_facts(plat, false)).map_err(VmError::Plan)?;
-        let nr_vcpus = vp.nr_vcpus;
 
         // SAFETY: the placement's RAM is host RAM nothing else uses (the
         // boot plan placed it apart from everything it keeps), identity-mapped
@@ -76,62 +73,28 @@ impl Vm {
             vpl011: spec.vpl011,
             disk: l.disk.is_some(),
         })?;
-        if dtb.len() as u64 > GUEST_DTB_SIZE {
-            return Err(VmError::Memory("DomU DTB larger than 2 MiB"));
-        }
-        // SAFETY: the last 2 MiB of the DomU's RAM (its placement, memory
-        // nothing else uses; the guest does not run yet).
-        unsafe { core::ptr::copy_nonoverlapping(dtb.as_ptr(), l.dtb.host as *mut u8, dtb.len()) };
-        cache::clean_to_poc(l.dtb.host, dtb.len() as u64);
+        write_firmware_blob(&dtb, Region { base: l.dtb.host, size: GUEST_DTB_SIZE }, "DomU DTB larger than 2 MiB")?;
 
         // Stage 2: its RAM, nothing else.
-        let (s2, frames) = apply_stage2(&vp)?;
+        let stage2 = apply_stage2(&vp)?;
         let vgic = apply_vgic(&vp)?;
-
-        let (vcpus, shared) = new_vcpus(nr_vcpus);
-        {
-            let mut sched = host.sched.lock();
-            let params = DomainParams { weight: spec.weight, cap_percent: spec.cap_percent };
-            sched.add_domain(spec.id, params).map_err(VmError::Sched)?;
-            for i in 0..nr_vcpus {
-                sched.add_vcpu(crate::sched::VcpuId(vcpu_base + i as u32), spec.id, None).map_err(VmError::Sched)?;
-            }
-            let mut v0 = vcpus[0].lock();
-            v0.regs.x[0] = l.dtb.ipa.base;
-            v0.regs.elr = l.kernel.ipa.base;
-            v0.regs.spsr = SPSR_EL1H_MASKED;
-            shared[0].online.store(true, Ordering::Release);
-            sched.power_on(0, crate::sched::VcpuId(vcpu_base)).map_err(VmError::Sched)?;
-        }
-
-        let disk = match vp.disk {
-            Some(DiskPlan { base, intid, backing: DiskBacking::Ram { image: d, latency_us } }) => {
-                // SAFETY: the placement's disk region is host RAM nothing
-                // else uses and that no stage 2 maps; the DomU's RAM is
-                // `l.ram` at `l.ram.host` in the hypervisor's identity map.
-                let image = unsafe {
-                    core::ptr::write_bytes(d.base as *mut u8, 0, d.size as usize);
-                    core::slice::from_raw_parts_mut(d.base as *mut u8, d.size as usize)
-                };
-                // SAFETY: as above.
-                Some(unsafe {
-                    VDisk::new_ram_at(base, intid, image, latency_us * 1000, vp.ram.base, vp.ram.size, vp.ram_host)
-                })
-            }
-            // A DomU's disk is a RAM image (`domain::vmplan::plan_domu`).
-            Some(DiskPlan { backing: DiskBacking::Phys { .. }, .. }) => {
-                return Err(VmError::Memory("a DomU cannot drive a physical disk"))
-            }
-            None => None,
-        };
-        // Not consulted (physical interrupts go by Dom0's table); kept so
-        // every VM has the same shape.
-        let routes = vp.routes()?;
-        let bus = vp.mmio_bus()?;
+        let vcpus = start_vcpus(
+            &vp,
+            host,
+            &VcpuStart {
+                params: DomainParams { weight: spec.weight, cap_percent: spec.cap_percent },
+                vcpu_base,
+                pin_to: None,
+                weights: &[],
+                dtb: l.dtb.ipa.base,
+                kernel: l.kernel.ipa.base,
+            },
+        )?;
+        let disk = apply_disk(&vp)?;
         info!(
             "d{}: {} vCPU(s), RAM {:#x}+{:#x} at host {:#x}, kernel {} KiB, initrd {:?}, disk {} MiB, vpl011 {}, VMID {vmid}",
             spec.id,
-            nr_vcpus,
+            vp.nr_vcpus,
             l.ram.ipa.base,
             l.ram.ipa.size,
             l.ram.host,
@@ -140,48 +103,9 @@ impl Vm {
             l.disk.map_or(0, |d| d.size >> 20),
             spec.vpl011
         );
-        Ok(Box::new(Vm {
-            domid: spec.id,
-            vmid,
-            ram: vp.ram,
-            ram_host: vp.ram_host,
-            vcpu_base,
-            stopped: AtomicBool::new(false),
-            stage2_root: s2.root(),
-            ipa: vp.ipa,
-            stage2: Mutex::new((s2, frames)),
-            // Every access outside its RAM and devices aborts.
-            iomem: None,
-            iomem_maps: AtomicU64::new(0),
-            iomem_denied: AtomicU64::new(0),
-            vgic: Mutex::new(vgic),
-            uart: Mutex::new(VPl011::new()),
-            uart_region: vp.uart,
-            uart_intid: vp.uart_intid,
-            virt_timer_intid: vp.virt_timer_intid,
-            maintenance_intid: vp.maintenance_intid,
-            hyp_timer_intid: vp.hyp_timer_intid,
-            forwarded: Vec::new(),
-            forwarded_edge: Vec::new(),
-            forwarded_pcpu: Vec::new(),
-            routes: RwLock::new(routes),
-            irq_counters: IrqCounters::default(),
-            vits: None,
-            lpis_dropped: AtomicU64::new(0),
-            vlpi: None,
-            bus,
-            vcpus,
-            shared,
-            sched: &host.sched,
-            nr_pcpus,
-            nr_lrs: crate::vgic::usable_lrs(gic::nr_lrs())?,
-            overcommitted: nr_vcpus > nr_pcpus,
-            bad_accesses: AtomicU64::new(0),
-            disk,
-            timer_slop_ns: 0,
-            trace: &host.trace,
-            trace_trigger: &host.trace_trigger,
-        }))
+        // No vITS, no forwarded SPI, no iomem policy (`plan_domu`), no timer slop.
+        let parts = VmParts { vmid, vcpu_base, stage2, vgic, vcpus, disk, vits: None, timer_slop_ns: 0 };
+        Vm::from_plan(&vp, parts, host, nr_pcpus)
     }
 }
 

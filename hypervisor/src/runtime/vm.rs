@@ -14,6 +14,9 @@
 //! bus, IRQ route sources, the iomem policy) is decided by the pure,
 //! host-tested `domain::vmplan::plan_dom0`; `Vm::create_dom0` only reads the
 //! hardware facts the planner needs (`hw_facts`) and applies the plan.
+//! Dom0 and the DomUs share the appliers (`apply_stage2`, `apply_vgic`,
+//! `start_vcpus`, `apply_disk`) and one constructor, `Vm::from_plan`, which
+//! makes the VM from its plan and what applying it made (`VmParts`).
 
 use super::heap::HeapFrames;
 use super::vblk::VDisk;
@@ -448,7 +451,7 @@ pub fn vcpu_mpidr(i: usize) -> u64 {
 /// Dom0's tables, EFI system table and memory map.
 fn write_dom0_firmware(plat: &Platform, plan: &Plan, vp: &VmPlan, firmware: &GuestFirmware<'_>) -> Result<(), VmError> {
     let kernel_mod = plat.kernel.as_ref().ok_or(VmError::NoKernel)?;
-    let (ram, nr_vcpus, dtb_at) = (vp.ram, vp.nr_vcpus, plan.guest_dtb.base);
+    let (ram, nr_vcpus) = (vp.ram, vp.nr_vcpus);
     let initrd = plan.initrd.map(|c| c.dst);
     let bootargs = kernel_mod.bootargs.clone().unwrap_or_else(|| String::from("console=ttyAMA0"));
     let vcpu_mpidrs: Vec<u64> = (0..nr_vcpus).map(vcpu_mpidr).collect();
@@ -496,38 +499,55 @@ fn write_dom0_firmware(plat: &Platform, plan: &Plan, vp: &VmPlan, firmware: &Gue
             efi.blob
         }
     };
-    if guest_dtb.len() as u64 > plan.guest_dtb.size {
-        return Err(VmError::Memory("guest DTB (or ACPI Dom0 firmware area) larger than 2 MiB"));
+    write_firmware_blob(&guest_dtb, plan.guest_dtb, "guest DTB (or ACPI Dom0 firmware area) larger than 2 MiB")
+}
+
+/// Copies a VM's firmware view (its DTB, or an ACPI Dom0's tables) into
+/// `slot`, host memory at the top of its RAM; `too_big` says whose blob did
+/// not fit.
+pub(super) fn write_firmware_blob(blob: &[u8], slot: Region, too_big: &'static str) -> Result<(), VmError> {
+    if blob.len() as u64 > slot.size {
+        return Err(VmError::Memory(too_big));
     }
-    // SAFETY: the last 2 MiB of guest RAM, reserved for the DTB by the plan.
-    unsafe { core::ptr::copy_nonoverlapping(guest_dtb.as_ptr(), dtb_at as *mut u8, guest_dtb.len()) };
-    cache::clean_to_poc(dtb_at, guest_dtb.len() as u64);
+    // SAFETY: `slot` is the last 2 MiB of the VM's RAM, reserved for its
+    // DTB by the plan: host memory nothing else uses, identity-mapped as
+    // normal memory, and the guest does not run yet.
+    unsafe { core::ptr::copy_nonoverlapping(blob.as_ptr(), slot.base as *mut u8, blob.len()) };
+    cache::clean_to_poc(slot.base, blob.len() as u64);
     Ok(())
 }
 
-/// Makes the hypervisor's virtio-blk the plan gives Dom0 (identity-mapped RAM).
-fn apply_dom0_disk(vp: &VmPlan) -> Result<Option<VDisk>, VmError> {
+/// Makes the hypervisor's virtio-blk the plan gives the VM: a RAM image
+/// (any VM; Dom0's is logged, a DomU's shows in its `d<N>:` line) or the
+/// physical virtio-blk device (Dom0 only: its RAM is identity-mapped).
+pub(super) fn apply_disk(vp: &VmPlan) -> Result<Option<VDisk>, VmError> {
     let ram = vp.ram;
     Ok(match vp.disk {
         Some(DiskPlan { base, intid, backing: DiskBacking::Ram { image, latency_us } }) => {
-            // SAFETY: the plan put the RAM disk in RAM that holds
-            // nothing the hypervisor keeps and lies outside guest RAM
-            // and the heap: it is ours alone, identity-mapped, and the
-            // guest has no stage-2 mapping of it. Guest RAM is
-            // identity-mapped.
+            // SAFETY: the plan put the RAM disk in host RAM that holds
+            // nothing the hypervisor keeps, lies outside every VM's RAM and
+            // the heap, and that no stage 2 maps: it is ours alone,
+            // identity-mapped. The guest's RAM is `ram` at `ram_host` in the
+            // hypervisor's identity map.
             let bytes = unsafe {
                 core::ptr::write_bytes(image.base as *mut u8, 0, image.size as usize);
                 core::slice::from_raw_parts_mut(image.base as *mut u8, image.size as usize)
             };
-            info!(
-                "dom0 disk: virtio-blk at {:#x}, {}, RAM image {} MiB, service time {} us",
-                base,
-                intid,
-                image.size / MB,
-                latency_us
-            );
+            if vp.domid == 0 {
+                info!(
+                    "dom0 disk: virtio-blk at {:#x}, {}, RAM image {} MiB, service time {} us",
+                    base,
+                    intid,
+                    image.size / MB,
+                    latency_us
+                );
+            }
             // SAFETY: as above.
-            Some(unsafe { VDisk::new_ram(base, intid, bytes, latency_us * 1000, ram.base, ram.size) })
+            Some(unsafe { VDisk::new_ram_at(base, intid, bytes, latency_us * 1000, ram.base, ram.size, vp.ram_host) })
+        }
+        // A DomU's disk is a RAM image (`domain::vmplan::plan_domu`).
+        Some(DiskPlan { backing: DiskBacking::Phys { .. }, .. }) if vp.domid != 0 || vp.ram_host != ram.base => {
+            return Err(VmError::Memory("a DomU cannot drive a physical disk"))
         }
         Some(DiskPlan { base, intid, backing: DiskBacking::Phys { size } }) => {
             // SAFETY: the device is not passed through (its page is not
@@ -542,18 +562,163 @@ fn apply_dom0_disk(vp: &VmPlan) -> Result<Option<VDisk>, VmError> {
                 intid,
                 phys.capacity_sectors()
             );
-            // SAFETY: guest RAM is identity-mapped.
+            // SAFETY: Dom0's RAM is identity-mapped (checked above).
             Some(unsafe { VDisk::new_phys(base, intid, phys, ram.base, ram.size) })
         }
         None => None,
     })
 }
 
+/// How a VM's vCPUs join the host-wide scheduler, and where vCPU 0 enters
+/// its kernel.
+pub(super) struct VcpuStart<'a> {
+    /// The domain's Credit2 weight and cap.
+    pub params: DomainParams,
+    /// The host-wide scheduler id of local vCPU 0 (`Vm::gid`).
+    pub vcpu_base: u32,
+    /// `Some(nr_pcpus)`: vCPU i is pinned to pCPU i % nr_pcpus
+    /// (`dom0_vcpus_pin`); `None`: unpinned.
+    pub pin_to: Option<usize>,
+    /// Per-vCPU weights, by host-wide id (`sched_vcpu_weight`).
+    pub weights: &'a [(VcpuId, u32)],
+    /// vCPU 0's x0 (the DTB's IPA) and entry point (the kernel's IPA).
+    pub dtb: u64,
+    pub kernel: u64,
+}
+
+/// Makes the plan's vCPUs and adds them to the host-wide scheduler in
+/// domain `vp.domid`; vCPU 0 is online at its kernel's entry per the arm64
+/// boot protocol and powered on, the others wait for PSCI CPU_ON.
+pub(super) fn start_vcpus(
+    vp: &VmPlan,
+    host: &Host,
+    s: &VcpuStart<'_>,
+) -> Result<(Vec<Mutex<Vcpu>>, Vec<VcpuShared>), VmError> {
+    let mut sched = host.sched.lock();
+    sched.add_domain(vp.domid, s.params).map_err(VmError::Sched)?;
+    for i in 0..vp.nr_vcpus {
+        let pin = s.pin_to.map(|n| i % n);
+        sched.add_vcpu(VcpuId(s.vcpu_base + i as u32), vp.domid, pin).map_err(VmError::Sched)?;
+    }
+    // Our extension of Credit2: a vCPU's own weight.
+    for &(v, w) in s.weights {
+        sched.set_vcpu_weight(0, v, Some(w)).map_err(VmError::Sched)?;
+        info!("sched: {v} weight {w} (sched_vcpu_weight)");
+    }
+    let (vcpus, shared) = new_vcpus(vp.nr_vcpus);
+    {
+        let mut v0 = vcpus[0].lock();
+        v0.regs.x[0] = s.dtb;
+        v0.regs.elr = s.kernel;
+        v0.regs.spsr = SPSR_EL1H_MASKED;
+    }
+    shared[0].online.store(true, Ordering::Release);
+    sched.power_on(0, VcpuId(s.vcpu_base)).map_err(VmError::Sched)?;
+    Ok((vcpus, shared))
+}
+
+/// What a VM is made of beyond its plan: what applying the plan made, and
+/// its place among the host's VMs.
+pub(super) struct VmParts {
+    /// Its stage-2 tag, unique per VM (Dom0's is 1, DomU N's is N + 1).
+    pub vmid: u16,
+    /// The host-wide scheduler id of local vCPU 0 (`Vm::gid`).
+    pub vcpu_base: u32,
+    /// `apply_stage2`'s tables.
+    pub stage2: (Stage2, HeapFrames),
+    /// `apply_vgic`'s vGIC.
+    pub vgic: Vgic,
+    /// `start_vcpus`' vCPUs.
+    pub vcpus: (Vec<Mutex<Vcpu>>, Vec<VcpuShared>),
+    /// `apply_disk`'s disk.
+    pub disk: Option<VDisk>,
+    /// The guest's vITS, when the plan gives it one (`vp.its`).
+    pub vits: Option<Mutex<Vits>>,
+    /// `timer_slop_ns` (Dom0's; 0 for a DomU).
+    pub timer_slop_ns: u64,
+}
+
 impl Vm {
+    /// The VM a plan describes, from the parts applying it made: its IRQ
+    /// route table and MMIO bus from the plan, GICv4 vLPIs when it has a
+    /// vITS and the physical ITS injects directly, the host-wide scheduler
+    /// and flight recorder from `host`.
+    pub(super) fn from_plan(
+        vp: &VmPlan,
+        parts: VmParts,
+        host: &'static Host,
+        nr_pcpus: usize,
+    ) -> Result<Box<Vm>, VmError> {
+        let VmParts { vmid, vcpu_base, stage2: (s2, frames), vgic, vcpus: (vcpus, shared), disk, vits, timer_slop_ns } =
+            parts;
+        let nr_vcpus = vp.nr_vcpus;
+        let nr_lrs = crate::vgic::usable_lrs(gic::nr_lrs())?;
+        let mut routes = vp.routes()?;
+        let bus = vp.mmio_bus()?;
+        let vlpi = match vp.its {
+            Some(_) if gic::its::lpi_path() == LpiPath::Direct => {
+                super::vlpi::VlpiVm::create(nr_vcpus, nr_pcpus, &mut routes)
+            }
+            _ => None,
+        };
+        if let Some(r) = vp.its {
+            let how = if vlpi.is_some() { "GICv4 vLPIs with doorbells" } else { "host LPIs" };
+            let who = if vp.domid == 0 { String::from("dom0") } else { alloc::format!("d{}", vp.domid) };
+            info!("{who} ITS: virtual GITS control frame at {:#x}, MSIs backed by {how}", r.base);
+        }
+        Ok(Box::new(Vm {
+            domid: vp.domid,
+            vmid,
+            ram: vp.ram,
+            ram_host: vp.ram_host,
+            vcpu_base,
+            stopped: AtomicBool::new(false),
+            stage2_root: s2.root(),
+            ipa: vp.ipa,
+            stage2: Mutex::new((s2, frames)),
+            // `None` (every DomU, a DT Dom0): every access outside its RAM
+            // and devices aborts.
+            iomem: vp.iomem.clone(),
+            iomem_maps: AtomicU64::new(0),
+            iomem_denied: AtomicU64::new(0),
+            vgic: Mutex::new(vgic),
+            uart: Mutex::new(VPl011::new()),
+            uart_region: vp.uart,
+            uart_intid: vp.uart_intid,
+            virt_timer_intid: vp.virt_timer_intid,
+            maintenance_intid: vp.maintenance_intid,
+            hyp_timer_intid: vp.hyp_timer_intid,
+            forwarded_pcpu: vp.forwarded.iter().map(|_| AtomicUsize::new(0)).collect(),
+            forwarded: vp.forwarded.iter().map(|f| f.intid).collect(),
+            forwarded_edge: vp.forwarded.iter().map(|f| f.edge).collect(),
+            // A DomU's is not consulted (physical interrupts go by Dom0's
+            // table); kept so every VM has the same shape.
+            routes: RwLock::new(routes),
+            vits,
+            lpis_dropped: AtomicU64::new(0),
+            vlpi,
+            irq_counters: IrqCounters::default(),
+            bus,
+            vcpus,
+            shared,
+            sched: &host.sched,
+            nr_pcpus,
+            nr_lrs,
+            overcommitted: nr_vcpus > nr_pcpus,
+            bad_accesses: AtomicU64::new(0),
+            disk,
+            timer_slop_ns,
+            trace: &host.trace,
+            trace_trigger: &host.trace_trigger,
+        }))
+    }
+
     /// Builds the Dom0-style guest from the boot modules, where `plan` says:
     /// `domain::vmplan::plan_dom0` decides its machine, this applies it
     /// (copies the modules, writes the guest DTB or ACPI tables, maps stage
-    /// 2, makes the vGIC, vITS, disk and vCPUs).
+    /// 2, makes the vGIC, vCPUs, disk and vITS) and makes the VM
+    /// (`Vm::from_plan`). Dom0's vCPUs are host-wide ids 0..nr_vcpus (made
+    /// first), in scheduler domain 0; its VMID is 1.
     pub fn create_dom0(
         plat: &Platform,
         cfg: &Config,
@@ -574,143 +739,78 @@ impl Vm {
         let vp = vmplan::plan_dom0(plat, plan, cfg, fw, &hw).map_err(VmError::Plan)?;
         info!("dom0 stage 2: {}-bit IPA ({}-bit PA)", vp.ipa.bits(), hw.pa_bits);
         let nr_vcpus = vp.nr_vcpus;
-        let ram = vp.ram;
         // Kernel at the bottom of guest RAM (image_size reserved), initrd
         // next, the DTB in the last 2 MiB: see `boot::plan`.
         copy_module(&plan.kernel);
         if let Some(c) = &plan.initrd {
             copy_module(c);
         }
-        let kernel_at = plan.kernel.dst.base;
-        let image_size = plan.kernel.dst.size;
-        let initrd = plan.initrd.map(|c| c.dst);
-        let dtb_at = plan.guest_dtb.base;
-
         write_dom0_firmware(plat, plan, &vp, firmware)?;
-
-        let (s2, frames) = apply_stage2(&vp)?;
-        let nr_lrs = crate::vgic::usable_lrs(gic::nr_lrs())?;
+        let stage2 = apply_stage2(&vp)?;
         let vgic = apply_vgic(&vp)?;
-        if matches!(firmware, GuestFirmware::Acpi(_)) {
-            info!(
-                "dom0 ACPI: {} SPIs forwarded (all but the hypervisor's UART, {})",
-                vp.forwarded
-                    .iter()
-                    .filter(|f| !vp.bridges.iter().flat_map(|b| &b.intx).any(|i| i.intid == f.intid))
-                    .count(),
-                vp.console_intid
-            );
-        }
-        for b in &vp.bridges {
-            info!(
-                "dom0 PCIe: {} ECAM {:#x}+{:#x}, {} window(s) mapped, INTx {:?}",
-                b.path,
-                b.ecam.base,
-                b.ecam.size,
-                b.passthrough_frames(vp.ipa.limit()).len() - 1,
-                b.intx.iter().map(|i| u32::from(i.intid)).collect::<Vec<_>>()
-            );
-        }
+        log_dom0_devices(&vp, firmware);
 
-        // Dom0's vCPUs are host-wide ids 0..nr_vcpus (made first), in
-        // scheduler domain 0.
-        let mut sched = host.sched.lock();
-        let dom0 = DomainParams { weight: cfg.dom0_weight, cap_percent: cfg.dom0_cap };
-        sched.add_domain(0, dom0).map_err(VmError::Sched)?;
-        for i in 0..nr_vcpus {
-            sched.add_vcpu(VcpuId(i as u32), 0, cfg.dom0_vcpus_pin.then_some(i % nr_pcpus)).map_err(VmError::Sched)?;
-        }
-        // Our extension of Credit2: a Dom0 vCPU's own weight
-        // (`sched_vcpu_weight=V:W`; Dom0's vCPU V is host-wide id V).
-        for (v, w) in
-            SchedConfig::vcpu_weights_from_bootargs(plat.bootargs.as_deref().unwrap_or("")).map_err(VmError::Sched)?
-        {
-            sched.set_vcpu_weight(0, v, Some(w)).map_err(VmError::Sched)?;
-            info!("sched: {v} weight {w} (sched_vcpu_weight)");
-        }
-        let (vcpus, shared) = new_vcpus(nr_vcpus);
-        {
-            // vCPU 0 enters the kernel per the arm64 boot protocol.
-            let mut v0 = vcpus[0].lock();
-            v0.regs.x[0] = dtb_at;
-            v0.regs.elr = kernel_at;
-            v0.regs.spsr = SPSR_EL1H_MASKED;
-        }
-        shared[0].online.store(true, Ordering::Release);
-        sched.power_on(0, VcpuId(0)).map_err(VmError::Sched)?;
-        drop(sched);
-        let disk = apply_dom0_disk(&vp)?;
+        let weights =
+            SchedConfig::vcpu_weights_from_bootargs(plat.bootargs.as_deref().unwrap_or("")).map_err(VmError::Sched)?;
+        let vcpus = start_vcpus(
+            &vp,
+            host,
+            &VcpuStart {
+                params: DomainParams { weight: cfg.dom0_weight, cap_percent: cfg.dom0_cap },
+                vcpu_base: 0,
+                pin_to: cfg.dom0_vcpus_pin.then_some(nr_pcpus),
+                weights: &weights,
+                dtb: plan.guest_dtb.base,
+                kernel: plan.kernel.dst.base,
+            },
+        )?;
+        let disk = apply_disk(&vp)?;
         info!(
             "dom0: {} vCPU(s) on {} pCPU(s), RAM {:#x}-{:#x}, kernel {:#x} ({} KiB), initrd {:?}, dtb {:#x}, {} passthrough device(s)",
             nr_vcpus,
             nr_pcpus,
-            ram.base,
-            ram.end(),
-            kernel_at,
-            image_size / 1024,
-            initrd.map(|r| (r.base, r.size)),
-            dtb_at,
+            vp.ram.base,
+            vp.ram.end(),
+            plan.kernel.dst.base,
+            plan.kernel.dst.size / 1024,
+            plan.initrd.map(|c| (c.dst.base, c.dst.size)),
+            plan.guest_dtb.base,
             vp.passthrough.len()
         );
-        let mut routes = vp.routes()?;
         let vits = match vp.its {
             Some(r) => {
                 Some(Mutex::new(Vits::new(VitsConfig { base: r.base, nr_vcpus, msi_vcpu: cfg.msi_vcpu(nr_vcpus) })?))
             }
             None => None,
         };
-        let bus = vp.mmio_bus()?;
-        let vlpi = match vp.its {
-            Some(_) if gic::its::lpi_path() == LpiPath::Direct => {
-                super::vlpi::VlpiVm::create(nr_vcpus, nr_pcpus, &mut routes)
-            }
-            _ => None,
-        };
-        if let Some(r) = vp.its {
-            let how = if vlpi.is_some() { "GICv4 vLPIs with doorbells" } else { "host LPIs" };
-            info!("dom0 ITS: virtual GITS control frame at {:#x}, MSIs backed by {how}", r.base);
-        }
-        Ok(Box::new(Vm {
-            domid: 0,
-            vmid: 1,
-            ram,
-            ram_host: vp.ram_host,
-            vcpu_base: 0,
-            stopped: AtomicBool::new(false),
-            stage2_root: s2.root(),
-            ipa: vp.ipa,
-            stage2: Mutex::new((s2, frames)),
-            iomem: vp.iomem,
-            iomem_maps: AtomicU64::new(0),
-            iomem_denied: AtomicU64::new(0),
-            vgic: Mutex::new(vgic),
-            uart: Mutex::new(VPl011::new()),
-            uart_region: vp.uart,
-            uart_intid: vp.uart_intid,
-            virt_timer_intid: vp.virt_timer_intid,
-            maintenance_intid: vp.maintenance_intid,
-            hyp_timer_intid: vp.hyp_timer_intid,
-            forwarded_pcpu: vp.forwarded.iter().map(|_| AtomicUsize::new(0)).collect(),
-            forwarded: vp.forwarded.iter().map(|f| f.intid).collect(),
-            forwarded_edge: vp.forwarded.iter().map(|f| f.edge).collect(),
-            routes: RwLock::new(routes),
-            vits,
-            lpis_dropped: AtomicU64::new(0),
-            vlpi,
-            irq_counters: IrqCounters::default(),
-            bus,
-            vcpus,
-            shared,
-            sched: &host.sched,
-            nr_pcpus,
-            nr_lrs,
-            overcommitted: nr_vcpus > nr_pcpus,
-            bad_accesses: AtomicU64::new(0),
-            disk,
-            timer_slop_ns: cfg.timer_slop_ns,
-            trace: &host.trace,
-            trace_trigger: &host.trace_trigger,
-        }))
+        let parts =
+            VmParts { vmid: 1, vcpu_base: 0, stage2, vgic, vcpus, disk, vits, timer_slop_ns: cfg.timer_slop_ns };
+        Vm::from_plan(&vp, parts, host, nr_pcpus)
+    }
+}
+
+/// Logs what Dom0 is given beyond RAM: an ACPI Dom0's forwarded SPIs, the
+/// PCIe host bridges passed through.
+fn log_dom0_devices(vp: &VmPlan, firmware: &GuestFirmware<'_>) {
+    if matches!(firmware, GuestFirmware::Acpi(_)) {
+        info!(
+            "dom0 ACPI: {} SPIs forwarded (all but the hypervisor's UART, {})",
+            vp.forwarded
+                .iter()
+                .filter(|f| !vp.bridges.iter().flat_map(|b| &b.intx).any(|i| i.intid == f.intid))
+                .count(),
+            vp.console_intid
+        );
+    }
+    for b in &vp.bridges {
+        info!(
+            "dom0 PCIe: {} ECAM {:#x}+{:#x}, {} window(s) mapped, INTx {:?}",
+            b.path,
+            b.ecam.base,
+            b.ecam.size,
+            b.passthrough_frames(vp.ipa.limit()).len() - 1,
+            b.intx.iter().map(|i| u32::from(i.intid)).collect::<Vec<_>>()
+        );
     }
 }
 
