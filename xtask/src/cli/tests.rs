@@ -492,7 +492,10 @@ fn option_names_are_the_documented_ones() {
             "--help"
         ])
     );
-    assert_eq!(longs(&["bench", "timer"]), sorted(&["--samples", "--runtime", "--only", "--hv-args", "--breaktrace", "--help"]));
+    assert_eq!(
+        longs(&["bench", "timer"]),
+        sorted(&["--samples", "--runtime", "--only", "--hv-args", "--breaktrace", "--help"])
+    );
     assert_eq!(
         longs(&["sim", "wakeup"]),
         sorted(&[
