@@ -46,7 +46,7 @@ use alloc::boxed::Box;
 use alloc::string::String;
 use alloc::vec::Vec;
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use log::info;
+use log::{info, warn};
 
 const MB: u64 = 1 << 20;
 
@@ -602,8 +602,15 @@ pub(super) fn start_vcpus(
     }
     // Our extension of Credit2: a vCPU's own weight.
     for &(v, w) in s.weights {
-        sched.set_vcpu_weight(0, v, Some(w)).map_err(VmError::Sched)?;
-        info!("sched: {v} weight {w} (sched_vcpu_weight)");
+        match sched.set_vcpu_weight(0, v, Some(w)) {
+            Ok(()) => info!("sched: {v} weight {w} (sched_vcpu_weight)"),
+            // A vCPU Dom0 does not have: Xen's way with a boot option that
+            // does not apply, a warning.
+            Err(crate::sched::SchedError::UnknownVcpu(_)) => {
+                warn!("sched_vcpu_weight={}:{w}: Dom0 has {} vCPU(s), no vCPU {}; ignored", v.0, vp.nr_vcpus, v.0)
+            }
+            Err(e) => return Err(VmError::Sched(e)),
+        }
     }
     let (vcpus, shared) = new_vcpus(vp.nr_vcpus);
     {
