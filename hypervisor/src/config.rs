@@ -88,6 +88,11 @@ pub struct Config {
     /// At most this many threshold dumps per boot (`sched_trace_max_dumps=`,
     /// default `crate::trace::MAX_DUMPS`; at most 1000).
     pub sched_trace_max_dumps: u32,
+    /// Dom0 writing Ctrl-\\ (0x1c) to its console dumps the recorder
+    /// (`sched_trace_dom0_key=on`, default off: a Dom0 printing binary data
+    /// would otherwise stall its pCPU for every such byte); counted against
+    /// `sched_trace_max_dumps`.
+    pub sched_trace_dom0_key: bool,
     /// Test aid (`domu_selftest=N`, at most 8): N DomUs running Dom0's
     /// kernel and initrd, with RAM and a RAM disk carved from the top of
     /// Dom0's RAM, until the dom0less device tree describes real ones.
@@ -122,6 +127,7 @@ impl Default for Config {
             dom0_msi_vcpu: None,
             sched_trace_threshold_us: None,
             sched_trace_max_dumps: crate::trace::MAX_DUMPS,
+            sched_trace_dom0_key: false,
             domu_selftest: 0,
             domu_selftest_mem: 512 << 20,
             domu_selftest_vcpus: 1,
@@ -228,6 +234,13 @@ impl Config {
                     c.disk_size =
                         parse_size(v).filter(|&s| s >= 1 << 20 && s % 512 == 0 && s <= 4 << 30).ok_or_else(bad)?
                 }
+                "sched_trace_dom0_key" => {
+                    c.sched_trace_dom0_key = match v {
+                        "" | "1" | "on" | "true" | "yes" => true,
+                        "0" | "off" | "false" | "no" => false,
+                        _ => return Err(bad()),
+                    }
+                }
                 "gic_vlpi" => {
                     c.gic_vlpi = match v {
                         "" | "1" | "on" | "true" | "yes" => true,
@@ -300,6 +313,9 @@ mod tests {
         assert!(Config::parse("dom0_msi_vcpu=x").is_err());
         assert!(Config::parse("dom0_msi_vcpu=-1").is_err());
         assert_eq!(Config::parse("sched_trace_threshold_us=150").unwrap().sched_trace_threshold_us, Some(150));
+        assert!(!Config::parse("").unwrap().sched_trace_dom0_key);
+        assert!(Config::parse("sched_trace_dom0_key=on").unwrap().sched_trace_dom0_key);
+        assert!(Config::parse("sched_trace_dom0_key=maybe").is_err());
         assert_eq!(Config::default().sched_trace_threshold_us, None);
         assert!(Config::parse("sched_trace_threshold_us=-1").is_err());
         assert_eq!(Config::parse("sched_trace_max_dumps=64").unwrap().sched_trace_max_dumps, 64);

@@ -383,6 +383,7 @@ pub struct Trigger {
     threshold_ns: Option<u64>,
     left: AtomicU32,
     last_dump_end: AtomicU64,
+    dom0_key: bool,
 }
 
 impl Trigger {
@@ -393,7 +394,20 @@ impl Trigger {
             threshold_ns: threshold_us.map(|u| u.saturating_mul(1000)),
             left: AtomicU32::new(max_dumps),
             last_dump_end: AtomicU64::new(0),
+            dom0_key: false,
         }
+    }
+
+    /// Whether Dom0 writing Ctrl-\\ to its console dumps
+    /// (`sched_trace_dom0_key`).
+    pub fn with_dom0_key(self, on: bool) -> Self {
+        Self { dom0_key: on, ..self }
+    }
+
+    /// Dom0 wrote Ctrl-\\: whether that dumps (enabled, and a dump is left;
+    /// it counts).
+    pub fn dom0_key(&self) -> bool {
+        self.dom0_key && self.left.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| n.checked_sub(1)).is_ok()
     }
 
     /// Whether a wait of `latency_ns` that ended at `now` dumps (and counts

@@ -882,11 +882,12 @@ fn uart_mmio(vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess, off: u64, value: 
     let level = {
         let mut uart = vm.uart.lock();
         if a.write {
-            // Dom0 writing Ctrl-\ dumps the trace rings, as typing it does:
-            // a benchmark's guest asks right after the sample it wants
-            // explained (cyclictest's breaktrace). DomUs' bytes go out as is.
+            // With `sched_trace_dom0_key`, Dom0 writing Ctrl-\ dumps the
+            // trace rings, as typing it does: a benchmark's guest asks right
+            // after the sample it wants explained (cyclictest's breaktrace).
+            // DomUs' bytes, and Dom0's otherwise, go out as they are.
             let mut tx = |b: u8| {
-                if dom == 0 && b == STATS_KEY {
+                if dom == 0 && b == STATS_KEY && vm.trace_trigger.dom0_key() {
                     guest_key = true;
                 } else {
                     console::domain_putc(dom, b);

@@ -244,7 +244,8 @@ impl Host {
         Ok(HOST.call_once(|| Host {
             sched: Mutex::new(sched),
             trace: (0..nr_pcpus).map(|_| Mutex::new(Ring::new(RING_EVENTS))).collect(),
-            trace_trigger: Trigger::new(cfg.sched_trace_threshold_us, cfg.sched_trace_max_dumps),
+            trace_trigger: Trigger::new(cfg.sched_trace_threshold_us, cfg.sched_trace_max_dumps)
+                .with_dom0_key(cfg.sched_trace_dom0_key),
         }))
     }
 }

@@ -110,6 +110,17 @@ fn trigger_threshold_and_rate_limit() {
     assert!(t.fire(5_300_000, 200_000), "began at 5.1 ms");
 }
 
+#[test]
+fn dom0_key_dumps_only_when_enabled_and_counts() {
+    assert!(!Trigger::new(None, MAX_DUMPS).dom0_key(), "off by default");
+    let t = Trigger::new(None, 2).with_dom0_key(true);
+    assert_eq!((0..5).filter(|_| t.dom0_key()).count(), 2, "at most sched_trace_max_dumps");
+    // Threshold dumps and Dom0's share the budget.
+    let t = Trigger::new(Some(1), 1).with_dom0_key(true);
+    assert!(t.dom0_key());
+    assert!(!t.fire(10_000, 2000));
+}
+
 /// The acceptance test's synthetic outlier: the real scheduler, driven as
 /// the run loop drives it and recorded with the same `Ring` calls, holds a
 /// woken vCPU behind a hog's ratelimit window; the dump must appear, name

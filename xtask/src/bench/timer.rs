@@ -256,6 +256,10 @@ pub fn run(args: &BenchTimerArgs) -> Result<()> {
     for c in cases {
         progress.next(&c.label());
         let mut hv_args = hypervisor_args(&c);
+        if args.breaktrace.is_some() {
+            // The guest's Ctrl-\ after cyclictest's break dumps the recorder.
+            hv_args.push_str(" sched_trace_dom0_key=on");
+        }
         if let Some(extra) = &args.hv_args {
             hv_args = format!("{hv_args} {extra}");
         }
