@@ -66,3 +66,26 @@ fn outlier_dumps_name_the_vcpu_and_hold_its_wake_and_schedule_in() {
     // The rate limit: the run has far more wakes than dumps.
     assert!(stat(&r.console, 1, "kick_to_run_ns.count").unwrap() > MAX_DUMPS as u64);
 }
+
+/// `sched_trace_dom0_key=on`: Dom0 writing Ctrl-\ (0x1c) to its console
+/// dumps the rings (what `bench timer --breaktrace` uses right after
+/// cyclictest's break), at most `sched_trace_max_dumps` times; the byte
+/// itself is not printed. Without the option the byte is ordinary output.
+#[test]
+fn dom0_writing_ctrl_backslash_dumps_only_with_sched_trace_dom0_key() {
+    let cmd = "printf 'key1\\034\\n'; printf 'key2\\034\\n'; printf 'key3\\034\\n'; echo keys-done";
+    let on = run_cmd(cmd, |o| o.hv_args = "sched_trace_dom0_key=on sched_trace_max_dumps=2".into());
+    assert_eq!(on.guest_exit, Some(0));
+    assert_console(&on, "keys-done");
+    let dumps = parse_dumps(&on.console).expect("the dumps parse");
+    assert_eq!(dumps.len(), 2, "sched_trace_max_dumps=2:\n{}", tail(&on.console, 40));
+    for d in &dumps {
+        assert_eq!(d.reason, Reason::Key);
+        assert!(d.events.iter().any(|(_, r)| matches!(r.ev, Event::Exit { .. })), "{}", d.timeline());
+    }
+    assert!(!on.console.contains('\x1c'), "the key byte was printed");
+    let off = run_cmd(cmd, |_| {});
+    assert_eq!(off.guest_exit, Some(0));
+    assert!(parse_dumps(&off.console).expect("parses").is_empty(), "dumped without the option");
+    assert!(off.console.contains("key1\x1c"), "the byte is output as is without the option");
+}

@@ -404,6 +404,12 @@ impl Trigger {
         Self { dom0_key: on, ..self }
     }
 
+    /// Whether Ctrl-\\ written by Dom0 is a dump request (then it is not
+    /// printed, whether or not a dump is left).
+    pub fn dom0_key_on(&self) -> bool {
+        self.dom0_key
+    }
+
     /// Dom0 wrote Ctrl-\\: whether that dumps (enabled, and a dump is left;
     /// it counts).
     pub fn dom0_key(&self) -> bool {

@@ -885,10 +885,10 @@ fn uart_mmio(vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess, off: u64, value: 
             // With `sched_trace_dom0_key`, Dom0 writing Ctrl-\ dumps the
             // trace rings, as typing it does: a benchmark's guest asks right
             // after the sample it wants explained (cyclictest's breaktrace).
-            // DomUs' bytes, and Dom0's otherwise, go out as they are.
+            // DomUs' bytes, and Dom0's without the option, go out as they are.
             let mut tx = |b: u8| {
-                if dom == 0 && b == STATS_KEY && vm.trace_trigger.dom0_key() {
-                    guest_key = true;
+                if dom == 0 && b == STATS_KEY && vm.trace_trigger.dom0_key_on() {
+                    guest_key |= vm.trace_trigger.dom0_key();
                 } else {
                     console::domain_putc(dom, b);
                 }

@@ -113,6 +113,8 @@ fn trigger_threshold_and_rate_limit() {
 #[test]
 fn dom0_key_dumps_only_when_enabled_and_counts() {
     assert!(!Trigger::new(None, MAX_DUMPS).dom0_key(), "off by default");
+    assert!(!Trigger::new(None, MAX_DUMPS).dom0_key_on());
+    assert!(Trigger::new(None, 0).with_dom0_key(true).dom0_key_on());
     let t = Trigger::new(None, 2).with_dom0_key(true);
     assert_eq!((0..5).filter(|_| t.dom0_key()).count(), 2, "at most sched_trace_max_dumps");
     // Threshold dumps and Dom0's share the budget.
