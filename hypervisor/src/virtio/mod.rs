@@ -285,3 +285,55 @@ pub mod irq {
     /// Configuration Change Notification.
     pub const CONFIG: u32 = 2;
 }
+
+/// `IdentityMappedRam` over another host address (a DomU's RAM); here, not
+/// in `tests.rs`, because making one is `unsafe` and this file is where the
+/// architecture doc allows that.
+#[cfg(test)]
+mod ram_view_tests {
+    use super::*;
+    use alloc::vec;
+
+    /// A DomU's RAM as the EL2 code sees it: guest addresses at 0x40000000,
+    /// backed elsewhere (here a host buffer standing in for the placement).
+    /// Every access lands at the same offset of the backing; anything outside
+    /// the guest's RAM, or wrapping, is refused and touches nothing.
+    #[test]
+    fn identity_mapped_ram_at_another_host_address_stays_inside_its_backing() {
+        const GUEST: u64 = 0x4000_0000;
+        const SIZE: usize = 64 << 10;
+        // The backing, with a guard page of canaries on each side.
+        let mut host = vec![0xa5u8; SIZE + 2 * 4096];
+        let backing = host[4096..].as_mut_ptr() as u64;
+        // SAFETY: `[backing, backing + SIZE)` is this test's buffer, readable and
+        // writable at these addresses for as long as `ram` is used, and used by
+        // nothing else meanwhile.
+        let mut ram = unsafe { IdentityMappedRam::at(GUEST, SIZE as u64, backing) };
+        ram.write(GUEST, &[1, 2, 3]).unwrap();
+        ram.write(GUEST + SIZE as u64 - 2, &[7, 8]).unwrap();
+        let mut b = [0u8; 3];
+        ram.read(GUEST, &mut b).unwrap();
+        assert_eq!(b, [1, 2, 3]);
+        let bad: [(u64, usize); 6] = [
+            (GUEST - 1, 1),               // just below
+            (GUEST - 2, 3),               // straddling the start
+            (GUEST + SIZE as u64 - 1, 2), // straddling the end
+            (GUEST + SIZE as u64, 1),     // just past
+            (backing, 1),                 // the host address is no guest address
+            (u64::MAX - 1, 4),            // wrapping
+        ];
+        // (A buffer at 1 GiB would make the host-address case a guest address.)
+        for (gpa, len) in bad.into_iter().filter(|&(g, _)| g != backing || !(GUEST..GUEST + SIZE as u64).contains(&g)) {
+            let data = vec![0xeeu8; len];
+            assert_eq!(ram.write(gpa, &data), Err(MemError::OutOfRange { gpa, len: len as u64 }), "{gpa:#x}+{len}");
+            let mut buf = vec![0u8; len];
+            assert!(ram.read(gpa, &mut buf).is_err());
+            assert!(!ram.contains(gpa, len as u64));
+        }
+        // `ram` is not used past here: the buffer is read directly.
+        assert!(host[..4096].iter().all(|&x| x == 0xa5), "the guard below was written");
+        assert!(host[4096 + SIZE..].iter().all(|&x| x == 0xa5), "the guard above was written");
+        assert_eq!(&host[4096..4099], &[1, 2, 3]);
+        assert_eq!(&host[4096 + SIZE - 2..4096 + SIZE], &[7, 8]);
+    }
+}
