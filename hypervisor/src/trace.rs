@@ -413,7 +413,12 @@ impl Trigger {
     /// Dom0 wrote Ctrl-\\: whether that dumps (enabled, and a dump is left;
     /// it counts).
     pub fn dom0_key(&self) -> bool {
-        self.dom0_key && self.left.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| n.checked_sub(1)).is_ok()
+        self.dom0_key && self.take()
+    }
+
+    /// Counts one dump against `max_dumps`; false when none is left.
+    fn take(&self) -> bool {
+        self.left.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| n.checked_sub(1)).is_ok()
     }
 
     /// Whether a wait of `latency_ns` that ended at `now` dumps (and counts
@@ -421,9 +426,7 @@ impl Trigger {
     pub fn fire(&self, now: u64, latency_ns: u64) -> bool {
         match self.threshold_ns {
             Some(_) if now.saturating_sub(latency_ns) < self.last_dump_end.load(Ordering::Acquire) => false,
-            Some(th) if latency_ns > th => {
-                self.left.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| n.checked_sub(1)).is_ok()
-            }
+            Some(th) if latency_ns > th => self.take(),
             _ => false,
         }
     }

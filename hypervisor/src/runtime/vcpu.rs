@@ -743,15 +743,22 @@ fn spin_watch(vm: &Vm, id: usize) -> Option<spin::Watch> {
     if !vm.overcommitted {
         return None;
     }
-    let s = vm.sched.lock();
-    let mut watch = None;
+    preempted_sibling(vm, &vm.sched.lock(), id)
+        .map(|(_, masked)| if masked { spin::Watch::Critical } else { spin::Watch::Preempted })
+}
+
+/// A sibling of vCPU `id` that is runnable but was descheduled
+/// involuntarily, one that left inside a critical section (IRQs masked: the
+/// likely holder of what `id` waits for) first, and whether it did.
+fn preempted_sibling(vm: &Vm, s: &crate::sched::Scheduler, id: usize) -> Option<(usize, bool)> {
+    let mut found = None;
     for k in (0..vm.shared.len()).filter(|&k| k != id && s.is_preempted(vm.gid(k))) {
         if vm.shared[k].left_masked.load(Ordering::Relaxed) {
-            return Some(spin::Watch::Critical);
+            return Some((k, true));
         }
-        watch = Some(spin::Watch::Preempted);
+        found.get_or_insert((k, false));
     }
-    watch
+    found
 }
 
 /// WFE while vCPUs outnumber pCPUs: the vCPU probably spins on a lock whose
@@ -761,14 +768,7 @@ fn yield_cpu(vm: &Vm, me: usize, id: usize) -> Next {
         return Next::Enter;
     }
     let mut s = vm.sched.lock();
-    // A sibling preempted inside a critical section first: the likely holder.
-    let preempted = |k: &usize| *k != id && s.is_preempted(vm.gid(*k));
-    let masked = |k: &usize| vm.shared[*k].left_masked.load(Ordering::Relaxed);
-    let target = (0..vm.shared.len())
-        .filter(preempted)
-        .find(masked)
-        .or_else(|| (0..vm.shared.len()).find(preempted))
-        .map(|k| vm.gid(k));
+    let target = preempted_sibling(vm, &s, id).map(|(k, _)| vm.gid(k));
     match s.yield_to(now_ns(), me, target) {
         Ok(()) => Next::Schedule,
         Err(_) => Next::Enter,
