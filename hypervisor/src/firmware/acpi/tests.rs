@@ -303,6 +303,18 @@ fn madt_counts_and_overlaps() {
     assert!(matches!(parse_madt(&madt(&[d, gicc(0, 1, 0), gicr(0x80a_0000, 0)])), Err(AcpiError::BadValue { .. })));
 }
 
+/// QEMU's FADT and GTDT, no SPCR, MCFG or IORT, and the MADT `madt_bytes`.
+fn machine_with_madt(madt_bytes: &[u8]) -> AcpiMachine {
+    AcpiMachine {
+        fadt: parse_fadt(FACP).unwrap(),
+        madt: parse_madt(madt_bytes).unwrap(),
+        gtdt: parse_gtdt(GTDT).unwrap(),
+        spcr: None,
+        mcfg: vec![],
+        iort: None,
+    }
+}
+
 /// Many CPUs (Graviton4 has 192), GICR bases per GICC, GICv4 stride.
 #[test]
 fn many_cpus_with_gicc_gicr_bases() {
@@ -310,16 +322,8 @@ fn many_cpus_with_gicc_gicr_bases() {
     let mpidr = |i: u64| ((i / 64) << 16) | ((i % 64) << 8);
     entries.extend((0..192).map(|i| gicc(mpidr(i), 1, 0x2000_0000 + i * GICR_V4_STRIDE)));
     let madt_bytes = madt(&entries);
-    let parsed = parse_madt(&madt_bytes).unwrap();
-    assert_eq!(parsed.giccs.len(), 192);
-    let m = AcpiMachine {
-        fadt: parse_fadt(FACP).unwrap(),
-        madt: parsed,
-        gtdt: parse_gtdt(GTDT).unwrap(),
-        spcr: None,
-        mcfg: vec![],
-        iort: None,
-    };
+    let m = machine_with_madt(&madt_bytes);
+    assert_eq!(m.madt.giccs.len(), 192);
     let p = m.to_platform(vec![]).unwrap();
     assert_eq!(p.cpus.len(), 192);
     assert_eq!(p.cpus[191], mpidr(191));
@@ -339,14 +343,7 @@ fn qemu_192_cpus_two_gicr_structures() {
     entries.push(gicr(0x40_0000_0000, 0x400_0000));
     entries.push(its(0, 0x808_0000));
     let madt_bytes = madt(&entries);
-    let m = AcpiMachine {
-        fadt: parse_fadt(FACP).unwrap(),
-        madt: parse_madt(&madt_bytes).unwrap(),
-        gtdt: parse_gtdt(GTDT).unwrap(),
-        spcr: None,
-        mcfg: vec![],
-        iort: None,
-    };
+    let m = machine_with_madt(&madt_bytes);
     let p = m.to_platform(vec![]).unwrap();
     assert_eq!(p.cpus.len(), 192);
     assert_eq!(
@@ -366,7 +363,7 @@ fn qemu_192_cpus_two_gicr_structures() {
     let mut per_cpu = vec![gicd(0x800_0000, 3)];
     per_cpu.extend((0..192).map(|i| gicc(mpidr(i), 1, frame(i))));
     let madt_bytes = madt(&per_cpu);
-    let m = AcpiMachine { madt: parse_madt(&madt_bytes).unwrap(), ..m };
+    let m = machine_with_madt(&madt_bytes);
     let p = m.to_platform(vec![]).unwrap();
     assert_eq!(p.gic.gicr.len(), 192);
     let frames = crate::gicr::walk(&p.gic.gicr, typer);
