@@ -19,6 +19,9 @@ use std::time::Duration;
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// Use this qemu-system-aarch64 instead of the project's QEMU 10.0 (also $XTASK_QEMU); its version and the CPU model a run needs are checked
+    #[arg(long, global = true, value_name = "PATH")]
+    pub qemu: Option<PathBuf>,
 }
 
 // Parsed once per process: the size of the `run` variant does not matter.
@@ -42,6 +45,18 @@ pub enum Command {
     /// Benchmarks inside Linux guests
     #[command(subcommand, arg_required_else_help = true)]
     Bench(BenchCommand),
+    /// What toolchain is in use, where it came from, which optional pieces are ready, what the caches take (fetches nothing)
+    Doctor,
+    /// Remove the build outputs (cargo clean); with --caches also the toolchain, guest-image and TF-A caches
+    Clean(CleanArgs),
+}
+
+/// `cargo xtask clean [--caches]`
+#[derive(Clone, Debug, Args)]
+pub struct CleanArgs {
+    /// Also remove the caches: the project's QEMU, EDK2 and TF-A tools, the guest image's packages, TF-A builds, the Shrinkwrap venv
+    #[arg(long)]
+    pub caches: bool,
 }
 
 /// The machine the hypervisor is built for (`--platform`): a directory under
@@ -140,7 +155,7 @@ pub struct RunArgs {
     /// Guest RAM, e.g. 768M or 2G (a bare number is MiB; at least 128M)
     #[arg(long = "mem", value_name = "SIZE", default_value = "1G", value_parser = parse_mem)]
     pub mem_mb: u64,
-    /// QEMU CPU model [default: max,pauth-impdef=on; neoverse-n1 with --platform graviton]
+    /// QEMU CPU model [default: max,pauth-impdef=on; neoverse-v1 with --platform graviton]
     #[arg(long, value_name = "MODEL")]
     pub cpu: Option<String>,
     /// Extra hypervisor boot arguments (e.g. "loglvl=debug sched_ratelimit_us=0")

@@ -241,11 +241,13 @@ pub fn write_dtb(run_args: &[String], dtb: &Path, domus: &[DomuNode]) -> Result<
     if let Some(d) = dtb.parent() {
         std::fs::create_dir_all(d).map_err(|e| e.to_string())?;
     }
-    let out = std::process::Command::new("qemu-system-aarch64")
+    let qemu = crate::toolchain::qemu()?;
+    let out = qemu
+        .command()
         .args(crate::firmware::dump_args(run_args, dtb))
         .stdin(std::process::Stdio::null())
         .output()
-        .map_err(|e| format!("qemu-system-aarch64: {e}"))?;
+        .map_err(|e| format!("{}: {e}", qemu.bin.display()))?;
     if !out.status.success() || !dtb.is_file() {
         return Err(format!("QEMU did not dump its DTB: {}", String::from_utf8_lossy(&out.stderr).trim()));
     }

@@ -94,51 +94,35 @@ pub fn cache_dir() -> PathBuf {
     crate::out_dir().join("tf-a")
 }
 
-fn have(cmd: &str) -> bool {
-    Command::new("sh").arg("-c").arg(format!("command -v {cmd} >/dev/null 2>&1")).status().is_ok_and(|s| s.success())
-}
-
-/// The host tools of the download and the build, installed (safely, see
-/// [`crate::setup::apt_install`]) when missing.
-pub fn ensure_tools() -> Result<()> {
-    let needs: [(&str, &str); 6] = [
-        ("aarch64-linux-gnu-gcc", "gcc-aarch64-linux-gnu"),
-        ("dpkg-source", "dpkg-dev"),
-        ("make", "make"),
-        ("gcc", "gcc"),
-        ("fdtput", "device-tree-compiler"),
-        ("xz", "xz-utils"),
-    ];
-    let mut missing: Vec<&str> = needs.iter().filter(|(cmd, _)| !have(cmd)).map(|(_, pkg)| *pkg).collect();
+/// The tools of the download and the build: the cross compiler and
+/// `fdtput` are the project's ([`crate::toolchain::TFA_TOOLS`], fetched
+/// when missing); what every Debian development machine has (make, the
+/// host compiler for fiptool, OpenSSL's headers, dpkg-source, xz) is
+/// checked, and a missing one is named, never installed.
+pub fn ensure_tools() -> Result<PathBuf> {
+    let needs: [(&str, &str); 4] = [("dpkg-source", "dpkg-dev"), ("make", "make"), ("gcc", "gcc"), ("xz", "xz-utils")];
+    let mut missing: Vec<&str> =
+        needs.iter().filter(|(cmd, _)| !crate::setup::have(cmd)).map(|(_, pkg)| *pkg).collect();
     // fiptool hashes with OpenSSL.
     if !Path::new("/usr/include/openssl/sha.h").is_file() {
         missing.push("libssl-dev");
     }
-    if missing.is_empty() {
-        return Ok(());
+    if !missing.is_empty() {
+        return Err(format!(
+            "building TF-A needs host tools this machine lacks: Debian packages {} (ask whoever administers \
+             the machine to install them; the rest of the project runs without them)",
+            missing.join(" ")
+        ));
     }
-    crate::setup::apt_install("the TF-A build tools", &missing)
+    crate::toolchain::tfa_tools()
 }
 
-/// apt's options for a private state under `dir` (sources list, lists,
-/// cache, status): the host's apt configuration and state are not touched.
+/// apt's options for a private state under `dir`, with its own (empty)
+/// status file: the host's apt configuration and state are not touched.
 fn apt_opts(dir: &Path) -> Vec<String> {
-    let d = dir.display();
-    vec![
-        format!("-oDir::State::Lists={d}/lists"),
-        format!("-oDir::Cache={d}/cache"),
-        format!("-oDir::State::status={d}/status"),
-        format!("-oDir::Etc::SourceList={d}/sources.list"),
-        format!("-oDir::Etc::SourceParts={d}/sources.list.d"),
-        format!("-oDir::Etc::Preferences={d}/preferences"),
-        format!("-oDir::Etc::PreferencesParts={d}/preferences.d"),
-        "-oAPT::Sandbox::User=root".into(),
-        "-oAcquire::Languages=none".into(),
-        // A slow or dead mirror fails the download in bounded time.
-        "-oAcquire::Retries=2".into(),
-        "-oAcquire::http::Timeout=30".into(),
-        "-oAcquire::IndexTargets::deb-src::Sources::DefaultEnabled=true".into(),
-    ]
+    let mut o = crate::toolchain::apt_opts(dir, Some(&dir.join("status")));
+    o.push("-oAcquire::IndexTargets::deb-src::Sources::DefaultEnabled=true".into());
+    o
 }
 
 fn run_logged(cmd: &mut Command, what: &str, log: &Path) -> Result<()> {
@@ -165,16 +149,12 @@ fn source_tree(cache: &Path) -> Result<PathBuf> {
         return Ok(t);
     }
     let apt = cache.join("apt");
-    for d in ["lists/partial", "cache/archives/partial", "sources.list.d", "preferences.d"] {
-        std::fs::create_dir_all(apt.join(d)).map_err(|e| e.to_string())?;
-    }
+    let mirror = crate::toolchain::mirrors().0;
+    crate::toolchain::apt_dir(
+        &apt,
+        &format!("deb-src [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] {mirror} bookworm main\n"),
+    )?;
     std::fs::write(apt.join("status"), "").map_err(|e| e.to_string())?;
-    let mirror = std::env::var("DEBIAN_MIRROR").unwrap_or_else(|_| "http://deb.debian.org/debian".into());
-    std::fs::write(
-        apt.join("sources.list"),
-        format!("deb-src [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] {mirror} bookworm main\n"),
-    )
-    .map_err(|e| e.to_string())?;
     let opts = apt_opts(&apt);
     eprintln!("xtask: downloading Debian's {SOURCE_PACKAGE} source package into {}", src.display());
     let start = std::time::Instant::now();
@@ -210,7 +190,7 @@ pub fn tf_a(gic: u8) -> Result<PathBuf> {
     let cache = cache_dir();
     std::fs::create_dir_all(&cache).map_err(|e| e.to_string())?;
     // fdtput is needed by every run; a cached image needs no network.
-    ensure_tools()?;
+    let tools = ensure_tools()?;
     if let Some(tree) = find_tree(&cache.join("src")) {
         let flash = cache.join(build_key(&tree_name(&tree), gic)).join("flash.bin");
         if flash.is_file() {
@@ -226,7 +206,7 @@ pub fn tf_a(gic: u8) -> Result<PathBuf> {
     let start = std::time::Instant::now();
     let jobs = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     run_logged(
-        Command::new("make")
+        crate::toolchain::apply_env(&mut Command::new("make"), &crate::toolchain::env_for(&tools))
             .current_dir(&tree)
             .envs(make_env())
             .arg(format!("-j{jobs}"))
@@ -318,21 +298,27 @@ pub fn write_dtb(run_args: &[String], dtb: &Path, hv_args: &str) -> Result<()> {
     if let Some(d) = dtb.parent() {
         std::fs::create_dir_all(d).map_err(|e| e.to_string())?;
     }
-    let out = Command::new("qemu-system-aarch64")
+    let qemu = crate::toolchain::qemu()?;
+    let out = qemu
+        .command()
         .args(dump_args(run_args, dtb))
         .stdin(Stdio::null())
         .output()
-        .map_err(|e| format!("qemu-system-aarch64: {e}"))?;
+        .map_err(|e| format!("{}: {e}", qemu.bin.display()))?;
     if !out.status.success() || !dtb.is_file() {
         return Err(format!("QEMU did not dump its DTB: {}", String::from_utf8_lossy(&out.stderr).trim()));
     }
-    let out = Command::new("fdtput")
-        .arg("-t")
-        .arg("s")
-        .arg(dtb)
-        .args(["/chosen", "xen,xen-bootargs", hv_args])
-        .output()
-        .map_err(|e| format!("fdtput: {e}"))?;
+    let tools = crate::toolchain::tfa_tools()?;
+    let out = crate::toolchain::apply_env(
+        &mut Command::new(tools.join("usr/bin/fdtput")),
+        &crate::toolchain::env_for(&tools),
+    )
+    .arg("-t")
+    .arg("s")
+    .arg(dtb)
+    .args(["/chosen", "xen,xen-bootargs", hv_args])
+    .output()
+    .map_err(|e| format!("fdtput: {e}"))?;
     if !out.status.success() {
         return Err(format!("fdtput: {}", String::from_utf8_lossy(&out.stderr).trim()));
     }

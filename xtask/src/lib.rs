@@ -2,7 +2,9 @@
 //! paths as `cargo xtask run`.
 //!
 //! - [`cli`]: the command line (clap), its help text and checks
-//! - [`setup`]: installs what is missing (rustup target, QEMU via apt)
+//! - [`setup`]: the rustup target; names missing host tools (installs no system package)
+//! - [`toolchain`]: the project's own QEMU 10.0, EDK2 and TF-A tools, fetched as Debian packages into a cache (no root)
+//! - [`doctor`]: `cargo xtask doctor` (what is in use and ready) and `clean [--caches]`
 //! - [`build`]: builds the hypervisor and converts it to a flat arm64 Image
 //! - [`hvload`]: where QEMU loads the hypervisor and which register
 //!   convention enters it (`--hv-addr`, `--hv-entry`)
@@ -23,6 +25,7 @@
 pub mod bench;
 pub mod build;
 pub mod cli;
+pub mod doctor;
 pub mod domu;
 pub mod firmware;
 pub mod fvp;
@@ -33,6 +36,7 @@ pub mod lint;
 pub mod qemu;
 pub mod setup;
 pub mod shrinkwrap;
+pub mod toolchain;
 pub mod trace;
 pub mod uefi;
 

@@ -7,6 +7,8 @@
 //! - `test`: host unit tests and integration tests that boot real guests
 //! - `sim wakeup [options]`: the scheduler's discrete-event simulator
 //! - `bench wakeup|timer [options]`: benchmarks in Linux guests
+//! - `doctor`: the toolchain in use, what is ready, the caches' size
+//! - `clean [--caches]`: cargo clean, and the caches
 //!
 //! The options are parsed with clap (`xtask::cli`); `--help` on any command
 //! lists them.
@@ -30,7 +32,7 @@ fn cmd_run(args: &RunArgs) -> Result<i32, String> {
 fn cmd_test(args: &TestArgs) -> Result<i32, String> {
     // Prepare everything the integration tests need, so their output is
     // about the tests, not about installs.
-    xtask::setup::ensure_qemu()?;
+    xtask::toolchain::qemu()?;
     xtask::lint::ensure_components()?;
     // Both platforms' EL2 images build (only QEMU's boots here).
     xtask::build::hypervisor("fvp-base-revc")?;
@@ -41,7 +43,7 @@ fn cmd_test(args: &TestArgs) -> Result<i32, String> {
         xtask::firmware::tf_a(gic)?;
     }
     // EDK2 for tests/uefi.rs.
-    xtask::setup::ensure_edk2()?;
+    xtask::toolchain::edk2()?;
     let mut child = std::process::Command::new(env!("CARGO"))
         .current_dir(xtask::root())
         .args(args.cargo_test_args())
@@ -146,6 +148,12 @@ fn fuzz_target(target: &str) -> Option<bool> {
 
 fn main() {
     let cli = Cli::parse();
+    // `--qemu` reaches every run (and the test binaries) as XTASK_QEMU; set
+    // before any thread starts.
+    if let Some(q) = &cli.qemu {
+        let abs = std::fs::canonicalize(q).unwrap_or_else(|_| q.clone());
+        std::env::set_var(xtask::toolchain::QEMU_ENV, abs);
+    }
     // Checks between options, reported like clap's own errors.
     if let Command::Run(args) = &cli.command {
         if let Err(e) = args.check() {
@@ -169,6 +177,8 @@ fn main() {
         Command::Sim(SimCommand::Wakeup(args)) => sim::main(args).map(|_| 0),
         Command::Bench(BenchCommand::Wakeup(args)) => xtask::bench::runner::wakeup(args).map(|_| 0),
         Command::Bench(BenchCommand::Timer(args)) => xtask::bench::timer::run(args).map(|_| 0),
+        Command::Doctor => xtask::doctor::doctor().map(|_| 0),
+        Command::Clean(args) => xtask::doctor::clean(args.caches).map(|_| 0),
     };
     match result {
         Ok(code) => exit(code),

@@ -6,7 +6,7 @@
 use crate::Result;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -263,9 +263,9 @@ fn shell_quote(s: &str) -> String {
     }
 }
 
-/// Prints the QEMU command line the way a user can paste it.
-pub fn printable(args: &[String]) -> String {
-    let mut s = String::from("qemu-system-aarch64");
+/// The QEMU arguments the way a user can paste them (each after a space).
+pub fn printable_args(args: &[String]) -> String {
+    let mut s = String::new();
     for a in args {
         s.push(' ');
         s.push_str(&shell_quote(a));
@@ -275,7 +275,8 @@ pub fn printable(args: &[String]) -> String {
 
 /// Builds everything needed and runs one QEMU session.
 pub fn run(o: &RunOptions) -> Result<RunResult> {
-    crate::setup::ensure_qemu()?;
+    let qemu = crate::toolchain::qemu()?;
+    qemu.require_cpu(&o.cpu)?;
     let hv = crate::hvload::prepare(&crate::build::hypervisor("qemu-virt")?, o.hv_boot)?;
     let (kernel, initrd) = match (&o.kernel, &o.initrd) {
         (Some(k), i) => (k.clone(), i.clone()),
@@ -312,14 +313,14 @@ pub fn run(o: &RunOptions) -> Result<RunResult> {
     // UEFI: EDK2 boots the hypervisor from an ESP made for this run.
     let mut esp = None;
     if let Some(crate::firmware::Firmware::Uefi) = o.firmware {
-        crate::setup::ensure_edk2()?;
+        let edk2 = crate::toolchain::edk2()?;
         let dir = crate::out_dir().join(format!("esp-{}", std::process::id()));
         let guest_args = args
             .iter()
             .find_map(|a| a.strip_prefix("guest-loader,").and_then(|d| d.split_once(",bootargs=")).map(|x| x.1))
             .unwrap_or_default()
             .replace(",,", ",");
-        let (a, hv_args) = crate::uefi::boot_args(&args, &dir)?;
+        let (a, hv_args) = crate::uefi::boot_args(&args, &dir, &edk2)?;
         let initrd_name = initrd.as_ref().map(|_| "initrd");
         let cfg = crate::uefi::config_file(&hv_args, "vmlinuz", &guest_args, initrd_name);
         crate::uefi::make_esp(&dir, &hv, &kernel, initrd.as_ref(), &cfg)?;
@@ -338,6 +339,7 @@ pub fn run(o: &RunOptions) -> Result<RunResult> {
 
 /// Runs QEMU with `args`: interactive or captured, as `o` says.
 fn run_args(mut args: Vec<String>, o: &RunOptions) -> Result<RunResult> {
+    let qemu = crate::toolchain::qemu()?;
     if o.cmd.is_none() && o.echo && o.input.is_none() && o.early_input.is_none() {
         // Interactive: the console is this terminal (Ctrl-A x quits QEMU),
         // and a copy goes to a log so the run can tell a fatal hypervisor
@@ -345,8 +347,8 @@ fn run_args(mut args: Vec<String>, o: &RunOptions) -> Result<RunResult> {
         std::fs::create_dir_all(crate::out_dir()).map_err(|e| e.to_string())?;
         let log = crate::out_dir().join(format!("console-{}.log", std::process::id()));
         args.extend(interactive_console(&log));
-        eprintln!("xtask: {}", printable(&args));
-        let st = Command::new("qemu-system-aarch64").args(&args).status().map_err(|e| e.to_string())?;
+        eprintln!("xtask: {}", qemu.printable(&args));
+        let st = qemu.command().args(&args).status().map_err(|e| format!("{}: {e}", qemu.bin.display()))?;
         let console = std::fs::read(&log).map(|b| String::from_utf8_lossy(&b).replace('\r', "")).unwrap_or_default();
         let _ = std::fs::remove_file(&log);
         return Ok(RunResult {
@@ -357,7 +359,7 @@ fn run_args(mut args: Vec<String>, o: &RunOptions) -> Result<RunResult> {
             timed_out: false,
         });
     }
-    eprintln!("xtask: {}", printable(&args));
+    eprintln!("xtask: {}", qemu.printable(&args));
     let early: Vec<EarlyInput> = o.early_input.iter().chain(&o.then_input).cloned().collect();
     run_captured(&args, o.timeout, o.echo, o.input.as_deref(), &early)
 }
@@ -387,13 +389,15 @@ pub fn run_captured(
     early_input: &[EarlyInput],
 ) -> Result<RunResult> {
     let piped = input.is_some() || !early_input.is_empty();
-    let mut child = Command::new("qemu-system-aarch64")
+    let qemu = crate::toolchain::qemu()?;
+    let mut child = qemu
+        .command()
         .args(args)
         .stdin(if piped { Stdio::piped() } else { Stdio::null() })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| format!("qemu-system-aarch64: {e}"))?;
+        .map_err(|e| format!("{}: {e}", qemu.bin.display()))?;
     let stdout = child.stdout.take().unwrap();
     let mut stderr = child.stderr.take().unwrap();
     let console = Arc::new(Mutex::new(String::new()));

@@ -17,7 +17,7 @@ pub const BASE_CONFIG: &str = "ns-preload.yaml";
 /// Every command here is bounded (seconds).
 const LIMIT_S: &str = "600";
 
-fn venv() -> PathBuf {
+pub fn venv() -> PathBuf {
     root().join("target").join("shrinkwrap-venv")
 }
 

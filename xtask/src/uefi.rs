@@ -1,5 +1,5 @@
 //! `cargo xtask run --firmware uefi`: QEMU virt with ACPI and Debian's EDK2
-//! (`qemu-efi-aarch64`) as `-bios`, the hypervisor started by EDK2 as an
+//! (`qemu-efi-aarch64`, the project's copy: [`crate::toolchain::EDK2`]) as `-bios`, the hypervisor started by EDK2 as an
 //! EFI application from an EFI system partition (ESP). This is the boot
 //! path of AWS Graviton (UEFI + ACPI), on QEMU.
 //!
@@ -13,9 +13,6 @@
 
 use crate::Result;
 use std::path::{Path, PathBuf};
-
-/// Debian's EDK2 build for QEMU's arm64 `virt` (package `qemu-efi-aarch64`).
-pub const EDK2_FD: &str = "/usr/share/qemu-efi-aarch64/QEMU_EFI.fd";
 
 /// The configuration file's name (hypervisor/src/firmware/uefi.rs
 /// `CONFIG_FILE`).
@@ -37,9 +34,9 @@ pub fn config_file(hv_args: &str, kernel: &str, guest_args: &str, initrd: Option
 /// Turns the direct-boot QEMU arguments of [`crate::qemu::command_line`]
 /// into the UEFI boot: `acpi=on`, no `-kernel`/`-append` (the text of
 /// `-append`, the hypervisor's options, is returned), no guest-loader
-/// devices (the kernel and initrd go on the ESP), EDK2 as `-bios` and the
-/// ESP directory `esp` as the boot disk.
-pub fn boot_args(args: &[String], esp: &Path) -> Result<(Vec<String>, String)> {
+/// devices (the kernel and initrd go on the ESP), EDK2's image `edk2` as
+/// `-bios` and the ESP directory `esp` as the boot disk.
+pub fn boot_args(args: &[String], esp: &Path, edk2: &Path) -> Result<(Vec<String>, String)> {
     let mut out = Vec::new();
     let (mut hv_args, mut kernel) = (String::new(), false);
     let mut it = args.iter();
@@ -69,7 +66,7 @@ pub fn boot_args(args: &[String], esp: &Path) -> Result<(Vec<String>, String)> {
     }
     out.extend([
         "-bios".into(),
-        EDK2_FD.into(),
+        edk2.display().to_string(),
         "-drive".into(),
         format!("if=none,id=esp,format=raw,file=fat:rw:{}", esp.display()),
         "-device".into(),
@@ -120,7 +117,7 @@ mod tests {
         ]
         .map(String::from)
         .to_vec();
-        let (a, hv) = boot_args(&args, Path::new("/tmp/esp")).unwrap();
+        let (a, hv) = boot_args(&args, Path::new("/tmp/esp"), Path::new("/c/QEMU_EFI.fd")).unwrap();
         assert_eq!(hv, "dom0_mem=512M");
         assert_eq!(
             a,
@@ -130,14 +127,14 @@ mod tests {
                 "-nic",
                 "none",
                 "-bios",
-                EDK2_FD,
+                "/c/QEMU_EFI.fd",
                 "-drive",
                 "if=none,id=esp,format=raw,file=fat:rw:/tmp/esp",
                 "-device",
                 "virtio-blk-pci,drive=esp,bootindex=0"
             ]
         );
-        assert!(boot_args(&args[..2], Path::new("/e")).is_err());
+        assert!(boot_args(&args[..2], Path::new("/e"), Path::new("/c/QEMU_EFI.fd")).is_err());
     }
 
     #[test]
