@@ -70,7 +70,7 @@ pub enum PlatformKind {
     /// Arm FVP Base RevC (FVP_Base_RevC-2xAEMvA, with TF-A)
     #[value(name = "fvp-base-revc", alias = "fvp")]
     FvpBaseRevc,
-    /// AWS Graviton's boot path on QEMU: EDK2 + ACPI, Neoverse N1, GICv3 + ITS, NVMe (runs here)
+    /// AWS Graviton's boot path on QEMU: EDK2 + ACPI, Neoverse V1 (--cpu neoverse-n1 for Graviton2), GICv3 + ITS, NVMe (runs here)
     #[value(name = "graviton")]
     Graviton,
 }
@@ -503,7 +503,7 @@ pub struct BenchWakeupArgs {
     /// Extra hypervisor boot arguments for every case (e.g. sched_lhp_grace_us=20)
     #[arg(long, value_name = "ARGS", allow_hyphen_values = true)]
     pub hv_args: Option<String>,
-    /// Where to run: QEMU virt, or graviton (EDK2 + ACPI, Neoverse N1): the quick matrix on --disk, default nvme
+    /// Where to run: QEMU virt, or graviton (EDK2 + ACPI, Neoverse V1): the quick matrix on --disk, default nvme
     #[arg(long, value_name = "PLATFORM", default_value = "qemu-virt", conflicts_with = "full")]
     pub platform: PlatformKind,
 }

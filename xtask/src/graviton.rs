@@ -5,10 +5,10 @@
 //! - UEFI firmware and ACPI: Debian's EDK2 (`qemu-efi-aarch64`) as `-bios`
 //!   on `virt,acpi=on,virtualization=on`, the hypervisor an EFI application
 //!   on an ESP ([`crate::uefi`], `--firmware uefi` implied);
-//! - a Neoverse core: [`CPU`], QEMU's Neoverse N1 (Graviton2's core), on
-//!   which QEMU 7.2's TCG runs EL2 (`virtualization=on` accepts it and the
-//!   hypervisor starts Dom0 at EL1 on it; Linux reads `CPU part 0xd0c`);
-//!   QEMU 7.2 has no Neoverse V1/V2 model (Graviton3/4);
+//! - a Neoverse core: [`CPU`], QEMU's Neoverse V1 (Graviton3's core; Linux
+//!   reads `CPU part 0xd40`), with `--cpu neoverse-n1` for Graviton2's
+//!   (`0xd0c`); QEMU 10.0 has both, QEMU 7.2 only the N1 (a `--qemu` 7.2
+//!   is told so), and no model of the V2 (Graviton4);
 //! - GICv3 with an ITS (QEMU's `gic-version=3`, the default `--gic`);
 //! - NVMe storage ([`DEFAULT_DISK`]): EBS volumes and instance storage are
 //!   NVMe on Graviton.
@@ -21,8 +21,8 @@ use crate::cli::DiskKind;
 use crate::firmware::Firmware;
 use crate::qemu::RunOptions;
 
-/// QEMU's CPU model for the platform: Neoverse N1 (Graviton2).
-pub const CPU: &str = "neoverse-n1";
+/// QEMU's CPU model for the platform: Neoverse V1 (Graviton3).
+pub const CPU: &str = "neoverse-v1";
 
 /// The disk when `--disk` is not given: QEMU's NVMe controller on the PCIe
 /// bus, as EBS volumes appear on Graviton.
@@ -54,7 +54,7 @@ mod tests {
         let mut o = RunOptions::default();
         apply(&mut o, false);
         assert_eq!(o.firmware, Some(Firmware::Uefi));
-        assert_eq!(o.cpu, "neoverse-n1");
+        assert_eq!(o.cpu, "neoverse-v1");
         let mut o = RunOptions { cpu: "cortex-a72".into(), ..Default::default() };
         apply(&mut o, true);
         assert_eq!((o.firmware, o.cpu.as_str()), (Some(Firmware::Uefi), "cortex-a72"));

@@ -868,7 +868,10 @@ pub fn qemu() -> Result<&'static Qemu> {
         Some(p) => Qemu::user(Path::new(&p), "--qemu (XTASK_QEMU)")?,
         None => Qemu::project()?,
     };
-    eprintln!("xtask: QEMU {} ({})", q.version, q.origin);
+    if q.env.is_empty() {
+        // The project's said where it came from when it was made ready.
+        eprintln!("xtask: QEMU {} ({})", q.version, q.origin);
+    }
     let q: &'static Qemu = Box::leak(Box::new(q));
     *g = Some(q);
     Ok(q)

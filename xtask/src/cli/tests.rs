@@ -246,14 +246,14 @@ fn run_rejects_bad_values() {
     assert!(run_args("run --firmware uefi").check().is_ok());
 }
 
-/// `--platform graviton`: EDK2 + ACPI (`--firmware uefi`), Neoverse N1 and
+/// `--platform graviton`: EDK2 + ACPI (`--firmware uefi`), Neoverse V1 and
 /// NVMe unless `--cpu`/`--disk` say otherwise; the qemu-virt image.
 #[test]
 fn graviton_platform_is_uefi_neoverse_and_nvme() {
     use crate::firmware::Firmware;
     let o = run_options("run --platform graviton --pcpus 2 --vcpus 2 --cmd true").unwrap();
     assert_eq!(o.firmware, Some(Firmware::Uefi));
-    assert_eq!(o.cpu, "neoverse-n1");
+    assert_eq!(o.cpu, "neoverse-v1");
     assert_eq!((o.gic, o.pcpus, o.vcpus), (3, 2, 2));
     assert_eq!(o.hv_args, "dom0_disk=nvme");
     assert_eq!(
