@@ -8,23 +8,17 @@
 //! TX interrupt is raised after every write to DR; Linux's amba-pl011 driver
 //! is written for that behaviour.
 //!
-//! # Receive flow control
+//! # Receive side
 //!
-//! [`VPl011::pump_rx`] moves input from the physical UART into the 64-byte
-//! receive FIFO. When the FIFO is full it masks the physical receive
-//! interrupt instead of reading on: the input waits in the physical UART
-//! (and, under QEMU, in its character backend, which stops reading stdin),
-//! and the physical line, which is level-sensitive, goes quiet. Reading
-//! on and dropping would be the other choice (a real PL011 overruns and sets
-//! OE), but then the hypervisor works at the rate the input arrives, not
-//! the rate the guest reads: an endless flood would keep pCPU0 busy in the
-//! interrupt handler, and a paste into a busy guest's console would lose
-//! bytes. With flow control the work per byte is paced by the guest and
-//! nothing is lost while it keeps reading. As soon as a guest read leaves
-//! room, the caller pumps again (see [`VPl011::rx_held`]); once the
-//! physical UART is empty its interrupt is unmasked. The byte the caller
-//! intercepts (the statistics key) is taken whenever input is read, so it
-//! works as long as the guest reads its console or has room for it.
+//! The hypervisor reads the physical UART into its own input ring
+//! (`domain::console::InputRing`) whatever the guest does, so a guest that
+//! never reads (or masks its receive interrupt) cannot hold the physical UART
+//! and the keys the hypervisor listens for. [`VPl011::pump_rx`] moves bytes
+//! from that ring into the 64-byte receive FIFO while it has room; when it is
+//! full the rest waits in the ring (counted in `rx_holds`) and the caller
+//! pumps again after the guest's next read (see [`VPl011::rx_held`]). The ring
+//! is bounded: a guest that stops reading loses the input beyond it, counted
+//! by the ring, not the other domains' input.
 
 use alloc::collections::VecDeque;
 
@@ -69,12 +63,12 @@ pub enum Pl011Error {
     OutOfRange,
 }
 
-/// The physical receive side, as [`VPl011::pump_rx`] drives it.
+/// Input for this UART, as [`VPl011::pump_rx`] takes it.
 pub trait RxSource {
-    /// The next received byte, if any is waiting.
+    /// The next byte for this UART, if any is waiting.
     fn getc(&mut self) -> Option<u8>;
-    /// Unmasks (`true`) or masks the receive interrupts.
-    fn set_rx_irq(&mut self, on: bool);
+    /// More bytes are waiting for this UART.
+    fn pending(&mut self) -> bool;
 }
 
 /// The emulated UART's state.
@@ -93,10 +87,9 @@ pub struct VPl011 {
     pub rx_overruns: u64,
     /// Bytes [`VPl011::pump_rx`] put in the receive FIFO.
     pub rx_bytes: u64,
-    /// Times the FIFO filled up and input was held back (physical receive
-    /// interrupt masked).
+    /// Times the FIFO filled up and input waited in the hypervisor's ring.
     pub rx_holds: u64,
-    /// The physical receive interrupt is masked by flow control.
+    /// The FIFO is full and input waits in the hypervisor's ring.
     rx_held: bool,
 }
 
@@ -148,35 +141,25 @@ impl VPl011 {
     }
 
     /// Moves waiting input from `src` into the receive FIFO until it is full
-    /// or `src` is empty, and masks `src`'s receive interrupt while the FIFO
-    /// is full (flow control, see the module doc). Bytes equal to
-    /// `intercept` are not queued; returns how many there were. Call it
-    /// from the physical receive interrupt, and after a guest read while
-    /// [`VPl011::rx_held`].
-    pub fn pump_rx(&mut self, src: &mut dyn RxSource, intercept: u8) -> usize {
-        let mut intercepted = 0;
+    /// or `src` is empty; returns how many bytes. Call it when input arrives
+    /// and after a guest read while [`VPl011::rx_held`].
+    pub fn pump_rx(&mut self, src: &mut dyn RxSource) -> usize {
+        let mut n = 0;
         while self.rx_space() > 0 {
-            match src.getc() {
-                Some(b) if b == intercept => intercepted += 1,
-                Some(b) => {
-                    self.receive(b);
-                    self.rx_bytes += 1;
-                }
-                None => break,
-            }
+            let Some(b) = src.getc() else { break };
+            self.receive(b);
+            self.rx_bytes += 1;
+            n += 1;
         }
-        let full = self.rx_space() == 0;
-        if full != self.rx_held {
-            src.set_rx_irq(!full);
-            self.rx_held = full;
-            if full {
-                self.rx_holds += 1;
-            }
+        let held = self.rx_space() == 0 && src.pending();
+        if held && !self.rx_held {
+            self.rx_holds += 1;
         }
-        intercepted
+        self.rx_held = held;
+        n
     }
 
-    /// Input is held back in the physical UART until the guest makes room.
+    /// Input waits in the hypervisor's ring until the guest makes room.
     pub fn rx_held(&self) -> bool {
         self.rx_held
     }
@@ -305,60 +288,23 @@ mod tests {
         assert!(u.irq_level());
     }
 
-    /// A physical UART whose receive line is level-sensitive: asserted while
-    /// a byte waits and the interrupt is unmasked.
-    struct FakeRx {
-        waiting: VecDeque<u8>,
-        irq_on: bool,
-        mask_writes: usize,
-    }
-
-    impl FakeRx {
-        fn with(bytes: &[u8]) -> Self {
-            FakeRx { waiting: bytes.iter().copied().collect(), irq_on: true, mask_writes: 0 }
-        }
-        fn line(&self) -> bool {
-            self.irq_on && !self.waiting.is_empty()
-        }
-    }
-
-    impl RxSource for FakeRx {
+    impl RxSource for VecDeque<u8> {
         fn getc(&mut self) -> Option<u8> {
-            self.waiting.pop_front()
+            self.pop_front()
         }
-        fn set_rx_irq(&mut self, on: bool) {
-            self.irq_on = on;
-            self.mask_writes += 1;
+        fn pending(&mut self) -> bool {
+            !self.is_empty()
         }
     }
-
-    /// What the EL2 interrupt handler does: take the interrupt while its line
-    /// is asserted. Returns how many times it ran, or None if it never ends.
-    fn irq_storm(u: &mut VPl011, src: &mut FakeRx) -> Option<usize> {
-        let mut n = 0;
-        while src.line() {
-            u.pump_rx(src, STATS);
-            n += 1;
-            if n > 1000 {
-                return None;
-            }
-        }
-        Some(n)
-    }
-
-    const STATS: u8 = 0x1c;
 
     #[test]
-    fn a_flood_masks_the_physical_interrupt_instead_of_livelocking() {
+    fn input_beyond_the_fifo_waits_for_guest_reads_in_order() {
         let flood: Vec<u8> = (0..10_000).map(|i| b'a' + (i % 26) as u8).collect();
-        let mut src = FakeRx::with(&flood);
+        let mut src: VecDeque<u8> = flood.iter().copied().collect();
         let mut u = VPl011::new();
         u.write(IMSC, 4, INT_RX | INT_RT, &mut |_| {}).unwrap();
-        // The guest does not read yet: one interrupt fills the FIFO, then the
-        // physical line goes quiet.
-        assert_eq!(irq_storm(&mut u, &mut src), Some(1));
-        assert!(u.rx_held() && !src.irq_on);
-        assert_eq!(u.rx_space(), 0);
+        assert_eq!(u.pump_rx(&mut src), RX_FIFO);
+        assert!(u.rx_held() && u.irq_level());
         assert_eq!((u.rx_holds, u.rx_overruns), (1, 0));
         // The guest reads everything, the caller pumping after each read
         // while held: every byte arrives, in order, none dropped.
@@ -366,36 +312,17 @@ mod tests {
         while u.read(FR, 4).unwrap() & FR_RXFE == 0 {
             got.push(u.read(DR, 4).unwrap() as u8);
             if u.rx_held() {
-                u.pump_rx(&mut src, STATS);
+                u.pump_rx(&mut src);
             }
         }
         assert_eq!(got, flood);
-        assert_eq!(u.rx_bytes, 10_000);
-        assert_eq!(u.rx_overruns, 0);
-        // Drained: the physical interrupt is on again; the hold was one
-        // mask and one unmask, not one per byte.
-        assert!(!u.rx_held() && src.irq_on);
-        assert_eq!(src.mask_writes, 2);
-        assert!(!u.irq_level());
-    }
-
-    #[test]
-    fn the_stats_key_is_taken_out_of_the_input() {
-        let mut src = FakeRx::with(&[b'a', STATS, b'b', STATS]);
-        let mut u = VPl011::new();
-        assert_eq!(u.pump_rx(&mut src, STATS), 2);
-        assert_eq!(u.read(DR, 4).unwrap(), b'a' as u32);
-        assert_eq!(u.read(DR, 4).unwrap(), b'b' as u32);
+        assert_eq!((u.rx_bytes, u.rx_overruns), (10_000, 0));
+        assert!(!u.rx_held() && !u.irq_level());
+        // Exactly a FIFO's worth with nothing behind it is not a hold.
+        let mut src: VecDeque<u8> = core::iter::repeat_n(b'x', RX_FIFO).collect();
+        u.pump_rx(&mut src);
         assert!(!u.rx_held());
-        // Behind a full FIFO the key waits for room, like the bytes before it.
-        let mut bytes = vec![b'x'; RX_FIFO];
-        bytes.push(STATS);
-        let mut src = FakeRx::with(&bytes);
-        assert_eq!(u.pump_rx(&mut src, STATS), 0);
-        assert!(u.rx_held());
-        u.read(DR, 4).unwrap();
-        assert_eq!(u.pump_rx(&mut src, STATS), 1);
-        assert!(!u.rx_held() && src.irq_on);
+        assert_eq!(u.rx_holds, 1);
     }
 
     #[test]

@@ -11,6 +11,8 @@
 //! DomU device-tree builder live in submodules.
 
 pub mod console;
+#[cfg(test)]
+mod console_tests;
 pub mod domu_dt;
 pub mod layout;
 #[cfg(test)]

@@ -6,49 +6,53 @@
 //! (`crate::domain::console`, Xen's convention).
 
 use crate::arch::pl011::Pl011;
-use crate::domain::console::{ConsoleMux, Input, InputSwitch, Sink};
+use crate::domain::console::{ConsoleOut, InputRing, Key, TxPort, INPUT_RING};
 use crate::domain::DomainId;
 use crate::sync::Mutex;
 use core::fmt::Write;
 
 struct Console {
     uart: Option<Pl011>,
-    /// Who is mid-line, held DomU lines, the input focus.
-    mux: ConsoleMux,
-    switch: InputSwitch,
+    /// Who is mid-line, held DomU lines, the input focus, output waiting
+    /// for the UART (drained by its transmit interrupt).
+    out: ConsoleOut,
+    /// Input waiting for the focused domain's emulated UART.
+    rx: InputRing,
 }
 
-static CONSOLE: Mutex<Console> = Mutex::new(Console { uart: None, mux: ConsoleMux::new(), switch: InputSwitch::new() });
+static CONSOLE: Mutex<Console> =
+    Mutex::new(Console { uart: None, out: ConsoleOut::new(), rx: InputRing::new(INPUT_RING) });
 
-/// Guest bytes, as they are.
-struct Raw<'a>(&'a Pl011);
-
-impl Sink for Raw<'_> {
-    fn put(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0.putc(b);
-        }
+impl TxPort for Pl011 {
+    fn try_put(&mut self, b: u8) -> bool {
+        self.try_putc(b)
+    }
+    fn put(&mut self, b: u8) {
+        self.putc(b);
     }
 }
 
 /// A sink for when there is no UART yet.
 struct Nowhere;
 
-impl Sink for Nowhere {
-    fn put(&mut self, _: &[u8]) {}
+impl TxPort for Nowhere {
+    fn try_put(&mut self, _: u8) -> bool {
+        true
+    }
+    fn put(&mut self, _: u8) {}
 }
 
-struct Writer<'a>(&'a Pl011);
-
-impl Write for Writer<'_> {
-    fn write_str(&mut self, s: &str) -> core::fmt::Result {
-        for b in s.bytes() {
-            if b == b'\n' {
-                self.0.putc(b'\r');
+impl Console {
+    /// Runs `f` on the output side with the UART (or nowhere), then asks
+    /// for the transmit interrupt while output waits.
+    fn with_out(&mut self, f: impl FnOnce(&mut ConsoleOut, &mut dyn TxPort)) {
+        match &mut self.uart {
+            Some(u) => {
+                f(&mut self.out, u);
+                u.set_tx_irq(self.out.pending());
             }
-            self.0.putc(b);
+            None => f(&mut self.out, &mut Nowhere),
         }
-        Ok(())
     }
 }
 
@@ -59,97 +63,135 @@ impl Write for Writer<'_> {
 /// `base` must be the register frame of a PL011, mapped as device memory,
 /// that nothing but this module drives.
 pub unsafe fn init(base: usize) {
+    let c = &mut *CONSOLE.lock();
+    if let Some(u) = &mut c.uart {
+        // The old UART's queued bytes go out before it is left.
+        c.out.flush(u);
+    }
     // SAFETY: the caller's guarantee is `Pl011::new`'s contract.
-    CONSOLE.lock().uart = Some(unsafe { Pl011::new(base) });
-}
-
-/// One byte from Dom0's emulated UART.
-pub fn guest_putc(b: u8) {
-    domain_putc(0, b);
+    c.uart = Some(unsafe { Pl011::new(base) });
 }
 
 /// One byte from domain `dom`'s emulated UART.
 pub fn domain_putc(dom: DomainId, b: u8) {
-    let c = &mut *CONSOLE.lock();
-    match &c.uart {
-        Some(u) => c.mux.putc(dom, b, &mut Raw(u)),
-        None => c.mux.putc(dom, b, &mut Nowhere),
-    }
+    CONSOLE.lock().with_out(|out, port| out.putc(dom, b, port));
 }
 
 /// The domain that gets console input.
 pub fn input_focus() -> DomainId {
-    CONSOLE.lock().mux.focus()
+    CONSOLE.lock().out.mux.focus()
 }
 
-/// Gives console input to `dom` (and prints what it held back).
+/// Gives console input to `dom` (and prints what it held back). Input the
+/// old focus has not taken is dropped (counted against it).
 pub fn set_input_focus(dom: DomainId) {
     let c = &mut *CONSOLE.lock();
-    match &c.uart {
-        Some(u) => c.mux.set_focus(dom, &mut Raw(u)),
-        None => c.mux.set_focus(dom, &mut Nowhere),
+    let old = c.out.mux.focus();
+    c.rx.discard(old);
+    c.with_out(|out, port| out.set_focus(dom, port));
+}
+
+/// Reads the physical UART into the input ring (at most `max` bytes),
+/// stopping after a key; returns the focus the bytes are for and the key.
+pub fn receive(max: usize) -> (DomainId, Option<Key>) {
+    let c = &mut *CONSOLE.lock();
+    let focus = c.out.mux.focus();
+    let key = match &c.uart {
+        Some(u) => c.rx.fill(&mut || u.getc(), focus, max),
+        None => None,
+    };
+    (focus, key)
+}
+
+/// The transmit interrupt: a budget of the waiting output, and the interrupt
+/// masked once nothing waits.
+pub fn transmit() {
+    let c = &mut *CONSOLE.lock();
+    if let Some(u) = &mut c.uart {
+        u.clear_tx_irq();
+        c.out.transmit(u);
+        u.set_tx_irq(c.out.pending());
     }
 }
 
-/// Bytes waiting on the physical UART.
-pub fn getc() -> Option<u8> {
-    CONSOLE.lock().uart.as_ref().and_then(|u| u.getc())
+/// Writes every queued byte, waiting for the UART: before the machine stops.
+pub fn flush() {
+    let c = &mut *CONSOLE.lock();
+    if let Some(u) = &mut c.uart {
+        c.out.flush(u);
+        u.set_tx_irq(false);
+    }
+}
+
+/// Console counters: (input bytes read, input ring overruns, output bytes
+/// dropped, output bytes written while waiting for the UART).
+pub fn counters() -> (u64, u64, u64, u64) {
+    let c = CONSOLE.lock();
+    (c.rx.bytes, c.rx.overruns, c.out.tx.dropped, c.out.tx.waited)
+}
+
+/// Input typed for `dom` that it never took.
+pub fn rx_dropped(dom: DomainId) -> u64 {
+    CONSOLE.lock().rx.dropped(dom)
 }
 
 pub fn enable_rx_irq() {
-    if let Some(u) = &CONSOLE.lock().uart {
+    if let Some(u) = &mut CONSOLE.lock().uart {
         u.enable_rx_irq();
     }
 }
 
-/// The physical UART's receive side, as the guest's emulated UART pumps it
-/// (`VPl011::pump_rx`: flow control by masking the receive interrupt).
-pub struct PhysRx;
-
-/// [`PhysRx`] for the domain with the focus: the third Ctrl-A in a row
-/// ends the pump (`switched`), the caller moves the focus and pumps on.
-#[derive(Default)]
-pub struct FocusRx {
-    pub switched: bool,
+/// The input ring as domain `dom`'s emulated UART takes it: nothing unless
+/// `dom` has the focus (checked under the console lock, so a switch in
+/// between cannot hand it another domain's input).
+pub struct RingRx {
+    pub dom: DomainId,
 }
 
-impl crate::vpl011::RxSource for FocusRx {
+impl crate::vpl011::RxSource for RingRx {
     fn getc(&mut self) -> Option<u8> {
-        if self.switched {
+        let c = &mut *CONSOLE.lock();
+        if c.out.mux.focus() != self.dom {
             return None;
         }
-        let b = getc()?;
-        match CONSOLE.lock().switch.feed(b) {
-            Input::Byte(b) => Some(b),
-            Input::Switch => {
-                self.switched = true;
-                None
-            }
-        }
+        c.rx.pop()
     }
-    fn set_rx_irq(&mut self, on: bool) {
-        PhysRx.set_rx_irq(on);
+    fn pending(&mut self) -> bool {
+        let c = CONSOLE.lock();
+        c.out.mux.focus() == self.dom && !c.rx.is_empty()
     }
 }
 
-impl crate::vpl011::RxSource for PhysRx {
-    fn getc(&mut self) -> Option<u8> {
-        getc()
-    }
-    fn set_rx_irq(&mut self, on: bool) {
-        if let Some(u) = &CONSOLE.lock().uart {
-            u.set_rx_irq(on);
-        }
-    }
-}
-
-/// Prints a whole line (or lines) from the hypervisor.
+/// Prints a whole line (or lines) from the hypervisor (`\n` as `\r\n`),
+/// without allocating (it may run before the heap exists).
 pub fn print_fmt(args: core::fmt::Arguments) {
     let c = &mut *CONSOLE.lock();
-    if let Some(u) = &c.uart {
-        c.mux.break_line(&mut Raw(u));
-        let _ = Writer(u).write_fmt(args);
-        c.mux.after_hv_line(&mut Raw(u));
+    let Console { uart: Some(u), out, .. } = c else { return };
+    out.hv_begin(u);
+    let _ = HvLine { out, port: u }.write_fmt(args);
+    out.hv_end(u);
+    u.set_tx_irq(out.pending());
+}
+
+/// The hypervisor's text into the console ([`ConsoleOut::hv_bytes`]), `\n`
+/// as `\r\n`.
+struct HvLine<'a> {
+    out: &'a mut ConsoleOut,
+    port: &'a mut Pl011,
+}
+
+impl Write for HvLine<'_> {
+    fn write_str(&mut self, s: &str) -> core::fmt::Result {
+        for part in s.split_inclusive('\n') {
+            match part.strip_suffix('\n') {
+                Some(l) => {
+                    self.out.hv_bytes(l.as_bytes(), self.port);
+                    self.out.hv_bytes(b"\r\n", self.port);
+                }
+                None => self.out.hv_bytes(part.as_bytes(), self.port),
+            }
+        }
+        Ok(())
     }
 }
 

@@ -44,6 +44,7 @@ extern "C" fn hv_secondary_main(cpu: u64) -> ! {
 /// 0) recognises it and fails.
 pub fn fatal_error(args: core::fmt::Arguments) -> ! {
     crate::hvprintln!("(HV) fatal: {args}");
+    console::flush();
     smc::psci_system_off()
 }
 

@@ -594,6 +594,7 @@ pub fn acpi_main(h: &'static Handoff) -> ! {
     // (the firmware's description of the machine, kept).
     let Some(kernel) = plat.kernel.clone() else {
         info!("EFI boot: no Dom0 kernel in the configuration file; powering off");
+        super::console::flush();
         smc::psci_system_off()
     };
     let plan = {

@@ -19,6 +19,7 @@ use super::percpu::{self, now_ns, pcpu, SGI_KICK};
 use super::vm::{inc, vcpu_of, vms, Vcpu, Vm, SPSR_EL1H_MASKED};
 use crate::arch::exception::{run_guest, ExitKind, GuestRegs};
 use crate::arch::{context, el2, gic, smc, sysreg};
+use crate::domain::console::Key;
 use crate::esr::{self, Exit, MmioAccess};
 use crate::intid::IntId;
 use crate::iomem::IoMemDecision;
@@ -39,7 +40,7 @@ use log::{debug, info, warn};
 
 /// Typing Ctrl-\\ on the console prints the statistics (it is not passed
 /// to the guest).
-pub const STATS_KEY: u8 = 0x1c;
+pub const STATS_KEY: u8 = crate::domain::console::DUMP_KEY;
 
 /// What the run loop does after an exit.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -435,6 +436,7 @@ fn handle_irqs(me: usize, cur: Option<(&Vm, usize)>, deadline: &mut Option<u64>)
             Some(Route::PhysDisk) => phys_disk_irq(vm, me, id),
             Some(Route::ForwardedSpi { vintid }) => forwarded_spi_irq(vm, me, id, vintid, cur0),
             Some(Route::Console) => {
+                console::transmit();
                 console_input(me);
                 eoi_deactivate(id);
             }
@@ -498,46 +500,64 @@ fn hyp_timer_irq(me: usize, id: IntId, deadline: &mut Option<u64>) {
     timer_expired(me, deadline);
 }
 
-/// Physical console input: fills the UART FIFO of the domain with the
-/// input focus (when it is full the physical receive interrupt is masked
-/// until the guest reads, see `uart_mmio`), mirrors its interrupt line, and
-/// prints the statistics on Ctrl-\\. Ctrl-A three times moves the focus to
-/// the next domain and the rest of the input goes there.
+/// Bytes [`console_input`] reads from the physical UART per call: an endless
+/// flood cannot keep pCPU0 in one interrupt (the level-sensitive line brings
+/// it back for the rest).
+const CONSOLE_RX_BATCH: usize = 1024;
+
+/// Physical console input: the UART is read into the hypervisor's input
+/// ring whatever the domains do (`console::receive`), the focused domain's
+/// emulated UART takes what fits in its FIFO (the rest waits in the ring
+/// until the guest reads, see `uart_mmio`) and its interrupt line is
+/// mirrored. Ctrl-\ prints the statistics and dumps the flight recorder;
+/// Ctrl-A three times moves the focus to the next domain with a console and
+/// the rest of the input goes there. Neither waits for any guest.
 fn console_input(me: usize) {
-    let all = vms();
+    let mut budget = CONSOLE_RX_BATCH;
     loop {
-        let focus = console::input_focus();
-        let vm = all.iter().copied().find(|v| v.domid == focus).unwrap_or(all[0]);
-        let mut rx = console::FocusRx::default();
-        let (level, stats_key) = {
-            let mut u = vm.uart.lock();
-            let keys = u.pump_rx(&mut rx, STATS_KEY);
-            (u.irq_level(), keys > 0)
-        };
-        if stats_key {
-            print_stats();
-            dump_trace(vm, DumpReason::Key, 0);
+        let (focus, key) = console::receive(budget);
+        let vm = deliver_input(focus, me);
+        match key {
+            None => break,
+            Some(Key::Dump) => {
+                print_stats();
+                dump_trace(vm, DumpReason::Key, 0);
+            }
+            Some(Key::Switch) => switch_input(focus),
         }
-        if let Ok(k) = vm.vgic.lock().set_level(vm.uart_intid, 0, level) {
-            process_kicks(vm, me, k, WakeCause::Interrupt);
-        }
-        if !rx.switched {
+        // Keys count against the budget too.
+        budget = budget.saturating_sub(1);
+        if budget == 0 {
             break;
         }
-        switch_input(focus);
     }
 }
 
-/// The third Ctrl-A: console input goes to the next domain still running.
+/// Moves input from the ring into domain `dom`'s emulated UART while its
+/// FIFO has room, and mirrors its interrupt line; returns its VM.
+fn deliver_input(dom: crate::domain::DomainId, me: usize) -> &'static Vm {
+    let all = vms();
+    let vm = all.iter().copied().find(|v| v.domid == dom).unwrap_or(all[0]);
+    let level = {
+        let mut u = vm.uart.lock();
+        u.pump_rx(&mut console::RingRx { dom });
+        u.irq_level()
+    };
+    if let Ok(k) = vm.vgic.lock().set_level(vm.uart_intid, 0, level) {
+        process_kicks(vm, me, k, WakeCause::Interrupt);
+    }
+    vm
+}
+
+/// The third Ctrl-A: console input goes to the next domain that can take
+/// it (`domain::console::input_targets`: Dom0, and running DomUs with a
+/// vPL011); what the old focus has not taken is dropped.
 fn switch_input(from: crate::domain::DomainId) {
-    let live: alloc::vec::Vec<_> =
-        vms().iter().filter(|v| v.domid == 0 || !v.stopped.load(Ordering::Acquire)).map(|v| v.domid).collect();
-    let to = crate::domain::console::next_domain(from, &live);
+    let doms: alloc::vec::Vec<_> =
+        vms().iter().map(|v| (v.domid, v.uart_region.is_some(), v.stopped.load(Ordering::Acquire))).collect();
+    let to = crate::domain::console::next_domain(from, &crate::domain::console::input_targets(&doms));
     crate::hvprintln!("(HV) input to d{to}");
     console::set_input_focus(to);
-    // The old focus may have masked the receive interrupt (its FIFO full);
-    // the new one masks it again if it must.
-    crate::vpl011::RxSource::set_rx_irq(&mut console::PhysRx, true);
 }
 
 /// Mirrors the disk's interrupt line into the vGIC (and wakes its target).
@@ -875,9 +895,7 @@ fn disk_mmio(vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess, value: u64) -> Re
 
 /// The vPL011 at offset `off` of its frame.
 fn uart_mmio(vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess, off: u64, value: u64) -> Result<(), ()> {
-    let mut stats_key = false;
     let mut guest_key = false;
-    let mut rx = console::FocusRx::default();
     let dom = vm.domid;
     let level = {
         let mut uart = vm.uart.lock();
@@ -897,23 +915,16 @@ fn uart_mmio(vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess, off: u64, value: 
         } else {
             let r = uart.read(off, a.size).map_err(|_| ())? as u64;
             reg_write(&mut v.regs, a.reg, esr::load_value(a, r));
-            // Input held back while the FIFO was full: the read made room,
-            // take more (and unmask once drained), if input is still ours.
-            if uart.rx_held() && console::input_focus() == dom {
-                stats_key = uart.pump_rx(&mut rx, STATS_KEY) > 0;
+            // Input waiting in the ring while the FIFO was full: the read
+            // made room, take more if the input is still ours.
+            if uart.rx_held() {
+                uart.pump_rx(&mut console::RingRx { dom });
             }
         }
         uart.irq_level()
     };
-    if stats_key {
-        print_stats();
-    }
-    if stats_key || guest_key {
+    if guest_key {
         dump_trace(vm, DumpReason::Key, 0);
-    }
-    if rx.switched {
-        switch_input(dom);
-        console_input(me);
     }
     if let Ok(k) = vm.vgic.lock().set_level(vm.uart_intid, v.id, level) {
         process_kicks(vm, me, k, WakeCause::Interrupt);
@@ -1016,6 +1027,7 @@ fn psci_call(vm: &Vm, me: usize, v: &mut Vcpu) -> Next {
         Call::SystemReset => {
             print_stats();
             info!("dom0 requested a system reset");
+            console::flush();
             smc::psci_system_reset()
         }
         Call::Unknown { function } => {
@@ -1166,8 +1178,9 @@ fn print_domu_stats(vm: &Vm) {
     let u = vm.uart.lock();
     let (rx, holds, overruns) = (u.rx_bytes, u.rx_holds, u.rx_overruns);
     drop(u);
+    let dropped = console::rx_dropped(n);
     crate::hvprintln!(
-        "(HV) stats begin d{n}.uart0\nd{n}.uart0.rx_bytes={rx}\nd{n}.uart0.rx_holds={holds}\nd{n}.uart0.rx_overruns={overruns}\n(HV) stats end d{n}.uart0"
+        "(HV) stats begin d{n}.uart0\nd{n}.uart0.rx_bytes={rx}\nd{n}.uart0.rx_holds={holds}\nd{n}.uart0.rx_overruns={overruns}\nd{n}.uart0.rx_dropped={dropped}\n(HV) stats end d{n}.uart0"
     );
 }
 
@@ -1212,8 +1225,16 @@ fn print_vm_stats(vm: &Vm) {
             v4.vpes.len()
         );
     }
+    let rx_dropped = console::rx_dropped(0);
     crate::hvprintln!(
-        "(HV) stats begin uart0\nuart0.rx_bytes={rx_bytes}\nuart0.rx_holds={rx_holds}\nuart0.rx_overruns={rx_overruns}\n(HV) stats end uart0"
+        "(HV) stats begin uart0\nuart0.rx_bytes={rx_bytes}\nuart0.rx_holds={rx_holds}\nuart0.rx_overruns={rx_overruns}\nuart0.rx_dropped={rx_dropped}\n(HV) stats end uart0"
+    );
+    // The physical console: input read and lost to a full ring, DomU
+    // output dropped to a full ring, output written while waiting for the
+    // UART.
+    let (rx, rx_overruns, tx_dropped, tx_waited) = console::counters();
+    crate::hvprintln!(
+        "(HV) stats begin console\nconsole.rx_bytes={rx}\nconsole.rx_overruns={rx_overruns}\nconsole.tx_dropped={tx_dropped}\nconsole.tx_waited={tx_waited}\n(HV) stats end console"
     );
     if vm.iomem.is_some() {
         crate::hvprintln!(
@@ -1231,6 +1252,7 @@ fn print_vm_stats(vm: &Vm) {
 fn power_off() -> ! {
     print_stats();
     info!("dom0 powered off; powering off the machine");
+    console::flush();
     smc::psci_system_off()
 }
 
@@ -1244,7 +1266,6 @@ fn stop_domain(vm: &Vm, me: usize, v: &Vcpu, what: &str) -> Next {
             // Nobody reads its console any more: input goes back to Dom0.
             crate::hvprintln!("(HV) input to d0");
             console::set_input_focus(0);
-            crate::vpl011::RxSource::set_rx_irq(&mut console::PhysRx, true);
         }
     }
     vm.shared[v.id].online.store(false, Ordering::Release);

@@ -1,4 +1,6 @@
-//! The physical PL011 console: polled transmit, interrupt-driven receive.
+//! The physical PL011 console: interrupt-driven receive; transmit polled,
+//! with the transmit interrupt asked for while `runtime::console` has output
+//! queued.
 
 use core::ptr::{read_volatile, write_volatile};
 use tock_registers::register_bitfields;
@@ -20,6 +22,8 @@ register_bitfields! {u32,
     UARTIMSC [
         /// Receive timeout.
         RTIM OFFSET(6) NUMBITS(1) [],
+        /// Transmit.
+        TXIM OFFSET(5) NUMBITS(1) [],
         /// Receive.
         RXIM OFFSET(4) NUMBITS(1) [],
         /// All eleven interrupt sources.
@@ -29,6 +33,8 @@ register_bitfields! {u32,
 
 pub struct Pl011 {
     base: usize,
+    /// What IMSC holds (written only here).
+    imsc: u32,
 }
 
 impl Pl011 {
@@ -36,7 +42,7 @@ impl Pl011 {
     /// `base` must be the identity-mapped register frame of a PL011 that
     /// nothing else drives.
     pub const unsafe fn new(base: usize) -> Self {
-        Self { base }
+        Self { base, imsc: 0 }
     }
 
     fn reg(&self, off: usize) -> *mut u32 {
@@ -52,6 +58,18 @@ impl Pl011 {
         }
     }
 
+    /// Hands `c` to the transmit FIFO unless it is full.
+    pub fn try_putc(&self, c: u8) -> bool {
+        // SAFETY: FR and DR of our PL011 frame (see `new`).
+        unsafe {
+            if UARTFR::TXFF.is_set(read_volatile(self.reg(FR))) {
+                return false;
+            }
+            write_volatile(self.reg(DR), c as u32);
+        }
+        true
+    }
+
     pub fn getc(&self) -> Option<u8> {
         // SAFETY: FR and DR of our PL011 frame (see `new`); reading DR pops
         // the receive FIFO, which only this driver uses.
@@ -65,20 +83,34 @@ impl Pl011 {
     }
 
     /// Enables the receive and receive-timeout interrupts.
-    pub fn enable_rx_irq(&self) {
-        // SAFETY: ICR and IMSC of our PL011 frame (see `new`): interrupt
-        // clear and mask, no memory effects.
+    pub fn enable_rx_irq(&mut self) {
+        // SAFETY: ICR of our PL011 frame (see `new`): interrupt clear, no
+        // memory effects.
         unsafe {
             write_volatile(self.reg(ICR), UARTIMSC::ALL.val(0x7ff).value);
         }
-        self.set_rx_irq(true);
+        self.set_imsc(UARTIMSC::RXIM::SET.value | UARTIMSC::RTIM::SET.value, true);
     }
 
-    /// Unmasks (`true`) or masks the receive and receive-timeout interrupts
-    /// (the only ones used: transmit is polled).
-    pub fn set_rx_irq(&self, on: bool) {
-        let imsc = if on { (UARTIMSC::RXIM::SET + UARTIMSC::RTIM::SET).value } else { 0 };
-        // SAFETY: as above.
-        unsafe { write_volatile(self.reg(IMSC), imsc) };
+    /// Unmasks (`true`) or masks the transmit interrupt (raised while the
+    /// transmit FIFO is at or below its trigger level).
+    pub fn set_tx_irq(&mut self, on: bool) {
+        self.set_imsc(UARTIMSC::TXIM::SET.value, on);
+    }
+
+    /// Clears a raised transmit interrupt (writing DR raises it again).
+    pub fn clear_tx_irq(&mut self) {
+        // SAFETY: ICR of our PL011 frame (see `new`).
+        unsafe { write_volatile(self.reg(ICR), UARTIMSC::TXIM::SET.value) };
+    }
+
+    fn set_imsc(&mut self, bits: u32, on: bool) {
+        let imsc = if on { self.imsc | bits } else { self.imsc & !bits };
+        if imsc != self.imsc {
+            self.imsc = imsc;
+            // SAFETY: IMSC of our PL011 frame (see `new`): interrupt mask,
+            // no memory effects.
+            unsafe { write_volatile(self.reg(IMSC), imsc) };
+        }
     }
 }
