@@ -92,15 +92,17 @@ pub fn set_input_focus(dom: DomainId) {
 }
 
 /// Reads the physical UART into the input ring (at most `max` bytes),
-/// stopping after a key; returns the focus the bytes are for and the key.
-pub fn receive(max: usize) -> (DomainId, Option<Key>) {
+/// stopping after a key; returns the focus the bytes are for, the key, and
+/// how many bytes were read.
+pub fn receive(max: usize) -> (DomainId, Option<Key>, usize) {
     let c = &mut *CONSOLE.lock();
     let focus = c.out.mux.focus();
+    let before = c.rx.bytes;
     let key = match &c.uart {
         Some(u) => c.rx.fill(&mut || u.getc(), focus, max),
         None => None,
     };
-    (focus, key)
+    (focus, key, (c.rx.bytes - before) as usize)
 }
 
 /// The transmit interrupt: a budget of the waiting output, and the interrupt

@@ -515,7 +515,7 @@ const CONSOLE_RX_BATCH: usize = 1024;
 fn console_input(me: usize) {
     let mut budget = CONSOLE_RX_BATCH;
     loop {
-        let (focus, key) = console::receive(budget);
+        let (focus, key, read) = console::receive(budget);
         let vm = deliver_input(focus, me);
         match key {
             None => break,
@@ -525,8 +525,7 @@ fn console_input(me: usize) {
             }
             Some(Key::Switch) => switch_input(focus),
         }
-        // Keys count against the budget too.
-        budget = budget.saturating_sub(1);
+        budget = budget.saturating_sub(read);
         if budget == 0 {
             break;
         }
