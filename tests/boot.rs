@@ -83,7 +83,8 @@ fn console_flood_before_the_shell_reads_still_gets_a_command_answered() {
         let r = run(&o);
         assert_console(&r, "flood-42");
         assert_console(&r, "dom0 powered off");
-        // The hypervisor held the input back (flow control) and lost none.
+        // The input waited in the hypervisor's ring while the FIFO was full
+        // (a hold), and none was lost.
         let held = stat_line(&r.console, "uart0.rx_holds").expect("uart0 stats");
         assert!(held >= 1, "flood after {after:?}: it never filled the guest's FIFO");
         assert!(stat_line(&r.console, "uart0.rx_bytes").unwrap() >= flood.len() as u64);
