@@ -14,7 +14,7 @@
 //! * GITS_BASER0 = Devices, GITS_BASER1 = Collections, flat only: Indirect
 //!   reads 0 whatever is written, so Linux falls back to a flat table. Type
 //!   and Entry_Size are read-only; every other field reads back as written
-//!   (page sizes 4K/16K/64K; the reserved encoding reads as 64K), because
+//!   (page sizes 4K/16K/64K, 64K at reset; the reserved encoding reads as 64K), because
 //!   Linux checks that its value "sticks". The model keeps its own state
 //!   ([`tables`]) and never reads or writes these tables or the ITTs, as the
 //!   architecture allows; it only checks that they lie in guest RAM (a table
@@ -418,8 +418,11 @@ impl Vits {
         }
         let collections = config.nr_vcpus.max(MIN_COLLECTIONS).next_power_of_two();
         let cid_bits = collections.trailing_zeros() as u8;
-        let baser =
-            |ty: FieldValue<u64, GITS_BASER::Register>| (ty + GITS_BASER::Entry_Size.val(BASER_ENTRY_SIZE - 1)).value;
+        // Page_Size resets to 64 KiB, as KVM and QEMU present it; the guest
+        // may still write 4K or 16K.
+        let baser = |ty: FieldValue<u64, GITS_BASER::Register>| {
+            (ty + GITS_BASER::Entry_Size.val(BASER_ENTRY_SIZE - 1) + GITS_BASER::Page_Size::Size64K).value
+        };
         Ok(Vits {
             base: config.base,
             nr_vcpus: config.nr_vcpus,

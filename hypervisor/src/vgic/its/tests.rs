@@ -311,6 +311,33 @@ fn linux_probe_sequence() {
     assert_ne!(r.read(0x100, 8).unwrap() & (1 << 63), 0);
 }
 
+/// Every implemented GITS_BASER resets to 64 KiB pages (what KVM and QEMU
+/// present); the sizes the guest may write (4K, 16K, 64K) all stick, and
+/// Linux's flow (its_setup_baser: write its value, read it back, keep it
+/// when it sticks) ends with exactly the value written.
+#[test]
+fn baser_page_size_resets_to_64k_and_accepts_every_size() {
+    let mut r = Rig::new(2);
+    for (i, ty) in [(0u64, 1u64), (1, 4)] {
+        let off = 0x100 + 8 * i;
+        let reset = r.read(off, 8).unwrap();
+        assert_eq!(reset >> 8 & 3, 2, "BASER{i} resets to 64K pages: {reset:#x}");
+        assert_eq!(reset, ty << 56 | 7 << 48 | 2 << 8, "BASER{i} reset value");
+        assert_eq!(r.read(off, 4).unwrap(), reset & 0xffff_ffff);
+        for psz in [0u64, 1, 2] {
+            let val = DEV_TABLE | ty << 56 | 7 << 48 | 7 << 59 | 1 << 10 | psz << 8 | 1 | 1 << 63;
+            r.write(off, 8, val).unwrap();
+            assert_eq!(r.read(off, 8).unwrap(), val, "BASER{i} page size {psz}");
+        }
+        // Linux starts from the value it read and keeps the page size when it sticks.
+        let val = (reset & !0xff) | DEV_TABLE | 7 << 59 | 1 << 10 | 3 | 1 << 63;
+        r.write(off, 8, val).unwrap();
+        assert_eq!(r.read(off, 8).unwrap(), val);
+        assert_eq!(r.read(off, 8).unwrap() >> 8 & 3, 2);
+    }
+    assert_eq!(r.errors(CommandFault::TableOutsideRam), 0);
+}
+
 #[test]
 fn access_sizes() {
     let mut r = Rig::new(1);
