@@ -667,6 +667,37 @@ impl Vgic {
         Ok(())
     }
 
+    /// Resamples the input line of a forwarded private interrupt whose
+    /// source is a level (the virtual timer, injected with
+    /// [`Vgic::inject_edge`] when the physical PPI fires). With `level` low,
+    /// a pending state the guest has not acknowledged ends, as it does for a
+    /// level-sensitive interrupt whose line drops; an active state stays (the
+    /// guest's deactivation ends it). A high `level` changes nothing: the
+    /// physical interrupt reports rising edges. An interrupt sitting in the
+    /// vCPU's list registers belongs to the hardware and is left alone, so
+    /// call this between `sync_lrs` and `flush_lrs`, or while the vCPU is
+    /// not running. The physical interrupt is the caller's: afterwards it
+    /// makes it active exactly when [`Vgic::is_pending_or_active`] says so
+    /// (nothing goes to [`Vgic::take_hw_deactivations`]). Returns whether a
+    /// pending state ended; errors for an interrupt that is not a forwarded
+    /// PPI or SGI of `vcpu`.
+    pub fn resample_hw_private(&mut self, vcpu: usize, intid: IntId, level: bool) -> Result<bool, VgicError> {
+        self.check_vcpu(vcpu)?;
+        let raw = u32::from(intid);
+        if raw >= NR_PRIVATE {
+            return Err(VgicError::BadIntid(intid));
+        }
+        let irq = self.irq_mut(vcpu, raw).ok_or(VgicError::BadIntid(intid))?;
+        if irq.hw.is_none() {
+            return Err(VgicError::BadIntid(intid));
+        }
+        if level || irq.in_flight() {
+            return Ok(false);
+        }
+        irq.line = false;
+        Ok(core::mem::take(&mut irq.latch))
+    }
+
     /// Whether the guest enabled SPI `intid` (GICD_ISENABLER); false for
     /// other INTIDs.
     pub fn spi_enabled(&self, intid: IntId) -> bool {

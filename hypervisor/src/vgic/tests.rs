@@ -989,3 +989,47 @@ fn spi_enabled_follows_isenabler_and_icenabler() {
     assert!(!g.spi_enabled(id(27)));
     assert!(!g.spi_enabled(id(1000)));
 }
+
+/// The virtual timer's output is a level: once the guest disables or masks
+/// the timer (or moves CVAL to the future) before acknowledging its
+/// interrupt, resampling the line ends the pending state (GICR_ISPENDR0
+/// bit 27 reads 0 and nothing is left to deliver).
+#[test]
+fn a_low_timer_line_ends_a_pending_unacknowledged_vtimer() {
+    let mut g = booted(2, 32);
+    g.set_hw_private(1, id(27), Some(id(27))).unwrap();
+    enable(&mut g, 1, 27);
+    let pend = |g: &mut Vgic| g.mmio_read(1, sgi(1) + ISPENDR, 4).unwrap() & (1 << 27) != 0;
+    // The timer fired while the vCPU was away; the line is still high.
+    g.inject_edge(id(27), 1).unwrap();
+    assert_eq!(g.resample_hw_private(1, id(27), true), Ok(false));
+    assert!(pend(&mut g) && g.has_deliverable(1));
+    // The guest disabled it before taking the interrupt: the line dropped.
+    assert_eq!(g.resample_hw_private(1, id(27), false), Ok(true));
+    assert!(!pend(&mut g), "ISPENDR0 bit 27 clear");
+    assert_eq!(g.resample_hw_private(1, id(27), false), Ok(false), "nothing left to end");
+    assert!(!g.is_pending_or_active(1, id(27)) && !g.has_deliverable(1));
+    let mut lrs = [0u64; 4];
+    assert_eq!(g.flush_lrs(1, &mut lrs).filled, 0);
+    // It fires again: pending again, delivered.
+    g.inject_edge(id(27), 1).unwrap();
+    assert!(pend(&mut g));
+    assert_eq!(g.flush_lrs(1, &mut lrs).filled, 1);
+    assert_eq!(lr_intid(lrs[0]), 27);
+    // While in the vCPU's list registers it is the hardware's: unchanged.
+    assert_eq!(g.resample_hw_private(1, id(27), false), Ok(false));
+    assert!(pend(&mut g));
+    // Acknowledged (active): stays active, only a pending state would go.
+    lrs[0] = (lrs[0] & !LR_STATE_MASK) | LR_ACTIVE;
+    g.sync_lrs(1, &mut lrs);
+    g.inject_edge(id(27), 1).unwrap();
+    assert_eq!(g.resample_hw_private(1, id(27), false), Ok(true));
+    assert!(!pend(&mut g));
+    assert!(g.is_pending_or_active(1, id(27)), "still active");
+    assert_ne!(g.mmio_read(1, sgi(1) + ISACTIVER, 4).unwrap() & (1 << 27), 0);
+    // vCPU 0's timer is not forwarded: not a line the model resamples.
+    assert_eq!(g.resample_hw_private(0, id(27), false), Err(VgicError::BadIntid(id(27))));
+    assert_eq!(g.resample_hw_private(1, id(40), false), Err(VgicError::BadIntid(id(40))));
+    assert_eq!(g.resample_hw_private(7, id(27), false), Err(VgicError::BadVcpu(7)));
+    assert!(g.take_hw_deactivations().is_empty(), "the caller sets the physical state");
+}
