@@ -577,3 +577,42 @@ fn the_vits_over_this_vgic_delivers_an_msi_to_a_list_register() {
     assert_eq!(lr_intid(lr), LPI_BASE + 5);
     assert_eq!((lr >> 48) & 0xff, 0x80, "priority from the guest's table");
 }
+
+/// The vITS over this vGIC with a guest that leaves stale bytes in its
+/// queue slots: an INT whose RES0 bits are all ones still makes the LPI
+/// pending in the target redistributor.
+#[test]
+fn an_int_with_stale_reserved_bits_pends_the_lpi() {
+    use super::its::{NoBackend, Vits, VitsConfig};
+    use crate::its::cmd::{used_bits, Command};
+    use crate::virtio::GuestMemory;
+    const ITS: u64 = 0x0808_0000;
+    const QUEUE: u64 = RAM + 0x8_0000;
+    let (mut g, mut mem) = lpi_booted(2);
+    let mut its = Vits::new(VitsConfig { base: ITS, nr_vcpus: 2, msi_vcpu: None }).unwrap();
+    its.mmio_write(ITS + 0x80, 8, QUEUE | 1 << 63 | 15, &mem, &mut g, &mut NoBackend).unwrap();
+    its.mmio_write(ITS, 4, 1, &mem, &mut g, &mut NoBackend).unwrap();
+    let stale = |c: Command| -> [u8; 32] {
+        let used = used_bits(c.opcode()).unwrap();
+        let w = c.encode();
+        let mut b = [0u8; 32];
+        for i in 0..4 {
+            b[8 * i..8 * i + 8].copy_from_slice(&(w[i] | !used[i]).to_le_bytes());
+        }
+        b
+    };
+    let cmds = [
+        Command::Mapc { icid: 1, rdbase: 1, valid: true },
+        Command::Mapd { device: 8, size: 1, itt_addr: RAM + 0xA_0000, valid: true },
+        Command::Mapti { device: 8, event: 1, pintid: LPI_BASE + 5, icid: 1 },
+        Command::Int { device: 8, event: 1 },
+    ];
+    for (i, c) in cmds.iter().enumerate() {
+        mem.write(QUEUE + 32 * i as u64, &stale(*c)).unwrap();
+    }
+    its.mmio_write(ITS + 0x88, 8, 32 * cmds.len() as u64, &mem, &mut g, &mut NoBackend).unwrap();
+    assert_eq!(its.counters().total_errors(), 0);
+    assert_eq!(its.counters().reserved_ignored, cmds.len() as u64);
+    assert!(g.lpi_pending(lpi(5), 1), "INT pended LPI 8197 on vCPU 1");
+    assert!(!g.lpi_pending(lpi(5), 0));
+}
