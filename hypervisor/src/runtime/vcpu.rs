@@ -239,15 +239,23 @@ fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Option<u64>) {
     let mut spin = SpinDetector::new();
     let mut watch = spin_watch(vm, id);
     loop {
-        let sample = watch.map(|w| now_ns().saturating_add(w.sample_ns()));
-        arm_timer(me, deadline, sample);
         let fr = vm.vgic.lock().flush_lrs(id, &mut v.lrs[..n]);
         vm.shared[id].counters.irqs_injected.fetch_add(fr.filled as u64, Ordering::Relaxed);
         for i in 0..n {
             gic::write_lr(i, v.lrs[i]);
         }
         gic::vcpu_if_on(fr.overflow);
+        // The sampling period starts after the entry work: however long
+        // that work takes (flushing many LPIs, a slow exit path), the guest
+        // runs for a whole period between two samples. Armed before it, a
+        // period shorter than the work would expire before the guest ran
+        // an instruction, every time: a vCPU that never progresses, found
+        // "spinning" at one PC and yielded forever.
+        let sample = watch.map(|w| now_ns().saturating_add(w.sample_ns()));
+        arm_timer(me, deadline, sample);
+        let entered = now_ns();
         let kind = run_guest(&mut v.regs);
+        let ran_ns = now_ns().saturating_sub(entered);
         if v.vserror.is_pending() {
             v.vserror.on_exit(el2::hcr());
         }
@@ -285,7 +293,7 @@ fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Option<u64>) {
                     inc(&vm.shared[id].counters.irq_exits_msi);
                 }
                 watch = spin_watch(vm, id);
-                if watch.is_some_and(|w| spin.sample(now_ns(), v.regs.elr, evidence, w.spin_ns())) {
+                if watch.is_some_and(|w| spin.sample(ran_ns, v.regs.elr, evidence, w.spin_ns())) {
                     // A lock or flag wait whose WFE did not trap: as on WFE.
                     inc(&vm.shared[id].counters.spin_yields);
                     yield_cpu(vm, me, id)
