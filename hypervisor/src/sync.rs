@@ -10,9 +10,11 @@
 //! spinning with ISB on a lock held by another pCPU keeps the holder from
 //! running, round after round (seen with Dom0 and three DomUs on 2 pCPUs:
 //! pCPU1 stopped inside the scheduler with its lock held while pCPU0 spun
-//! on it; guest time went on, no guest made progress). Spinning with
-//! YIELD gives the holder its turn at once; on hardware YIELD is the same
-//! hint Linux's `cpu_relax` gives.
+//! on it; guest time went on, no guest made progress). QEMU 8 and later
+//! (the project runs 10.0) split each round's budget between the CPUs,
+//! which bounds the damage but still lets a spinner burn its share.
+//! Spinning with YIELD gives the holder its turn at once; on hardware YIELD
+//! is the same hint Linux's `cpu_relax` gives.
 //!
 //! Every lock in the hypervisor is one of these (and the heap's, see
 //! `runtime::heap`); the host build (unit tests) relaxes with `spin_loop`.

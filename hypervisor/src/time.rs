@@ -36,6 +36,14 @@ pub fn vtimer_deadline_ns(cntv_ctl: u64, cntv_cval: u64, freq_hz: u64) -> u64 {
     }
 }
 
+/// The virtual timer's output line (CNTVOFF = 0, so CNTVCT is the physical
+/// counter `cntvct`): high while the timer is enabled, not masked and due
+/// (CNTVCT ≥ CVAL). It is a level: disabling, masking or moving CVAL to the
+/// future lowers it.
+pub fn vtimer_line(cntv_ctl: u64, cntv_cval: u64, cntvct: u64) -> bool {
+    cntv_ctl & CTL_ENABLE != 0 && cntv_ctl & CTL_IMASK == 0 && cntvct >= cntv_cval
+}
+
 /// The deadline the EL2 timer watches for a vCPU switched out with this
 /// virtual timer (`vtimer_deadline_ns`, rounded up by `slop`), or `u64::MAX`
 /// when its interrupt is already pending or active in the vGIC
@@ -72,6 +80,19 @@ mod tests {
         assert_eq!(saved_vtimer_deadline_ns(on, cval + 1, QEMU_HZ, 50_000, false), 1_000_050_000);
         assert_eq!(saved_vtimer_deadline_ns(on | CTL_IMASK, cval, QEMU_HZ, 0, false), u64::MAX);
         assert_eq!(saved_vtimer_deadline_ns(0, cval, QEMU_HZ, 0, false), u64::MAX);
+    }
+
+    #[test]
+    fn the_timer_line_is_high_only_when_enabled_unmasked_and_due() {
+        let cval = 1_000;
+        assert!(vtimer_line(CTL_ENABLE, cval, cval));
+        assert!(vtimer_line(CTL_ENABLE, cval, cval + 1));
+        assert!(!vtimer_line(CTL_ENABLE, cval, cval - 1), "CVAL in the future");
+        assert!(!vtimer_line(CTL_ENABLE | CTL_IMASK, cval, cval + 1), "masked");
+        assert!(!vtimer_line(0, cval, cval + 1), "disabled");
+        // ISTATUS (bit 2) is the hardware's output, not an input: ignored.
+        assert!(!vtimer_line(1 << 2, cval, cval + 1));
+        assert!(vtimer_line(CTL_ENABLE, 0, 0));
     }
 
     #[test]

@@ -780,7 +780,7 @@ impl Qemu {
     /// The user's QEMU at `bin`: it must run, say it is QEMU, and be
     /// [`MIN_QEMU`] or newer.
     pub fn user(bin: &Path, how: &str) -> Result<Qemu> {
-        let version = probe_qemu(bin, &[]).map_err(|e| format!("{how} {}: {e}", bin.display()))?;
+        let version = probe_qemu(bin, &[]).map_err(|e| format!("{how}: {e}"))?;
         if version < MIN_QEMU {
             return Err(format!(
                 "{how} {}: QEMU {version} is too old; the runs need QEMU {MIN_QEMU} or newer (the project's own is 10.0: drop {how})",

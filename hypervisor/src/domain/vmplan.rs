@@ -338,7 +338,7 @@ fn check_passthrough(
     ]);
     hyp.extend(plan.ram_disk.map(|r| ("RAM disk", r)));
     hyp.extend(plat.gic.gicr.iter().map(|r| ("GIC redistributors", *r)));
-    hyp.extend(plat.gic.its.map(|r| ("GIC ITS", r)));
+    hyp.extend(plat.gic.its.iter().chain(&plat.gic.other_its).map(|r| ("GIC ITS", *r)));
     hyp.extend(plat.uart.as_ref().map(|u| ("hypervisor UART", Region { base: u.base, size: u.size })));
     hyp.extend(own_disk.map(|d| ("hypervisor virtio-blk", Region { base: d.base, size: d.size })));
     for d in plan.domus.iter() {
@@ -373,7 +373,7 @@ fn iomem_policy(
     for r in &plat.gic.gicr {
         p.deny("GIC redistributors", *r);
     }
-    if let Some(r) = plat.gic.its {
+    for r in plat.gic.its.iter().chain(&plat.gic.other_its) {
         // The control frame and the translation frame after it.
         p.deny("GIC ITS", Region { base: r.base, size: r.size.max(2 * crate::its::CONTROL_FRAME_SIZE) });
     }

@@ -341,6 +341,9 @@ fn acpi_dom0_on_qemu_edk2_tables() {
     let tables = Tables::from_rsdp(&MemImage { base: 0x7713_0000, bytes: MEM }, 0x7713_0018).unwrap();
     let mut plat = AcpiMachine::parse(&tables).unwrap().to_platform(Vec::from([r(0x4000_0000, 0x4000_0000)])).unwrap();
     plat.kernel = Some(BootModule { base: 0x4800_0000, size: 27 * MIB, bootargs: None });
+    // A second ITS (a machine with one per socket): never Dom0's either.
+    let second_its = r(0x0a10_0000, 0x2_0000);
+    plat.gic.other_its.push(second_its);
     let firmware = [r(0x7713_0000, 0x1_0000)];
     let memory = [r(0x4000_0000, 0x4000_0000)];
     let fw = Dom0Firmware::Acpi { firmware: &firmware, memory: &memory };
@@ -358,6 +361,9 @@ fn acpi_dom0_on_qemu_edk2_tables() {
         // The GIC and the hypervisor's UART (SPCR) are never Dom0's.
         for denied in [plat.gic.gicd.base, plat.gic.gicr[0].base, plat.uart.as_ref().unwrap().base] {
             assert!(matches!(io.decide(denied), IoMemDecision::Deny(_)), "{denied:#x} must be denied");
+        }
+        for its_page in [plat.gic.its.unwrap().base, second_its.base, second_its.base + 0x1_0040] {
+            assert_eq!(io.decide(its_page), IoMemDecision::Deny("GIC ITS"), "{its_page:#x} must be denied");
         }
         assert!(matches!(io.decide(0x0a00_0000), IoMemDecision::Map(_)));
     }

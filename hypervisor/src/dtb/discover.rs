@@ -147,18 +147,18 @@ fn gic(idx: &Index<'_, '_>) -> Result<(usize, GicInfo), DtbError> {
             Some(gic_irq(cells.get(..3).ok_or(DtbError::BadValue("gic interrupts"))?)?.intid)
         }
     };
-    let mut its = None;
+    let mut all_its = Vec::new();
     for (ci, c) in idx.children_of(i) {
         if is_enabled(c.node) && is_compatible(c.node, "arm,gic-v3-its") {
-            its = Some(idx.mmio_reg(ci, "its reg")?[0]);
-            break;
+            all_its.push(idx.mmio_reg(ci, "its reg")?[0]);
         }
     }
     let info = GicInfo {
         version: 3,
         gicd: regs[0],
         gicr: regs[1..1 + n_redist].to_vec(),
-        its,
+        its: all_its.first().copied(),
+        other_its: all_its.get(1..).unwrap_or_default().to_vec(),
         maintenance_intid,
         phandle: e.phandle,
     };

@@ -145,8 +145,12 @@ pub struct GicInfo {
     pub gicd: Region,
     /// Redistributor regions (`#redistributor-regions`, default 1).
     pub gicr: Vec<Region>,
-    /// The first enabled `arm,gic-v3-its` child.
+    /// The first enabled `arm,gic-v3-its` child: the ITS the hypervisor drives.
     pub its: Option<Region>,
+    /// Every other ITS (the MADT's further GIC ITS structures, further
+    /// enabled `arm,gic-v3-its` children): undriven, and never a guest's to
+    /// map (each would translate any device's MSIs into any LPI).
+    pub other_its: Vec<Region>,
     /// INTID of the virtual-interface maintenance interrupt (PPI 9 → 25).
     pub maintenance_intid: Option<IntId>,
     /// The controller's phandle, if it has one.

@@ -1,11 +1,16 @@
 //! ITS commands: the 32-byte records of the command queue.
 //!
-//! [`Command::encode`] is what the physical ITS driver writes;
-//! [`Command::decode`] is what the virtual ITS reads from a guest's queue.
-//! Decoding is strict: an unknown command number or a RES0 bit that is set
-//! is an error the caller reports and skips (the architecture leaves such
-//! commands UNPREDICTABLE; ignoring them is one of the behaviours it allows,
-//! and the one that cannot hurt anybody else).
+//! [`Command::encode`] is what the physical ITS driver writes. Two decoders
+//! read commands back:
+//! * [`Command::decode_guest`] is what the virtual ITS reads from a guest's
+//!   queue: it takes the fields the command defines and ignores its RES0
+//!   bits, saying whether any was set. Real ITSs (and KVM's and QEMU's
+//!   emulations) ignore them, and guests rely on it: a driver that reuses
+//!   queue slots without clearing them leaves stale bits there. Only an
+//!   unknown command number is an error.
+//! * [`Command::decode`] is strict: a RES0 bit that is set is an error too.
+//!   It checks that what [`Command::encode`] writes for the hypervisor's own
+//!   commands is exactly the command meant, bit for bit.
 //!
 //! Field layout (IHI 0069, "ITS commands"), DW = 64-bit doubleword:
 //! * DW0 [7:0] command number, [63:32] DeviceID (VMOVP: [47:32] sequence number)
@@ -103,10 +108,20 @@ pub enum CommandError {
     ReservedBits { opcode: u8, dw: u8, bits: u64 },
 }
 
+/// A command number no ITS has: the only error of [`Command::decode_guest`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UnknownOpcode(pub u8);
+
+impl fmt::Display for UnknownOpcode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "unknown ITS command {:#04x}", self.0)
+    }
+}
+
 impl fmt::Display for CommandError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            CommandError::UnknownOpcode(o) => write!(f, "unknown ITS command {o:#04x}"),
+            CommandError::UnknownOpcode(o) => UnknownOpcode(*o).fmt(f),
             CommandError::ReservedBits { opcode, dw, bits } => {
                 write!(f, "ITS command {opcode:#04x}: reserved bits {bits:#x} set in doubleword {dw}")
             }
@@ -230,9 +245,9 @@ impl Command {
         }
     }
 
-    /// The command in `dw`, or why it is not one.
+    /// The command in `dw`, or why it is not one: strict, a set RES0 bit
+    /// is an error.
     pub fn decode(dw: [u64; 4]) -> Result<Command, CommandError> {
-        use opcode::*;
         let op = dw[0] as u8;
         let used = used_bits(op).ok_or(CommandError::UnknownOpcode(op))?;
         for (i, (&w, &u)) in dw.iter().zip(used.iter()).enumerate() {
@@ -240,12 +255,30 @@ impl Command {
                 return Err(CommandError::ReservedBits { opcode: op, dw: i as u8, bits: w & !u });
             }
         }
+        Self::fields(op, dw).ok_or(CommandError::UnknownOpcode(op))
+    }
+
+    /// The command in a guest's queue slot `dw`, decoded from the fields
+    /// the command defines, and whether any of its RES0 bits was set (and
+    /// ignored). Only an unknown command number is an error.
+    pub fn decode_guest(dw: [u64; 4]) -> Result<(Command, bool), UnknownOpcode> {
+        let op = dw[0] as u8;
+        let used = used_bits(op).ok_or(UnknownOpcode(op))?;
+        let reserved = dw.iter().zip(used.iter()).any(|(&w, &u)| w & !u != 0);
+        let masked = core::array::from_fn(|i| dw[i] & used[i]);
+        Ok((Self::fields(op, masked).ok_or(UnknownOpcode(op))?, reserved))
+    }
+
+    /// The fields of command `op` from `dw`, whose RES0 bits the caller has
+    /// checked or cleared; `None` for an unknown command number.
+    fn fields(op: u8, dw: [u64; 4]) -> Option<Command> {
+        use opcode::*;
         let device = high32(dw[0]);
         let event = low32(dw[1]);
         let icid = dw[2] as u16;
         let rdbase = (dw[2] & RDBASE_MASK) >> 16;
         let valid = dw[2] >> 63 != 0;
-        Ok(match op {
+        Some(match op {
             MOVI => Command::Movi { device, event, icid },
             INT => Command::Int { device, event },
             CLEAR => Command::Clear { device, event },
@@ -281,7 +314,7 @@ impl Command {
             }
             VSYNC => Command::Vsync { vpe: vpe_of(dw[1]) },
             VINVALL => Command::Vinvall { vpe: vpe_of(dw[1]) },
-            _ => return Err(CommandError::UnknownOpcode(op)),
+            _ => return None,
         })
     }
 
@@ -294,13 +327,18 @@ impl Command {
         b
     }
 
-    /// Decodes a queue slot's 32 little-endian bytes.
-    pub fn from_bytes(b: &[u8; COMMAND_BYTES]) -> Result<Command, CommandError> {
+    /// The four doublewords of a queue slot's 32 little-endian bytes.
+    pub fn words(b: &[u8; COMMAND_BYTES]) -> [u64; 4] {
         let mut dw = [0u64; 4];
         for (w, chunk) in dw.iter_mut().zip(b.chunks_exact(8)) {
             *w = u64::from_le_bytes(chunk.try_into().unwrap_or([0; 8]));
         }
-        Command::decode(dw)
+        dw
+    }
+
+    /// Decodes a queue slot's 32 little-endian bytes, strictly.
+    pub fn from_bytes(b: &[u8; COMMAND_BYTES]) -> Result<Command, CommandError> {
+        Command::decode(Command::words(b))
     }
 }
 

@@ -72,6 +72,38 @@ fn unknown_numbers_and_reserved_bits_are_refused() {
     assert!(Command::decode([opcode::MAPD as u64, 0, 0x80, 0]).is_err());
 }
 
+/// The guest decoder takes the defined fields and ignores RES0 bits (saying
+/// whether any was set); only an unknown number is refused. The strict
+/// decoder stays strict on the same words.
+#[test]
+fn guest_decoding_ignores_reserved_bits() {
+    use super::cmd::UnknownOpcode;
+    for c in all_kinds() {
+        let clean = c.encode();
+        assert_eq!(Command::decode_guest(clean), Ok((c, false)), "{}", c.name());
+        let used = super::cmd::used_bits(c.opcode()).unwrap();
+        let stale: [u64; 4] = core::array::from_fn(|i| clean[i] | !used[i]);
+        assert_eq!(Command::decode_guest(stale), Ok((c, true)), "{}", c.name());
+        assert!(matches!(Command::decode(stale), Err(CommandError::ReservedBits { .. })), "{}", c.name());
+    }
+    assert_eq!(Command::decode_guest([0x02, 0, 0, 0]), Err(UnknownOpcode(0x02)));
+    assert_eq!(Command::decode_guest([!0, !0, !0, !0]), Err(UnknownOpcode(0xff)));
+    let mut rng = Rng(0x26);
+    for _ in 0..100_000 {
+        let w: [u64; 4] = core::array::from_fn(|_| rng.next());
+        let op = w[0] as u8;
+        match (Command::decode_guest(w), super::cmd::used_bits(op)) {
+            (Ok((c, reserved)), Some(used)) => {
+                let masked: [u64; 4] = core::array::from_fn(|i| w[i] & used[i]);
+                assert_eq!(Command::decode(masked), Ok(c));
+                assert_eq!(reserved, masked != w);
+            }
+            (Err(UnknownOpcode(o)), None) => assert_eq!(o, op),
+            (r, u) => panic!("{w:x?}: {r:?} with used bits {u:x?}"),
+        }
+    }
+}
+
 #[test]
 fn random_words_never_panic_and_decoded_commands_reencode_identically() {
     let mut rng = Rng(0x175);

@@ -105,6 +105,12 @@ pub fn cntfrq() -> u64 {
     CNTFRQ_EL0.get().max(1)
 }
 
+/// The physical counter in ticks (CNTVOFF_EL2 = 0: also every guest's
+/// virtual counter).
+pub fn counter() -> u64 {
+    CNTPCT_EL0.get()
+}
+
 /// The physical counter in nanoseconds (the scheduler's clock).
 pub fn now_ns() -> u64 {
     ticks_to_ns(CNTPCT_EL0.get())

@@ -34,9 +34,10 @@ use crate::trace::{DumpReason, Event, ExitClass};
 use crate::traps::{self, VirtualSError};
 use crate::vdebug::{self, DebugReg};
 use crate::vgic::Kicks;
-use aarch64_cpu::registers::ESR_EL1;
+use aarch64_cpu::registers::{CNTV_CTL_EL0, CNTV_CVAL_EL0, ESR_EL1};
 use core::sync::atomic::Ordering;
 use log::{debug, info, warn};
+use tock_registers::interfaces::Readable;
 
 /// Typing Ctrl-\\ on the console prints the statistics (it is not passed
 /// to the guest).
@@ -174,9 +175,18 @@ fn load_vcpu(vm: &Vm, me: usize, v: &mut Vcpu) {
     // Derived afresh below (running_on is already set: a later change by
     // another pCPU asks again, see `deactivate_hw`).
     vm.shared[v.id].ppi_resync.store(0, Ordering::Release);
-    // The forwarded virtual timer: while its virtual interrupt is pending or
-    // active, keep the physical PPI active so it does not fire again.
-    let busy = vm.vgic.lock().is_pending_or_active(v.id, vt);
+    // The forwarded virtual timer: its output is a level, so a pending state
+    // the guest has not acknowledged ends if the timer it saved is no longer
+    // due (disabled, masked or CVAL moved on since it fired). Then, while its
+    // virtual interrupt is pending or active, keep the physical PPI active so
+    // it does not fire again.
+    let line = crate::time::vtimer_line(v.el1.cntv_ctl, v.el1.cntv_cval, percpu::counter());
+    let busy = {
+        let mut vgic = vm.vgic.lock();
+        // Err: this VM's timer is not forwarded, nothing to resample.
+        let _ = vgic.resample_hw_private(v.id, vt, line);
+        vgic.is_pending_or_active(v.id, vt)
+    };
     gic::set_private_active(me, vt, busy);
     v.el1.restore();
     v.fp.restore();
@@ -230,15 +240,23 @@ fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Option<u64>) {
     let mut spin = SpinDetector::new();
     let mut watch = spin_watch(vm, id);
     loop {
-        let sample = watch.map(|w| now_ns().saturating_add(w.sample_ns()));
-        arm_timer(me, deadline, sample);
         let fr = vm.vgic.lock().flush_lrs(id, &mut v.lrs[..n]);
         vm.shared[id].counters.irqs_injected.fetch_add(fr.filled as u64, Ordering::Relaxed);
         for i in 0..n {
             gic::write_lr(i, v.lrs[i]);
         }
         gic::vcpu_if_on(fr.overflow);
+        // The sampling period starts after the entry work: however long
+        // that work takes (flushing many LPIs, a slow exit path), the guest
+        // runs for a whole period between two samples. Armed before it, a
+        // period shorter than the work would expire before the guest ran
+        // an instruction, every time: a vCPU that never progresses, found
+        // "spinning" at one PC and yielded forever.
+        let sample = watch.map(|w| now_ns().saturating_add(w.sample_ns()));
+        arm_timer(me, deadline, sample);
+        let entered = now_ns();
         let kind = run_guest(&mut v.regs);
+        let ran_ns = now_ns().saturating_sub(entered);
         if v.vserror.is_pending() {
             v.vserror.on_exit(el2::hcr());
         }
@@ -276,7 +294,7 @@ fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Option<u64>) {
                     inc(&vm.shared[id].counters.irq_exits_msi);
                 }
                 watch = spin_watch(vm, id);
-                if watch.is_some_and(|w| spin.sample(now_ns(), v.regs.elr, evidence, w.spin_ns())) {
+                if watch.is_some_and(|w| spin.sample(ran_ns, v.regs.elr, evidence, w.spin_ns())) {
                     // A lock or flag wait whose WFE did not trap: as on WFE.
                     inc(&vm.shared[id].counters.spin_yields);
                     yield_cpu(vm, me, id)
@@ -730,7 +748,17 @@ fn block(vm: &Vm, me: usize, v: &mut Vcpu, limit: u64) -> Next {
         super::vlpi::put(vm, me, id);
         v.vpe_resident = false;
     }
-    let vgic = vm.vgic.lock();
+    let mut vgic = vm.vgic.lock();
+    // A virtual timer interrupt the guest has not taken while its timer is no
+    // longer due (the guest disabled or masked it, or moved CVAL on, before
+    // this WFI) is not pending any more: the timer's output is a level. The
+    // guest's timer registers are live here; ending the virtual pending
+    // state also ends the physical PPI's active state, so it can fire again.
+    let vt = vm.virt_timer_intid;
+    let line = crate::time::vtimer_line(CNTV_CTL_EL0.get(), CNTV_CVAL_EL0.get(), percpu::counter());
+    if vgic.resample_hw_private(id, vt, line) == Ok(true) {
+        gic::set_private_active(me, vt, vgic.is_pending_or_active(id, vt));
+    }
     if vgic.has_deliverable(id) || vm.shared[id].vlpi_pending.load(Ordering::Acquire) {
         drop(vgic);
         if was_resident {

@@ -10,10 +10,11 @@
 //! wakeup` showed such runs of 3.6 ms (docs/benchmarks/timer-tail.md).
 //!
 //! [`SpinDetector`] plays the part of pause-loop exiting instead: the run
-//! loop samples the vCPU at its exits (and arms the EL2 timer every
-//! [`SAMPLE_NS`] while a sibling is preempted, so that there are exits to
-//! sample); a vCPU found at EL1 with IRQs masked, within [`PC_WINDOW`] bytes
-//! of the same place, at every sample for at least [`SPIN_NS`] is spinning,
+//! loop samples the vCPU at its exits (and, while a sibling is preempted,
+//! arms the EL2 timer [`SAMPLE_NS`] after each entry, so that there are exits
+//! to sample); a vCPU found at EL1 with IRQs masked, within [`PC_WINDOW`]
+//! bytes of the same place, at every sample for at least [`SPIN_NS`] of its
+//! own run time (not elapsed time: see [`SpinDetector::sample`]) is spinning,
 //! and the caller yields it as if it had trapped on WFE. Any exit that is not
 //! a physical interrupt (a trap: the guest made progress) starts over.
 //!
@@ -71,8 +72,8 @@ pub const PC_WINDOW: u64 = 64;
 /// One vCPU's samples since it last showed progress.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SpinDetector {
-    /// The first sample of the current run of IRQs-masked samples at one place
-    /// (time, PC), if any.
+    /// The current run of IRQs-masked samples at one place: the guest's
+    /// own run time since its first sample, and that sample's PC.
     first: Option<(u64, u64)>,
 }
 
@@ -81,25 +82,33 @@ impl SpinDetector {
         SpinDetector { first: None }
     }
 
-    /// A sample at an IRQ exit: `pc` is where the guest was (ELR_EL2),
-    /// `evidence` what its PSTATE showed. Returns whether the vCPU has been
-    /// spinning at that place with IRQs masked for `spin_ns`
-    /// ([`Watch::spin_ns`]); the detector then starts over (the caller yields).
-    pub fn sample(&mut self, now: u64, pc: u64, evidence: CritEvidence, spin_ns: u64) -> bool {
+    /// A sample at an IRQ exit: `ran_ns` is how long the guest ran since
+    /// it was last entered, `pc` where it was (ELR_EL2), `evidence` what
+    /// its PSTATE showed. Returns whether the vCPU has spent `spin_ns`
+    /// ([`Watch::spin_ns`]) of its own run time at that place with IRQs
+    /// masked since the first such sample; the detector then starts over
+    /// (the caller yields).
+    ///
+    /// Run time, not elapsed time: a vCPU entered only to be interrupted
+    /// again before it executes anything (an entry path longer than the
+    /// sampling period) stays at one PC without spinning, and yielding it
+    /// for that would stop it for good.
+    pub fn sample(&mut self, ran_ns: u64, pc: u64, evidence: CritEvidence, spin_ns: u64) -> bool {
         if evidence != CritEvidence::IrqsMasked {
             self.first = None;
             return false;
         }
-        match self.first {
-            Some((t0, pc0)) if pc.abs_diff(pc0) <= PC_WINDOW => {
-                if now.saturating_sub(t0) >= spin_ns {
+        match &mut self.first {
+            Some((ran, pc0)) if pc.abs_diff(*pc0) <= PC_WINDOW => {
+                *ran = ran.saturating_add(ran_ns);
+                if *ran >= spin_ns {
                     self.first = None;
                     return true;
                 }
                 false
             }
             _ => {
-                self.first = Some((now, pc));
+                self.first = Some((0, pc));
                 false
             }
         }
@@ -116,28 +125,29 @@ mod tests {
     use super::*;
 
     const PC: u64 = 0xffff_de93_187b_ed4c;
+    const M: CritEvidence = CritEvidence::IrqsMasked;
 
     #[test]
-    fn a_spin_at_one_place_with_irqs_masked_is_found_after_spin_ns() {
+    fn a_spin_at_one_place_with_irqs_masked_is_found_after_spin_ns_of_run_time() {
         let mut d = SpinDetector::new();
-        assert!(!d.sample(1_000, PC, CritEvidence::IrqsMasked, SPIN_NS));
-        assert!(!d.sample(1_000 + SAMPLE_NS, PC + 0x0c, CritEvidence::IrqsMasked, SPIN_NS));
-        assert!(d.sample(1_000 + SPIN_NS, PC + 0x24, CritEvidence::IrqsMasked, SPIN_NS));
+        assert!(!d.sample(SAMPLE_NS, PC, M, SPIN_NS));
+        assert!(!d.sample(SAMPLE_NS, PC + 0x0c, M, SPIN_NS));
+        assert!(d.sample(SPIN_NS - SAMPLE_NS, PC + 0x24, M, SPIN_NS));
         // It starts over after reporting.
-        assert!(!d.sample(1_000 + SPIN_NS + SAMPLE_NS, PC, CritEvidence::IrqsMasked, SPIN_NS));
+        assert!(!d.sample(SAMPLE_NS, PC, M, SPIN_NS));
     }
 
     #[test]
     fn irqs_enabled_or_another_place_or_a_trap_starts_over() {
         let mut d = SpinDetector::new();
-        d.sample(0, PC, CritEvidence::IrqsMasked, SPIN_NS);
+        d.sample(SPIN_NS, PC, M, SPIN_NS);
         assert!(!d.sample(SPIN_NS, PC, CritEvidence::None, SPIN_NS));
-        assert!(!d.sample(2 * SPIN_NS, PC, CritEvidence::IrqsMasked, SPIN_NS));
+        assert!(!d.sample(SPIN_NS, PC, M, SPIN_NS));
         // Moved on: a new first sample, not a spin.
-        assert!(!d.sample(3 * SPIN_NS, PC + 4 * PC_WINDOW, CritEvidence::IrqsMasked, SPIN_NS));
+        assert!(!d.sample(SPIN_NS, PC + 4 * PC_WINDOW, M, SPIN_NS));
         d.reset();
-        assert!(!d.sample(4 * SPIN_NS, PC + 4 * PC_WINDOW, CritEvidence::IrqsMasked, SPIN_NS));
-        assert!(d.sample(5 * SPIN_NS, PC + 4 * PC_WINDOW, CritEvidence::IrqsMasked, SPIN_NS));
+        assert!(!d.sample(SPIN_NS, PC + 4 * PC_WINDOW, M, SPIN_NS));
+        assert!(d.sample(SPIN_NS, PC + 4 * PC_WINDOW, M, SPIN_NS));
     }
 
     #[test]
@@ -146,20 +156,35 @@ mod tests {
         assert!(w.sample_ns() < SAMPLE_NS && w.spin_ns() < SPIN_NS);
         assert_eq!((Watch::Preempted.sample_ns(), Watch::Preempted.spin_ns()), (SAMPLE_NS, SPIN_NS));
         let mut d = SpinDetector::new();
-        assert!(!d.sample(0, PC, CritEvidence::IrqsMasked, w.spin_ns()));
-        assert!(!d.sample(w.sample_ns(), PC + 8, CritEvidence::IrqsMasked, w.spin_ns()));
-        assert!(d.sample(2 * w.sample_ns(), PC + 4, CritEvidence::IrqsMasked, w.spin_ns()));
+        assert!(!d.sample(w.sample_ns(), PC, M, w.spin_ns()));
+        assert!(!d.sample(w.sample_ns(), PC + 8, M, w.spin_ns()));
+        assert!(d.sample(w.sample_ns(), PC + 4, M, w.spin_ns()));
         // The same samples under the normal watch are not (yet) a spin.
         let mut d = SpinDetector::new();
-        for k in 0..3 {
-            assert!(!d.sample(k * w.sample_ns(), PC, CritEvidence::IrqsMasked, SPIN_NS));
+        for _ in 0..3 {
+            assert!(!d.sample(w.sample_ns(), PC, M, SPIN_NS));
         }
     }
 
     #[test]
     fn a_short_masked_section_is_not_a_spin() {
         let mut d = SpinDetector::new();
-        assert!(!d.sample(0, PC, CritEvidence::IrqsMasked, SPIN_NS));
-        assert!(!d.sample(SPIN_NS - 1, PC, CritEvidence::IrqsMasked, SPIN_NS));
+        assert!(!d.sample(SPIN_NS, PC, M, SPIN_NS));
+        assert!(!d.sample(SPIN_NS - 1, PC, M, SPIN_NS));
+    }
+
+    /// A vCPU whose entries are interrupted before it executes anything
+    /// (the sampling timer expiring during a long entry path) shows the
+    /// same PC at every sample without running: never a spin, however
+    /// many samples, so it is never yielded for it.
+    #[test]
+    fn samples_without_run_time_are_not_a_spin() {
+        let mut d = SpinDetector::new();
+        for _ in 0..100_000 {
+            assert!(!d.sample(0, PC, M, CRIT_SPIN_NS));
+        }
+        // Once it runs, the spin is found after spin_ns of its own time.
+        assert!(!d.sample(CRIT_SPIN_NS / 2, PC, M, CRIT_SPIN_NS));
+        assert!(d.sample(CRIT_SPIN_NS / 2, PC, M, CRIT_SPIN_NS));
     }
 }

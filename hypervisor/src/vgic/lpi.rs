@@ -220,7 +220,7 @@ impl Vgic {
 
     /// Whether `vcpu` may be signalled LPIs at all now.
     fn lpi_gate(&self, vcpu: usize) -> bool {
-        self.lpis_enabled(vcpu) && self.grp1_enabled() && self.vcpu_awake(vcpu)
+        self.lpis_enabled(vcpu) && self.grp1_enabled()
     }
 
     /// Whether the model holds LPI `idx` pending for `vcpu` and could signal it.

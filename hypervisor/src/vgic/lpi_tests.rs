@@ -49,7 +49,6 @@ fn lpi_booted(n: usize) -> (Vgic, VecMemory) {
     mem.bytes[off..off + NR_LPIS as usize].fill(0xA2);
     g.mmio_write(0, GICD + GICD_CTLR, 4, 0x12).unwrap();
     for v in 0..n {
-        g.mmio_write(v, rd(v) + GICR_WAKER, 4, 0).unwrap();
         g.mmio_write(v, rd(v) + GICR_PROPBASER, 8, PROPBASER_LINUX).unwrap();
         g.mmio_write(v, rd(v) + GICR_PENDBASER, 8, PEND | 1 << 62).unwrap();
         g.mmio_write(v, rd(v) + GICR_CTLR, 4, 1).unwrap();
@@ -311,13 +310,13 @@ fn disabled_lpi_waits_until_enabled() {
     assert_eq!(kicks_of(g.set_lpi_config(lpi(3), 0x62).unwrap()), vec![1]);
     g.sync_lrs(1, &mut lrs);
     assert!(g.lpi_pending(lpi(3), 1) && !g.has_deliverable(1));
-    // The distributor's Group 1 enable and the WAKER gate LPIs too.
+    // The distributor's Group 1 enable gates LPIs too; GICR_WAKER does not.
     enable_lpi(&mut g, 3, 0x60);
     g.mmio_write(0, GICD + GICD_CTLR, 4, 0).unwrap();
     assert!(!g.has_deliverable(1));
     assert_eq!(kicks_of(g.mmio_write(0, GICD + GICD_CTLR, 4, 2).unwrap()), vec![1]);
     g.mmio_write(1, rd(1) + GICR_WAKER, 4, WAKER_PROCESSOR_SLEEP as u64).unwrap();
-    assert!(!g.has_deliverable(1));
+    assert!(g.has_deliverable(1));
 }
 
 #[test]
@@ -577,4 +576,43 @@ fn the_vits_over_this_vgic_delivers_an_msi_to_a_list_register() {
     let lr = lrs.iter().copied().find(|&l| l != 0).expect("an LR for vCPU1");
     assert_eq!(lr_intid(lr), LPI_BASE + 5);
     assert_eq!((lr >> 48) & 0xff, 0x80, "priority from the guest's table");
+}
+
+/// The vITS over this vGIC with a guest that leaves stale bytes in its
+/// queue slots: an INT whose RES0 bits are all ones still makes the LPI
+/// pending in the target redistributor.
+#[test]
+fn an_int_with_stale_reserved_bits_pends_the_lpi() {
+    use super::its::{NoBackend, Vits, VitsConfig};
+    use crate::its::cmd::{used_bits, Command};
+    use crate::virtio::GuestMemory;
+    const ITS: u64 = 0x0808_0000;
+    const QUEUE: u64 = RAM + 0x8_0000;
+    let (mut g, mut mem) = lpi_booted(2);
+    let mut its = Vits::new(VitsConfig { base: ITS, nr_vcpus: 2, msi_vcpu: None }).unwrap();
+    its.mmio_write(ITS + 0x80, 8, QUEUE | 1 << 63 | 15, &mem, &mut g, &mut NoBackend).unwrap();
+    its.mmio_write(ITS, 4, 1, &mem, &mut g, &mut NoBackend).unwrap();
+    let stale = |c: Command| -> [u8; 32] {
+        let used = used_bits(c.opcode()).unwrap();
+        let w = c.encode();
+        let mut b = [0u8; 32];
+        for i in 0..4 {
+            b[8 * i..8 * i + 8].copy_from_slice(&(w[i] | !used[i]).to_le_bytes());
+        }
+        b
+    };
+    let cmds = [
+        Command::Mapc { icid: 1, rdbase: 1, valid: true },
+        Command::Mapd { device: 8, size: 1, itt_addr: RAM + 0xA_0000, valid: true },
+        Command::Mapti { device: 8, event: 1, pintid: LPI_BASE + 5, icid: 1 },
+        Command::Int { device: 8, event: 1 },
+    ];
+    for (i, c) in cmds.iter().enumerate() {
+        mem.write(QUEUE + 32 * i as u64, &stale(*c)).unwrap();
+    }
+    its.mmio_write(ITS + 0x88, 8, 32 * cmds.len() as u64, &mem, &mut g, &mut NoBackend).unwrap();
+    assert_eq!(its.counters().total_errors(), 0);
+    assert_eq!(its.counters().reserved_ignored, cmds.len() as u64);
+    assert!(g.lpi_pending(lpi(5), 1), "INT pended LPI 8197 on vCPU 1");
+    assert!(!g.lpi_pending(lpi(5), 0));
 }

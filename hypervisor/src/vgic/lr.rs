@@ -82,13 +82,13 @@ impl Best {
 }
 
 impl Vgic {
-    /// What the vCPU's LR would get for this interrupt: (pending, active),
-    /// or `None` when it has nothing to show to `vcpu`.
-    fn lr_candidate(&self, irq: &Irq, vcpu: usize) -> Option<(bool, bool)> {
+    /// What an LR of the vCPU that owns this interrupt would get for it:
+    /// (pending, active), or `None` when it has nothing to show.
+    fn lr_candidate(&self, irq: &Irq) -> Option<(bool, bool)> {
         if irq.in_flight() {
             return None;
         }
-        let pend = irq.model_pending() && irq.enabled && self.grp1_enabled() && self.vcpu_awake(vcpu);
+        let pend = irq.model_pending() && irq.enabled && self.grp1_enabled();
         // A forwarded interrupt never goes in as pending+active: its pending
         // state will come from the physical GIC after deactivation.
         let pend = pend && !(irq.active && irq.hw.is_some());
@@ -116,7 +116,7 @@ impl Vgic {
             u32::from(!active) << 24 | u32::from(priority) << 14 | intid
         };
         for (i, irq) in vs.private.iter().enumerate() {
-            if let Some((_, act)) = self.lr_candidate(irq, vcpu) {
+            if let Some((_, act)) = self.lr_candidate(irq) {
                 total += 1;
                 best.offer(key(irq.priority, i as u32, act), i as u32);
             }
@@ -131,7 +131,7 @@ impl Vgic {
             if !mine {
                 continue;
             }
-            if let Some((_, act)) = self.lr_candidate(irq, vcpu) {
+            if let Some((_, act)) = self.lr_candidate(irq) {
                 total += 1;
                 best.offer(key(irq.priority, intid, act), intid);
             }
@@ -155,7 +155,7 @@ impl Vgic {
                 }
                 continue;
             }
-            let Some((pend, act)) = self.irq(vcpu, intid).and_then(|irq| self.lr_candidate(irq, vcpu)) else {
+            let Some((pend, act)) = self.irq(vcpu, intid).and_then(|irq| self.lr_candidate(irq)) else {
                 continue;
             };
             let Some(irq) = self.irq_mut(vcpu, intid) else {
@@ -254,7 +254,7 @@ impl Vgic {
                 if let Some(owner) = self.owner(vcpu, intid) {
                     if owner != vcpu {
                         if let Some(irq) = self.irq(vcpu, intid) {
-                            if self.deliverable_to(irq, owner) {
+                            if self.deliverable(irq) {
                                 kicks.add(owner);
                             }
                         }

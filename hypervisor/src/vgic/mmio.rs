@@ -223,14 +223,6 @@ impl Vgic {
         aff << 32 | (rd as u64 & 0xFFFF) << 8 | last | plpis
     }
 
-    fn waker(&self, rd: usize) -> u32 {
-        if self.vcpus.get(rd).is_some_and(|v| v.asleep) {
-            WAKER_PROCESSOR_SLEEP | WAKER_CHILDREN_ASLEEP
-        } else {
-            0
-        }
-    }
-
     fn redist_read(&self, rd: usize, off: u64, size: u8) -> Result<u64, VgicError> {
         if off >= SGI_FRAME {
             let off = off - SGI_FRAME;
@@ -253,9 +245,10 @@ impl Vgic {
                 u64::from(IIDR_VALUE)
             }
             GICR_TYPER | 0x000C => read64(self.gicr_typer(rd), GICR_TYPER, off, size)?,
+            // RAZ/WI: see the module docs.
             GICR_WAKER => {
                 need(size, &[4])?;
-                u64::from(self.waker(rd))
+                0
             }
             GICR_PROPBASER..=0x007F => {
                 let base = off & !7;
@@ -282,26 +275,13 @@ impl Vgic {
                 need(size, &[4])?;
                 self.write_gicr_ctlr(rd, value as u32);
             }
-            GICR_STATUSR | GICR_IIDR | ID_BLOCK.. => need(size, &[4])?,
+            GICR_STATUSR | GICR_IIDR | GICR_WAKER | ID_BLOCK.. => need(size, &[4])?,
             GICR_TYPER | 0x000C => need(size, &[4, 8])?,
             GICR_PROPBASER..=0x007F => {
                 let base = off & !7;
                 let pend = base == GICR_PENDBASER;
                 let new = write64(self.gicr_baser(rd, pend), base, off, size, value)?;
                 self.set_gicr_baser(rd, pend, new);
-            }
-            GICR_WAKER => {
-                need(size, &[4])?;
-                let sleep = value as u32 & WAKER_PROCESSOR_SLEEP != 0;
-                let Some(vs) = self.vcpus.get_mut(rd) else {
-                    return Ok(Kicks::none());
-                };
-                if vs.asleep != sleep {
-                    vs.asleep = sleep;
-                    // IRM=1 routes depend on which redistributors are awake.
-                    self.retarget_all();
-                    return Ok(self.kick_all_deliverable());
-                }
             }
             _ => {}
         }

@@ -12,8 +12,10 @@
 //! IGROUPR/IGRPMODR are stored for read-back only, list registers always carry
 //! Group = 1, and delivery is gated by GICD_CTLR.EnableGrp1 (bit 1, which Linux
 //! sets as "EnableGrp1A"). That gate applies to SGIs and PPIs too, as in KVM.
-//! A redistributor whose GICR_WAKER.ProcessorSleep is 1 (its reset value)
-//! receives nothing new until the guest wakes it.
+//! GICR_WAKER reads as zero (ProcessorSleep and ChildrenAsleep clear) and
+//! ignores writes, as KVM presents it: a virtual redistributor has no power
+//! state of its own, so delivery never waits for the guest's wake handshake
+//! (a guest that never writes GICR_WAKER still gets its interrupts).
 //!
 //! # Who calls what
 //!
@@ -70,7 +72,7 @@
 //! * Forwarded SPIs: `set_hw(intid, Some(pintid))`, physical EOImode = 1; on the
 //!   physical IRQ do a priority drop only (ICC_EOIR1) and call `inject_edge`;
 //!   the guest's deactivation deactivates the physical interrupt. Program the
-//!   physical route from `route_of(intid)` after IROUTER/WAKER writes. If a
+//!   physical route from `route_of(intid)` after IROUTER writes. If a
 //!   guest ends the pending or active state of a forwarded interrupt with an
 //!   ICPENDR/ICACTIVER write (distributor or redistributor), no HW list
 //!   register deactivates the physical one: the model reports it, and after
@@ -340,13 +342,11 @@ impl Irq {
     }
 }
 
-/// Per-vCPU state: affinity, redistributor power state, private interrupts,
-/// and which INTID each list register slot holds.
+/// Per-vCPU state: affinity, private interrupts, and which INTID each list
+/// register slot holds.
 #[derive(Clone, Debug)]
 struct VcpuState {
     mpidr: u64,
-    /// GICR_WAKER.ProcessorSleep (ChildrenAsleep mirrors it).
-    asleep: bool,
     private: [Irq; NR_PRIVATE as usize],
     lr_shadow: [u32; NUM_LRS_MAX],
     /// This redistributor's LPI registers and pending LPIs.
@@ -362,7 +362,7 @@ pub struct Vgic {
     vcpus: Vec<VcpuState>,
     spis: Vec<Irq>,
     irouter: Vec<u64>,
-    /// Cached delivery target of each SPI (from IROUTER and WAKER state).
+    /// Cached delivery target of each SPI (from IROUTER).
     spi_target: Vec<u16>,
     /// Physical deactivations the caller has not taken yet (one entry per
     /// interrupt at most, so bounded by the number of HW interrupts).
@@ -397,7 +397,6 @@ impl Vgic {
             .iter()
             .map(|&mpidr| VcpuState {
                 mpidr,
-                asleep: true,
                 private,
                 lr_shadow: [NO_INTID; NUM_LRS_MAX],
                 lpi: lpi::LpiRedist::new(cfg.lpis),
@@ -508,17 +507,12 @@ impl Vgic {
         self.ctlr & CTLR_ENABLE_GRP1 != 0
     }
 
-    fn vcpu_awake(&self, vcpu: usize) -> bool {
-        self.vcpus.get(vcpu).is_some_and(|v| !v.asleep)
-    }
-
     // ---- routing ----
 
     /// The vCPU an IROUTER value selects (see [`Vgic::route_of`]).
     fn compute_target(&self, router: u64) -> u16 {
         if router & IROUTER_IRM != 0 {
-            let v = (0..self.vcpus.len()).find(|&v| self.vcpu_awake(v)).unwrap_or(0);
-            return v as u16;
+            return 0;
         }
         let want = router & AFFINITY_MASK;
         self.vcpus.iter().position(|v| v.mpidr & AFFINITY_MASK == want).map_or(NO_VCPU, |v| v as u16)
@@ -540,8 +534,8 @@ impl Vgic {
     }
 
     /// The vCPU an SPI is delivered to: the IROUTER target (IRM = 0), or with
-    /// IRM = 1 the lowest-numbered vCPU whose redistributor is awake (vCPU 0
-    /// if none is). `None` for non-SPIs and for IROUTER values that match no
+    /// IRM = 1 vCPU 0 (any participating PE is allowed; the model picks one
+    /// fixed vCPU so the route stays stable). `None` for non-SPIs and for IROUTER values that match no
     /// vCPU. Use it to set the physical affinity of a forwarded SPI.
     pub fn route_of(&self, intid: IntId) -> Option<usize> {
         self.route_of_raw(u32::from(intid))
@@ -572,9 +566,9 @@ impl Vgic {
         self.route_of_raw(intid)
     }
 
-    /// Whether this interrupt could be signalled to `vcpu` now.
-    fn deliverable_to(&self, irq: &Irq, vcpu: usize) -> bool {
-        irq.pending_view() && !irq.active_view() && irq.enabled && self.grp1_enabled() && self.vcpu_awake(vcpu)
+    /// Whether this interrupt could be signalled to the vCPU that owns it now.
+    fn deliverable(&self, irq: &Irq) -> bool {
+        irq.pending_view() && !irq.active_view() && irq.enabled && self.grp1_enabled()
     }
 
     /// Kick the owner if the interrupt is deliverable to it, or if it sits in
@@ -582,7 +576,7 @@ impl Vgic {
     fn kick_for(&self, ctx_vcpu: usize, intid: u32) -> Kicks {
         let mut k = Kicks::none();
         if let (Some(owner), Some(irq)) = (self.owner(ctx_vcpu, intid), self.irq(ctx_vcpu, intid)) {
-            if irq.in_flight() || self.deliverable_to(irq, owner) {
+            if irq.in_flight() || self.deliverable(irq) {
                 k.add(owner);
             }
         }
@@ -673,6 +667,37 @@ impl Vgic {
         Ok(())
     }
 
+    /// Resamples the input line of a forwarded private interrupt whose
+    /// source is a level (the virtual timer, injected with
+    /// [`Vgic::inject_edge`] when the physical PPI fires). With `level` low,
+    /// a pending state the guest has not acknowledged ends, as it does for a
+    /// level-sensitive interrupt whose line drops; an active state stays (the
+    /// guest's deactivation ends it). A high `level` changes nothing: the
+    /// physical interrupt reports rising edges. An interrupt sitting in the
+    /// vCPU's list registers belongs to the hardware and is left alone, so
+    /// call this between `sync_lrs` and `flush_lrs`, or while the vCPU is
+    /// not running. The physical interrupt is the caller's: afterwards it
+    /// makes it active exactly when [`Vgic::is_pending_or_active`] says so
+    /// (nothing goes to [`Vgic::take_hw_deactivations`]). Returns whether a
+    /// pending state ended; errors for an interrupt that is not a forwarded
+    /// PPI or SGI of `vcpu`.
+    pub fn resample_hw_private(&mut self, vcpu: usize, intid: IntId, level: bool) -> Result<bool, VgicError> {
+        self.check_vcpu(vcpu)?;
+        let raw = u32::from(intid);
+        if raw >= NR_PRIVATE {
+            return Err(VgicError::BadIntid(intid));
+        }
+        let irq = self.irq_mut(vcpu, raw).ok_or(VgicError::BadIntid(intid))?;
+        if irq.hw.is_none() {
+            return Err(VgicError::BadIntid(intid));
+        }
+        if level || irq.in_flight() {
+            return Ok(false);
+        }
+        irq.line = false;
+        Ok(core::mem::take(&mut irq.latch))
+    }
+
     /// Whether the guest enabled SPI `intid` (GICD_ISENABLER); false for
     /// other INTIDs.
     pub fn spi_enabled(&self, intid: IntId) -> bool {
@@ -760,17 +785,17 @@ impl Vgic {
     }
 
     /// Whether `vcpu` has an interrupt that is pending, enabled, not active,
-    /// in an enabled group and targeted at it while its redistributor is awake.
+    /// in an enabled group and targeted at it.
     /// The priority mask is the CPU interface's business and not checked.
     /// Use it to decide whether WFI blocks (after `sync_lrs`).
     pub fn has_deliverable(&self, vcpu: usize) -> bool {
         let Some(vs) = self.vcpus.get(vcpu) else {
             return false;
         };
-        if !self.grp1_enabled() || vs.asleep {
+        if !self.grp1_enabled() {
             return false;
         }
-        if vs.private.iter().any(|irq| self.deliverable_to(irq, vcpu)) {
+        if vs.private.iter().any(|irq| self.deliverable(irq)) {
             return true;
         }
         if self.lpi_has_deliverable(vcpu) {
@@ -778,7 +803,7 @@ impl Vgic {
         }
         (0..self.spis.len()).any(|i| {
             let intid = NR_PRIVATE + i as u32;
-            self.owner(vcpu, intid) == Some(vcpu) && self.deliverable_to(&self.spis[i], vcpu)
+            self.owner(vcpu, intid) == Some(vcpu) && self.deliverable(&self.spis[i])
         })
     }
 
@@ -802,11 +827,10 @@ impl fmt::Display for Dump<'_> {
         };
         writeln!(
             f,
-            "vgic vcpu{} mpidr={:#x} ctlr={:#x} asleep={} lrs={:?}",
+            "vgic vcpu{} mpidr={:#x} ctlr={:#x} lrs={:?}",
             self.vcpu,
             vs.mpidr,
             g.ctlr,
-            vs.asleep,
             vs.lr_shadow.iter().filter(|&&i| i != NO_INTID).collect::<Vec<_>>()
         )?;
         let mut line = |intid: u32, irq: &Irq| -> fmt::Result {

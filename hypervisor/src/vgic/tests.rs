@@ -39,13 +39,11 @@ fn w32(g: &mut Vgic, a: u64, v: u64) -> Kicks {
     g.mmio_write(0, a, 4, v).unwrap()
 }
 
-/// A booted guest: distributor enabled, all redistributors awake, every
-/// interrupt Group 1.
+/// A booted guest: distributor enabled, every interrupt Group 1.
 fn booted(n: usize, nr_spis: u32) -> Vgic {
     let mut g = Vgic::new(cfg(n, nr_spis));
     w32(&mut g, GICD + GICD_CTLR, 0x13);
     for v in 0..n {
-        w32(&mut g, rd(v) + GICR_WAKER, 0);
         w32(&mut g, sgi(v) + IGROUPR, 0xFFFF_FFFF);
     }
     g
@@ -162,29 +160,58 @@ fn decode_windows() {
 }
 
 #[test]
-fn waker_handshake() {
+fn waker_is_raz_wi() {
     let mut g = Vgic::new(cfg(2, 32));
-    assert_eq!(r32(&mut g, rd(1) + GICR_WAKER) as u32, WAKER_PROCESSOR_SLEEP | WAKER_CHILDREN_ASLEEP);
-    w32(&mut g, rd(1) + GICR_WAKER, 0);
+    assert_eq!(r32(&mut g, rd(1) + GICR_WAKER), 0, "awake at reset");
+    let k = w32(&mut g, rd(1) + GICR_WAKER, u64::from(WAKER_PROCESSOR_SLEEP));
+    assert!(k.is_empty());
+    assert_eq!(r32(&mut g, rd(1) + GICR_WAKER), 0, "ProcessorSleep = 1 ignored");
+    w32(&mut g, rd(1) + GICR_WAKER, u64::from(WAKER_PROCESSOR_SLEEP | WAKER_CHILDREN_ASLEEP));
     assert_eq!(r32(&mut g, rd(1) + GICR_WAKER), 0);
-    assert_eq!(r32(&mut g, rd(0) + GICR_WAKER) as u32, 6, "other redistributor untouched");
-    w32(&mut g, rd(1) + GICR_WAKER, u64::from(WAKER_PROCESSOR_SLEEP));
-    assert_eq!(r32(&mut g, rd(1) + GICR_WAKER) as u32, 6);
-    // ChildrenAsleep written alone is read-only.
-    w32(&mut g, rd(1) + GICR_WAKER, u64::from(WAKER_CHILDREN_ASLEEP));
-    assert_eq!(r32(&mut g, rd(1) + GICR_WAKER), 0);
+    assert_eq!(r32(&mut g, rd(0) + GICR_WAKER), 0);
+    assert_eq!(g.mmio_write(0, rd(0) + GICR_WAKER, 2, 0), Err(VgicError::BadAccessSize));
 }
 
+/// A guest that never writes GICR_WAKER (only enables the distributor and
+/// its interrupts) gets an SGI to itself, a targeted SGI, a broadcast SGI
+/// and a PPI; writing ProcessorSleep = 1 later changes nothing.
 #[test]
-fn sleeping_redistributor_gates_delivery() {
-    let mut g = Vgic::new(cfg(1, 32));
+fn delivery_never_waits_for_waker() {
+    let mut g = Vgic::new(cfg(3, 32));
     w32(&mut g, GICD + GICD_CTLR, 2);
-    enable(&mut g, 0, 20);
-    g.inject_edge(id(20), 0).unwrap();
-    assert!(!g.has_deliverable(0));
-    let k = w32(&mut g, rd(0) + GICR_WAKER, 0);
-    assert!(k.contains(0));
-    assert!(g.has_deliverable(0));
+    for v in 0..3 {
+        g.mmio_write(v, sgi(v) + IGROUPR, 4, 0xFFFF_FFFF).unwrap();
+        g.mmio_write(v, sgi(v) + ISENABLER, 4, 0xFFFF_FFFF).unwrap();
+    }
+    let delivered = |g: &mut Vgic, v: usize, intid: u32| -> bool {
+        let mut lrs = [0u64; 4];
+        let ok = g.has_deliverable(v) && g.flush_lrs(v, &mut lrs).filled == 1 && lr_intid(lrs[0]) == intid;
+        // The guest acknowledges and deactivates it: the LR comes back empty.
+        g.sync_lrs(v, &mut [0u64; 4]);
+        ok
+    };
+    for round in 0..2 {
+        // SGI 1 to self (vCPU 1: Aff0 = 1, TargetList bit 1).
+        let k = g.send_sgi(1, 1 << 24 | 0b10).unwrap();
+        assert_eq!(k.iter().collect::<Vec<_>>(), vec![1], "round {round}");
+        assert!(delivered(&mut g, 1, 1), "self SGI, round {round}");
+        // SGI 2 from vCPU 0 to vCPU 2.
+        let k = g.send_sgi(0, 2 << 24 | 0b100).unwrap();
+        assert_eq!(k.iter().collect::<Vec<_>>(), vec![2], "round {round}");
+        assert!(delivered(&mut g, 2, 2), "targeted SGI, round {round}");
+        // SGI 3 from vCPU 0 to all but self.
+        let k = g.send_sgi(0, 3 << 24 | 1 << 40).unwrap();
+        assert_eq!(k.iter().collect::<Vec<_>>(), vec![1, 2], "round {round}");
+        assert!(delivered(&mut g, 1, 3) && delivered(&mut g, 2, 3), "broadcast SGI, round {round}");
+        assert!(!g.has_deliverable(0), "the sender is left out");
+        // PPI 27 on vCPU 0.
+        let k = g.inject_edge(id(27), 0).unwrap();
+        assert_eq!(k.iter().collect::<Vec<_>>(), vec![0], "round {round}");
+        assert!(delivered(&mut g, 0, 27), "PPI, round {round}");
+        for v in 0..3 {
+            w32(&mut g, rd(v) + GICR_WAKER, u64::from(WAKER_PROCESSOR_SLEEP));
+        }
+    }
 }
 
 #[test]
@@ -320,7 +347,6 @@ fn sgi_targeting() {
         Vgic::new(VgicConfig { gicd_base: GICD, gicr_base: GICR, nr_spis: 32, vcpu_mpidrs: mpidrs, lpis: false });
     w32(&mut g, GICD + GICD_CTLR, 2);
     for v in 0..5 {
-        w32(&mut g, rd(v) + GICR_WAKER, 0);
         g.mmio_write(v, sgi(v) + ISENABLER, 4, 0xFFFF).unwrap();
     }
     let pend = |g: &mut Vgic, v: usize| g.mmio_read(0, sgi(v) + ISPENDR, 4).unwrap();
@@ -373,11 +399,11 @@ fn spi_routing_follows_irouter() {
     assert_eq!(k.iter().collect::<Vec<_>>(), vec![1]);
     assert_eq!(lrs[0], 0);
     assert_eq!(g.flush_lrs(1, &mut lrs1).filled, 1);
-    // IRM = 1: lowest awake vCPU.
+    // IRM = 1: vCPU 0, whatever its GICR_WAKER says.
     set_irouter(&mut g, 41, IROUTER_IRM);
     assert_eq!(g.route_of(id(41)), Some(0));
     w32(&mut g, rd(0) + GICR_WAKER, u64::from(WAKER_PROCESSOR_SLEEP));
-    assert_eq!(g.route_of(id(41)), Some(1));
+    assert_eq!(g.route_of(id(41)), Some(0));
     // No matching affinity: undeliverable.
     set_irouter(&mut g, 42, 0x55);
     assert_eq!(g.route_of(id(42)), None);
@@ -962,4 +988,48 @@ fn spi_enabled_follows_isenabler_and_icenabler() {
     // Private and out-of-range INTIDs are never "enabled SPIs".
     assert!(!g.spi_enabled(id(27)));
     assert!(!g.spi_enabled(id(1000)));
+}
+
+/// The virtual timer's output is a level: once the guest disables or masks
+/// the timer (or moves CVAL to the future) before acknowledging its
+/// interrupt, resampling the line ends the pending state (GICR_ISPENDR0
+/// bit 27 reads 0 and nothing is left to deliver).
+#[test]
+fn a_low_timer_line_ends_a_pending_unacknowledged_vtimer() {
+    let mut g = booted(2, 32);
+    g.set_hw_private(1, id(27), Some(id(27))).unwrap();
+    enable(&mut g, 1, 27);
+    let pend = |g: &mut Vgic| g.mmio_read(1, sgi(1) + ISPENDR, 4).unwrap() & (1 << 27) != 0;
+    // The timer fired while the vCPU was away; the line is still high.
+    g.inject_edge(id(27), 1).unwrap();
+    assert_eq!(g.resample_hw_private(1, id(27), true), Ok(false));
+    assert!(pend(&mut g) && g.has_deliverable(1));
+    // The guest disabled it before taking the interrupt: the line dropped.
+    assert_eq!(g.resample_hw_private(1, id(27), false), Ok(true));
+    assert!(!pend(&mut g), "ISPENDR0 bit 27 clear");
+    assert_eq!(g.resample_hw_private(1, id(27), false), Ok(false), "nothing left to end");
+    assert!(!g.is_pending_or_active(1, id(27)) && !g.has_deliverable(1));
+    let mut lrs = [0u64; 4];
+    assert_eq!(g.flush_lrs(1, &mut lrs).filled, 0);
+    // It fires again: pending again, delivered.
+    g.inject_edge(id(27), 1).unwrap();
+    assert!(pend(&mut g));
+    assert_eq!(g.flush_lrs(1, &mut lrs).filled, 1);
+    assert_eq!(lr_intid(lrs[0]), 27);
+    // While in the vCPU's list registers it is the hardware's: unchanged.
+    assert_eq!(g.resample_hw_private(1, id(27), false), Ok(false));
+    assert!(pend(&mut g));
+    // Acknowledged (active): stays active, only a pending state would go.
+    lrs[0] = (lrs[0] & !LR_STATE_MASK) | LR_ACTIVE;
+    g.sync_lrs(1, &mut lrs);
+    g.inject_edge(id(27), 1).unwrap();
+    assert_eq!(g.resample_hw_private(1, id(27), false), Ok(true));
+    assert!(!pend(&mut g));
+    assert!(g.is_pending_or_active(1, id(27)), "still active");
+    assert_ne!(g.mmio_read(1, sgi(1) + ISACTIVER, 4).unwrap() & (1 << 27), 0);
+    // vCPU 0's timer is not forwarded: not a line the model resamples.
+    assert_eq!(g.resample_hw_private(0, id(27), false), Err(VgicError::BadIntid(id(27))));
+    assert_eq!(g.resample_hw_private(1, id(40), false), Err(VgicError::BadIntid(id(40))));
+    assert_eq!(g.resample_hw_private(7, id(27), false), Err(VgicError::BadVcpu(7)));
+    assert!(g.take_hw_deactivations().is_empty(), "the caller sets the physical state");
 }

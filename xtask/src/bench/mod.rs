@@ -846,3 +846,19 @@ pub struct CaseResult {
     pub samples: Vec<Sample>,
     pub errors: Vec<String>,
 }
+
+/// The console's last non-empty line, for failure messages.
+pub fn last_console_line(console: &str) -> &str {
+    console.lines().rev().map(str::trim).find(|l| !l.is_empty()).unwrap_or("(the console is empty)")
+}
+
+/// `Err` naming each case with a failed repeat and why, once the report is
+/// written: a benchmark with a failure exits non-zero.
+pub fn check_failures<'a>(failed: impl IntoIterator<Item = (String, &'a str)>) -> crate::Result<()> {
+    let lines: Vec<String> = failed.into_iter().map(|(case, e)| format!("  {case}: {e}")).collect();
+    if lines.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("{} failure(s):\n{}", lines.len(), lines.join("\n")))
+    }
+}

@@ -6,8 +6,8 @@
 //! `1p1v+d1` repeat counts only when its DomU's hog ran during all of fio
 //! (`parse::check_domu_hog`).
 
+use super::{check_failures, last_console_line, parse::check_domu_hog, platform_out_dir, Progress};
 use super::{disk_matrix, matrix, parse_console, quick_matrix_on, run_options, write_report, Case, CaseResult, Disk};
-use super::{parse::check_domu_hog, platform_out_dir, Progress};
 use crate::cli::{BenchWakeupArgs, PlatformKind};
 use crate::Result;
 
@@ -52,7 +52,11 @@ pub fn wakeup(args: &BenchWakeupArgs) -> Result<()> {
                 keep_console(case, rep, &run.console);
             }
             match run {
-                Ok(run) if run.timed_out => r.errors.push(format!("repeat {rep}: QEMU timed out")),
+                Ok(run) if run.timed_out => r.errors.push(format!(
+                    "repeat {}: QEMU timed out; last console line: {}",
+                    rep + 1,
+                    last_console_line(&run.console)
+                )),
                 Ok(run) => match parse_console(&run.console).and_then(|s| {
                     // 1p1v+d1: a run where the DomU's hog did not run all along is a failure, not a result.
                     if case.topology.domu_hog() {
@@ -80,10 +84,14 @@ pub fn wakeup(args: &BenchWakeupArgs) -> Result<()> {
                             rep + 1,
                             tail.into_iter().rev().collect::<Vec<_>>().join("\n")
                         );
-                        r.errors.push(format!("repeat {rep}: {e}"));
+                        r.errors.push(format!(
+                            "repeat {}: {e}; last console line: {}",
+                            rep + 1,
+                            last_console_line(&run.console)
+                        ));
                     }
                 },
-                Err(e) => r.errors.push(format!("repeat {rep}: {e}")),
+                Err(e) => r.errors.push(format!("repeat {}: {e}", rep + 1)),
             }
         }
         results.push(r);
@@ -92,7 +100,7 @@ pub fn wakeup(args: &BenchWakeupArgs) -> Result<()> {
     let report = std::fs::read_to_string(&files.report_md).unwrap_or_default();
     println!("{report}");
     eprintln!("wrote {}, {}, {}", files.report_md.display(), files.results_json.display(), files.latency_svg.display());
-    Ok(())
+    check_failures(results.iter().flat_map(|r| r.errors.iter().map(|e| (r.case.label(), e.as_str()))))
 }
 
 /// Writes a repeat's console and its rendered dumps next to the report

@@ -1050,3 +1050,20 @@ fn the_report_judges_the_domu_case() {
     assert_eq!(c.hog_share, Some(0.75));
     assert_eq!(back.cases[0].hog_share, None);
 }
+
+/// A benchmark with a failed repeat exits non-zero, naming the case and
+/// the console's last line; one without failures exits 0.
+#[test]
+fn a_failed_repeat_makes_the_bench_fail_naming_the_case_and_the_last_line() {
+    let console = "guest: init ready\nCPU features: detected: CRC32 instructions\n\n";
+    assert_eq!(last_console_line(console), "CPU features: detected: CRC32 instructions");
+    assert_eq!(last_console_line(""), "(the console is empty)");
+    let e = format!("repeat 1: QEMU timed out; last console line: {}", last_console_line(console));
+    let err = check_failures([("1p2v wake-preempt".to_string(), e.as_str())]).unwrap_err();
+    assert!(err.starts_with("1 failure(s):"), "{err}");
+    assert!(
+        err.contains("1p2v wake-preempt: repeat 1: QEMU timed out; last console line: CPU features: detected: CRC32"),
+        "{err}"
+    );
+    assert!(check_failures(std::iter::empty()).is_ok());
+}

@@ -291,7 +291,13 @@ pub fn run(args: &BenchTimerArgs) -> Result<()> {
                 Err(e) => eprintln!("  flight-recorder dumps: {e}"),
             }
         }
-        let r = run.and_then(|run| parse(&run.console));
+        let r = run.and_then(|run| {
+            if run.timed_out {
+                return Err(format!("QEMU timed out; last console line: {}", super::last_console_line(&run.console)));
+            }
+            parse(&run.console)
+                .map_err(|e| format!("{e}; last console line: {}", super::last_console_line(&run.console)))
+        });
         match &r {
             Ok(r) => eprintln!(
                 "  min {} avg {} p99 {} p99.9 {} p99.99 {} max {} us, {} samples over 100 us",
@@ -306,7 +312,7 @@ pub fn run(args: &BenchTimerArgs) -> Result<()> {
     std::fs::write(dir.join("results.json"), results_json(&results)).map_err(|e| e.to_string())?;
     println!("{report}");
     eprintln!("wrote {}", dir.join("report.md").display());
-    Ok(())
+    super::check_failures(results.iter().filter_map(|(c, r, _)| r.as_ref().err().map(|e| (c.label(), e.as_str()))))
 }
 
 #[cfg(test)]

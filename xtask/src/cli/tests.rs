@@ -474,6 +474,7 @@ fn option_names_are_the_documented_ones() {
             "--domu-vcpus",
             "--domu-weight",
             "--domu-cap",
+            "--qemu",
             "--help"
         ])
     );
@@ -489,12 +490,13 @@ fn option_names_are_the_documented_ones() {
             "--only",
             "--hv-args",
             "--platform",
+            "--qemu",
             "--help"
         ])
     );
     assert_eq!(
         longs(&["bench", "timer"]),
-        sorted(&["--samples", "--runtime", "--only", "--hv-args", "--breaktrace", "--help"])
+        sorted(&["--samples", "--runtime", "--only", "--hv-args", "--breaktrace", "--qemu", "--help"])
     );
     assert_eq!(
         longs(&["sim", "wakeup"]),
@@ -507,6 +509,7 @@ fn option_names_are_the_documented_ones() {
             "--granularity-us",
             "--grace-us",
             "--min-run-us",
+            "--qemu",
             "--help"
         ])
     );

@@ -104,6 +104,7 @@ impl AcpiMachine {
             gicd: madt.gicd,
             gicr,
             its: madt.its.first().map(|&(_, r)| r),
+            other_its: madt.its.iter().skip(1).map(|&(_, r)| r).collect(),
             maintenance_intid: maint.map(|v| intid(Signature::MADT, v)).transpose()?,
             phandle: None,
         })

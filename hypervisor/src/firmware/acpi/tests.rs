@@ -342,10 +342,15 @@ fn qemu_192_cpus_two_gicr_structures() {
     entries.push(gicr(0x80a_0000, 0xf6_0000));
     entries.push(gicr(0x40_0000_0000, 0x400_0000));
     entries.push(its(0, 0x808_0000));
+    entries.push(its(1, 0x40_1000_0000));
     let madt_bytes = madt(&entries);
     let m = machine_with_madt(&madt_bytes);
     let p = m.to_platform(vec![]).unwrap();
     assert_eq!(p.cpus.len(), 192);
+    // The first ITS is the one the hypervisor drives; the others are
+    // listed so that no guest can map them.
+    assert_eq!(p.gic.its, Some(Region { base: 0x808_0000, size: 0x2_0000 }));
+    assert_eq!(p.gic.other_its, [Region { base: 0x40_1000_0000, size: 0x2_0000 }]);
     assert_eq!(
         p.gic.gicr,
         [Region { base: 0x80a_0000, size: 0xf6_0000 }, Region { base: 0x40_0000_0000, size: 0x400_0000 }]

@@ -1,8 +1,9 @@
 //! The vITS command queue: reading commands from guest memory between
 //! GITS_CREADR and GITS_CWRITER, and carrying them out.
 //!
-//! Decoding is `its::cmd::Command::decode` (strict: unknown numbers and set
-//! RES0 bits are errors); the checks of IDs against the tables are
+//! Decoding is `its::cmd::Command::decode_guest` (an unknown number is an
+//! error; set RES0 bits are ignored and counted in
+//! `ItsCounters::reserved_ignored`); the checks of IDs against the tables are
 //! `tables.rs`'s. This file only sequences: per command, check everything,
 //! then tell the backend, then change the tables and the vGIC, so that a
 //! refused command changes nothing (one exception: a MAPD that remaps a
@@ -56,19 +57,24 @@ impl Vits {
                 self.fault(CommandFault::QueueUnreadable, format_args!("command at {at:#x}"));
                 return kicks;
             }
-            let decoded = Command::from_bytes(&raw);
-            budget = budget.saturating_sub(decoded.map_or(1, |c| self.cost(&c)));
+            let decoded = Command::decode_guest(Command::words(&raw));
+            budget = budget.saturating_sub(decoded.map_or(1, |(c, _)| self.cost(&c)));
             match decoded {
-                Ok(cmd) => match self.execute(cmd, mem, sink, backend) {
-                    Ok(k) => {
-                        kicks.merge(k);
-                        if let Some(n) = self.counters.commands.get_mut(usize::from(cmd.opcode())) {
-                            *n += 1;
-                        }
+                Ok((cmd, reserved)) => {
+                    if reserved {
+                        self.counters.reserved_ignored += 1;
                     }
-                    Err(f) => self.fault(f, format_args!("{cmd:?}")),
-                },
-                Err(e) => self.fault(e.into(), format_args!("{e}")),
+                    match self.execute(cmd, mem, sink, backend) {
+                        Ok(k) => {
+                            kicks.merge(k);
+                            if let Some(n) = self.counters.commands.get_mut(usize::from(cmd.opcode())) {
+                                *n += 1;
+                            }
+                        }
+                        Err(f) => self.fault(f, format_args!("{cmd:?}")),
+                    }
+                }
+                Err(e) => self.fault(CommandFault::UnknownCommand, format_args!("{e}")),
             }
             self.creadr = (self.creadr + CMD) % bytes;
         }

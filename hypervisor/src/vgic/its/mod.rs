@@ -14,7 +14,7 @@
 //! * GITS_BASER0 = Devices, GITS_BASER1 = Collections, flat only: Indirect
 //!   reads 0 whatever is written, so Linux falls back to a flat table. Type
 //!   and Entry_Size are read-only; every other field reads back as written
-//!   (page sizes 4K/16K/64K; the reserved encoding reads as 64K), because
+//!   (page sizes 4K/16K/64K, 64K at reset; the reserved encoding reads as 64K), because
 //!   Linux checks that its value "sticks". The model keeps its own state
 //!   ([`tables`]) and never reads or writes these tables or the ITTs, as the
 //!   architecture allows; it only checks that they lie in guest RAM (a table
@@ -33,10 +33,13 @@
 //! are not an error: they wait until it is enabled, as the architecture says.
 //! With SEIS = 0 the architecture leaves a command error's effect a
 //! CONSTRAINED UNPREDICTABLE choice that includes "ignore the command"; the
-//! model takes it: a refused command (bad opcode, set RES0 bits, IDs out of
-//! range, unmapped device/event/collection, ...) is skipped, counted by
+//! model takes it: a refused command (bad opcode, IDs out of range,
+//! unmapped device/event/collection, ...) is skipped, counted by
 //! [`CommandFault`], logged once (up to [`LOG_LIMIT`] lines per vITS), and
-//! CREADR moves on. Errors of the queue itself — CBASER not Valid, the queue
+//! CREADR moves on. Set RES0 bits are not an error: the command is decoded
+//! from the fields it defines and carried out, as hardware ITSs do, and
+//! counted in [`ItsCounters::reserved_ignored`] (a guest that reuses queue
+//! slots without clearing them leaves stale bits there). Errors of the queue itself — CBASER not Valid, the queue
 //! not entirely in guest RAM, CWRITER at or beyond the queue size — stall it
 //! instead: CREADR.Stalled reads 1 and nothing more runs until the guest
 //! writes CWRITER with Retry = 1 or rewrites CBASER. One call runs at most
@@ -68,7 +71,7 @@ pub mod tables;
 mod tests;
 
 use crate::intid::IntId;
-use crate::its::cmd::{CommandError, Icid};
+use crate::its::cmd::Icid;
 use crate::its::{offset, COMMAND_SIZE, GITS_BASER, GITS_CBASER, GITS_CQ_OFFSET, GITS_CTLR, GITS_TYPER};
 use crate::vgic::{Kicks, VgicError, MAX_VCPUS};
 use crate::virtio::GuestMemory;
@@ -193,8 +196,6 @@ macro_rules! faults {
 faults! {
     /// A command number no ITS has.
     UnknownCommand = "unknown_command",
-    /// A RES0 field of the command is not zero.
-    ReservedBits = "reserved_bits",
     /// A GICv4 command (VMAPP, VMAPTI, ...) on this GICv3 ITS (Virtual = 0).
     Virtual = "virtual",
     /// DeviceID ≥ 2^Devbits.
@@ -260,15 +261,6 @@ impl CommandFault {
     }
 }
 
-impl From<CommandError> for CommandFault {
-    fn from(e: CommandError) -> Self {
-        match e {
-            CommandError::UnknownOpcode(_) => CommandFault::UnknownCommand,
-            CommandError::ReservedBits { .. } => CommandFault::ReservedBits,
-        }
-    }
-}
-
 /// The physical-LPI commands, in the order the stats text lists them.
 pub const COUNTED_COMMANDS: [u8; 12] = {
     use crate::its::cmd::opcode::*;
@@ -287,11 +279,14 @@ pub struct ItsCounters {
     pub int_lpis: u64,
     /// Times the queue stalled.
     pub stalls: u64,
+    /// Commands carried out (or refused for another reason) with RES0 bits
+    /// set, which were ignored.
+    pub reserved_ignored: u64,
 }
 
 impl Default for ItsCounters {
     fn default() -> Self {
-        ItsCounters { commands: [0; 16], errors: [0; CommandFault::COUNT], int_lpis: 0, stalls: 0 }
+        ItsCounters { commands: [0; 16], errors: [0; CommandFault::COUNT], int_lpis: 0, stalls: 0, reserved_ignored: 0 }
     }
 }
 
@@ -313,8 +308,8 @@ impl ItsCounters {
 /// Two lines, never starting with `vcpuN.` (so `stats::parse_text` and the
 /// bench parser skip them), every counter always present:
 /// ```text
-/// its: MAPD=1 MAPC=2 MAPTI=3 MAPI=0 MOVI=0 INT=1 CLEAR=0 DISCARD=0 INV=3 INVALL=2 MOVALL=0 SYNC=9 int_lpis=1 stalls=0 errors=0
-/// its.errors: unknown_command=0 reserved_bits=0 ... queue_unreadable=0
+/// its: MAPD=1 MAPC=2 MAPTI=3 MAPI=0 MOVI=0 INT=1 CLEAR=0 DISCARD=0 INV=3 INVALL=2 MOVALL=0 SYNC=9 int_lpis=1 stalls=0 errors=0 reserved_ignored=0
+/// its.errors: unknown_command=0 virtual=0 ... queue_unreadable=0
 /// ```
 impl fmt::Display for ItsCounters {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -322,7 +317,14 @@ impl fmt::Display for ItsCounters {
         for op in COUNTED_COMMANDS {
             write!(f, " {}={}", crate::its::cmd::name_of(op).unwrap_or("?"), self.command(op))?;
         }
-        writeln!(f, " int_lpis={} stalls={} errors={}", self.int_lpis, self.stalls, self.total_errors())?;
+        writeln!(
+            f,
+            " int_lpis={} stalls={} errors={} reserved_ignored={}",
+            self.int_lpis,
+            self.stalls,
+            self.total_errors(),
+            self.reserved_ignored
+        )?;
         write!(f, "its.errors:")?;
         for (fault, n) in CommandFault::ALL.iter().zip(self.errors.iter()) {
             write!(f, " {}={}", fault.name(), n)?;
@@ -418,8 +420,11 @@ impl Vits {
         }
         let collections = config.nr_vcpus.max(MIN_COLLECTIONS).next_power_of_two();
         let cid_bits = collections.trailing_zeros() as u8;
-        let baser =
-            |ty: FieldValue<u64, GITS_BASER::Register>| (ty + GITS_BASER::Entry_Size.val(BASER_ENTRY_SIZE - 1)).value;
+        // Page_Size resets to 64 KiB, as KVM and QEMU present it; the guest
+        // may still write 4K or 16K.
+        let baser = |ty: FieldValue<u64, GITS_BASER::Register>| {
+            (ty + GITS_BASER::Entry_Size.val(BASER_ENTRY_SIZE - 1) + GITS_BASER::Page_Size::Size64K).value
+        };
         Ok(Vits {
             base: config.base,
             nr_vcpus: config.nr_vcpus,
