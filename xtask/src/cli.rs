@@ -356,6 +356,7 @@ impl RunArgs {
                 vcpus: self.domu_vcpus.max(1),
                 weights: self.domu_weight.clone(),
                 caps: self.domu_cap.clone(),
+                append: None,
             }),
             ..Default::default()
         };

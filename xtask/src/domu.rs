@@ -43,11 +43,13 @@ pub struct DomuOptions {
     pub weights: Vec<u32>,
     /// Credit2 caps in percent of a pCPU (`hv,sched-cap`), as `weights`.
     pub caps: Vec<u32>,
+    /// Extra kernel arguments for every DomU (tests).
+    pub append: Option<String>,
 }
 
 impl Default for DomuOptions {
     fn default() -> Self {
-        DomuOptions { count: 1, cmd: None, mem_mb: 256, vcpus: 1, weights: Vec::new(), caps: Vec::new() }
+        DomuOptions { count: 1, cmd: None, mem_mb: 256, vcpus: 1, weights: Vec::new(), caps: Vec::new(), append: None }
     }
 }
 
@@ -119,6 +121,10 @@ pub fn layout(
     let kernel_at = top - modules;
     let initrd_at = kernel_at + align_up(kernel.1);
     let mut bootargs = String::from(DOMU_ARGS);
+    if let Some(a) = &o.append {
+        bootargs.push(' ');
+        bootargs.push_str(a);
+    }
     if let Some(cmd) = &o.cmd {
         bootargs.push_str(&format!(" guestcmd={}", crate::qemu::base64(cmd.as_bytes())));
     }

@@ -787,6 +787,7 @@ pub fn run_options(case: &Case, runtime_s: u32) -> crate::qemu::RunOptions {
             vcpus: 1,
             weights: Vec::new(),
             caps: Vec::new(),
+            append: None,
         }),
         ..Default::default()
     }
