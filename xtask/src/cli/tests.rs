@@ -454,6 +454,7 @@ fn option_names_are_the_documented_ones() {
             "--timeout",
             "--kernel",
             "--initrd",
+            "--kernel-flavour",
             "--kernel-addr",
             "--initrd-addr",
             "--append",
