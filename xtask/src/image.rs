@@ -58,7 +58,7 @@ pub fn guest_flavour(flavour: Flavour) -> Result<GuestImage> {
         .status()
         .map_err(|e| format!("guest-images/build.sh: {e}"))?;
     if !st.success() {
-        return Err(format!("guest-images/build.sh ({} kernel) failed", flavour.as_str()).into());
+        return Err(format!("guest-images/build.sh ({} kernel) failed", flavour.as_str()));
     }
     Ok(GuestImage { kernel: out.join("Image"), initrd: out.join("initramfs.cpio") })
 }
