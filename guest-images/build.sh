@@ -2,9 +2,10 @@
 # Build the arm64 guest image (kernel Image + initramfs) from pinned Debian
 # bookworm arm64 packages.  See guest-images/README.md.
 #
-#   guest-images/build.sh OUTDIR
+#   guest-images/build.sh OUTDIR [cloud|generic]
 #
-# Writes OUTDIR/Image, OUTDIR/initramfs.cpio and OUTDIR/manifest.txt.
+# Writes OUTDIR/Image, OUTDIR/initramfs.cpio and OUTDIR/manifest.txt with
+# Debian's cloud (default) or generic arm64 kernel flavour.
 # Needs: apt-get, dpkg-deb, python3, sha256sum, tar (all on Debian).
 # Never touches the host's dpkg/apt state: apt runs with its own lists,
 # cache and empty status file under guest-images/cache/.
@@ -18,10 +19,18 @@ set -euo pipefail
 umask 022
 export LC_ALL=C
 
-if [ $# -ne 1 ]; then
-    echo "usage: $0 OUTDIR" >&2
+if [ $# -lt 1 ] || [ $# -gt 2 ]; then
+    echo "usage: $0 OUTDIR [cloud|generic]" >&2
     exit 2
 fi
+FLAVOUR=${2:-cloud}
+# The metapackage that names the flavour's current kernel package (its
+# Depends: linux-image-<ABI>-<flavour suffix>).
+case "$FLAVOUR" in
+    cloud) KERNEL_META=linux-image-cloud-arm64 ;;
+    generic) KERNEL_META=linux-image-arm64 ;;
+    *) echo "$0: unknown kernel flavour '$FLAVOUR' (cloud or generic)" >&2; exit 2 ;;
+esac
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 mkdir -p "$1"
@@ -35,12 +44,14 @@ IMGTOOL=(python3 "$HERE/imgtool.py")
 # Modules the guest needs (their depends= closure is added automatically),
 # with the Kconfig symbol that says whether each is built in or a module.
 # virtio_pci (for --disk virtio-pci) brings virtio_pci_legacy_dev and
-# virtio_pci_modern_dev through its depends= (imgtool modorder).
-GUEST_MODULES=(virtio_ring virtio virtio_mmio virtio_blk virtio_pci)
+# virtio_pci_modern_dev through its depends= (imgtool modorder); nvme (for
+# --disk nvme; built into the cloud flavour, a module in the generic one)
+# brings nvme_core.
+GUEST_MODULES=(virtio_ring virtio virtio_mmio virtio_blk virtio_pci nvme)
 declare -A MODULE_CONFIG=(
     [virtio_ring]=CONFIG_VIRTIO [virtio]=CONFIG_VIRTIO
     [virtio_mmio]=CONFIG_VIRTIO_MMIO [virtio_blk]=CONFIG_VIRTIO_BLK
-    [virtio_pci]=CONFIG_VIRTIO_PCI
+    [virtio_pci]=CONFIG_VIRTIO_PCI [nvme]=CONFIG_BLK_DEV_NVME
 )
 # Programs whose shared-library closure goes into the initramfs.
 GUEST_PROGRAMS=(/bin/busybox /usr/bin/fio /usr/bin/cyclictest)
@@ -49,7 +60,9 @@ log() { echo "build.sh: $*" >&2; }
 die() { echo "build.sh: ERROR: $*" >&2; exit 1; }
 
 # ----------------------------------------------------------- up-to-date check
-INPUTS_HASH=$(cd "$HERE" && sha256sum build.sh init imgtool.py packages.txt | sha256sum | cut -d' ' -f1)
+# The flavour is an input too: each flavour's OUTDIR has its own check.
+INPUTS_HASH=$( (cd "$HERE" && sha256sum build.sh init imgtool.py packages.txt; echo "flavour: $FLAVOUR") |
+              sha256sum | cut -d' ' -f1)
 
 outputs_up_to_date() {
     local m=$OUT/manifest.txt
@@ -139,6 +152,15 @@ while read -r line; do
     line=${line%%#*}
     line=$(echo "$line" | tr -d '[:space:]')
     [ -n "$line" ] || continue
+    # "FLAVOUR:name=version" lines belong to one kernel flavour only.
+    if [[ $line == *:*=* && ${line%%:*} != *=* ]]; then
+        only=${line%%:*}
+        line=${line#*:}
+        case "$only" in
+            cloud | generic) [ "$only" = "$FLAVOUR" ] || continue ;;
+            *) die "bad flavour '$only' in packages.txt" ;;
+        esac
+    fi
     name=${line%%=*}
     ver=${line#*=}
     [ "$name" != "$line" ] && [ -n "$ver" ] || die "bad line in packages.txt: $line"
@@ -146,12 +168,12 @@ while read -r line; do
     if ! deb=$(cached_deb "$name" "$ver"); then
         if ! download_deb "$name" "$ver"; then
             cand=$(candidate_version "$name")
-            if [ -z "$cand" ] && [[ $name == linux-image-*-cloud-arm64 ]]; then
+            if [ -z "$cand" ] && [[ $name == linux-image-[0-9]*-arm64 ]]; then
                 # The kernel's ABI number is part of the package name and old
-                # ABIs leave the archive: follow the metapackage instead.
-                use_name=$(apt_cache depends linux-image-cloud-arm64 |
+                # ABIs leave the archive: follow the flavour's metapackage.
+                use_name=$(apt_cache depends "$KERNEL_META" |
                            awk '$1 == "Depends:" && $2 ~ /^linux-image-/ { print $2; exit }')
-                [ -n "$use_name" ] || die "cannot resolve linux-image-cloud-arm64"
+                [ -n "$use_name" ] || die "cannot resolve $KERNEL_META"
                 cand=$(candidate_version "$use_name")
             fi
             [ -n "$cand" ] || die "$name: pinned $ver is not downloadable and there is no candidate"
@@ -192,7 +214,11 @@ KCONFIG=$ROOT/boot/config-$KREL
 # The arm64 Image header carries the magic "ARM\x64" at offset 0x38.
 magic=$(od -An -tx1 -j 56 -N 4 "${kernels[0]}" | tr -d ' \n')
 [ "$magic" = 41524d64 ] || die "vmlinuz-$KREL is not an uncompressed arm64 Image (magic $magic)"
-log "kernel $KREL"
+case "$FLAVOUR:$KREL" in
+    cloud:*-cloud-arm64 | generic:*[0-9]-arm64) ;;
+    *) die "kernel $KREL is not the $FLAVOUR flavour (check packages.txt)" ;;
+esac
+log "kernel $KREL ($FLAVOUR flavour)"
 
 # ---------------------------------------------------------------- modules
 KDIR=$ROOT/lib/modules/$KREL
@@ -240,6 +266,7 @@ mv "$OUT/Image.tmp" "$OUT/Image"
 {
     echo "# Guest image manifest, written by guest-images/build.sh"
     echo "inputs-sha256: $INPUTS_HASH"
+    echo "kernel-flavour: $FLAVOUR"
     echo "kernel-release: $KREL"
     echo "# packages (name=version actually used)"
     for p in "${USED[@]}"; do echo "package: $p"; done

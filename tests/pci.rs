@@ -8,6 +8,7 @@
 
 use integration_tests::*;
 use xtask::cli::DiskKind;
+use xtask::image::Flavour;
 
 /// The disk `kind` on QEMU's PCIe bus with the scratch image, and the
 /// hypervisor told so.
@@ -180,10 +181,11 @@ fn moved_msi(gic: u8) -> RunResult {
 /// yielding between them) to the shell and verifies its writes. The entry
 /// path with a vITS is longer than the spin detector's 10 us sampling
 /// period; the guest must still run a whole period between two samples
-/// (`sched::spin`).
-fn one_pcpu_two_vcpus_nvme_under_icount(gic: u8) {
+/// (`sched::spin`). Returns the guest's `uname -r`.
+fn one_pcpu_two_vcpus_nvme_under_icount(gic: u8, flavour: Flavour) -> String {
     let r = run_cmd(
-        "echo booted-to-shell; fio --name=v --filename=/dev/nvme0n1 --rw=randwrite --bs=4k --size=4M --direct=1 \
+        "echo booted-to-shell; echo kernel-release=$(uname -r); \
+         fio --name=v --filename=/dev/nvme0n1 --rw=randwrite --bs=4k --size=4M --direct=1 \
          --ioengine=libaio --iodepth=4 --verify=crc32c --do_verify=1 --output-format=terse --terse-version=3 >/tmp/out; \
          s=$?; echo fio-status=$s; echo terse=$(cut -d';' -f1-5 /tmp/out); exit $s",
         |o| {
@@ -191,6 +193,7 @@ fn one_pcpu_two_vcpus_nvme_under_icount(gic: u8) {
             o.pcpus = 1;
             o.vcpus = 2;
             o.icount = true;
+            o.flavour = flavour;
             with_pci_disk(o, DiskKind::Nvme);
         },
     );
@@ -200,14 +203,31 @@ fn one_pcpu_two_vcpus_nvme_under_icount(gic: u8) {
     assert_console(&r, "terse=3;fio-3.33;v;0;0");
     assert_eq!(r.guest_exit, Some(0), "{}", tail(&r.console, 30));
     assert_eq!(r.hv_fatal, None);
+    r.console
+        .lines()
+        .find_map(|l| l.trim_end().strip_prefix("kernel-release="))
+        .unwrap_or_else(|| panic!("no kernel-release line\n{}", tail(&r.console, 30)))
+        .to_string()
 }
 
 #[test]
 fn one_pcpu_two_vcpus_nvme_boot_under_icount_gicv3() {
-    one_pcpu_two_vcpus_nvme_under_icount(3);
+    one_pcpu_two_vcpus_nvme_under_icount(3, Flavour::Cloud);
+}
+
+/// The same with Debian's generic kernel flavour, whose NVMe driver (and
+/// its CRC and T10-PI dependencies) and virtio transports are modules the
+/// initramfs loads.
+#[test]
+fn one_pcpu_two_vcpus_nvme_boot_under_icount_gicv3_generic_kernel() {
+    let release = one_pcpu_two_vcpus_nvme_under_icount(3, Flavour::Generic);
+    assert!(
+        release.ends_with("-arm64") && !release.ends_with("-cloud-arm64"),
+        "not the generic kernel: uname -r = {release}"
+    );
 }
 
 #[test]
 fn one_pcpu_two_vcpus_nvme_boot_under_icount_gicv4() {
-    one_pcpu_two_vcpus_nvme_under_icount(4);
+    one_pcpu_two_vcpus_nvme_under_icount(4, Flavour::Cloud);
 }

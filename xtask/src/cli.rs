@@ -170,6 +170,9 @@ pub struct RunArgs {
     /// Boot your own guest initrd
     #[arg(long, value_name = "FILE")]
     pub initrd: Option<PathBuf>,
+    /// Debian kernel flavour of the built guest image (guest-images/out, guest-images/out-generic)
+    #[arg(long, value_name = "FLAVOUR", value_enum, default_value_t = crate::image::Flavour::Cloud)]
+    pub kernel_flavour: crate::image::Flavour,
     /// Boot your own guest kernel command line
     #[arg(long, value_name = "CMDLINE", allow_hyphen_values = true)]
     pub append: Option<String>,
@@ -281,6 +284,9 @@ impl RunArgs {
                         BL33, EDK2 as an EFI application)"
                 .into());
         }
+        if self.kernel.is_some() && self.kernel_flavour != crate::image::Flavour::default() {
+            return Err("--kernel-flavour picks the built guest image's kernel; not with --kernel".into());
+        }
         if self.disk_latency_us.is_some() && self.disk != Some(DiskKind::Ram) {
             return Err("--disk-latency-us goes with --disk ram".into());
         }
@@ -349,6 +355,7 @@ impl RunArgs {
             icount: self.icount,
             firmware: self.firmware,
             hv_boot: HvBoot { addr: self.hv_addr, entry: self.hv_entry },
+            flavour: self.kernel_flavour,
             domus: (self.domu > 0).then(|| crate::domu::DomuOptions {
                 count: self.domu,
                 cmd: self.domu_cmd.clone(),

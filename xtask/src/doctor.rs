@@ -24,7 +24,8 @@ pub fn caches() -> Vec<(PathBuf, &'static str)> {
     vec![
         (toolchain::cache_root(), "the project's QEMU, EDK2, TF-A tools and their .debs"),
         (root.join("guest-images/cache"), "the guest image's arm64 packages"),
-        (root.join("guest-images/out"), "the guest image"),
+        (root.join("guest-images/out"), "the guest image (cloud kernel)"),
+        (root.join("guest-images/out-generic"), "the guest image (generic kernel)"),
         (crate::firmware::cache_dir(), "TF-A's source and builds"),
         (crate::shrinkwrap::venv(), "the Shrinkwrap venv"),
     ]

@@ -379,7 +379,7 @@ pub fn run(args: &RunArgs) -> Result<i32> {
     let (kernel, initrd) = match &args.kernel {
         Some(k) => (k.clone(), args.initrd.clone()),
         None => {
-            let g = crate::image::guest()?;
+            let g = crate::image::guest_flavour(args.kernel_flavour)?;
             (g.kernel, Some(args.initrd.clone().unwrap_or(g.initrd)))
         }
     };

@@ -1,5 +1,6 @@
 //! The guest kernel and initramfs, built by guest-images/build.sh from
-//! pinned Debian arm64 packages and cached in guest-images/out.
+//! pinned Debian arm64 packages and cached per kernel flavour in
+//! guest-images/out (cloud) and guest-images/out-generic (generic).
 
 use crate::{root, Result};
 use std::path::PathBuf;
@@ -10,17 +11,54 @@ pub struct GuestImage {
     pub initrd: PathBuf,
 }
 
-/// Builds (or reuses) the guest image.
+/// Debian's arm64 kernel flavour the guest image is built with
+/// (`cargo xtask run --kernel-flavour`, build.sh's second argument).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Flavour {
+    /// linux-image-*-cloud-arm64: virtio as modules, NVMe built in
+    #[default]
+    Cloud,
+    /// linux-image-*-arm64: Debian's generic kernel, virtio and NVMe disks as modules
+    Generic,
+}
+
+impl Flavour {
+    /// The flavour's name, as build.sh takes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Flavour::Cloud => "cloud",
+            Flavour::Generic => "generic",
+        }
+    }
+
+    /// Where build.sh writes this flavour's image: each flavour has its own
+    /// directory, so each keeps its own up-to-date check.
+    pub fn out_dir(self) -> PathBuf {
+        let dir = match self {
+            Flavour::Cloud => "out",
+            Flavour::Generic => "out-generic",
+        };
+        root().join("guest-images").join(dir)
+    }
+}
+
+/// Builds (or reuses) the guest image with the cloud kernel.
 pub fn guest() -> Result<GuestImage> {
+    guest_flavour(Flavour::Cloud)
+}
+
+/// Builds (or reuses) the guest image with the kernel `flavour`.
+pub fn guest_flavour(flavour: Flavour) -> Result<GuestImage> {
     crate::setup::ensure_image_tools()?;
-    let out = root().join("guest-images").join("out");
+    let out = flavour.out_dir();
     let st = Command::new("bash")
         .arg(root().join("guest-images").join("build.sh"))
         .arg(&out)
+        .arg(flavour.as_str())
         .status()
         .map_err(|e| format!("guest-images/build.sh: {e}"))?;
     if !st.success() {
-        return Err("guest-images/build.sh failed".into());
+        return Err(format!("guest-images/build.sh ({} kernel) failed", flavour.as_str()));
     }
     Ok(GuestImage { kernel: out.join("Image"), initrd: out.join("initramfs.cpio") })
 }

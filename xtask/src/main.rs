@@ -38,6 +38,7 @@ fn cmd_test(args: &TestArgs) -> Result<i32, String> {
     xtask::build::hypervisor("fvp-base-revc")?;
     xtask::build::hypervisor("qemu-virt")?;
     xtask::image::guest()?;
+    xtask::image::guest_flavour(xtask::image::Flavour::Generic)?;
     // TF-A for tests/firmware.rs (built once, then cached).
     for gic in [3, 4] {
         xtask::firmware::tf_a(gic)?;

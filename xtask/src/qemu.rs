@@ -62,6 +62,10 @@ pub struct RunOptions {
     pub hv_boot: crate::hvload::HvBoot,
     /// DomUs described in the DTB (`--domu N`, see [`crate::domu`]).
     pub domus: Option<crate::domu::DomuOptions>,
+    /// The kernel flavour of the built guest image, used when `kernel` is
+    /// `None` (`--kernel-flavour`; its initramfs carries that kernel's
+    /// modules).
+    pub flavour: crate::image::Flavour,
 }
 
 /// Console input written before the guest reads its console.
@@ -100,6 +104,7 @@ impl Default for RunOptions {
             firmware: None,
             hv_boot: Default::default(),
             domus: None,
+            flavour: Default::default(),
         }
     }
 }
@@ -281,7 +286,7 @@ pub fn run(o: &RunOptions) -> Result<RunResult> {
     let (kernel, initrd) = match (&o.kernel, &o.initrd) {
         (Some(k), i) => (k.clone(), i.clone()),
         (None, _) => {
-            let g = crate::image::guest()?;
+            let g = crate::image::guest_flavour(o.flavour)?;
             (g.kernel, Some(o.initrd.clone().unwrap_or(g.initrd)))
         }
     };

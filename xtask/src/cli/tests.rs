@@ -107,6 +107,7 @@ fn documented_examples_parse() {
         "run --disk none",
         "run --disk virtio-pci --gic 4",
         "run --disk nvme",
+        "run --kernel-flavour generic --cmd 'uname -r' --timeout 400",
         "run --platform graviton",
         "run --platform graviton --pcpus 2 --vcpus 2 --cmd 'ls /sys/firmware/acpi/tables; dmesg | grep \"started at EL\"; cat /proc/cmdline'",
         "run --platform graviton --disk passthrough --cpu max,pauth-impdef=on",
@@ -162,6 +163,23 @@ fn run_options_map_onto_the_runner() {
     assert_eq!(run_args("run --mem 512").mem_mb, 512);
     // Values that start with a dash are values.
     assert_eq!(run_args("run --cmd --help").cmd.as_deref(), Some("--help"));
+}
+
+#[test]
+fn run_kernel_flavour_picks_the_guest_image() {
+    use crate::image::Flavour;
+    assert_eq!(run_options("run").unwrap().flavour, Flavour::Cloud);
+    assert_eq!(run_options("run --kernel-flavour cloud").unwrap().flavour, Flavour::Cloud);
+    let o = run_options("run --kernel-flavour generic --disk nvme --icount").unwrap();
+    assert_eq!((o.flavour, o.kernel, o.initrd), (Flavour::Generic, None, None));
+    let e = err("run --kernel-flavour arm64").to_string();
+    assert!(e.contains("[possible values: cloud, generic]"), "{e}");
+    // Your own kernel has no flavour: the built image's would be ignored.
+    assert_eq!(
+        run_args("run --kernel K --kernel-flavour generic").check().unwrap_err(),
+        "--kernel-flavour picks the built guest image's kernel; not with --kernel"
+    );
+    assert!(run_args("run --kernel K --kernel-flavour cloud").check().is_ok());
 }
 
 #[test]
@@ -454,6 +472,7 @@ fn option_names_are_the_documented_ones() {
             "--timeout",
             "--kernel",
             "--initrd",
+            "--kernel-flavour",
             "--kernel-addr",
             "--initrd-addr",
             "--append",
