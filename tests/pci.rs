@@ -231,3 +231,12 @@ fn one_pcpu_two_vcpus_nvme_boot_under_icount_gicv3_generic_kernel() {
 fn one_pcpu_two_vcpus_nvme_boot_under_icount_gicv4() {
     one_pcpu_two_vcpus_nvme_under_icount(4, Flavour::Cloud);
 }
+
+#[test]
+fn one_pcpu_two_vcpus_nvme_boot_under_icount_gicv4_generic_kernel() {
+    let release = one_pcpu_two_vcpus_nvme_under_icount(4, Flavour::Generic);
+    assert!(
+        release.ends_with("-arm64") && !release.ends_with("-cloud-arm64"),
+        "not the generic kernel: uname -r = {release}"
+    );
+}
