@@ -530,21 +530,31 @@ fn random_lpi_traffic() {
     assert!(filled > 1_000, "{filled}");
 }
 
+/// Where the vITS tests put the ITS frame and its 64 KiB command queue.
+const ITS: u64 = 0x0808_0000;
+const QUEUE: u64 = RAM + 0x8_0000;
+
+/// Two vCPUs with LPIs on ([`lpi_booted`]) and an enabled vITS over them,
+/// its command queue at [`QUEUE`].
+fn vits_booted() -> (Vgic, VecMemory, super::its::Vits) {
+    use super::its::{NoBackend, Vits, VitsConfig};
+    let (mut g, mem) = lpi_booted(2);
+    let mut its = Vits::new(VitsConfig { base: ITS, nr_vcpus: 2, msi_vcpu: None }).unwrap();
+    its.mmio_write(ITS + 0x80, 8, QUEUE | 1 << 63 | 15, &mem, &mut g, &mut NoBackend).unwrap();
+    its.mmio_write(ITS, 4, 1, &mem, &mut g, &mut NoBackend).unwrap();
+    (g, mem, its)
+}
+
 /// The vITS over this vGIC, as the runtime wires them: Linux's commands
 /// map an event, INV enables its LPI from the guest's table, and the
 /// runtime's host-LPI path (`translate`, then `inject_lpi`) puts the guest
 /// LPI into the target vCPU's list registers, kicking only that vCPU.
 #[test]
 fn the_vits_over_this_vgic_delivers_an_msi_to_a_list_register() {
-    use super::its::{NoBackend, Vits, VitsConfig};
+    use super::its::NoBackend;
     use crate::its::cmd::Command;
     use crate::virtio::GuestMemory;
-    const ITS: u64 = 0x0808_0000;
-    const QUEUE: u64 = RAM + 0x8_0000;
-    let (mut g, mut mem) = lpi_booted(2);
-    let mut its = Vits::new(VitsConfig { base: ITS, nr_vcpus: 2, msi_vcpu: None }).unwrap();
-    its.mmio_write(ITS + 0x80, 8, QUEUE | 1 << 63 | 15, &mem, &mut g, &mut NoBackend).unwrap();
-    its.mmio_write(ITS, 4, 1, &mem, &mut g, &mut NoBackend).unwrap();
+    let (mut g, mut mem, mut its) = vits_booted();
     let cmds = [
         Command::Mapc { icid: 0, rdbase: 0, valid: true },
         Command::Mapc { icid: 1, rdbase: 1, valid: true },
@@ -583,15 +593,10 @@ fn the_vits_over_this_vgic_delivers_an_msi_to_a_list_register() {
 /// pending in the target redistributor.
 #[test]
 fn an_int_with_stale_reserved_bits_pends_the_lpi() {
-    use super::its::{NoBackend, Vits, VitsConfig};
+    use super::its::NoBackend;
     use crate::its::cmd::{used_bits, Command};
     use crate::virtio::GuestMemory;
-    const ITS: u64 = 0x0808_0000;
-    const QUEUE: u64 = RAM + 0x8_0000;
-    let (mut g, mut mem) = lpi_booted(2);
-    let mut its = Vits::new(VitsConfig { base: ITS, nr_vcpus: 2, msi_vcpu: None }).unwrap();
-    its.mmio_write(ITS + 0x80, 8, QUEUE | 1 << 63 | 15, &mem, &mut g, &mut NoBackend).unwrap();
-    its.mmio_write(ITS, 4, 1, &mem, &mut g, &mut NoBackend).unwrap();
+    let (mut g, mut mem, mut its) = vits_booted();
     let stale = |c: Command| -> [u8; 32] {
         let used = used_bits(c.opcode()).unwrap();
         let w = c.encode();
