@@ -22,6 +22,7 @@
 //! - `vgic`: the virtual GICv3 register model and list registers
 //! - `virtio`: the hypervisor's virtio-blk device and its RAM backend
 //! - `vpl011`: the emulated PL011
+//! - `quota`: per-VM heap quotas (what a guest's actions may allocate)
 //! - `sched`: the Credit2-compatible scheduler and its simulator
 //! - `stats`: per-vCPU counters and histograms in a stable text format
 //! - `sync`: the hypervisor's locks (`spin`'s, waiting with YIELD)
@@ -58,6 +59,7 @@ pub mod irq;
 pub mod its;
 pub mod mmio_bus;
 pub mod psci;
+pub mod quota;
 pub mod regs;
 pub mod sched;
 pub mod stage2;

@@ -65,13 +65,24 @@
 //! allocated for them), and the completion that frees room returns
 //! [`Effects::notify`] so the caller processes the queue again.
 //!
+//! Besides the device's own budget, every request is charged to the VM's
+//! heap quota ([`crate::quota`]) at admission, by an upper bound of what it
+//! will hold ([`request_cost`]), and given back when it is answered or
+//! completed. The largest request is charged once when the device is made
+//! ([`VirtioBlk::with_quota`]), so the quota never stops the first request;
+//! beyond it, a VM at its quota finds its chains waiting in the ring
+//! (`quota_stalls`) until a completion gives heap back.
+//!
 //! Accounting: `reads + writes + flushes` (requests handed to the backend)
 //! always equals `completions + in_flight`.
 
+use super::buf::DataBuf;
 use super::mmio::{Effects, Event, MmioError, MmioTransport};
 use super::queue::{ChainError, QueueError, Segment};
 use super::{features, irq, GuestMemory, GuestMemoryExt, MemError};
+use crate::quota::{heap_cost, Quota};
 use alloc::collections::BTreeMap;
+use alloc::sync::Arc;
 use alloc::vec;
 use alloc::vec::Vec;
 use core::fmt;
@@ -199,7 +210,7 @@ pub enum BackendOp {
     Read { sector: u64, len: u32 },
     /// Write `data` (a multiple of 512 bytes, already copied out of the
     /// guest) at `sector`.
-    Write { sector: u64, data: Vec<u8> },
+    Write { sector: u64, data: DataBuf },
     /// Make every completed write durable.
     Flush,
 }
@@ -226,14 +237,17 @@ pub enum BackendError {
     /// No room for another request (should not happen when `free_slots` is
     /// honest; the request gets IOERR).
     Busy,
+    /// The hypervisor had no heap for the request's data (the request gets
+    /// IOERR; with quotas sized by the boot plan this does not happen).
+    NoMemory,
 }
 
 /// A finished backend request. For `Read`, `Ok` carries exactly the bytes
-/// read; for `Write` and `Flush`, an empty vector.
+/// read; for `Write` and `Flush`, an empty buffer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Completion {
     pub token: u64,
-    pub result: Result<Vec<u8>, BackendError>,
+    pub result: Result<DataBuf, BackendError>,
 }
 
 /// Where requests go. Completion is asynchronous: `submit` only starts the
@@ -277,6 +291,8 @@ pub struct BlkCounters {
     pub interrupts: u64,
     /// Times the device left requests in the ring for want of room.
     pub stalls: u64,
+    /// Of those, the times the VM's heap quota was the limit.
+    pub quota_stalls: u64,
     /// Backend completions of requests the device had handed over (live or
     /// orphaned): `reads + writes + flushes == completions + in_flight`.
     pub completions: u64,
@@ -296,7 +312,7 @@ pub struct BlkCounters {
 
 impl BlkCounters {
     /// Names, in print order.
-    pub const NAMES: [&'static str; 22] = [
+    pub const NAMES: [&'static str; 23] = [
         "reads",
         "writes",
         "flushes",
@@ -311,6 +327,7 @@ impl BlkCounters {
         "notifies",
         "interrupts",
         "stalls",
+        "quota_stalls",
         "completions",
         "orphaned",
         "stale_completions",
@@ -321,7 +338,7 @@ impl BlkCounters {
         "in_flight_bytes_hwm",
     ];
 
-    pub fn values(&self) -> [u64; 22] {
+    pub fn values(&self) -> [u64; 23] {
         [
             self.reads,
             self.writes,
@@ -337,6 +354,7 @@ impl BlkCounters {
             self.notifies,
             self.interrupts,
             self.stalls,
+            self.quota_stalls,
             self.completions,
             self.orphaned,
             self.stale_completions,
@@ -405,6 +423,24 @@ struct InFlight {
     /// the completion is awaited (the backend still holds the request and
     /// its budget) but dropped.
     orphaned: bool,
+    /// What admitting it added to `held_cost` ([`request_cost`]).
+    cost: u64,
+}
+
+/// Heap a request's bookkeeping takes besides its data and segment list:
+/// its share of the in-flight map's nodes and the backend's entry for it.
+const REQUEST_OVERHEAD: u64 = 512;
+
+/// An upper bound of the heap a request takes while in flight, known before
+/// it is parsed: a chain of `chain_bytes` over `nr_segs` segments carries at
+/// most that much data (and no more than `max_request_bytes` is ever
+/// allocated: a larger request is answered at once), in a [`DataBuf`] whose
+/// chunk list takes at most 512 bytes, plus its writable segments kept for
+/// the completion.
+pub fn request_cost(chain_bytes: u64, nr_segs: usize, max_request_bytes: u32) -> u64 {
+    let data = chain_bytes.min(u64::from(max_request_bytes));
+    let segs = heap_cost(nr_segs.saturating_mul(core::mem::size_of::<Segment>()), core::mem::align_of::<Segment>());
+    data + 512 + segs + REQUEST_OVERHEAD
 }
 
 /// The emulated virtio-blk device behind one virtio-mmio frame.
@@ -424,6 +460,34 @@ pub struct VirtioBlk {
     last_error: Option<RequestError>,
     logged: u64,
     segs: Vec<Segment>,
+    /// The VM's heap quota, charged for what requests in flight hold beyond
+    /// `floor`.
+    quota: Arc<Quota>,
+    /// Charged to the quota once, when the device was made: the largest
+    /// request, so one request always fits whatever else the VM holds.
+    floor: u64,
+    /// Sum of `cost` over `in_flight`.
+    held_cost: u64,
+    /// What is charged to the quota now: `held_cost - floor`, at least 0.
+    charged: u64,
+}
+
+/// A quota too small for even one request of the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QuotaTooSmall {
+    /// Bytes the device needs for its largest request.
+    pub needed: u64,
+    pub limit: u64,
+}
+
+impl fmt::Display for QuotaTooSmall {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "heap quota of {} bytes leaves less than the {} bytes of the disk's largest request",
+            self.limit, self.needed
+        )
+    }
 }
 
 fn stream_len(segs: &[Segment], writable: bool) -> u64 {
@@ -451,22 +515,63 @@ fn gather(mem: &dyn GuestMemory, segs: &[Segment], mut skip: u64, buf: &mut [u8]
     Ok(())
 }
 
-/// Copy `data` to the start of the writable stream.
-fn scatter(mem: &mut dyn GuestMemory, segs: &[Segment], data: &[u8]) -> Result<(), MemError> {
+/// Copy `data` to the writable stream from its byte `skip`.
+fn scatter(mem: &mut dyn GuestMemory, segs: &[Segment], mut skip: u64, data: &[u8]) -> Result<(), MemError> {
     let mut done = 0usize;
     for s in segs.iter().filter(|s| s.writable) {
         if done == data.len() {
             break;
         }
-        let n = (s.len as usize).min(data.len() - done);
-        mem.write(s.addr, &data[done..done + n])?;
+        let len = u64::from(s.len);
+        if skip >= len {
+            skip -= len;
+            continue;
+        }
+        let n = ((len - skip) as usize).min(data.len() - done);
+        let gpa = s.addr.checked_add(skip).ok_or(MemError::OutOfRange { gpa: s.addr, len })?;
+        mem.write(gpa, &data[done..done + n])?;
         done += n;
+        skip = 0;
+    }
+    Ok(())
+}
+
+/// Copy all of `data` to the start of the writable stream.
+fn scatter_buf(mem: &mut dyn GuestMemory, segs: &[Segment], data: &DataBuf) -> Result<(), MemError> {
+    let mut at = 0u64;
+    for c in data.chunks() {
+        scatter(mem, segs, at, c)?;
+        at += c.len() as u64;
+    }
+    Ok(())
+}
+
+/// Copy the readable stream from byte `skip` into `data`.
+fn gather_buf(mem: &dyn GuestMemory, segs: &[Segment], skip: u64, data: &mut DataBuf) -> Result<(), MemError> {
+    let mut at = skip;
+    for c in data.chunks_mut() {
+        gather(mem, segs, at, c)?;
+        at += c.len() as u64;
     }
     Ok(())
 }
 
 impl VirtioBlk {
+    /// A device that charges nobody (host tests, and a VM without a quota).
     pub fn new(cfg: BlkConfig) -> Self {
+        Self::build(cfg, Arc::new(Quota::unlimited()), 0)
+    }
+
+    /// A device whose requests are charged to `quota`; its largest request
+    /// is charged now, once, so it can always make progress.
+    pub fn with_quota(cfg: BlkConfig, quota: Arc<Quota>) -> Result<Self, QuotaTooSmall> {
+        let max_segs = usize::from(cfg.queue_size_max.max(1));
+        let floor = request_cost(u64::from(cfg.max_request_bytes) + HEADER_LEN + 1, max_segs, cfg.max_request_bytes);
+        quota.try_charge(floor).map_err(|_| QuotaTooSmall { needed: floor, limit: quota.limit() })?;
+        Ok(Self::build(cfg, quota, floor))
+    }
+
+    fn build(cfg: BlkConfig, quota: Arc<Quota>, floor: u64) -> Self {
         let qmax = if cfg.queue_size_max.is_power_of_two() { cfg.queue_size_max } else { 128 };
         let transport = MmioTransport::new(VIRTIO_ID_BLOCK, cfg.vendor_id, cfg.features(), 1, qmax);
         Self {
@@ -482,6 +587,38 @@ impl VirtioBlk {
             last_error: None,
             logged: 0,
             segs: Vec::new(),
+            quota,
+            floor,
+            held_cost: 0,
+            charged: 0,
+        }
+    }
+
+    /// The quota the device charges.
+    pub fn quota(&self) -> &Quota {
+        &self.quota
+    }
+
+    /// Takes `cost` more into `held_cost`, charging the quota for what passes
+    /// `floor`; false (and nothing changes) when the quota refuses.
+    fn hold(&mut self, cost: u64) -> bool {
+        let held = self.held_cost + cost;
+        let excess = held.saturating_sub(self.floor);
+        if excess > self.charged && self.quota.try_charge(excess - self.charged).is_err() {
+            return false;
+        }
+        self.charged = self.charged.max(excess);
+        self.held_cost = held;
+        true
+    }
+
+    /// Gives back `cost` taken by [`hold`](Self::hold).
+    fn unhold(&mut self, cost: u64) {
+        self.held_cost = self.held_cost.saturating_sub(cost);
+        let excess = self.held_cost.saturating_sub(self.floor);
+        if excess < self.charged {
+            self.quota.release(self.charged - excess);
+            self.charged = excess;
         }
     }
 
@@ -689,17 +826,33 @@ impl VirtioBlk {
             let mut segs = core::mem::take(&mut self.segs);
             let walked = self.transport.queues[qi].walk_chain(mem, head, indirect, &mut segs);
             // Byte budget: a request's data is at most its chain's length.
-            let cost: u64 = segs.iter().map(|s| u64::from(s.len)).sum();
-            if walked.is_ok() && held > 0 && self.in_flight_bytes + cost > self.cfg.max_in_flight_bytes {
+            let bytes: u64 = segs.iter().map(|s| u64::from(s.len)).sum();
+            if walked.is_ok() && held > 0 && self.in_flight_bytes + bytes > self.cfg.max_in_flight_bytes {
                 self.segs = segs;
                 self.stalled[qi] = true;
                 self.counters.stalls += 1;
                 break;
             }
+            // The VM's quota, charged for the request before anything is
+            // allocated for it; given back when it is answered.
+            let cost = request_cost(bytes, segs.len(), self.cfg.max_request_bytes);
+            if walked.is_ok() && !self.hold(cost) {
+                self.segs = segs;
+                self.stalled[qi] = true;
+                self.counters.stalls += 1;
+                self.counters.quota_stalls += 1;
+                break;
+            }
             self.transport.queues[qi].advance();
             let e = match walked {
                 Err(e) => self.unanswerable(mem, q, head, RequestError::Chain(e)),
-                Ok(()) => self.handle_request(q, head, &segs, mem, backend, now_ns),
+                Ok(()) => {
+                    let (fx, held) = self.handle_request(q, head, &segs, mem, backend, now_ns, cost);
+                    if !held {
+                        self.unhold(cost);
+                    }
+                    fx
+                }
             };
             fx.merge(e);
             segs.clear();
@@ -709,6 +862,9 @@ impl VirtioBlk {
         fx
     }
 
+    /// Answers the request at once or hands it to the backend; the flag says
+    /// whether it is now in flight (holding `cost`).
+    #[allow(clippy::too_many_arguments)]
     fn handle_request(
         &mut self,
         q: u16,
@@ -717,24 +873,46 @@ impl VirtioBlk {
         mem: &mut dyn GuestMemory,
         backend: &mut dyn BlockBackend,
         now_ns: u64,
-    ) -> Effects {
+        cost: u64,
+    ) -> (Effects, bool) {
+        let fx = self.parse_and_submit(q, head, segs, mem, backend, now_ns, cost);
+        let held = fx.is_none();
+        (fx.unwrap_or_default(), held)
+    }
+
+    /// [`handle_request`](Self::handle_request)'s body: `None` once the
+    /// backend holds the request, else the effects of answering it.
+    #[allow(clippy::too_many_arguments)]
+    fn parse_and_submit(
+        &mut self,
+        q: u16,
+        head: u16,
+        segs: &[Segment],
+        mem: &mut dyn GuestMemory,
+        backend: &mut dyn BlockBackend,
+        now_ns: u64,
+        cost: u64,
+    ) -> Option<Effects> {
         // The status byte: the last byte of the writable stream.
         let Some(last) = segs.iter().rev().find(|s| s.writable && s.len > 0) else {
-            return self.unanswerable(mem, q, head, RequestError::NoStatus);
+            return Some(self.unanswerable(mem, q, head, RequestError::NoStatus));
         };
         let status_gpa = match last.addr.checked_add(u64::from(last.len) - 1) {
             Some(a) if mem.contains(a, 1) => a,
-            a => return self.unanswerable(mem, q, head, RequestError::StatusOutsideRam(a.unwrap_or(u64::MAX))),
+            a => {
+                let e = RequestError::StatusOutsideRam(a.unwrap_or(u64::MAX));
+                return Some(self.unanswerable(mem, q, head, e));
+            }
         };
         let readable = stream_len(segs, false);
         let writable_data = stream_len(segs, true) - 1;
 
         let mut hdr = [0u8; HEADER_LEN as usize];
         if readable < HEADER_LEN {
-            return self.reject(mem, q, head, status_gpa, RequestError::ShortHeader);
+            return Some(self.reject(mem, q, head, status_gpa, RequestError::ShortHeader));
         }
         if let Err(e) = gather(mem, segs, 0, &mut hdr) {
-            return self.reject(mem, q, head, status_gpa, RequestError::Mem(e));
+            return Some(self.reject(mem, q, head, status_gpa, RequestError::Mem(e)));
         }
         let ty = u32::from_le_bytes([hdr[0], hdr[1], hdr[2], hdr[3]]);
         let sector = u64::from_le_bytes([hdr[8], hdr[9], hdr[10], hdr[11], hdr[12], hdr[13], hdr[14], hdr[15]]);
@@ -742,32 +920,34 @@ impl VirtioBlk {
         let (kind, op, data_len) = match ty {
             T_IN => {
                 if readable != HEADER_LEN {
-                    return self.reject(mem, q, head, status_gpa, RequestError::WrongDirection);
+                    return Some(self.reject(mem, q, head, status_gpa, RequestError::WrongDirection));
                 }
                 if let Err(e) = self.check_range(sector, writable_data) {
-                    return self.reject(mem, q, head, status_gpa, e);
+                    return Some(self.reject(mem, q, head, status_gpa, e));
                 }
                 if let Some(s) = segs.iter().find(|s| s.writable && !mem.contains(s.addr, u64::from(s.len))) {
                     let e = MemError::OutOfRange { gpa: s.addr, len: u64::from(s.len) };
-                    return self.reject(mem, q, head, status_gpa, RequestError::Mem(e));
+                    return Some(self.reject(mem, q, head, status_gpa, RequestError::Mem(e)));
                 }
                 (Kind::Read, BackendOp::Read { sector, len: writable_data as u32 }, writable_data as u32)
             }
             T_OUT => {
                 let len = readable - HEADER_LEN;
                 if writable_data != 0 {
-                    return self.reject(mem, q, head, status_gpa, RequestError::WrongDirection);
+                    return Some(self.reject(mem, q, head, status_gpa, RequestError::WrongDirection));
                 }
                 if self.cfg.read_only {
-                    return self.reject(mem, q, head, status_gpa, RequestError::ReadOnly);
+                    return Some(self.reject(mem, q, head, status_gpa, RequestError::ReadOnly));
                 }
                 if let Err(e) = self.check_range(sector, len) {
-                    return self.reject(mem, q, head, status_gpa, e);
+                    return Some(self.reject(mem, q, head, status_gpa, e));
                 }
                 // Copy the data now: the guest cannot change it afterwards.
-                let mut data = vec![0u8; len as usize];
-                if let Err(e) = gather(mem, segs, HEADER_LEN, &mut data) {
-                    return self.reject(mem, q, head, status_gpa, RequestError::Mem(e));
+                let Ok(mut data) = DataBuf::try_zeroed(len as usize) else {
+                    return Some(self.reject(mem, q, head, status_gpa, RequestError::Backend(BackendError::NoMemory)));
+                };
+                if let Err(e) = gather_buf(mem, segs, HEADER_LEN, &mut data) {
+                    return Some(self.reject(mem, q, head, status_gpa, RequestError::Mem(e)));
                 }
                 (Kind::Write, BackendOp::Write { sector, data }, len as u32)
             }
@@ -776,18 +956,27 @@ impl VirtioBlk {
                 self.counters.get_ids += 1;
                 let n = (writable_data as usize).min(ID_BYTES);
                 let serial = self.cfg.serial;
-                if let Err(e) = scatter(mem, segs, &serial[..n]) {
-                    return self.reject(mem, q, head, status_gpa, RequestError::Mem(e));
+                if let Err(e) = scatter(mem, segs, 0, &serial[..n]) {
+                    return Some(self.reject(mem, q, head, status_gpa, RequestError::Mem(e)));
                 }
-                return self.answer(mem, q, head, status_gpa, S_OK, n as u32);
+                return Some(self.answer(mem, q, head, status_gpa, S_OK, n as u32));
             }
             other => {
                 self.counters.unsupported += 1;
                 self.note(RequestError::Unsupported(other));
-                return self.answer(mem, q, head, status_gpa, S_UNSUPP, 0);
+                return Some(self.answer(mem, q, head, status_gpa, S_UNSUPP, 0));
             }
         };
 
+        // Where read data goes at completion, kept before the backend has
+        // the request so no allocation can fail after it does.
+        let mut wsegs = Vec::new();
+        if kind == Kind::Read {
+            if wsegs.try_reserve_exact(segs.len()).is_err() {
+                return Some(self.reject(mem, q, head, status_gpa, RequestError::Backend(BackendError::NoMemory)));
+            }
+            wsegs.extend(segs.iter().filter(|s| s.writable).copied());
+        }
         let token = self.next_token;
         self.next_token = self.next_token.wrapping_add(1);
         match backend.submit(BackendRequest { token, op, submit_ns: now_ns }) {
@@ -797,17 +986,15 @@ impl VirtioBlk {
                     Kind::Write => self.counters.writes += 1,
                     Kind::Flush => self.counters.flushes += 1,
                 }
-                let wsegs =
-                    if kind == Kind::Read { segs.iter().filter(|s| s.writable).copied().collect() } else { Vec::new() };
-                self.in_flight
-                    .insert(token, InFlight { queue: q, head, kind, wsegs, data_len, status_gpa, orphaned: false });
+                let r = InFlight { queue: q, head, kind, wsegs, data_len, status_gpa, orphaned: false, cost };
+                self.in_flight.insert(token, r);
                 self.in_flight_bytes += u64::from(data_len);
                 self.update_in_flight();
-                Effects::default()
+                None
             }
             Err(e) => {
                 self.counters.backend_errors += 1;
-                self.reject(mem, q, head, status_gpa, RequestError::Backend(e))
+                Some(self.reject(mem, q, head, status_gpa, RequestError::Backend(e)))
             }
         }
     }
@@ -848,6 +1035,7 @@ impl VirtioBlk {
         };
         self.counters.completions += 1;
         self.in_flight_bytes = self.in_flight_bytes.saturating_sub(u64::from(r.data_len));
+        self.unhold(r.cost);
         self.update_in_flight();
         let mut fx = if r.orphaned {
             // The guest reset this queue after submitting: its memory is
@@ -876,10 +1064,10 @@ impl VirtioBlk {
         &mut self,
         mem: &mut dyn GuestMemory,
         r: &InFlight,
-        result: &Result<Vec<u8>, BackendError>,
+        result: &Result<DataBuf, BackendError>,
     ) -> (u8, u32) {
         match (result, r.kind) {
-            (Ok(data), Kind::Read) if data.len() == r.data_len as usize => match scatter(mem, &r.wsegs, data) {
+            (Ok(data), Kind::Read) if data.len() == r.data_len as usize => match scatter_buf(mem, &r.wsegs, data) {
                 Ok(()) => {
                     self.counters.bytes_read += data.len() as u64;
                     (S_OK, r.data_len)

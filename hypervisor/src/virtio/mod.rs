@@ -10,6 +10,8 @@
 //!   indirect tables, used ring) — validation of everything the guest wrote;
 //! * [`mmio`]: the virtio-mmio register file (magic, features, status
 //!   handshake, queue setup, interrupt status/ack, config space window);
+//! * [`buf`]: [`DataBuf`], request data split so the buddy heap takes no
+//!   more than its length;
 //! * [`blk`]: virtio-blk request parsing and the device ([`VirtioBlk`]) that
 //!   ties the transport, the queue and a [`BlockBackend`] together, plus the
 //!   device counters;
@@ -64,6 +66,7 @@
 //! flushed), VIRTIO_F_NOTIFICATION_DATA and queue reset.
 
 pub mod blk;
+pub mod buf;
 pub mod mmio;
 pub mod phys;
 pub mod queue;
@@ -74,8 +77,9 @@ mod tests;
 
 pub use blk::{
     BackendError, BackendOp, BackendRequest, BadChainPolicy, BlkConfig, BlkCounters, BlockBackend, Completion,
-    VirtioBlk,
+    QuotaTooSmall, VirtioBlk,
 };
+pub use buf::DataBuf;
 pub use mmio::{Effects, MmioError};
 pub use ram::RamBackend;
 

@@ -49,8 +49,8 @@
 use super::blk::{
     BackendError, BackendOp, BackendRequest, BlockBackend, Completion, SECTOR_SIZE, S_OK, T_FLUSH, T_IN, T_OUT,
 };
+use super::buf::DataBuf;
 use alloc::boxed::Box;
-use alloc::vec;
 use alloc::vec::Vec;
 use virtio_drivers::queue::VirtQueue;
 use virtio_drivers::transport::{DeviceStatus, DeviceType, Transport};
@@ -62,6 +62,14 @@ pub const QUEUE_SIZE: usize = 16;
 /// Largest data transfer of one request (the guest-facing device allows
 /// [`super::BlkConfig::max_request_bytes`], 4 MiB by default).
 pub const MAX_TRANSFER: u64 = 4 << 20;
+
+/// Most data chunks of one request: a [`DataBuf`] of at most
+/// [`MAX_TRANSFER`] bytes in whole sectors has one per set bit from 512 up.
+const MAX_CHUNKS: usize = (MAX_TRANSFER.trailing_zeros() - SECTOR_SIZE.trailing_zeros() + 1) as usize;
+/// Descriptors of one request without indirect descriptors: the header, the
+/// chunks, the status byte.
+const MAX_DESCRIPTORS: usize = MAX_CHUNKS + 2;
+const _: () = assert!(MAX_DESCRIPTORS <= QUEUE_SIZE, "a request must fit the queue without indirect descriptors");
 
 const F_RO: u64 = 1 << 5;
 const F_FLUSH: u64 = 1 << 9;
@@ -101,7 +109,7 @@ struct Request {
     kind: Kind,
     header: Box<[u8; 16]>,
     /// Read destination or write source; empty for FLUSH.
-    data: Vec<u8>,
+    data: DataBuf,
     status: Box<[u8; 1]>,
 }
 
@@ -113,15 +121,11 @@ impl Request {
     /// popped with [`Request::pop`] (or be leaked).
     unsafe fn add<H: Hal>(&mut self, q: &mut VirtQueue<H, QUEUE_SIZE>) -> virtio_drivers::Result<u16> {
         let Request { kind, header, data, status, .. } = self;
+        let (ins, n_in, mut outs, n_out) = buffers(*kind, header, data, status);
         // SAFETY: forwarded from the caller; no buffer is empty (data is
-        // checked non-empty for reads and writes and not used for FLUSH).
-        unsafe {
-            match kind {
-                Kind::Read => q.add(&[&header[..]], &mut [&mut data[..], &mut status[..]]),
-                Kind::Write => q.add(&[&header[..], &data[..]], &mut [&mut status[..]]),
-                Kind::Flush => q.add(&[&header[..]], &mut [&mut status[..]]),
-            }
-        }
+        // checked non-empty for reads and writes and not used for FLUSH,
+        // and a DataBuf has no empty chunk).
+        unsafe { q.add(&ins[..n_in], &mut outs[..n_out]) }
     }
 
     /// Takes the chain `token` back from the queue.
@@ -130,15 +134,38 @@ impl Request {
     /// `token` must be what [`Request::add`] returned for these buffers.
     unsafe fn pop<H: Hal>(&mut self, q: &mut VirtQueue<H, QUEUE_SIZE>, token: u16) -> virtio_drivers::Result<u32> {
         let Request { kind, header, data, status, .. } = self;
+        let (ins, n_in, mut outs, n_out) = buffers(*kind, header, data, status);
         // SAFETY: forwarded from the caller: the same buffers as at `add`.
-        unsafe {
-            match kind {
-                Kind::Read => q.pop_used(token, &[&header[..]], &mut [&mut data[..], &mut status[..]]),
-                Kind::Write => q.pop_used(token, &[&header[..], &data[..]], &mut [&mut status[..]]),
-                Kind::Flush => q.pop_used(token, &[&header[..]], &mut [&mut status[..]]),
+        unsafe { q.pop_used(token, &ins[..n_in], &mut outs[..n_out]) }
+    }
+}
+
+/// Device-readable and device-writable buffers of a request, in chain order
+/// (header, data chunks, status), and how many of each array are used.
+type Buffers<'a> = ([&'a [u8]; MAX_DESCRIPTORS], usize, [&'a mut [u8]; MAX_DESCRIPTORS], usize);
+
+fn buffers<'a>(kind: Kind, header: &'a [u8; 16], data: &'a mut DataBuf, status: &'a mut [u8; 1]) -> Buffers<'a> {
+    let mut ins: [&[u8]; MAX_DESCRIPTORS] = [&[]; MAX_DESCRIPTORS];
+    let mut outs: [&mut [u8]; MAX_DESCRIPTORS] = core::array::from_fn(|_| <&mut [u8]>::default());
+    ins[0] = &header[..];
+    let (mut n_in, mut n_out) = (1, 0);
+    match kind {
+        Kind::Read => {
+            for c in data.chunks_mut().take(MAX_CHUNKS) {
+                outs[n_out] = c;
+                n_out += 1;
             }
         }
+        Kind::Write => {
+            for c in data.chunks().take(MAX_CHUNKS) {
+                ins[n_in] = c;
+                n_in += 1;
+            }
+        }
+        Kind::Flush => {}
     }
+    outs[n_out] = &mut status[..];
+    (ins, n_in, outs, n_out + 1)
 }
 
 /// The driver for one physical virtio-blk device.
@@ -192,8 +219,9 @@ impl<H: Hal, T: Transport> PhysDisk<H, T> {
             capacity,
             read_only: accepted & F_RO != 0,
             flush: accepted & F_FLUSH != 0,
-            // A read or write is three descriptors, unless indirect.
-            slots: if indirect { QUEUE_SIZE } else { QUEUE_SIZE / 3 },
+            // Without indirect descriptors a request takes up to
+            // MAX_DESCRIPTORS of the ring, so one is on the device at a time.
+            slots: if indirect { QUEUE_SIZE } else { QUEUE_SIZE / MAX_DESCRIPTORS },
             in_flight: Vec::new(),
             ready: Vec::new(),
             broken: false,
@@ -243,7 +271,7 @@ impl<H: Hal, T: Transport> PhysDisk<H, T> {
         }
         if r.op == BackendOp::Flush && !self.flush {
             // No FLUSH feature: the device has no volatile cache to flush.
-            self.ready.push(Completion { token: r.token, result: Ok(Vec::new()) });
+            self.ready.push(Completion { token: r.token, result: Ok(DataBuf::new()) });
             return Ok(());
         }
         if self.in_flight.len() >= self.slots {
@@ -252,7 +280,8 @@ impl<H: Hal, T: Transport> PhysDisk<H, T> {
         let (kind, ty, sector, data) = match r.op {
             BackendOp::Read { sector, len } => {
                 self.check(sector, u64::from(len))?;
-                (Kind::Read, T_IN, sector, vec![0u8; len as usize])
+                let data = DataBuf::try_zeroed(len as usize).map_err(|_| BackendError::NoMemory)?;
+                (Kind::Read, T_IN, sector, data)
             }
             BackendOp::Write { sector, data } => {
                 if self.read_only {
@@ -261,7 +290,7 @@ impl<H: Hal, T: Transport> PhysDisk<H, T> {
                 self.check(sector, data.len() as u64)?;
                 (Kind::Write, T_OUT, sector, data)
             }
-            BackendOp::Flush => (Kind::Flush, T_FLUSH, 0, Vec::new()),
+            BackendOp::Flush => (Kind::Flush, T_FLUSH, 0, DataBuf::new()),
         };
         let mut header = Box::new([0u8; 16]);
         header[..4].copy_from_slice(&ty.to_le_bytes());
@@ -298,7 +327,7 @@ impl<H: Hal, T: Transport> PhysDisk<H, T> {
             }
             let result = match (req.status[0], req.kind) {
                 (S_OK, Kind::Read) => Ok(core::mem::take(&mut req.data)),
-                (S_OK, _) => Ok(Vec::new()),
+                (S_OK, _) => Ok(DataBuf::new()),
                 _ => Err(BackendError::Io),
             };
             done.push(Completion { token: req.token, result });

@@ -17,6 +17,7 @@
 //! outstanding requests, and Linux never issues such pairs.
 
 use super::blk::{BackendError, BackendOp, BackendRequest, BlockBackend, Completion, SECTOR_SIZE};
+use super::buf::DataBuf;
 use alloc::collections::VecDeque;
 use alloc::vec::Vec;
 
@@ -99,22 +100,22 @@ impl<S: AsRef<[u8]> + AsMut<[u8]>> RamBackend<S> {
 
     fn execute(&mut self, r: BackendRequest) -> Completion {
         let result = match r.op {
-            BackendOp::Read { sector, len } => {
-                self.range(sector, u64::from(len)).map(|rg| self.image.as_ref()[rg].to_vec())
-            }
+            BackendOp::Read { sector, len } => self
+                .range(sector, u64::from(len))
+                .and_then(|rg| DataBuf::try_copy_of(&self.image.as_ref()[rg]).map_err(|_| BackendError::NoMemory)),
             BackendOp::Write { sector, data } => {
                 if self.read_only {
                     Err(BackendError::ReadOnly)
                 } else {
                     self.range(sector, data.len() as u64).map(|rg| {
-                        self.image.as_mut()[rg].copy_from_slice(&data);
-                        Vec::new()
+                        data.copy_to(&mut self.image.as_mut()[rg]);
+                        DataBuf::new()
                     })
                 }
             }
             BackendOp::Flush => {
                 self.flushes += 1;
-                Ok(Vec::new())
+                Ok(DataBuf::new())
             }
         };
         Completion { token: r.token, result }

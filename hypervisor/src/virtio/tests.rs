@@ -1205,7 +1205,7 @@ fn virtio_backend_errors_become_ioerr() {
     assert_eq!(rig.mem.read_u8(st).unwrap(), S_IOERR);
     // Completion with an error or the wrong amount of data.
     let mut rig = rig_with(BlkConfig::new(DISK_SECTORS, false), 10, false);
-    for result in [Err(BackendError::Io), Ok(vec![0u8; 100])] {
+    for result in [Err(BackendError::Io), Ok(vec![0u8; 100].into())] {
         let h = rig.header(T_IN, 0);
         let b = rig.alloc(512);
         let st = rig.status_byte();
@@ -1221,7 +1221,7 @@ fn virtio_backend_errors_become_ioerr() {
         assert_eq!(rig.mem.read_u8(st).unwrap(), S_IOERR);
     }
     // A completion for a token the device never issued.
-    let fx = rig.dev.complete(&mut rig.mem, Completion { token: 999_999, result: Ok(Vec::new()) });
+    let fx = rig.dev.complete(&mut rig.mem, Completion { token: 999_999, result: Ok(DataBuf::new()) });
     assert_eq!(fx, Effects::default());
     assert_eq!(rig.dev.counters().backend_errors, 2);
 }
@@ -1339,7 +1339,7 @@ fn garbage_run(seed: u64, rounds: usize) {
                 // A completion for a random token.
                 let fx = rig.dev.complete(
                     &mut rig.mem,
-                    Completion { token: x.below(64), result: Ok(vec![0; x.below(3) as usize * 512]) },
+                    Completion { token: x.below(64), result: Ok(vec![0; x.below(3) as usize * 512].into()) },
                 );
                 rig.apply(fx);
             }
@@ -1398,5 +1398,128 @@ fn virtio_random_rings_against_a_valid_setup() {
         // device stop (no NeedsReset with the default policy).
         assert_eq!(used.len(), usize::from(n));
         assert_eq!(rig.rd(STATUS) & status::DEVICE_NEEDS_RESET, 0);
+    }
+}
+
+// ------------------------------------------------------------------- quota
+
+/// A device charging `quota`, requests of at most 64 KiB (so the floor, one
+/// such request, is small), behind a RAM disk with `latency_ns`.
+fn quota_rig(quota: &alloc::sync::Arc<crate::quota::Quota>, latency_ns: u64) -> Rig {
+    let mut cfg = BlkConfig::new(DISK_SECTORS, false);
+    cfg.max_request_bytes = 64 << 10;
+    let be = RamBackend::new(vec![0u8; (DISK_SECTORS * 512) as usize], false, latency_ns);
+    let mut rig = Rig::new(cfg.clone(), be);
+    rig.dev = VirtioBlk::with_quota(cfg, quota.clone()).unwrap();
+    assert!(rig.handshake(u64::MAX));
+    rig
+}
+
+/// The floor a [`quota_rig`] device charges when it is made.
+fn quota_floor() -> u64 {
+    request_cost((64 << 10) + 17, 128, 64 << 10)
+}
+
+#[test]
+fn virtio_quota_back_pressure_then_everything_completes() {
+    let one = request_cost((64 << 10) + 17, 3, 64 << 10);
+    // Room for the floor and two more 64 KiB writes.
+    let quota = alloc::sync::Arc::new(crate::quota::Quota::new(quota_floor() + 2 * one));
+    let mut rig = quota_rig(&quota, 1000);
+    assert_eq!(quota.used(), quota_floor(), "the largest request is charged once, up front");
+    let mut sts = Vec::new();
+    for i in 0..5u64 {
+        // 15 of the queue's 16 descriptors
+        let h = rig.header(T_OUT, i * 128);
+        let b = rig.alloc(64 << 10);
+        rig.mem.write(b, &vec![i as u8 + 1; 64 << 10]).unwrap();
+        let st = rig.status_byte();
+        let head = rig.chain(&[r(h, 16), r(b, 64 << 10), w(st, 1)]);
+        rig.offer(head);
+        sts.push(st);
+    }
+    rig.kick();
+    // The first fits the floor, two more the quota; the rest wait in the ring.
+    assert_eq!(rig.dev.in_flight(), 3);
+    assert_eq!(rig.dev.transport().queues[0].last_avail(), 3);
+    assert!(quota.used() <= quota.limit() && quota.used() + one > quota.limit(), "{quota:?}");
+    let c = rig.dev.counters();
+    assert_eq!((c.stalls, c.quota_stalls), (1, 1));
+    assert_eq!(quota.refused(), 1);
+    rig.drain();
+    assert_eq!(rig.used().len(), 5);
+    assert!(sts.iter().all(|&s| rig.mem.read_u8(s).unwrap() == S_OK));
+    for i in 0..5usize {
+        let sector = &rig.be.image()[i * (64 << 10)..(i + 1) * (64 << 10)];
+        assert!(sector.iter().all(|&b| b == i as u8 + 1), "write {i} reached the disk");
+    }
+    assert_eq!(quota.used(), quota_floor(), "every request gave its charge back");
+    assert!(quota.high_water() <= quota.limit());
+}
+
+#[test]
+fn virtio_quota_covers_reads_and_answers_given_at_once() {
+    let quota = alloc::sync::Arc::new(crate::quota::Quota::new(quota_floor() + (64 << 10)));
+    let mut rig = quota_rig(&quota, 0);
+    rig.write(0, &[0x5a; 4096], 1);
+    let (_, st, data) = rig.read(0, 4096, 4);
+    assert_eq!((st, data.iter().all(|&b| b == 0x5a)), (S_OK, true));
+    // Requests answered without the backend (GET_ID, bad ones) give their
+    // charge back at once.
+    let (_, st) = rig.write(u64::MAX / 512, &[0; 512], 1);
+    assert_eq!(st, S_IOERR);
+    assert_eq!(quota.used(), quota_floor());
+    assert_eq!(rig.dev.counters().quota_stalls, 0);
+}
+
+#[test]
+fn virtio_quota_resets_cannot_pile_up_orphans() {
+    // A guest that submits, resets and submits again: orphans keep their
+    // charge until the backend is done with them, so the quota still holds.
+    let one = request_cost((64 << 10) + 17, 3, 64 << 10);
+    let quota = alloc::sync::Arc::new(crate::quota::Quota::new(quota_floor() + one));
+    let mut rig = quota_rig(&quota, 1_000_000);
+    for round in 0..4u64 {
+        for i in 0..4u64 {
+            let h = rig.header(T_OUT, i * 128);
+            let b = rig.alloc(64 << 10);
+            let st = rig.status_byte();
+            let head = rig.chain(&[r(h, 16), r(b, 64 << 10), w(st, 1)]);
+            rig.offer(head);
+        }
+        rig.kick();
+        assert!(quota.used() <= quota.limit(), "round {round}");
+        assert!(rig.dev.in_flight() <= 2, "round {round}: {}", rig.dev.in_flight());
+        // Reset and set the queue up again, as a driver would.
+        rig.used_seen = 0;
+        rig.avail_idx = 0;
+        assert!(rig.handshake(u64::MAX));
+    }
+    rig.drain();
+    assert_eq!(rig.dev.in_flight(), 0);
+    assert_eq!(quota.used(), quota_floor());
+}
+
+#[test]
+fn virtio_quota_too_small_for_one_request_is_refused_up_front() {
+    let cfg = BlkConfig::new(DISK_SECTORS, false);
+    let quota = alloc::sync::Arc::new(crate::quota::Quota::new(1 << 20));
+    let e = VirtioBlk::with_quota(cfg, quota.clone()).err().unwrap();
+    assert!(e.needed > 4 << 20 && e.limit == 1 << 20, "{e:?}");
+    assert_eq!(quota.used(), 0);
+}
+
+#[test]
+fn virtio_request_cost_bounds_what_a_request_allocates() {
+    // Whatever the chain, the charge covers the data buffer and the
+    // writable segments kept for the completion.
+    let mut x = crate::testrng::Rng(7);
+    for _ in 0..10_000 {
+        let max = 4u32 << 20;
+        let bytes = x.below(6 << 20);
+        let nsegs = 1 + x.below(128) as usize;
+        let data_len = (bytes.min(u64::from(max)) / 512 * 512) as usize;
+        let segs = crate::quota::heap_cost(nsegs * core::mem::size_of::<super::queue::Segment>(), 8);
+        assert!(request_cost(bytes, nsegs, max) >= DataBuf::cost(data_len) + segs, "{bytes} {nsegs}");
     }
 }
