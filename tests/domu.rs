@@ -154,7 +154,17 @@ fn fio_verifies_in_dom0_and_two_domus_at_once() {
         assert!(stat_line(c, &format!("d{d}.blk0.bytes_read")).unwrap() >= 4 << 20);
         assert_eq!(stat_line(c, &format!("d{d}.blk0.io_errors")), Some(0));
         assert_eq!(stat_line(c, &format!("dom{d}.aborts_injected")), Some(0));
+        // Its disk's requests were charged to its heap quota and given back.
+        let q = |k: &str| stat_line(c, &format!("d{d}.quota.{k}")).unwrap_or_else(|| panic!("no d{d}.quota.{k}"));
+        // The disk's largest request (4 MiB and its bookkeeping) stays
+        // charged; what requests charged beyond it came back.
+        let floor = q("used");
+        assert!(floor > 4 << 20 && floor < (4 << 20) + 65536, "d{d} quota.used={floor}");
+        assert!(q("hwm") <= q("limit"), "d{d} quota");
     }
+    // The heap holds every quota and never came near its end.
+    let heap = |k: &str| stat_line(c, &format!("heap.{k}")).unwrap_or_else(|| panic!("no heap.{k}"));
+    assert!(heap("hwm") <= heap("size"));
     // Every DomU line is prefixed: no unprefixed fio line but Dom0's one.
     assert_eq!(c.lines().filter(|l| l.contains("v: (groupid=")).count(), 3);
     assert_eq!(r.guest_exit, Some(0));

@@ -64,6 +64,10 @@ pub struct Config {
     pub disk: DiskMode,
     /// RAM disk size (`dom0_disk_size=`, default 128M).
     pub disk_size: u64,
+    /// Heap the hypervisor may allocate at run time on Dom0's behalf
+    /// (`dom0_heap_quota=`, 1M to 1G; default
+    /// [`crate::quota::DEFAULT_DOM0_HEAP_QUOTA`]).
+    pub dom0_heap_quota: u64,
     /// Service time of each RAM-disk request (`dom0_disk_latency_us=`).
     pub disk_latency_us: u64,
     /// How late a blocked vCPU's virtual-timer wake may be (`timer_slop_ns=`):
@@ -121,6 +125,7 @@ impl Default for Config {
             dom0_vcpus_pin: false,
             disk: DiskMode::Passthrough,
             disk_size: 128 << 20,
+            dom0_heap_quota: crate::quota::DEFAULT_DOM0_HEAP_QUOTA,
             disk_latency_us: 0,
             timer_slop_ns: 0,
             gic_vlpi: true,
@@ -187,6 +192,10 @@ impl Config {
                 }
                 "dom0_weight" => {
                     c.dom0_weight = v.parse().ok().filter(|&w: &u32| (1..=65535).contains(&w)).ok_or_else(bad)?
+                }
+                "dom0_heap_quota" => {
+                    c.dom0_heap_quota =
+                        parse_size(v).filter(|q| crate::quota::QUOTA_RANGE.contains(q)).ok_or_else(bad)?
                 }
                 "dom0_cap" => c.dom0_cap = Some(v.parse().ok().filter(|&n: &u32| n >= 1).ok_or_else(bad)?),
                 "dom0_vcpus_pin" => c.dom0_vcpus_pin = matches!(v, "" | "1" | "true" | "on"),

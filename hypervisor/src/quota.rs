@@ -23,6 +23,22 @@
 use core::fmt;
 use core::sync::atomic::{AtomicU64, Ordering};
 
+/// Dom0's quota unless `dom0_heap_quota=` says otherwise: its disk's
+/// largest request (4 MiB) and about three more, stage-2 tables an ACPI
+/// Dom0 maps on demand, physical ITTs for its MSI devices.
+pub const DEFAULT_DOM0_HEAP_QUOTA: u64 = 16 << 20;
+/// A DomU's unless `hv,heap-quota` says otherwise: its disk's largest
+/// request and one more.
+pub const DEFAULT_DOMU_HEAP_QUOTA: u64 = 8 << 20;
+/// Quotas a boot option or DT property may ask for.
+pub const QUOTA_RANGE: core::ops::RangeInclusive<u64> = (1 << 20)..=(1 << 30);
+
+/// The heap the boot plan reserves: the hypervisor's own part (`own`) and
+/// every VM's quota, so the quotas cannot overcommit it.
+pub fn heap_size(own: u64, quotas: impl IntoIterator<Item = u64>) -> u64 {
+    quotas.into_iter().fold(own, u64::saturating_add)
+}
+
 /// Smallest block the buddy allocator hands out (it keeps a free-list
 /// pointer in every free block).
 const MIN_BLOCK: usize = core::mem::size_of::<usize>();
@@ -122,16 +138,13 @@ impl Quota {
         self.refused.load(Ordering::Relaxed)
     }
 
-    /// `heap_quota: used=… hwm=… limit=… refused=…` (one stats line).
-    pub fn write_text(&self, out: &mut dyn fmt::Write) -> fmt::Result {
-        writeln!(
-            out,
-            "heap_quota: used={} hwm={} limit={} refused={}",
-            self.used(),
-            self.high_water(),
-            self.limit,
-            self.refused()
-        )
+    /// `prefix.used=`, `.hwm=`, `.limit=`, `.refused=` lines (the stats
+    /// format of `crate::stats`).
+    pub fn write_text(&self, prefix: &str, out: &mut dyn fmt::Write) -> fmt::Result {
+        writeln!(out, "{prefix}.used={}", self.used())?;
+        writeln!(out, "{prefix}.hwm={}", self.high_water())?;
+        writeln!(out, "{prefix}.limit={}", self.limit)?;
+        writeln!(out, "{prefix}.refused={}", self.refused())
     }
 }
 
@@ -177,7 +190,7 @@ mod tests {
                         if q.try_charge(64).is_ok() {
                             got += 1;
                             assert!(q.used() <= q.limit());
-                            if got % 3 == 0 {
+                            if got.is_multiple_of(3) {
                                 q.release(64);
                                 got -= 1;
                             }
@@ -193,12 +206,19 @@ mod tests {
     }
 
     #[test]
+    fn the_heap_holds_every_quota() {
+        assert_eq!(heap_size(48 << 20, [16 << 20, 8 << 20, 8 << 20]), 80 << 20);
+        assert_eq!(heap_size(48 << 20, []), 48 << 20);
+        assert_eq!(heap_size(u64::MAX, [1]), u64::MAX);
+    }
+
+    #[test]
     fn stats_line() {
         let q = Quota::new(4096);
         q.try_charge(1024).unwrap();
         let _ = q.try_charge(8192);
         let mut s = std::string::String::new();
-        q.write_text(&mut s).unwrap();
-        assert_eq!(s, "heap_quota: used=1024 hwm=1024 limit=4096 refused=1\n");
+        q.write_text("quota", &mut s).unwrap();
+        assert_eq!(s, "quota.used=1024\nquota.hwm=1024\nquota.limit=4096\nquota.refused=1\n");
     }
 }

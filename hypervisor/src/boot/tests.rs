@@ -451,6 +451,7 @@ fn domu(id: u16, memory: u64, kernel: Region, ramdisk: Option<Region>, disk_size
         weight: DEFAULT_WEIGHT,
         cap_percent: None,
         disk_size,
+        heap_quota: crate::quota::DEFAULT_DOMU_HEAP_QUOTA,
     }
 }
 

@@ -14,6 +14,7 @@
 //! | `hv,sched-weight` | Credit2 weight, 1 cell, 1..=65535 | default [`DEFAULT_WEIGHT`] |
 //! | `hv,sched-cap` | Credit2 cap in percent of one pCPU, 1 cell; 0 = uncapped (Xen's meaning); at most 100 × `cpus` | default uncapped |
 //! | `hv,disk-size` | bytes of the RAM-backed virtio-blk disk, 1 or 2 cells, whole 512-byte sectors; 0 = no disk | default 0: no disk, as a Xen DT (which has no such property) means |
+//! | `hv,heap-quota` | bytes of hypervisor heap the domain's run-time needs may take (disk requests in flight), 1 or 2 cells, 1 MiB..=1 GiB; at the quota the domain gets back-pressure | default [`crate::quota::DEFAULT_DOMU_HEAP_QUOTA`] |
 //!
 //! Children `module@…` with `compatible` listing `multiboot,kernel` (or
 //! Xen's older `xen,linux-zimage`) or `multiboot,ramdisk` (`xen,linux-initrd`)
@@ -221,6 +222,11 @@ fn domain(idx: &Index<'_, '_>, i: usize, id: DomainId) -> Result<DomainSpec, Dom
     if !disk_size.is_multiple_of(512) {
         return Err(DomainProblem::BadValue("hv,disk-size (whole 512-byte sectors)"));
     }
+    let heap_quota = match u64_prop(e, "hv,heap-quota")? {
+        None => crate::quota::DEFAULT_DOMU_HEAP_QUOTA,
+        Some(q) if crate::quota::QUOTA_RANGE.contains(&q) => q,
+        Some(_) => return Err(DomainProblem::BadValue("hv,heap-quota (1 MiB to 1 GiB)")),
+    };
 
     let (mut kernel, mut ramdisk): (Option<(Region, Option<&str>)>, Option<Region>) = (None, None);
     for (_, m) in idx.children_of(i) {
@@ -268,6 +274,7 @@ fn domain(idx: &Index<'_, '_>, i: usize, id: DomainId) -> Result<DomainSpec, Dom
         weight,
         cap_percent,
         disk_size,
+        heap_quota,
     })
 }
 

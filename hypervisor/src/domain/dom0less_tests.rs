@@ -191,6 +191,7 @@ fn two_domains_as_xen_describes_them() {
             weight: DEFAULT_WEIGHT,
             cap_percent: None,
             disk_size: 0,
+            heap_quota: crate::quota::DEFAULT_DOMU_HEAP_QUOTA,
         }
     );
     assert_eq!(
@@ -207,6 +208,7 @@ fn two_domains_as_xen_describes_them() {
             weight: 512,
             cap_percent: Some(150),
             disk_size: 64 * MIB,
+            heap_quota: crate::quota::DEFAULT_DOMU_HEAP_QUOTA,
         }
     );
     assert_eq!((d[2].id, d[2].name.as_str(), d[2].memory, d[2].disk_size), (3, "domU3", 128 * MIB, MIB));

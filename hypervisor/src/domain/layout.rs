@@ -206,6 +206,7 @@ pub fn selftest_specs(
             weight: super::DEFAULT_WEIGHT,
             cap_percent: None,
             disk_size: disk,
+            heap_quota: crate::quota::DEFAULT_DOMU_HEAP_QUOTA,
         })
         .collect()
 }

@@ -60,6 +60,9 @@ pub struct DomainSpec {
     /// Size in bytes of the RAM-backed virtio-blk disk the hypervisor serves
     /// to this domain (`hv,disk-size`; 0 or absent = no disk).
     pub disk_size: u64,
+    /// Heap the hypervisor may allocate at run time on its behalf
+    /// (`hv,heap-quota`; default [`crate::quota::DEFAULT_DOMU_HEAP_QUOTA`]).
+    pub heap_quota: u64,
 }
 
 /// Where the boot plan put one DomU's backing memory (host physical, 2 MiB

@@ -100,6 +100,7 @@ fn spec(id: u16, memory: u64, kernel: u64, ramdisk: Option<u64>, disk_size: u64)
         weight: DEFAULT_WEIGHT,
         cap_percent: None,
         disk_size,
+        heap_quota: crate::quota::DEFAULT_DOMU_HEAP_QUOTA,
     }
 }
 

@@ -184,9 +184,25 @@ pub struct VmPlan {
     pub iomem: Option<IoMemPolicy>,
     /// Host LPIs the route table has room for.
     pub lpi_routes: usize,
+    /// Heap the hypervisor may allocate at run time on the VM's behalf
+    /// (`crate::quota`); the boot plan reserved it.
+    pub heap_quota: u64,
 }
 
 impl VmPlan {
+    /// The quota holds what the VM's devices charge up front: the disk's
+    /// largest request.
+    pub fn check_quota(&self) -> Result<(), PlanError> {
+        if self.disk.is_none() {
+            return Ok(());
+        }
+        let needed = crate::virtio::blk::floor_cost(&crate::virtio::BlkConfig::new(0, false));
+        if self.heap_quota < needed {
+            return Err(PlanError::HeapQuotaTooSmall { domid: self.domid, quota: self.heap_quota, needed });
+        }
+        Ok(())
+    }
+
     /// The VM's physical IRQ route table: the interrupts the run loop takes
     /// for it (its timers, maintenance, kick, console, the physical disk's
     /// SPI in backend mode, the forwarded SPIs).
@@ -220,6 +236,8 @@ impl VmPlan {
 pub enum PlanError {
     /// No kernel module to boot Dom0 from.
     NoKernel,
+    /// The VM's heap quota cannot hold its disk's largest request.
+    HeapQuotaTooSmall { domid: DomainId, quota: u64, needed: u64 },
     /// `dom0_disk=virtio-pci|nvme` on a machine without a PCIe host bridge.
     NoPcieBridge,
     /// `dom0_disk=ram|backend` for an ACPI Dom0 (its frame would need a DSDT entry).
@@ -269,6 +287,11 @@ impl fmt::Display for PlanError {
             PlanError::Bus(e) => write!(f, "MMIO bus: {e}"),
             PlanError::Domain(e) => write!(f, "{e}"),
             PlanError::NoVcpus => write!(f, "a VM needs at least one vCPU"),
+            PlanError::HeapQuotaTooSmall { domid, quota, needed } => write!(
+                f,
+                "d{domid}'s heap quota of {quota} bytes cannot hold its disk's largest request ({needed} bytes): \
+                 raise dom0_heap_quota= (Dom0) or hv,heap-quota (a DomU)"
+            ),
             PlanError::BadSpi(n) => write!(f, "SPI {n} out of range"),
         }
     }
@@ -619,7 +642,9 @@ pub fn plan_dom0(
         bus,
         iomem,
         lpi_routes: LPI_ROUTES,
+        heap_quota: cfg.dom0_heap_quota,
     };
+    p.check_quota()?;
     p.routes()?;
     p.mmio_bus()?;
     Ok(p)
@@ -689,7 +714,9 @@ pub fn plan_domu(
         bus,
         iomem: None,
         lpi_routes: 0,
+        heap_quota: spec.heap_quota,
     };
+    p.check_quota()?;
     p.routes()?;
     p.mmio_bus()?;
     Ok((p, l))

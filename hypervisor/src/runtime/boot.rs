@@ -61,8 +61,12 @@ pub(super) fn plan_layout(
         initrd: plat.ramdisk.as_ref().map(|r| Region { base: r.base, size: r.size }),
         dom0_mem: cfg.dom0_mem,
         ram_disk: if cfg.disk == DiskMode::Ram { cfg.disk_size } else { 0 },
-        // Grows with the pCPUs (their stacks, rings, LPI tables).
-        heap_size: pcpus::heap_size(plat.cpus.len()),
+        // Grows with the pCPUs (their stacks, rings, LPI tables) and holds
+        // every VM's heap quota, so no guest can exhaust it.
+        heap_size: crate::quota::heap_size(
+            pcpus::heap_size(plat.cpus.len()),
+            core::iter::once(cfg.dom0_heap_quota).chain(plat.domus.iter().map(|d| d.heap_quota)),
+        ),
         keep_low: platform::PLATFORM.hyp_reserved,
         domus: &plat.domus,
     };

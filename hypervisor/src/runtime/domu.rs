@@ -90,7 +90,8 @@ impl Vm {
                 kernel: l.kernel.ipa.base,
             },
         )?;
-        let disk = apply_disk(&vp)?;
+        let quota = alloc::sync::Arc::new(crate::quota::Quota::new(vp.heap_quota));
+        let disk = apply_disk(&vp, &quota)?;
         info!(
             "d{}: {} vCPU(s), RAM {:#x}+{:#x} at host {:#x}, kernel {} KiB, initrd {:?}, disk {} MiB, vpl011 {}, VMID {vmid}",
             spec.id,
@@ -104,7 +105,7 @@ impl Vm {
             spec.vpl011
         );
         // No vITS, no forwarded SPI, no iomem policy (`plan_domu`), no timer slop.
-        let parts = VmParts { vmid, vcpu_base, stage2, vgic, vcpus, disk, vits: None, timer_slop_ns: 0 };
+        let parts = VmParts { vmid, vcpu_base, stage2, vgic, vcpus, disk, vits: None, timer_slop_ns: 0, quota };
         Vm::from_plan(&vp, parts, host, nr_pcpus)
     }
 }

@@ -5,12 +5,15 @@
 //! hypervisor knows where the DTB, the boot modules and reserved memory lie;
 //! the planned main heap is added to it afterwards (`add`).
 
+use crate::quota::{heap_cost, Quota};
 use crate::stage2::TableAlloc;
 use crate::sync::Mutex;
+use alloc::sync::Arc;
 use alloc::vec::Vec;
 use buddy_system_allocator::Heap;
 use core::alloc::{GlobalAlloc, Layout};
 use core::ptr::NonNull;
+use core::sync::atomic::{AtomicUsize, Ordering};
 
 /// The buddy allocator behind one of our locks (`crate::sync`: waiting
 /// pCPUs YIELD), instead of `buddy_system_allocator::LockedHeap`, whose
@@ -22,7 +25,10 @@ struct LockedHeap(Mutex<Heap<32>>);
 // every access to the allocator's state.
 unsafe impl GlobalAlloc for LockedHeap {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        self.0.lock().alloc(layout).ok().map_or(core::ptr::null_mut(), |p| p.as_ptr())
+        let mut h = self.0.lock();
+        let p = h.alloc(layout).ok().map_or(core::ptr::null_mut(), |p| p.as_ptr());
+        HEAP_HWM.fetch_max(h.stats_alloc_actual(), Ordering::Relaxed);
+        p
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         if let Some(p) = NonNull::new(ptr) {
@@ -35,6 +41,21 @@ unsafe impl GlobalAlloc for LockedHeap {
 
 #[global_allocator]
 static HEAP: LockedHeap = LockedHeap(Mutex::new(Heap::new()));
+
+/// The most bytes the heap ever had handed out at once (buddy blocks).
+static HEAP_HWM: AtomicUsize = AtomicUsize::new(0);
+
+/// The heap's use in bytes: now, the most ever, and its size.
+pub struct HeapStats {
+    pub used: usize,
+    pub hwm: usize,
+    pub size: usize,
+}
+
+pub fn stats() -> HeapStats {
+    let h = HEAP.0.lock();
+    HeapStats { used: h.stats_alloc_actual(), hwm: HEAP_HWM.load(Ordering::Relaxed), size: h.stats_total_bytes() }
+}
 
 /// Size of the bootstrap heap: room for a 2 MiB DTB copy (the largest the
 /// boot code accepts) besides discovery's own allocations. The buddy
@@ -68,13 +89,23 @@ pub unsafe fn add(start: usize, size: usize) {
 
 /// Stage-2 table frames from the heap (VA == PA under the identity map).
 /// It remembers the frames it handed out and gives access to those only.
+/// Once [`charge_to`](Self::charge_to) names a VM's quota, every new table
+/// (and the growth of the frame list) is charged to it first.
 #[derive(Default)]
 pub struct HeapFrames {
     frames: Vec<u64>,
+    quota: Option<Arc<Quota>>,
 }
 
-impl TableAlloc for HeapFrames {
-    fn alloc_table(&mut self) -> Option<u64> {
+impl HeapFrames {
+    /// Charges tables made from now on to `quota`.
+    pub fn charge_to(&mut self, quota: Arc<Quota>) {
+        self.quota = Some(quota);
+    }
+
+    /// A zeroed 4 KiB frame, remembered; `None` when the heap has no room.
+    fn new_frame(&mut self) -> Option<u64> {
+        self.frames.try_reserve(1).ok()?;
         let layout = Layout::from_size_align(4096, 4096).ok()?;
         // SAFETY: a non-zero-size layout; the frame is never freed (stage-2
         // tables live as long as their VM, which is forever).
@@ -82,9 +113,28 @@ impl TableAlloc for HeapFrames {
         if p.is_null() {
             return None;
         }
-        self.frames.try_reserve(1).ok()?;
         self.frames.push(p as u64);
         Some(p as u64)
+    }
+}
+
+impl TableAlloc for HeapFrames {
+    fn alloc_table(&mut self) -> Option<u64> {
+        // The frame, and the list when it must grow (charged at its new
+        // size; the old block is given back to the heap, not to the quota,
+        // so the charge stays above what is used).
+        let grow = self.frames.len() == self.frames.capacity();
+        let cost = 4096 + if grow { heap_cost(8 * 2 * self.frames.capacity().max(4), 8) } else { 0 };
+        if let Some(q) = &self.quota {
+            q.try_charge(cost).ok()?;
+        }
+        let frame = self.new_frame();
+        if frame.is_none() {
+            if let Some(q) = &self.quota {
+                q.release(cost);
+            }
+        }
+        frame
     }
     fn table(&mut self, pa: u64) -> Option<&mut [u64; 512]> {
         if !self.frames.contains(&pa) {

@@ -103,35 +103,57 @@ impl ItsBackend for HostBackend<'_> {
     }
 }
 
-/// The vITS backend of `vm`, chosen when the VM was made: GICv4 vLPIs
-/// (`runtime::vlpi`) when it has vPEs, host LPIs otherwise.
-pub enum Backend<'a> {
+/// How the vITS's mappings are backed, chosen when the VM was made: GICv4
+/// vLPIs (`runtime::vlpi`) when it has vPEs, host LPIs otherwise.
+enum How<'a> {
     Emulated(HostBackend<'a>),
     Direct(DirectBackend<'a>),
 }
 
+/// The vITS backend of `vm`. Either way MAPD gives the device a physical
+/// ITT from the heap: charged to the VM's quota first (a VM at its quota
+/// has its MAPD refused, which the vITS counts), given back at MAPD V=0.
+pub struct Backend<'a> {
+    vm: &'a Vm,
+    how: How<'a>,
+}
+
 impl<'a> Backend<'a> {
     pub fn of(vm: &'a Vm) -> Self {
-        match vm.vlpi.as_ref() {
-            Some(v4) => Backend::Direct(DirectBackend { its: PhysIts, vpes: &v4.vpes }),
-            None => Backend::Emulated(HostBackend { vm }),
-        }
+        let how = match vm.vlpi.as_ref() {
+            Some(v4) => How::Direct(DirectBackend { its: PhysIts, vpes: &v4.vpes }),
+            None => How::Emulated(HostBackend { vm }),
+        };
+        Backend { vm, how }
     }
 
     fn get(&mut self) -> &mut dyn ItsBackend {
-        match self {
-            Backend::Emulated(b) => b,
-            Backend::Direct(b) => b,
+        match &mut self.how {
+            How::Emulated(b) => b,
+            How::Direct(b) => b,
         }
     }
 }
 
 impl ItsBackend for Backend<'_> {
     fn map_device(&mut self, device: u32, event_bits: u8) -> Result<(), BackendError> {
-        self.get().map_device(device, event_bits)
+        let cost = gic::its::itt_cost(event_bits).map_err(|e| refused("MAPD", device, e))?;
+        if let Err(e) = self.vm.quota.try_charge(cost) {
+            warn!("vITS: MAPD of DeviceID {device:#x} refused: {e}");
+            return Err(BackendError::NoResources);
+        }
+        let r = self.get().map_device(device, event_bits);
+        if r.is_err() {
+            self.vm.quota.release(cost);
+        }
+        r
     }
     fn unmap_device(&mut self, device: u32) {
-        self.get().unmap_device(device)
+        let cost = gic::its::device_itt_cost(device);
+        self.get().unmap_device(device);
+        if let Some(cost) = cost.filter(|_| gic::its::device_itt_cost(device).is_none()) {
+            self.vm.quota.release(cost);
+        }
     }
     fn map_event(&mut self, device: u32, event: u32, vintid: IntId, vcpu: Option<usize>) -> Result<(), BackendError> {
         self.get().map_event(device, event, vintid, vcpu)

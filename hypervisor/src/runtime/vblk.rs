@@ -5,12 +5,15 @@
 
 use super::physblk::PhysBlk;
 use crate::intid::IntId;
+use crate::quota::Quota;
 use crate::sync::Mutex;
+use crate::virtio::QuotaTooSmall;
 use crate::virtio::{
     BackendError, BackendRequest, BlkConfig, BlockBackend, Completion, Effects, IdentityMappedRam, MmioError,
     RamBackend, VirtioBlk,
 };
 use alloc::boxed::Box;
+use alloc::sync::Arc;
 use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 /// Where the device's requests go.
@@ -74,30 +77,15 @@ pub struct VDisk {
 }
 
 impl VDisk {
-    /// A RAM disk over `image` (host memory the guest cannot reach), for a
-    /// guest whose RAM is `[ram_base, ram_base + ram_size)`.
+    /// A RAM disk over `image` (host memory the guest cannot reach) for a
+    /// guest whose RAM `[ram_base, ram_base + ram_size)` is backed by host
+    /// memory at `ram_host` (equal to `ram_base` for Dom0), its requests
+    /// charged to `quota`.
     ///
     /// # Safety
     /// `image` must be hypervisor-owned memory used by nothing else, and the
-    /// guest RAM range must be identity-mapped normal memory.
-    pub unsafe fn new_ram(
-        base: u64,
-        intid: IntId,
-        image: &'static mut [u8],
-        latency_ns: u64,
-        ram_base: u64,
-        ram_size: u64,
-    ) -> Self {
-        // SAFETY: guaranteed by the caller (identity-mapped guest RAM).
-        unsafe { Self::new_ram_at(base, intid, image, latency_ns, ram_base, ram_size, ram_base) }
-    }
-
-    /// A RAM disk for a guest whose RAM `[ram_base, ram_base + ram_size)`
-    /// is backed by host memory at `ram_host` (a DomU).
-    ///
-    /// # Safety
-    /// As for [`VDisk::new_ram`], with the guest RAM at `ram_host` in the
-    /// hypervisor's identity map.
+    /// guest RAM must be identity-mapped normal memory at `ram_host`.
+    #[allow(clippy::too_many_arguments)]
     pub unsafe fn new_ram_at(
         base: u64,
         intid: IntId,
@@ -106,40 +94,47 @@ impl VDisk {
         ram_base: u64,
         ram_size: u64,
         ram_host: u64,
-    ) -> Self {
+        quota: &Arc<Quota>,
+    ) -> Result<Self, QuotaTooSmall> {
         let sectors = image.len() as u64 / 512;
+        let dev = VirtioBlk::with_quota(BlkConfig::new(sectors, false), quota.clone())?;
         // SAFETY: guaranteed by the caller.
         let mem = unsafe { IdentityMappedRam::at(ram_base, ram_size, ram_host) };
-        Self {
+        Ok(Self {
             base,
             intid,
-            state: Mutex::new(DiskState {
-                dev: VirtioBlk::new(BlkConfig::new(sectors, false)),
-                backend: Backend::Ram(RamBackend::new(image, false, latency_ns)),
-                mem,
-            }),
+            state: Mutex::new(DiskState { dev, backend: Backend::Ram(RamBackend::new(image, false, latency_ns)), mem }),
             deadline: AtomicU64::new(u64::MAX),
             home: AtomicUsize::new(0),
             phys_intid: None,
-        }
+        })
     }
 
-    /// The guest's device over the physical virtio-blk device.
+    /// The guest's device over the physical virtio-blk device, its requests
+    /// charged to `quota`.
     ///
     /// # Safety
-    /// As for [`VDisk::new_ram`] (guest RAM identity-mapped).
-    pub unsafe fn new_phys(base: u64, intid: IntId, phys: PhysBlk, ram_base: u64, ram_size: u64) -> Self {
+    /// The guest RAM range must be identity-mapped normal memory.
+    pub unsafe fn new_phys(
+        base: u64,
+        intid: IntId,
+        phys: PhysBlk,
+        ram_base: u64,
+        ram_size: u64,
+        quota: &Arc<Quota>,
+    ) -> Result<Self, QuotaTooSmall> {
         let cfg = BlkConfig::new(phys.capacity_sectors(), phys.read_only());
+        let dev = VirtioBlk::with_quota(cfg, quota.clone())?;
         // SAFETY: guaranteed by the caller.
         let mem = unsafe { IdentityMappedRam::new(ram_base, ram_size) };
-        Self {
+        Ok(Self {
             base,
             intid,
-            state: Mutex::new(DiskState { dev: VirtioBlk::new(cfg), backend: Backend::Phys(Box::new(phys)), mem }),
+            state: Mutex::new(DiskState { dev, backend: Backend::Phys(Box::new(phys)), mem }),
             deadline: AtomicU64::new(u64::MAX),
             home: AtomicUsize::new(0),
             phys_intid: Some(intid),
-        }
+        })
     }
 
     pub fn contains(&self, ipa: u64) -> bool {

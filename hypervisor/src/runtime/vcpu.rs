@@ -855,7 +855,11 @@ fn map_on_demand(vm: &Vm, ipa: u64) -> bool {
         }
         Err(Stage2Error::AlreadyMapped) => s2.translate(frames, ipa).is_some(),
         Err(e) => {
-            warn!("on-demand MMIO at {ipa:#x}: {e:?}");
+            // Out of table frames is the VM's heap quota speaking: refused
+            // and counted like a denied address, logged a few times only.
+            if vm.iomem_denied.fetch_add(1, Ordering::Relaxed) < 8 {
+                warn!("on-demand MMIO at {ipa:#x}: {e:?} (heap quota: {} of {})", vm.quota.used(), vm.quota.limit());
+            }
             false
         }
     }
@@ -1202,6 +1206,9 @@ fn print_domu_stats(vm: &Vm) {
         disk.write_text(&mut text);
         crate::hvprintln!("(HV) stats begin d{n}.blk0\n{}(HV) stats end d{n}.blk0", prefixed(&text));
     }
+    let mut text = alloc::string::String::new();
+    let _ = vm.quota.write_text("quota", &mut text);
+    crate::hvprintln!("(HV) stats begin d{n}.quota\n{}(HV) stats end d{n}.quota", prefixed(&text));
     let u = vm.uart.lock();
     let (rx, holds, overruns) = (u.rx_bytes, u.rx_holds, u.rx_overruns);
     drop(u);
@@ -1273,6 +1280,18 @@ fn print_vm_stats(vm: &Vm) {
     let mut text = alloc::string::String::new();
     let _ = vm.irq_counters.write_text(&mut text);
     crate::hvprintln!("(HV) stats begin irq\n{}(HV) stats end irq", text);
+    let mut text = alloc::string::String::new();
+    let _ = vm.quota.write_text("quota", &mut text);
+    crate::hvprintln!("(HV) stats begin quota\n{}(HV) stats end quota", text);
+    // The whole heap: what every VM's quota and the hypervisor's own part
+    // use together, and the most they ever did.
+    let h = super::heap::stats();
+    crate::hvprintln!(
+        "(HV) stats begin heap\nheap.used={}\nheap.hwm={}\nheap.size={}\n(HV) stats end heap",
+        h.used,
+        h.hwm,
+        h.size
+    );
 }
 
 /// Dom0's SYSTEM_OFF: the machine powers off (whatever DomUs still run).

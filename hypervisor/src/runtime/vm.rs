@@ -35,6 +35,7 @@ use crate::irq::{IrqCounters, IrqRoutes, RouteError};
 use crate::its::v4::LpiPath;
 use crate::mmio_bus::{BusError, MmioBus};
 use crate::platform;
+use crate::quota::Quota;
 use crate::sched::{DomainParams, SchedConfig, SchedError, Scheduler, VcpuId};
 use crate::stage2::{IpaSize, Stage2, Stage2Error};
 use crate::sync::{Mutex, Once, RwLock};
@@ -44,6 +45,7 @@ use crate::vgic::{Vgic, VgicConfig, VgicError};
 use crate::vpl011::VPl011;
 use alloc::boxed::Box;
 use alloc::string::String;
+use alloc::sync::Arc;
 use alloc::vec::Vec;
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use log::{info, warn};
@@ -340,6 +342,10 @@ pub struct Vm {
     pub bad_accesses: AtomicU64,
     /// The hypervisor's virtio-blk device, when the guest has one.
     pub disk: Option<VDisk>,
+    /// What the hypervisor may allocate at run time on the VM's behalf
+    /// (`crate::quota`): its disk's requests, on-demand stage-2 tables, the
+    /// physical ITTs of its vITS's devices.
+    pub quota: Arc<Quota>,
     /// `timer_slop_ns`.
     pub timer_slop_ns: u64,
     /// The host-wide flight recorder (`Host::trace`).
@@ -521,8 +527,9 @@ pub(super) fn write_firmware_blob(blob: &[u8], slot: Region, too_big: &'static s
 /// Makes the hypervisor's virtio-blk the plan gives the VM: a RAM image
 /// (any VM; Dom0's is logged, a DomU's shows in its `d<N>:` line) or the
 /// physical virtio-blk device (Dom0 only: its RAM is identity-mapped).
-pub(super) fn apply_disk(vp: &VmPlan) -> Result<Option<VDisk>, VmError> {
+pub(super) fn apply_disk(vp: &VmPlan, quota: &Arc<Quota>) -> Result<Option<VDisk>, VmError> {
     let ram = vp.ram;
+    let too_small = |_| VmError::Memory("the heap quota cannot hold the disk's largest request");
     Ok(match vp.disk {
         Some(DiskPlan { base, intid, backing: DiskBacking::Ram { image, latency_us } }) => {
             // SAFETY: the plan put the RAM disk in host RAM that holds
@@ -544,7 +551,10 @@ pub(super) fn apply_disk(vp: &VmPlan) -> Result<Option<VDisk>, VmError> {
                 );
             }
             // SAFETY: as above.
-            Some(unsafe { VDisk::new_ram_at(base, intid, bytes, latency_us * 1000, ram.base, ram.size, vp.ram_host) })
+            let disk = unsafe {
+                VDisk::new_ram_at(base, intid, bytes, latency_us * 1000, ram.base, ram.size, vp.ram_host, quota)
+            };
+            Some(disk.map_err(too_small)?)
         }
         // A DomU's disk is a RAM image (`domain::vmplan::plan_domu`).
         Some(DiskPlan { backing: DiskBacking::Phys { .. }, .. }) if vp.domid != 0 || vp.ram_host != ram.base => {
@@ -564,7 +574,7 @@ pub(super) fn apply_disk(vp: &VmPlan) -> Result<Option<VDisk>, VmError> {
                 phys.capacity_sectors()
             );
             // SAFETY: Dom0's RAM is identity-mapped (checked above).
-            Some(unsafe { VDisk::new_phys(base, intid, phys, ram.base, ram.size) })
+            Some(unsafe { VDisk::new_phys(base, intid, phys, ram.base, ram.size, quota) }.map_err(too_small)?)
         }
         None => None,
     })
@@ -644,6 +654,8 @@ pub(super) struct VmParts {
     pub vits: Option<Mutex<Vits>>,
     /// `timer_slop_ns` (Dom0's; 0 for a DomU).
     pub timer_slop_ns: u64,
+    /// Its heap quota (`vp.heap_quota`), already charged by its disk.
+    pub quota: Arc<Quota>,
 }
 
 impl Vm {
@@ -657,8 +669,20 @@ impl Vm {
         host: &'static Host,
         nr_pcpus: usize,
     ) -> Result<Box<Vm>, VmError> {
-        let VmParts { vmid, vcpu_base, stage2: (s2, frames), vgic, vcpus: (vcpus, shared), disk, vits, timer_slop_ns } =
-            parts;
+        let VmParts {
+            vmid,
+            vcpu_base,
+            stage2: (s2, mut frames),
+            vgic,
+            vcpus: (vcpus, shared),
+            disk,
+            vits,
+            timer_slop_ns,
+            quota,
+        } = parts;
+        // Tables from now on are mapped on the guest's behalf (on-demand
+        // device memory): charged to it.
+        frames.charge_to(quota.clone());
         let nr_vcpus = vp.nr_vcpus;
         let nr_lrs = crate::vgic::usable_lrs(gic::nr_lrs())?;
         let mut routes = vp.routes()?;
@@ -715,6 +739,7 @@ impl Vm {
             overcommitted: nr_vcpus > nr_pcpus,
             bad_accesses: AtomicU64::new(0),
             disk,
+            quota,
             timer_slop_ns,
             trace: &host.trace,
             trace_trigger: &host.trace_trigger,
@@ -772,7 +797,8 @@ impl Vm {
                 kernel: plan.kernel.dst.base,
             },
         )?;
-        let disk = apply_disk(&vp)?;
+        let quota = Arc::new(Quota::new(vp.heap_quota));
+        let disk = apply_disk(&vp, &quota)?;
         info!(
             "dom0: {} vCPU(s) on {} pCPU(s), RAM {:#x}-{:#x}, kernel {:#x} ({} KiB), initrd {:?}, dtb {:#x}, {} passthrough device(s)",
             nr_vcpus,
@@ -792,7 +818,7 @@ impl Vm {
             None => None,
         };
         let parts =
-            VmParts { vmid: 1, vcpu_base: 0, stage2, vgic, vcpus, disk, vits, timer_slop_ns: cfg.timer_slop_ns };
+            VmParts { vmid: 1, vcpu_base: 0, stage2, vgic, vcpus, disk, vits, timer_slop_ns: cfg.timer_slop_ns, quota };
         Vm::from_plan(&vp, parts, host, nr_pcpus)
     }
 }

@@ -472,6 +472,13 @@ pub struct VirtioBlk {
     charged: u64,
 }
 
+/// What a device with `cfg` charges its VM's quota when it is made: its
+/// largest request (a chain as long as the queue).
+pub fn floor_cost(cfg: &BlkConfig) -> u64 {
+    let max_segs = usize::from(cfg.queue_size_max.max(1));
+    request_cost(u64::from(cfg.max_request_bytes) + HEADER_LEN + 1, max_segs, cfg.max_request_bytes)
+}
+
 /// A quota too small for even one request of the device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QuotaTooSmall {
@@ -565,8 +572,7 @@ impl VirtioBlk {
     /// A device whose requests are charged to `quota`; its largest request
     /// is charged now, once, so it can always make progress.
     pub fn with_quota(cfg: BlkConfig, quota: Arc<Quota>) -> Result<Self, QuotaTooSmall> {
-        let max_segs = usize::from(cfg.queue_size_max.max(1));
-        let floor = request_cost(u64::from(cfg.max_request_bytes) + HEADER_LEN + 1, max_segs, cfg.max_request_bytes);
+        let floor = floor_cost(&cfg);
         quota.try_charge(floor).map_err(|_| QuotaTooSmall { needed: floor, limit: quota.limit() })?;
         Ok(Self::build(cfg, quota, floor))
     }

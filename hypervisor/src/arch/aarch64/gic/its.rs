@@ -564,6 +564,17 @@ fn with_its<T>(f: impl FnOnce(&mut Its) -> Result<T, ItsError>) -> Result<T, Its
     ITS.lock().as_mut().map_or(Err(ItsError::NoIts), f)
 }
 
+/// What MAPD of a device with `event_bits` takes from the heap (its ITT as
+/// the buddy allocator rounds it), for the VM's quota.
+pub fn itt_cost(event_bits: u8) -> Result<u64, ItsError> {
+    with_its(|its| Ok(crate::quota::heap_cost(itt_bytes(event_bits, its.itt_entry_size), ITT_ALIGN)))
+}
+
+/// What `device`'s ITT takes from the heap, while it is mapped.
+pub fn device_itt_cost(device: u32) -> Option<u64> {
+    with_its(|its| Ok(crate::quota::heap_cost(its.map.device(device)?.itt_bytes, ITT_ALIGN))).ok()
+}
+
 /// MAPD: gives `device` an ITT of 2^`event_bits` events (from the heap,
 /// freed by [`unmap_device`]). A DeviceID beyond 16 bits (or the ITS's
 /// Devbits), a device mapped already or an unsupported ITT size is refused.
