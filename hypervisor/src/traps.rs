@@ -17,7 +17,7 @@
 //! | PMU counters, PMCR | no | MDCR_EL2.TPM, TPMCR; counting at EL2 prohibited (HPMD, HCCD) | no PMU |
 //! | statistical profiling (SPE) | no | MDCR_EL2.TPMS, E2PB | no SPE |
 //! | debug registers, OS lock | MDSCR only | MDCR_EL2.TDA, TDOSA, TDRA | emulated ([`crate::vdebug`]) |
-//! | EL1 physical timer | no | CNTHCTL_EL2.EL1PCEN = 0 | virtual timer only |
+//! | EL1 physical timer | emulated per vCPU | CNTHCTL_EL2.EL1PCEN = 0 (CNTPCT_EL0 not trapped) | CNTP_* ([`crate::time::PhysTimer`]), its PPI a level |
 //! | ID registers | - | HCR_EL2.TID3 | sanitized values |
 //!
 //! This is what KVM does for a guest without a virtual PMU (no PMU in the

@@ -170,6 +170,8 @@ pub struct VmPlan {
     pub vgic: VgicPlan,
     /// The virtual timer PPI, HW-linked on every vCPU.
     pub virt_timer_intid: IntId,
+    /// The EL1 physical timer's PPI (the guest's timer is emulated).
+    pub phys_timer_intid: IntId,
     pub hyp_timer_intid: IntId,
     pub maintenance_intid: IntId,
     /// The hypervisor's console UART's physical INTID (`Route::Console`).
@@ -633,6 +635,7 @@ pub fn plan_dom0(
         uart_intid: console_intid,
         vgic,
         virt_timer_intid: plat.timer.virt_intid,
+        phys_timer_intid: plat.timer.phys_intid,
         hyp_timer_intid: plat.timer.hyp_intid,
         maintenance_intid: plat.gic.maintenance_intid.unwrap_or(hw.maintenance_intid),
         console_intid,
@@ -703,6 +706,7 @@ pub fn plan_domu(
         // The virtual timer is the one physical interrupt a DomU gets: the
         // PPI of the pCPU its vCPU runs on, forwarded as for Dom0.
         virt_timer_intid: plat.timer.virt_intid,
+        phys_timer_intid: plat.timer.phys_intid,
         hyp_timer_intid: plat.timer.hyp_intid,
         maintenance_intid: plat.gic.maintenance_intid.unwrap_or(hw.maintenance_intid),
         // Not consulted (physical interrupts go by Dom0's table); kept so

@@ -156,6 +156,7 @@ fn arm_timer(me: usize, deadline: &mut Option<u64>, sample: Option<u64>) {
         for s in &vm.shared {
             if s.vtimer_home.load(Ordering::Relaxed) == me {
                 at = at.min(s.vtimer_deadline.load(Ordering::Acquire)).min(s.wake_at.load(Ordering::Acquire));
+                at = at.min(s.ptimer_deadline.load(Ordering::Acquire));
             }
         }
     }
@@ -172,6 +173,10 @@ fn load_vcpu(vm: &Vm, me: usize, v: &mut Vcpu) {
     let vt = vm.virt_timer_intid;
     vm.shared[v.id].vtimer_deadline.store(u64::MAX, Ordering::Release);
     vm.shared[v.id].wake_at.store(u64::MAX, Ordering::Release);
+    vm.shared[v.id].ptimer_deadline.store(u64::MAX, Ordering::Release);
+    // The EL2 timer may have raised its physical timer's line while it was
+    // away (`vm_timers_expired`): the model follows the timer again.
+    ptimer_sync(vm, me, v, v.ptimer.ctl & 1 != 0);
     // Derived afresh below (running_on is already set: a later change by
     // another pCPU asks again, see `deactivate_hw`).
     vm.shared[v.id].ppi_resync.store(0, Ordering::Release);
@@ -218,6 +223,35 @@ fn save_vcpu(vm: &Vm, me: usize, v: &mut Vcpu) {
     let deadline = crate::time::saved_vtimer_deadline_ns(ctl, cval, percpu::cntfrq(), vm.timer_slop_ns, busy);
     vm.shared[v.id].vtimer_home.store(me, Ordering::Relaxed);
     vm.shared[v.id].vtimer_deadline.store(deadline, Ordering::Release);
+    let pt = if v.ptimer_level { u64::MAX } else { v.ptimer.deadline_ns(percpu::cntfrq()) };
+    vm.shared[v.id].ptimer_deadline.store(pt, Ordering::Release);
+}
+
+/// Drives vCPU `v`'s EL1 physical timer line into the vGIC when it changed
+/// (always when `force`), kicking whoever the interrupt concerns.
+fn ptimer_sync(vm: &Vm, me: usize, v: &mut Vcpu, force: bool) {
+    let line = v.ptimer.line(percpu::counter());
+    if line == v.ptimer_level && !force {
+        return;
+    }
+    v.ptimer_level = line;
+    let k = vm.vgic.lock().set_level(vm.phys_timer_intid, v.id, line);
+    if let Ok(k) = k {
+        process_kicks(vm, me, k, WakeCause::Timer);
+    }
+}
+
+/// A trapped CNTP_CTL/CVAL/TVAL access: the emulated timer's registers.
+fn ptimer_access(vm: &Vm, me: usize, v: &mut Vcpu, s: &esr::SysRegAccess, reg: crate::time::PtimerReg) {
+    let cnt = percpu::counter();
+    if s.read {
+        let value = v.ptimer.read(reg, cnt);
+        reg_write(&mut v.regs, s.reg, value);
+    } else {
+        let value = reg_read(&v.regs, s.reg);
+        v.ptimer.write(reg, value, cnt);
+        ptimer_sync(vm, me, v, false);
+    }
 }
 
 fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Option<u64>) {
@@ -253,7 +287,14 @@ fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Option<u64>) {
         // an instruction, every time: a vCPU that never progresses, found
         // "spinning" at one PC and yielded forever.
         let sample = watch.map(|w| now_ns().saturating_add(w.sample_ns()));
-        arm_timer(me, deadline, sample);
+        // Its physical timer's line rises while it runs: an exit then.
+        let pt = if v.ptimer_level { u64::MAX } else { v.ptimer.deadline_ns(percpu::cntfrq()) };
+        let wake = match (sample, pt) {
+            (s, u64::MAX) => s,
+            (Some(s), p) => Some(s.min(p)),
+            (None, p) => Some(p),
+        };
+        arm_timer(me, deadline, wake);
         let entered = now_ns();
         let kind = run_guest(&mut v.regs);
         let ran_ns = now_ns().saturating_sub(entered);
@@ -272,6 +313,9 @@ fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Option<u64>) {
         resync_private_active(vm, me, id);
         process_kicks(vm, me, kicks, WakeCause::Interrupt);
         inc(&vm.shared[id].counters.exits);
+        if v.ptimer.ctl & 1 != 0 {
+            ptimer_sync(vm, me, v, false);
+        }
         if v.lhp_grace && CritEvidence::from_spsr(v.regs.spsr) == CritEvidence::None {
             // The critical section the SGI trap's grace was for is over.
             v.lhp_grace = false;
@@ -617,6 +661,13 @@ fn vm_timers_expired(vm: &Vm, me: usize, now: u64) {
                 process_kicks(vm, me, k, WakeCause::Timer);
             }
         }
+        let p = s.ptimer_deadline.load(Ordering::Acquire);
+        if p <= now && s.ptimer_deadline.compare_exchange(p, u64::MAX, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+            // Its physical timer's line rose; `load_vcpu` takes it from here.
+            if let Ok(k) = vm.vgic.lock().set_level(vm.phys_timer_intid, v, true) {
+                process_kicks(vm, me, k, WakeCause::Timer);
+            }
+        }
         // The limit of a WFIT: the vCPU runs again, with nothing injected.
         let w = s.wake_at.load(Ordering::Acquire);
         if w <= now && s.wake_at.compare_exchange(w, u64::MAX, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
@@ -691,11 +742,14 @@ fn handle_sync(vm: &Vm, me: usize, v: &mut Vcpu) -> Next {
             } else if !s.read && (s.key() == esr::ICC_ASGI1R_EL1 || s.key() == esr::ICC_SGI0R_EL1) {
                 // Group 0 / alternate-group SGIs do not exist for this guest.
                 v.regs.elr += ilen;
+            } else if let Some(reg) = crate::time::PtimerReg::classify(&s) {
+                ptimer_access(vm, me, v, &s, reg);
+                v.regs.elr += ilen;
             } else if let Some(reg) = vdebug::classify(&s) {
                 debug_access(vm, v, &s, reg, ilen);
             } else {
                 // Everything else the configuration traps (PMU, AMU, SPE,
-                // trace, EL1 physical timer): the guest was told it is absent.
+                // trace): the guest was told it is absent.
                 inject_undef(vm, v);
             }
             Next::Enter
@@ -748,6 +802,8 @@ fn block(vm: &Vm, me: usize, v: &mut Vcpu, limit: u64) -> Next {
         super::vlpi::put(vm, me, id);
         v.vpe_resident = false;
     }
+    // Its physical timer may have come due since the last exit.
+    ptimer_sync(vm, me, v, false);
     let mut vgic = vm.vgic.lock();
     // A virtual timer interrupt the guest has not taken while its timer is no
     // longer due (the guest disabled or masked it, or moved CVAL on, before
@@ -1086,6 +1142,7 @@ fn cpu_on(vm: &Vm, me: usize, t: usize, entry: u64, context: u64) -> i64 {
         tv.regs.elr = entry;
         tv.regs.spsr = SPSR_EL1H_MASKED;
         tv.el1 = crate::arch::context::El1Context::reset(super::vm::vcpu_mpidr(t));
+        tv.ptimer = Default::default();
         tv.fp = Default::default();
         tv.gicif = Default::default();
         tv.vserror = Default::default();

@@ -180,6 +180,10 @@ pub struct Vcpu {
     pub lhp_grace: bool,
     /// Its GICv4 vPE is resident on the pCPU running it (`runtime::vlpi`).
     pub vpe_resident: bool,
+    /// The emulated EL1 physical timer (`crate::time::PhysTimer`) and the
+    /// level last driven into the vGIC as its PPI.
+    pub ptimer: crate::time::PhysTimer,
+    pub ptimer_level: bool,
 }
 
 /// What other pCPUs may look at without the vCPU's lock.
@@ -192,6 +196,9 @@ pub struct VcpuShared {
     /// While it is blocked in WFIT: when (ns) the wait ends even without an
     /// interrupt, watched like `vtimer_deadline`; u64::MAX = none.
     pub wake_at: AtomicU64,
+    /// When (ns) its EL1 physical timer's line rises while it is not on a
+    /// CPU, watched like `vtimer_deadline`; u64::MAX = none.
+    pub ptimer_deadline: AtomicU64,
     /// The deadline (ns) of the virtual timer `timer_expired` injected while
     /// this vCPU was saved; taken at its next switch-in to measure how late
     /// the timer wake ran (`trace::Event::TimerWake`); u64::MAX = none.
@@ -305,6 +312,8 @@ pub struct Vm {
     pub uart_region: Option<Region>,
     pub uart_intid: IntId,
     pub virt_timer_intid: IntId,
+    /// The EL1 physical timer's PPI (emulated, `crate::time::PhysTimer`).
+    pub phys_timer_intid: IntId,
     pub maintenance_intid: IntId,
     pub hyp_timer_intid: IntId,
     /// Physical SPIs forwarded to the guest as HW interrupts.
@@ -718,6 +727,7 @@ impl Vm {
             uart_region: vp.uart,
             uart_intid: vp.uart_intid,
             virt_timer_intid: vp.virt_timer_intid,
+            phys_timer_intid: vp.phys_timer_intid,
             maintenance_intid: vp.maintenance_intid,
             hyp_timer_intid: vp.hyp_timer_intid,
             forwarded_pcpu: vp.forwarded.iter().map(|_| AtomicUsize::new(0)).collect(),
@@ -863,12 +873,15 @@ pub(super) fn new_vcpus(n: usize) -> (Vec<Mutex<Vcpu>>, Vec<VcpuShared>) {
             vserror: Default::default(),
             lhp_grace: false,
             vpe_resident: false,
+            ptimer: Default::default(),
+            ptimer_level: false,
         }));
         shared.push(VcpuShared {
             online: AtomicBool::new(false),
             vtimer_deadline: AtomicU64::new(u64::MAX),
             vtimer_home: AtomicUsize::new(0),
             wake_at: AtomicU64::new(u64::MAX),
+            ptimer_deadline: AtomicU64::new(u64::MAX),
             vtimer_fired: AtomicU64::new(u64::MAX),
             ppi_resync: AtomicU32::new(0),
             vlpi_pending: AtomicBool::new(false),
