@@ -8,7 +8,7 @@
 
 use super::lpi::is_lpi;
 use super::regs::*;
-use super::{Irq, Kicks, Vgic, NO_INTID, NO_VCPU, NR_PRIVATE, NUM_LRS_MAX};
+use super::{Irq, Kicks, Vgic, MAX_SPIS, NO_INTID, NO_VCPU, NR_PRIVATE, NUM_LRS_MAX};
 use crate::intid::IntId;
 
 /// What `flush_lrs` did.
@@ -121,7 +121,14 @@ impl Vgic {
                 best.offer(key(irq.priority, i as u32, act), i as u32);
             }
         }
-        for (i, irq) in self.spis.iter().enumerate() {
+        // Only SPIs changed since they were last found idle (`spi_live`).
+        let mut idle = [0u64; MAX_SPIS.div_ceil(64) as usize];
+        for i in self.live_spis() {
+            let irq = &self.spis[i];
+            if irq.idle() {
+                idle[i / 64] |= 1 << (i % 64);
+                continue;
+            }
             let intid = NR_PRIVATE + i as u32;
             let mine = if irq.active && irq.active_on != NO_VCPU {
                 irq.active_on as usize == vcpu
@@ -137,6 +144,9 @@ impl Vgic {
             }
         }
         total += self.lpi_candidates(vcpu, |prio, intid| best.offer(key(prio, intid, false), intid));
+        for (live, idle) in self.spi_live.iter_mut().zip(idle) {
+            *live &= !idle;
+        }
 
         let mut slot = 0usize;
         for &(_, intid) in &best.items[..best.len] {

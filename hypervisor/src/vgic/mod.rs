@@ -327,6 +327,12 @@ impl Irq {
         self.in_lr != NO_VCPU
     }
 
+    /// Nothing can make it a list-register candidate without a change to
+    /// it: not pending in any way, not active, not in a list register.
+    fn idle(&self) -> bool {
+        !self.latch && !self.line && !self.active && !self.in_flight()
+    }
+
     /// Pending as the guest should see it.
     fn pending_view(&self) -> bool {
         self.model_pending() || (self.in_flight() && self.lr_pend && !self.clr_pend)
@@ -361,6 +367,11 @@ pub struct Vgic {
     ctlr: u32,
     vcpus: Vec<VcpuState>,
     spis: Vec<Irq>,
+    /// One bit per SPI that may not be idle: set whenever the SPI is changed
+    /// (every change goes through `irq_mut`), cleared by `flush_lrs` once it
+    /// finds the SPI idle. The entry and WFI paths look at these SPIs only,
+    /// not at all of them (up to 988 on an ACPI Dom0).
+    spi_live: Vec<u64>,
     irouter: Vec<u64>,
     /// Cached delivery target of each SPI (from IROUTER).
     spi_target: Vec<u16>,
@@ -409,6 +420,7 @@ impl Vgic {
             ctlr: 0,
             vcpus,
             spis: vec![Irq::reset(false); nr_spis as usize],
+            spi_live: vec![0; (nr_spis as usize).div_ceil(64)],
             irouter: vec![0; nr_spis as usize],
             spi_target: vec![NO_VCPU; nr_spis as usize],
             hw_deactivations: Vec::new(),
@@ -491,8 +503,36 @@ impl Vgic {
         if intid < NR_PRIVATE {
             self.vcpus.get_mut(vcpu)?.private.get_mut(intid as usize)
         } else {
-            self.spis.get_mut((intid - NR_PRIVATE) as usize)
+            let i = (intid - NR_PRIVATE) as usize;
+            let irq = self.spis.get_mut(i)?;
+            self.spi_live[i / 64] |= 1 << (i % 64);
+            Some(irq)
         }
+    }
+
+    /// Tests: every SPI that is not idle is in `spi_live` (what makes
+    /// skipping the others on entry correct).
+    #[cfg(test)]
+    pub(crate) fn assert_spi_live_covers_busy_spis(&self) {
+        for (i, irq) in self.spis.iter().enumerate() {
+            let live = self.spi_live[i / 64] & (1 << (i % 64)) != 0;
+            assert!(live || irq.idle(), "SPI {} is busy but not live: {irq:?}", NR_PRIVATE as usize + i);
+        }
+    }
+
+    /// Indices (into `spis`) of the SPIs that may not be idle.
+    fn live_spis(&self) -> impl Iterator<Item = usize> + '_ {
+        self.spi_live.iter().enumerate().flat_map(|(w, &bits)| {
+            let mut b = bits;
+            core::iter::from_fn(move || {
+                if b == 0 {
+                    return None;
+                }
+                let i = b.trailing_zeros() as usize;
+                b &= b - 1;
+                Some(w * 64 + i)
+            })
+        })
     }
 
     fn check_vcpu(&self, vcpu: usize) -> Result<(), VgicError> {
@@ -801,7 +841,7 @@ impl Vgic {
         if self.lpi_has_deliverable(vcpu) {
             return true;
         }
-        (0..self.spis.len()).any(|i| {
+        self.live_spis().any(|i| {
             let intid = NR_PRIVATE + i as u32;
             self.owner(vcpu, intid) == Some(vcpu) && self.deliverable(&self.spis[i])
         })

@@ -742,6 +742,7 @@ fn fuzz(mut g: Vgic, n: usize, seed: u64) -> (u32, u32, usize) {
             _ => GICD + GICD_IROUTER + (rng.below(0x2000) & !3),
         };
         let value = rng.next();
+        g.assert_spi_live_covers_busy_spis();
         match rng.below(12) {
             0..=3 => {
                 let _ = g.mmio_read(vcpu, ipa, size);
