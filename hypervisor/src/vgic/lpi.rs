@@ -77,6 +77,30 @@ pub const LPI_CONFIG_PRIORITY: u8 = 0xFC;
 
 /// Words of a per-vCPU pending bitmap.
 const LPI_WORDS: usize = NR_LPIS as usize / 64;
+const _: () = assert!(LPI_WORDS <= 128, "LpiRedist::pending_words has one bit per word");
+
+/// The set bits of `x`, lowest first.
+fn set_bits_u64(mut x: u64) -> impl Iterator<Item = usize> {
+    core::iter::from_fn(move || {
+        if x == 0 {
+            return None;
+        }
+        let b = x.trailing_zeros() as usize;
+        x &= x - 1;
+        Some(b)
+    })
+}
+
+fn set_bits_u128(mut x: u128) -> impl Iterator<Item = usize> {
+    core::iter::from_fn(move || {
+        if x == 0 {
+            return None;
+        }
+        let b = x.trailing_zeros() as usize;
+        x &= x - 1;
+        Some(b)
+    })
+}
 
 /// GICD_TYPER.LPIS.
 pub const GICD_TYPER_LPIS: u32 = 1 << 17;
@@ -110,6 +134,9 @@ pub(super) struct LpiRedist {
     /// Pending LPIs held by the model (not those in an LR), one bit per LPI
     /// ([`LPI_WORDS`] words with LPIs, empty without).
     pending: Vec<u64>,
+    /// One bit per word of `pending` that is not zero: the entry and WFI
+    /// paths visit those words only.
+    pending_words: u128,
     /// LR slots whose LPI a `clear_lpi` (or EnableLPIs 1 -> 0) dropped.
     lr_clear: u16,
     /// Per LR slot: the vCPU a `move_lpi` moved its LPI to, or `NO_VCPU`.
@@ -123,6 +150,7 @@ impl LpiRedist {
             propbaser: 0,
             pendbaser: 0,
             pending: if lpis { vec![0; LPI_WORDS] } else { Vec::new() },
+            pending_words: 0,
             lr_clear: 0,
             lr_moved: [NO_VCPU; NUM_LRS_MAX],
         }
@@ -139,7 +167,30 @@ impl LpiRedist {
             } else {
                 *w &= !(1 << (idx % 64));
             }
+            if *w != 0 {
+                self.pending_words |= 1 << (idx / 64);
+            } else {
+                self.pending_words &= !(1 << (idx / 64));
+            }
         }
+    }
+
+    fn clear_all_pending(&mut self) {
+        self.pending.iter_mut().for_each(|w| *w = 0);
+        self.pending_words = 0;
+    }
+
+    /// Tests: `pending_words` names exactly the non-zero words.
+    #[cfg(test)]
+    fn assert_summary(&self) {
+        for (w, &bits) in self.pending.iter().enumerate() {
+            assert_eq!(bits != 0, self.pending_words & (1 << w) != 0, "pending word {w}");
+        }
+    }
+
+    /// The pending LPIs (indices from 0), in order.
+    fn pending_lpis(&self) -> impl Iterator<Item = usize> + '_ {
+        set_bits_u128(self.pending_words).flat_map(move |w| set_bits_u64(self.pending[w]).map(move |b| w * 64 + b))
     }
 
     /// Number of LPIs the configuration table covers (0 while disabled).
@@ -257,15 +308,19 @@ impl Vgic {
     }
 
     /// Whether `vcpu` has any deliverable LPI (for [`Vgic::has_deliverable`]).
+    /// Tests: every vCPU's pending-word summary is exact.
+    #[cfg(test)]
+    pub(crate) fn assert_lpi_summary_matches(&self) {
+        for vs in &self.vcpus {
+            vs.lpi.assert_summary();
+        }
+    }
+
     pub(super) fn lpi_has_deliverable(&self, vcpu: usize) -> bool {
         if !self.lpi_gate(vcpu) {
             return false;
         }
-        let l = &self.vcpus[vcpu].lpi;
-        l.pending
-            .iter()
-            .enumerate()
-            .any(|(w, &bits)| bits != 0 && (0..64).any(|b| bits & (1 << b) != 0 && self.lpi_config_enabled(w * 64 + b)))
+        self.vcpus[vcpu].lpi.pending_lpis().any(|idx| self.lpi_config_enabled(idx))
     }
 
     /// Kicks for a configuration change of LPI `idx`: vCPUs where it became
@@ -428,7 +483,7 @@ impl Vgic {
             }
         } else {
             // Like KVM: disabling drops every pending LPI of this vCPU.
-            vs.lpi.pending.iter_mut().for_each(|w| *w = 0);
+            vs.lpi.clear_all_pending();
             for s in 0..NUM_LRS_MAX {
                 if is_lpi(vs.lr_shadow[s]) {
                     vs.lpi.lr_clear |= 1 << s;
@@ -485,17 +540,11 @@ impl Vgic {
         }
         let vs = &self.vcpus[vcpu];
         let mut n = 0;
-        for (w, &bits) in vs.lpi.pending.iter().enumerate() {
-            if bits == 0 {
-                continue;
-            }
-            for b in 0..64 {
-                let idx = w * 64 + b;
-                let intid = LPI_BASE + idx as u32;
-                if bits & (1 << b) != 0 && self.lpi_config_enabled(idx) && !vs.lr_shadow.contains(&intid) {
-                    n += 1;
-                    offer(self.lpi_priority(idx), intid);
-                }
+        for idx in vs.lpi.pending_lpis() {
+            let intid = LPI_BASE + idx as u32;
+            if self.lpi_config_enabled(idx) && !vs.lr_shadow.contains(&intid) {
+                n += 1;
+                offer(self.lpi_priority(idx), intid);
             }
         }
         n

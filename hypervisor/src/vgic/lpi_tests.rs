@@ -462,8 +462,13 @@ fn random_lpi_traffic() {
     for _ in 0..100_000 {
         let v = rng.below(n as u64 + 1) as usize; // sometimes invalid
         let w = rng.below(n as u64) as usize;
-        let raw = LPI_BASE - 2 + rng.below(70) as u32; // mostly LPIs 0..=63
+        // Mostly LPIs 0..=63; sometimes anywhere, across the pending words.
+        let raw = match rng.below(8) {
+            0 => LPI_BASE + rng.below(8192) as u32,
+            _ => LPI_BASE - 2 + rng.below(70) as u32,
+        };
         let value = rng.next();
+        g.assert_lpi_summary_matches();
         match (rng.below(14), IntId::try_from(raw)) {
             (0..=2, Ok(i)) => {
                 let _ = g.inject_lpi(i, v);
