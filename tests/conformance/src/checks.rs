@@ -383,9 +383,11 @@ fn unknown_call(smc: bool) -> Verdict {
 /// equal to the address.
 fn abort_unmapped(p: &Platform) -> Verdict {
     let addr = p.ram_end();
-    // SAFETY: the load is expected to fault; `guarded` skips it. The
-    // address is mapped in this guest's stage 1 (device or normal).
-    let (_, f) = guarded(|| unsafe { core::ptr::read_volatile(addr as *const u32) });
+    // SAFETY: the load is expected to fault, and `guarded` skips it; the
+    // address is in this guest's stage-1 map (a plain `ldr`, so a
+    // hypervisor sees a full syndrome).
+    let probe = unsafe { crate::mmio::Mmio::new(addr as usize) };
+    let (_, f) = guarded(|| probe.read32(0));
     if f.count != 1 {
         fail!("a load from {addr:#x} (past RAM) took {} exceptions, want 1", f.count);
     }

@@ -109,6 +109,17 @@ impl Its {
                 return Err("a GITS_BASER did not take Valid");
             }
         }
+        // The queue as a guest reusing it finds it: every slot holding an
+        // earlier command's fields (here a MAPTI's pINTID, ICID and DW3
+        // junk), which commands that do not use them leave in place.
+        // SAFETY: the queue page, before the ITS is pointed at it.
+        let q = unsafe { (&raw mut (*m).queue.0) as *mut u64 };
+        for slot in 0..SLOTS {
+            for (i, v) in [0x0a, 0x2000_0000_0000_0000, 0x3f, 0x5a5a_0000_0000_a5a5].into_iter().enumerate() {
+                // SAFETY: inside the 64 KiB page.
+                unsafe { q.add(slot * 4 + i).write_volatile(v) };
+            }
+        }
         regs.write64(GITS_CBASER, 1 << 63 | 7 << 59 | queue | 1 << 10 | (QUEUE_BYTES as u64 / 4096 - 1));
         regs.write64(GITS_CWRITER, 0);
         NEXT.store(0, Ordering::SeqCst);

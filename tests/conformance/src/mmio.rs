@@ -1,6 +1,11 @@
 //! A device frame at a fixed address (identity-mapped as device memory).
+//! Every access is one plain `ldr`/`str` with a base register and no
+//! writeback, as Linux's readl/writel are: a hypervisor emulating the frame
+//! gets a full syndrome (ESR_EL2.ISV = 1) for each, which it cannot for the
+//! pair and writeback forms a compiler may pick for volatile pointer
+//! accesses.
 
-use core::ptr::{read_volatile, write_volatile};
+use core::arch::asm;
 
 #[derive(Clone, Copy)]
 pub struct Mmio(usize);
@@ -24,22 +29,26 @@ impl Mmio {
     }
 
     pub fn read32(self, off: usize) -> u32 {
+        let v: u32;
         // SAFETY: a register of the frame `new` was given (its contract).
-        unsafe { read_volatile((self.0 + off) as *const u32) }
+        unsafe { asm!("ldr {v:w}, [{a}]", a = in(reg) self.0 + off, v = out(reg) v, options(nostack)) };
+        v
     }
 
     pub fn write32(self, off: usize, v: u32) {
         // SAFETY: as read32.
-        unsafe { write_volatile((self.0 + off) as *mut u32, v) }
+        unsafe { asm!("str {v:w}, [{a}]", a = in(reg) self.0 + off, v = in(reg) v, options(nostack)) };
     }
 
     pub fn read64(self, off: usize) -> u64 {
+        let v: u64;
         // SAFETY: as read32.
-        unsafe { read_volatile((self.0 + off) as *const u64) }
+        unsafe { asm!("ldr {v}, [{a}]", a = in(reg) self.0 + off, v = out(reg) v, options(nostack)) };
+        v
     }
 
     pub fn write64(self, off: usize, v: u64) {
         // SAFETY: as read32.
-        unsafe { write_volatile((self.0 + off) as *mut u64, v) }
+        unsafe { asm!("str {v}, [{a}]", a = in(reg) self.0 + off, v = in(reg) v, options(nostack)) };
     }
 }
