@@ -195,15 +195,17 @@ fn dom0_gicv4_two_pcpus() {
 }
 
 /// The guest as a DomU (2 vCPUs, no ITS in its DT) beside a Dom0 running
-/// the same checks, which waits for it before powering the machine off.
+/// the same kernel, which runs no check (Dom0 owns the UART: its bytes
+/// would cut into the DomU's lines) and waits 10 s before powering the
+/// machine off.
 #[test]
 fn domu_passes_its_checks() {
     let r = run_guest(|o| {
         o.pcpus = 2;
-        o.append = Some("conformance.linger_ms=15000".into());
+        o.append = Some("conformance.skip_checks conformance.linger_ms=10000".into());
         o.domus = Some(xtask::domu::DomuOptions { count: 1, vcpus: 2, mem_mb: 64, ..Default::default() });
     });
-    assert_checks(&r, "", KNOWN_FAILING, &[]);
+    assert!(checks(&r.console, "").is_empty(), "Dom0 ran checks");
     let its: Vec<&str> =
         CHECKS.iter().copied().filter(|c| c.starts_with("its-")).collect();
     assert_checks(&r, "(d1) ", KNOWN_FAILING, &its);

@@ -30,6 +30,9 @@ pub struct Platform {
     /// `conformance.linger_ms=` on the command line: how long to wait
     /// before SYSTEM_OFF (a Dom0 that must outlive a DomU).
     pub linger_ms: u64,
+    /// `conformance.skip_checks` on the command line: run no check (a
+    /// Dom0 that only hosts a DomU under test and must not print over it).
+    pub skip_checks: bool,
 }
 
 fn be32(b: &[u8], i: usize) -> Option<u32> {
@@ -66,6 +69,7 @@ impl Platform {
             pmu_intid: None,
             psci_smc: false,
             linger_ms: 0,
+            skip_checks: false,
         };
         for node in fdt.all_nodes() {
             let is_mem = node.property("device_type").and_then(|v| v.as_str()) == Some("memory");
@@ -131,6 +135,9 @@ impl Platform {
             for w in args.split_whitespace() {
                 if let Some(v) = w.strip_prefix("conformance.linger_ms=") {
                     p.linger_ms = v.parse().unwrap_or(0);
+                }
+                if w == "conformance.skip_checks" {
+                    p.skip_checks = true;
                 }
             }
         }
