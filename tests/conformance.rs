@@ -206,7 +206,6 @@ fn domu_passes_its_checks() {
         o.domus = Some(xtask::domu::DomuOptions { count: 1, vcpus: 2, mem_mb: 64, ..Default::default() });
     });
     assert!(checks(&r.console, "").is_empty(), "Dom0 ran checks");
-    let its: Vec<&str> =
-        CHECKS.iter().copied().filter(|c| c.starts_with("its-")).collect();
+    let its: Vec<&str> = CHECKS.iter().copied().filter(|c| c.starts_with("its-")).collect();
     assert_checks(&r, "(d1) ", KNOWN_FAILING, &its);
 }

@@ -117,7 +117,10 @@ pub fn run_all(p: &Platform, t: &mut Tally) {
         if other == 0 {
             Verdict::Ok
         } else {
-            Verdict::Fail(Msg::new(format_args!("{other} interrupt(s), last INTID {}", OTHER_LAST.load(Ordering::SeqCst))))
+            Verdict::Fail(Msg::new(format_args!(
+                "{other} interrupt(s), last INTID {}",
+                OTHER_LAST.load(Ordering::SeqCst)
+            )))
         },
     );
 }
@@ -578,7 +581,7 @@ fn its_discard(its: &Its) -> Verdict {
 }
 
 fn ptimer_fires(p: &Platform) -> Verdict {
-    let (_, f) = guarded(|| arch::cntp_ctl());
+    let (_, f) = guarded(arch::cntp_ctl);
     if f.count > 0 {
         fail!("CNTP_CTL_EL0 access raised an exception (ESR {:#x})", f.esr);
     }

@@ -50,13 +50,13 @@ macro_rules! println {
 
 /// A short message held without a heap (check verdicts).
 pub struct Msg {
-    buf: [u8; 200],
+    buf: [u8; 112],
     len: usize,
 }
 
 impl Msg {
     pub fn new(args: fmt::Arguments) -> Msg {
-        let mut m = Msg { buf: [0; 200], len: 0 };
+        let mut m = Msg { buf: [0; 112], len: 0 };
         let _ = m.write_fmt(args);
         m
     }

@@ -138,11 +138,10 @@ mod guest {
         // SAFETY: the map now follows the DT's RAM; the same table, TLBs
         // invalidated by the routine.
         unsafe { arch::enable_mmu(table_pa(), tcr(), MAIR) };
-        // SAFETY: written once here before anything reads PLATFORM.
-        let p: &'static Platform = unsafe {
-            let slot = &mut *(&raw mut PLATFORM_STORE);
-            slot.insert(p)
-        };
+        let slot: *mut Option<Platform> = &raw mut PLATFORM_STORE;
+        // SAFETY: written once here, before anything reads PLATFORM; no
+        // other reference to the static exists.
+        let p: &'static Platform = unsafe { (*slot).insert(p) };
         PLATFORM.store(p as *const Platform as usize, Ordering::Release);
         if let Some(u) = p.uart {
             // SAFETY: the DT's PL011.
@@ -187,9 +186,10 @@ mod guest {
 
     /// Starts CPU `cpu` with PSCI CPU_ON; returns PSCI's status.
     pub fn cpu_on(p: &Platform, cpu: usize) -> i64 {
+        let boot: *mut [BootBlock; MAX_CPUS] = &raw mut BOOT;
         // SAFETY: CPU 0 writes the secondary's block before CPU_ON starts
-        // it; nothing else touches it meanwhile.
-        let block = unsafe { &mut (*(&raw mut BOOT))[cpu] };
+        // it (the secondary is off), and this is the only reference to it.
+        let block = unsafe { &mut (*boot)[cpu] };
         block.stack_top = (&raw const arch::CONF_STACKS) as u64 + ((cpu + 1) * STACK_SIZE) as u64;
         block.ttbr0 = table_pa();
         block.tcr = tcr();
