@@ -287,6 +287,7 @@ sysreg!(icc_igrpen1, write_icc_igrpen1, "icc_igrpen1_el1");
 sysreg!(icc_iar1, _write_icc_iar1, "icc_iar1_el1");
 sysreg!(_read_icc_eoir1, write_icc_eoir1, "icc_eoir1_el1");
 sysreg!(_read_icc_sgi1r, write_icc_sgi1r, "icc_sgi1r_el1");
+sysreg!(_read_icc_dir, write_icc_dir, "icc_dir_el1");
 sysreg!(mdscr, write_mdscr, "mdscr_el1");
 sysreg!(_read_oslar, write_oslar, "oslar_el1");
 sysreg!(pmcr, write_pmcr, "pmcr_el0");
@@ -362,6 +363,15 @@ pub fn dsb() {
 pub fn clean_line(addr: usize) {
     // SAFETY: cache maintenance by address on memory the program owns.
     unsafe { asm!("dc civac, {}", "dsb sy", in(reg) addr, options(nostack)) }
+}
+
+/// Branches with link to `addr` (an instruction-abort check: the handler
+/// resumes at the link register).
+pub fn call_addr(addr: u64) {
+    // SAFETY: the target is expected to fault on fetch; crate::exc returns
+    // to x30, as if the callee had returned. Caller-saved registers are
+    // treated as clobbered.
+    unsafe { asm!("blr {a}", a = in(reg) addr, clobber_abi("C"), options(nostack)) }
 }
 
 /// An SMCCC call through HVC (`smc` false) or SMC: x0..x3 in, x0 out.

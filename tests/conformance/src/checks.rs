@@ -24,6 +24,15 @@ macro_rules! skip {
     ($($a:tt)*) => { return Verdict::Skip(Msg::new(format_args!($($a)*))) };
 }
 
+macro_rules! tryv {
+    ($e:expr) => {
+        match $e {
+            Ok(v) => v,
+            Err(m) => fail!("{}", m),
+        }
+    };
+}
+
 #[derive(Default)]
 pub struct Tally {
     pub passed: u32,
@@ -88,20 +97,30 @@ pub fn run_all(p: &Platform, t: &mut Tally) {
     report(t, "psci-version", psci_version(p));
     report(t, "psci-cpu-on", if second { cpu_on_check(p, 1) } else { Verdict::Skip(one_cpu()) });
     report(t, "psci-affinity-info", if second { affinity(p, 1, 0) } else { Verdict::Skip(one_cpu()) });
+    report(t, "psci-features", psci_features(p));
+    report(t, "psci-cpu-on-invalid", cpu_on_invalid(p));
     let up = second && ONLINE[1].load(Ordering::SeqCst) == 1;
     report(t, "sgi-self", sgi_self(p));
     report(t, "sgi-target-list", sgi_list(p, up));
     report(t, "sgi-broadcast", if up { sgi_broadcast() } else { Verdict::Skip(one_cpu()) });
     report(t, "sgi-icactiver", sgi_icactiver(p));
+    report(t, "sgi-pending-while-disabled", sgi_disabled(p));
+    report(t, "sgi-ispendr", sgi_ispendr());
+    report(t, "sgi-icpendr", sgi_icpendr());
+    report(t, "icc-pmr-masks", pmr_masks(p));
+    report(t, "sgi-eoimode1-dir", eoimode1(p));
     report(t, "vtimer-fires", timer_fires(p.vtimer_intid, false));
     report(t, "vtimer-level-ctl", vtimer_level(p, false));
     report(t, "vtimer-level-cval", vtimer_level(p, true));
     report(t, "vtimer-no-stale", vtimer_no_stale(p));
     report(t, "vtimer-tval-wfi", vtimer_tval_wfi(p));
+    report(t, "vtimer-secondary", if up { vtimer_secondary(p) } else { Verdict::Skip(one_cpu()) });
     report(t, "hvc-unknown", unknown_call(false));
     report(t, "smc-unknown", unknown_call(true));
     report(t, "abort-unmapped", abort_unmapped(p));
-    its_checks(p, t);
+    report(t, "abort-unmapped-store", abort_store(p));
+    report(t, "abort-unmapped-fetch", abort_fetch(p));
+    its_checks(p, t, up);
     report(t, "ptimer-fires", ptimer_fires(p));
     report(t, "debug-breakpoints", breakpoints());
     report(t, "debug-watchpoints", watchpoints());
@@ -262,6 +281,243 @@ fn sgi_icactiver(p: &Platform) -> Verdict {
     v
 }
 
+fn psci_features(p: &Platform) -> Verdict {
+    let on = psci(p, 0x8400_000a, 0xc400_0003, 0, 0);
+    if on < 0 {
+        fail!("PSCI_FEATURES(CPU_ON_64) returned {on}");
+    }
+    let unknown = psci(p, 0x8400_000a, 0x8400_00ff, 0, 0);
+    if unknown != -1 {
+        fail!("PSCI_FEATURES(0x840000ff) returned {unknown}, not NOT_SUPPORTED (-1)");
+    }
+    Verdict::Ok
+}
+
+/// CPU_ON of an MPIDR no CPU has: INVALID_PARAMETERS (-2).
+fn cpu_on_invalid(p: &Platform) -> Verdict {
+    let bogus = 0xfe_00fe_fe00;
+    if p.mpidr[..p.ncpus].contains(&bogus) {
+        skip!("a CPU has MPIDR {bogus:#x}");
+    }
+    let r = psci(p, 0xc400_0003, bogus, crate::arch::secondary_entry(), 0);
+    if r != -2 {
+        fail!("CPU_ON({bogus:#x}) returned {r}, not INVALID_PARAMETERS (-2)");
+    }
+    Verdict::Ok
+}
+
+/// A disabled SGI stays pending (visible in GICR_ISPENDR0) and is taken
+/// once when enabled.
+fn sgi_disabled(p: &Platform) -> Verdict {
+    let sgi = sgi_frame(0);
+    sgi.write32(GICR_ICENABLER0, 1 << 7);
+    let before = gic::count(0, 7);
+    send_sgi(sgi1r(7, Some(&[p.mpidr[0]])));
+    delay_ms(20);
+    let taken = gic::count(0, 7) - before;
+    let pend = pending(7);
+    sgi.write32(GICR_ISENABLER0, 1 << 7);
+    if taken != 0 {
+        fail!("disabled SGI 7 taken {taken} times");
+    }
+    if !pend {
+        fail!("disabled SGI 7 not pending in GICR_ISPENDR0");
+    }
+    if !once(200, 20, || gic::count(0, 7) != before) {
+        fail!("SGI 7 not taken after GICR_ISENABLER0");
+    }
+    let n = gic::count(0, 7) - before;
+    if n != 1 {
+        fail!("SGI 7 taken {n} times after enabling");
+    }
+    Verdict::Ok
+}
+
+/// GICR_ISPENDR0 pends an SGI from software: taken once.
+fn sgi_ispendr() -> Verdict {
+    let before = gic::count(0, 6);
+    sgi_frame(0).write32(GICR_ISPENDR0, 1 << 6);
+    if !once(200, 20, || gic::count(0, 6) != before) {
+        fail!("SGI 6 pended through GICR_ISPENDR0 not taken within 200 ms");
+    }
+    let n = gic::count(0, 6) - before;
+    if n != 1 {
+        fail!("SGI 6 taken {n} times");
+    }
+    Verdict::Ok
+}
+
+/// GICR_ICPENDR0 removes a pending SGI before it is taken.
+fn sgi_icpendr() -> Verdict {
+    let sgi = sgi_frame(0);
+    let before = gic::count(0, 8);
+    arch::irq_off();
+    sgi.write32(GICR_ISPENDR0, 1 << 8);
+    let was = pending(8);
+    sgi.write32(GICR_ICPENDR0, 1 << 8);
+    let still = pending(8);
+    arch::irq_on();
+    delay_ms(20);
+    if !was {
+        fail!("SGI 8 not pending after GICR_ISPENDR0");
+    }
+    if still {
+        fail!("SGI 8 still pending after GICR_ICPENDR0");
+    }
+    let n = gic::count(0, 8) - before;
+    if n != 0 {
+        fail!("SGI 8 taken {n} times after GICR_ICPENDR0 cleared it");
+    }
+    Verdict::Ok
+}
+
+/// ICC_PMR_EL1 below the SGI's priority (0xa0) holds it back; raising it
+/// lets it through once.
+fn pmr_masks(p: &Platform) -> Verdict {
+    let before = gic::count(0, 5);
+    arch::write_icc_pmr(0x80);
+    send_sgi(sgi1r(5, Some(&[p.mpidr[0]])));
+    delay_ms(20);
+    let early = gic::count(0, 5) - before;
+    arch::write_icc_pmr(0xff);
+    if early != 0 {
+        fail!("SGI 5 (priority 0xa0) taken {early} times with ICC_PMR_EL1 = 0x80");
+    }
+    if !once(200, 20, || gic::count(0, 5) != before) {
+        fail!("SGI 5 not taken after ICC_PMR_EL1 = 0xff");
+    }
+    let n = gic::count(0, 5) - before;
+    if n != 1 {
+        fail!("SGI 5 taken {n} times");
+    }
+    Verdict::Ok
+}
+
+/// ICC_CTLR_EL1.EOImode = 1: EOIR only drops the priority (the SGI stays
+/// active), ICC_DIR_EL1 deactivates it.
+fn eoimode1(p: &Platform) -> Verdict {
+    let sgi = sgi_frame(0);
+    arch::irq_off();
+    arch::write_icc_ctlr(arch::icc_ctlr() | 1 << 1);
+    let v = (|| {
+        send_sgi(sgi1r(10, Some(&[p.mpidr[0]])));
+        let mut iar = 1023;
+        wait(200, || {
+            iar = arch::icc_iar1();
+            iar & 0xff_ffff != 1023
+        });
+        if iar & 0xff_ffff != 10 {
+            fail!("ICC_IAR1_EL1 read {iar:#x}, want SGI 10");
+        }
+        arch::write_icc_eoir1(iar);
+        let after_eoi = sgi.read32(GICR_ISACTIVER0) & 1 << 10 != 0;
+        arch::write_icc_dir(iar);
+        let after_dir = sgi.read32(GICR_ISACTIVER0) & 1 << 10 != 0;
+        if !after_eoi {
+            fail!("with EOImode = 1, SGI 10 is not active after ICC_EOIR1_EL1");
+        }
+        if after_dir {
+            fail!("SGI 10 still active after ICC_DIR_EL1");
+        }
+        Verdict::Ok
+    })();
+    arch::write_icc_ctlr(arch::icc_ctlr() & !(1 << 1));
+    arch::irq_on();
+    v
+}
+
+/// CPU 1 arms its own virtual timer and waits in WFI: the timer wakes it
+/// (while descheduled, under a hypervisor, its deadline must be kept).
+fn vtimer_secondary(p: &Platform) -> Verdict {
+    let vt = p.vtimer_intid;
+    let before = gic::count(1, vt);
+    MAILBOX[1].store(crate::CMD_VTIMER, Ordering::SeqCst);
+    send_sgi(sgi1r(SGI_DOORBELL, Some(&[p.mpidr[1]])));
+    if !once(1000, 20, || gic::count(1, vt) != before) {
+        fail!("CPU 1's virtual timer (2 ms) not taken within 1 s");
+    }
+    let n = gic::count(1, vt) - before;
+    if n != 1 {
+        fail!("CPU 1's virtual timer taken {n} times");
+    }
+    Verdict::Ok
+}
+
+/// A store past RAM: a data abort with WnR set and FAR the address.
+fn abort_store(p: &Platform) -> Verdict {
+    let addr = p.ram_end() + 0x40;
+    // SAFETY: as abort_unmapped: the store is expected to fault.
+    let probe = unsafe { crate::mmio::Mmio::new(addr as usize) };
+    let (_, f) = guarded(|| probe.write32(0, 0x5a5a_5a5a));
+    if f.count != 1 {
+        fail!("a store to {addr:#x} (past RAM) took {} exceptions, want 1", f.count);
+    }
+    if f.ec() != exc::EC_DABT_CUR {
+        fail!("ESR {:#x}: EC {:#x}, not a data abort from EL1 (0x25)", f.esr, f.ec());
+    }
+    let dfsc = f.esr & 0x3f;
+    if !(0x04..=0x07).contains(&dfsc) && dfsc != 0x10 {
+        fail!("DFSC {dfsc:#x} is neither a translation fault nor an external abort");
+    }
+    if f.esr & 1 << 6 == 0 {
+        fail!("ESR {:#x}: WnR clear for a store", f.esr);
+    }
+    if f.esr & 1 << 10 != 0 || f.far != addr {
+        fail!("FAR {:#x} (FnV {}), want {addr:#x}", f.far, (f.esr >> 10) & 1);
+    }
+    Verdict::Ok
+}
+
+/// A branch past RAM: an instruction abort at EL1 (EC 0x21), FAR the address.
+fn abort_fetch(p: &Platform) -> Verdict {
+    let addr = p.ram_end() + 0x1000;
+    let (_, f) = guarded(|| arch::call_addr(addr));
+    if f.count != 1 {
+        fail!("a branch to {addr:#x} (past RAM) took {} exceptions, want 1", f.count);
+    }
+    if f.ec() != exc::EC_IABT_CUR {
+        fail!("ESR {:#x}: EC {:#x}, not an instruction abort from EL1 (0x21)", f.esr, f.ec());
+    }
+    let ifsc = f.esr & 0x3f;
+    if !(0x04..=0x07).contains(&ifsc) && ifsc != 0x10 {
+        fail!("IFSC {ifsc:#x} is neither a translation fault nor an external abort");
+    }
+    if f.far != addr {
+        fail!("FAR {:#x}, want {addr:#x}", f.far);
+    }
+    Verdict::Ok
+}
+
+/// Collection 1 on CPU 1: an event mapped there is taken by CPU 1; MOVI
+/// to collection 0 moves it to CPU 0.
+fn its_movi(its: &Its) -> Verdict {
+    let lpi = LPI_BASE + 2;
+    let rd1 = its.lpis_on(1);
+    its::set_prop(lpi, its::PROP_ON);
+    tryv!(its.send_all(its::mapc(1, rd1)));
+    tryv!(its.send_all(its::mapti(DEV, 2, lpi as u64, 1)));
+    tryv!(its.send_all(its::inv(DEV, 2)));
+    let before = gic::lpi_count(lpi);
+    tryv!(its.send_all(its::int(DEV, 2)));
+    if let Err(m) = lpi_once(lpi, before) {
+        fail!("to collection 1: {}", m.as_str());
+    }
+    if gic::lpi_cpu(lpi) != 1 {
+        fail!("LPI {lpi} mapped to CPU 1's collection taken by CPU {}", gic::lpi_cpu(lpi));
+    }
+    tryv!(its.send_all(its::movi(DEV, 2, ICID)));
+    tryv!(its.send_all(its::sync(rd1)));
+    let before = gic::lpi_count(lpi);
+    tryv!(its.send_all(its::int(DEV, 2)));
+    if let Err(m) = lpi_once(lpi, before) {
+        fail!("after MOVI: {}", m.as_str());
+    }
+    if gic::lpi_cpu(lpi) != 0 {
+        fail!("LPI {lpi} moved to CPU 0's collection taken by CPU {}", gic::lpi_cpu(lpi));
+    }
+    Verdict::Ok
+}
+
 fn enable_ppi(intid: u32, on: bool) {
     let sgi = sgi_frame(0);
     sgi.write32(if on { GICR_ISENABLER0 } else { GICR_ICENABLER0 }, 1 << intid);
@@ -417,9 +673,9 @@ fn abort_unmapped(p: &Platform) -> Verdict {
 const DEV: u64 = 1;
 const ICID: u64 = 0;
 
-fn its_checks(p: &Platform, t: &mut Tally) {
-    const NAMES: [&str; 6] =
-        ["its-baser-reset", "its-mapti-int", "its-inv", "its-invall", "its-5000-int", "its-discard"];
+fn its_checks(p: &Platform, t: &mut Tally, up: bool) {
+    const NAMES: [&str; 7] =
+        ["its-baser-reset", "its-mapti-int", "its-movi", "its-inv", "its-invall", "its-5000-int", "its-discard"];
     let Some(base) = p.its else {
         for n in NAMES {
             report(t, n, Verdict::Skip(Msg::new(format_args!("no ITS in the DT"))));
@@ -444,10 +700,11 @@ fn its_checks(p: &Platform, t: &mut Tally) {
         }
     };
     report(t, NAMES[1], its_mapti(&its));
-    report(t, NAMES[2], its_inv(&its, false));
-    report(t, NAMES[3], its_inv(&its, true));
-    report(t, NAMES[4], its_many(&its));
-    report(t, NAMES[5], its_discard(&its));
+    report(t, NAMES[2], if up { its_movi(&its) } else { Verdict::Skip(one_cpu()) });
+    report(t, NAMES[3], its_inv(&its, false));
+    report(t, NAMES[4], its_inv(&its, true));
+    report(t, NAMES[5], its_many(&its));
+    report(t, NAMES[6], its_discard(&its));
 }
 
 fn baser_reset(base: u64) -> Verdict {
@@ -484,15 +741,6 @@ fn lpi_once(intid: u32, before: u32) -> Result<(), Msg> {
         return Err(Msg::new(format_args!("LPI {intid} taken {n} times")));
     }
     Ok(())
-}
-
-macro_rules! tryv {
-    ($e:expr) => {
-        match $e {
-            Ok(v) => v,
-            Err(m) => fail!("{}", m),
-        }
-    };
 }
 
 fn its_mapti(its: &Its) -> Verdict {

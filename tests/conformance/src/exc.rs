@@ -8,6 +8,7 @@ use crate::println;
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 pub const EC_UNKNOWN: u64 = 0x00;
+pub const EC_IABT_CUR: u64 = 0x21;
 pub const EC_DABT_CUR: u64 = 0x25;
 pub const EC_BRK_CUR: u64 = 0x31;
 pub const EC_STEP_CUR: u64 = 0x33;
@@ -105,7 +106,13 @@ fn sync(frame: &mut Frame) {
             FAR.store(far, Ordering::SeqCst);
             ELR.store(frame.elr, Ordering::SeqCst);
             FAULTS.fetch_add(1, Ordering::SeqCst);
-            frame.elr += 4;
+            // An instruction abort came from a branch (`arch::call_addr`):
+            // return to its caller; anything else: skip the instruction.
+            if esr >> 26 == EC_IABT_CUR {
+                frame.elr = frame.x[30];
+            } else {
+                frame.elr += 4;
+            }
         }
         _ => {
             println!("conformance: unexpected synchronous exception ESR {esr:#x} FAR {far:#x} ELR {:#x}", frame.elr);

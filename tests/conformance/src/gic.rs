@@ -35,8 +35,9 @@ pub const LPI_COUNTED: usize = 64;
 
 /// Per CPU and INTID (SGIs and PPIs): interrupts the handler took.
 pub static PRIVATE: [[AtomicU32; 32]; MAX_CPUS] = [const { [const { AtomicU32::new(0) }; 32] }; MAX_CPUS];
-/// LPIs LPI_BASE.. taken (on any CPU).
+/// LPIs LPI_BASE.. taken (on any CPU), and the CPU that took each last.
 pub static LPIS: [AtomicU32; LPI_COUNTED] = [const { AtomicU32::new(0) }; LPI_COUNTED];
+pub static LPI_CPU: [AtomicU32; LPI_COUNTED] = [const { AtomicU32::new(0) }; LPI_COUNTED];
 /// Anything else taken: (count, last INTID).
 pub static OTHER: AtomicU32 = AtomicU32::new(0);
 pub static OTHER_LAST: AtomicU32 = AtomicU32::new(0);
@@ -135,6 +136,11 @@ pub fn count(cpu: usize, intid: u32) -> u32 {
     PRIVATE[cpu][intid as usize].load(Ordering::SeqCst)
 }
 
+/// The CPU that took LPI `intid` last.
+pub fn lpi_cpu(intid: u32) -> usize {
+    LPI_CPU[(intid - LPI_BASE) as usize].load(Ordering::SeqCst) as usize
+}
+
 pub fn lpi_count(intid: u32) -> u32 {
     LPIS[(intid - LPI_BASE) as usize].load(Ordering::SeqCst)
 }
@@ -159,6 +165,7 @@ pub fn handle_irq(cpu: usize) {
         if intid < 32 {
             PRIVATE[cpu][intid as usize].fetch_add(1, Ordering::SeqCst);
         } else if (LPI_BASE..LPI_BASE + LPI_COUNTED as u32).contains(&intid) {
+            LPI_CPU[(intid - LPI_BASE) as usize].store(cpu as u32, Ordering::SeqCst);
             LPIS[(intid - LPI_BASE) as usize].fetch_add(1, Ordering::SeqCst);
         } else {
             OTHER.fetch_add(1, Ordering::SeqCst);

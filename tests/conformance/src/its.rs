@@ -33,6 +33,7 @@ struct Memory {
     prop: Page64K,
     pend: Page64K,
     itt: Page64K,
+    pend1: Page64K,
 }
 
 static mut MEM: Memory = Memory {
@@ -42,6 +43,7 @@ static mut MEM: Memory = Memory {
     prop: Page64K([0; 65536]),
     pend: Page64K([0; 65536]),
     itt: Page64K([0; 65536]),
+    pend1: Page64K([0; 65536]),
 };
 
 /// The next free queue slot (the driver is used by CPU 0 only).
@@ -56,6 +58,8 @@ pub struct Its {
     /// The target of the checks' collection: RD address >> 16 (PTA) or the
     /// processor number.
     pub rdbase: u64,
+    /// GITS_TYPER.PTA: collections target redistributor addresses.
+    pta: bool,
 }
 
 /// A Page_Size field value → bytes.
@@ -76,15 +80,8 @@ impl Its {
         let m = mem();
         let pa = |p: *const Page64K| p as u64;
         // SAFETY: raw field addresses of the static; no reference made.
-        let (queue, device, collection, prop, pend) = unsafe {
-            (
-                pa(&raw const (*m).queue),
-                pa(&raw const (*m).device),
-                pa(&raw const (*m).collection),
-                pa(&raw const (*m).prop),
-                pa(&raw const (*m).pend),
-            )
-        };
+        let (queue, device, collection) =
+            unsafe { (pa(&raw const (*m).queue), pa(&raw const (*m).device), pa(&raw const (*m).collection)) };
         for i in 0..8 {
             let b = regs.read64(GITS_BASER + 8 * i);
             let ty = (b >> 56) & 7;
@@ -125,20 +122,41 @@ impl Its {
         NEXT.store(0, Ordering::SeqCst);
         regs.write32(GITS_CTLR, regs.read32(GITS_CTLR) | 1);
 
-        let rd = gic::rd(0);
         for i in 0..gic::LPI_COUNTED {
             set_prop(LPI_BASE + i as u32, PROP_OFF);
         }
+        let pta = regs.read64(GITS_TYPER) & (1 << 19) != 0;
+        let its = Its { regs, rdbase: 0, pta };
+        let rdbase = its.lpis_on(0);
+        Ok(Its { rdbase, ..its })
+    }
+
+    /// Points CPU `cpu`'s redistributor (0 or 1) at the shared LPI
+    /// configuration table and a pending table of its own and enables
+    /// LPIs there; returns its collection target (see `rdbase`).
+    pub fn lpis_on(&self, cpu: usize) -> u64 {
+        let m = mem();
+        // SAFETY: raw field addresses of the static; no reference made.
+        let (prop, pend) = unsafe {
+            (
+                (&raw const (*m).prop) as u64,
+                if cpu == 0 { (&raw const (*m).pend) as u64 } else { (&raw const (*m).pend1) as u64 },
+            )
+        };
+        let rd = gic::rd(cpu);
         rd.write64(GICR_PROPBASER, prop | 7 << 7 | 1 << 10 | 13);
         rd.write64(GICR_PENDBASER, pend | 7 << 7 | 1 << 10 | 1 << 62);
         arch::dsb();
         rd.write32(GICR_CTLR, rd.read32(GICR_CTLR) | 1);
-        let pta = regs.read64(GITS_TYPER) & (1 << 19) != 0;
-        let rdbase = if pta { rd.base() as u64 >> 16 } else { (rd.read64(GICR_TYPER) >> 8) & 0xffff };
-        Ok(Its { regs, rdbase })
+        if self.pta {
+            rd.base() as u64 >> 16
+        } else {
+            (rd.read64(GICR_TYPER) >> 8) & 0xffff
+        }
     }
 
-    /// ITT bytes per event (GITS_TYPER.ITT_entry_size + 1).
+    /// The ITT of the checks' one device (a 64 KiB page: room for any
+    /// entry size and the few events used).
     pub fn itt_addr(&self) -> u64 {
         // SAFETY: the raw address of the static page.
         unsafe { (&raw const (*mem()).itt) as u64 }
@@ -218,6 +236,9 @@ pub const fn mapc(icid: u64, rdbase: u64) -> [u64; 4] {
 }
 pub const fn mapti(dev: u64, ev: u64, intid: u64, icid: u64) -> [u64; 4] {
     [0x0a | dev << 32, ev | intid << 32, icid, 0]
+}
+pub const fn movi(dev: u64, ev: u64, icid: u64) -> [u64; 4] {
+    [0x01 | dev << 32, ev, icid, 0]
 }
 pub const fn int(dev: u64, ev: u64) -> [u64; 4] {
     [0x03 | dev << 32, ev, 0, 0]

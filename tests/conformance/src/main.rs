@@ -75,6 +75,8 @@ mod guest {
     pub static ONLINE: [AtomicU32; MAX_CPUS] = [const { AtomicU32::new(0) }; MAX_CPUS];
     pub static MAILBOX: [AtomicU32; MAX_CPUS] = [const { AtomicU32::new(0) }; MAX_CPUS];
     pub const CMD_OFF: u32 = 1;
+    /// Arm this CPU's virtual timer 2 ms ahead (its handler turns it off).
+    pub const CMD_VTIMER: u32 = 2;
     /// The SGI that rings a secondary's mailbox.
     pub const SGI_DOORBELL: u32 = 15;
 
@@ -105,7 +107,9 @@ mod guest {
             let base = i << 30;
             let normal = match p {
                 None => i > 0,
-                Some(p) => p.overlaps_ram(base, 1 << 30),
+                // RAM, and the block just past it (the abort checks fetch
+                // from there: it must be executable at stage 1).
+                Some(p) => p.overlaps_ram(base, 1 << 30) || (base..base + (1 << 30)).contains(&p.ram_end()),
             };
             let desc = base | if normal { BLOCK_NORMAL } else { BLOCK_DEVICE };
             // SAFETY: the table is only written here, by CPU 0, before the
@@ -218,10 +222,18 @@ mod guest {
         ONLINE[cpu].store(1, Ordering::SeqCst);
         loop {
             arch::irq_off();
-            if MAILBOX[cpu].swap(0, Ordering::SeqCst) == CMD_OFF {
-                ONLINE[cpu].store(0, Ordering::SeqCst);
-                psci(p, 0x8400_0002, 0, 0, 0);
-                ONLINE[cpu].store(3, Ordering::SeqCst);
+            match MAILBOX[cpu].swap(0, Ordering::SeqCst) {
+                CMD_OFF => {
+                    ONLINE[cpu].store(0, Ordering::SeqCst);
+                    psci(p, 0x8400_0002, 0, 0, 0);
+                    ONLINE[cpu].store(3, Ordering::SeqCst);
+                }
+                CMD_VTIMER => {
+                    crate::gic::sgi_frame(cpu).write32(crate::gic::GICR_ISENABLER0, 1 << p.vtimer_intid);
+                    arch::write_cntv_tval(arch::cntfrq() / 1000 * 2);
+                    arch::write_cntv_ctl(1);
+                }
+                _ => {}
             }
             arch::wfi();
             arch::irq_on();
