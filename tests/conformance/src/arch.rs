@@ -279,6 +279,7 @@ sysreg!(cntv_tval, write_cntv_tval, "cntv_tval_el0");
 sysreg!(cntpct, _write_cntpct, "cntpct_el0");
 sysreg!(cntp_ctl, write_cntp_ctl, "cntp_ctl_el0");
 sysreg!(cntp_cval, write_cntp_cval, "cntp_cval_el0");
+sysreg!(cntp_tval, write_cntp_tval, "cntp_tval_el0");
 sysreg!(icc_sre, write_icc_sre, "icc_sre_el1");
 sysreg!(icc_pmr, write_icc_pmr, "icc_pmr_el1");
 sysreg!(icc_bpr1, write_icc_bpr1, "icc_bpr1_el1");

@@ -240,6 +240,9 @@ pub const fn mapti(dev: u64, ev: u64, intid: u64, icid: u64) -> [u64; 4] {
 pub const fn movi(dev: u64, ev: u64, icid: u64) -> [u64; 4] {
     [0x01 | dev << 32, ev, icid, 0]
 }
+pub const fn clear(dev: u64, ev: u64) -> [u64; 4] {
+    [0x04 | dev << 32, ev, 0, 0]
+}
 pub const fn int(dev: u64, ev: u64) -> [u64; 4] {
     [0x03 | dev << 32, ev, 0, 0]
 }

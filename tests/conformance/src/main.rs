@@ -77,6 +77,8 @@ mod guest {
     pub const CMD_OFF: u32 = 1;
     /// Arm this CPU's virtual timer 2 ms ahead (its handler turns it off).
     pub const CMD_VTIMER: u32 = 2;
+    /// The same with the EL1 physical timer.
+    pub const CMD_PTIMER: u32 = 3;
     /// The SGI that rings a secondary's mailbox.
     pub const SGI_DOORBELL: u32 = 15;
 
@@ -228,10 +230,11 @@ mod guest {
                     psci(p, 0x8400_0002, 0, 0, 0);
                     ONLINE[cpu].store(3, Ordering::SeqCst);
                 }
-                CMD_VTIMER => {
-                    crate::gic::sgi_frame(cpu).write32(crate::gic::GICR_ISENABLER0, 1 << p.vtimer_intid);
-                    arch::write_cntv_tval(arch::cntfrq() / 1000 * 2);
-                    arch::write_cntv_ctl(1);
+                c @ (CMD_VTIMER | CMD_PTIMER) => {
+                    let tm = if c == CMD_VTIMER { crate::checks::Timer::Virt } else { crate::checks::Timer::Phys };
+                    crate::gic::sgi_frame(cpu).write32(crate::gic::GICR_ISENABLER0, 1 << tm.intid(p));
+                    tm.set_tval(arch::cntfrq() / 1000 * 2);
+                    tm.set_ctl(1);
                 }
                 _ => {}
             }
