@@ -42,6 +42,7 @@ const CHECKS: &[&str] = &[
     "sgi-icpendr",
     "icc-pmr-masks",
     "sgi-eoimode1-dir",
+    "spi-ispendr-route",
     "vtimer-fires",
     "vtimer-level-ctl",
     "vtimer-level-cval",

@@ -110,6 +110,7 @@ pub fn run_all(p: &Platform, t: &mut Tally) {
     report(t, "sgi-icpendr", sgi_icpendr());
     report(t, "icc-pmr-masks", pmr_masks(p));
     report(t, "sgi-eoimode1-dir", eoimode1(p));
+    report(t, "spi-ispendr-route", spi_route(p, up));
     timer_checks(p, t, Timer::Virt, up);
     report(t, "hvc-unknown", unknown_call(false));
     report(t, "smc-unknown", unknown_call(true));
@@ -729,6 +730,44 @@ fn timer_tval_wfi(p: &Platform, tm: Timer) -> Verdict {
         wakes += 1;
     }
     Verdict::Ok
+}
+
+/// The UART's SPI (its device interrupts all masked, so its line is low),
+/// pended from software with GICD_ISPENDR: taken once by the CPU its
+/// GICD_IROUTER names, CPU 0 and then CPU 1.
+fn spi_route(p: &Platform, up: bool) -> Verdict {
+    let Some(intid) = p.uart_intid.filter(|&i| (32..COUNTED as u32).contains(&i)) else {
+        skip!("no UART SPI below INTID {COUNTED} in the DT");
+    };
+    let d = gicd(p);
+    let (word, bit) = (4 * (intid as usize / 32), 1u32 << (intid % 32));
+    d.write32(GICD_IGROUPR + word, d.read32(GICD_IGROUPR + word) | bit);
+    let prio = GICD_IPRIORITYR + (intid as usize & !3);
+    let shift = 8 * (intid % 4);
+    d.write32(prio, (d.read32(prio) & !(0xff << shift)) | 0xa0 << shift);
+    let route = |mpidr: u64| (mpidr & 0xff_00ff_ffff) & !(1 << 31);
+    let targets: &[usize] = if up { &[0, 1] } else { &[0] };
+    let mut v = Verdict::Ok;
+    for &cpu in targets {
+        d.write64(GICD_IROUTER + 8 * intid as usize, route(p.mpidr[cpu]));
+        d.write32(GICD_ISENABLER + word, bit);
+        let before = gic::count(cpu, intid);
+        d.write32(GICD_ISPENDR + word, bit);
+        let taken = once(200, 20, || gic::count(cpu, intid) != before);
+        let n = gic::count(cpu, intid) - before;
+        d.write32(GICD_ICENABLER + word, bit);
+        d.write32(GICD_ICPENDR + word, bit);
+        if !taken {
+            v = Verdict::Fail(Msg::new(format_args!("SPI {intid} routed to CPU {cpu} not taken there within 200 ms")));
+            break;
+        }
+        if n != 1 {
+            v = Verdict::Fail(Msg::new(format_args!("SPI {intid} taken {n} times by CPU {cpu}")));
+            break;
+        }
+    }
+    d.write64(GICD_IROUTER + 8 * intid as usize, route(p.mpidr[0]));
+    v
 }
 
 /// CPU 1 arms its own timer and waits in WFI: the timer wakes it (under a

@@ -10,6 +10,13 @@ use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 pub const GICD_CTLR: usize = 0x0;
 pub const GICD_TYPER: usize = 0x4;
+pub const GICD_IGROUPR: usize = 0x80;
+pub const GICD_ISENABLER: usize = 0x100;
+pub const GICD_ICENABLER: usize = 0x180;
+pub const GICD_ISPENDR: usize = 0x200;
+pub const GICD_ICPENDR: usize = 0x280;
+pub const GICD_IPRIORITYR: usize = 0x400;
+pub const GICD_IROUTER: usize = 0x6000;
 const GICD_CTLR_RWP: u32 = 1 << 31;
 const GICD_CTLR_ARE: u32 = 1 << 4;
 const GICD_CTLR_GRP1: u32 = 1 << 1;
@@ -33,8 +40,10 @@ pub const GICR_IPRIORITYR: usize = 0x400;
 pub const LPI_BASE: u32 = 8192;
 pub const LPI_COUNTED: usize = 64;
 
-/// Per CPU and INTID (SGIs and PPIs): interrupts the handler took.
-pub static PRIVATE: [[AtomicU32; 32]; MAX_CPUS] = [const { [const { AtomicU32::new(0) }; 32] }; MAX_CPUS];
+/// Per CPU and INTID (SGIs, PPIs and the first 32 SPIs): interrupts the
+/// handler took.
+pub const COUNTED: usize = 64;
+pub static PRIVATE: [[AtomicU32; COUNTED]; MAX_CPUS] = [const { [const { AtomicU32::new(0) }; COUNTED] }; MAX_CPUS];
 /// LPIs LPI_BASE.. taken (on any CPU), and the CPU that took each last.
 pub static LPIS: [AtomicU32; LPI_COUNTED] = [const { AtomicU32::new(0) }; LPI_COUNTED];
 pub static LPI_CPU: [AtomicU32; LPI_COUNTED] = [const { AtomicU32::new(0) }; LPI_COUNTED];
@@ -162,7 +171,7 @@ pub fn handle_irq(cpu: usize) {
             arch::write_pmintenclr(u32::MAX as u64);
             arch::write_pmovsclr(u32::MAX as u64);
         }
-        if intid < 32 {
+        if (intid as usize) < COUNTED {
             PRIVATE[cpu][intid as usize].fetch_add(1, Ordering::SeqCst);
         } else if (LPI_BASE..LPI_BASE + LPI_COUNTED as u32).contains(&intid) {
             LPI_CPU[(intid - LPI_BASE) as usize].store(cpu as u32, Ordering::SeqCst);

@@ -21,6 +21,8 @@ pub struct Platform {
     pub ngicr: usize,
     pub its: Option<u64>,
     pub uart: Option<u64>,
+    /// The UART's interrupt (an SPI every platform here has).
+    pub uart_intid: Option<u32>,
     /// INTIDs of the EL1 physical (non-secure) and virtual timers.
     pub ptimer_intid: u32,
     pub vtimer_intid: u32,
@@ -39,7 +41,8 @@ fn be32(b: &[u8], i: usize) -> Option<u32> {
     b.get(i * 4..i * 4 + 4).map(|s| u32::from_be_bytes([s[0], s[1], s[2], s[3]]))
 }
 
-/// A PPI from an `interrupts` triple list: entry `n` (type, number, flags).
+/// The INTID of entry `n` of an `interrupts` list of GIC triples (type:
+/// 0 SPI, 1 PPI; number; flags).
 fn ppi(prop: &[u8], n: usize) -> Option<u32> {
     let (ty, num) = (be32(prop, n * 3)?, be32(prop, n * 3 + 1)?);
     Some(if ty == 1 { num + 16 } else { num + 32 })
@@ -64,6 +67,7 @@ impl Platform {
             ngicr: 0,
             its: None,
             uart: None,
+            uart_intid: None,
             ptimer_intid: 30,
             vtimer_intid: 27,
             pmu_intid: None,
@@ -118,6 +122,7 @@ impl Platform {
         }
         if let Some(uart) = fdt.find_compatible(&["arm,pl011"]) {
             p.uart = uart.reg().and_then(|mut r| r.next()).map(|r| r.starting_address as u64);
+            p.uart_intid = uart.property("interrupts").and_then(|i| ppi(i.value, 0));
         }
         if let Some(t) = fdt.find_compatible(&["arm,armv8-timer", "arm,armv7-timer"]) {
             if let Some(i) = t.property("interrupts") {
