@@ -375,6 +375,12 @@ pub fn call_addr(addr: u64) {
     unsafe { asm!("blr {a}", a = in(reg) addr, clobber_abi("C"), options(nostack)) }
 }
 
+/// BRK #0x42: a software breakpoint, handled at EL1 (crate::exc skips it).
+pub fn brk() {
+    // SAFETY: raises a breakpoint exception the vector code returns from.
+    unsafe { asm!("brk #0x42", options(nostack)) }
+}
+
 /// An SMCCC call through HVC (`smc` false) or SMC: x0..x3 in, x0 out.
 pub fn smccc(smc: bool, fid: u64, a1: u64, a2: u64, a3: u64) -> u64 {
     let r;

@@ -8,7 +8,7 @@ use crate::gic::{self, *};
 use crate::its::{self, Its};
 use crate::platform::Platform;
 use crate::println;
-use crate::{cpu_on, psci, CMD_OFF, MAILBOX, ONLINE, SGI_DOORBELL};
+use crate::{cpu_on, psci, CMD_OFF, CMD_READ_COUNTER, COUNTER_SEEN, MAILBOX, ONLINE, SGI_DOORBELL};
 use core::sync::atomic::Ordering;
 
 pub enum Verdict {
@@ -112,6 +112,7 @@ pub fn run_all(p: &Platform, t: &mut Tally) {
     report(t, "sgi-eoimode1-dir", eoimode1(p));
     report(t, "spi-ispendr-route", spi_route(p, up));
     timer_checks(p, t, Timer::Virt, up);
+    report(t, "counter-cross-cpu", if up { counter_cross_cpu(p) } else { Verdict::Skip(one_cpu()) });
     report(t, "hvc-unknown", unknown_call(false));
     report(t, "smc-unknown", unknown_call(true));
     report(t, "abort-unmapped", abort_unmapped(p));
@@ -122,6 +123,7 @@ pub fn run_all(p: &Platform, t: &mut Tally) {
     report(t, "debug-breakpoints", breakpoints());
     report(t, "debug-watchpoints", watchpoints());
     report(t, "debug-single-step", single_step());
+    report(t, "debug-brk", brk_insn());
     report(t, "pmu-cycle-counter", pmu_cycles());
     report(t, "pmu-event-counter", pmu_events());
     report(t, "pmu-overflow-irq", pmu_overflow(p));
@@ -788,6 +790,26 @@ fn timer_secondary(p: &Platform, tm: Timer) -> Verdict {
     Verdict::Ok
 }
 
+/// CNTVCT_EL0 read on CPU 1 between two reads on CPU 0 lies between them
+/// (the CPUs share one virtual counter), ten times.
+fn counter_cross_cpu(p: &Platform) -> Verdict {
+    for i in 0..10 {
+        COUNTER_SEEN.store(0, Ordering::SeqCst);
+        let t0 = arch::cntvct();
+        MAILBOX[1].store(CMD_READ_COUNTER, Ordering::SeqCst);
+        send_sgi(sgi1r(SGI_DOORBELL, Some(&[p.mpidr[1]])));
+        if !wait(500, || COUNTER_SEEN.load(Ordering::SeqCst) != 0) {
+            fail!("CPU 1 did not answer within 500 ms");
+        }
+        let t2 = arch::cntvct();
+        let t1 = COUNTER_SEEN.load(Ordering::SeqCst);
+        if !(t0 <= t1 && t1 <= t2) {
+            fail!("round {i}: CPU 0 read {t0} and {t2}, CPU 1 in between read {t1}");
+        }
+    }
+    Verdict::Ok
+}
+
 /// An SMCCC function no one implements (the vendor-hypervisor range, last
 /// function) must return NOT_SUPPORTED.
 fn unknown_call(smc: bool) -> Verdict {
@@ -1139,6 +1161,18 @@ fn single_step() -> Verdict {
     let elr = exc::ELR.load(Ordering::SeqCst);
     if elr != want {
         fail!("step exception at {elr:#x}, want {want:#x}");
+    }
+    Verdict::Ok
+}
+
+/// BRK at EL1 is taken at EL1 (EC 0x3c) with its immediate in the ISS.
+fn brk_insn() -> Verdict {
+    let (_, f) = guarded(arch::brk);
+    if f.count != 1 {
+        fail!("BRK took {} exceptions, want 1", f.count);
+    }
+    if f.ec() != exc::EC_BRK_INSN || f.esr & 0xffff != 0x42 {
+        fail!("ESR {:#x}, want EC 0x3c with comment 0x42", f.esr);
     }
     Verdict::Ok
 }

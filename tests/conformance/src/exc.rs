@@ -11,6 +11,7 @@ pub const EC_UNKNOWN: u64 = 0x00;
 pub const EC_IABT_CUR: u64 = 0x21;
 pub const EC_DABT_CUR: u64 = 0x25;
 pub const EC_BRK_CUR: u64 = 0x31;
+pub const EC_BRK_INSN: u64 = 0x3c;
 pub const EC_STEP_CUR: u64 = 0x33;
 pub const EC_WATCH_CUR: u64 = 0x35;
 

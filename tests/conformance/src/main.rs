@@ -79,6 +79,9 @@ mod guest {
     pub const CMD_VTIMER: u32 = 2;
     /// The same with the EL1 physical timer.
     pub const CMD_PTIMER: u32 = 3;
+    /// Store CNTVCT_EL0 in COUNTER_SEEN.
+    pub const CMD_READ_COUNTER: u32 = 4;
+    pub static COUNTER_SEEN: AtomicU64 = AtomicU64::new(0);
     /// The SGI that rings a secondary's mailbox.
     pub const SGI_DOORBELL: u32 = 15;
 
@@ -230,6 +233,7 @@ mod guest {
                     psci(p, 0x8400_0002, 0, 0, 0);
                     ONLINE[cpu].store(3, Ordering::SeqCst);
                 }
+                CMD_READ_COUNTER => COUNTER_SEEN.store(arch::cntvct(), Ordering::SeqCst),
                 c @ (CMD_VTIMER | CMD_PTIMER) => {
                     let tm = if c == CMD_VTIMER { crate::checks::Timer::Virt } else { crate::checks::Timer::Phys };
                     crate::gic::sgi_frame(cpu).write32(crate::gic::GICR_ISENABLER0, 1 << tm.intid(p));
