@@ -193,8 +193,8 @@ fn affinity(p: &Platform, cpu: usize, want: i64) -> Verdict {
 fn sgi_self(p: &Platform) -> Verdict {
     let before = gic::count(0, 0);
     send_sgi(sgi1r(0, Some(&[p.mpidr[0]])));
-    if !once(200, 20, || gic::count(0, 0) != before) {
-        fail!("SGI 0 to self not taken within 200 ms");
+    if !once(1000, 20, || gic::count(0, 0) != before) {
+        fail!("SGI 0 to self not taken within 1 s");
     }
     let n = gic::count(0, 0) - before;
     if n != 1 {
@@ -211,9 +211,9 @@ fn sgi_list(p: &Platform, up: bool) -> Verdict {
     let before = [gic::count(0, 1), gic::count(1, 1)];
     send_sgi(sgi1r(1, Some(targets)));
     let done = || gic::count(0, 1) != before[0] && (!up || gic::count(1, 1) != before[1]);
-    if !once(200, 20, done) {
+    if !once(1000, 20, done) {
         fail!(
-            "SGI 1 to the list not taken within 200 ms (CPU0 {}, CPU1 {})",
+            "SGI 1 to the list not taken within 1 s (CPU0 {}, CPU1 {})",
             gic::count(0, 1) - before[0],
             gic::count(1, 1) - before[1]
         );
@@ -228,8 +228,8 @@ fn sgi_list(p: &Platform, up: bool) -> Verdict {
 fn sgi_broadcast() -> Verdict {
     let before = [gic::count(0, 2), gic::count(1, 2)];
     send_sgi(sgi1r(2, None));
-    if !once(200, 20, || gic::count(1, 2) != before[1]) {
-        fail!("SGI 2 to all but self not taken by CPU1 within 200 ms");
+    if !once(1000, 20, || gic::count(1, 2) != before[1]) {
+        fail!("SGI 2 to all but self not taken by CPU1 within 1 s");
     }
     let n = [gic::count(0, 2) - before[0], gic::count(1, 2) - before[1]];
     if n != [0, 1] {
@@ -247,7 +247,7 @@ fn sgi_icactiver(p: &Platform) -> Verdict {
         let ack = |what: &str| -> Result<u64, Msg> {
             send_sgi(sgi1r(4, Some(&[p.mpidr[0]])));
             let mut iar = 1023;
-            wait(200, || {
+            wait(1000, || {
                 iar = arch::icc_iar1();
                 iar & 0xff_ffff != 1023
             });
@@ -303,7 +303,7 @@ fn cpu_suspend(p: &Platform) -> Verdict {
     arch::write_cntv_ctl(1);
     let r = psci(p, 0xc400_0001, 0, 0, 0);
     arch::irq_on();
-    let taken = once(500, 20, || gic::count(0, vt) != before);
+    let taken = once(1000, 20, || gic::count(0, vt) != before);
     arch::write_cntv_ctl(0);
     if r != 0 {
         fail!("CPU_SUSPEND (standby) returned {r}");
@@ -344,7 +344,7 @@ fn sgi_disabled(p: &Platform) -> Verdict {
     if !pend {
         fail!("disabled SGI 7 not pending in GICR_ISPENDR0");
     }
-    if !once(200, 20, || gic::count(0, 7) != before) {
+    if !once(1000, 20, || gic::count(0, 7) != before) {
         fail!("SGI 7 not taken after GICR_ISENABLER0");
     }
     let n = gic::count(0, 7) - before;
@@ -358,8 +358,8 @@ fn sgi_disabled(p: &Platform) -> Verdict {
 fn sgi_ispendr() -> Verdict {
     let before = gic::count(0, 6);
     sgi_frame(0).write32(GICR_ISPENDR0, 1 << 6);
-    if !once(200, 20, || gic::count(0, 6) != before) {
-        fail!("SGI 6 pended through GICR_ISPENDR0 not taken within 200 ms");
+    if !once(1000, 20, || gic::count(0, 6) != before) {
+        fail!("SGI 6 pended through GICR_ISPENDR0 not taken within 1 s");
     }
     let n = gic::count(0, 6) - before;
     if n != 1 {
@@ -404,7 +404,7 @@ fn pmr_masks(p: &Platform) -> Verdict {
     if early != 0 {
         fail!("SGI 5 (priority 0xa0) taken {early} times with ICC_PMR_EL1 = 0x80");
     }
-    if !once(200, 20, || gic::count(0, 5) != before) {
+    if !once(1000, 20, || gic::count(0, 5) != before) {
         fail!("SGI 5 not taken after ICC_PMR_EL1 = 0xff");
     }
     let n = gic::count(0, 5) - before;
@@ -423,7 +423,7 @@ fn eoimode1(p: &Platform) -> Verdict {
     let v = (|| {
         send_sgi(sgi1r(10, Some(&[p.mpidr[0]])));
         let mut iar = 1023;
-        wait(200, || {
+        wait(1000, || {
             iar = arch::icc_iar1();
             iar & 0xff_ffff != 1023
         });
@@ -630,9 +630,9 @@ fn timer_fires(p: &Platform, tm: Timer) -> Verdict {
     enable_ppi(intid, true);
     tm.set_cval(tm.count() + Timer::ticks(1));
     tm.set_ctl(CTL_ENABLE);
-    if !once(500, 20, || gic::count(0, intid) != before) {
+    if !once(1000, 20, || gic::count(0, intid) != before) {
         tm.set_ctl(0);
-        fail!("INTID {intid} not taken within 500 ms");
+        fail!("INTID {intid} not taken within 1 s");
     }
     let n = gic::count(0, intid) - before;
     if n != 1 {
@@ -649,7 +649,7 @@ fn timer_level(p: &Platform, tm: Timer, cval: bool) -> Verdict {
     sgi_frame(0).write32(GICR_ICPENDR0, 1 << intid);
     tm.set_cval(tm.count());
     tm.set_ctl(CTL_ENABLE);
-    if !wait(200, || pending(intid)) {
+    if !wait(1000, || pending(intid)) {
         tm.set_ctl(0);
         fail!("enabled and due with the PPI disabled, not pending in GICR_ISPENDR0");
     }
@@ -658,7 +658,7 @@ fn timer_level(p: &Platform, tm: Timer, cval: bool) -> Verdict {
     } else {
         tm.set_ctl(0);
     }
-    let gone = wait(200, || !pending(intid));
+    let gone = wait(1000, || !pending(intid));
     tm.set_ctl(0);
     if !gone {
         if cval {
@@ -704,9 +704,9 @@ fn timer_imask(p: &Platform, tm: Timer) -> Verdict {
         fail!("{}_CTL.ISTATUS reads 0 for a due timer ({ctl:#x})", tm.reg());
     }
     tm.set_ctl(CTL_ENABLE);
-    if !once(200, 20, || gic::count(0, intid) != before) {
+    if !once(1000, 20, || gic::count(0, intid) != before) {
         tm.set_ctl(0);
-        fail!("not taken within 200 ms of clearing IMASK");
+        fail!("not taken within 1 s of clearing IMASK");
     }
     let n = gic::count(0, intid) - before;
     if n != 1 {
@@ -755,12 +755,12 @@ fn spi_route(p: &Platform, up: bool) -> Verdict {
         d.write32(GICD_ISENABLER + word, bit);
         let before = gic::count(cpu, intid);
         d.write32(GICD_ISPENDR + word, bit);
-        let taken = once(200, 20, || gic::count(cpu, intid) != before);
+        let taken = once(1000, 20, || gic::count(cpu, intid) != before);
         let n = gic::count(cpu, intid) - before;
         d.write32(GICD_ICENABLER + word, bit);
         d.write32(GICD_ICPENDR + word, bit);
         if !taken {
-            v = Verdict::Fail(Msg::new(format_args!("SPI {intid} routed to CPU {cpu} not taken there within 200 ms")));
+            v = Verdict::Fail(Msg::new(format_args!("SPI {intid} routed to CPU {cpu} not taken there within 1 s")));
             break;
         }
         if n != 1 {
@@ -798,8 +798,8 @@ fn counter_cross_cpu(p: &Platform) -> Verdict {
         let t0 = arch::cntvct();
         MAILBOX[1].store(CMD_READ_COUNTER, Ordering::SeqCst);
         send_sgi(sgi1r(SGI_DOORBELL, Some(&[p.mpidr[1]])));
-        if !wait(500, || COUNTER_SEEN.load(Ordering::SeqCst) != 0) {
-            fail!("CPU 1 did not answer within 500 ms");
+        if !wait(1000, || COUNTER_SEEN.load(Ordering::SeqCst) != 0) {
+            fail!("CPU 1 did not answer within 1 s");
         }
         let t2 = arch::cntvct();
         let t1 = COUNTER_SEEN.load(Ordering::SeqCst);
@@ -936,8 +936,8 @@ fn baser_reset(base: u64) -> Verdict {
 }
 
 fn lpi_once(intid: u32, before: u32) -> Result<(), Msg> {
-    if !once(200, 10, || gic::lpi_count(intid) != before) {
-        return Err(Msg::new(format_args!("LPI {intid} not taken within 200 ms")));
+    if !once(1000, 10, || gic::lpi_count(intid) != before) {
+        return Err(Msg::new(format_args!("LPI {intid} not taken within 1 s")));
     }
     let n = gic::lpi_count(intid) - before;
     if n != 1 {
@@ -1022,8 +1022,8 @@ fn its_many(its: &Its) -> Verdict {
         if let Err(e) = its.send_reusing(its::int(DEV, 1)[0], 1) {
             fail!("INT {i}: {e}");
         }
-        if !wait(200, || gic::lpi_count(lpi) != before) {
-            fail!("INT {i} of 5000: LPI {lpi} not taken within 200 ms ({} taken)", gic::lpi_count(lpi) - start);
+        if !wait(1000, || gic::lpi_count(lpi) != before) {
+            fail!("INT {i} of 5000: LPI {lpi} not taken within 1 s ({} taken)", gic::lpi_count(lpi) - start);
         }
     }
     delay_ms(10);
@@ -1246,10 +1246,10 @@ fn pmu_overflow(p: &Platform) -> Verdict {
     if f.count > 0 {
         fail!("PMU register access raised an exception (ESR {:#x})", f.esr);
     }
-    let ok = once(200, 10, || gic::count(0, intid) != before);
+    let ok = once(1000, 10, || gic::count(0, intid) != before);
     arch::write_pmcntenclr(1);
     if !ok {
-        fail!("no overflow interrupt (INTID {intid}) within 200 ms");
+        fail!("no overflow interrupt (INTID {intid}) within 1 s");
     }
     let n = gic::count(0, intid) - before;
     if n != 1 {

@@ -201,7 +201,7 @@ impl Its {
         NEXT.store(next as u64, Ordering::SeqCst);
         arch::dsb();
         self.regs.write64(GITS_CWRITER, (next * 32) as u64);
-        let until = crate::checks::deadline_ms(500);
+        let until = crate::checks::deadline_ms(1000);
         loop {
             let r = self.regs.read64(GITS_CREADR);
             if r & 1 != 0 {
@@ -211,7 +211,7 @@ impl Its {
                 return Ok(());
             }
             if crate::checks::now() > until {
-                return Err("CREADR did not reach CWRITER in 500 ms");
+                return Err("CREADR did not reach CWRITER in 1 s");
             }
         }
     }

@@ -183,7 +183,10 @@ mod guest {
             println!("conformance: no checks (conformance.skip_checks)");
         } else {
             let mut t = crate::checks::Tally::default();
+            let start = arch::cntvct();
             crate::checks::run_all(p, &mut t);
+            let ms = (arch::cntvct() - start) / (arch::cntfrq() / 1000).max(1);
+            println!("info elapsed: {ms} ms");
             println!("conformance: {} passed, {} failed, {} skipped", t.passed, t.failed, t.skipped);
         }
         if p.linger_ms > 0 {
