@@ -62,7 +62,7 @@ pub struct ConformanceArgs {
     /// GIC version of the machine (4 needs the hypervisor)
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u8).range(3..=4))]
     pub gic: u8,
-    /// Physical CPUs (the guest always has 2 CPUs)
+    /// Physical CPUs (under the hypervisor the guest has 2 vCPUs; on bare QEMU these are its CPUs)
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub pcpus: u32,
 }

@@ -103,7 +103,7 @@ pub fn run_all(p: &Platform, t: &mut Tally) {
     let up = second && ONLINE[1].load(Ordering::SeqCst) == 1;
     report(t, "sgi-self", sgi_self(p));
     report(t, "sgi-target-list", sgi_list(p, up));
-    report(t, "sgi-broadcast", if up { sgi_broadcast() } else { Verdict::Skip(one_cpu()) });
+    report(t, "sgi-broadcast", if up { sgi_broadcast() } else { Verdict::Skip(no_second(second)) });
     report(t, "sgi-icactiver", sgi_icactiver(p));
     report(t, "sgi-pending-while-disabled", sgi_disabled(p));
     report(t, "sgi-ispendr", sgi_ispendr());
@@ -111,15 +111,15 @@ pub fn run_all(p: &Platform, t: &mut Tally) {
     report(t, "icc-pmr-masks", pmr_masks(p));
     report(t, "sgi-eoimode1-dir", eoimode1(p));
     report(t, "spi-ispendr-route", spi_route(p, up));
-    timer_checks(p, t, Timer::Virt, up);
-    report(t, "counter-cross-cpu", if up { counter_cross_cpu(p) } else { Verdict::Skip(one_cpu()) });
+    timer_checks(p, t, Timer::Virt, up, second);
+    report(t, "counter-cross-cpu", if up { counter_cross_cpu(p) } else { Verdict::Skip(no_second(second)) });
     report(t, "hvc-unknown", unknown_call(false));
     report(t, "smc-unknown", unknown_call(true));
     report(t, "abort-unmapped", abort_unmapped(p));
     report(t, "abort-unmapped-store", abort_store(p));
     report(t, "abort-unmapped-fetch", abort_fetch(p));
-    its_checks(p, t, up);
-    timer_checks(p, t, Timer::Phys, up);
+    its_checks(p, t, up, second);
+    timer_checks(p, t, Timer::Phys, up, second);
     report(t, "debug-breakpoints", breakpoints());
     report(t, "debug-watchpoints", watchpoints());
     report(t, "debug-single-step", single_step());
@@ -127,7 +127,7 @@ pub fn run_all(p: &Platform, t: &mut Tally) {
     report(t, "pmu-cycle-counter", pmu_cycles());
     report(t, "pmu-event-counter", pmu_events());
     report(t, "pmu-overflow-irq", pmu_overflow(p));
-    report(t, "psci-cpu-off", if up { cpu_off(p, 1) } else { Verdict::Skip(one_cpu()) });
+    report(t, "psci-cpu-off", if up { cpu_off(p, 1) } else { Verdict::Skip(no_second(second)) });
     let other = OTHER.load(Ordering::SeqCst);
     report(
         t,
@@ -145,6 +145,15 @@ pub fn run_all(p: &Platform, t: &mut Tally) {
 
 fn one_cpu() -> Msg {
     Msg::new(format_args!("the DT lists one CPU"))
+}
+
+/// Why a check that needs CPU 1 online is skipped.
+fn no_second(second: bool) -> Msg {
+    if second {
+        Msg::new(format_args!("CPU 1 is not online (see psci-cpu-on)"))
+    } else {
+        one_cpu()
+    }
 }
 
 fn psci_version(p: &Platform) -> Verdict {
@@ -589,7 +598,7 @@ const CTL_ENABLE: u64 = 1;
 const CTL_IMASK: u64 = 1 << 1;
 const CTL_ISTATUS: u64 = 1 << 2;
 
-fn timer_checks(p: &Platform, t: &mut Tally, tm: Timer, up: bool) {
+fn timer_checks(p: &Platform, t: &mut Tally, tm: Timer, up: bool, second: bool) {
     type Check = fn(&Platform, Timer) -> Verdict;
     let checks: [(&str, Check); 7] = [
         ("fires", timer_fires),
@@ -606,7 +615,7 @@ fn timer_checks(p: &Platform, t: &mut Tally, tm: Timer, up: bool) {
         let v = if f.count > 0 {
             Verdict::Fail(Msg::new(format_args!("{}_CTL_EL0 access raised an exception (ESR {:#x})", tm.reg(), f.esr)))
         } else if name == "secondary" && !up {
-            Verdict::Skip(one_cpu())
+            Verdict::Skip(no_second(second))
         } else {
             check(p, tm)
         };
@@ -867,7 +876,7 @@ fn abort_unmapped(p: &Platform) -> Verdict {
 const DEV: u64 = 1;
 const ICID: u64 = 0;
 
-fn its_checks(p: &Platform, t: &mut Tally, up: bool) {
+fn its_checks(p: &Platform, t: &mut Tally, up: bool, second: bool) {
     const NAMES: [&str; 8] = [
         "its-baser-reset",
         "its-mapti-int",
@@ -902,7 +911,7 @@ fn its_checks(p: &Platform, t: &mut Tally, up: bool) {
         }
     };
     report(t, NAMES[1], its_mapti(&its));
-    report(t, NAMES[2], if up { its_movi(&its) } else { Verdict::Skip(one_cpu()) });
+    report(t, NAMES[2], if up { its_movi(&its) } else { Verdict::Skip(no_second(second)) });
     report(t, NAMES[3], its_inv(&its, false));
     report(t, NAMES[4], its_inv(&its, true));
     report(t, NAMES[5], its_clear(&its));
