@@ -193,6 +193,48 @@ pub const fn is_translation_fault(iss: u32) -> bool {
     iss & 0x3c == 0x04 && iss & (1 << 7) == 0
 }
 
+/// The access an abort delivered to a guest reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AbortKind {
+    /// An instruction fetch.
+    Fetch,
+    /// A data access: ISS.WnR (a store) and ISS.CM (cache maintenance), as
+    /// the trap reported them.
+    Data { write: bool, cache_maint: bool },
+}
+
+impl AbortKind {
+    /// A data abort's WnR and CM from the ISS of the trap (valid for every
+    /// data abort, with or without ISV).
+    pub const fn from_dabt_iss(iss: u32) -> AbortKind {
+        AbortKind::Data { write: iss & (1 << 6) != 0, cache_maint: iss & (1 << 8) != 0 }
+    }
+}
+
+/// ESR_EL1 of the synchronous external abort a guest gets for an access
+/// the hypervisor cannot complete (`same_el`: the access came from EL1):
+/// EC for a data or instruction abort from the current or a lower EL, IL
+/// set, FSC = synchronous external abort, and for data the trap's WnR and
+/// CM, so the guest tells a faulting store from a load as on hardware.
+pub const fn injected_abort_esr(kind: AbortKind, same_el: bool) -> u64 {
+    let ec: u64 = match (kind, same_el) {
+        (AbortKind::Data { .. }, true) => 0x25,
+        (AbortKind::Data { .. }, false) => 0x24,
+        (AbortKind::Fetch, true) => 0x21,
+        (AbortKind::Fetch, false) => 0x20,
+    };
+    let mut iss: u64 = 0x10;
+    if let AbortKind::Data { write, cache_maint } = kind {
+        if write {
+            iss |= 1 << 6;
+        }
+        if cache_maint {
+            iss |= 1 << 8;
+        }
+    }
+    (ec << 26) | (1 << 25) | iss
+}
+
 fn decode_dabt(iss: u32, far: u64, hpfar: u64) -> Exit {
     let ipa = fault_ipa(hpfar, far);
     let isv = iss & (1 << 24) != 0;
@@ -248,6 +290,25 @@ mod tests {
 
     fn esr(ec: u8, il: bool, iss: u32) -> u64 {
         ((ec as u64) << 26) | ((il as u64) << 25) | iss as u64
+    }
+
+    #[test]
+    fn injected_aborts_keep_the_access_direction() {
+        let load = AbortKind::Data { write: false, cache_maint: false };
+        let store = AbortKind::Data { write: true, cache_maint: false };
+        assert_eq!(injected_abort_esr(load, true), 0x9600_0010);
+        assert_eq!(injected_abort_esr(store, true), 0x9600_0050);
+        assert_eq!(injected_abort_esr(store, false), 0x9200_0050);
+        assert_eq!(injected_abort_esr(AbortKind::Fetch, true), 0x8600_0010);
+        assert_eq!(injected_abort_esr(AbortKind::Fetch, false), 0x8200_0010);
+        // From a trapped ISS (ISV = 0, a store; a DC maintenance op): WnR and
+        // CM carried over, nothing else (SAS, SRT, FSC of the stage-2 fault).
+        let store_iss = (1 << 6) | 0x07;
+        assert_eq!(AbortKind::from_dabt_iss(store_iss), store);
+        let dc = (1 << 8) | (1 << 6) | 0x06;
+        assert_eq!(injected_abort_esr(AbortKind::from_dabt_iss(dc), true), 0x9600_0150);
+        let isv_load = (1 << 24) | (2 << 22) | (3 << 16) | 0x05;
+        assert_eq!(injected_abort_esr(AbortKind::from_dabt_iss(isv_load), true), 0x9600_0010);
     }
 
     #[test]

@@ -38,6 +38,28 @@ pub fn hypervisor(platform: &str) -> Result<PathBuf> {
     Ok(bin)
 }
 
+/// Builds the conformance guest (tests/conformance, an EL1 kernel with an
+/// arm64 Image header) and returns its flat image's path.
+pub fn conformance() -> Result<PathBuf> {
+    crate::setup::ensure_target()?;
+    let target_dir = root().join("target").join("hv");
+    let st = Command::new(env!("CARGO"))
+        .current_dir(root())
+        .env("CARGO_TARGET_DIR", &target_dir)
+        .args(["build", "--quiet", "--release", "-p", "conformance", "--target", crate::setup::TARGET])
+        .status()
+        .map_err(|e| format!("cargo: {e}"))?;
+    if !st.success() {
+        return Err("building the conformance guest failed".into());
+    }
+    let elf = target_dir.join(crate::setup::TARGET).join("release").join("conformance");
+    let bin = crate::out_dir().join("conformance.bin");
+    std::fs::create_dir_all(crate::out_dir()).map_err(|e| e.to_string())?;
+    let data = std::fs::read(&elf).map_err(|e| format!("{}: {e}", elf.display()))?;
+    std::fs::write(&bin, elf_to_flat(&data)?).map_err(|e| e.to_string())?;
+    Ok(bin)
+}
+
 /// Lays out the ELF's PT_LOAD segments (file contents only; BSS is zeroed
 /// by the entry code) as one flat image starting at the lowest address.
 /// The image relocates itself with its .rela.dyn (entry.rs), which handles

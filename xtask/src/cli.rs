@@ -45,10 +45,26 @@ pub enum Command {
     /// Benchmarks inside Linux guests
     #[command(subcommand, arg_required_else_help = true)]
     Bench(BenchCommand),
+    /// Build the conformance guest (tests/conformance) and run it: bare QEMU, Dom0 or a DomU; exit 1 when a check fails
+    Conformance(ConformanceArgs),
     /// What toolchain is in use, where it came from, which optional pieces are ready, what the caches take (fetches nothing)
     Doctor,
     /// Remove the build outputs (cargo clean); with --caches also the toolchain, guest-image and TF-A caches
     Clean(CleanArgs),
+}
+
+/// `cargo xtask conformance [--at bare|dom0|domu] [--gic 3|4] [--pcpus N]`
+#[derive(Clone, Debug, Args)]
+pub struct ConformanceArgs {
+    /// Where the guest runs: bare (QEMU at EL1, no hypervisor), dom0 (with the vITS), domu (beside a Dom0)
+    #[arg(long, value_enum, default_value = "dom0")]
+    pub at: crate::conformance::Placement,
+    /// GIC version of the machine (4 needs the hypervisor)
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u8).range(3..=4))]
+    pub gic: u8,
+    /// Physical CPUs (under the hypervisor the guest has 2 vCPUs; on bare QEMU these are its CPUs)
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub pcpus: u32,
 }
 
 /// `cargo xtask clean [--caches]`

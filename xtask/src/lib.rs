@@ -18,6 +18,7 @@
 //! - [`shrinkwrap`]: the Shrinkwrap overlay fvp/hypervisor.yaml and its check
 //! - [`lint`]: rustfmt and clippy (warnings as errors), run by `cargo xtask test`
 //! - [`bench`]: the benchmarks in Linux guests (`cargo xtask bench`)
+//! - [`conformance`]: `cargo xtask conformance`: the conformance guest on bare QEMU, as Dom0 or a DomU, and its output parsed
 //! - [`trace`]: reads the hypervisor's flight-recorder dumps back, per-pCPU timelines
 //! - `arch_doc` (tests only): keeps docs/ARCHITECTURE.md, README's
 //!   architecture section and the module lists true to the tree
@@ -25,6 +26,7 @@
 pub mod bench;
 pub mod build;
 pub mod cli;
+pub mod conformance;
 pub mod doctor;
 pub mod domu;
 pub mod firmware;

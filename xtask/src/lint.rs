@@ -1,7 +1,8 @@
 //! The lints `cargo xtask test` holds the tree to: rustfmt (rustfmt.toml)
 //! and clippy with warnings as errors, on the host build of the workspace
-//! and on the hypervisor's bare-metal build (whose EL2 code the host build
-//! does not compile).
+//! and on the bare-metal builds of the hypervisor (whose EL2 code the host
+//! build does not compile) and of the conformance guest (whose host build
+//! is a stub).
 
 use crate::setup::TARGET;
 use std::process::Command;
@@ -13,6 +14,7 @@ pub fn commands() -> Vec<(&'static str, Vec<String>)> {
         ("rustfmt", v(&["fmt", "--all", "--check"])),
         ("clippy (host)", v(&["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])),
         ("clippy (EL2)", v(&["clippy", "-p", "hypervisor", "--target", TARGET, "--", "-D", "warnings"])),
+        ("clippy (conformance guest)", v(&["clippy", "-p", "conformance", "--target", TARGET, "--", "-D", "warnings"])),
     ]
 }
 
@@ -51,7 +53,7 @@ mod tests {
     #[test]
     fn warnings_are_errors_on_both_builds_and_formatting_is_checked() {
         let cmds = super::commands();
-        assert_eq!(cmds.len(), 3);
+        assert_eq!(cmds.len(), 4);
         assert_eq!(cmds[0].1, ["fmt", "--all", "--check"]);
         for (_, args) in &cmds[1..] {
             assert_eq!(args[0], "clippy");
@@ -59,5 +61,6 @@ mod tests {
         }
         assert!(cmds[1].1.contains(&"--all-targets".to_string()));
         assert!(cmds[2].1.contains(&super::TARGET.to_string()));
+        assert!(cmds[3].1.contains(&super::TARGET.to_string()) && cmds[3].1.contains(&"conformance".to_string()));
     }
 }

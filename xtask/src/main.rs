@@ -7,6 +7,8 @@
 //! - `test`: host unit tests and integration tests that boot real guests
 //! - `sim wakeup [options]`: the scheduler's discrete-event simulator
 //! - `bench wakeup|timer [options]`: benchmarks in Linux guests
+//! - `conformance [--at bare|dom0|domu] [--gic N] [--pcpus N]`: the
+//!   conformance guest's checks (tests/conformance)
 //! - `doctor`: the toolchain in use, what is ready, the caches' size
 //! - `clean [--caches]`: cargo clean, and the caches
 //!
@@ -39,6 +41,8 @@ fn cmd_test(args: &TestArgs) -> Result<i32, String> {
     xtask::build::hypervisor("qemu-virt")?;
     xtask::image::guest()?;
     xtask::image::guest_flavour(xtask::image::Flavour::Generic)?;
+    // The conformance guest for tests/conformance.rs.
+    xtask::build::conformance()?;
     // TF-A for tests/firmware.rs (built once, then cached).
     for gic in [3, 4] {
         xtask::firmware::tf_a(gic)?;
@@ -178,6 +182,13 @@ fn main() {
         Command::Sim(SimCommand::Wakeup(args)) => sim::main(args).map(|_| 0),
         Command::Bench(BenchCommand::Wakeup(args)) => xtask::bench::runner::wakeup(args).map(|_| 0),
         Command::Bench(BenchCommand::Timer(args)) => xtask::bench::timer::run(args).map(|_| 0),
+        Command::Conformance(a) => {
+            if a.at == xtask::conformance::Placement::Bare && a.gic == 4 {
+                Err("--gic 4 needs EL2 (virtualization=on): not with --at bare".into())
+            } else {
+                xtask::conformance::run(a.at, a.gic, a.pcpus)
+            }
+        }
         Command::Doctor => xtask::doctor::doctor().map(|_| 0),
         Command::Clean(args) => xtask::doctor::clean(args.caches).map(|_| 0),
     };

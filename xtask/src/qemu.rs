@@ -66,6 +66,10 @@ pub struct RunOptions {
     /// `None` (`--kernel-flavour`; its initramfs carries that kernel's
     /// modules).
     pub flavour: crate::image::Flavour,
+    /// No hypervisor: QEMU's `-kernel` starts `kernel` at EL1 itself
+    /// (`virt` without `virtualization=on`), for guests checked against
+    /// bare QEMU (the conformance guest).
+    pub bare: bool,
 }
 
 /// Console input written before the guest reads its console.
@@ -105,6 +109,7 @@ impl Default for RunOptions {
             hv_boot: Default::default(),
             domus: None,
             flavour: Default::default(),
+            bare: false,
         }
     }
 }
@@ -215,6 +220,35 @@ pub fn command_line(hv_bin: &Path, kernel: &Path, initrd: Option<&PathBuf>, o: &
     a
 }
 
+/// The QEMU argument vector of a run without the hypervisor: `kernel` at
+/// EL1 through `-kernel` (x0 = QEMU's DTB), `append` as its command line.
+pub fn bare_command_line(kernel: &Path, o: &RunOptions) -> Vec<String> {
+    let mut a: Vec<String> = vec![
+        "-machine".into(),
+        format!("virt,gic-version={}", o.gic),
+        "-cpu".into(),
+        o.cpu.clone(),
+        "-smp".into(),
+        o.pcpus.to_string(),
+        "-m".into(),
+        format!("{}M", o.mem_mb),
+        "-nographic".into(),
+        "-nic".into(),
+        "none".into(),
+        "-no-reboot".into(),
+        "-kernel".into(),
+        kernel.display().to_string(),
+    ];
+    if let Some(args) = &o.append {
+        a.extend(["-append".into(), args.clone()]);
+    }
+    if o.icount {
+        a.extend(["-icount".into(), "shift=0,sleep=on".into()]);
+    }
+    a.extend(o.extra.iter().cloned());
+    a
+}
+
 /// The hypervisor's options: `dom0_mem`, `dom0_max_vcpus`, then `--hv-args`.
 fn hypervisor_args(o: &RunOptions) -> String {
     let mut hv_args = format!("dom0_mem={}M dom0_max_vcpus={}", o.mem_mb, o.vcpus);
@@ -282,6 +316,10 @@ pub fn printable_args(args: &[String]) -> String {
 pub fn run(o: &RunOptions) -> Result<RunResult> {
     let qemu = crate::toolchain::qemu()?;
     qemu.require_cpu(&o.cpu)?;
+    if o.bare {
+        let kernel = o.kernel.as_ref().ok_or("a run without the hypervisor needs a kernel")?;
+        return run_args(bare_command_line(kernel, o), o);
+    }
     let hv = crate::hvload::prepare(&crate::build::hypervisor("qemu-virt")?, o.hv_boot)?;
     let (kernel, initrd) = match (&o.kernel, &o.initrd) {
         (Some(k), i) => (k.clone(), i.clone()),

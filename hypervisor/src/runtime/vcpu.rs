@@ -762,7 +762,7 @@ fn handle_sync(vm: &Vm, me: usize, v: &mut Vcpu) -> Next {
                 // Mapped: the guest retries the access on the device itself.
             } else {
                 report_bad_access(vm, v, a.ipa, "bad MMIO access");
-                inject_abort(vm, v, true, far);
+                inject_abort(vm, v, esr::AbortKind::Data { write: a.write, cache_maint: false }, far);
             }
             Next::Enter
         }
@@ -770,12 +770,12 @@ fn handle_sync(vm: &Vm, me: usize, v: &mut Vcpu) -> Next {
         Exit::DataAbort { ipa, iss } => {
             let isv = ISS_ABORT::ISV.is_set(u64::from(iss));
             report_bad_access(vm, v, ipa, if isv { "data abort" } else { "data abort without syndrome" });
-            inject_abort(vm, v, true, far);
+            inject_abort(vm, v, esr::AbortKind::from_dabt_iss(iss), far);
             Next::Enter
         }
         Exit::InstructionAbort { ipa } => {
             report_bad_access(vm, v, ipa, "instruction abort");
-            inject_abort(vm, v, false, far);
+            inject_abort(vm, v, esr::AbortKind::Fetch, far);
             Next::Enter
         }
         Exit::Undefined { .. } | Exit::Unknown { .. } => {
@@ -1033,18 +1033,12 @@ fn inject_exception(v: &mut Vcpu, esr_el1: u64, far: Option<u64>) {
     regs.spsr = SPSR_EL1H_MASKED;
 }
 
-/// A synchronous external abort for a data (or instruction) access.
-fn inject_abort(vm: &Vm, v: &mut Vcpu, data: bool, far: u64) {
+/// A synchronous external abort for a data access (a store or a load, as
+/// the trap said) or an instruction fetch (`esr::injected_abort_esr`).
+fn inject_abort(vm: &Vm, v: &mut Vcpu, kind: esr::AbortKind, far: u64) {
     inc(&vm.shared[v.id].counters.aborts_injected);
     let same_el = v.regs.spsr & 0x1f != 0 && v.regs.spsr & 0x10 == 0;
-    let ec = match (data, same_el) {
-        (true, true) => ESR_EL1::EC::DataAbortCurrentEL,
-        (true, false) => ESR_EL1::EC::DataAbortLowerEL,
-        (false, true) => ESR_EL1::EC::InstrAbortCurrentEL,
-        (false, false) => ESR_EL1::EC::InstrAbortLowerEL,
-    };
-    let iss = ISS_ABORT::FSC::SyncExternalAbort.value;
-    inject_exception(v, (ec + ESR_EL1::IL::SET + ESR_EL1::ISS.val(iss)).value, Some(far));
+    inject_exception(v, esr::injected_abort_esr(kind, same_el), Some(far));
 }
 
 fn inject_undef(vm: &Vm, v: &mut Vcpu) {
