@@ -7,17 +7,9 @@
 use integration_tests::*;
 use xtask::conformance::{checks, summary, Placement, Verdict};
 
-/// Checks the hypervisor fails today, with why (issue 26): the EL1
-/// physical timer is UNDEFINED, debug registers are RAZ/WI, there is no
-/// vPMU.
+/// Checks the hypervisor fails today, with why: debug registers are
+/// RAZ/WI, there is no vPMU.
 const KNOWN_FAILING: &[&str] = &[
-    "ptimer-fires",
-    "ptimer-level-ctl",
-    "ptimer-level-cval",
-    "ptimer-no-stale",
-    "ptimer-imask",
-    "ptimer-tval-wfi",
-    "ptimer-secondary",
     "debug-breakpoints",
     "debug-watchpoints",
     "pmu-cycle-counter",
