@@ -498,6 +498,10 @@ pub enum BenchCommand {
     /// cyclictest timer latency, timer_slop_ns 0 vs 50000
     #[command(after_help = "Writes target/bench/timer/{report.md,results.json}.")]
     Timer(BenchTimerArgs),
+    /// the cost of one exit in instructions (-icount shift=0): the
+    /// conformance guest's exit loops on bare QEMU and under the hypervisor
+    #[command(after_help = "Writes target/bench/exits/report.md.")]
+    Exits,
 }
 
 /// `cargo xtask bench wakeup`

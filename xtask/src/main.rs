@@ -182,6 +182,7 @@ fn main() {
         Command::Sim(SimCommand::Wakeup(args)) => sim::main(args).map(|_| 0),
         Command::Bench(BenchCommand::Wakeup(args)) => xtask::bench::runner::wakeup(args).map(|_| 0),
         Command::Bench(BenchCommand::Timer(args)) => xtask::bench::timer::run(args).map(|_| 0),
+        Command::Bench(BenchCommand::Exits) => xtask::bench::exits::run().map(|_| 0),
         Command::Conformance(a) => {
             if a.at == xtask::conformance::Placement::Bare && a.gic == 4 {
                 Err("--gic 4 needs EL2 (virtualization=on): not with --at bare".into())

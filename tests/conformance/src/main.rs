@@ -16,6 +16,8 @@
 //! - `exc`: synchronous exceptions (expected faults, debug exceptions)
 //! - `its`: a minimal ITS driver
 //! - `checks`: the checks, in the order they run
+//! - `exits`: with `conformance.exits`, the cost of exiting operations
+//!   instead of the checks (`cargo xtask bench exits`)
 //!
 //! Built for `aarch64-unknown-none-softfloat` by `xtask::build::conformance`;
 //! on the host the crate is a stub.
@@ -36,6 +38,8 @@ mod checks;
 mod console;
 #[cfg(target_os = "none")]
 mod exc;
+#[cfg(target_os = "none")]
+mod exits;
 #[cfg(target_os = "none")]
 mod gic;
 #[cfg(target_os = "none")]
@@ -181,6 +185,9 @@ mod guest {
         arch::irq_on();
         if p.skip_checks {
             println!("conformance: no checks (conformance.skip_checks)");
+        } else if p.exits {
+            crate::exits::run(p);
+            println!("conformance: exits done");
         } else {
             let mut t = crate::checks::Tally::default();
             let start = arch::cntvct();

@@ -35,6 +35,9 @@ pub struct Platform {
     /// `conformance.skip_checks` on the command line: run no check (a
     /// Dom0 that only hosts a DomU under test and must not print over it).
     pub skip_checks: bool,
+    /// `conformance.exits`: time the exiting operations instead of the
+    /// checks (`crate::exits`).
+    pub exits: bool,
 }
 
 fn be32(b: &[u8], i: usize) -> Option<u32> {
@@ -74,6 +77,7 @@ impl Platform {
             psci_smc: false,
             linger_ms: 0,
             skip_checks: false,
+            exits: false,
         };
         for node in fdt.all_nodes() {
             let is_mem = node.property("device_type").and_then(|v| v.as_str()) == Some("memory");
@@ -143,6 +147,9 @@ impl Platform {
                 }
                 if w == "conformance.skip_checks" {
                     p.skip_checks = true;
+                }
+                if w == "conformance.exits" {
+                    p.exits = true;
                 }
             }
         }

@@ -28,6 +28,7 @@
 //! [`svg`] (the latency plot).
 
 pub mod aggregate;
+pub mod exits;
 pub mod parse;
 pub mod report;
 pub mod runner;

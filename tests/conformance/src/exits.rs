@@ -1,0 +1,90 @@
+//! `conformance.exits`: instead of the checks, the cost of the operations
+//! that exit to a hypervisor, each timed over many iterations on the
+//! virtual counter. Under `-icount shift=0` guest time is instructions
+//! executed (all exception levels together, one per nanosecond), so the
+//! figures are exact path lengths; `cargo xtask bench exits` runs this on
+//! bare QEMU and under the hypervisor and prints them side by side.
+//!
+//! One line per operation: `exit <name>: <ns> ns/op over <n>` (`ns` with
+//! one decimal), or `exit <name>: skip <why>`.
+
+use crate::arch;
+use crate::gic::{self, send_sgi, sgi1r};
+use crate::platform::Platform;
+use crate::println;
+use crate::{cpu_on, ONLINE};
+use core::sync::atomic::Ordering;
+
+/// Prints the per-operation time of `n` runs of `op` (tenths of a ns).
+fn time(name: &str, n: u64, mut op: impl FnMut()) {
+    let start = arch::cntvct();
+    for _ in 0..n {
+        op();
+    }
+    let ticks = arch::cntvct() - start;
+    let tenths = u128::from(ticks) * 10_000_000_000 / u128::from(arch::cntfrq().max(1)) / u128::from(n);
+    println!("exit {name}: {}.{} ns/op over {n}", tenths / 10, tenths % 10);
+}
+
+/// Waits (a bounded spin) until `cond`; false when it never came.
+fn spin_until(mut cond: impl FnMut() -> bool) -> bool {
+    let until = arch::cntvct() + arch::cntfrq();
+    while !cond() {
+        if arch::cntvct() > until {
+            return false;
+        }
+    }
+    true
+}
+
+pub fn run(p: &Platform) {
+    // An SMCCC call no service implements (a null hypercall): PSCI's range,
+    // an unused function number; the answer is NOT_SUPPORTED.
+    time("smccc-unknown", 20_000, || {
+        arch::smccc(p.psci_smc, 0x8400_00ff, 0, 0, 0);
+    });
+    // SAFETY: the DT's distributor, mapped as device memory.
+    let gicd = unsafe { crate::mmio::Mmio::new(p.gicd as usize) };
+    // GICD_IIDR: an emulated register under a hypervisor.
+    time("gicd-iidr-read", 20_000, || {
+        gicd.read32(0x8);
+    });
+    match p.uart {
+        Some(u) => {
+            // SAFETY: the DT's PL011 (UARTFR has no side effects).
+            let uart = unsafe { crate::mmio::Mmio::new(u as usize) };
+            time("uart-fr-read", 20_000, || {
+                uart.read32(0x18);
+            });
+        }
+        None => println!("exit uart-fr-read: skip no UART in the DT"),
+    }
+    // The virtual timer: armed already due, until its handler ran.
+    let vt = gic::VTIMER.load(Ordering::Relaxed);
+    gic::sgi_frame(0).write32(gic::GICR_ISENABLER0, 1 << vt);
+    let mut lost = false;
+    time("vtimer-expiry", 2_000, || {
+        let before = gic::count(0, vt);
+        arch::write_cntv_tval(0);
+        arch::write_cntv_ctl(1);
+        lost |= !spin_until(|| gic::count(0, vt) != before);
+    });
+    arch::write_cntv_ctl(0);
+    if lost {
+        println!("exit vtimer-expiry: FAIL an expiry was not taken within 1 s");
+    }
+    // An SGI to CPU 1, until its handler ran (CPU 1 waits in WFI).
+    if p.ncpus < 2 || cpu_on(p, 1) != 0 || !spin_until(|| ONLINE[1].load(Ordering::SeqCst) == 1) {
+        println!("exit sgi-to-other-cpu: skip no second CPU");
+        return;
+    }
+    let mut lost = false;
+    time("sgi-to-other-cpu", 2_000, || {
+        let before = gic::count(1, 1);
+        send_sgi(sgi1r(1, Some(&[p.mpidr[1]])));
+        lost |= !spin_until(|| gic::count(1, 1) != before);
+    });
+    if lost {
+        println!("exit sgi-to-other-cpu: FAIL an SGI was not taken within 1 s");
+    }
+}
