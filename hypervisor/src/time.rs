@@ -11,14 +11,27 @@
 /// `ticks` of a counter running at `freq_hz` (0 is treated as 1 Hz), in
 /// nanoseconds, rounded down; `u64::MAX` when it does not fit.
 pub fn ticks_to_ns(ticks: u64, freq_hz: u64) -> u64 {
-    let ns = u128::from(ticks) * 1_000_000_000 / u128::from(freq_hz.max(1));
+    let f = freq_hz.max(1);
+    // A whole number of ns per tick (QEMU's 62.5 MHz, FVP's 100 MHz, 1 GHz,
+    // 25 MHz): one multiplication, no 128-bit division (a library call
+    // of a hundred instructions or more, on every exit's clock reads).
+    if NS_PER_S % f == 0 {
+        return ticks.saturating_mul(NS_PER_S / f);
+    }
+    let ns = u128::from(ticks) * u128::from(NS_PER_S) / u128::from(f);
     u64::try_from(ns).unwrap_or(u64::MAX)
 }
+
+const NS_PER_S: u64 = 1_000_000_000;
 
 /// `ns` nanoseconds in ticks of a counter running at `freq_hz`, rounded up
 /// (a timer armed with it never fires early); `u64::MAX` when it does not fit.
 pub fn ns_to_ticks(ns: u64, freq_hz: u64) -> u64 {
-    let ticks = (u128::from(ns) * u128::from(freq_hz.max(1))).div_ceil(1_000_000_000);
+    let f = freq_hz.max(1);
+    if NS_PER_S % f == 0 {
+        return ns.div_ceil(NS_PER_S / f);
+    }
+    let ticks = (u128::from(ns) * u128::from(f)).div_ceil(u128::from(NS_PER_S));
     u64::try_from(ticks).unwrap_or(u64::MAX)
 }
 
@@ -147,6 +160,27 @@ impl PhysTimer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn whole_ns_per_tick_fast_path_agrees_with_the_exact_formula() {
+        let exact_ns = |t: u64, f: u64| u64::try_from(u128::from(t) * 1_000_000_000 / u128::from(f)).unwrap_or(u64::MAX);
+        let exact_ticks = |n: u64, f: u64| {
+            u64::try_from((u128::from(n) * u128::from(f)).div_ceil(1_000_000_000)).unwrap_or(u64::MAX)
+        };
+        let mut x = crate::testrng::Rng(42);
+        for f in [62_500_000, 100_000_000, 1_000_000_000, 25_000_000, 24_000_000, 121_875_000, 1, 3] {
+            for i in 0..20_000u64 {
+                let v = match i % 4 {
+                    0 => x.next(),
+                    1 => x.next() >> 20,
+                    2 => u64::MAX - x.below(1000),
+                    _ => x.below(100_000),
+                };
+                assert_eq!(ticks_to_ns(v, f), exact_ns(v, f), "ticks {v} at {f} Hz");
+                assert_eq!(ns_to_ticks(v, f), exact_ticks(v, f), "ns {v} at {f} Hz");
+            }
+        }
+    }
 
     #[test]
     fn ptimer_registers_behave_like_the_architecture() {
