@@ -163,10 +163,10 @@ mod tests {
 
     #[test]
     fn whole_ns_per_tick_fast_path_agrees_with_the_exact_formula() {
-        let exact_ns = |t: u64, f: u64| u64::try_from(u128::from(t) * 1_000_000_000 / u128::from(f)).unwrap_or(u64::MAX);
-        let exact_ticks = |n: u64, f: u64| {
-            u64::try_from((u128::from(n) * u128::from(f)).div_ceil(1_000_000_000)).unwrap_or(u64::MAX)
-        };
+        let exact_ns =
+            |t: u64, f: u64| u64::try_from(u128::from(t) * 1_000_000_000 / u128::from(f)).unwrap_or(u64::MAX);
+        let exact_ticks =
+            |n: u64, f: u64| u64::try_from((u128::from(n) * u128::from(f)).div_ceil(1_000_000_000)).unwrap_or(u64::MAX);
         let mut x = crate::testrng::Rng(42);
         for f in [62_500_000, 100_000_000, 1_000_000_000, 25_000_000, 24_000_000, 121_875_000, 1, 3] {
             for i in 0..20_000u64 {

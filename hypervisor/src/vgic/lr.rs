@@ -115,7 +115,14 @@ impl Vgic {
         let key = |priority: u8, intid: u32, active: bool| -> u32 {
             u32::from(!active) << 24 | u32::from(priority) << 14 | intid
         };
-        for (i, irq) in vs.private.iter().enumerate() {
+        // Only private interrupts changed since last found idle.
+        let mut private_idle = 0u32;
+        for i in super::set_bits_u32(vs.private_live) {
+            let irq = &vs.private[i];
+            if irq.idle() {
+                private_idle |= 1 << i;
+                continue;
+            }
             if let Some((_, act)) = self.lr_candidate(irq) {
                 total += 1;
                 best.offer(key(irq.priority, i as u32, act), i as u32);
@@ -147,6 +154,7 @@ impl Vgic {
         for (live, idle) in self.spi_live.iter_mut().zip(idle) {
             *live &= !idle;
         }
+        self.vcpus[vcpu].private_live &= !private_idle;
 
         let mut slot = 0usize;
         for &(_, intid) in &best.items[..best.len] {

@@ -350,10 +350,24 @@ impl Irq {
 
 /// Per-vCPU state: affinity, private interrupts, and which INTID each list
 /// register slot holds.
+/// The set bits of `x`, lowest first.
+fn set_bits_u32(mut x: u32) -> impl Iterator<Item = usize> {
+    core::iter::from_fn(move || {
+        if x == 0 {
+            return None;
+        }
+        let b = x.trailing_zeros() as usize;
+        x &= x - 1;
+        Some(b)
+    })
+}
+
 #[derive(Clone, Debug)]
 struct VcpuState {
     mpidr: u64,
     private: [Irq; NR_PRIVATE as usize],
+    /// One bit per private interrupt that may not be idle, as `spi_live`.
+    private_live: u32,
     lr_shadow: [u32; NUM_LRS_MAX],
     /// This redistributor's LPI registers and pending LPIs.
     lpi: lpi::LpiRedist,
@@ -409,6 +423,7 @@ impl Vgic {
             .map(|&mpidr| VcpuState {
                 mpidr,
                 private,
+                private_live: u32::MAX,
                 lr_shadow: [NO_INTID; NUM_LRS_MAX],
                 lpi: lpi::LpiRedist::new(cfg.lpis),
             })
@@ -501,7 +516,10 @@ impl Vgic {
 
     fn irq_mut(&mut self, vcpu: usize, intid: u32) -> Option<&mut Irq> {
         if intid < NR_PRIVATE {
-            self.vcpus.get_mut(vcpu)?.private.get_mut(intid as usize)
+            let vs = self.vcpus.get_mut(vcpu)?;
+            let irq = vs.private.get_mut(intid as usize)?;
+            vs.private_live |= 1 << intid;
+            Some(irq)
         } else {
             let i = (intid - NR_PRIVATE) as usize;
             let irq = self.spis.get_mut(i)?;
@@ -517,6 +535,16 @@ impl Vgic {
         for (i, irq) in self.spis.iter().enumerate() {
             let live = self.spi_live[i / 64] & (1 << (i % 64)) != 0;
             assert!(live || irq.idle(), "SPI {} is busy but not live: {irq:?}", NR_PRIVATE as usize + i);
+        }
+    }
+
+    /// Tests: every busy private interrupt is in its vCPU's `private_live`.
+    #[cfg(test)]
+    pub(crate) fn assert_private_live_covers_busy(&self) {
+        for (v, vs) in self.vcpus.iter().enumerate() {
+            for (i, irq) in vs.private.iter().enumerate() {
+                assert!(vs.private_live & (1 << i) != 0 || irq.idle(), "vCPU {v} INTID {i} busy but not live: {irq:?}");
+            }
         }
     }
 
@@ -808,6 +836,7 @@ impl Vgic {
             };
             if target {
                 self.vcpus[v].private[intid as usize].latch = true;
+                self.vcpus[v].private_live |= 1 << intid;
                 kicks.merge(self.kick_for(v, intid));
             }
         }
@@ -835,7 +864,7 @@ impl Vgic {
         if !self.grp1_enabled() {
             return false;
         }
-        if vs.private.iter().any(|irq| self.deliverable(irq)) {
+        if set_bits_u32(vs.private_live).any(|i| self.deliverable(&vs.private[i])) {
             return true;
         }
         if self.lpi_has_deliverable(vcpu) {

@@ -743,6 +743,7 @@ fn fuzz(mut g: Vgic, n: usize, seed: u64) -> (u32, u32, usize) {
         };
         let value = rng.next();
         g.assert_spi_live_covers_busy_spis();
+        g.assert_private_live_covers_busy();
         match rng.below(12) {
             0..=3 => {
                 let _ = g.mmio_read(vcpu, ipa, size);
