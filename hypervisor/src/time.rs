@@ -15,7 +15,7 @@ pub fn ticks_to_ns(ticks: u64, freq_hz: u64) -> u64 {
     // A whole number of ns per tick (QEMU's 62.5 MHz, FVP's 100 MHz, 1 GHz,
     // 25 MHz): one multiplication, no 128-bit division (a library call
     // of a hundred instructions or more, on every exit's clock reads).
-    if NS_PER_S % f == 0 {
+    if NS_PER_S.is_multiple_of(f) {
         return ticks.saturating_mul(NS_PER_S / f);
     }
     let ns = u128::from(ticks) * u128::from(NS_PER_S) / u128::from(f);
@@ -28,7 +28,7 @@ const NS_PER_S: u64 = 1_000_000_000;
 /// (a timer armed with it never fires early); `u64::MAX` when it does not fit.
 pub fn ns_to_ticks(ns: u64, freq_hz: u64) -> u64 {
     let f = freq_hz.max(1);
-    if NS_PER_S % f == 0 {
+    if NS_PER_S.is_multiple_of(f) {
         return ns.div_ceil(NS_PER_S / f);
     }
     let ticks = (u128::from(ns) * u128::from(f)).div_ceil(u128::from(NS_PER_S));
