@@ -6,7 +6,7 @@
 use super::percpu::{self, pcpu};
 use super::{console, heap, vcpu, vm};
 use crate::arch::entry::STACK_SIZE;
-use crate::arch::{cache, exception, gic, mmu, smc, sysreg};
+use crate::arch::{cache, el2, exception, gic, mmu, smc, sysreg};
 use crate::boot::handoff::{self, Convention, NoDtb};
 use crate::boot::image as boot_image;
 use crate::boot::pcpus;
@@ -87,6 +87,7 @@ pub fn primary_main(regs: [u64; 4]) -> ! {
     console::init_log(log::LevelFilter::Info);
     // SAFETY: pCPU 0 takes its own run block, once.
     exception::init_cpu(unsafe { percpu::run_block(0) });
+    el2::init_extended_controls();
     // Started as an EFI application (runtime/uefi.rs): the machine is
     // described by ACPI, not by a DTB.
     if let Some(h) = super::uefi::take_handoff() {
@@ -378,6 +379,7 @@ pub fn secondary_main(cpu: usize) -> ! {
     // SAFETY: this pCPU takes its own run block, once (PSCI CPU_ON passes
     // each secondary a distinct index).
     exception::init_cpu(unsafe { percpu::run_block(cpu) });
+    el2::init_extended_controls();
     gic::init_cpu(cpu);
     register_pcpu(cpu);
     vm::vms();

@@ -691,11 +691,22 @@ fn handle_sync(vm: &Vm, me: usize, v: &mut Vcpu) -> Next {
             } else if !s.read && (s.key() == esr::ICC_ASGI1R_EL1 || s.key() == esr::ICC_SGI0R_EL1) {
                 // Group 0 / alternate-group SGIs do not exist for this guest.
                 v.regs.elr += ilen;
+            } else if let Some(e) = traps::emulated(s.op0, s.op1, s.crn, s.crm, s.op2) {
+                if s.read {
+                    let value = match e {
+                        traps::Emulated::Actlr => v.el1.actlr,
+                        traps::Emulated::RasRecord => 0,
+                    };
+                    reg_write(&mut v.regs, s.reg, value);
+                }
+                v.regs.elr += ilen;
             } else if let Some(reg) = vdebug::classify(&s) {
                 debug_access(vm, v, &s, reg, ilen);
             } else {
                 // Everything else the configuration traps (PMU, AMU, SPE,
-                // trace, EL1 physical timer): the guest was told it is absent.
+                // trace, EL1 physical timer, LORegions, registers of later
+                // features): the guest was told it is absent. And the
+                // IMPLEMENTATION DEFINED registers (TIDCP), as on KVM.
                 inject_undef(vm, v);
             }
             Next::Enter
