@@ -56,6 +56,7 @@ pub mod intid;
 pub mod iomem;
 pub mod irq;
 pub mod its;
+pub mod mitigations;
 pub mod mmio_bus;
 pub mod psci;
 pub mod regs;

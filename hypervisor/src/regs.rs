@@ -219,6 +219,9 @@ pub const SCTLR_EL1_RESET: FieldValue<u64, SCTLR_EL1::Register> =
 /// ID_AA64PFR0_EL1.RAS (not named by the crate).
 pub const ID_AA64PFR0_RAS: Field<u64, ID_AA64PFR0_EL1::Register> = Field::new(0xf, 28);
 
+/// ID_AA64PFR0_EL1.EL3 (not named by the crate): 0 = EL3 not implemented.
+pub const ID_AA64PFR0_EL3: Field<u64, ID_AA64PFR0_EL1::Register> = Field::new(0xf, 12);
+
 /// ID_AA64MMFR0_EL1.FGT (not named by the crate): 1 = FEAT_FGT, 2 = FEAT_FGT2.
 pub const ID_AA64MMFR0_FGT: Field<u64, ID_AA64MMFR0_EL1::Register> = Field::new(0xf, 56);
 

@@ -113,6 +113,8 @@ pub struct CpuFeatures {
     pub mops: bool,
     /// FEAT_LOR (limited ordering regions).
     pub lor: bool,
+    /// EL3 is implemented (firmware runs beneath the hypervisor).
+    pub el3: bool,
 }
 
 impl CpuFeatures {
@@ -151,6 +153,7 @@ impl CpuFeatures {
             hcx: mmfr1.read(ID_AA64MMFR1_HCX) != 0,
             mops: isar2.read(ID_AA64ISAR2_EL1::MOPS) != 0,
             lor: mmfr1.read(ID_AA64MMFR1_EL1::LO) != 0,
+            el3: pfr0.read(crate::regs::ID_AA64PFR0_EL3) != 0,
         }
     }
 }
@@ -290,6 +293,14 @@ pub struct ExtendedControls {
 /// bit for a feature the CPU lacks is RES0: zero is right there too.)
 /// FEAT_FGT2's registers (HFGRTR2_EL2 and the rest) are not written.
 ///
+/// Only without EL3: where EL3 exists, firmware decides whether EL2 may use
+/// these registers (SCR_EL3.HXEn, FGTEn), and EL2 cannot see its choice.
+/// An access firmware did not allow traps to EL3 (TF-A 2.8 on QEMU's
+/// `max` then stops: it enables neither), and while not allowed the
+/// registers have no effect, so there is nothing to initialise; firmware
+/// that allows them also sets them up before entering EL2 (TF-A's context
+/// management initialises both when it enables the feature).
+///
 /// HCRX_EL2 is zero too (every field enables a later feature for EL1/EL0:
 /// LS64, NMI, TCR2/SCTLR2, 128-bit descriptors, GCS, FPMR ...), except
 /// that FEAT_MOPS stays usable where the CPU has it (MSCEn), because the
@@ -297,6 +308,9 @@ pub struct ExtendedControls {
 /// (a copy interrupted on one implementation option and resumed on the
 /// other) go to the guest's EL1, which handles them (MCE2 = 0).
 pub fn extended_controls(cpu: &CpuFeatures) -> ExtendedControls {
+    if cpu.el3 {
+        return ExtendedControls { hcrx: None, fgt: None };
+    }
     let hcrx = cpu.hcx.then(|| {
         let mut v = crate::regs::HCRX_EL2::MSCEn::CLEAR + crate::regs::HCRX_EL2::MCE2::CLEAR;
         if cpu.mops {
@@ -401,6 +415,7 @@ mod tests {
             hcx: true,
             mops: true,
             lor: true,
+            el3: false,
         }
     }
 
@@ -496,6 +511,11 @@ mod tests {
         let w = LocalRegisterCopy::<u64, HFGWTR_EL2::Register>::new(f.hfgwtr);
         assert!(!r.is_set(HFGRTR_EL2::nTPIDR2_EL0) && !w.is_set(HFGWTR_EL2::nTPIDR2_EL0), "TPIDR2_EL0 traps");
         assert!(!r.is_set(HFGRTR_EL2::nSMPRI_EL1) && !w.is_set(HFGWTR_EL2::nSMPRI_EL1), "SMPRI_EL1 traps");
+        // Under EL3 firmware: firmware's to allow, not written.
+        assert_eq!(
+            extended_controls(&CpuFeatures { el3: true, ..qemu_max() }),
+            ExtendedControls { hcrx: None, fgt: None }
+        );
         // FGT without HCX (ARMv8.6) and the reverse are independent.
         let fgt_only = extended_controls(&CpuFeatures { hcx: false, ..qemu_max() });
         assert!(fgt_only.hcrx.is_none() && fgt_only.fgt.is_some());
@@ -573,7 +593,9 @@ mod tests {
             pmcr: Some(6 << 11),
         };
         let f = CpuFeatures::from_id_regs(&ids);
-        assert_eq!(f, CpuFeatures { amu: false, ..qemu_max() });
+        // EL3 [15:12] = 1 in that value (QEMU with secure=on).
+        assert_eq!(f, CpuFeatures { amu: false, el3: true, ..qemu_max() });
+        assert!(!CpuFeatures::from_id_regs(&IdRegs { pfr0: ids.pfr0 & !0xf000, ..ids }).el3);
         let v80 = CpuFeatures::from_id_regs(&IdRegs { isar2: 0, mmfr0: 0, mmfr1: 0, ..ids });
         assert!(!v80.fgt && !v80.hcx && !v80.mops && !v80.lor);
         // No PMCR read (no PMU): no PMU.

@@ -64,6 +64,17 @@ pub fn host_actlr_el1() -> u64 {
     ACTLR_EL1.get()
 }
 
+/// The registers `crate::mitigations::decide` reads, on this CPU.
+pub fn mitigation_cpu_id() -> crate::mitigations::CpuId {
+    crate::mitigations::CpuId {
+        midr: MIDR_EL1.get(),
+        pfr0: ID_AA64PFR0_EL1.get(),
+        pfr1: ID_AA64PFR1_EL1.get(),
+        isar2: ID_AA64ISAR2_EL1.get(),
+        mmfr1: ID_AA64MMFR1_EL1.get(),
+    }
+}
+
 /// Whether this CPU has FEAT_RAS (reads one ID register).
 pub fn has_ras() -> bool {
     CpuFeatures::from_id_regs(&IdRegs { pfr0: ID_AA64PFR0_EL1.get(), ..IdRegs::default() }).ras
