@@ -69,6 +69,17 @@ pub enum ExitMitigation {
     BhbLoop(u8),
 }
 
+impl core::fmt::Display for ExitMitigation {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            ExitMitigation::None => write!(f, "nothing"),
+            ExitMitigation::Firmware(id) => write!(f, "firmware call {id:#x}"),
+            ExitMitigation::ClearBhb => write!(f, "CLRBHB"),
+            ExitMitigation::BhbLoop(k) => write!(f, "BHB loop of {k}"),
+        }
+    }
+}
+
 impl ExitMitigation {
     /// The word the exit path reads (`CpuRun`): 0 = none, bit 63 + a
     /// function ID = SMC, 1 = CLRBHB, k ≥ 2 = loop of k branches.
@@ -446,6 +457,9 @@ mod tests {
         assert_eq!(ExitMitigation::ClearBhb.encode(), 1);
         assert_eq!(ExitMitigation::BhbLoop(24).encode(), 24);
         assert_eq!(ExitMitigation::Firmware(ARCH_WORKAROUND_1).encode(), 0x8000_0000_8000_8000);
+        let shown = alloc::format!("{}", ExitMitigation::Firmware(ARCH_WORKAROUND_1));
+        assert_eq!(shown, "firmware call 0x80008000");
+        assert_eq!(alloc::format!("{}", ExitMitigation::BhbLoop(24)), "BHB loop of 24");
     }
 
     #[test]

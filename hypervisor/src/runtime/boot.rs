@@ -388,7 +388,7 @@ fn init_mitigations() -> u64 {
     let mine = mitigations::GuestView::of(&m);
     if g.is_none() {
         info!(
-            "mitigations: spectre-v2 {:?}, spectre-v4 {:?}{}, spectre-BHB {:?}; on exit {:?}; firmware {:?}",
+            "mitigations: spectre-v2 {:?}, spectre-v4 {:?}{}, spectre-BHB {:?}; on exit {}; firmware {:?}",
             m.v2,
             m.v4,
             if m.ssbs { " (SSBS)" } else { "" },
