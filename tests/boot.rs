@@ -135,6 +135,66 @@ fn unknown_smccc_calls_return_not_supported() {
     assert_eq!(r.guest_exit, Some(0));
 }
 
+/// The guest's `/sys/devices/system/cpu/vulnerabilities/spectre_v2` and
+/// `spec_store_bypass` under the hypervisor, for a QEMU CPU model.
+fn guest_vulnerabilities(cpu: &str) -> (RunResult, String, String) {
+    let r = run_cmd(
+        "cd /sys/devices/system/cpu/vulnerabilities; echo v2=$(cat spectre_v2); echo v4=$(cat spec_store_bypass)",
+        |o| {
+            o.cpu = cpu.into();
+        },
+    );
+    let get = |k: &str| {
+        let line = r.console.lines().find_map(|l| l.trim().strip_prefix(k).map(str::to_string));
+        line.unwrap_or_else(|| panic!("{cpu}: no {k} line:\n{}", tail(&r.console, 40)))
+    };
+    let (v2, v4) = (get("v2="), get("v4="));
+    (r, v2, v4)
+}
+
+#[test]
+fn spectre_reporting_matches_bare_qemu() {
+    // What the same guest image reports on bare QEMU 10.0 with the same CPU
+    // model (no hypervisor: `-machine virt,gic-version=3 -cpu <model>`,
+    // Linux at EL1 with QEMU's own PSCI, which has no SMCCC 1.1): the
+    // hypervisor's SMCCC_ARCH_FEATURES answers and exit mitigations must
+    // not make a guest look safer, or more exposed, than the hardware is.
+    for (cpu, v2, v4, log) in [
+        // Vulnerable to Spectre-v2 without firmware's WA1, no SSBS: the
+        // hypervisor answers NOT_SUPPORTED and has nothing to run at exit.
+        (
+            "cortex-a72",
+            "Vulnerable",
+            "Vulnerable",
+            "mitigations: spectre-v2 Vulnerable, spectre-v4 Vulnerable, spectre-BHB Vulnerable; on exit nothing",
+        ),
+        // CSV2 and SSBS; Spectre-BHB mitigated by the guest's own branch
+        // loop, and the hypervisor runs the same loop on every exit.
+        (
+            "neoverse-n1",
+            "Mitigation: CSV2, BHB",
+            "Mitigation: Speculative Store Bypass disabled via prctl",
+            "mitigations: spectre-v2 Unaffected, spectre-v4 Mitigated (SSBS), spectre-BHB Mitigated; on exit BHB loop of 24",
+        ),
+        (
+            "max,pauth-impdef=on",
+            "Not affected",
+            "Mitigation: Speculative Store Bypass disabled via prctl",
+            "mitigations: spectre-v2 Unaffected, spectre-v4 Mitigated (SSBS), spectre-BHB Unaffected; on exit nothing",
+        ),
+    ] {
+        let (r, got_v2, got_v4) = guest_vulnerabilities(cpu);
+        assert_eq!((got_v2.as_str(), got_v4.as_str()), (v2, v4), "{cpu}");
+        assert_console(&r, log);
+        assert_eq!(r.guest_exit, Some(0), "{cpu}");
+        // The new traps (ACTLR_EL1, IMPLEMENTATION DEFINED registers, RAS
+        // records, LORegions, fine-grained) cost Linux nothing: no UNDEF,
+        // no SError.
+        assert_eq!(stat(&r.console, 0, "undef_injected"), Some(0), "{cpu}");
+        assert_eq!(stat(&r.console, 0, "serrors"), Some(0), "{cpu}");
+    }
+}
+
 #[test]
 fn pmu_and_debug_registers_are_not_shared_with_the_guest() {
     // The PMU is neither switched between vCPUs nor virtualised: the guest

@@ -40,3 +40,20 @@ fn tf_a_gicv3_two_pcpus_two_vcpus() {
 fn tf_a_gicv4_two_pcpus_two_vcpus() {
     boots_through_tf_a(4);
 }
+
+#[test]
+fn tf_a_workarounds_are_forwarded_on_cortex_a72() {
+    // TF-A 2.8 implements ARCH_WORKAROUND_1 (and _3) for the Cortex-A72:
+    // the hypervisor asks it at boot, calls WA1 on every guest exit and
+    // tells the guest the workaround is there, so the guest reports the
+    // mitigation a bare-metal Linux on this firmware reports.
+    let r = run_cmd("cat /sys/devices/system/cpu/vulnerabilities/spectre_v2", |o| {
+        o.firmware = Some(Firmware::TfA);
+        o.cpu = "cortex-a72".into();
+    });
+    assert_console(&r, "firmware Firmware { wa1: Some(0), wa2: Some(-2), wa3: Some(0) }");
+    assert_console(&r, "on exit firmware call 0x80008000");
+    assert_console(&r, "Mitigation: Branch predictor hardening, BHB");
+    assert_eq!(r.guest_exit, Some(0), "{}", tail(&r.console, 40));
+    assert_eq!(stat(&r.console, 0, "serrors"), Some(0));
+}

@@ -29,6 +29,9 @@ pub const ID_AA64PFR1_EL1: IdReg = IdReg { crm: 4, op2: 1 };
 pub const ID_AA64ZFR0_EL1: IdReg = IdReg { crm: 4, op2: 4 };
 pub const ID_AA64SMFR0_EL1: IdReg = IdReg { crm: 4, op2: 5 };
 pub const ID_AA64DFR0_EL1: IdReg = IdReg { crm: 5, op2: 0 };
+pub const ID_AA64ISAR1_EL1: IdReg = IdReg { crm: 6, op2: 1 };
+pub const ID_AA64MMFR1_EL1: IdReg = IdReg { crm: 7, op2: 1 };
+pub const ID_AA64MMFR3_EL1: IdReg = IdReg { crm: 7, op2: 3 };
 pub const ID_AA64DFR1_EL1: IdReg = IdReg { crm: 5, op2: 1 };
 /// AArch32 debug feature registers (what an AArch32 EL0 would be told).
 pub const ID_DFR0_EL1: IdReg = IdReg { crm: 1, op2: 2 };
@@ -43,8 +46,18 @@ pub fn sanitize(reg: IdReg, hw: u64) -> u64 {
     match reg {
         // SVE [35:32], AMU [47:44].
         ID_AA64PFR0_EL1 => hw & !(field(32) | field(44)),
-        // MTE [11:8], SME [27:24], MTE_frac [43:40].
-        ID_AA64PFR1_EL1 => hw & !(field(8) | field(24) | field(40)),
+        // MTE [11:8], SME [27:24], MTE_frac [43:40], GCS [47:44] (its
+        // registers trap: `crate::traps::extended_controls`).
+        ID_AA64PFR1_EL1 => hw & !(field(8) | field(24) | field(40) | field(44)),
+        // LS64 [63:60]: its instructions and ACCDATA_EL1 are disabled
+        // (HCRX_EL2, fine-grained traps).
+        ID_AA64ISAR1_EL1 => hw & !field(60),
+        // LO [19:16]: LORegions registers trap (HCR_EL2.TLOR).
+        ID_AA64MMFR1_EL1 => hw & !field(16),
+        // TCRX, SCTLRX, S1PIE, S2PIE, S1POE, S2POE, AIE [27:0] and D128
+        // [35:32]: their EL1 registers are neither switched nor enabled
+        // (HCRX_EL2 enables off, fine-grained n-bits clear).
+        ID_AA64MMFR3_EL1 => hw & !(0x0fff_ffff | field(32)),
         ID_AA64ZFR0_EL1 | ID_AA64SMFR0_EL1 => 0,
         // Keep DebugVer [3:0], BRPs [15:12], WRPs [23:20], CTX_CMPs [31:28]
         // and DoubleLock [39:36]; zero the PMU (PMUVer, MTPMU, PMSS, HPMN0,
@@ -76,8 +89,8 @@ mod tests {
         assert_eq!((g >> 32) & 0xf, 0);
         assert_eq!((g >> 44) & 0xf, 0);
         assert_eq!((g >> 24) & 0xf, (pfr0 >> 24) & 0xf, "GIC field kept");
-        let pfr1 = (1 << 24) | (2 << 8) | 0x1;
-        assert_eq!(sanitize(ID_AA64PFR1_EL1, pfr1), 0x1);
+        let pfr1 = (1 << 24) | (2 << 8) | (1 << 44) | 0x1;
+        assert_eq!(sanitize(ID_AA64PFR1_EL1, pfr1), 0x1, "SME, MTE, GCS hidden");
         assert_eq!(sanitize(ID_AA64ZFR0_EL1, u64::MAX), 0);
         assert_eq!(sanitize(IdReg { crm: 6, op2: 0 }, 0x1234), 0x1234);
     }
@@ -93,6 +106,17 @@ mod tests {
         assert_eq!(sanitize(ID_AA64DFR1_EL1, u64::MAX), 0);
         // AArch32 PerfMon [27:24] and trace fields hidden.
         assert_eq!(sanitize(ID_DFR0_EL1, 0x0300_6666), 0x0000_0666);
+    }
+
+    #[test]
+    fn hides_trapped_later_features() {
+        // LO hidden (TLOR traps), PAN [23:20] and VH [11:8] kept.
+        assert_eq!(sanitize(ID_AA64MMFR1_EL1, 0x0031_1100 | (1 << 16)), 0x0031_1100 & !field(16));
+        // LS64 hidden, pointer authentication [11:4] kept.
+        assert_eq!(sanitize(ID_AA64ISAR1_EL1, (1 << 60) | 0x0100_0050), 0x0100_0050);
+        // TCR2/SCTLR2/PIE/POE/AIE/D128 hidden; MEC [31:28] and Spec_FPACC
+        // [63:60] kept.
+        assert_eq!(sanitize(ID_AA64MMFR3_EL1, (1 << 60) | 0x1_1111_1111), (1 << 60) | (1 << 28));
     }
 
     #[test]

@@ -11,8 +11,9 @@
 //! - `regs`: register layouts `aarch64-cpu` lacks; `traps`: the EL2 trap
 //!   configuration over them; `idregs`: the guest's ID registers; `vdebug`:
 //!   its emulated debug registers
-//! - `esr`: trap decoding; `psci`: PSCI/SMCCC decoding; `stage2`: stage-2
-//!   table building
+//! - `esr`: trap decoding; `psci`: PSCI/SMCCC decoding; `mitigations`:
+//!   Spectre-v2/v4/BHB decisions and the SMCCC workaround answers; `stage2`:
+//!   stage-2 table building
 //! - `intid`: the GIC's interrupt IDs as a checked type (`IntId`)
 //! - `gicr`: each CPU's redistributor found over every GICR region
 //! - `its`: the ITS register layouts and command format (physical driver and vITS)
@@ -57,6 +58,7 @@ pub mod intid;
 pub mod iomem;
 pub mod irq;
 pub mod its;
+pub mod mitigations;
 pub mod mmio_bus;
 pub mod psci;
 pub mod quota;

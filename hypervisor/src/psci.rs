@@ -65,6 +65,10 @@ pub enum Call {
     SmcccArchFeatures {
         function: u32,
     },
+    /// SMCCC ARCH_WORKAROUND_1/2/3 (see `crate::mitigations`).
+    ArchWorkaround {
+        function: u32,
+    },
     /// Anything else: answered with SMCCC NOT_SUPPORTED (-1).
     Unknown {
         function: u32,
@@ -89,6 +93,9 @@ pub fn decode(x0: u64, x1: u64, x2: u64, x3: u64) -> Call {
         SYSTEM_RESET => Call::SystemReset,
         SMCCC_VERSION => Call::SmcccVersion,
         SMCCC_ARCH_FEATURES => Call::SmcccArchFeatures { function: x1 as u32 },
+        crate::mitigations::ARCH_WORKAROUND_1
+        | crate::mitigations::ARCH_WORKAROUND_2
+        | crate::mitigations::ARCH_WORKAROUND_3 => Call::ArchWorkaround { function },
         _ => Call::Unknown { function },
     }
 }
@@ -175,5 +182,9 @@ mod tests {
         assert_eq!(decode(0xdead_0000_8400_0000, 0, 0, 0), Call::Version);
         assert_eq!(features(SYSTEM_OFF), SUCCESS);
         assert_eq!(features(0x8400_0012), NOT_SUPPORTED);
+        assert_eq!(decode(0x8000_8000, 0, 0, 0), Call::ArchWorkaround { function: 0x8000_8000 });
+        assert_eq!(decode(0x8000_7fff, 1, 0, 0), Call::ArchWorkaround { function: 0x8000_7fff });
+        assert_eq!(decode(0x8000_3fff, 0, 0, 0), Call::ArchWorkaround { function: 0x8000_3fff });
+        assert_eq!(decode(0x8000_0001, 0x8000_8000, 0, 0), Call::SmcccArchFeatures { function: 0x8000_8000 });
     }
 }

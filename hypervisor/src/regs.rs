@@ -12,7 +12,9 @@
 //! fields are defined here against the crate's own register type, so one
 //! value can mix both (for example [`SCTLR_EL2_RES1`]).
 
-use aarch64_cpu::registers::{ID_AA64PFR0_EL1, ID_AA64PFR1_EL1, SCTLR_EL1, SCTLR_EL2, TCR_EL2};
+use aarch64_cpu::registers::{
+    ID_AA64MMFR0_EL1, ID_AA64MMFR1_EL1, ID_AA64PFR0_EL1, ID_AA64PFR1_EL1, SCTLR_EL1, SCTLR_EL2, TCR_EL2,
+};
 use tock_registers::fields::{Field, FieldValue};
 use tock_registers::register_bitfields;
 
@@ -41,6 +43,16 @@ register_bitfields! {u64,
     /// Virtualization Processor ID Register: the MIDR_EL1 a guest reads.
     pub VPIDR_EL2 [
         VALUE OFFSET(0) NUMBITS(32) []
+    ],
+
+    /// Extended Hypervisor Configuration Register (FEAT_HCX). Every field
+    /// is an enable for a later feature (0: disabled or trapped); only the
+    /// ones the hypervisor sets are named.
+    pub HCRX_EL2 [
+        /// FEAT_MOPS instructions usable at EL1 and EL0 (0: UNDEFINED).
+        MSCEn OFFSET(11) NUMBITS(1) [],
+        /// FEAT_MOPS exceptions from EL1 taken to EL2 (0: to EL1).
+        MCE2 OFFSET(10) NUMBITS(1) []
     ],
 
     /// Virtual SError Exception Syndrome Register (FEAT_RAS): the ESR_EL1
@@ -147,6 +159,8 @@ register_bitfields! {u64,
 
     /// AArch64 Instruction Set Attribute Register 2 (not in the crate).
     pub ID_AA64ISAR2_EL1 [
+        /// FEAT_MOPS: CPYx/SETx memory copy and set instructions.
+        MOPS OFFSET(16) NUMBITS(4) [],
         /// QARMA3 pointer authentication of addresses.
         APA3 OFFSET(12) NUMBITS(4) [],
         /// QARMA3 generic pointer authentication.
@@ -204,6 +218,15 @@ pub const SCTLR_EL1_RESET: FieldValue<u64, SCTLR_EL1::Register> =
 
 /// ID_AA64PFR0_EL1.RAS (not named by the crate).
 pub const ID_AA64PFR0_RAS: Field<u64, ID_AA64PFR0_EL1::Register> = Field::new(0xf, 28);
+
+/// ID_AA64PFR0_EL1.EL3 (not named by the crate): 0 = EL3 not implemented.
+pub const ID_AA64PFR0_EL3: Field<u64, ID_AA64PFR0_EL1::Register> = Field::new(0xf, 12);
+
+/// ID_AA64MMFR0_EL1.FGT (not named by the crate): 1 = FEAT_FGT, 2 = FEAT_FGT2.
+pub const ID_AA64MMFR0_FGT: Field<u64, ID_AA64MMFR0_EL1::Register> = Field::new(0xf, 56);
+
+/// ID_AA64MMFR1_EL1.HCX (not named by the crate): FEAT_HCX, HCRX_EL2.
+pub const ID_AA64MMFR1_HCX: Field<u64, ID_AA64MMFR1_EL1::Register> = Field::new(0xf, 40);
 
 /// ID_AA64PFR1_EL1.SME (not named by the crate).
 pub const ID_AA64PFR1_SME: Field<u64, ID_AA64PFR1_EL1::Register> = Field::new(0xf, 24);

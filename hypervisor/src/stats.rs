@@ -255,6 +255,9 @@ counters! {
     undef_injected,
     /// Debug-register accesses emulated (trapped by MDCR_EL2.TDA/TDOSA/TDRA).
     debug_emulated,
+    /// Physical SErrors the vCPU caused (taken from it or pending at its
+    /// exit), reflected to it as virtual SErrors.
+    serrors,
 }
 
 /// Everything recorded for one vCPU.

@@ -19,6 +19,13 @@
 //! | debug registers, OS lock | MDSCR only | MDCR_EL2.TDA, TDOSA, TDRA | emulated ([`crate::vdebug`]) |
 //! | EL1 physical timer | emulated per vCPU | CNTHCTL_EL2.EL1PCEN = 0 (CNTPCT_EL0 not trapped) | CNTP_* ([`crate::time::PhysTimer`]), its PPI a level |
 //! | ID registers | - | HCR_EL2.TID3 | sanitized values |
+//! | ACTLR_EL1 (IMPLEMENTATION DEFINED controls) | no | HCR_EL2.TACR | the host's value; writes ignored |
+//! | IMPLEMENTATION DEFINED registers (CRn 11, 15) | no | HCR_EL2.TIDCP | UNDEFINED |
+//! | RAS error records (ERRIDR, ERRSELR, ERX*) | no | HCR_EL2.TERR | read as zero, writes ignored |
+//! | DISR_EL1 | yes, as VDISR_EL2 | none (HCR_EL2.AMO redirects it) | its own deferred virtual SErrors |
+//! | LORegions (LORSA/LOREA/LORN/LORC/LORID) | no | HCR_EL2.TLOR | no LOR |
+//! | SME TPIDR2_EL0, SMPRI_EL1 | no | HFGRTR/HFGWTR_EL2 nTPIDR2_EL0, nSMPRI_EL1 = 0 | no SME |
+//! | registers of later features (PIE, POE, GCS, LS64, THE, AIE, BRBE ...) | no | their FGT n-bits = 0; HCRX_EL2 enables = 0 | absent |
 //!
 //! This is what KVM does for a guest without a virtual PMU (no PMU in the
 //! ID registers, accesses UNDEFINED); for debug it takes Xen's simpler
@@ -26,8 +33,13 @@
 //! writes) but keeps MDSCR_EL1, which is already switched, so single-step
 //! inside the guest works.
 
-use crate::regs::{cptr_el2_res1, CPTR_EL2, ID_AA64ISAR2_EL1, ID_AA64PFR0_RAS, ID_AA64PFR1_SME};
-use aarch64_cpu::registers::{CNTHCTL_EL2, HCR_EL2, ID_AA64DFR0_EL1, ID_AA64ISAR1_EL1, ID_AA64PFR0_EL1, MDCR_EL2};
+use crate::regs::{
+    cptr_el2_res1, CPTR_EL2, ID_AA64ISAR2_EL1, ID_AA64MMFR0_FGT, ID_AA64MMFR1_HCX, ID_AA64PFR0_RAS, ID_AA64PFR1_SME,
+};
+use aarch64_cpu::registers::{
+    CNTHCTL_EL2, HCR_EL2, ID_AA64DFR0_EL1, ID_AA64ISAR1_EL1, ID_AA64MMFR0_EL1, ID_AA64MMFR1_EL1, ID_AA64PFR0_EL1,
+    MDCR_EL2,
+};
 use tock_registers::LocalRegisterCopy;
 
 pub type Hcr = LocalRegisterCopy<u64, HCR_EL2::Register>;
@@ -43,6 +55,8 @@ pub struct IdRegs {
     pub dfr0: u64,
     pub isar1: u64,
     pub isar2: u64,
+    pub mmfr0: u64,
+    pub mmfr1: u64,
     /// PMCR_EL0, read only when [`pmu_version`] says there is a PMUv3
     /// (the register is UNDEFINED otherwise).
     pub pmcr: Option<u64>,
@@ -91,6 +105,16 @@ pub struct CpuFeatures {
     pub spe: bool,
     /// FEAT_TRF (trace filter control, TRFCR_EL1).
     pub trf: bool,
+    /// FEAT_FGT: HFGRTR/HFGWTR/HFGITR/HDFGRTR/HDFGWTR_EL2 exist.
+    pub fgt: bool,
+    /// FEAT_HCX: HCRX_EL2 exists.
+    pub hcx: bool,
+    /// FEAT_MOPS (memory copy and set instructions).
+    pub mops: bool,
+    /// FEAT_LOR (limited ordering regions).
+    pub lor: bool,
+    /// EL3 is implemented (firmware runs beneath the hypervisor).
+    pub el3: bool,
 }
 
 impl CpuFeatures {
@@ -101,6 +125,8 @@ impl CpuFeatures {
         let dfr0 = LocalRegisterCopy::<u64, ID_AA64DFR0_EL1::Register>::new(ids.dfr0);
         let isar1 = LocalRegisterCopy::<u64, ID_AA64ISAR1_EL1::Register>::new(ids.isar1);
         let isar2 = LocalRegisterCopy::<u64, ID_AA64ISAR2_EL1::Register>::new(ids.isar2);
+        let mmfr0 = LocalRegisterCopy::<u64, ID_AA64MMFR0_EL1::Register>::new(ids.mmfr0);
+        let mmfr1 = LocalRegisterCopy::<u64, ID_AA64MMFR1_EL1::Register>::new(ids.mmfr1);
         let pauth = [ID_AA64ISAR1_EL1::APA, ID_AA64ISAR1_EL1::API, ID_AA64ISAR1_EL1::GPA, ID_AA64ISAR1_EL1::GPI]
             .iter()
             .any(|&f| isar1.read(f) != 0)
@@ -123,6 +149,11 @@ impl CpuFeatures {
             pmu,
             spe: dfr0.read(ID_AA64DFR0_EL1::PMSVer) != 0,
             trf: dfr0.read(ID_AA64DFR0_EL1::TraceFilt) != 0,
+            fgt: mmfr0.read(ID_AA64MMFR0_FGT) != 0,
+            hcx: mmfr1.read(ID_AA64MMFR1_HCX) != 0,
+            mops: isar2.read(ID_AA64ISAR2_EL1::MOPS) != 0,
+            lor: mmfr1.read(ID_AA64MMFR1_EL1::LO) != 0,
+            el3: pfr0.read(crate::regs::ID_AA64PFR0_EL3) != 0,
         }
     }
 }
@@ -143,7 +174,10 @@ pub fn guest_traps(cpu: &CpuFeatures, trap_wfe: bool) -> GuestTraps {
     // Stage 2 on; physical IRQ, FIQ and SError to EL2 (and virtual ones to
     // the guest); broadcast TLB/cache maintenance inner shareable; WFI
     // blocks in the scheduler; ID registers emulated; SMC is PSCI to us;
-    // EL1 is AArch64.
+    // EL1 is AArch64. ACTLR_EL1 traps (emulated: its IMPLEMENTATION DEFINED
+    // bits can change how the CPU behaves for everyone on it, and it is not
+    // switched); so do the IMPLEMENTATION DEFINED registers (UNDEFINED for
+    // the guest, as on KVM).
     let mut hcr = HCR_EL2::VM::Enable
         + HCR_EL2::SWIO::SET
         + HCR_EL2::FMO::EnableVirtualFIQ
@@ -154,7 +188,19 @@ pub fn guest_traps(cpu: &CpuFeatures, trap_wfe: bool) -> GuestTraps {
         + HCR_EL2::TWI::SET
         + HCR_EL2::TID3::SET
         + HCR_EL2::TSC::EnableTrapEl1SmcToEl2
+        + HCR_EL2::TACR::SET
+        + HCR_EL2::TIDCP::SET
         + HCR_EL2::RW::EL1IsAarch64;
+    if cpu.ras {
+        // The error-record registers are the machine's, not a guest's:
+        // read as zero, writes ignored (TERR is RES0 without FEAT_RAS).
+        hcr += HCR_EL2::TERR::SET;
+    }
+    if cpu.lor {
+        // LORegions state is not switched: trap it (and the ID register
+        // says there is none, see `crate::idregs`).
+        hcr += HCR_EL2::TLOR::SET;
+    }
     if trap_wfe {
         hcr += HCR_EL2::TWE::SET;
     }
@@ -211,6 +257,99 @@ pub fn guest_traps(cpu: &CpuFeatures, trap_wfe: bool) -> GuestTraps {
     }
 }
 
+/// The fine-grained trap registers (FEAT_FGT), one value each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FineGrained {
+    pub hfgrtr: u64,
+    pub hfgwtr: u64,
+    pub hfgitr: u64,
+    pub hdfgrtr: u64,
+    pub hdfgwtr: u64,
+}
+
+/// The EL2 controls that later architecture versions added, which reset to
+/// UNKNOWN values and which firmware and earlier boot stages may have left
+/// anything in: written once per pCPU at EL2 init, the same for every VM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExtendedControls {
+    /// HCRX_EL2, where FEAT_HCX exists.
+    pub hcrx: Option<u64>,
+    /// HFGRTR/HFGWTR/HFGITR/HDFGRTR/HDFGWTR_EL2, where FEAT_FGT exists.
+    pub fgt: Option<FineGrained>,
+}
+
+/// HCRX_EL2 and the fine-grained traps for a CPU with `cpu`'s features.
+///
+/// The fine-grained trap registers are all zero. Their bits come in two
+/// polarities: a plain bit set traps one register or instruction, and
+/// none of those is needed (what must trap already does through HCR_EL2,
+/// CPTR_EL2 and MDCR_EL2, the same on CPUs without FEAT_FGT); an `n` bit
+/// *clear* traps, and each `n` bit belongs to a register of a later
+/// feature the hypervisor neither switches nor shows the guest: SME's
+/// TPIDR2_EL0 and SMPRI_EL1, permission indirection and overlays
+/// (PIR/PIRE0/POR/S2POR), GCS, LS64's ACCDATA_EL1, RCWMASK, AMAIR2/MAIR2,
+/// BRBE. So zero traps exactly those, and a guest touching one gets an
+/// UNDEFINED exception instead of reaching another vCPU's value. (An `n`
+/// bit for a feature the CPU lacks is RES0: zero is right there too.)
+/// FEAT_FGT2's registers (HFGRTR2_EL2 and the rest) are not written.
+///
+/// Only without EL3: where EL3 exists, firmware decides whether EL2 may use
+/// these registers (SCR_EL3.HXEn, FGTEn), and EL2 cannot see its choice.
+/// An access firmware did not allow traps to EL3 (TF-A 2.8 on QEMU's
+/// `max` then stops: it enables neither), and while not allowed the
+/// registers have no effect, so there is nothing to initialise; firmware
+/// that allows them also sets them up before entering EL2 (TF-A's context
+/// management initialises both when it enables the feature).
+///
+/// HCRX_EL2 is zero too (every field enables a later feature for EL1/EL0:
+/// LS64, NMI, TCR2/SCTLR2, 128-bit descriptors, GCS, FPMR ...), except
+/// that FEAT_MOPS stays usable where the CPU has it (MSCEn), because the
+/// guest's ID registers show it and user space may use it; its exceptions
+/// (a copy interrupted on one implementation option and resumed on the
+/// other) go to the guest's EL1, which handles them (MCE2 = 0).
+pub fn extended_controls(cpu: &CpuFeatures) -> ExtendedControls {
+    if cpu.el3 {
+        return ExtendedControls { hcrx: None, fgt: None };
+    }
+    let hcrx = cpu.hcx.then(|| {
+        let mut v = crate::regs::HCRX_EL2::MSCEn::CLEAR + crate::regs::HCRX_EL2::MCE2::CLEAR;
+        if cpu.mops {
+            v += crate::regs::HCRX_EL2::MSCEn::SET;
+        }
+        v.value
+    });
+    let fgt = cpu.fgt.then_some(FineGrained { hfgrtr: 0, hfgwtr: 0, hfgitr: 0, hdfgrtr: 0, hdfgwtr: 0 });
+    ExtendedControls { hcrx, fgt }
+}
+
+/// A trapped system register the hypervisor emulates rather than
+/// answering UNDEFINED: the other half of [`guest_traps`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Emulated {
+    /// ACTLR_EL1 (HCR_EL2.TACR): reads return the vCPU's value, which is
+    /// the host's ACTLR_EL1 at vCPU creation; writes are ignored, as on
+    /// KVM. Its bits are IMPLEMENTATION DEFINED controls of the physical
+    /// CPU (prefetchers, errata workarounds), so no guest value ever
+    /// reaches the hardware; keeping a written value to read back would
+    /// tell the guest a setting took effect when it did not.
+    Actlr,
+    /// A RAS error-record register (HCR_EL2.TERR: ERRIDR_EL1, ERRSELR_EL1,
+    /// ERXGSR/ERXFR/ERXCTLR/ERXSTATUS/ERXADDR/ERXPFG*/ERXMISC<n>_EL1):
+    /// read as zero, writes ignored. ERRIDR_EL1 = 0 says there are no
+    /// records, so a guest has nothing to select; the machine's records
+    /// stay with the hypervisor and firmware.
+    RasRecord,
+}
+
+/// Which emulated register (op0, op1, CRn, CRm, op2) is, if any.
+pub fn emulated(op0: u8, op1: u8, crn: u8, crm: u8, op2: u8) -> Option<Emulated> {
+    match (op0, op1, crn, crm, op2) {
+        (3, 0, 1, 0, 1) => Some(Emulated::Actlr),
+        (3, 0, 5, 3..=5, _) => Some(Emulated::RasRecord),
+        _ => None,
+    }
+}
+
 /// A vCPU's virtual SError (HCR_EL2.VSE), which belongs to the vCPU, not to
 /// the pCPU: raised on the pCPU only while that vCPU is loaded.
 ///
@@ -261,7 +400,7 @@ mod tests {
     use super::*;
 
     /// A CPU like QEMU's `max`: pointer authentication, PMUv3p5 with 6
-    /// counters, SVE and SME, RAS, no AMU/SPE/TRF.
+    /// counters, SVE and SME, RAS, FGT, HCX, MOPS, LOR, no AMU/SPE/TRF.
     fn qemu_max() -> CpuFeatures {
         CpuFeatures {
             pauth: true,
@@ -272,7 +411,17 @@ mod tests {
             pmu: Some(Pmu { version: 6, counters: 6 }),
             spe: false,
             trf: false,
+            fgt: true,
+            hcx: true,
+            mops: true,
+            lor: true,
+            el3: false,
         }
+    }
+
+    /// A Cortex-A57: ARMv8.0, none of the later features.
+    fn cortex_a57() -> CpuFeatures {
+        CpuFeatures { pmu: Some(Pmu { version: 1, counters: 6 }), ..CpuFeatures::default() }
     }
 
     #[test]
@@ -292,6 +441,10 @@ mod tests {
             HCR_EL2::RW,
             HCR_EL2::APK,
             HCR_EL2::API,
+            HCR_EL2::TACR,
+            HCR_EL2::TIDCP,
+            HCR_EL2::TERR,
+            HCR_EL2::TLOR,
         ] {
             assert!(h.is_set(f), "HCR_EL2 bit {} clear", f.shift);
         }
@@ -309,10 +462,63 @@ mod tests {
             assert!(!h.is_set(f), "HCR_EL2 bit {} set", f.shift);
         }
         // Nothing else is set: the whole value is accounted for above.
-        assert_eq!(h.get(), 0x0000_0300_800c_263b);
+        assert_eq!(h.get(), 0x0000_0318_803c_263b);
         assert!(guest_traps(&qemu_max(), true).hcr.is_set(HCR_EL2::TWE));
         let no_pauth = guest_traps(&CpuFeatures { pauth: false, ..qemu_max() }, false).hcr;
         assert!(!no_pauth.is_set(HCR_EL2::APK) && !no_pauth.is_set(HCR_EL2::API), "APK/API are trap controls: 0 traps");
+        // ARMv8.0: TERR and TLOR are RES0 there; ACTLR and IMPLEMENTATION
+        // DEFINED registers trap everywhere.
+        let v80 = guest_traps(&cortex_a57(), false).hcr;
+        assert!(v80.is_set(HCR_EL2::TACR) && v80.is_set(HCR_EL2::TIDCP));
+        assert!(!v80.is_set(HCR_EL2::TERR) && !v80.is_set(HCR_EL2::TLOR));
+    }
+
+    #[test]
+    fn emulated_registers() {
+        assert_eq!(emulated(3, 0, 1, 0, 1), Some(Emulated::Actlr));
+        // SCTLR_EL1 and CPACR_EL1 share CRn=1 and are not trapped.
+        assert_eq!(emulated(3, 0, 1, 0, 0), None);
+        assert_eq!(emulated(3, 0, 1, 0, 2), None);
+        // ERRIDR_EL1, ERRSELR_EL1, ERXFR_EL1, ERXSTATUS_EL1, ERXMISC3_EL1.
+        for (crm, op2) in [(3, 0), (3, 1), (4, 0), (4, 2), (5, 3)] {
+            assert_eq!(emulated(3, 0, 5, crm, op2), Some(Emulated::RasRecord), "CRm {crm} op2 {op2}");
+        }
+        // ESR_EL1/AFSR (CRn=5, CRm 1-2) are the guest's own, never trapped.
+        assert_eq!(emulated(3, 0, 5, 2, 0), None);
+        assert_eq!(emulated(3, 0, 5, 1, 0), None);
+        // IMPLEMENTATION DEFINED space (TIDCP): no emulation, UNDEFINED.
+        assert_eq!(emulated(3, 0, 15, 2, 0), None);
+        assert_eq!(emulated(3, 1, 11, 0, 0), None);
+    }
+
+    #[test]
+    fn extended_controls_only_where_they_exist() {
+        // ARMv8.0: neither register exists, nothing is written.
+        assert_eq!(extended_controls(&cortex_a57()), ExtendedControls { hcrx: None, fgt: None });
+        let max = extended_controls(&qemu_max());
+        // MOPS stays usable (the guest sees it), its exceptions go to EL1;
+        // every other HCRX_EL2 enable is off.
+        assert_eq!(max.hcrx, Some(1 << 11));
+        let no_mops = extended_controls(&CpuFeatures { mops: false, ..qemu_max() });
+        assert_eq!(no_mops.hcrx, Some(0));
+        // Fine-grained traps: all zero, so the n-polarity bits trap the
+        // unswitched registers of later features (SME's TPIDR2_EL0 among
+        // them) and no plain bit adds a trap.
+        let f = max.fgt.expect("FEAT_FGT");
+        assert_eq!(f, FineGrained { hfgrtr: 0, hfgwtr: 0, hfgitr: 0, hdfgrtr: 0, hdfgwtr: 0 });
+        use aarch64_cpu::registers::{HFGRTR_EL2, HFGWTR_EL2};
+        let r = LocalRegisterCopy::<u64, HFGRTR_EL2::Register>::new(f.hfgrtr);
+        let w = LocalRegisterCopy::<u64, HFGWTR_EL2::Register>::new(f.hfgwtr);
+        assert!(!r.is_set(HFGRTR_EL2::nTPIDR2_EL0) && !w.is_set(HFGWTR_EL2::nTPIDR2_EL0), "TPIDR2_EL0 traps");
+        assert!(!r.is_set(HFGRTR_EL2::nSMPRI_EL1) && !w.is_set(HFGWTR_EL2::nSMPRI_EL1), "SMPRI_EL1 traps");
+        // Under EL3 firmware: firmware's to allow, not written.
+        assert_eq!(
+            extended_controls(&CpuFeatures { el3: true, ..qemu_max() }),
+            ExtendedControls { hcrx: None, fgt: None }
+        );
+        // FGT without HCX (ARMv8.6) and the reverse are independent.
+        let fgt_only = extended_controls(&CpuFeatures { hcx: false, ..qemu_max() });
+        assert!(fgt_only.hcrx.is_none() && fgt_only.fgt.is_some());
     }
 
     #[test]
@@ -380,11 +586,18 @@ mod tests {
             pfr1: 1 << 24,
             dfr0: 0x0000_0000_0030_5606,
             isar1: 0x0000_0000_0100_0050,
-            isar2: 0,
+            isar2: 1 << 16,
+            // FGT = 1 [59:56]; HCX = 1 [43:40], LO = 1 [19:16].
+            mmfr0: 1 << 56,
+            mmfr1: (1 << 40) | (1 << 16),
             pmcr: Some(6 << 11),
         };
         let f = CpuFeatures::from_id_regs(&ids);
-        assert_eq!(f, CpuFeatures { amu: false, ..qemu_max() });
+        // EL3 [15:12] = 1 in that value (QEMU with secure=on).
+        assert_eq!(f, CpuFeatures { amu: false, el3: true, ..qemu_max() });
+        assert!(!CpuFeatures::from_id_regs(&IdRegs { pfr0: ids.pfr0 & !0xf000, ..ids }).el3);
+        let v80 = CpuFeatures::from_id_regs(&IdRegs { isar2: 0, mmfr0: 0, mmfr1: 0, ..ids });
+        assert!(!v80.fgt && !v80.hcx && !v80.mops && !v80.lor);
         // No PMCR read (no PMU): no PMU.
         assert_eq!(CpuFeatures::from_id_regs(&IdRegs { pmcr: None, ..ids }).pmu, None);
         assert_eq!(pmu_version(0xf00), None, "IMPLEMENTATION DEFINED PMU");

@@ -6,7 +6,7 @@
 use super::percpu::{self, pcpu};
 use super::{console, heap, vcpu, vm};
 use crate::arch::entry::STACK_SIZE;
-use crate::arch::{cache, exception, gic, mmu, smc, sysreg};
+use crate::arch::{cache, el2, exception, gic, mmu, smc, sysreg};
 use crate::boot::handoff::{self, Convention, NoDtb};
 use crate::boot::image as boot_image;
 use crate::boot::pcpus;
@@ -15,7 +15,9 @@ use crate::config::{Config, DiskMode};
 use crate::dtb::{self, BootModule, Platform, Region};
 use crate::hv_fatal;
 use crate::its::v4::LpiPath;
+use crate::mitigations;
 use crate::platform;
+use crate::sync::{Mutex, Once};
 use alloc::boxed::Box;
 use alloc::vec::Vec;
 use core::sync::atomic::Ordering;
@@ -90,7 +92,8 @@ pub fn primary_main(regs: [u64; 4]) -> ! {
     heap::init_bootstrap();
     console::init_log(log::LevelFilter::Info);
     // SAFETY: pCPU 0 takes its own run block, once.
-    exception::init_cpu(unsafe { percpu::run_block(0) });
+    exception::init_cpu(unsafe { percpu::run_block(0) }, init_mitigations());
+    el2::init_extended_controls();
     // Started as an EFI application (runtime/uefi.rs): the machine is
     // described by ACPI, not by a DTB.
     if let Some(h) = super::uefi::take_handoff() {
@@ -370,6 +373,50 @@ extern "C" {
     fn secondary_entry();
 }
 
+/// Firmware's transient-execution workarounds, asked once by pCPU 0.
+static FIRMWARE: Once<mitigations::Firmware> = Once::new();
+/// What guests are told: every pCPU's mitigations so far, combined.
+static GUEST_VIEW: Mutex<Option<mitigations::GuestView>> = Mutex::new(None);
+
+/// Decides this pCPU's transient-execution mitigations
+/// (`crate::mitigations::decide`), turns firmware's Spectre-v4 mitigation
+/// on for good where that is the one, adds the pCPU to what guests are
+/// told, and returns the word the exit path runs.
+fn init_mitigations() -> u64 {
+    let fw = FIRMWARE.call_once(smc::ask_workarounds);
+    let m = mitigations::decide(&el2::mitigation_cpu_id(), fw);
+    if m.enable_fw_ssbd {
+        smc::enable_firmware_ssbd();
+    }
+    let mut g = GUEST_VIEW.lock();
+    let mine = mitigations::GuestView::of(&m);
+    if g.is_none() {
+        info!(
+            "mitigations: spectre-v2 {:?}, spectre-v4 {:?}{}, spectre-BHB {:?}; on exit {}; firmware {:?}",
+            m.v2,
+            m.v4,
+            if m.ssbs { " (SSBS)" } else { "" },
+            m.bhb,
+            m.on_exit,
+            fw
+        );
+    }
+    *g = Some(g.map_or(mine, |v| v.combine(mine)));
+    m.on_exit.encode()
+}
+
+/// The transient-execution states guests are told through
+/// SMCCC_ARCH_FEATURES: the machine's, once every pCPU is up.
+pub fn guest_mitigations() -> mitigations::GuestView {
+    let g = *GUEST_VIEW.lock();
+    g.unwrap_or(mitigations::GuestView {
+        v2: mitigations::State::Vulnerable,
+        v4: mitigations::State::Vulnerable,
+        bhb: mitigations::State::Vulnerable,
+        ssbs: false,
+    })
+}
+
 /// Records this pCPU's MPIDR for IPIs (`gic::init_cpu` found its
 /// redistributor).
 fn register_pcpu(cpu: usize) {
@@ -381,7 +428,8 @@ pub fn secondary_main(cpu: usize) -> ! {
     mmu::enable_secondary();
     // SAFETY: this pCPU takes its own run block, once (PSCI CPU_ON passes
     // each secondary a distinct index).
-    exception::init_cpu(unsafe { percpu::run_block(cpu) });
+    exception::init_cpu(unsafe { percpu::run_block(cpu) }, init_mitigations());
+    el2::init_extended_controls();
     gic::init_cpu(cpu);
     register_pcpu(cpu);
     vm::vms();

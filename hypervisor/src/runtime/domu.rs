@@ -14,6 +14,7 @@ use super::vm::{
     apply_disk, apply_stage2, apply_vgic, copy_module, hw_facts, start_vcpus, write_firmware_blob, Host, VcpuStart, Vm,
     VmError, VmParts,
 };
+use crate::arch::cache;
 use crate::boot::image as boot_image;
 use crate::boot::plan::{ModuleCopy, Plan, GUEST_DTB_SIZE};
 use crate::config::Config;
@@ -61,6 +62,12 @@ impl Vm {
         // as normal memory; the DomU does not run yet. Whatever was there
         // before is not the DomU's to read.
         unsafe { core::ptr::write_bytes(l.ram.host as *mut u8, 0, l.ram.ipa.size as usize) };
+        // The DomU starts with its MMU and caches off: its reads go to
+        // memory, past any line the zeroing left dirty (which would show it
+        // the previous owner's bytes). Cleaned and invalidated, so no clean
+        // line of zeros outlives a non-cacheable write of the guest's either,
+        // once it turns its caches on. (The copies below clean their own.)
+        cache::clean_inval_to_poc(l.ram.host, l.ram.ipa.size);
         copy_module(&ModuleCopy { src: spec.kernel, dst: Region { base: l.kernel.host, size: l.kernel.ipa.size } });
         if let (Some(src), Some(i)) = (spec.ramdisk, l.initrd) {
             copy_module(&ModuleCopy { src, dst: Region { base: i.host, size: i.ipa.size } });

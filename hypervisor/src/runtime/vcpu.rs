@@ -17,7 +17,7 @@
 use super::console;
 use super::percpu::{self, now_ns, pcpu, SGI_KICK};
 use super::vm::{inc, vcpu_of, vms, Vcpu, Vm, SPSR_EL1H_MASKED};
-use crate::arch::exception::{run_guest, ExitKind, GuestRegs};
+use crate::arch::exception::{run_guest, ExitKind, GuestExit, GuestRegs};
 use crate::arch::{context, el2, gic, smc, sysreg};
 use crate::domain::console::Key;
 use crate::esr::{self, Exit, MmioAccess};
@@ -296,10 +296,14 @@ fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Option<u64>) {
         };
         arm_timer(me, deadline, wake);
         let entered = now_ns();
-        let kind = run_guest(&mut v.regs);
+        let GuestExit { kind, serror } = run_guest(&mut v.regs);
         let ran_ns = now_ns().saturating_sub(entered);
         if v.vserror.is_pending() {
             v.vserror.on_exit(el2::hcr());
+        }
+        if let Some(disr) = serror {
+            // Pending when this vCPU exited: its own, whatever the exit.
+            serror_from_guest(vm, v, disr);
         }
         for i in 0..n {
             v.lrs[i] = gic::read_lr(i);
@@ -348,10 +352,7 @@ fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Option<u64>) {
             }
             ExitKind::SError => {
                 rec(vm, me, Event::Exit { vcpu: vm.gid(id).0 as u16, class: ExitClass::SError });
-                warn!("vCPU{id}: SError from the guest (ESR {:#x}); injecting it", el2::exit_syndrome().esr);
-                v.vserror.raise();
-                el2::set_vserror_syndrome(el2::cpu_features().ras);
-                el2::set_hcr(v.vserror.on_entry(el2::hcr()));
+                serror_from_guest(vm, v, el2::exit_syndrome().esr);
                 Next::Enter
             }
         };
@@ -745,11 +746,22 @@ fn handle_sync(vm: &Vm, me: usize, v: &mut Vcpu) -> Next {
             } else if let Some(reg) = crate::time::PtimerReg::classify(&s) {
                 ptimer_access(vm, me, v, &s, reg);
                 v.regs.elr += ilen;
+            } else if let Some(e) = traps::emulated(s.op0, s.op1, s.crn, s.crm, s.op2) {
+                if s.read {
+                    let value = match e {
+                        traps::Emulated::Actlr => v.el1.actlr,
+                        traps::Emulated::RasRecord => 0,
+                    };
+                    reg_write(&mut v.regs, s.reg, value);
+                }
+                v.regs.elr += ilen;
             } else if let Some(reg) = vdebug::classify(&s) {
                 debug_access(vm, v, &s, reg, ilen);
             } else {
                 // Everything else the configuration traps (PMU, AMU, SPE,
-                // trace): the guest was told it is absent.
+                // trace, LORegions, registers of later features): the guest
+                // was told it is absent. And the IMPLEMENTATION DEFINED
+                // registers (TIDCP), as on KVM.
                 inject_undef(vm, v);
             }
             Next::Enter
@@ -1041,6 +1053,20 @@ fn inject_abort(vm: &Vm, v: &mut Vcpu, kind: esr::AbortKind, far: u64) {
     inject_exception(v, esr::injected_abort_esr(kind, same_el), Some(far));
 }
 
+/// A physical SError the running vCPU caused (taken from it, or found
+/// pending at its exit, `syndrome` = ESR_EL2 or DISR_EL1): counted and
+/// reflected to it as a virtual SError, never to whoever runs next.
+fn serror_from_guest(vm: &Vm, v: &mut Vcpu, syndrome: u64) {
+    let c = &vm.shared[v.id].counters;
+    inc(&c.serrors);
+    if c.serrors.load(Ordering::Relaxed) <= 8 {
+        warn!("d{} vCPU{}: SError from the guest (syndrome {syndrome:#x}); injecting it", vm.domid, v.id);
+    }
+    v.vserror.raise();
+    el2::set_vserror_syndrome(el2::cpu_features().ras);
+    el2::set_hcr(v.vserror.on_entry(el2::hcr()));
+}
+
 fn inject_undef(vm: &Vm, v: &mut Vcpu) {
     inc(&vm.shared[v.id].counters.undef_injected);
     inject_exception(v, (ESR_EL1::EC::Unknown + ESR_EL1::IL::SET).value, None);
@@ -1073,7 +1099,13 @@ fn psci_call(vm: &Vm, me: usize, v: &mut Vcpu) -> Next {
         Call::Version => psci::VERSION_1_1 as i64,
         Call::Features { function } => psci::features(function),
         Call::SmcccVersion => psci::SMCCC_VERSION_1_1 as i64,
-        Call::SmcccArchFeatures { .. } => psci::NOT_SUPPORTED,
+        Call::SmcccArchFeatures { function } => {
+            super::boot::guest_mitigations().arch_features(function).unwrap_or(psci::NOT_SUPPORTED)
+        }
+        // The exit that carried the call ran this pCPU's mitigation already.
+        Call::ArchWorkaround { function } => {
+            super::boot::guest_mitigations().workaround_call(function).unwrap_or(psci::NOT_SUPPORTED)
+        }
         Call::MigrateInfoType => psci::MIGRATE_NOT_REQUIRED,
         Call::CpuSuspend => {
             // Standby: like WFI.

@@ -146,6 +146,7 @@ trap_counters!(
     aborts_injected,
     undef_injected,
     debug_emulated,
+    serrors,
     wfi_traps,
     wfe_traps,
     spin_yields,

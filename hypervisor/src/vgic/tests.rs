@@ -855,6 +855,19 @@ fn one_list_register_is_rejected() {
     assert!(msg.contains("1 list register") && msg.contains("at least 2"), "{msg}");
 }
 
+#[test]
+fn active_priority_registers_follow_preemption_bits() {
+    // ICH_VTR_EL2.PREbits [28:26] = preemption bits - 1.
+    let vtr = |pre_bits: u64| ((pre_bits - 1) << 26) | (4 << 29) | 3;
+    assert_eq!(active_priority_regs(vtr(5)), 1, "32 levels: AP<n>R0 only");
+    assert_eq!(active_priority_regs(vtr(6)), 2, "64 levels: AP<n>R0-1");
+    assert_eq!(active_priority_regs(vtr(7)), 4, "128 levels: AP<n>R0-3");
+    // QEMU's GICv3 CPU interface: PREbits = 4 (5 bits), ListRegs = 3.
+    assert_eq!(active_priority_regs(0x9000_0003), 1);
+    // Other fields do not matter.
+    assert_eq!(active_priority_regs(vtr(7) | 0xffff), 4);
+}
+
 /// A forwarded SPI 40 (physical 72) and the virtual timer PPI 27 of vCPU 1
 /// (physical 27), both enabled.
 fn hw_booted() -> Vgic {

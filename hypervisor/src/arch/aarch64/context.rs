@@ -5,7 +5,7 @@
 //! registers while the hypervisor handles traps, and is saved only when a
 //! pCPU switches to another vCPU.
 
-use super::sysreg;
+use super::sysreg::{self, VDISR_EL2};
 use crate::regs::SCTLR_EL1_RESET;
 use aarch64_cpu::registers::{
     AFSR0_EL1, AFSR1_EL1, AMAIR_EL1, CNTKCTL_EL1, CNTV_CTL_EL0, CNTV_CVAL_EL0, CONTEXTIDR_EL1, CPACR_EL1, CSSELR_EL1,
@@ -46,6 +46,10 @@ pub struct El1Context {
     pub cntv_ctl: u64,
     pub cntv_cval: u64,
     pub vmpidr: u64,
+    /// VDISR_EL2: the guest's DISR_EL1 (HCR_EL2.AMO redirects its accesses
+    /// there), which holds a virtual SError its ESB deferred; switched only
+    /// when the CPU has FEAT_RAS.
+    pub vdisr: u64,
     /// Pointer-authentication keys (APIA, APIB, APDA, APDB, APGA; lo, hi),
     /// switched only when the CPU has FEAT_PAuth.
     pub pauth_keys: [u64; 10],
@@ -88,9 +92,11 @@ pauth_keys!(save_pauth, restore_pauth,
 
 impl El1Context {
     /// Architectural reset state for a vCPU entering at EL1 with the MMU off.
+    /// ACTLR_EL1 is not loaded into the hardware (HCR_EL2.TACR traps it):
+    /// `actlr` is what the guest reads, this CPU's own value.
     pub fn reset(vmpidr: u64) -> Self {
         let vmpidr = VMPIDR_EL2::RES1::SET.modify(vmpidr);
-        Self { sctlr: SCTLR_EL1_RESET.value, vmpidr, ..Default::default() }
+        Self { sctlr: SCTLR_EL1_RESET.value, vmpidr, actlr: super::el2::host_actlr_el1(), ..Default::default() }
     }
 
     /// Loads this state into the EL1 registers.
@@ -124,6 +130,9 @@ impl El1Context {
         VMPIDR_EL2.set(self.vmpidr);
         if has_pauth() {
             restore_pauth(&self.pauth_keys);
+        }
+        if super::el2::has_ras() {
+            VDISR_EL2.set(self.vdisr);
         }
         sysreg::isb();
     }
@@ -160,6 +169,9 @@ impl El1Context {
         self.vmpidr = VMPIDR_EL2.get();
         if has_pauth() {
             save_pauth(&mut self.pauth_keys);
+        }
+        if super::el2::has_ras() {
+            self.vdisr = VDISR_EL2.get();
         }
         CNTV_CTL_EL0.set(0);
     }

@@ -2,13 +2,17 @@
 //! computed by [`crate::traps`] and the VM's stage 2 applied, the exit
 //! syndrome, and a vCPU's virtual SError.
 
-use super::sysreg::{self, ID_AA64ISAR2_EL1, PMCR_EL0, VPIDR_EL2, VSESR_EL2};
+use super::sysreg::{
+    self, HCRX_EL2, HDFGRTR_EL2, HDFGWTR_EL2, HFGITR_EL2, HFGRTR_EL2, HFGWTR_EL2, ID_AA64ISAR2_EL1, PMCR_EL0,
+    VPIDR_EL2, VSESR_EL2,
+};
 use crate::regs;
 use crate::stage2;
 use crate::traps::{self, CpuFeatures, GuestTraps, Hcr, IdRegs};
 use aarch64_cpu::registers::{
-    CNTHCTL_EL2, CNTVOFF_EL2, CPTR_EL2, ESR_EL2, FAR_EL2, HCR_EL2, HPFAR_EL2, ID_AA64DFR0_EL1, ID_AA64ISAR1_EL1,
-    ID_AA64MMFR0_EL1, ID_AA64PFR0_EL1, ID_AA64PFR1_EL1, MDCR_EL2, MIDR_EL1, OSLAR_EL1, VTCR_EL2, VTTBR_EL2,
+    ACTLR_EL1, CNTHCTL_EL2, CNTVOFF_EL2, CPTR_EL2, ESR_EL2, FAR_EL2, HCR_EL2, HPFAR_EL2, ID_AA64DFR0_EL1,
+    ID_AA64ISAR1_EL1, ID_AA64MMFR0_EL1, ID_AA64MMFR1_EL1, ID_AA64PFR0_EL1, ID_AA64PFR1_EL1, MDCR_EL2, MIDR_EL1,
+    OSLAR_EL1, VTCR_EL2, VTTBR_EL2,
 };
 use tock_registers::interfaces::{Readable, Writeable};
 
@@ -22,6 +26,8 @@ pub fn id_regs() -> IdRegs {
         dfr0,
         isar1: ID_AA64ISAR1_EL1.get(),
         isar2: ID_AA64ISAR2_EL1.get(),
+        mmfr0: ID_AA64MMFR0_EL1.get(),
+        mmfr1: ID_AA64MMFR1_EL1.get(),
         pmcr: traps::pmu_version(dfr0).map(|_| PMCR_EL0.get()),
     }
 }
@@ -29,6 +35,49 @@ pub fn id_regs() -> IdRegs {
 /// What this CPU implements.
 pub fn cpu_features() -> CpuFeatures {
     CpuFeatures::from_id_regs(&id_regs())
+}
+
+/// Writes the EL2 controls later architecture versions added
+/// ([`traps::extended_controls`]: HCRX_EL2, the fine-grained traps) on
+/// this pCPU, once at its EL2 init: they reset to UNKNOWN values and are
+/// the same for every VM. Where the CPU has them, firmware has enabled
+/// them for EL2 (SCR_EL3.HXEn, FGTEn), as Linux's boot protocol requires
+/// of firmware for the same CPUs.
+pub fn init_extended_controls() {
+    let c = traps::extended_controls(&cpu_features());
+    if let Some(hcrx) = c.hcrx {
+        HCRX_EL2.set(hcrx);
+    }
+    if let Some(f) = c.fgt {
+        HFGRTR_EL2.set(f.hfgrtr);
+        HFGWTR_EL2.set(f.hfgwtr);
+        HFGITR_EL2.set(f.hfgitr);
+        HDFGRTR_EL2.set(f.hdfgrtr);
+        HDFGWTR_EL2.set(f.hdfgwtr);
+    }
+    sysreg::isb();
+}
+
+/// This CPU's ACTLR_EL1 as firmware and the hypervisor left it: what a
+/// guest reads (HCR_EL2.TACR traps its accesses).
+pub fn host_actlr_el1() -> u64 {
+    ACTLR_EL1.get()
+}
+
+/// The registers `crate::mitigations::decide` reads, on this CPU.
+pub fn mitigation_cpu_id() -> crate::mitigations::CpuId {
+    crate::mitigations::CpuId {
+        midr: MIDR_EL1.get(),
+        pfr0: ID_AA64PFR0_EL1.get(),
+        pfr1: ID_AA64PFR1_EL1.get(),
+        isar2: ID_AA64ISAR2_EL1.get(),
+        mmfr1: ID_AA64MMFR1_EL1.get(),
+    }
+}
+
+/// Whether this CPU has FEAT_RAS (reads one ID register).
+pub fn has_ras() -> bool {
+    CpuFeatures::from_id_regs(&IdRegs { pfr0: ID_AA64PFR0_EL1.get(), ..IdRegs::default() }).ras
 }
 
 /// Whether this CPU has pointer authentication (reads two ID registers).

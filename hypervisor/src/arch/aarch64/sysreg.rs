@@ -81,6 +81,35 @@ sys_reg!(
     /// VSESR_EL2 (FEAT_RAS only).
     VSESR_EL2, "s3_4_c5_c2_3", regs::VSESR_EL2::Register, rw
 );
+sys_reg!(
+    /// HCRX_EL2 (FEAT_HCX only).
+    HCRX_EL2, "s3_4_c1_c2_2", regs::HCRX_EL2::Register, rw
+);
+sys_reg!(
+    /// FEAT_FGT only.
+    HFGRTR_EL2, "s3_4_c1_c1_4", aarch64_cpu::registers::HFGRTR_EL2::Register, rw
+);
+sys_reg!(
+    /// FEAT_FGT only.
+    HFGWTR_EL2, "s3_4_c1_c1_5", aarch64_cpu::registers::HFGWTR_EL2::Register, rw
+);
+sys_reg!(
+    /// FEAT_FGT only.
+    HFGITR_EL2, "s3_4_c1_c1_6", aarch64_cpu::registers::HFGITR_EL2::Register, rw
+);
+sys_reg!(
+    /// FEAT_FGT only.
+    HDFGRTR_EL2, "s3_4_c3_c1_4", (), rw
+);
+sys_reg!(
+    /// FEAT_FGT only.
+    HDFGWTR_EL2, "s3_4_c3_c1_5", (), rw
+);
+sys_reg!(
+    /// VDISR_EL2 (FEAT_RAS only): what a guest reads as DISR_EL1 while
+    /// HCR_EL2.AMO is set (a virtual SError its ESB deferred).
+    VDISR_EL2, "s3_4_c12_c1_1", (), rw
+);
 sys_reg!(ICH_EISR_EL2, "ich_eisr_el2", regs::ICH_EISR_EL2::Register, r);
 sys_reg!(ICH_ELRSR_EL2, "ich_elrsr_el2", regs::ICH_ELRSR_EL2::Register, r);
 sys_reg!(ICC_CTLR_EL1, "icc_ctlr_el1", regs::ICC_CTLR_EL1::Register, rw);

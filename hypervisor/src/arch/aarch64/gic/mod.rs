@@ -31,9 +31,10 @@ use crate::intid::{IntId, IntIdKind};
 use crate::regs;
 use crate::sync::Mutex;
 use aarch64_cpu::registers::{
-    ICC_SRE_EL2, ICH_AP0R0_EL2, ICH_AP1R0_EL2, ICH_HCR_EL2, ICH_LR0_EL2, ICH_LR10_EL2, ICH_LR11_EL2, ICH_LR12_EL2,
-    ICH_LR13_EL2, ICH_LR14_EL2, ICH_LR15_EL2, ICH_LR1_EL2, ICH_LR2_EL2, ICH_LR3_EL2, ICH_LR4_EL2, ICH_LR5_EL2,
-    ICH_LR6_EL2, ICH_LR7_EL2, ICH_LR8_EL2, ICH_LR9_EL2, ICH_VMCR_EL2, ICH_VTR_EL2, MPIDR_EL1,
+    ICC_SRE_EL2, ICH_AP0R0_EL2, ICH_AP0R1_EL2, ICH_AP0R2_EL2, ICH_AP0R3_EL2, ICH_AP1R0_EL2, ICH_AP1R1_EL2,
+    ICH_AP1R2_EL2, ICH_AP1R3_EL2, ICH_HCR_EL2, ICH_LR0_EL2, ICH_LR10_EL2, ICH_LR11_EL2, ICH_LR12_EL2, ICH_LR13_EL2,
+    ICH_LR14_EL2, ICH_LR15_EL2, ICH_LR1_EL2, ICH_LR2_EL2, ICH_LR3_EL2, ICH_LR4_EL2, ICH_LR5_EL2, ICH_LR6_EL2,
+    ICH_LR7_EL2, ICH_LR8_EL2, ICH_LR9_EL2, ICH_VMCR_EL2, ICH_VTR_EL2, MPIDR_EL1,
 };
 use alloc::vec::Vec;
 use arm_gic::gicv3::registers::{Gicd, GicrSgi};
@@ -369,20 +370,50 @@ pub fn vcpu_if_off() {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct VcpuIfState {
     pub vmcr: u64,
-    pub ap0r0: u64,
-    pub ap1r0: u64,
+    /// ICH_AP0R<n>_EL2 and ICH_AP1R<n>_EL2: the first
+    /// `vgic::active_priority_regs(ICH_VTR_EL2)` of each are the vCPU's
+    /// (the others do not exist on this CPU and stay 0).
+    pub ap0r: [u64; 4],
+    pub ap1r: [u64; 4],
+}
+
+/// How many ICH_AP<m>R<n>_EL2 registers of each group this CPU implements.
+fn nr_ap_regs() -> usize {
+    crate::vgic::active_priority_regs(ICH_VTR_EL2.get())
 }
 
 impl VcpuIfState {
     pub fn save(&mut self) {
         self.vmcr = ICH_VMCR_EL2.get();
-        self.ap0r0 = ICH_AP0R0_EL2.get();
-        self.ap1r0 = ICH_AP1R0_EL2.get();
+        let n = nr_ap_regs();
+        self.ap0r[0] = ICH_AP0R0_EL2.get();
+        self.ap1r[0] = ICH_AP1R0_EL2.get();
+        if n >= 2 {
+            self.ap0r[1] = ICH_AP0R1_EL2.get();
+            self.ap1r[1] = ICH_AP1R1_EL2.get();
+        }
+        if n >= 4 {
+            self.ap0r[2] = ICH_AP0R2_EL2.get();
+            self.ap1r[2] = ICH_AP1R2_EL2.get();
+            self.ap0r[3] = ICH_AP0R3_EL2.get();
+            self.ap1r[3] = ICH_AP1R3_EL2.get();
+        }
     }
     pub fn restore(&self) {
         ICH_VMCR_EL2.set(self.vmcr);
-        ICH_AP0R0_EL2.set(self.ap0r0);
-        ICH_AP1R0_EL2.set(self.ap1r0);
+        let n = nr_ap_regs();
+        ICH_AP0R0_EL2.set(self.ap0r[0]);
+        ICH_AP1R0_EL2.set(self.ap1r[0]);
+        if n >= 2 {
+            ICH_AP0R1_EL2.set(self.ap0r[1]);
+            ICH_AP1R1_EL2.set(self.ap1r[1]);
+        }
+        if n >= 4 {
+            ICH_AP0R2_EL2.set(self.ap0r[2]);
+            ICH_AP1R2_EL2.set(self.ap1r[2]);
+            ICH_AP0R3_EL2.set(self.ap0r[3]);
+            ICH_AP1R3_EL2.set(self.ap1r[3]);
+        }
     }
 }
 
