@@ -57,6 +57,7 @@
 //! does nothing.
 
 use super::regs::{LR_PENDING, LR_STATE_MASK};
+use super::set_bits;
 use super::{Kicks, Vgic, VgicError, NO_INTID, NO_VCPU, NUM_LRS_MAX};
 use crate::intid::IntId;
 use crate::virtio::GuestMemory;
@@ -78,29 +79,6 @@ pub const LPI_CONFIG_PRIORITY: u8 = 0xFC;
 /// Words of a per-vCPU pending bitmap.
 const LPI_WORDS: usize = NR_LPIS as usize / 64;
 const _: () = assert!(LPI_WORDS <= 128, "LpiRedist::pending_words has one bit per word");
-
-/// The set bits of `x`, lowest first.
-fn set_bits_u64(mut x: u64) -> impl Iterator<Item = usize> {
-    core::iter::from_fn(move || {
-        if x == 0 {
-            return None;
-        }
-        let b = x.trailing_zeros() as usize;
-        x &= x - 1;
-        Some(b)
-    })
-}
-
-fn set_bits_u128(mut x: u128) -> impl Iterator<Item = usize> {
-    core::iter::from_fn(move || {
-        if x == 0 {
-            return None;
-        }
-        let b = x.trailing_zeros() as usize;
-        x &= x - 1;
-        Some(b)
-    })
-}
 
 /// GICD_TYPER.LPIS.
 pub const GICD_TYPER_LPIS: u32 = 1 << 17;
@@ -190,7 +168,7 @@ impl LpiRedist {
 
     /// The pending LPIs (indices from 0), in order.
     fn pending_lpis(&self) -> impl Iterator<Item = usize> + '_ {
-        set_bits_u128(self.pending_words).flat_map(move |w| set_bits_u64(self.pending[w]).map(move |b| w * 64 + b))
+        set_bits(self.pending_words).flat_map(move |w| set_bits(self.pending[w].into()).map(move |b| w * 64 + b))
     }
 
     /// Number of LPIs the configuration table covers (0 while disabled).

@@ -117,7 +117,7 @@ impl Vgic {
         };
         // Only private interrupts changed since last found idle.
         let mut private_idle = 0u32;
-        for i in super::set_bits_u32(vs.private_live) {
+        for i in super::set_bits(vs.private_live.into()) {
             let irq = &vs.private[i];
             if irq.idle() {
                 private_idle |= 1 << i;

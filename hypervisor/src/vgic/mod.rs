@@ -362,8 +362,8 @@ impl Irq {
 
 /// Per-vCPU state: affinity, private interrupts, and which INTID each list
 /// register slot holds.
-/// The set bits of `x`, lowest first.
-fn set_bits_u32(mut x: u32) -> impl Iterator<Item = usize> {
+/// The set bits of `x`, lowest first (a bitmap word of any width, widened).
+pub(super) fn set_bits(mut x: u128) -> impl Iterator<Item = usize> {
     core::iter::from_fn(move || {
         if x == 0 {
             return None;
@@ -562,17 +562,7 @@ impl Vgic {
 
     /// Indices (into `spis`) of the SPIs that may not be idle.
     fn live_spis(&self) -> impl Iterator<Item = usize> + '_ {
-        self.spi_live.iter().enumerate().flat_map(|(w, &bits)| {
-            let mut b = bits;
-            core::iter::from_fn(move || {
-                if b == 0 {
-                    return None;
-                }
-                let i = b.trailing_zeros() as usize;
-                b &= b - 1;
-                Some(w * 64 + i)
-            })
-        })
+        self.spi_live.iter().enumerate().flat_map(|(w, &bits)| set_bits(bits.into()).map(move |i| w * 64 + i))
     }
 
     fn check_vcpu(&self, vcpu: usize) -> Result<(), VgicError> {
@@ -876,7 +866,7 @@ impl Vgic {
         if !self.grp1_enabled() {
             return false;
         }
-        if set_bits_u32(vs.private_live).any(|i| self.deliverable(&vs.private[i])) {
+        if set_bits(vs.private_live.into()).any(|i| self.deliverable(&vs.private[i])) {
             return true;
         }
         if self.lpi_has_deliverable(vcpu) {

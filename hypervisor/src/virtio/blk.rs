@@ -852,13 +852,15 @@ impl VirtioBlk {
             self.transport.queues[qi].advance();
             let e = match walked {
                 Err(e) => self.unanswerable(mem, q, head, RequestError::Chain(e)),
-                Ok(()) => {
-                    let (fx, held) = self.handle_request(q, head, &segs, mem, backend, now_ns, cost);
-                    if !held {
+                Ok(()) => match self.handle_request(q, head, &segs, mem, backend, now_ns, cost) {
+                    // The backend holds it, and its charge.
+                    None => Effects::default(),
+                    // Answered at once: its charge comes back.
+                    Some(fx) => {
                         self.unhold(cost);
+                        fx
                     }
-                    fx
-                }
+                },
             };
             fx.merge(e);
             segs.clear();
@@ -868,28 +870,10 @@ impl VirtioBlk {
         fx
     }
 
-    /// Answers the request at once or hands it to the backend; the flag says
-    /// whether it is now in flight (holding `cost`).
+    /// Answers the request at once (`Some`: the effects of answering it) or
+    /// hands it to the backend, which then holds `cost` (`None`).
     #[allow(clippy::too_many_arguments)]
     fn handle_request(
-        &mut self,
-        q: u16,
-        head: u16,
-        segs: &[Segment],
-        mem: &mut dyn GuestMemory,
-        backend: &mut dyn BlockBackend,
-        now_ns: u64,
-        cost: u64,
-    ) -> (Effects, bool) {
-        let fx = self.parse_and_submit(q, head, segs, mem, backend, now_ns, cost);
-        let held = fx.is_none();
-        (fx.unwrap_or_default(), held)
-    }
-
-    /// [`handle_request`](Self::handle_request)'s body: `None` once the
-    /// backend holds the request, else the effects of answering it.
-    #[allow(clippy::too_many_arguments)]
-    fn parse_and_submit(
         &mut self,
         q: u16,
         head: u16,
