@@ -155,6 +155,16 @@ impl PhysTimer {
     pub fn deadline_ns(&self, freq_hz: u64) -> u64 {
         vtimer_deadline_ns(self.ctl, self.cval, freq_hz)
     }
+
+    /// When the EL2 timer must next look at it: its deadline while the line
+    /// the vGIC has (`level`) is low, never once it is high.
+    pub fn watch_ns(&self, level: bool, freq_hz: u64) -> u64 {
+        if level {
+            u64::MAX
+        } else {
+            self.deadline_ns(freq_hz)
+        }
+    }
 }
 
 #[cfg(test)]

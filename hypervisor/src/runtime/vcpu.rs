@@ -223,7 +223,7 @@ fn save_vcpu(vm: &Vm, me: usize, v: &mut Vcpu) {
     let deadline = crate::time::saved_vtimer_deadline_ns(ctl, cval, percpu::cntfrq(), vm.timer_slop_ns, busy);
     vm.shared[v.id].vtimer_home.store(me, Ordering::Relaxed);
     vm.shared[v.id].vtimer_deadline.store(deadline, Ordering::Release);
-    let pt = if v.ptimer_level { u64::MAX } else { v.ptimer.deadline_ns(percpu::cntfrq()) };
+    let pt = v.ptimer.watch_ns(v.ptimer_level, percpu::cntfrq());
     vm.shared[v.id].ptimer_deadline.store(pt, Ordering::Release);
 }
 
@@ -288,12 +288,8 @@ fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Option<u64>) {
         // "spinning" at one PC and yielded forever.
         let sample = watch.map(|w| now_ns().saturating_add(w.sample_ns()));
         // Its physical timer's line rises while it runs: an exit then.
-        let pt = if v.ptimer_level { u64::MAX } else { v.ptimer.deadline_ns(percpu::cntfrq()) };
-        let wake = match (sample, pt) {
-            (s, u64::MAX) => s,
-            (Some(s), p) => Some(s.min(p)),
-            (None, p) => Some(p),
-        };
+        let pt = v.ptimer.watch_ns(v.ptimer_level, percpu::cntfrq());
+        let wake = sample.into_iter().chain((pt != u64::MAX).then_some(pt)).min();
         arm_timer(me, deadline, wake);
         let entered = now_ns();
         let GuestExit { kind, serror } = run_guest(&mut v.regs);
