@@ -78,6 +78,11 @@ pub struct Config {
     /// (`gic_vlpi=on|off`, Xen's name; default on). Off: host LPIs injected
     /// through list registers, as on a GICv3.
     pub gic_vlpi: bool,
+    /// A virtual PMU for every domain when the CPU's PMU allows it
+    /// (`vpmu=on|off`, Xen's name; default on): see [`crate::vpmu`]. Off:
+    /// the PMU is hidden and its registers are UNDEFINED, as before KVM's
+    /// vPMU.
+    pub vpmu: bool,
     /// Benchmark knob (`dom0_msi_vcpu=N`): every guest MSI goes to vCPU N,
     /// whatever collection the guest mapped its event to (Linux's managed
     /// MSI affinity is read-only, so the benchmark cannot aim a device's
@@ -129,6 +134,7 @@ impl Default for Config {
             disk_latency_us: 0,
             timer_slop_ns: 0,
             gic_vlpi: true,
+            vpmu: true,
             dom0_msi_vcpu: None,
             sched_trace_threshold_us: None,
             sched_trace_max_dumps: crate::trace::MAX_DUMPS,
@@ -154,6 +160,15 @@ impl Config {
         }
         log::warn!("dom0_msi_vcpu={v}: every guest MSI goes to vCPU {v} (benchmark knob)");
         Some(v)
+    }
+}
+
+/// A boolean option's value, Xen's spellings; a bare key means on.
+fn on_off(v: &str) -> Option<bool> {
+    match v {
+        "" | "1" | "on" | "true" | "yes" => Some(true),
+        "0" | "off" | "false" | "no" => Some(false),
+        _ => None,
     }
 }
 
@@ -243,20 +258,9 @@ impl Config {
                     c.disk_size =
                         parse_size(v).filter(|&s| s >= 1 << 20 && s % 512 == 0 && s <= 4 << 30).ok_or_else(bad)?
                 }
-                "sched_trace_dom0_key" => {
-                    c.sched_trace_dom0_key = match v {
-                        "" | "1" | "on" | "true" | "yes" => true,
-                        "0" | "off" | "false" | "no" => false,
-                        _ => return Err(bad()),
-                    }
-                }
-                "gic_vlpi" => {
-                    c.gic_vlpi = match v {
-                        "" | "1" | "on" | "true" | "yes" => true,
-                        "0" | "off" | "false" | "no" => false,
-                        _ => return Err(bad()),
-                    }
-                }
+                "sched_trace_dom0_key" => c.sched_trace_dom0_key = on_off(v).ok_or_else(bad)?,
+                "gic_vlpi" => c.gic_vlpi = on_off(v).ok_or_else(bad)?,
+                "vpmu" => c.vpmu = on_off(v).ok_or_else(bad)?,
                 "dom0_msi_vcpu" => c.dom0_msi_vcpu = Some(v.parse().ok().filter(|&n: &u32| n < 256).ok_or_else(bad)?),
                 "dom0_disk_latency_us" => {
                     c.disk_latency_us = v.parse().ok().filter(|&l: &u64| l <= 10_000_000).ok_or_else(bad)?
@@ -316,6 +320,10 @@ mod tests {
         assert!(!Config::parse("gic_vlpi=0").unwrap().gic_vlpi);
         assert!(Config::parse("gic_vlpi=on").unwrap().gic_vlpi);
         assert!(Config::parse("gic_vlpi=maybe").is_err());
+        assert!(Config::default().vpmu);
+        assert!(!Config::parse("vpmu=off").unwrap().vpmu);
+        assert!(Config::parse("vpmu").unwrap().vpmu);
+        assert!(Config::parse("vpmu=2").is_err());
         assert_eq!(Config::default().dom0_msi_vcpu, None);
         let c = Config::parse("dom0_msi_vcpu=1").unwrap();
         assert_eq!((c.dom0_msi_vcpu, c.msi_vcpu(2), c.msi_vcpu(1)), (Some(1), Some(1), None));

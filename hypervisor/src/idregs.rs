@@ -5,7 +5,8 @@
 //! are hidden, so an overcommitted guest never relies on registers another
 //! vCPU may clobber: SVE and SME (the Z/P/ZA registers beyond V0-V31), MTE
 //! (tag state), AMU and SPE/TRBE (counters and buffers the guest cannot own),
-//! the PMU and the trace unit (their registers trap, see `crate::traps`), and
+//! the PMU unless the VM has a vPMU (`crate::vpmu`), the trace unit (their
+//! registers trap, see `crate::traps`), and
 //! the GICv3 CPU interface's "system register" bit stays as is (the virtual
 //! interface provides it). The debug feature register keeps only what the
 //! emulated debug registers (`crate::vdebug`) describe: the debug
@@ -13,9 +14,11 @@
 //! else reads as the hardware's value, as KVM does for the features it
 //! supports.
 //!
-//! Hiding the PMU matters beyond isolation: Linux's early CPU setup writes
-//! PMUSERENR_EL0 (with the MMU off, before it has a vector table) whenever
-//! ID_AA64DFR0_EL1.PMUVer says there is a PMU, and that write now traps.
+//! Hiding the PMU of a VM without a vPMU matters beyond isolation: Linux's
+//! early CPU setup writes PMUSERENR_EL0 (with the MMU off, before it has a
+//! vector table) whenever ID_AA64DFR0_EL1.PMUVer says there is a PMU, and
+//! that write would be UNDEFINED. With a vPMU it traps and is retried on the
+//! loaded PMU.
 
 /// The encoding of an ID register in the trapped space: CRm (1..=7), op2.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,8 +44,9 @@ const fn field(shift: u32) -> u64 {
     0xf << shift
 }
 
-/// The guest-visible value of ID register `reg` whose hardware value is `hw`.
-pub fn sanitize(reg: IdReg, hw: u64) -> u64 {
+/// The guest-visible value of ID register `reg` whose hardware value is `hw`,
+/// for a VM with a virtual PMU (`vpmu`) or without.
+pub fn sanitize(reg: IdReg, hw: u64, vpmu: bool) -> u64 {
     match reg {
         // SVE [35:32], AMU [47:44].
         ID_AA64PFR0_EL1 => hw & !(field(32) | field(44)),
@@ -60,10 +64,14 @@ pub fn sanitize(reg: IdReg, hw: u64) -> u64 {
         ID_AA64MMFR3_EL1 => hw & !(0x0fff_ffff | field(32)),
         ID_AA64ZFR0_EL1 | ID_AA64SMFR0_EL1 => 0,
         // Keep DebugVer [3:0], BRPs [15:12], WRPs [23:20], CTX_CMPs [31:28]
-        // and DoubleLock [39:36]; zero the PMU (PMUVer, MTPMU, PMSS, HPMN0,
-        // SEBEP), trace (TraceVer, TraceFilt, TraceBuffer, ExtTrcBuff), SPE
-        // and BRBE fields and anything newer.
-        ID_AA64DFR0_EL1 => hw & (field(0) | field(12) | field(20) | field(28) | field(36)),
+        // and DoubleLock [39:36], and PMUVer [11:8] (at most what the vPMU
+        // switches) with a vPMU; zero the other PMU fields (MTPMU, PMSS,
+        // HPMN0, SEBEP), trace (TraceVer, TraceFilt, TraceBuffer,
+        // ExtTrcBuff), SPE and BRBE fields and anything newer.
+        ID_AA64DFR0_EL1 => {
+            let pmuver = if vpmu { crate::vpmu::guest_pmuver(((hw >> 8) & 0xf) as u8) } else { 0 };
+            hw & (field(0) | field(12) | field(20) | field(28) | field(36)) | u64::from(pmuver) << 8
+        }
         // Extended breakpoint counts and PMU/SPMU features: none.
         ID_AA64DFR1_EL1 | ID_DFR1_EL1 => 0,
         // AArch32: keep CopDbg, CopSDbg, MMapDbg [11:0]; no trace, no PMU.
@@ -85,14 +93,14 @@ mod tests {
     fn hides_sve_sme_mte() {
         // A PFR0 with FP, AdvSIMD, GIC, SVE and AMU.
         let pfr0 = 0x0000_1101_1001_1011u64 | (1 << 32) | (1 << 44);
-        let g = sanitize(ID_AA64PFR0_EL1, pfr0);
+        let g = sanitize(ID_AA64PFR0_EL1, pfr0, false);
         assert_eq!((g >> 32) & 0xf, 0);
         assert_eq!((g >> 44) & 0xf, 0);
         assert_eq!((g >> 24) & 0xf, (pfr0 >> 24) & 0xf, "GIC field kept");
         let pfr1 = (1 << 24) | (2 << 8) | (1 << 44) | 0x1;
-        assert_eq!(sanitize(ID_AA64PFR1_EL1, pfr1), 0x1, "SME, MTE, GCS hidden");
-        assert_eq!(sanitize(ID_AA64ZFR0_EL1, u64::MAX), 0);
-        assert_eq!(sanitize(IdReg { crm: 6, op2: 0 }, 0x1234), 0x1234);
+        assert_eq!(sanitize(ID_AA64PFR1_EL1, pfr1, false), 0x1, "SME, MTE, GCS hidden");
+        assert_eq!(sanitize(ID_AA64ZFR0_EL1, u64::MAX, false), 0);
+        assert_eq!(sanitize(IdReg { crm: 6, op2: 0 }, 0x1234, false), 0x1234);
     }
 
     #[test]
@@ -100,23 +108,30 @@ mod tests {
         // QEMU 7.2 `max`: DebugVer 6 (v8.0 debug), PMUVer 6 (PMUv3p5), BRPs 5,
         // WRPs 3, CTX_CMPs 1; plus made-up SPE, TraceFilt, TRBE, BRBE bits.
         let dfr0 = 0x0000_0000_1030_5606u64 | (1 << 32) | (1 << 40) | (1 << 44) | (1 << 52) | (1 << 4);
-        let g = sanitize(ID_AA64DFR0_EL1, dfr0);
+        let g = sanitize(ID_AA64DFR0_EL1, dfr0, false);
         assert_eq!((g >> 8) & 0xf, 0, "PMUVer hidden");
         assert_eq!(g, 0x0000_0000_1030_5006, "debug version and breakpoint counts kept, nothing else");
-        assert_eq!(sanitize(ID_AA64DFR1_EL1, u64::MAX), 0);
+        assert_eq!(sanitize(ID_AA64DFR1_EL1, u64::MAX, false), 0);
         // AArch32 PerfMon [27:24] and trace fields hidden.
-        assert_eq!(sanitize(ID_DFR0_EL1, 0x0300_6666), 0x0000_0666);
+        assert_eq!(sanitize(ID_DFR0_EL1, 0x0300_6666, false), 0x0000_0666);
+        // With a vPMU: PMUVer shown, capped at PMUv3p5; the other PMU
+        // fields (MTPMU [51:48]) still hidden.
+        assert_eq!(sanitize(ID_AA64DFR0_EL1, dfr0, true), 0x0000_0000_1030_5606);
+        assert_eq!(sanitize(ID_AA64DFR0_EL1, 0x0000_0000_0000_0806 | (1 << 48), true), 0x0606);
+        assert_eq!(sanitize(ID_AA64DFR0_EL1, 0x0000_0000_0000_0406, true), 0x0406, "PMUv3p1 as it is");
+        assert_eq!(sanitize(ID_AA64DFR0_EL1, 0x0f06, true), 0x0006, "IMPLEMENTATION DEFINED PMU: none");
+        assert_eq!(sanitize(ID_DFR0_EL1, 0x0300_6666, true), 0x0000_0666, "no AArch32 PMU");
     }
 
     #[test]
     fn hides_trapped_later_features() {
         // LO hidden (TLOR traps), PAN [23:20] and VH [11:8] kept.
-        assert_eq!(sanitize(ID_AA64MMFR1_EL1, 0x0031_1100 | (1 << 16)), 0x0031_1100 & !field(16));
+        assert_eq!(sanitize(ID_AA64MMFR1_EL1, 0x0031_1100 | (1 << 16), false), 0x0031_1100 & !field(16));
         // LS64 hidden, pointer authentication [11:4] kept.
-        assert_eq!(sanitize(ID_AA64ISAR1_EL1, (1 << 60) | 0x0100_0050), 0x0100_0050);
+        assert_eq!(sanitize(ID_AA64ISAR1_EL1, (1 << 60) | 0x0100_0050, false), 0x0100_0050);
         // TCR2/SCTLR2/PIE/POE/AIE/D128 hidden; MEC [31:28] and Spec_FPACC
         // [63:60] kept.
-        assert_eq!(sanitize(ID_AA64MMFR3_EL1, (1 << 60) | 0x1_1111_1111), (1 << 60) | (1 << 28));
+        assert_eq!(sanitize(ID_AA64MMFR3_EL1, (1 << 60) | 0x1_1111_1111, false), (1 << 60) | (1 << 28));
     }
 
     #[test]

@@ -32,6 +32,9 @@ pub enum Route {
     /// The EL1 virtual timer PPI, forwarded to the running vCPU as a HW
     /// interrupt (priority drop only; the guest's deactivation ends it).
     VirtualTimer,
+    /// The PMU's overflow PPI, forwarded to the running vCPU as a HW
+    /// interrupt like the virtual timer (`crate::vpmu`).
+    Pmu,
     /// A passthrough device's SPI, injected as HW interrupt `vintid`
     /// (priority drop only; the guest's deactivation ends it).
     ForwardedSpi { vintid: IntId },
@@ -54,6 +57,7 @@ pub enum Route {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RouteKind {
     VirtualTimer,
+    Pmu,
     ForwardedSpi,
     PhysDisk,
     Console,
@@ -65,8 +69,9 @@ pub enum RouteKind {
 
 impl RouteKind {
     /// Every kind, in the order the counters are printed.
-    pub const ALL: [RouteKind; 8] = [
+    pub const ALL: [RouteKind; 9] = [
         RouteKind::VirtualTimer,
+        RouteKind::Pmu,
         RouteKind::ForwardedSpi,
         RouteKind::PhysDisk,
         RouteKind::Console,
@@ -80,6 +85,7 @@ impl RouteKind {
     pub const fn name(self) -> &'static str {
         match self {
             RouteKind::VirtualTimer => "virtual_timer",
+            RouteKind::Pmu => "pmu",
             RouteKind::ForwardedSpi => "forwarded_spi",
             RouteKind::PhysDisk => "phys_disk",
             RouteKind::Console => "console",
@@ -99,6 +105,7 @@ impl Route {
     pub const fn kind(self) -> RouteKind {
         match self {
             Route::VirtualTimer => RouteKind::VirtualTimer,
+            Route::Pmu => RouteKind::Pmu,
             Route::ForwardedSpi { .. } => RouteKind::ForwardedSpi,
             Route::PhysDisk => RouteKind::PhysDisk,
             Route::Console => RouteKind::Console,
@@ -216,6 +223,9 @@ impl IrqRoutes {
     pub fn build(src: &HostIrqs<'_>, lpi_capacity: usize) -> Result<Self, RouteError> {
         let mut t = Self::new(lpi_capacity);
         t.insert(src.virt_timer, Route::VirtualTimer)?;
+        if let Some(i) = src.pmu {
+            t.insert(i, Route::Pmu)?;
+        }
         if let Some(i) = src.phys_disk {
             t.insert(i, Route::PhysDisk)?;
         }
@@ -245,6 +255,8 @@ pub fn acpi_dom0_spis(nr_spis: u32, keep: &[IntId]) -> alloc::vec::Vec<IntId> {
 /// The physical interrupts a VM's run loop takes, as `runtime::vm` knows them.
 pub struct HostIrqs<'a> {
     pub virt_timer: IntId,
+    /// The PMU's overflow PPI, with a vPMU.
+    pub pmu: Option<IntId>,
     pub hyp_timer: IntId,
     pub maintenance: IntId,
     /// The SGI one pCPU sends another to make it exit.
@@ -321,6 +333,7 @@ mod tests {
     fn host(forwarded: &[IntId]) -> HostIrqs<'_> {
         HostIrqs {
             virt_timer: IntId::VIRT_TIMER,
+            pmu: IntId::try_from(23).ok(),
             hyp_timer: IntId::HYP_TIMER,
             maintenance: IntId::MAINTENANCE,
             kick: IntId::sgi(1).unwrap(),
@@ -487,7 +500,7 @@ mod tests {
         c.write_text(&mut s).unwrap();
         assert_eq!(
             s,
-            "irq.virtual_timer=0\nirq.forwarded_spi=0\nirq.phys_disk=0\nirq.console=0\nirq.hyp_timer=0\n\
+            "irq.virtual_timer=0\nirq.pmu=0\nirq.forwarded_spi=0\nirq.phys_disk=0\nirq.console=0\nirq.hyp_timer=0\n\
              irq.kick=2\nirq.guest_lpi=1\nirq.doorbell=1\nirq.unrouted=1\n"
         );
         // The vCPU stats parser skips these lines.

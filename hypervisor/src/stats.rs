@@ -255,6 +255,10 @@ counters! {
     undef_injected,
     /// Debug-register accesses emulated (trapped by MDCR_EL2.TDA/TDOSA/TDRA).
     debug_emulated,
+    /// PMU accesses that trapped to load the vCPU's PMU registers
+    /// (`crate::vpmu`: the first access after a switch-in that left them
+    /// saved).
+    pmu_loads,
     /// Physical SErrors the vCPU caused (taken from it or pending at its
     /// exit), reflected to it as virtual SErrors.
     serrors,

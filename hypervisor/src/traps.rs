@@ -14,7 +14,7 @@
 //! | SME ZA/ZT0, SMCR | no | CPTR_EL2.TSM | no SME |
 //! | activity monitors | no | CPTR_EL2.TAM | no AMU |
 //! | trace unit (sysregs, TRFCR, TRBE) | no | CPTR_EL2.TTA, MDCR_EL2.TTRF, E2TB | no trace |
-//! | PMU counters, PMCR | no | MDCR_EL2.TPM, TPMCR; counting at EL2 prohibited (HPMD, HCCD) | no PMU |
+//! | PMU counters, PMCR | with a vPMU, lazily ([`crate::vpmu`]) | MDCR_EL2.TPM, TPMCR until the vCPU's first access; counting at EL2 prohibited (HPMD, HCCD) | PMUv3 with all counters, or (`vpmu=off`, PMUv3 without p1) no PMU |
 //! | statistical profiling (SPE) | no | MDCR_EL2.TPMS, E2PB | no SPE |
 //! | debug registers, OS lock | MDSCR only | MDCR_EL2.TDA, TDOSA, TDRA | emulated ([`crate::vdebug`]) |
 //! | EL1 physical timer | emulated per vCPU | CNTHCTL_EL2.EL1PCEN = 0 (CNTPCT_EL0 not trapped) | CNTP_* ([`crate::time::PhysTimer`]), its PPI a level |
@@ -27,8 +27,8 @@
 //! | SME TPIDR2_EL0, SMPRI_EL1 | no | HFGRTR/HFGWTR_EL2 nTPIDR2_EL0, nSMPRI_EL1 = 0 | no SME |
 //! | registers of later features (PIE, POE, GCS, LS64, THE, AIE, BRBE ...) | no | their FGT n-bits = 0; HCRX_EL2 enables = 0 | absent |
 //!
-//! This is what KVM does for a guest without a virtual PMU (no PMU in the
-//! ID registers, accesses UNDEFINED); for debug it takes Xen's simpler
+//! Without a vPMU the PMU is what KVM makes it for a guest without one (no
+//! PMU in the ID registers, accesses UNDEFINED); for debug it takes Xen's simpler
 //! road (breakpoint and watchpoint registers read as zero and ignore
 //! writes) but keeps MDSCR_EL1, which is already switched, so single-step
 //! inside the guest works.
@@ -221,7 +221,9 @@ pub fn guest_traps(cpu: &CpuFeatures, trap_wfe: bool) -> GuestTraps {
     // (TDE = 0). Fields of absent features stay 0 (they are RES0).
     let mut mdcr = MDCR_EL2::TDA::SET + MDCR_EL2::TDOSA::SET + MDCR_EL2::TDRA::SET + MDCR_EL2::TDE::RouteToEL1;
     if let Some(pmu) = cpu.pmu {
-        // Every PMU access traps; all counters stay in the guest's range
+        // Every PMU access traps (a vPMU lifts the traps while its vCPU's
+        // registers are loaded, `crate::vpmu`); all counters stay in the
+        // guest's range
         // (HPMN = N, as at reset: HPMN = 0 is UNPREDICTABLE without
         // FEAT_HPMN0) with the EL2-reserved range disabled (HPME = 0), and
         // no counter counts while EL2 runs.

@@ -350,7 +350,7 @@ fn discovery_carries_the_domus_and_dom0_does_not_see_them() {
         memory: Region { base: 0x6000_0000, size: 0x2000_0000 },
         vcpu_mpidrs: vec![0],
         bootargs: "console=ttyAMA0".to_string(),
-        remove_paths: default_removals(&host).unwrap(),
+        remove_paths: default_removals(&host, false).unwrap(),
         ..Default::default()
     };
     let guest = build_guest_dtb(&host, &cfg).unwrap();

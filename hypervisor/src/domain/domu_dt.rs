@@ -1,8 +1,8 @@
 //! A DomU's device tree, built from scratch (a DomU sees nothing of the
 //! host's tree): memory, the vCPUs with PSCI over HVC, the vGICv3's
 //! distributor and redistributors where [`super::layout`] puts them, the
-//! architected timer, a PL011 (with `vpl011`), the hypervisor's virtio-blk
-//! (with a disk) and `/chosen` (bootargs, initrd, stdout-path).
+//! architected timer, the PMU (with a vPMU), a PL011 (with `vpl011`), the
+//! hypervisor's virtio-blk (with a disk) and `/chosen` (bootargs, initrd, stdout-path).
 //!
 //! The DomU's machine is laid out like QEMU `virt`, so a kernel configured
 //! for it finds what it expects: GICD 0x0800_0000, GICR 0x080A_0000, PL011
@@ -29,6 +29,8 @@ pub struct DomuDtConfig<'a> {
     pub vpl011: bool,
     /// A virtio-mmio node at [`DOMU_VIRTIO`] for the hypervisor's disk.
     pub disk: bool,
+    /// A virtual PMU whose overflow interrupt is this PPI (`crate::vpmu`).
+    pub pmu_intid: Option<crate::intid::IntId>,
 }
 
 const PHANDLE_GIC: u32 = 1;
@@ -114,6 +116,13 @@ pub fn build_domu_dtb(cfg: &DomuDtConfig<'_>) -> Result<Vec<u8>, DtbError> {
     )?;
     w.property_null("always-on")?;
     w.end_node(timer)?;
+
+    if let Some(p) = cfg.pmu_intid.filter(|p| p.is_ppi()) {
+        let pmu = w.begin_node("pmu")?;
+        w.property_string("compatible", "arm,armv8-pmuv3")?;
+        w.property_array_u32("interrupts", &[PPI, p.raw() - 16, LEVEL_HIGH])?;
+        w.end_node(pmu)?;
+    }
 
     if cfg.vpl011 {
         let clk = w.begin_node("apb-pclk")?;

@@ -26,6 +26,7 @@ fn domu_dtb_reads_back_with_the_crates_parser() {
         initrd: Some(r(DOMU_RAM_BASE + 64 * MIB, 10 * MIB)),
         vpl011: true,
         disk: true,
+        pmu_intid: crate::intid::IntId::try_from(23).ok(),
     };
     let blob = build_domu_dtb(&cfg).expect("builds");
     let p = crate::dtb::discover(&blob).expect("parses");
@@ -43,6 +44,7 @@ fn domu_dtb_reads_back_with_the_crates_parser() {
     assert_eq!(u32::from(p.virtio_mmio[0].intid), 32 + DOMU_VIRTIO_SPI);
     assert_eq!(u32::from(p.timer.virt_intid), 27);
     assert_eq!(u32::from(p.timer.hyp_intid), 26);
+    assert_eq!(p.pmu_intid.map(u32::from), Some(23), "the vPMU's overflow PPI");
     assert_eq!(p.psci_method.as_deref(), Some("hvc"));
     assert_eq!(p.bootargs.as_deref(), Some(cfg.bootargs));
     assert!(p.pcie.is_empty());
@@ -63,9 +65,11 @@ fn domu_dtb_without_uart_or_disk_has_neither() {
         initrd: None,
         vpl011: false,
         disk: false,
+        pmu_intid: None,
     };
     let p = crate::dtb::discover(&build_domu_dtb(&cfg).unwrap()).unwrap();
     assert!(p.uart.is_none());
+    assert!(p.pmu_intid.is_none(), "no vPMU, no PMU node");
     assert!(p.virtio_mmio.is_empty());
     assert_eq!(p.cpus.len(), 17);
     assert_eq!(p.cpus[16], 0x100, "vCPU 16 is Aff1 = 1");
@@ -80,6 +84,7 @@ fn domu_dtb_refuses_bad_inputs() {
         initrd: None,
         vpl011: true,
         disk: true,
+        pmu_intid: None,
     };
     assert!(build_domu_dtb(&DomuDtConfig { vcpus: 0, ..base.clone() }).is_err());
     assert!(build_domu_dtb(&DomuDtConfig { vcpus: 65, ..base.clone() }).is_err());

@@ -68,6 +68,10 @@ pub struct HwFacts {
     pub maintenance_intid: IntId,
     /// The SGI one pCPU sends another (`runtime::percpu::SGI_KICK`).
     pub kick: IntId,
+    /// The PMU's overflow PPI when guests get a vPMU (`crate::vpmu`):
+    /// the CPU's PMU allows it, the platform names the interrupt and the
+    /// `vpmu` option is on.
+    pub pmu_intid: Option<IntId>,
 }
 
 /// What Dom0 learns the machine from.
@@ -172,6 +176,8 @@ pub struct VmPlan {
     pub virt_timer_intid: IntId,
     /// The EL1 physical timer's PPI (the guest's timer is emulated).
     pub phys_timer_intid: IntId,
+    /// With a vPMU: the PMU's overflow PPI, HW-linked on every vCPU.
+    pub pmu_intid: Option<IntId>,
     pub hyp_timer_intid: IntId,
     pub maintenance_intid: IntId,
     /// The hypervisor's console UART's physical INTID (`Route::Console`).
@@ -213,6 +219,7 @@ impl VmPlan {
         let phys_disk = self.disk.and_then(|d| matches!(d.backing, DiskBacking::Phys { .. }).then_some(d.intid));
         let h = HostIrqs {
             virt_timer: self.virt_timer_intid,
+            pmu: self.pmu_intid,
             hyp_timer: self.hyp_timer_intid,
             maintenance: self.maintenance_intid,
             kick: self.kick_intid,
@@ -636,6 +643,7 @@ pub fn plan_dom0(
         vgic,
         virt_timer_intid: plat.timer.virt_intid,
         phys_timer_intid: plat.timer.phys_intid,
+        pmu_intid: hw.pmu_intid,
         hyp_timer_intid: plat.timer.hyp_intid,
         maintenance_intid: plat.gic.maintenance_intid.unwrap_or(hw.maintenance_intid),
         console_intid,
@@ -707,6 +715,7 @@ pub fn plan_domu(
         // PPI of the pCPU its vCPU runs on, forwarded as for Dom0.
         virt_timer_intid: plat.timer.virt_intid,
         phys_timer_intid: plat.timer.phys_intid,
+        pmu_intid: hw.pmu_intid,
         hyp_timer_intid: plat.timer.hyp_intid,
         maintenance_intid: plat.gic.maintenance_intid.unwrap_or(hw.maintenance_intid),
         // Not consulted (physical interrupts go by Dom0's table); kept so

@@ -63,6 +63,7 @@ fn hw(its: bool) -> HwFacts {
         uart_intid: id(33),
         maintenance_intid: id(25),
         kick: id(1),
+        pmu_intid: Some(id(23)),
     }
 }
 
@@ -109,6 +110,7 @@ fn passthrough_maps_every_virtio_page_and_forwards_their_spis() {
     assert_eq!(routes.lookup(id(79)), Some(Route::ForwardedSpi { vintid: id(79) }));
     assert_eq!(routes.lookup(id(33)), Some(Route::Console));
     assert_eq!(routes.lookup(id(27)), Some(Route::VirtualTimer));
+    assert_eq!(routes.lookup(id(23)), Some(Route::Pmu), "the vPMU's overflow PPI");
     // The PCIe bridge is hidden, no virtio slot is.
     assert!(p.bridges.is_empty());
     assert_eq!(p.hidden_paths, [String::from("/pcie@10000000")]);

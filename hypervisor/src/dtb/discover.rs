@@ -9,6 +9,7 @@
 use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 
+use crate::intid::IntId;
 use fdt::Fdt;
 
 use super::blob;
@@ -45,6 +46,7 @@ pub fn discover(dtb: &[u8]) -> Result<Platform, DtbError> {
         cpus: cpus(&idx)?,
         uart: uart(&idx, chosen, gic_idx),
         timer: timer(&idx, gic_idx)?,
+        pmu_intid: pmu(&idx, gic_idx)?,
         virtio_mmio: virtio_mmio(&idx, gic_idx)?,
         pcie: pcie(&idx, gic_idx)?,
         psci_method,
@@ -178,6 +180,20 @@ fn timer(idx: &Index<'_, '_>, gic: usize) -> Result<TimerInfo, DtbError> {
         return Err(DtbError::BadValue("timer interrupts (want 4)"));
     }
     Ok(TimerInfo { phys_intid: irqs[1].intid, virt_intid: irqs[2].intid, hyp_intid: irqs[3].intid })
+}
+
+/// The first enabled `arm,armv8-pmuv3` node's interrupt, which must be a
+/// PPI: one overflow line per CPU, as the vPMU forwards it.
+fn pmu(idx: &Index<'_, '_>, gic: usize) -> Result<Option<IntId>, DtbError> {
+    let Some(i) = idx.iter().position(|e| is_enabled(e.node) && is_compatible(e.node, "arm,armv8-pmuv3")) else {
+        return Ok(None);
+    };
+    let irqs = idx.irqs(i, gic, "pmu interrupts")?;
+    match irqs.first() {
+        Some(irq) if irq.intid.is_ppi() => Ok(Some(irq.intid)),
+        Some(_) => Err(DtbError::BadValue("pmu interrupts (not a PPI)")),
+        None => Err(DtbError::BadValue("pmu interrupts (none)")),
+    }
 }
 
 /// An MMIO device: its first `reg` region translated to a CPU address, its

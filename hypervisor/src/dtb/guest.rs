@@ -73,15 +73,21 @@ pub const DEFAULT_REMOVE_COMPATIBLES: &[&str] = &[
     "arm,pl031",
     // QEMU's dynamic sysbus (empty on a plain virt machine).
     "qemu,platform",
-    // The PMU: its registers trap and the ID registers hide it
-    // (`crate::traps`), so the guest must not look for it.
-    "arm,armv8-pmuv3",
+    // The PMU, unless the guest gets a vPMU (`crate::vpmu`): then its
+    // registers trap and the ID registers hide it (`crate::traps`), so the
+    // guest must not look for it.
+    PMU_COMPATIBLE,
 ];
 
+/// The PMU node's compatible string ([`default_removals`] keeps the node
+/// for a guest with a vPMU).
+pub const PMU_COMPATIBLE: &str = "arm,armv8-pmuv3";
+
 /// Full paths of the nodes a Dom0-style guest must not see (see
-/// [`DEFAULT_REMOVE_COMPATIBLES`]), in tree order. A node under an already
-/// listed one is not listed again.
-pub fn default_removals(dtb: &[u8]) -> Result<Vec<String>, DtbError> {
+/// [`DEFAULT_REMOVE_COMPATIBLES`]; the PMU stays when the guest has a
+/// vPMU), in tree order. A node under an already listed one is not listed
+/// again.
+pub fn default_removals(dtb: &[u8], vpmu: bool) -> Result<Vec<String>, DtbError> {
     let checked = blob::check(dtb)?;
     let fdt = Fdt::new(&checked.blob).map_err(|_| DtbError::Parse)?;
     let idx = tree::Index::new(&fdt)?;
@@ -91,7 +97,8 @@ pub fn default_removals(dtb: &[u8]) -> Result<Vec<String>, DtbError> {
         if out.iter().any(|p| is_under(path, p)) {
             continue;
         }
-        if DEFAULT_REMOVE_COMPATIBLES.iter().any(|c| is_compatible(e.node, c)) {
+        let removed = |c: &&str| !(vpmu && *c == PMU_COMPATIBLE) && is_compatible(e.node, c);
+        if DEFAULT_REMOVE_COMPATIBLES.iter().any(removed) {
             out.push(path.to_string());
         }
     }

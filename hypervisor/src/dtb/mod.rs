@@ -285,6 +285,10 @@ pub struct Platform {
     pub gic: GicInfo,
     pub uart: Option<UartInfo>,
     pub timer: TimerInfo,
+    /// The PMU's overflow interrupt (a PPI): the `arm,armv8-pmuv3` node's,
+    /// or the MADT's GICC performance interrupt; `None` when the
+    /// description names no PMU.
+    pub pmu_intid: Option<IntId>,
     /// Enabled `virtio,mmio` nodes, in tree order.
     pub virtio_mmio: Vec<MmioDevice>,
     /// Enabled PCIe host bridges (`pci-host-ecam-generic`), in tree order.

@@ -54,6 +54,7 @@ fn check_qemu_platform(p: &Platform, ncpus: usize) {
     assert_eq!(uart.path, "/pl011@9000000");
     assert_eq!(uart.compatible, "arm,pl011");
     assert_eq!(p.timer, TimerInfo { phys_intid: id(30), virt_intid: id(27), hyp_intid: id(26) });
+    assert_eq!(p.pmu_intid, Some(id(23)), "QEMU's arm,armv8-pmuv3 node: PPI 7");
     assert_eq!(p.virtio_mmio.len(), 32);
     let blk = p.virtio_mmio.iter().find(|d| d.base == 0x0a00_3e00).expect("virtio slot 31");
     assert_eq!((blk.size, blk.intid, blk.edge), (0x200, id(79), true));
@@ -121,7 +122,7 @@ fn guest_config(host: &[u8]) -> GuestDtbConfig {
         vcpu_mpidrs: vec![0, 1],
         bootargs: "console=ttyAMA0 earlycon rdinit=/init".to_string(),
         initrd: Some(Region { base: 0x5000_0000, size: 0x0123_4000 }),
-        remove_paths: default_removals(host).unwrap(),
+        remove_paths: default_removals(host, false).unwrap(),
         extra_virtio_mmio: vec![MmioDevice {
             base: 0x0a00_4000,
             size: 0x200,
@@ -156,7 +157,7 @@ fn u64_prop(f: &Fdt<'_>, path: &str, name: &str) -> u64 {
 
 #[test]
 fn default_removals_on_qemu_virt() {
-    let r = default_removals(V3_SMP2).unwrap();
+    let r = default_removals(V3_SMP2, false).unwrap();
     let mut sorted = r.clone();
     sorted.sort();
     assert_eq!(
@@ -171,6 +172,9 @@ fn default_removals_on_qemu_virt() {
             "/pmu",
         ]
     );
+    let with_vpmu = default_removals(V3_SMP2, true).unwrap();
+    assert_eq!(with_vpmu.len(), r.len() - 1);
+    assert!(!with_vpmu.iter().any(|p| p == "/pmu"), "a guest with a vPMU keeps the PMU node");
 }
 
 #[test]
@@ -351,12 +355,12 @@ fn malformed_input_is_an_error() {
     old[20..24].copy_from_slice(&16u32.to_be_bytes());
     assert!(matches!(discover(&old), Err(DtbError::Unsupported(_))));
     assert!(build_guest_dtb(&[1, 2, 3], &guest_config(V3_SMP2)).is_err());
-    assert!(default_removals(&[]).is_err());
+    assert!(default_removals(&[], false).is_err());
 }
 
 fn exercise(blob: &[u8], cfg: &GuestDtbConfig) {
     let _ = discover(blob);
-    let _ = default_removals(blob);
+    let _ = default_removals(blob, false);
     let _ = build_guest_dtb(blob, cfg);
 }
 
@@ -677,7 +681,7 @@ fn fvp_guest_dtb_reads_back() {
             vcpu_mpidrs: vec![0, 1],
             bootargs: "console=ttyAMA0".to_string(),
             initrd: None,
-            remove_paths: default_removals(&host).unwrap(),
+            remove_paths: default_removals(&host, false).unwrap(),
             extra_virtio_mmio: vec![],
             keep_its: false,
             ipa_size: None,

@@ -54,8 +54,8 @@ impl Vm {
         let header =
             unsafe { core::slice::from_raw_parts(spec.kernel.base as *const u8, spec.kernel.size.min(64) as usize) };
         let image_size = boot_image::arm64_image_size(header, spec.kernel.size).map_err(VmError::Layout)?;
-        let (vp, l) =
-            vmplan::plan_domu(spec, placement, image_size, plat, &hw_facts(plat, false)).map_err(VmError::Plan)?;
+        let (vp, l) = vmplan::plan_domu(spec, placement, image_size, plat, &hw_facts(plat, false, host.vpmu))
+            .map_err(VmError::Plan)?;
 
         // SAFETY: the placement's RAM is host RAM nothing else uses (the
         // boot plan placed it apart from everything it keeps), identity-mapped
@@ -79,6 +79,7 @@ impl Vm {
             initrd: l.initrd.map(|i| i.ipa),
             vpl011: spec.vpl011,
             disk: l.disk.is_some(),
+            pmu_intid: vp.pmu_intid,
         })?;
         write_firmware_blob(&dtb, Region { base: l.dtb.host, size: GUEST_DTB_SIZE }, "DomU DTB larger than 2 MiB")?;
 

@@ -18,7 +18,7 @@ use super::console;
 use super::percpu::{self, now_ns, pcpu, SGI_KICK};
 use super::vm::{inc, vcpu_of, vms, Vcpu, Vm, SPSR_EL1H_MASKED};
 use crate::arch::exception::{run_guest, ExitKind, GuestExit, GuestRegs};
-use crate::arch::{context, el2, gic, smc, sysreg};
+use crate::arch::{context, el2, gic, pmu, smc, sysreg};
 use crate::domain::console::Key;
 use crate::esr::{self, Exit, MmioAccess};
 use crate::intid::IntId;
@@ -34,6 +34,7 @@ use crate::trace::{DumpReason, Event, ExitClass};
 use crate::traps::{self, VirtualSError};
 use crate::vdebug::{self, DebugReg};
 use crate::vgic::Kicks;
+use crate::vpmu::Placement;
 use aarch64_cpu::registers::{CNTV_CTL_EL0, CNTV_CVAL_EL0, ESR_EL1};
 use core::sync::atomic::Ordering;
 use log::{debug, info, warn};
@@ -69,6 +70,11 @@ fn enable_irqs(vm: &Vm, me: usize) {
     gic::enable(vm.maintenance_intid, me, false);
     gic::enable(vm.hyp_timer_intid, me, false);
     gic::enable(vm.virt_timer_intid, me, false);
+    if let Some(p) = vm.pmu_intid {
+        // Whatever firmware left counting stops; no vCPU owns the PMU yet.
+        pmu::quiesce(pmu_counters());
+        gic::enable(p, me, false);
+    }
     if me == 0 {
         gic::enable(vm.uart_intid, 0, false);
         for (&i, &edge) in vm.forwarded.iter().zip(&vm.forwarded_edge) {
@@ -186,13 +192,20 @@ fn load_vcpu(vm: &Vm, me: usize, v: &mut Vcpu) {
     // virtual interrupt is pending or active, keep the physical PPI active so
     // it does not fire again.
     let line = crate::time::vtimer_line(v.el1.cntv_ctl, v.el1.cntv_cval, percpu::counter());
-    let busy = {
+    {
         let mut vgic = vm.vgic.lock();
-        // Err: this VM's timer is not forwarded, nothing to resample.
-        let _ = vgic.resample_hw_private(v.id, vt, line);
-        vgic.is_pending_or_active(v.id, vt)
-    };
-    gic::set_private_active(me, vt, busy);
+        load_forwarded_ppi(&mut vgic, me, v.id, vt, line);
+        // The PMU's overflow line is a level too, as its saved registers
+        // drive it; set before they go back on the PMU, which raises the
+        // physical line again.
+        if let Some(p) = vm.pmu_intid {
+            load_forwarded_ppi(&mut vgic, me, v.id, p, v.pmu.regs.line());
+        }
+    }
+    if vm.pmu_intid.is_some() && v.pmu.placement == Placement::Loaded {
+        pmu::restore(&v.pmu.regs, pmu_counters());
+        pmu::set_trap(false);
+    }
     v.el1.restore();
     v.fp.restore();
     v.gicif.restore();
@@ -205,7 +218,31 @@ fn load_vcpu(vm: &Vm, me: usize, v: &mut Vcpu) {
     }
 }
 
+/// Switch-in of forwarded private interrupt `intid` of vCPU `id`, whose
+/// source's output is the level `line`: a pending state the guest has not
+/// acknowledged ends if the line dropped while the vCPU was away; then,
+/// while its virtual interrupt is pending or active, the physical PPI is
+/// kept active so it does not fire again.
+fn load_forwarded_ppi(vgic: &mut crate::vgic::Vgic, me: usize, id: usize, intid: IntId, line: bool) {
+    // Err: not forwarded for this VM, nothing to resample.
+    let _ = vgic.resample_hw_private(id, intid, line);
+    gic::set_private_active(me, intid, vgic.is_pending_or_active(id, intid));
+}
+
+/// PMCR_EL0.N of this machine's PMU (0 without one).
+fn pmu_counters() -> u8 {
+    el2::cpu_features().pmu.map_or(0, |p| p.counters)
+}
+
 fn save_vcpu(vm: &Vm, me: usize, v: &mut Vcpu) {
+    if let Some(p) = vm.pmu_intid {
+        if v.pmu.placement == Placement::Loaded {
+            pmu::save(&mut v.pmu.regs, pmu_counters());
+            v.pmu.on_save();
+            pmu::set_trap(true);
+        }
+        gic::set_private_active(me, p, false);
+    }
     v.el1.save(); // also stops the guest's timer
     v.fp.save();
     v.gicif.save();
@@ -491,7 +528,7 @@ fn handle_irqs(me: usize, cur: Option<(&Vm, usize)>, deadline: &mut Option<u64>)
         vm.irq_counters.record(route);
         msi |= matches!(route, Some(Route::GuestLpi { .. } | Route::Doorbell { .. }));
         match route {
-            Some(Route::VirtualTimer) => virtual_timer_irq(id, cur),
+            Some(Route::VirtualTimer | Route::Pmu) => forwarded_ppi_irq(id, cur),
             Some(Route::PhysDisk) => phys_disk_irq(vm, me, id),
             Some(Route::ForwardedSpi { vintid }) => forwarded_spi_irq(vm, me, id, vintid, cur0),
             Some(Route::Console) => {
@@ -517,9 +554,10 @@ fn eoi_deactivate(id: IntId) {
     gic::deactivate(id);
 }
 
-/// The virtual timer PPI, forwarded: it stays active until the guest
-/// deactivates it. With no vCPU here there is nobody to give it to.
-fn virtual_timer_irq(id: IntId, cur: Option<(&Vm, usize)>) {
+/// The virtual timer's or the PMU's PPI, forwarded to the vCPU running
+/// here: it stays active until the guest deactivates it. With no vCPU here
+/// there is nobody to give it to.
+fn forwarded_ppi_irq(id: IntId, cur: Option<(&Vm, usize)>) {
     gic::eoi(id);
     match cur {
         Some((vm, v)) => {
@@ -733,7 +771,7 @@ fn handle_sync(vm: &Vm, me: usize, v: &mut Vcpu) -> Next {
                 v.regs.elr += ilen;
             } else if s.read && crate::idregs::is_id_space(s.op0, s.op1, s.crn, s.crm) {
                 let reg = crate::idregs::IdReg { crm: s.crm, op2: s.op2 };
-                let value = crate::idregs::sanitize(reg, sysreg::read_id_reg(s.crm, s.op2));
+                let value = crate::idregs::sanitize(reg, sysreg::read_id_reg(s.crm, s.op2), vm.pmu_intid.is_some());
                 reg_write(&mut v.regs, s.reg, value);
                 v.regs.elr += ilen;
             } else if !s.read && (s.key() == esr::ICC_ASGI1R_EL1 || s.key() == esr::ICC_SGI0R_EL1) {
@@ -753,6 +791,8 @@ fn handle_sync(vm: &Vm, me: usize, v: &mut Vcpu) -> Next {
                 v.regs.elr += ilen;
             } else if let Some(reg) = vdebug::classify(&s) {
                 debug_access(vm, v, &s, reg, ilen);
+            } else if crate::vpmu::is_pmu_reg(&s) {
+                pmu_access(vm, v);
             } else {
                 // Everything else the configuration traps (PMU, AMU, SPE,
                 // trace, LORegions, registers of later features): the guest
@@ -820,8 +860,10 @@ fn block(vm: &Vm, me: usize, v: &mut Vcpu, limit: u64) -> Next {
     // state also ends the physical PPI's active state, so it can fire again.
     let vt = vm.virt_timer_intid;
     let line = crate::time::vtimer_line(CNTV_CTL_EL0.get(), CNTV_CVAL_EL0.get(), percpu::counter());
-    if vgic.resample_hw_private(id, vt, line) == Ok(true) {
-        gic::set_private_active(me, vt, vgic.is_pending_or_active(id, vt));
+    resample_forwarded_ppi(&mut vgic, me, id, vt, line);
+    // Likewise an overflow interrupt whose flag the guest cleared.
+    if let (Some(p), Placement::Loaded) = (vm.pmu_intid, v.pmu.placement) {
+        resample_forwarded_ppi(&mut vgic, me, id, p, pmu::line());
     }
     if vgic.has_deliverable(id) || vm.shared[id].vlpi_pending.load(Ordering::Acquire) {
         drop(vgic);
@@ -843,6 +885,15 @@ fn block(vm: &Vm, me: usize, v: &mut Vcpu, limit: u64) -> Next {
             }
             Next::Enter
         }
+    }
+}
+
+/// Resamples forwarded private interrupt `intid` of vCPU `id`, running
+/// here, against its source's level `line`; ending its pending state also
+/// ends the physical PPI's active state, so it can fire again.
+fn resample_forwarded_ppi(vgic: &mut crate::vgic::Vgic, me: usize, id: usize, intid: IntId, line: bool) {
+    if vgic.resample_hw_private(id, intid, line) == Ok(true) {
+        gic::set_private_active(me, intid, vgic.is_pending_or_active(id, intid));
     }
 }
 
@@ -1083,6 +1134,20 @@ fn debug_access(vm: &Vm, v: &mut Vcpu, s: &esr::SysRegAccess, reg: DebugReg, ile
     v.regs.elr += ilen;
 }
 
+/// A trapped PMU access (MDCR_EL2.TPM/TPMCR): with a vPMU, the vCPU's
+/// registers go on the PMU, the traps are lifted and the instruction runs
+/// again there (`crate::vpmu`); without one it is UNDEFINED.
+fn pmu_access(vm: &Vm, v: &mut Vcpu) {
+    match v.pmu.on_trap(vm.pmu_intid.is_some()) {
+        crate::vpmu::TrapAction::LoadAndRetry => {
+            pmu::restore(&v.pmu.regs, pmu_counters());
+            pmu::set_trap(false);
+            inc(&vm.shared[v.id].counters.pmu_loads);
+        }
+        crate::vpmu::TrapAction::Undefined => inject_undef(vm, v),
+    }
+}
+
 fn find_vcpu(vm: &Vm, target: u64) -> Option<usize> {
     let mask = 0xff_00ff_ffff;
     (0..vm.vcpus.len()).find(|&i| super::vm::vcpu_mpidr(i) & mask == target & mask)
@@ -1165,6 +1230,7 @@ fn cpu_on(vm: &Vm, me: usize, t: usize, entry: u64, context: u64) -> i64 {
         tv.regs.spsr = SPSR_EL1H_MASKED;
         tv.el1 = crate::arch::context::El1Context::reset(super::vm::vcpu_mpidr(t));
         tv.ptimer = Default::default();
+        tv.pmu = Default::default();
         tv.fp = Default::default();
         tv.gicif = Default::default();
         tv.vserror = Default::default();

@@ -146,6 +146,7 @@ trap_counters!(
     aborts_injected,
     undef_injected,
     debug_emulated,
+    pmu_loads,
     serrors,
     wfi_traps,
     wfe_traps,
@@ -185,6 +186,8 @@ pub struct Vcpu {
     /// level last driven into the vGIC as its PPI.
     pub ptimer: crate::time::PhysTimer,
     pub ptimer_level: bool,
+    /// Its virtual PMU (`crate::vpmu`), used when the VM has one.
+    pub pmu: crate::vpmu::VPmu,
 }
 
 /// What other pCPUs may look at without the vCPU's lock.
@@ -232,6 +235,8 @@ pub struct Host {
     pub trace: Vec<Mutex<Ring>>,
     /// When a wake→run latency dumps the rings (`sched_trace_threshold_us`).
     pub trace_trigger: Trigger,
+    /// Guests get a virtual PMU where the CPU allows (`vpmu=`).
+    pub vpmu: bool,
 }
 
 impl Vm {
@@ -256,6 +261,7 @@ impl Host {
             trace: (0..nr_pcpus).map(|_| Mutex::new(Ring::new(RING_EVENTS))).collect(),
             trace_trigger: Trigger::new(cfg.sched_trace_threshold_us, cfg.sched_trace_max_dumps)
                 .with_dom0_key(cfg.sched_trace_dom0_key),
+            vpmu: cfg.vpmu,
         }))
     }
 }
@@ -315,6 +321,8 @@ pub struct Vm {
     pub virt_timer_intid: IntId,
     /// The EL1 physical timer's PPI (emulated, `crate::time::PhysTimer`).
     pub phys_timer_intid: IntId,
+    /// With a virtual PMU (`crate::vpmu`): its overflow PPI, forwarded.
+    pub pmu_intid: Option<IntId>,
     pub maintenance_intid: IntId,
     pub hyp_timer_intid: IntId,
     /// Physical SPIs forwarded to the guest as HW interrupts.
@@ -392,8 +400,10 @@ pub(super) fn copy_module(c: &ModuleCopy) {
 /// What the planner needs from the hardware (`domain::vmplan::HwFacts`):
 /// the PA size, the distributor's SPIs, whether the physical ITS works,
 /// which virtio-mmio slots hold a device (read only when `probe_virtio`:
-/// a DomU gets none), the platform's fallback INTIDs.
-pub(super) fn hw_facts(plat: &Platform, probe_virtio: bool) -> HwFacts {
+/// a DomU gets none), the platform's fallback INTIDs, the PMU interrupt
+/// when guests get a vPMU (`vpmu`, and the CPU's PMU allows it).
+pub(super) fn hw_facts(plat: &Platform, probe_virtio: bool, vpmu: bool) -> HwFacts {
+    let pmu_ok = vpmu && crate::vpmu::supported(crate::arch::el2::cpu_features().pmu);
     HwFacts {
         pa_bits: crate::stage2::pa_bits(crate::arch::el2::parange()),
         nr_spis: gic::nr_spis(),
@@ -406,6 +416,7 @@ pub(super) fn hw_facts(plat: &Platform, probe_virtio: bool) -> HwFacts {
         uart_intid: platform::PLATFORM.uart_intid,
         maintenance_intid: platform::PLATFORM.maintenance_intid,
         kick: super::percpu::SGI_KICK,
+        pmu_intid: plat.pmu_intid.filter(|_| pmu_ok),
     }
 }
 
@@ -419,7 +430,8 @@ pub(super) fn apply_stage2(vp: &VmPlan) -> Result<(Stage2, HeapFrames), VmError>
     Ok((s2, frames))
 }
 
-/// Applies a plan's vGIC: the virtual timer HW-linked on every vCPU, the
+/// Applies a plan's vGIC: the virtual timer (and the PMU's overflow
+/// interrupt, with a vPMU) HW-linked on every vCPU, the
 /// forwarded SPIs HW-linked to the same physical INTIDs.
 pub(super) fn apply_vgic(vp: &VmPlan) -> Result<Vgic, VmError> {
     let mut vgic = Vgic::try_new(VgicConfig {
@@ -432,6 +444,9 @@ pub(super) fn apply_vgic(vp: &VmPlan) -> Result<Vgic, VmError> {
     let vt = vp.virt_timer_intid;
     for v in 0..vp.nr_vcpus {
         vgic.set_hw_private(v, vt, Some(vt))?;
+        if let Some(p) = vp.pmu_intid {
+            vgic.set_hw_private(v, p, Some(p))?;
+        }
     }
     for f in &vp.forwarded {
         vgic.set_hw(f.intid, Some(f.intid))?;
@@ -475,7 +490,7 @@ fn write_dom0_firmware(plat: &Platform, plan: &Plan, vp: &VmPlan, firmware: &Gue
     let keep_its = vp.its.is_some();
     let guest_dtb = match firmware {
         GuestFirmware::Dtb(host_dtb) => {
-            let mut remove = dtb::default_removals(host_dtb)?;
+            let mut remove = dtb::default_removals(host_dtb, vp.pmu_intid.is_some())?;
             remove.extend(vp.hidden_paths.iter().cloned());
             dtb::build_guest_dtb(
                 host_dtb,
@@ -729,6 +744,7 @@ impl Vm {
             uart_intid: vp.uart_intid,
             virt_timer_intid: vp.virt_timer_intid,
             phys_timer_intid: vp.phys_timer_intid,
+            pmu_intid: vp.pmu_intid,
             maintenance_intid: vp.maintenance_intid,
             hyp_timer_intid: vp.hyp_timer_intid,
             forwarded_pcpu: vp.forwarded.iter().map(|_| AtomicUsize::new(0)).collect(),
@@ -771,7 +787,7 @@ impl Vm {
         nr_pcpus: usize,
         host: &'static Host,
     ) -> Result<Box<Vm>, VmError> {
-        let hw = hw_facts(plat, true);
+        let hw = hw_facts(plat, true, host.vpmu);
         let fw_regions: Vec<Region> = match firmware {
             GuestFirmware::Acpi(a) => a.firmware.iter().filter_map(|d| d.region()).collect(),
             GuestFirmware::Dtb(_) => Vec::new(),
@@ -876,6 +892,7 @@ pub(super) fn new_vcpus(n: usize) -> (Vec<Mutex<Vcpu>>, Vec<VcpuShared>) {
             vpe_resident: false,
             ptimer: Default::default(),
             ptimer_level: false,
+            pmu: Default::default(),
         }));
         shared.push(VcpuShared {
             online: AtomicBool::new(false),

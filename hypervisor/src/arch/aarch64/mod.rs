@@ -11,6 +11,7 @@
 //! - `gic`: the physical GIC (distributor, redistributors, CPU interface)
 //!   and the ICH (virtual interface) registers; nothing else touches them
 //! - `context`: EL1 system registers and FP/SIMD state of a vCPU
+//! - `pmu`: a vCPU's PMU registers moved on and off the PMU, the PMU traps
 //! - `smc`: calls to firmware (PSCI)
 //! - `pl011`: the physical console UART
 
@@ -22,5 +23,6 @@ pub mod exception;
 pub mod gic;
 pub mod mmu;
 pub mod pl011;
+pub mod pmu;
 pub mod smc;
 pub mod sysreg;

@@ -66,6 +66,7 @@ impl AcpiMachine {
             gic: self.gic()?,
             uart: self.uart()?,
             timer: self.timer()?,
+            pmu_intid: self.pmu(),
             virtio_mmio: Vec::new(),
             pcie: self.pcie(),
             psci_method: self.fadt.psci_method().map(String::from),
@@ -139,6 +140,14 @@ impl AcpiMachine {
             virt_intid: ppi(g.virtual_el1.gsiv)?,
             hyp_intid: ppi(g.non_secure_el2.gsiv)?,
         })
+    }
+
+    /// The first usable GICC's performance interrupt, if it is a PPI (0:
+    /// none; anything else is not one overflow line per CPU, and the vPMU
+    /// is left out).
+    fn pmu(&self) -> Option<IntId> {
+        let gsiv = self.madt.giccs.iter().find(|g| g.usable()).map(|g| g.perf_gsiv).filter(|&v| v != 0)?;
+        intid(Signature::MADT, gsiv).ok().filter(|i| i.is_ppi())
     }
 
     /// One host per MCFG entry, `msi-map` from the IORT root complex of the
