@@ -7,10 +7,8 @@
 use integration_tests::*;
 use xtask::conformance::{checks, summary, Placement, Verdict};
 
-/// Checks the hypervisor fails today, with why: debug registers are
-/// RAZ/WI, there is no vPMU.
-const KNOWN_FAILING: &[&str] =
-    &["debug-breakpoints", "debug-watchpoints", "pmu-cycle-counter", "pmu-event-counter", "pmu-overflow-irq"];
+/// Checks the hypervisor fails today, with why: there is no vPMU.
+const KNOWN_FAILING: &[&str] = &["pmu-cycle-counter", "pmu-event-counter", "pmu-overflow-irq"];
 
 /// Every check the guest runs, in its order.
 const CHECKS: &[&str] = &[

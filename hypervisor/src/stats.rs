@@ -253,7 +253,9 @@ counters! {
     aborts_injected,
     /// Undefined-instruction exceptions injected.
     undef_injected,
-    /// Debug-register accesses emulated (trapped by MDCR_EL2.TDA/TDOSA/TDRA).
+    /// Debug-register accesses emulated (trapped by MDCR_EL2.TDA/TDOSA/TDRA),
+    /// counting the ones that gave the vCPU the breakpoint and watchpoint
+    /// registers.
     debug_emulated,
     /// Physical SErrors the vCPU caused (taken from it or pending at its
     /// exit), reflected to it as virtual SErrors.
