@@ -199,9 +199,9 @@ fn spectre_reporting_matches_bare_qemu() {
 fn pmu_and_debug_registers_are_not_shared_with_the_guest() {
     // The PMU is neither switched between vCPUs nor virtualised: the guest
     // must not find one (its counters would be shared and could count the
-    // hypervisor). Debug registers trap and are emulated: Linux resets its
-    // breakpoints, MDSCR and OS lock on every CPU at boot, and none of that
-    // may fault.
+    // hypervisor). Debug registers trap until a vCPU uses its breakpoints
+    // (then they are switched for it): Linux resets its breakpoints, MDSCR
+    // and OS lock on every CPU at boot, and none of that may fault.
     let cmd = r#"echo pmus=$(ls /sys/bus/event_source/devices | grep -c armv8); echo oopses=$(dmesg | grep -ciE "oops|undefined instruction|internal error|call trace"); dmesg | grep hw-breakpoint; nproc"#;
     let r = run_cmd(cmd, |o| {
         o.pcpus = 1;

@@ -331,6 +331,35 @@ mod tests {
     }
 
     #[test]
+    fn a_clean_vcpu_never_has_mde_in_the_hardware() {
+        // Every MDSCR write a clean vCPU can make, from every state a vCPU
+        // reaches: what reaches the hardware has MDE clear unless the vCPU
+        // is dirty (and then owns the breakpoint registers).
+        let (mde, kde, ss, tdcc) = (1u64 << 15, 1u64 << 13, 1u64, 1u64 << 12);
+        let values = [0, mde, kde, ss, tdcc, mde | kde, mde | kde | ss, kde | ss | tdcc];
+        for first in values {
+            for then in values {
+                let mut d = VDebug::default();
+                for (i, w) in [first, then].into_iter().enumerate() {
+                    let hw_mdscr = if d.dirty {
+                        // Not trapped: the write reaches the hardware.
+                        w
+                    } else {
+                        match d.access(DebugReg::Mdscr, false, w) {
+                            Action::WriteMdscr(x) => x,
+                            Action::Arm => w, // retried on the hardware, now dirty
+                            a => panic!("{a:?}"),
+                        }
+                    };
+                    assert!(d.dirty || hw_mdscr & mde == 0, "write {i} of {first:#x}, {then:#x}");
+                    d.switched_out(hw_mdscr);
+                    assert!(d.dirty || hw_mdscr & mde == 0, "switched out after write {i}");
+                }
+            }
+        }
+    }
+
+    #[test]
     fn reads_arm_too() {
         // A debugger reading the registers first (a Linux ptrace GETREGSET)
         // must see the vCPU's own values: they are loaded before it runs.
