@@ -199,9 +199,10 @@ fn spectre_reporting_matches_bare_qemu() {
 fn pmu_and_debug_registers_are_switched_or_emulated_for_the_guest() {
     // The PMU is the vCPU's while it runs (the vPMU, loaded lazily: each
     // vCPU's first PMU access traps once, Linux's probe and its early
-    // PMUSERENR write among them). Debug registers trap and are emulated:
-    // Linux resets its breakpoints, MDSCR and OS lock on every CPU at boot,
-    // and none of that may fault.
+    // PMUSERENR write among them). Debug registers trap until a vCPU uses
+    // its breakpoints (then they are switched for it): Linux resets its
+    // breakpoints, MDSCR and OS lock on every CPU at boot, and none of that
+    // may fault.
     let cmd = r#"echo pmus=$(ls /sys/bus/event_source/devices | grep -c armv8); echo oopses=$(dmesg | grep -ciE "oops|undefined instruction|internal error|call trace"); dmesg | grep -E "hw-breakpoint|hw perfevents"; nproc"#;
     let r = run_cmd(cmd, |o| {
         o.pcpus = 1;

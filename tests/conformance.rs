@@ -7,9 +7,8 @@
 use integration_tests::*;
 use xtask::conformance::{checks, summary, Placement, Verdict};
 
-/// Checks the hypervisor fails today, with why: debug registers are
-/// RAZ/WI.
-const KNOWN_FAILING: &[&str] = &["debug-breakpoints", "debug-watchpoints"];
+/// Checks the hypervisor fails today, with why: none.
+const KNOWN_FAILING: &[&str] = &[];
 
 /// Every check the guest runs, in its order.
 const CHECKS: &[&str] = &[

@@ -8,9 +8,10 @@
 //! the PMU unless the VM has a vPMU (`crate::vpmu`), the trace unit (their
 //! registers trap, see `crate::traps`), and
 //! the GICv3 CPU interface's "system register" bit stays as is (the virtual
-//! interface provides it). The debug feature register keeps only what the
-//! emulated debug registers (`crate::vdebug`) describe: the debug
-//! architecture version and the breakpoint/watchpoint counts. Everything
+//! interface provides it). The debug feature register keeps only what
+//! `crate::vdebug` provides: the debug architecture version and the
+//! hardware's breakpoint/watchpoint counts (every one is switched per
+//! vCPU), with the context-matching count and DoubleLock. Everything
 //! else reads as the hardware's value, as KVM does for the features it
 //! supports.
 //!

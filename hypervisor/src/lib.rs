@@ -10,7 +10,8 @@
 //! - `config`: hypervisor options from `/chosen/xen,xen-bootargs` or `/chosen/bootargs`
 //! - `regs`: register layouts `aarch64-cpu` lacks; `traps`: the EL2 trap
 //!   configuration over them; `idregs`: the guest's ID registers; `vdebug`:
-//!   its emulated debug registers; `vpmu`: its virtual PMU, switched lazily
+//!   its debug registers (breakpoints switched lazily, the rest emulated);
+//!   `vpmu`: its virtual PMU, switched lazily
 //! - `esr`: trap decoding; `psci`: PSCI/SMCCC decoding; `mitigations`:
 //!   Spectre-v2/v4/BHB decisions and the SMCCC workaround answers; `stage2`:
 //!   stage-2 table building

@@ -253,7 +253,9 @@ counters! {
     aborts_injected,
     /// Undefined-instruction exceptions injected.
     undef_injected,
-    /// Debug-register accesses emulated (trapped by MDCR_EL2.TDA/TDOSA/TDRA).
+    /// Debug-register accesses emulated (trapped by MDCR_EL2.TDA/TDOSA/TDRA),
+    /// counting the ones that gave the vCPU the breakpoint and watchpoint
+    /// registers.
     debug_emulated,
     /// PMU accesses that trapped to load the vCPU's PMU registers
     /// (`crate::vpmu`: the first access after a switch-in that left them

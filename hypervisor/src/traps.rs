@@ -16,7 +16,8 @@
 //! | trace unit (sysregs, TRFCR, TRBE) | no | CPTR_EL2.TTA, MDCR_EL2.TTRF, E2TB | no trace |
 //! | PMU counters, PMCR | with a vPMU, lazily ([`crate::vpmu`]) | MDCR_EL2.TPM, TPMCR until the vCPU's first access; counting at EL2 prohibited (HPMD, HCCD) | PMUv3 with all counters, or (`vpmu=off`, PMUv3 without p1) no PMU |
 //! | statistical profiling (SPE) | no | MDCR_EL2.TPMS, E2PB | no SPE |
-//! | debug registers, OS lock | MDSCR only | MDCR_EL2.TDA, TDOSA, TDRA | emulated ([`crate::vdebug`]) |
+//! | breakpoints, watchpoints, MDSCR_EL1 | yes, lazily ([`crate::vdebug`]) | MDCR_EL2.TDA until the vCPU's first access, then clear for it | the hardware's BRPs/WRPs |
+//! | other debug registers (DCC, OSECCR, claim tags), OS lock, MDRAR | no (OS lock emulated per vCPU) | MDCR_EL2.TDA (not while the vCPU owns the breakpoints: then the hardware's), TDOSA, TDRA | read as zero, writes ignored ([`crate::vdebug`]) |
 //! | EL1 physical timer | emulated per vCPU | CNTHCTL_EL2.EL1PCEN = 0 (CNTPCT_EL0 not trapped) | CNTP_* ([`crate::time::PhysTimer`]), its PPI a level |
 //! | ID registers | - | HCR_EL2.TID3 | sanitized values |
 //! | ACTLR_EL1 (IMPLEMENTATION DEFINED controls) | no | HCR_EL2.TACR | the host's value; writes ignored |
@@ -28,10 +29,12 @@
 //! | registers of later features (PIE, POE, GCS, LS64, THE, AIE, BRBE ...) | no | their FGT n-bits = 0; HCRX_EL2 enables = 0 | absent |
 //!
 //! Without a vPMU the PMU is what KVM makes it for a guest without one (no
-//! PMU in the ID registers, accesses UNDEFINED); for debug it takes Xen's simpler
-//! road (breakpoint and watchpoint registers read as zero and ignore
-//! writes) but keeps MDSCR_EL1, which is already switched, so single-step
-//! inside the guest works.
+//! PMU in the ID registers, accesses UNDEFINED); the breakpoint and watchpoint
+//! registers are switched the way KVM does, lazily: only for a vCPU that
+//! has used them, which runs with MDCR_EL2.TDA clear ([`crate::vdebug`]).
+//! TDA has no finer grain, so such a vCPU also reaches the debug
+//! communications channel and claim tags, which are not switched: the one
+//! exception to the rule, with no effect on how another vCPU runs.
 
 use crate::regs::{
     cptr_el2_res1, CPTR_EL2, ID_AA64ISAR2_EL1, ID_AA64MMFR0_FGT, ID_AA64MMFR1_HCX, ID_AA64PFR0_RAS, ID_AA64PFR1_SME,
@@ -217,8 +220,10 @@ pub fn guest_traps(cpu: &CpuFeatures, trap_wfe: bool) -> GuestTraps {
         cptr += CPTR_EL2::TAM::SET;
     }
 
-    // Debug registers trap (emulated); debug exceptions stay the guest's
-    // (TDE = 0). Fields of absent features stay 0 (they are RES0).
+    // Debug registers trap (emulated; TDA is cleared per vCPU once it uses
+    // breakpoints or watchpoints, see `crate::vdebug`); debug exceptions
+    // stay the guest's (TDE = 0). Fields of absent features stay 0 (they
+    // are RES0).
     let mut mdcr = MDCR_EL2::TDA::SET + MDCR_EL2::TDOSA::SET + MDCR_EL2::TDRA::SET + MDCR_EL2::TDE::RouteToEL1;
     if let Some(pmu) = cpu.pmu {
         // Every PMU access traps (a vPMU lifts the traps while its vCPU's

@@ -207,6 +207,9 @@ fn load_vcpu(vm: &Vm, me: usize, v: &mut Vcpu) {
         pmu::set_trap(false);
     }
     v.el1.restore();
+    if v.el1.debug.dirty {
+        arm_debug(v);
+    }
     v.fp.restore();
     v.gicif.restore();
     // GICv4: the vPE follows its vCPU here and becomes resident.
@@ -244,6 +247,11 @@ fn save_vcpu(vm: &Vm, me: usize, v: &mut Vcpu) {
         gic::set_private_active(me, p, false);
     }
     v.el1.save(); // also stops the guest's timer
+    if v.el1.debug.dirty {
+        context::save_break_watch(&mut v.el1.debug.regs, el2::debug_slots());
+        el2::set_debug_trap(true);
+        v.el1.debug.switched_out(v.el1.mdscr);
+    }
     v.fp.save();
     v.gicif.save();
     if v.vpe_resident {
@@ -1127,6 +1135,12 @@ fn debug_access(vm: &Vm, v: &mut Vcpu, s: &esr::SysRegAccess, reg: DebugReg, ile
         vdebug::Action::Read(x) => reg_write(&mut v.regs, s.reg, x),
         vdebug::Action::ReadMdscr => reg_write(&mut v.regs, s.reg, context::read_mdscr()),
         vdebug::Action::WriteMdscr(x) => context::write_mdscr(x),
+        vdebug::Action::Arm => {
+            // Not skipped: the access runs again, on the hardware.
+            arm_debug(v);
+            inc(&vm.shared[v.id].counters.debug_emulated);
+            return;
+        }
         vdebug::Action::Ignore => {}
         vdebug::Action::Undefined => return inject_undef(vm, v),
     }
@@ -1146,6 +1160,13 @@ fn pmu_access(vm: &Vm, v: &mut Vcpu) {
         }
         crate::vpmu::TrapAction::Undefined => inject_undef(vm, v),
     }
+}
+
+/// Gives the loaded, debug-dirty vCPU `v` the hardware breakpoint and
+/// watchpoint registers: its saved values in, MDCR_EL2.TDA clear.
+fn arm_debug(v: &Vcpu) {
+    context::load_break_watch(&v.el1.debug.regs, el2::debug_slots());
+    el2::set_debug_trap(v.el1.debug.traps());
 }
 
 fn find_vcpu(vm: &Vm, target: u64) -> Option<usize> {

@@ -7,6 +7,7 @@
 
 use super::sysreg::{self, VDISR_EL2};
 use crate::regs::SCTLR_EL1_RESET;
+use crate::vdebug::{BreakWatchRegs, Slots};
 use aarch64_cpu::registers::{
     AFSR0_EL1, AFSR1_EL1, AMAIR_EL1, CNTKCTL_EL1, CNTV_CTL_EL0, CNTV_CVAL_EL0, CONTEXTIDR_EL1, CPACR_EL1, CSSELR_EL1,
     ELR_EL1, ESR_EL1, FAR_EL1, MAIR_EL1, MDSCR_EL1, PAR_EL1, SCTLR_EL1, SPSR_EL1, SP_EL0, SP_EL1, TCR_EL1, TPIDRRO_EL0,
@@ -53,7 +54,9 @@ pub struct El1Context {
     /// Pointer-authentication keys (APIA, APIB, APDA, APDB, APGA; lo, hi),
     /// switched only when the CPU has FEAT_PAuth.
     pub pauth_keys: [u64; 10],
-    /// The guest's debug state that is emulated, not in the hardware.
+    /// The guest's emulated debug state and its breakpoint and watchpoint
+    /// registers, switched lazily (not by `save`/`restore`: see
+    /// `crate::vdebug`).
     pub debug: crate::vdebug::VDebug,
 }
 
@@ -185,6 +188,23 @@ pub fn read_mdscr() -> u64 {
 /// Writes the loaded guest's MDSCR_EL1.
 pub fn write_mdscr(v: u64) {
     MDSCR_EL1.set(v);
+}
+
+/// Loads a debug-dirty vCPU's breakpoint and watchpoint registers (every
+/// slot `s` counts) into the hardware; see `crate::vdebug`.
+pub fn load_break_watch(r: &BreakWatchRegs, s: Slots) {
+    for (b, n) in BreakWatchRegs::slots(s) {
+        sysreg::write_break_watch(b, n, r.bank(b)[n]);
+    }
+}
+
+/// Saves the hardware breakpoint and watchpoint registers (every slot `s`
+/// counts) of the debug-dirty vCPU leaving this pCPU. They are left as
+/// they are: the next vCPU either loads its own or runs with MDE clear.
+pub fn save_break_watch(r: &mut BreakWatchRegs, s: Slots) {
+    for (b, n) in BreakWatchRegs::slots(s) {
+        r.bank_mut(b)[n] = sysreg::read_break_watch(b, n);
+    }
 }
 
 /// Makes the loaded guest's EL1 registers describe a synchronous exception

@@ -14,7 +14,7 @@ use aarch64_cpu::registers::{
     ID_AA64ISAR1_EL1, ID_AA64MMFR0_EL1, ID_AA64MMFR1_EL1, ID_AA64PFR0_EL1, ID_AA64PFR1_EL1, MDCR_EL2, MIDR_EL1,
     OSLAR_EL1, VTCR_EL2, VTTBR_EL2,
 };
-use tock_registers::interfaces::{Readable, Writeable};
+use tock_registers::interfaces::{ReadWriteable, Readable, Writeable};
 
 /// This CPU's ID registers as EL2 sees them (PMCR_EL0 only if a PMUv3
 /// exists: it is UNDEFINED otherwise).
@@ -118,9 +118,9 @@ pub fn load_guest_config(t: &GuestTraps, stage2_root: u64, vmid: u16, ipa: stage
     CNTHCTL_EL2.set(t.cnthctl.get());
     CNTVOFF_EL2.set(0);
     VPIDR_EL2.write(regs::VPIDR_EL2::VALUE.val(MIDR_EL1.get()));
-    // The debug registers trap (MDCR_EL2.TDOSA); the guest's OS lock is
+    // The OS lock registers trap (MDCR_EL2.TDOSA); the guest's OS lock is
     // emulated, so the hardware one is cleared here once: with it set, the
-    // guest's single-step and other debug exceptions would never fire.
+    // guest's single-step, breakpoints and watchpoints would never fire.
     OSLAR_EL1.write(OSLAR_EL1::OSLK::Unlocked);
     VTCR_EL2.set(stage2::vtcr(ipa, parange()).get());
     VTTBR_EL2.set(stage2::vttbr(stage2_root, vmid).get());
@@ -128,6 +128,19 @@ pub fn load_guest_config(t: &GuestTraps, stage2_root: u64, vmid: u16, ipa: stage
     if invalidate {
         sysreg::tlbi_vmalls12e1is();
     }
+}
+
+/// Sets or clears MDCR_EL2.TDA for the vCPU about to run here: set (as
+/// `load_guest_config` leaves it) while it is debug-clean, clear while it
+/// owns the breakpoint and watchpoint registers (`crate::vdebug`). Takes
+/// effect at the ERET into the guest.
+pub fn set_debug_trap(trap: bool) {
+    MDCR_EL2.modify(if trap { MDCR_EL2::TDA::SET } else { MDCR_EL2::TDA::CLEAR });
+}
+
+/// The breakpoints and watchpoints this CPU implements.
+pub fn debug_slots() -> crate::vdebug::Slots {
+    crate::vdebug::Slots::from_dfr0(ID_AA64DFR0_EL1.get())
 }
 
 /// The syndrome registers of the exception that just left the guest.

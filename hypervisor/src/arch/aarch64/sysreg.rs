@@ -5,9 +5,11 @@
 //! (a unit struct implementing tock-registers' `Readable`/`Writeable`, so
 //! `read(FIELD)`, `write(FIELD::X + ...)`, `modify`, `get`, `set` work the
 //! same) over the layouts in `crate::regs`. Barriers, TLB maintenance and
-//! the ID registers by encoding are here too.
+//! the ID registers by encoding and the breakpoint/watchpoint registers by
+//! number are here too.
 
 use crate::regs;
+use crate::vdebug::Bank;
 use tock_registers::interfaces::{Readable, Writeable};
 
 /// Implements `Readable` with `mrs` of the register named `$asm`.
@@ -230,4 +232,51 @@ macro_rules! id_reg_read {
 /// EL2 (unallocated encodings in this space read as zero).
 pub fn read_id_reg(crm: u8, op2: u8) -> u64 {
     id_reg_read!(crm, op2; 1, 2, 3, 4, 5, 6, 7)
+}
+
+/// Expands to a `match` over `(bank, n)` running `$body!(asm name)` for the
+/// breakpoint/watchpoint register `DBG{B,W}{V,C}R<n>_EL1`, n in 0..=15.
+macro_rules! break_watch_match {
+    ($bank:expr, $n:expr, $body:ident, $($i:literal),*) => {
+        match ($bank, $n) {
+            $(
+                (Bank::Bvr, $i) => $body!(concat!("dbgbvr", stringify!($i), "_el1")),
+                (Bank::Bcr, $i) => $body!(concat!("dbgbcr", stringify!($i), "_el1")),
+                (Bank::Wvr, $i) => $body!(concat!("dbgwvr", stringify!($i), "_el1")),
+                (Bank::Wcr, $i) => $body!(concat!("dbgwcr", stringify!($i), "_el1")),
+            )*
+            _ => panic!("no breakpoint/watchpoint register {:?}{}", $bank, $n),
+        }
+    };
+}
+
+/// Reads DBG{B,W}{V,C}R<n>_EL1. `n` must be below the bank's count in
+/// ID_AA64DFR0_EL1 ([`crate::vdebug::Slots`]): a higher one is UNDEFINED.
+pub fn read_break_watch(bank: Bank, n: usize) -> u64 {
+    macro_rules! read {
+        ($asm:expr) => {{
+            let v: u64;
+            // SAFETY: reads a breakpoint or watchpoint register: no memory
+            // access, no side effects.
+            unsafe { core::arch::asm!(concat!("mrs {0}, ", $asm), out(reg) v, options(nomem, nostack, preserves_flags)) };
+            v
+        }};
+    }
+    break_watch_match!(bank, n, read, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
+}
+
+/// Writes DBG{B,W}{V,C}R<n>_EL1 (`n` as for [`read_break_watch`]). Takes
+/// effect at the next context synchronization (the ERET into the guest).
+pub fn write_break_watch(bank: Bank, n: usize, v: u64) {
+    macro_rules! write {
+        ($asm:expr) => {
+            // SAFETY: writes a breakpoint or watchpoint register. Its
+            // exceptions are only generated at EL1 and EL0 (MDCR_EL2.TDE is
+            // clear, so none is taken from EL2) and only with the loaded
+            // vCPU's MDSCR_EL1.MDE set, so the hypervisor's own code and
+            // memory are not affected.
+            unsafe { core::arch::asm!(concat!("msr ", $asm, ", {0}"), in(reg) v, options(nomem, nostack, preserves_flags)) }
+        };
+    }
+    break_watch_match!(bank, n, write, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
 }
