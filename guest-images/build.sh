@@ -71,21 +71,22 @@ die() { echo "build.sh: ERROR: $*" >&2; exit 1; }
 INPUTS_HASH=$( (cd "$HERE" && sha256sum build.sh init imgtool.py packages.txt; echo "flavour: $FLAVOUR") |
               sha256sum | cut -d' ' -f1)
 
+# Checks without a scratch file in OUTDIR: concurrent runs (parallel tests)
+# check the same OUTDIR, and one would remove a shared file under another's
+# check and make it rebuild.
 outputs_up_to_date() {
-    local m=$OUT/manifest.txt
+    local m=$OUT/manifest.txt sums
     [ -f "$m" ] && [ -f "$OUT/Image" ] && [ -f "$OUT/initramfs.cpio" ] && [ -f "$OUT/perf.cpio" ] || return 1
     grep -qx "inputs-sha256: $INPUTS_HASH" "$m" || return 1
-    grep -E '^[0-9a-f]{64}  (Image|initramfs\.cpio|perf\.cpio)$' "$m" > "$OUT/.check.sha256" || return 1
-    [ "$(wc -l < "$OUT/.check.sha256")" -eq 3 ] || return 1
-    (cd "$OUT" && sha256sum --quiet -c .check.sha256 >/dev/null 2>&1)
+    sums=$(grep -E '^[0-9a-f]{64}  (Image|initramfs\.cpio|perf\.cpio)$' "$m") || return 1
+    [ "$(printf '%s\n' "$sums" | wc -l)" -eq 3 ] || return 1
+    (cd "$OUT" && printf '%s\n' "$sums" | sha256sum --quiet -c - >/dev/null 2>&1)
 }
 
 if [ "${GUEST_IMAGES_FORCE:-0}" != 1 ] && outputs_up_to_date; then
-    rm -f "$OUT/.check.sha256"
     log "$OUT is up to date (inputs $INPUTS_HASH); nothing to do"
     exit 0
 fi
-rm -f "$OUT/.check.sha256"
 
 # ------------------------------------------------------------- apt, isolated
 APTDIR=$CACHE/apt
