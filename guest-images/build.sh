@@ -4,8 +4,9 @@
 #
 #   guest-images/build.sh OUTDIR [cloud|generic]
 #
-# Writes OUTDIR/Image, OUTDIR/initramfs.cpio and OUTDIR/manifest.txt with
-# Debian's cloud (default) or generic arm64 kernel flavour.
+# Writes OUTDIR/Image, OUTDIR/initramfs.cpio, OUTDIR/perf.cpio (an archive to
+# append to the initramfs) and OUTDIR/manifest.txt with Debian's cloud
+# (default) or generic arm64 kernel flavour.
 # Needs: apt-get, dpkg-deb, python3, sha256sum, tar (all on Debian).
 # Never touches the host's dpkg/apt state: apt runs with its own lists,
 # cache and empty status file under guest-images/cache/.
@@ -55,6 +56,12 @@ declare -A MODULE_CONFIG=(
 )
 # Programs whose shared-library closure goes into the initramfs.
 GUEST_PROGRAMS=(/bin/busybox /usr/bin/fio /usr/bin/cyclictest)
+# Programs that go into OUTDIR/perf.cpio instead, with the libraries of their
+# closure that the initramfs lacks: perf's closure (libpython, libperl, glib...)
+# is ~22 MB, which would push the initramfs past what fits between the kernel
+# and QEMU's DTB and would crowd 256 MiB DomUs.  Append the archive to the
+# initramfs for the guests that need it.
+PERF_PROGRAMS=(/usr/bin/perf)
 
 log() { echo "build.sh: $*" >&2; }
 die() { echo "build.sh: ERROR: $*" >&2; exit 1; }
@@ -64,21 +71,22 @@ die() { echo "build.sh: ERROR: $*" >&2; exit 1; }
 INPUTS_HASH=$( (cd "$HERE" && sha256sum build.sh init imgtool.py packages.txt; echo "flavour: $FLAVOUR") |
               sha256sum | cut -d' ' -f1)
 
+# Checks without a scratch file in OUTDIR: concurrent runs (parallel tests)
+# check the same OUTDIR, and one would remove a shared file under another's
+# check and make it rebuild.
 outputs_up_to_date() {
-    local m=$OUT/manifest.txt
-    [ -f "$m" ] && [ -f "$OUT/Image" ] && [ -f "$OUT/initramfs.cpio" ] || return 1
+    local m=$OUT/manifest.txt sums
+    [ -f "$m" ] && [ -f "$OUT/Image" ] && [ -f "$OUT/initramfs.cpio" ] && [ -f "$OUT/perf.cpio" ] || return 1
     grep -qx "inputs-sha256: $INPUTS_HASH" "$m" || return 1
-    grep -E '^[0-9a-f]{64}  (Image|initramfs\.cpio)$' "$m" > "$OUT/.check.sha256" || return 1
-    [ "$(wc -l < "$OUT/.check.sha256")" -eq 2 ] || return 1
-    (cd "$OUT" && sha256sum --quiet -c .check.sha256 >/dev/null 2>&1)
+    sums=$(grep -E '^[0-9a-f]{64}  (Image|initramfs\.cpio|perf\.cpio)$' "$m") || return 1
+    [ "$(printf '%s\n' "$sums" | wc -l)" -eq 3 ] || return 1
+    (cd "$OUT" && printf '%s\n' "$sums" | sha256sum --quiet -c - >/dev/null 2>&1)
 }
 
 if [ "${GUEST_IMAGES_FORCE:-0}" != 1 ] && outputs_up_to_date; then
-    rm -f "$OUT/.check.sha256"
     log "$OUT is up to date (inputs $INPUTS_HASH); nothing to do"
     exit 0
 fi
-rm -f "$OUT/.check.sha256"
 
 # ------------------------------------------------------------- apt, isolated
 APTDIR=$CACHE/apt
@@ -232,6 +240,12 @@ for m in "${GUEST_MODULES[@]}"; do
         *) die "$m: $sym is not set in config-$KREL" ;;
     esac
 done
+# perf in the guest needs the arm64 PMUv3 driver (arch/arm64/kernel/perf_event.c,
+# built when HW_PERF_EVENTS=y), which in 6.1 can only be built in.
+for sym in CONFIG_PERF_EVENTS CONFIG_ARM_PMU CONFIG_HW_PERF_EVENTS; do
+    grep -qx "$sym=y" "$KCONFIG" || die "$sym is not =y in config-$KREL (perf needs the PMUv3 driver)"
+done
+log "PMUv3 driver: built in (CONFIG_HW_PERF_EVENTS=y)"
 mapfile -t MODS < <("${IMGTOOL[@]}" modorder "$KDIR" "${want[@]}")
 mkdir -p "$STAGE/etc"
 : > "$STAGE/etc/guest-modules"
@@ -242,11 +256,17 @@ done
 log "modules (load order): ${MODS[*]##*/}"
 
 # ------------------------------------------------- programs and libraries
-for p in "${GUEST_PROGRAMS[@]}"; do
+for p in "${GUEST_PROGRAMS[@]}" "${PERF_PROGRAMS[@]}"; do
     [ -f "$ROOT$p" ] || die "$p is not in the packages"
 done
 "${IMGTOOL[@]}" libclosure "$ROOT" "${GUEST_PROGRAMS[@]}" > "$WORK/files.txt"
 tar -C "$ROOT" --no-recursion -cf - -T "$WORK/files.txt" | tar -C "$STAGE" -xf -
+# perf.cpio holds only what the initramfs does not already have.
+PERF_STAGE=$WORK/perf-stage
+mkdir -p "$PERF_STAGE"
+"${IMGTOOL[@]}" libclosure "$ROOT" "${PERF_PROGRAMS[@]}" > "$WORK/perf-closure.txt"
+grep -vxF -f "$WORK/files.txt" "$WORK/perf-closure.txt" > "$WORK/perf-files.txt" || true
+tar -C "$ROOT" --no-recursion -cf - -T "$WORK/perf-files.txt" | tar -C "$PERF_STAGE" -xf -
 
 # ---------------------------------------------------- initramfs skeleton
 for d in bin sbin usr/bin usr/sbin lib etc proc sys dev tmp run root mnt var; do
@@ -262,6 +282,7 @@ install -m 0755 "$HERE/init" "$STAGE/init"
 cp "${kernels[0]}" "$OUT/Image.tmp"
 mv "$OUT/Image.tmp" "$OUT/Image"
 "${IMGTOOL[@]}" cpio "$STAGE" "$OUT/initramfs.cpio"
+"${IMGTOOL[@]}" cpio-overlay "$PERF_STAGE" "$OUT/perf.cpio"
 
 {
     echo "# Guest image manifest, written by guest-images/build.sh"
@@ -276,8 +297,9 @@ mv "$OUT/Image.tmp" "$OUT/Image"
     echo "# sizes in bytes"
     echo "size: Image $(stat -c %s "$OUT/Image")"
     echo "size: initramfs.cpio $(stat -c %s "$OUT/initramfs.cpio")"
+    echo "size: perf.cpio $(stat -c %s "$OUT/perf.cpio")"
     echo "# sha256 of the outputs (check with: sha256sum -c --ignore-missing manifest.txt)"
-    (cd "$OUT" && sha256sum Image initramfs.cpio)
+    (cd "$OUT" && sha256sum Image initramfs.cpio perf.cpio)
 } > "$OUT/manifest.txt.tmp"
 mv "$OUT/manifest.txt.tmp" "$OUT/manifest.txt"
 
@@ -285,4 +307,5 @@ if [ "${#FALLBACKS[@]}" -gt 0 ]; then
     for f in "${FALLBACKS[@]}"; do echo "WARNING: pin fell back: $f" >&2; done
 fi
 log "done: $OUT/Image ($(stat -c %s "$OUT/Image") bytes)," \
-    "$OUT/initramfs.cpio ($(stat -c %s "$OUT/initramfs.cpio") bytes)"
+    "$OUT/initramfs.cpio ($(stat -c %s "$OUT/initramfs.cpio") bytes)," \
+    "$OUT/perf.cpio ($(stat -c %s "$OUT/perf.cpio") bytes)"

@@ -15,6 +15,8 @@ Subcommands:
   cpio STAGING OUT            write STAGING as an uncompressed newc cpio with
                               sorted names, mtime 0, uid/gid 0, plus the device
                               node /dev/console (c 5,1), no root needed.
+  cpio-overlay STAGING OUT    the same without /dev and /dev/console: an
+                              archive to append to the initramfs.
 """
 
 import os
@@ -234,14 +236,16 @@ def cpio_header(name, ino, mode, nlink, size, rdevmajor=0, rdevminor=0):
     return hdr
 
 
-def write_cpio(staging, out):
+def write_cpio(staging, out, overlay=False):
+    """With overlay, the archive is one the kernel unpacks after the
+    initramfs (appended to it): it does not add /dev and /dev/console again."""
     entries = []
     for dirpath, dirs, files in os.walk(staging):
         for n in dirs + files:
             full = os.path.join(dirpath, n)
             entries.append(os.path.relpath(full, staging))
-    extra = {"dev/console": (stat.S_IFCHR | 0o600, 5, 1)}
-    names = sorted(set(entries) | set(extra) | {"dev"})
+    extra = {} if overlay else {"dev/console": (stat.S_IFCHR | 0o600, 5, 1)}
+    names = sorted(set(entries) | set(extra) | (set() if overlay else {"dev"}))
     ino = 0
     tmp = out + ".tmp"
     with open(tmp, "wb") as fh:
@@ -286,6 +290,8 @@ def main(argv):
         modorder(argv[2], argv[3:])
     elif len(argv) == 4 and argv[1] == "cpio":
         write_cpio(argv[2], argv[3])
+    elif len(argv) == 4 and argv[1] == "cpio-overlay":
+        write_cpio(argv[2], argv[3], overlay=True)
     else:
         sys.stderr.write(__doc__)
         return 2

@@ -242,3 +242,115 @@ fn cpio_entry(out: &mut Vec<u8>, ino: u32, name: &str, mode: u32, body: &[u8]) {
     out.extend_from_slice(body);
     out.resize(out.len().next_multiple_of(4), 0);
 }
+
+/// The guest image's initramfs with `perf.cpio` appended (Linux unpacks
+/// both archives): the initramfs for guests that run `perf`, written to
+/// target/xtask/initramfs-perf.cpio.
+pub fn perf_initrd() -> PathBuf {
+    static INITRD: OnceLock<PathBuf> = OnceLock::new();
+    INITRD
+        .get_or_init(|| {
+            let g = xtask::image::guest().expect("guest image");
+            let mut data = std::fs::read(&g.initrd).expect("reading the initramfs");
+            // build.sh pads each archive to 512 bytes, so the second starts
+            // aligned as the kernel's unpacker needs.
+            assert_eq!(data.len() % 4, 0);
+            data.extend(std::fs::read(&g.perf).expect("reading perf.cpio"));
+            let out = xtask::out_dir().join("initramfs-perf.cpio");
+            std::fs::create_dir_all(xtask::out_dir()).expect("creating target/xtask");
+            std::fs::write(&out, data).expect("writing the initramfs with perf");
+            out
+        })
+        .clone()
+}
+
+/// One event's result in `perf stat`'s default output.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PerfCount {
+    Counted(u64),
+    /// `<not supported>`: the kernel has no such event (no PMU, or the PMU
+    /// lacks it).
+    NotSupported,
+    /// `<not counted>`: the event exists but never got onto a counter.
+    NotCounted,
+}
+
+/// The result `perf stat` printed for `event` (e.g. `cycles`) in `console`:
+/// the line `   <count>      <event>   [# comment]` of its table, where the
+/// count is an integer (perf's thousands separators removed),
+/// `<not supported>` or `<not counted>`. `None` when no such line is there
+/// (perf did not get to print its table). Kernel messages may be
+/// interleaved; other lines are skipped. With several tables, the last one
+/// counts.
+pub fn perf_stat_count(console: &str, event: &str) -> Option<PerfCount> {
+    console.lines().rev().find_map(|line| {
+        // Only the table part: perf's `#` comment (ratios) may hold anything.
+        let line = line.split('#').next().unwrap_or("").trim();
+        let (value, name) = if let Some(rest) = line.strip_prefix("<not supported>") {
+            (Some(PerfCount::NotSupported), rest)
+        } else if let Some(rest) = line.strip_prefix("<not counted>") {
+            (Some(PerfCount::NotCounted), rest)
+        } else {
+            let (n, rest) = line.split_once(char::is_whitespace)?;
+            (n.replace(',', "").parse().ok().map(PerfCount::Counted), rest)
+        };
+        // The event's name is the next word; perf may add a PMU prefix
+        // (`armv8_pmuv3_0/cycles/`) or modifiers (`cycles:u`).
+        let name = name.split_whitespace().next()?;
+        let bare = name.trim_end_matches('/').rsplit('/').next()?.split(':').next()?;
+        if bare == event {
+            value
+        } else {
+            None
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Real consoles of `perf stat -e cycles,instructions dd if=/dev/zero
+    // of=/dev/null count=100000` in the guest image on bare QEMU 10.0
+    // (-cpu max), from `guest: init ready` to the exit line.
+    /// Without -icount: QEMU's PMU counts cycles, and instructions only
+    /// with precise icount. A kernel message sits before the table.
+    const BARE: &str = include_str!("testdata/perf-stat-bare-qemu.txt");
+    /// With -icount shift=0: both counted.
+    const BARE_ICOUNT: &str = include_str!("testdata/perf-stat-bare-qemu-icount.txt");
+    /// With -cpu max,pmu=off: the kernel has no PMU.
+    const BARE_NO_PMU: &str = include_str!("testdata/perf-stat-bare-qemu-pmu-off.txt");
+
+    #[test]
+    fn perf_stat_counts_of_real_bare_qemu_runs() {
+        assert_eq!(perf_stat_count(BARE, "cycles"), Some(PerfCount::Counted(3_280_457_626)));
+        assert_eq!(perf_stat_count(BARE, "instructions"), Some(PerfCount::NotSupported));
+        assert_eq!(perf_stat_count(BARE_ICOUNT, "cycles"), Some(PerfCount::Counted(204_920_482)));
+        assert_eq!(perf_stat_count(BARE_ICOUNT, "instructions"), Some(PerfCount::Counted(204_920_482)));
+        assert_eq!(perf_stat_count(BARE_NO_PMU, "cycles"), Some(PerfCount::NotSupported));
+        assert_eq!(perf_stat_count(BARE_NO_PMU, "instructions"), Some(PerfCount::NotSupported));
+    }
+
+    #[test]
+    fn perf_stat_count_takes_only_the_events_table_line() {
+        // Not an event line, though it has a number and the word: dd's
+        // output, the header, kernel messages.
+        for console in ["100000+0 records in", "[    9.614755] perf: interrupt took too long (3717 > 2500)"] {
+            assert_eq!(perf_stat_count(console, "records"), None);
+            assert_eq!(perf_stat_count(console, "perf:"), None);
+        }
+        assert_eq!(perf_stat_count(BARE, "branches"), None);
+        assert_eq!(perf_stat_count("", "cycles"), None);
+        // perf stopped before its table (e.g. an error message).
+        assert_eq!(perf_stat_count("Error:\nThe sys_perf_event_open() syscall returned with 2", "cycles"), None);
+        // Other forms perf prints.
+        assert_eq!(perf_stat_count("  1,234,567      cycles:u", "cycles"), Some(PerfCount::Counted(1_234_567)));
+        assert_eq!(
+            perf_stat_count("  42      armv8_pmuv3_0/instructions/   # 0.5 insn per cycle", "instructions"),
+            Some(PerfCount::Counted(42))
+        );
+        assert_eq!(perf_stat_count("   <not counted>      cycles", "cycles"), Some(PerfCount::NotCounted));
+        // Another event's line.
+        assert_eq!(perf_stat_count("  42      instructions", "cycles"), None);
+    }
+}

@@ -9,6 +9,10 @@ use std::process::Command;
 pub struct GuestImage {
     pub kernel: PathBuf,
     pub initrd: PathBuf,
+    /// `perf` and the libraries it needs beyond the initramfs's, as a cpio
+    /// archive to append to `initrd` (Linux unpacks both): kept out of the
+    /// initramfs, which must still fit between the kernel and QEMU's DTB.
+    pub perf: PathBuf,
 }
 
 /// Debian's arm64 kernel flavour the guest image is built with
@@ -60,5 +64,5 @@ pub fn guest_flavour(flavour: Flavour) -> Result<GuestImage> {
     if !st.success() {
         return Err(format!("guest-images/build.sh ({} kernel) failed", flavour.as_str()));
     }
-    Ok(GuestImage { kernel: out.join("Image"), initrd: out.join("initramfs.cpio") })
+    Ok(GuestImage { kernel: out.join("Image"), initrd: out.join("initramfs.cpio"), perf: out.join("perf.cpio") })
 }

@@ -1,0 +1,115 @@
+//! `perf stat` in the guest counts with the PMU: on bare QEMU (the guest
+//! image and the parser against QEMU's own PMU) and in Dom0 through the
+//! vPMU, which the boot option `vpmu=off` turns off.
+
+use integration_tests::*;
+
+/// Enough work to count: 100000 read/write syscall pairs.
+const PERF_CMD: &str = "perf stat -e cycles,instructions dd if=/dev/zero of=/dev/null count=100000";
+/// dd's blocks: at least one instruction each.
+const BLOCKS: u64 = 100_000;
+
+/// What a failure shows: the kernel's PMU messages and the guest command's
+/// output (the console's tail is the hypervisor's statistics).
+fn perf_context(console: &str) -> String {
+    let pmu = console.lines().filter(|l| {
+        let l = l.to_ascii_lowercase();
+        l.contains("perfevents") || l.contains("pmu")
+    });
+    let output =
+        console.lines().skip_while(|l| !l.contains("guest: init ready")).take_while(|l| !l.contains("@@GUEST-EXIT"));
+    pmu.chain(output).collect::<Vec<_>>().join("\n")
+}
+
+/// An event's count, when `perf stat` counted it; panics otherwise.
+#[track_caller]
+fn counted(r: &RunResult, event: &str) -> u64 {
+    match perf_stat_count(&r.console, event) {
+        Some(PerfCount::Counted(n)) => n,
+        other => panic!("perf stat's {event}: {other:?}; console:\n{}", perf_context(&r.console)),
+    }
+}
+
+/// `perf stat` counted both events, with a plausible number of
+/// instructions, and exited 0.
+#[track_caller]
+fn assert_cycles_and_instructions_counted(r: &RunResult) {
+    assert_eq!(r.hv_fatal, None, "{}", tail(&r.console, 40));
+    assert_eq!(r.guest_exit, Some(0), "{}", perf_context(&r.console));
+    let cycles = counted(r, "cycles");
+    let instructions = counted(r, "instructions");
+    assert!(cycles > 0, "cycles: {cycles}");
+    assert!(instructions >= BLOCKS, "instructions: {instructions}");
+}
+
+#[test]
+fn perf_stat_counts_cycles_and_instructions_on_bare_qemu() {
+    // QEMU's PMU counts instructions only with precise icount (without it
+    // perf prints `<not supported>` for them).
+    let g = xtask::image::guest().expect("guest image");
+    let o = RunOptions {
+        bare: true,
+        kernel: Some(g.kernel),
+        append: Some(format!(
+            "{} guestcmd={}",
+            xtask::qemu::DEFAULT_GUEST_ARGS,
+            xtask::qemu::base64(PERF_CMD.as_bytes())
+        )),
+        extra: vec!["-initrd".into(), perf_initrd().display().to_string()],
+        icount: true,
+        echo: false,
+        timeout: std::time::Duration::from_secs(300),
+        ..Default::default()
+    };
+    let r = run(&o);
+    assert!(
+        r.console.contains("hw perfevents: enabled with armv8_pmuv3"),
+        "the kernel did not enable its PMU driver:\n{}",
+        perf_context(&r.console)
+    );
+    assert_cycles_and_instructions_counted(&r);
+}
+
+#[test]
+#[ignore = "needs the vPMU"]
+fn perf_stat_counts_cycles_and_instructions_in_dom0() {
+    // The vPMU is on by default. -icount shift=0 because QEMU's PMU, under
+    // the guest's counters, counts instructions only with precise icount.
+    let r = run_cmd(PERF_CMD, |o| {
+        o.initrd = Some(perf_initrd());
+        o.icount = true;
+    });
+    assert!(
+        r.console.contains("hw perfevents: enabled with armv8_pmuv3"),
+        "the kernel did not enable its PMU driver:\n{}",
+        perf_context(&r.console)
+    );
+    assert_cycles_and_instructions_counted(&r);
+}
+
+#[test]
+#[ignore = "needs the vPMU"]
+fn perf_stat_with_vpmu_off_reports_the_events_unsupported() {
+    let r = run_cmd(PERF_CMD, |o| {
+        o.initrd = Some(perf_initrd());
+        o.icount = true;
+        o.hv_args = "vpmu=off".into();
+    });
+    assert_eq!(r.hv_fatal, None, "{}", tail(&r.console, 40));
+    // Linux found no PMU it could use, and touching the PMU did not crash
+    // it: the command ran to its end.
+    assert!(!r.console.contains("hw perfevents: enabled"), "the kernel found a PMU:\n{}", perf_context(&r.console));
+    for bad in ["Internal error:", "Oops", "Kernel panic", "Unable to handle kernel"] {
+        assert!(!r.console.contains(bad), "{bad:?} in the console:\n{}", tail(&r.console, 60));
+    }
+    let status = r.guest_exit.unwrap_or_else(|| panic!("no exit status; console tail:\n{}", tail(&r.console, 40)));
+    // Either perf prints its table with neither event counted, or it
+    // refuses with an error and a non-zero status (no table).
+    for event in ["cycles", "instructions"] {
+        match perf_stat_count(&r.console, event) {
+            Some(PerfCount::NotSupported | PerfCount::NotCounted) => {}
+            None if status != 0 => {}
+            other => panic!("{event} with vpmu=off: {other:?} (perf status {status}):\n{}", perf_context(&r.console)),
+        }
+    }
+}
