@@ -71,24 +71,43 @@ fn perf_stat_counts_cycles_and_instructions_on_bare_qemu() {
 }
 
 #[test]
-#[ignore = "needs the vPMU"]
 fn perf_stat_counts_cycles_and_instructions_in_dom0() {
-    // The vPMU is on by default. -icount shift=0 because QEMU's PMU, under
-    // the guest's counters, counts instructions only with precise icount.
-    let r = run_cmd(PERF_CMD, |o| {
+    // The vPMU is on by default: each vCPU's PMU registers load on its
+    // first PMU access (Linux's probe and its early PMUSERENR write among
+    // them), and perf then counts on the real PMU. Debug registers trap
+    // until a vCPU uses its breakpoints: Linux resets its breakpoints,
+    // MDSCR and OS lock on every CPU at boot, and none of that may fault.
+    // Two vCPUs on one pCPU, so the PMU state is switched between them.
+    // -icount shift=0 because QEMU's PMU, under the guest's counters,
+    // counts instructions only with precise icount.
+    let cmd = format!(
+        r#"echo pmus=$(ls /sys/bus/event_source/devices | grep -c armv8); dmesg | grep hw-breakpoint; echo cpus=$(nproc); {PERF_CMD}; echo oopses=$(dmesg | grep -ciE "oops|undefined instruction|internal error|call trace")"#
+    );
+    let r = run_cmd(&cmd, |o| {
         o.initrd = Some(perf_initrd());
         o.icount = true;
+        o.pcpus = 1;
+        o.vcpus = 2;
     });
     assert!(
         r.console.contains("hw perfevents: enabled with armv8_pmuv3"),
         "the kernel did not enable its PMU driver:\n{}",
         perf_context(&r.console)
     );
+    assert_console(&r, "pmus=1");
+    assert_console(&r, "oopses=0");
+    assert_console(&r, "hw-breakpoint: found");
+    assert_console(&r, "cpus=2");
     assert_cycles_and_instructions_counted(&r);
+    for v in 0..2 {
+        assert_eq!(stat(&r.console, v, "undef_injected"), Some(0), "vcpu{v} took an UNDEF");
+        assert!(stat(&r.console, v, "debug_emulated").unwrap_or(0) > 0, "vcpu{v}: debug registers did not trap");
+        assert!(stat(&r.console, v, "pmu_loads").unwrap_or(0) > 0, "vcpu{v}: its PMU was never loaded");
+    }
+    assert!(stat_line(&r.console, "irq.pmu").is_some(), "the PMU's PPI has no route");
 }
 
 #[test]
-#[ignore = "needs the vPMU"]
 fn perf_stat_with_vpmu_off_reports_the_events_unsupported() {
     let r = run_cmd(PERF_CMD, |o| {
         o.initrd = Some(perf_initrd());
