@@ -610,6 +610,11 @@ mod tests {
             command_line(Path::new("hv.bin"), Path::new("/nonexistent/Image"), Some(&"initrd".into()), &o).join(" ");
         assert!(s.contains("guest-loader,addr=0x42000000,kernel=/nonexistent/Image"), "{s}");
         assert!(s.contains("guest-loader,addr=0x47000000,initrd=initrd"), "{s}");
+        // A raw Dom0 kernel: its load address becomes a hypervisor option.
+        let o = RunOptions { kernel_load_addr: Some(0x6000_0000), ..o };
+        let s =
+            command_line(Path::new("hv.bin"), Path::new("/nonexistent/Image"), Some(&"initrd".into()), &o).join(" ");
+        assert!(s.contains("dom0_mem=1024M dom0_max_vcpus=1 dom0_kernel_load_addr=0x60000000"), "{s}");
     }
 
     fn result(console: &str, guest_exit: Option<i32>) -> RunResult {

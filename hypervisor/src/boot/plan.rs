@@ -453,8 +453,9 @@ fn check_inputs(i: &Inputs<'_>) -> Result<Checked, LayoutError> {
 }
 
 /// Checks the inputs without placing anything (`kernel.image_size` is not
-/// looked at): no range wraps, the modules lie in RAM, nothing kept
-/// overlaps. Once this passes the EL2 code may read the kernel's header.
+/// looked at; a fixed-address kernel's ranges are, when given): no range
+/// wraps, the modules lie in RAM, nothing kept overlaps. Once this passes
+/// the EL2 code may read the kernel module.
 pub fn check(i: &Inputs<'_>) -> Result<(), LayoutError> {
     check_inputs(i).map(|_| ())
 }

@@ -724,10 +724,7 @@ fn kernel_format_is_chosen_by_load_address_then_magic() {
         Ok(true)
     );
     assert_eq!(read_kernel(&h, Some(0x6000_0800)), Err(KernelError::RawUnaligned { addr: 0x6000_0800 }));
-    assert_eq!(
-        read_kernel(&h, Some(!0xfff_u64)),
-        Err(KernelError::RawWraps { addr: !0xfff_u64, size: 4096 })
-    );
+    assert_eq!(read_kernel(&h, Some(!0xfff_u64)), Err(KernelError::RawWraps { addr: !0xfff_u64, size: 4096 }));
 }
 
 /// [`inputs`] with a fixed-address kernel instead of the Image.
@@ -833,4 +830,23 @@ fn place_modules_puts_the_dtb_and_initrd_around_the_kernel() {
     assert_eq!(place_modules(ram, &[r(0x4000_0000, 60 * MIB)], Some(3 * MIB)), None);
     assert_eq!(place_modules(ram, &[r(0x4000_0000, 64 * MIB)], None), None);
     assert_eq!(place_modules(ram, &[r(0x4000_0000, 62 * MIB)], None), Some((None, r(0x43e0_0000, 2 * MIB))));
+}
+
+#[test]
+fn without_dom0_mem_a_fixed_address_kernels_range_shares_room_with_the_ram_disk() {
+    let load = fixed(&[(0x6000_0000, 0x1000)], 0x6000_0000);
+    // The disk fits below the kernel module: Dom0 gets the whole range.
+    let i = Inputs { dom0_mem: None, ram_disk: 64 * MIB, ..fixed_inputs(&load) };
+    let p = plan(&i).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(p.guest_ram, r(0x5020_0000, 0xa000_0000 - 0x5020_0000));
+    assert_eq!(p.ram_disk, Some(r(0x4c00_0000, 64 * MIB)));
+    // It fits nowhere else: it comes off the top of Dom0's range.
+    let i = Inputs { dom0_mem: None, ram_disk: 128 * MIB, ..fixed_inputs(&load) };
+    let p = plan(&i).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(p.guest_ram, r(0x5020_0000, 0x9800_0000 - 0x5020_0000));
+    assert_eq!(p.ram_disk, Some(r(0x9800_0000, 128 * MIB)));
+    // Not even there, past the kernel: no room.
+    let top = fixed(&[(0x9ff0_0000, 0x1000)], 0x9ff0_0000);
+    let i = Inputs { dom0_mem: None, ram_disk: 128 * MIB, ..fixed_inputs(&top) };
+    assert!(matches!(plan(&i).unwrap_err(), LayoutError::NoRoom { what: "RAM disk (dom0_disk_size)", .. }));
 }
