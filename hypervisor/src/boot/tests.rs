@@ -850,3 +850,37 @@ fn without_dom0_mem_a_fixed_address_kernels_range_shares_room_with_the_ram_disk(
     let i = Inputs { dom0_mem: None, ram_disk: 128 * MIB, ..fixed_inputs(&top) };
     assert!(matches!(plan(&i).unwrap_err(), LayoutError::NoRoom { what: "RAM disk (dom0_disk_size)", .. }));
 }
+
+/// Corrupted and truncated ELF files never make the parser read outside
+/// the file or panic, and whatever it accepts keeps its contract: pieces
+/// inside the file, no two overlapping, the entry inside an executable one.
+#[test]
+fn corrupted_elf_files_are_refused_or_loadable() {
+    let good = good_elf();
+    let mut rng = Rng(0x0e1f_0e1f_5eed_0001);
+    let (mut ok, mut refused) = (0, 0);
+    for _ in 0..20_000 {
+        let mut f = good.clone();
+        // Corrupt a few bytes of the headers (where the parser looks).
+        for _ in 0..1 + rng.below(4) {
+            let at = rng.index(64 + 56 * 3);
+            f[at] = rng.next() as u8;
+        }
+        if rng.below(4) == 0 {
+            f.truncate(rng.index(f.len() + 1));
+        }
+        match read_kernel(&f, None) {
+            Ok(KernelLoad::Fixed(l)) => {
+                ok += 1;
+                for (n, p) in l.pieces.iter().enumerate() {
+                    assert!(p.offset + p.size <= f.len() as u64 && p.size <= p.at.size);
+                    assert!(l.pieces[n + 1..].iter().all(|q| disjoint(p.at, q.at)));
+                }
+                assert!(l.pieces.iter().any(|p| p.at.base <= l.entry && l.entry < end(p.at)));
+            }
+            Ok(KernelLoad::Image { .. }) => panic!("an ELF read as an Image"),
+            Err(_) => refused += 1,
+        }
+    }
+    assert!(ok > 100 && refused > 1000, "ok {ok}, refused {refused}");
+}
