@@ -1,11 +1,13 @@
 //! The conformance guest (tests/conformance): the same EL1 kernel checked
 //! on bare QEMU, as Dom0 under the hypervisor on GICv3 and GICv4 with 1 and
-//! 2 pCPUs, and as a DomU. Every check must pass, except those named in
+//! 2 pCPUs, and as a DomU; and in the other kernel formats the hypervisor
+//! boots (`boot::image`): as a raw binary at a load address (Dom0), as an
+//! ELF linked at a fixed address (a DomU, with Dom0 an ELF too). Every check must pass, except those named in
 //! [`KNOWN_FAILING`] under the hypervisor, which must still fail (fixing one
 //! means removing it from the list).
 
 use integration_tests::*;
-use xtask::conformance::{checks, summary, Placement, Verdict};
+use xtask::conformance::{checks, summary, KernelFormat, Placement, Verdict};
 
 /// Checks the hypervisor fails today, with why: none.
 const KNOWN_FAILING: &[&str] = &[];
@@ -98,7 +100,12 @@ fn assert_checks(r: &RunResult, prefix: &str, failing: &[&str], skipped: &[&str]
 /// the vITS); the console is echoed with `CONFORMANCE_ECHO=1` (and
 /// `--nocapture`). Asserts it powered the machine off.
 fn run_guest(at: Placement, gic: u8, pcpus: u32) -> RunResult {
-    let mut o = xtask::conformance::options(at, gic, pcpus).expect("building the conformance guest");
+    run_guest_as(at, gic, pcpus, KernelFormat::Image)
+}
+
+/// [`run_guest`] with the kernel handed over as `format`.
+fn run_guest_as(at: Placement, gic: u8, pcpus: u32, format: KernelFormat) -> RunResult {
+    let mut o = xtask::conformance::options(at, gic, pcpus, format).expect("building the conformance guest");
     o.echo = std::env::var_os("CONFORMANCE_ECHO").is_some();
     let r = run(&o);
     assert!(r.hv_fatal.is_none(), "{:?}", r.hv_fatal);
@@ -140,6 +147,28 @@ fn dom0_gicv4_two_pcpus() {
 fn domu_passes_its_checks() {
     let r = run_guest(Placement::Domu, 3, 2);
     assert!(checks(&r.console, "").is_empty(), "Dom0 ran checks");
+    let its: Vec<&str> = CHECKS.iter().copied().filter(|c| c.starts_with("its-")).collect();
+    assert_checks(&r, "(d1) ", KNOWN_FAILING, &its);
+}
+
+/// The flat image as a raw binary that the hypervisor copies to
+/// `dom0_kernel_load_addr=` and enters there: every check as for the Image.
+#[test]
+fn dom0_raw_binary_at_a_load_address() {
+    let r = run_guest_as(Placement::Dom0, 3, 1, KernelFormat::Raw);
+    assert!(r.console.contains("dom0: 2 vCPU(s)"), "no Dom0 line; tail:\n{}", tail(&r.console, 40));
+    assert!(r.console.contains(&format!("kernel entry {:#x}", xtask::conformance::DOM0_LOAD_ADDR)));
+    assert_checks(&r, "", KNOWN_FAILING, &[]);
+}
+
+/// ELF executables linked at fixed addresses, loaded by their program
+/// headers: the DomU's passes its checks, Dom0's (without checks) finishes.
+#[test]
+fn domu_and_dom0_elf_kernels() {
+    let r = run_guest_as(Placement::Domu, 3, 2, KernelFormat::Elf);
+    assert!(r.console.contains(&format!("kernel entry {:#x}", xtask::conformance::DOM0_LOAD_ADDR)), "Dom0's entry");
+    assert!(r.console.contains(&format!("kernel entry {:#x}", xtask::conformance::DOMU_LOAD_ADDR)), "the DomU's entry");
+    assert!(r.console.lines().any(|l| l.starts_with("conformance: no checks")), "Dom0's closing line");
     let its: Vec<&str> = CHECKS.iter().copied().filter(|c| c.starts_with("its-")).collect();
     assert_checks(&r, "(d1) ", KNOWN_FAILING, &its);
 }

@@ -64,6 +64,11 @@ pub struct Config {
     pub disk: DiskMode,
     /// RAM disk size (`dom0_disk_size=`, default 128M).
     pub disk_size: u64,
+    /// Dom0's kernel is a raw binary loaded at this (4 KiB-aligned,
+    /// host-physical) address and entered there (`dom0_kernel_load_addr=`,
+    /// hex with `0x` or decimal); `None`: an arm64 Image or ELF file
+    /// (`boot::image`).
+    pub dom0_kernel_load_addr: Option<u64>,
     /// Heap the hypervisor may allocate at run time on Dom0's behalf
     /// (`dom0_heap_quota=`, 1M to 1G; default
     /// [`crate::quota::DEFAULT_DOM0_HEAP_QUOTA`]).
@@ -131,6 +136,7 @@ impl Default for Config {
             disk: DiskMode::Passthrough,
             disk_size: 128 << 20,
             dom0_heap_quota: crate::quota::DEFAULT_DOM0_HEAP_QUOTA,
+            dom0_kernel_load_addr: None,
             disk_latency_us: 0,
             timer_slop_ns: 0,
             gic_vlpi: true,
@@ -184,6 +190,15 @@ pub fn parse_size(s: &str) -> Option<u64> {
     num.parse::<u64>().ok()?.checked_mul(mul)
 }
 
+/// Parses an address: hex with `0x` or decimal. (Alignment and whether it
+/// lies in RAM are the boot plan's to check.)
+pub fn parse_addr(s: &str) -> Option<u64> {
+    match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(h) => u64::from_str_radix(&h.replace('_', ""), 16).ok(),
+        None => s.parse().ok(),
+    }
+}
+
 impl Config {
     pub fn parse(args: &str) -> Result<Self, ConfigError> {
         let mut c = Config::default();
@@ -212,6 +227,7 @@ impl Config {
                     c.dom0_heap_quota =
                         parse_size(v).filter(|q| crate::quota::QUOTA_RANGE.contains(q)).ok_or_else(bad)?
                 }
+                "dom0_kernel_load_addr" => c.dom0_kernel_load_addr = Some(parse_addr(v).ok_or_else(bad)?),
                 "dom0_cap" => c.dom0_cap = Some(v.parse().ok().filter(|&n: &u32| n >= 1).ok_or_else(bad)?),
                 "dom0_vcpus_pin" => c.dom0_vcpus_pin = matches!(v, "" | "1" | "true" | "on"),
                 "dom0_disk" => {
@@ -294,6 +310,11 @@ mod tests {
         assert_eq!(c.loglvl, log::LevelFilter::Debug);
         assert!(c.raw.iter().any(|(k, v)| k == "sched_ratelimit_us" && v == "0"));
         assert!(Config::parse("dom0_mem=12").is_err());
+        let c = Config::parse("dom0_kernel_load_addr=0x6000_0000").unwrap();
+        assert_eq!(c.dom0_kernel_load_addr, Some(0x6000_0000));
+        assert_eq!(Config::parse("dom0_kernel_load_addr=4096").unwrap().dom0_kernel_load_addr, Some(4096));
+        assert!(Config::parse("dom0_kernel_load_addr=0xzz").is_err());
+        assert!(Config::parse("dom0_kernel_load_addr=").is_err());
         assert!(Config::parse("dom0_max_vcpus=0").is_err());
         assert!(Config::parse("dom0_weight=0").is_err());
         let p = Config::parse("dom0_vcpus_pin dom0_weight=512").unwrap();

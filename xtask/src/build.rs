@@ -60,6 +60,39 @@ pub fn conformance() -> Result<PathBuf> {
     Ok(bin)
 }
 
+/// Builds the conformance guest linked as a fixed-address executable at
+/// `base` (ET_EXEC, not PIE: `tests/conformance/build.rs` with
+/// `CONFORMANCE_LINK_BASE`) and returns the ELF's path: the kernel the
+/// hypervisor loads by its program headers. Built in its own target
+/// directory per base, so the Image build is not relinked. Checked with the
+/// hypervisor's own reader (`boot::image::read_kernel`): loaded from
+/// `base`, entered there.
+pub fn conformance_elf(base: u64) -> Result<PathBuf> {
+    crate::setup::ensure_target()?;
+    let target_dir = root().join("target").join(format!("hv-conformance-{base:x}"));
+    let st = Command::new(env!("CARGO"))
+        .current_dir(root())
+        .env("CARGO_TARGET_DIR", &target_dir)
+        .env("CONFORMANCE_LINK_BASE", format!("{base:#x}"))
+        .args(["build", "--quiet", "--release", "-p", "conformance", "--target", crate::setup::TARGET])
+        .status()
+        .map_err(|e| format!("cargo: {e}"))?;
+    if !st.success() {
+        return Err("building the fixed-address conformance guest failed".into());
+    }
+    let elf = target_dir.join(crate::setup::TARGET).join("release").join("conformance");
+    let data = std::fs::read(&elf).map_err(|e| format!("{}: {e}", elf.display()))?;
+    match hypervisor::boot::image::read_kernel(&data, None) {
+        Ok(hypervisor::boot::image::KernelLoad::Fixed(f))
+            if f.entry == base && f.pieces.iter().all(|p| p.at.base >= base) => {}
+        other => return Err(format!("{}: not an ELF kernel at {base:#x}: {other:x?}", elf.display())),
+    }
+    let out = crate::out_dir().join(format!("conformance-{base:x}.elf"));
+    std::fs::create_dir_all(crate::out_dir()).map_err(|e| e.to_string())?;
+    std::fs::copy(&elf, &out).map_err(|e| e.to_string())?;
+    Ok(out)
+}
+
 /// Lays out the ELF's PT_LOAD segments (file contents only; BSS is zeroed
 /// by the entry code) as one flat image starting at the lowest address.
 /// The image relocates itself with its .rela.dyn (entry.rs), which handles

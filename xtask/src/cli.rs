@@ -53,7 +53,7 @@ pub enum Command {
     Clean(CleanArgs),
 }
 
-/// `cargo xtask conformance [--at bare|dom0|domu] [--gic 3|4] [--pcpus N]`
+/// `cargo xtask conformance [--at bare|dom0|domu] [--gic 3|4] [--pcpus N] [--kernel-format image|elf|raw]`
 #[derive(Clone, Debug, Args)]
 pub struct ConformanceArgs {
     /// Where the guest runs: bare (QEMU at EL1, no hypervisor), dom0 (with the vITS), domu (beside a Dom0)
@@ -65,6 +65,9 @@ pub struct ConformanceArgs {
     /// Physical CPUs (under the hypervisor the guest has 2 vCPUs; on bare QEMU these are its CPUs)
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub pcpus: u32,
+    /// How the guest kernel is handed to the hypervisor: image (arm64 Image), elf (an ELF linked at a fixed address), raw (a raw binary at a load address)
+    #[arg(long, value_enum, default_value = "image")]
+    pub kernel_format: crate::conformance::KernelFormat,
 }
 
 /// `cargo xtask clean [--caches]`
@@ -198,6 +201,9 @@ pub struct RunArgs {
     /// Where QEMU's guest-loader puts the initrd [default: after the kernel]
     #[arg(long, value_name = "ADDR", value_parser = parse_addr)]
     pub initrd_addr: Option<u64>,
+    /// Dom0's kernel is a raw binary: the hypervisor copies it to ADDR (4 KiB aligned, in RAM) and enters it there (`dom0_kernel_load_addr=`) [default: an arm64 Image or ELF file]
+    #[arg(long, value_name = "ADDR", value_parser = parse_addr)]
+    pub kernel_load_addr: Option<u64>,
     /// Where QEMU loads the hypervisor, on a 2 MiB boundary [default: 0x40200000]
     #[arg(long, value_name = "ADDR", value_parser = parse_addr)]
     pub hv_addr: Option<u64>,
@@ -335,9 +341,10 @@ impl RunArgs {
                 || self.gic != 3
                 || self.kernel_addr.is_some()
                 || self.initrd_addr.is_some()
+                || self.kernel_load_addr.is_some()
                 || self.firmware.is_some())
         {
-            return Err("--cmd, --icount, --gic, --kernel-addr, --initrd-addr and --firmware are QEMU options (FVP: \
+            return Err("--cmd, --icount, --gic, --kernel-addr, --initrd-addr, --kernel-load-addr and --firmware are QEMU options (FVP: \
                         GICv4.1, modules at fixed addresses, your TF-A build with --tf-a)"
                 .into());
         }
@@ -368,6 +375,7 @@ impl RunArgs {
             append: self.append.clone(),
             kernel_addr: self.kernel_addr,
             initrd_addr: self.initrd_addr,
+            kernel_load_addr: self.kernel_load_addr,
             icount: self.icount,
             firmware: self.firmware,
             hv_boot: HvBoot { addr: self.hv_addr, entry: self.hv_entry },
@@ -380,6 +388,8 @@ impl RunArgs {
                 weights: self.domu_weight.clone(),
                 caps: self.domu_cap.clone(),
                 append: None,
+                kernel: None,
+                kernel_load_addr: None,
             }),
             ..Default::default()
         };

@@ -20,6 +20,29 @@ pub enum Placement {
     Domu,
 }
 
+/// How the guest's kernel is handed to the hypervisor (`--kernel-format`).
+/// In a DomU run, Dom0 (which runs the same guest without checks) gets the
+/// same format, at its own address.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum KernelFormat {
+    /// The arm64 Image (relocatable, placed by the hypervisor).
+    #[default]
+    Image,
+    /// An ELF executable linked at a fixed address ([`crate::build::conformance_elf`]):
+    /// [`DOM0_LOAD_ADDR`] for Dom0, [`DOMU_LOAD_ADDR`] for the DomU.
+    Elf,
+    /// The flat image as a raw binary at a load address (`dom0_kernel_load_addr=`,
+    /// `hv,kernel-load-addr`): the same two addresses.
+    Raw,
+}
+
+/// Where a fixed-address Dom0 kernel goes: the base of the RAM the
+/// hypervisor gives Dom0 on these runs (QEMU's 512 MiB low reserve, then
+/// `dom0_mem=256M`), so Dom0's RAM stays where it is for the Image.
+pub const DOM0_LOAD_ADDR: u64 = 0x6000_0000;
+/// Where a fixed-address DomU kernel goes: the base of its RAM.
+pub const DOMU_LOAD_ADDR: u64 = hypervisor::domain::layout::DOMU_RAM_BASE;
+
 /// The console prefix of the guest's lines.
 pub fn prefix(at: Placement) -> &'static str {
     match at {
@@ -29,10 +52,20 @@ pub fn prefix(at: Placement) -> &'static str {
 }
 
 /// The run: 2 vCPUs (the SGI broadcast, CPU_OFF and second-CPU checks need
-/// them), 256 MiB, `gic`, `pcpus`.
-pub fn options(at: Placement, gic: u8, pcpus: u32) -> Result<RunOptions> {
+/// them), 256 MiB, `gic`, `pcpus`, the kernel as `format` (an Image on
+/// bare QEMU).
+pub fn options(at: Placement, gic: u8, pcpus: u32, format: KernelFormat) -> Result<RunOptions> {
+    if at == Placement::Bare && format != KernelFormat::Image {
+        return Err("--kernel-format elf|raw needs the hypervisor: not with --at bare".into());
+    }
+    let dom0_kernel = match format {
+        KernelFormat::Elf => crate::build::conformance_elf(DOM0_LOAD_ADDR)?,
+        KernelFormat::Image | KernelFormat::Raw => crate::build::conformance()?,
+    };
+    let raw = format == KernelFormat::Raw;
     let mut o = RunOptions {
-        kernel: Some(crate::build::conformance()?),
+        kernel: Some(dom0_kernel),
+        kernel_load_addr: raw.then_some(DOM0_LOAD_ADDR),
         gic,
         pcpus,
         vcpus: 2,
@@ -54,7 +87,18 @@ pub fn options(at: Placement, gic: u8, pcpus: u32) -> Result<RunOptions> {
         }
         Placement::Domu => {
             o.append = Some("conformance.skip_checks conformance.linger_ms=6000".into());
-            o.domus = Some(crate::domu::DomuOptions { count: 1, vcpus: 2, mem_mb: 64, ..Default::default() });
+            let kernel = match format {
+                KernelFormat::Elf => Some(crate::build::conformance_elf(DOMU_LOAD_ADDR)?),
+                KernelFormat::Image | KernelFormat::Raw => None,
+            };
+            o.domus = Some(crate::domu::DomuOptions {
+                count: 1,
+                vcpus: 2,
+                mem_mb: 64,
+                kernel,
+                kernel_load_addr: raw.then_some(DOMU_LOAD_ADDR),
+                ..Default::default()
+            });
         }
     }
     Ok(o)
@@ -105,8 +149,8 @@ pub fn summary(console: &str, prefix: &str) -> Option<(u32, u32, u32)> {
 
 /// `cargo xtask conformance`: runs the guest with its console on this
 /// terminal; 0 when it finished with no check failed.
-pub fn run(at: Placement, gic: u8, pcpus: u32) -> Result<i32> {
-    let o = options(at, gic, pcpus)?;
+pub fn run(at: Placement, gic: u8, pcpus: u32, format: KernelFormat) -> Result<i32> {
+    let o = options(at, gic, pcpus, format)?;
     let r = crate::qemu::run(&o)?;
     if r.timed_out {
         return Err("QEMU timed out".into());

@@ -45,11 +45,26 @@ pub struct DomuOptions {
     pub caps: Vec<u32>,
     /// Extra kernel arguments for every DomU (tests).
     pub append: Option<String>,
+    /// The DomUs' own kernel file instead of Dom0's (tests: another format).
+    pub kernel: Option<std::path::PathBuf>,
+    /// `hv,kernel-load-addr`: the DomUs' kernel is a raw binary loaded (and
+    /// entered) at this guest-physical address.
+    pub kernel_load_addr: Option<u64>,
 }
 
 impl Default for DomuOptions {
     fn default() -> Self {
-        DomuOptions { count: 1, cmd: None, mem_mb: 256, vcpus: 1, weights: Vec::new(), caps: Vec::new(), append: None }
+        DomuOptions {
+            count: 1,
+            cmd: None,
+            mem_mb: 256,
+            vcpus: 1,
+            weights: Vec::new(),
+            caps: Vec::new(),
+            append: None,
+            kernel: None,
+            kernel_load_addr: None,
+        }
     }
 }
 
@@ -89,6 +104,8 @@ pub struct DomuNode {
     pub kernel: (u64, u64),
     pub ramdisk: Option<(u64, u64)>,
     pub bootargs: String,
+    /// `hv,kernel-load-addr` (absent when `None`).
+    pub kernel_load_addr: Option<u64>,
 }
 
 /// Where a run with DomUs puts things.
@@ -139,6 +156,7 @@ pub fn layout(
             kernel: (kernel_at, kernel.1),
             ramdisk: initrd.map(|i| (initrd_at, i.1)),
             bootargs: bootargs.clone(),
+            kernel_load_addr: o.kernel_load_addr,
         })
         .collect();
     let loader = |file: &Path, at: u64| {
@@ -225,6 +243,9 @@ fn write_domus(w: &mut vm_fdt::FdtWriter, domus: &[DomuNode]) -> Result<()> {
         }
         if let Some(v) = d.cap {
             w.property_u32("hv,sched-cap", v).map_err(e)?;
+        }
+        if let Some(a) = d.kernel_load_addr {
+            w.property_u64("hv,kernel-load-addr", a).map_err(e)?;
         }
         let modules = [Some(("multiboot,kernel", d.kernel)), d.ramdisk.map(|r| ("multiboot,ramdisk", r))];
         for (kind, (base, size)) in modules.into_iter().flatten() {
@@ -322,6 +343,12 @@ mod tests {
         let before = discover(QEMU_DTB).unwrap();
         let after = discover(&dtb).unwrap();
         assert_eq!(after.domus, d);
+        assert!(d.iter().all(|d| d.kernel_load_addr.is_none()));
+        // A raw DomU kernel: hv,kernel-load-addr reaches the parser.
+        let o = DomuOptions { kernel_load_addr: Some(0x4000_0000), ..Default::default() };
+        let l = layout(&o, 0x4000_0000, 1536, (Path::new("/g/conformance.bin"), 80_000), None);
+        let d = dom0less::parse(&add_domus(QEMU_DTB, &l.nodes).unwrap()).unwrap();
+        assert_eq!(d[0].kernel_load_addr, Some(0x4000_0000));
         assert_eq!(hypervisor::dtb::Platform { domus: Vec::new(), ..after }, before);
         // No DomU: the same tree.
         assert_eq!(discover(&add_domus(QEMU_DTB, &[]).unwrap()).unwrap(), before);

@@ -7,7 +7,7 @@
 //! - `test`: host unit tests and integration tests that boot real guests
 //! - `sim wakeup [options]`: the scheduler's discrete-event simulator
 //! - `bench wakeup|timer [options]`: benchmarks in Linux guests
-//! - `conformance [--at bare|dom0|domu] [--gic N] [--pcpus N]`: the
+//! - `conformance [--at bare|dom0|domu] [--gic N] [--pcpus N] [--kernel-format F]`: the
 //!   conformance guest's checks (tests/conformance)
 //! - `doctor`: the toolchain in use, what is ready, the caches' size
 //! - `clean [--caches]`: cargo clean, and the caches
@@ -187,7 +187,7 @@ fn main() {
             if a.at == xtask::conformance::Placement::Bare && a.gic == 4 {
                 Err("--gic 4 needs EL2 (virtualization=on): not with --at bare".into())
             } else {
-                xtask::conformance::run(a.at, a.gic, a.pcpus)
+                xtask::conformance::run(a.at, a.gic, a.pcpus, a.kernel_format)
             }
         }
         Command::Doctor => xtask::doctor::doctor().map(|_| 0),

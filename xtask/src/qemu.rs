@@ -49,6 +49,9 @@ pub struct RunOptions {
     /// Where it puts the initrd (default: the next 2 MiB boundary after
     /// the kernel file, plus 2 MiB).
     pub initrd_addr: Option<u64>,
+    /// Dom0's kernel is a raw binary the hypervisor loads (and enters) at
+    /// this address (`--kernel-load-addr`: `dom0_kernel_load_addr=`).
+    pub kernel_load_addr: Option<u64>,
     /// Typed on the console before the guest's shell reads (console-flood
     /// tests).
     pub early_input: Option<EarlyInput>,
@@ -103,6 +106,7 @@ impl Default for RunOptions {
             input: None,
             kernel_addr: None,
             initrd_addr: None,
+            kernel_load_addr: None,
             early_input: None,
             then_input: None,
             firmware: None,
@@ -249,9 +253,13 @@ pub fn bare_command_line(kernel: &Path, o: &RunOptions) -> Vec<String> {
     a
 }
 
-/// The hypervisor's options: `dom0_mem`, `dom0_max_vcpus`, then `--hv-args`.
+/// The hypervisor's options: `dom0_mem`, `dom0_max_vcpus`,
+/// `dom0_kernel_load_addr` (`kernel_load_addr`), then `--hv-args`.
 fn hypervisor_args(o: &RunOptions) -> String {
     let mut hv_args = format!("dom0_mem={}M dom0_max_vcpus={}", o.mem_mb, o.vcpus);
+    if let Some(a) = o.kernel_load_addr {
+        hv_args.push_str(&format!(" dom0_kernel_load_addr={a:#x}"));
+    }
     if !o.hv_args.is_empty() {
         hv_args.push(' ');
         hv_args.push_str(&o.hv_args);
@@ -291,6 +299,7 @@ pub fn domu_layout(
     let d = o.domus.as_ref().filter(|d| d.count > 0)?;
     let len = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(64 << 20);
     let initrd = initrd.map(|i| (i.as_path(), len(i)));
+    let kernel = d.kernel.as_deref().unwrap_or(kernel);
     Some(crate::domu::layout(d, crate::hvload::RAM_BASE, base_mb, (kernel, len(kernel)), initrd))
 }
 
@@ -601,6 +610,11 @@ mod tests {
             command_line(Path::new("hv.bin"), Path::new("/nonexistent/Image"), Some(&"initrd".into()), &o).join(" ");
         assert!(s.contains("guest-loader,addr=0x42000000,kernel=/nonexistent/Image"), "{s}");
         assert!(s.contains("guest-loader,addr=0x47000000,initrd=initrd"), "{s}");
+        // A raw Dom0 kernel: its load address becomes a hypervisor option.
+        let o = RunOptions { kernel_load_addr: Some(0x6000_0000), ..o };
+        let s =
+            command_line(Path::new("hv.bin"), Path::new("/nonexistent/Image"), Some(&"initrd".into()), &o).join(" ");
+        assert!(s.contains("dom0_mem=1024M dom0_max_vcpus=1 dom0_kernel_load_addr=0x60000000"), "{s}");
     }
 
     fn result(console: &str, guest_exit: Option<i32>) -> RunResult {

@@ -32,12 +32,20 @@
 //!   range that holds it. Without `dom0_mem`: the largest free range above
 //!   the bottom `keep_low` of RAM, less the RAM disk.
 //! * The RAM disk image: the highest free range left.
-//! * Inside guest RAM, as arm64 Linux wants it: the kernel at the (2 MiB
-//!   aligned) base with its header's `image_size` reserved, the initrd at
-//!   the next 2 MiB boundary, the guest DTB in the last 2 MiB.
+//! * A kernel loaded at fixed addresses (ELF, raw binary with a load
+//!   address, `boot::image`): its ranges must lie in RAM clear of
+//!   everything kept, and the 2 MiB-aligned span around them in one free
+//!   range; the heap and DomUs are placed outside that span, and Dom0's
+//!   RAM is placed to cover it (with `dom0_mem`: as high as the span
+//!   allows; without: the whole free range holding it).
+//! * Inside guest RAM ([`place_modules`]): an arm64 Image at the (2 MiB
+//!   aligned) base with its header's `image_size` reserved; the guest DTB
+//!   in the highest 2 MiB slot the kernel leaves free, the initrd at the
+//!   lowest 2 MiB boundary from which it clears the kernel and the DTB.
 //!
 //! Everything placed is 2 MiB aligned, so stage 2 can use block mappings.
 
+use super::image::{FixedLoad, KernelError};
 use crate::domain::{DomainId, DomainSpec, DomuPlacement};
 use crate::dtb::Region;
 use alloc::vec::Vec;
@@ -53,11 +61,15 @@ pub const GUEST_DTB_SIZE: u64 = 2 * MIB;
 
 /// The guest kernel module and the RAM it needs once loaded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Kernel {
-    /// Where the module (the Image file) lies.
+pub struct Kernel<'a> {
+    /// Where the module (the kernel file) lies.
     pub module: Region,
-    /// The header's `image_size` (see [`super::image::arm64_image_size`]).
+    /// An arm64 Image's `image_size` (see [`super::image::arm64_image_size`]);
+    /// not looked at when `fixed` is given.
     pub image_size: u64,
+    /// A kernel loaded at fixed addresses (ELF, raw binary): its pieces
+    /// (guest-physical = host-physical for Dom0) and entry point.
+    pub fixed: Option<&'a FixedLoad>,
 }
 
 /// What the planner is told.
@@ -71,7 +83,7 @@ pub struct Inputs<'a> {
     pub dtb: Region,
     /// `/memreserve/` entries and `/reserved-memory` regions.
     pub reserved: &'a [Region],
-    pub kernel: Kernel,
+    pub kernel: Kernel<'a>,
     pub initrd: Option<Region>,
     /// `dom0_mem` in bytes, if given.
     pub dom0_mem: Option<u64>,
@@ -106,8 +118,11 @@ pub struct Plan {
     pub guest_ram: Region,
     /// The RAM disk image, outside guest RAM.
     pub ram_disk: Option<Region>,
-    /// The kernel: `dst.size` is the reserved `image_size`.
-    pub kernel: ModuleCopy,
+    /// The kernel's copies: one for an Image (`dst.size` is the reserved
+    /// `image_size`), one per piece for a kernel at fixed addresses.
+    pub kernel: Vec<ModuleCopy>,
+    /// Where Dom0's vCPU 0 starts.
+    pub entry: u64,
     pub initrd: Option<ModuleCopy>,
     /// Where the guest DTB goes (its last [`GUEST_DTB_SIZE`] bytes).
     pub guest_dtb: Region,
@@ -152,8 +167,14 @@ pub enum LayoutError {
     GuestTooSmall { size: u64 },
     /// The kernel, initrd and guest DTB do not fit in guest RAM.
     ModulesDoNotFit { need: u64, guest_ram: Region },
-    /// The kernel module is not an arm64 Image.
-    BadKernel(&'static str),
+    /// The kernel module cannot be booted (format, `boot::image`).
+    Kernel(KernelError),
+    /// A fixed-address kernel's 2 MiB-aligned span `span` is not inside
+    /// one free RAM range (guest RAM must cover it).
+    KernelSpanNotFree { span: Region },
+    /// `dom0_mem` is smaller than a fixed-address kernel's span needs, or
+    /// the span's free range cannot hold `dom0_mem` around it.
+    KernelSpanVsDom0Mem { span: Region, dom0_mem: u64 },
     /// A DomU's module (`kernel`, `ramdisk`) is not entirely inside RAM.
     DomuOutsideRam { id: DomainId, what: &'static str, range: Region },
     /// Two kept ranges share a byte and at least one is a DomU's module.
@@ -163,6 +184,12 @@ pub enum LayoutError {
     /// A DomU's kernel, initrd and DTB (2 MiB-aligned, as in Dom0's RAM) do
     /// not fit in its `memory`.
     DomuModulesDoNotFit { id: DomainId, need: u64, memory: u64 },
+}
+
+impl From<KernelError> for LayoutError {
+    fn from(e: KernelError) -> Self {
+        LayoutError::Kernel(e)
+    }
 }
 
 /// `[base, end)` in hex.
@@ -222,7 +249,18 @@ impl fmt::Display for LayoutError {
                 Range(guest_ram),
                 Size(guest_ram.size)
             ),
-            LayoutError::BadKernel(why) => write!(f, "the kernel module is not an arm64 Image: {why}"),
+            LayoutError::Kernel(e) => write!(f, "{e}"),
+            LayoutError::KernelSpanNotFree { span } => write!(
+                f,
+                "the kernel's load ranges, 2 MiB-aligned {}, are not inside one free RAM range for Dom0's RAM to cover",
+                Range(span)
+            ),
+            LayoutError::KernelSpanVsDom0Mem { span, dom0_mem } => write!(
+                f,
+                "Dom0's RAM of {} (dom0_mem) cannot cover the kernel's load ranges, 2 MiB-aligned {}, in their free RAM range",
+                Size(dom0_mem),
+                Range(span)
+            ),
             LayoutError::DomuOutsideRam { id, what, range } => {
                 write!(f, "DomU d{id}'s {what} module {} is not inside RAM", Range(range))
             }
@@ -399,12 +437,25 @@ fn check_inputs(i: &Inputs<'_>) -> Result<Checked, LayoutError> {
             return Err(overlap(*a, dom0("reserved region", *r)));
         }
     }
+    // A fixed-address kernel's ranges become Dom0's RAM: in RAM, clear of
+    // everything kept.
+    for r in i.kernel.fixed.iter().flat_map(|f| f.ranges()) {
+        let r = range("kernel load range", r.base, r.size)?;
+        if !spans.iter().any(|s| s.base <= r.base && end(r) <= end(*s)) {
+            return Err(LayoutError::OutsideRam { name: "kernel load range", range: r });
+        }
+        let named = kept.iter().map(|k| (k.name, k.range)).chain(reserved.iter().map(|r| ("reserved region", *r)));
+        if let Some(k) = named.into_iter().find(|k| overlaps(r, k.1)) {
+            return Err(LayoutError::Overlap { a: ("kernel load range", r), b: k });
+        }
+    }
     Ok(Checked { spans, kept, reserved, kernel, initrd })
 }
 
 /// Checks the inputs without placing anything (`kernel.image_size` is not
-/// looked at): no range wraps, the modules lie in RAM, nothing kept
-/// overlaps. Once this passes the EL2 code may read the kernel's header.
+/// looked at; a fixed-address kernel's ranges are, when given): no range
+/// wraps, the modules lie in RAM, nothing kept overlaps. Once this passes
+/// the EL2 code may read the kernel module.
 pub fn check(i: &Inputs<'_>) -> Result<(), LayoutError> {
     check_inputs(i).map(|_| ())
 }
@@ -416,7 +467,26 @@ pub fn plan(i: &Inputs<'_>) -> Result<Plan, LayoutError> {
 
     let mut used: Vec<Region> = kept.iter().map(|k| k.range).collect();
     used.extend(reserved.iter().copied());
-    let free = subtract(&spans, &used);
+    let base_free = subtract(&spans, &used);
+
+    // A fixed-address kernel: the 2 MiB-aligned span of its ranges, which
+    // Dom0's RAM must cover, stays out of the heap's and the DomUs' way.
+    let fixed_ranges: Vec<Region> = i.kernel.fixed.iter().flat_map(|f| f.ranges()).collect();
+    let span = match (fixed_ranges.iter().map(|r| r.base).min(), fixed_ranges.iter().map(|r| end(*r)).max()) {
+        (Some(lo), Some(hi)) => {
+            let base = align_down(lo, ALIGN);
+            let top =
+                align_up(hi, ALIGN).ok_or(LayoutError::KernelSpanNotFree { span: Region { base, size: hi - base } })?;
+            let span = Region { base, size: top - base };
+            if !base_free.iter().filter_map(|f| aligned(*f)).any(|f| f.base <= span.base && end(span) <= end(f)) {
+                return Err(LayoutError::KernelSpanNotFree { span });
+            }
+            Some(span)
+        }
+        _ => None,
+    };
+    let mut placed: Vec<Region> = Vec::new();
+    let mut free = subtract(&base_free, span.as_slice());
 
     let heap_size = align_up(i.heap_size.max(1), ALIGN).ok_or(LayoutError::NoRoom {
         what: "hypervisor heap",
@@ -428,7 +498,8 @@ pub fn plan(i: &Inputs<'_>) -> Result<Plan, LayoutError> {
         size: heap_size,
         largest: largest(&free),
     })?;
-    let mut free = subtract(&free, &[heap]);
+    free = subtract(&free, &[heap]);
+    placed.push(heap);
 
     let mut domus = Vec::new();
     for d in i.domus {
@@ -445,45 +516,61 @@ pub fn plan(i: &Inputs<'_>) -> Result<Plan, LayoutError> {
         }
         let ram = highest_fit(&free, memory).ok_or(no_room("RAM", memory, &free))?;
         free = subtract(&free, &[ram]);
+        placed.push(ram);
         let disk = match d.disk_size {
             0 => None,
             size => {
                 let size = align_up(size, ALIGN).ok_or(no_room("disk", size, &free))?;
                 let disk = highest_fit(&free, size).ok_or(no_room("disk", size, &free))?;
                 free = subtract(&free, &[disk]);
+                placed.push(disk);
                 Some(disk)
             }
         };
         domus.push(DomuPlacement { id: d.id, ram, disk });
     }
+    // The span is free again for Dom0's RAM.
+    let free = subtract(&base_free, &placed);
 
     let ram_total: u64 = spans.iter().map(|s| s.size).sum();
     let disk = match i.ram_disk {
         0 => 0,
         d => align_up(d, ALIGN).unwrap_or(u64::MAX),
     };
-    let size = match i.dom0_mem {
+    let dom0_mem = match i.dom0_mem {
         Some(m) => {
             let m = align_up(m, ALIGN).unwrap_or(u64::MAX);
             if m.saturating_add(disk) > ram_total {
                 return Err(LayoutError::Dom0MemTooLarge { dom0_mem: m, ram_disk: disk, ram: ram_total });
             }
-            m
+            Some(m)
         }
+        None => None,
+    };
+    let guest_ram = match span {
+        Some(span) => dom0_ram_around(&free, span, dom0_mem, disk)?,
         None => {
-            let low = spans.first().map_or(0, |s| s.base.saturating_add(i.keep_low.min(s.size / 2)));
-            let above = subtract(&free, &[Region { base: 0, size: low }]);
-            largest(&above).saturating_sub(disk)
+            let size = match dom0_mem {
+                Some(m) => m,
+                None => {
+                    let low = spans.first().map_or(0, |s| s.base.saturating_add(i.keep_low.min(s.size / 2)));
+                    let above = subtract(&free, &[Region { base: 0, size: low }]);
+                    largest(&above).saturating_sub(disk)
+                }
+            };
+            if size < MIN_GUEST_RAM {
+                return Err(LayoutError::GuestTooSmall { size });
+            }
+            highest_fit(&free, size).ok_or(LayoutError::NoRoom {
+                what: "guest RAM (dom0_mem)",
+                size,
+                largest: largest(&free),
+            })?
         }
     };
-    if size < MIN_GUEST_RAM {
-        return Err(LayoutError::GuestTooSmall { size });
+    if guest_ram.size < MIN_GUEST_RAM {
+        return Err(LayoutError::GuestTooSmall { size: guest_ram.size });
     }
-    let guest_ram = highest_fit(&free, size).ok_or(LayoutError::NoRoom {
-        what: "guest RAM (dom0_mem)",
-        size,
-        largest: largest(&free),
-    })?;
     let free = subtract(&free, &[guest_ram]);
     let ram_disk = match disk {
         0 => None,
@@ -494,27 +581,106 @@ pub fn plan(i: &Inputs<'_>) -> Result<Plan, LayoutError> {
         })?),
     };
 
-    // Inside guest RAM: kernel, initrd, and the DTB at the top.
-    let kernel_room = i.kernel.image_size.max(kernel.size);
-    let kernel_copy = ModuleCopy { src: kernel, dst: Region { base: guest_ram.base, size: kernel_room } };
-    let mut next = guest_ram.base.checked_add(kernel_room).and_then(|e| align_up(e, ALIGN));
-    let initrd_copy = initrd.map(|src| {
-        let dst = Region { base: next.unwrap_or(u64::MAX), size: src.size };
-        next = next.and_then(|n| n.checked_add(src.size)).and_then(|e| align_up(e, ALIGN));
-        ModuleCopy { src, dst }
-    });
-    let guest_dtb = Region { base: end(guest_ram) - GUEST_DTB_SIZE, size: GUEST_DTB_SIZE };
-    match next {
-        Some(n) if n <= guest_dtb.base => {}
-        _ => {
-            let need = align_up(kernel_room, ALIGN)
-                .and_then(|k| k.checked_add(initrd.map_or(Some(0), |r| align_up(r.size, ALIGN))?))
-                .and_then(|n| n.checked_add(GUEST_DTB_SIZE))
-                .unwrap_or(u64::MAX);
-            return Err(LayoutError::ModulesDoNotFit { need, guest_ram });
+    // Inside guest RAM: the kernel, then the DTB and initrd around it.
+    let (kernel_copies, entry) = match i.kernel.fixed {
+        Some(f) => {
+            let copies = f
+                .pieces
+                .iter()
+                .map(|p| ModuleCopy { src: Region { base: kernel.base + p.offset, size: p.size }, dst: p.at })
+                .collect();
+            (copies, f.entry)
+        }
+        None => {
+            let room = i.kernel.image_size.max(kernel.size);
+            let dst = Region { base: guest_ram.base, size: room.min(u64::MAX - guest_ram.base) };
+            (Vec::from([ModuleCopy { src: kernel, dst }]), guest_ram.base)
+        }
+    };
+    let kernel_ranges: Vec<Region> = kernel_copies.iter().map(|c| c.dst).collect();
+    let (initrd_dst, guest_dtb) =
+        place_modules(guest_ram, &kernel_ranges, initrd.map(|r| r.size)).ok_or_else(|| {
+            LayoutError::ModulesDoNotFit { need: modules_need(&kernel_ranges, initrd.map(|r| r.size)), guest_ram }
+        })?;
+    let initrd_copy = initrd.zip(initrd_dst).map(|(src, dst)| ModuleCopy { src, dst });
+    Ok(Plan { image, heap, guest_ram, ram_disk, kernel: kernel_copies, entry, initrd: initrd_copy, guest_dtb, domus })
+}
+
+/// Dom0's RAM covering a fixed-address kernel's 2 MiB-aligned `span`, in
+/// the free range that holds it: `dom0_mem` bytes as high as the span
+/// allows, or (without `dom0_mem`) the whole range, less the RAM disk
+/// (`disk` bytes) from its top when no other free range holds the disk.
+fn dom0_ram_around(free: &[Region], span: Region, dom0_mem: Option<u64>, disk: u64) -> Result<Region, LayoutError> {
+    let f = free
+        .iter()
+        .filter_map(|f| aligned(*f))
+        .find(|f| f.base <= span.base && end(span) <= end(*f))
+        .ok_or(LayoutError::KernelSpanNotFree { span })?;
+    match dom0_mem {
+        Some(m) => {
+            if m < span.size || m > f.size {
+                return Err(LayoutError::KernelSpanVsDom0Mem { span, dom0_mem: m });
+            }
+            let base = span.base.min(end(f) - m);
+            Ok(Region { base, size: m })
+        }
+        None => {
+            let elsewhere = highest_fit(&subtract(free, &[f]), disk.max(1)).is_some();
+            if disk == 0 || elsewhere {
+                return Ok(f);
+            }
+            match end(f).checked_sub(disk) {
+                Some(top) if top >= end(span) => Ok(Region { base: f.base, size: top - f.base }),
+                _ => Err(LayoutError::NoRoom { what: "RAM disk (dom0_disk_size)", size: disk, largest: largest(free) }),
+            }
         }
     }
-    Ok(Plan { image, heap, guest_ram, ram_disk, kernel: kernel_copy, initrd: initrd_copy, guest_dtb, domus })
+}
+
+/// What the kernel, an initrd of `initrd` bytes and the DTB need at least
+/// (2 MiB-aligned each), for errors.
+fn modules_need(kernel: &[Region], initrd: Option<u64>) -> u64 {
+    kernel
+        .iter()
+        .map(|k| align_up(k.size, ALIGN))
+        .chain(initrd.map(|s| align_up(s, ALIGN)))
+        .try_fold(GUEST_DTB_SIZE, |acc, s| acc.checked_add(s?))
+        .unwrap_or(u64::MAX)
+}
+
+/// Places the guest DTB ([`GUEST_DTB_SIZE`]) and an initrd of `initrd`
+/// bytes in guest RAM `ram` (2 MiB aligned) around the kernel's loaded
+/// ranges `kernel`: the DTB in the highest 2 MiB-aligned slot clear of the
+/// kernel, the initrd at the lowest 2 MiB boundary from which it clears
+/// the kernel and the DTB. `None` when either does not fit. With an Image
+/// at the base of RAM this is the arm64 boot protocol's layout: kernel,
+/// initrd above it, DTB at the top.
+pub fn place_modules(ram: Region, kernel: &[Region], initrd: Option<u64>) -> Option<(Option<Region>, Region)> {
+    let mut top = align_down(end(ram), ALIGN);
+    let dtb = loop {
+        let c = Region { base: top.checked_sub(GUEST_DTB_SIZE).filter(|&b| b >= ram.base)?, size: GUEST_DTB_SIZE };
+        match kernel.iter().find(|k| overlaps(c, **k)) {
+            Some(k) => top = align_down(k.base, ALIGN),
+            None => break c,
+        }
+    };
+    let initrd = match initrd {
+        None => None,
+        Some(size) => {
+            let mut base = align_up(ram.base, ALIGN)?;
+            loop {
+                let c = Region { base, size };
+                if end(c) > end(ram) || base.checked_add(size).is_none() {
+                    return None;
+                }
+                match kernel.iter().chain(core::iter::once(&dtb)).find(|k| overlaps(c, **k)) {
+                    Some(k) => base = align_up(end(*k), ALIGN)?,
+                    None => break Some(c),
+                }
+            }
+        }
+    };
+    Some((initrd, dtb))
 }
 
 /// Checks that no passthrough device range (mapped into the guest page by

@@ -1,6 +1,6 @@
 //! Host tests of the boot-layout planner and the arm64 Image header.
 
-use super::image::arm64_image_size;
+use super::image::{arm64_image_size, KernelError};
 use super::plan::*;
 use crate::domain::{DomainSpec, DomuPlacement, DEFAULT_WEIGHT};
 use crate::dtb::Region;
@@ -39,7 +39,7 @@ fn inputs(kernel_at: u64, initrd: Option<Region>) -> Inputs<'static> {
         image: r(0x4020_0000, 6 * MIB),
         dtb: r(0x4800_0000, MIB),
         reserved: &[],
-        kernel: Kernel { module: r(kernel_at, KERNEL_FILE), image_size: KERNEL_IMAGE_SIZE },
+        kernel: Kernel { module: r(kernel_at, KERNEL_FILE), image_size: KERNEL_IMAGE_SIZE, fixed: None },
         initrd,
         dom0_mem: Some(1024 * MIB),
         ram_disk: 0,
@@ -84,7 +84,7 @@ fn check_plan(i: &Inputs<'_>, p: &Plan) {
     }
     assert!(p.heap.size >= i.heap_size);
     let g = p.guest_ram;
-    let mut inside = Vec::from([p.kernel.dst, p.guest_dtb]);
+    let mut inside = Vec::from([p.kernel[0].dst, p.guest_dtb]);
     inside.extend(p.initrd.map(|c| c.dst));
     for (n, x) in inside.iter().enumerate() {
         assert!(g.base <= x.base && end(*x) <= end(g), "{x:x?} outside guest RAM {g:x?}");
@@ -92,9 +92,9 @@ fn check_plan(i: &Inputs<'_>, p: &Plan) {
             assert!(disjoint(*x, *o), "{x:x?} overlaps {o:x?} in guest RAM");
         }
     }
-    assert_eq!(p.kernel.dst.base % ALIGN, 0);
-    assert_eq!(p.kernel.src, i.kernel.module);
-    assert!(p.kernel.dst.size >= i.kernel.image_size.max(i.kernel.module.size));
+    assert_eq!(p.kernel[0].dst.base % ALIGN, 0);
+    assert_eq!(p.kernel[0].src, i.kernel.module);
+    assert!(p.kernel[0].dst.size >= i.kernel.image_size.max(i.kernel.module.size));
     assert_eq!(p.initrd.map(|c| c.src), i.initrd);
     assert_eq!(p.initrd.map(|c| c.dst.size), i.initrd.map(|r| r.size));
     if let Some(m) = i.dom0_mem {
@@ -120,7 +120,7 @@ fn qemu_documented_addresses_plan_the_heap_around_the_modules() {
     // The first 48 MiB gap: after the kernel file, before the initrd.
     assert_eq!(p.heap, r(0x43c0_0000, 48 * MIB));
     assert_eq!(p.guest_ram, r(0x6000_0000, 1024 * MIB));
-    assert_eq!(p.kernel.dst.base, 0x6000_0000);
+    assert_eq!(p.kernel[0].dst.base, 0x6000_0000);
     assert_eq!(p.guest_dtb, r(0x9fe0_0000, 2 * MIB));
 }
 
@@ -167,7 +167,7 @@ fn wrapping_ranges_are_errors() {
     let e = plan(&i).unwrap_err();
     assert_eq!(e, LayoutError::Wraps { name: "initrd", base: 0xffff_ffff_ffff_f000, size: 0x2000 });
     assert_eq!(e.to_string(), "initrd at 0xfffffffffffff000 of size 0x2000 wraps past the end of the address space");
-    let i = Inputs { kernel: Kernel { module: r(u64::MAX, 2), image_size: 0 }, ..inputs(0, None) };
+    let i = Inputs { kernel: Kernel { module: r(u64::MAX, 2), image_size: 0, fixed: None }, ..inputs(0, None) };
     assert!(matches!(plan(&i), Err(LayoutError::Wraps { name: "kernel", .. })));
     let reserved = [r(0x8000_0000, u64::MAX)];
     let i = Inputs { reserved: &reserved, ..inputs(0x5000_0000, None) };
@@ -207,7 +207,7 @@ fn overlapping_kept_ranges_are_errors() {
     assert!(matches!(plan(&i), Err(LayoutError::Overlap { a: ("kernel", _), b: ("hypervisor image", _) })));
     // `check` (run before the kernel header is read) finds the same.
     assert!(matches!(check(&i), Err(LayoutError::Overlap { a: ("kernel", _), b: ("hypervisor image", _) })));
-    let fine = Inputs { kernel: Kernel { module: r(0x5000_0000, KERNEL_FILE), image_size: 0 }, ..i };
+    let fine = Inputs { kernel: Kernel { module: r(0x5000_0000, KERNEL_FILE), image_size: 0, fixed: None }, ..i };
     assert_eq!(check(&fine), Ok(()));
     // The DTB over the image.
     let i = Inputs { dtb: r(0x4070_0000, MIB), ..inputs(0x5000_0000, None) };
@@ -254,18 +254,18 @@ fn dom0_mem_larger_than_ram_is_an_error() {
 fn kernel_image_size_beyond_the_file_is_reserved_in_guest_ram() {
     let i = inputs(0x5000_0000, Some(r(0x51c0_0000, INITRD_FILE)));
     let p = plan_ok(&i);
-    assert_eq!(p.kernel.src, r(0x5000_0000, KERNEL_FILE));
-    assert_eq!(p.kernel.dst, r(0x6000_0000, KERNEL_IMAGE_SIZE));
+    assert_eq!(p.kernel[0].src, r(0x5000_0000, KERNEL_FILE));
+    assert_eq!(p.kernel[0].dst, r(0x6000_0000, KERNEL_IMAGE_SIZE));
     // BSS that crosses a 2 MiB boundary the file does not: the initrd goes
     // after image_size, not after the file (which ends below 0x61c00000).
     let big_bss = 0x1c0_1000;
-    let i = Inputs { kernel: Kernel { module: r(0x5000_0000, KERNEL_FILE), image_size: big_bss }, ..i };
+    let i = Inputs { kernel: Kernel { module: r(0x5000_0000, KERNEL_FILE), image_size: big_bss, fixed: None }, ..i };
     let p = plan_ok(&i);
-    assert_eq!(p.kernel.dst, r(0x6000_0000, big_bss));
+    assert_eq!(p.kernel[0].dst, r(0x6000_0000, big_bss));
     assert_eq!(p.initrd.unwrap().dst, r(0x61e0_0000, INITRD_FILE));
     // A header that claims less than the file reserves the file.
-    let i = Inputs { kernel: Kernel { module: r(0x5000_0000, KERNEL_FILE), image_size: 4096 }, ..i };
-    assert_eq!(plan_ok(&i).kernel.dst.size, KERNEL_FILE);
+    let i = Inputs { kernel: Kernel { module: r(0x5000_0000, KERNEL_FILE), image_size: 4096, fixed: None }, ..i };
+    assert_eq!(plan_ok(&i).kernel[0].dst.size, KERNEL_FILE);
 }
 
 #[test]
@@ -278,8 +278,8 @@ fn arm64_image_header() {
     assert_eq!(arm64_image_size(&h, KERNEL_IMAGE_SIZE + 1), Ok(KERNEL_IMAGE_SIZE + 1));
     h[16..24].fill(0);
     assert_eq!(arm64_image_size(&h, KERNEL_FILE), Ok(KERNEL_FILE));
-    assert!(matches!(arm64_image_size(&h, 10), Err(LayoutError::BadKernel(_))));
-    assert!(matches!(arm64_image_size(&h[..32], KERNEL_FILE), Err(LayoutError::BadKernel(_))));
+    assert!(matches!(arm64_image_size(&h, 10), Err(KernelError::Image(_))));
+    assert!(matches!(arm64_image_size(&h[..32], KERNEL_FILE), Err(KernelError::Image(_))));
     h[0x38] = b'X';
     let e = arm64_image_size(&h, KERNEL_FILE).unwrap_err();
     assert_eq!(
@@ -304,7 +304,8 @@ fn no_room_for_the_heap_or_the_modules() {
         LayoutError::ModulesDoNotFit { need: 28 * MIB + 84 * MIB + 2 * MIB, guest_ram: r(0x9c00_0000, 64 * MIB) }
     );
     // A header image_size near 2^64 does not overflow.
-    let i = Inputs { kernel: Kernel { module: r(0x5000_0000, KERNEL_FILE), image_size: u64::MAX - 10 }, ..i };
+    let i =
+        Inputs { kernel: Kernel { module: r(0x5000_0000, KERNEL_FILE), image_size: u64::MAX - 10, fixed: None }, ..i };
     assert!(matches!(plan(&i), Err(LayoutError::ModulesDoNotFit { .. })));
     // Below the minimum guest RAM.
     let i = Inputs { dom0_mem: Some(32 * MIB), ..inputs(0x5000_0000, None) };
@@ -325,7 +326,7 @@ fn without_dom0_mem_the_guest_gets_the_largest_range_above_keep_low() {
     assert_eq!(p.ram_disk, Some(r(0x6000_0000, 128 * MIB)));
     // Modules above keep_low push the guest above them.
     let i = Inputs {
-        kernel: Kernel { module: r(0x7000_0000, KERNEL_FILE), image_size: KERNEL_IMAGE_SIZE },
+        kernel: Kernel { module: r(0x7000_0000, KERNEL_FILE), image_size: KERNEL_IMAGE_SIZE, fixed: None },
         initrd: None,
         ram_disk: 0,
         ..i
@@ -413,7 +414,7 @@ fn random_layouts_plan_disjointly_or_fail_with_one_line() {
             image: r(0x4020_0000, 2 * MIB * (1 + rng.below(4))),
             dtb,
             reserved: &reserved,
-            kernel: Kernel { module, image_size: module.size + 4096 * rng.below(2048) },
+            kernel: Kernel { module, image_size: module.size + 4096 * rng.below(2048), fixed: None },
             initrd,
             dom0_mem: (rng.below(3) != 0).then(|| MIB * (32 + rng.below(4096))),
             ram_disk: if rng.below(3) == 0 { MIB * (1 + rng.below(512)) } else { 0 },
@@ -452,6 +453,7 @@ fn domu(id: u16, memory: u64, kernel: Region, ramdisk: Option<Region>, disk_size
         cap_percent: None,
         disk_size,
         heap_quota: crate::quota::DEFAULT_DOMU_HEAP_QUOTA,
+        kernel_load_addr: None,
     }
 }
 
@@ -553,4 +555,332 @@ fn impossible_domus_are_errors_naming_the_domain() {
     // Memory of u64::MAX: no room, no overflow.
     let e = err(&[domu(1, u64::MAX, kernel, None, 0)]);
     assert!(matches!(e, LayoutError::DomuNoRoom { id: 1, what: "RAM", .. }), "{e:?}");
+}
+
+// ---- Kernel formats: ELF, raw binary at a load address, Image ----
+
+use super::elf::{ElfError, EM_AARCH64, ET_EXEC, PF_X, PT_LOAD};
+use super::image::{read_kernel, FixedLoad, KernelLoad, Piece};
+
+/// One program header for [`elf_file`]: type, flags, offset, vaddr,
+/// paddr, filesz, memsz.
+#[derive(Clone, Copy)]
+struct Ph(u32, u32, u64, u64, u64, u64, u64);
+
+/// An ELF64 little-endian AArch64 executable with `phs`, entry `entry`,
+/// `len` bytes long (at least the headers; file bytes are 0xAA).
+fn elf_file(phs: &[Ph], entry: u64, len: usize) -> Vec<u8> {
+    let mut f = alloc::vec![0xAAu8; len.max(64 + 56 * phs.len())];
+    f[..64].fill(0);
+    f[0..4].copy_from_slice(b"\x7fELF");
+    f[4] = 2;
+    f[5] = 1;
+    f[6] = 1;
+    f[16..18].copy_from_slice(&ET_EXEC.to_le_bytes());
+    f[18..20].copy_from_slice(&EM_AARCH64.to_le_bytes());
+    f[24..32].copy_from_slice(&entry.to_le_bytes());
+    f[32..40].copy_from_slice(&64u64.to_le_bytes());
+    f[52..54].copy_from_slice(&64u16.to_le_bytes());
+    f[54..56].copy_from_slice(&56u16.to_le_bytes());
+    f[56..58].copy_from_slice(&(phs.len() as u16).to_le_bytes());
+    for (i, p) in phs.iter().enumerate() {
+        let o = 64 + 56 * i;
+        f[o..o + 56].fill(0);
+        f[o..o + 4].copy_from_slice(&p.0.to_le_bytes());
+        f[o + 4..o + 8].copy_from_slice(&p.1.to_le_bytes());
+        for (k, v) in [p.2, p.3, p.4, p.5, p.6].into_iter().enumerate() {
+            f[o + 8 + 8 * k..o + 16 + 8 * k].copy_from_slice(&v.to_le_bytes());
+        }
+    }
+    f
+}
+
+const RX: u32 = PF_X | 4;
+const RW: u32 = 6;
+
+/// A kernel like a bare-metal guest linked at 0x6000_0000: text, then data
+/// with BSS.
+fn good_elf() -> Vec<u8> {
+    elf_file(
+        &[
+            Ph(PT_LOAD, RX, 0x1000, 0x6000_0000, 0x6000_0000, 0x3000, 0x3000),
+            Ph(6, 4, 64, 0, 0, 112, 112), // PT_PHDR: not loaded
+            Ph(PT_LOAD, RW, 0x4000, 0x6001_0000, 0x6001_0000, 0x800, 0x2_0000),
+        ],
+        0x6000_0010,
+        0x5000,
+    )
+}
+
+fn elf_err(f: &[u8]) -> ElfError {
+    match read_kernel(f, None) {
+        Err(KernelError::Elf(e)) => e,
+        other => panic!("want an ELF error, got {other:x?}"),
+    }
+}
+
+#[test]
+fn elf_kernel_loads_its_pt_load_segments_at_paddr() {
+    let KernelLoad::Fixed(f) = read_kernel(&good_elf(), None).unwrap() else { panic!("not fixed") };
+    assert_eq!(f.entry, 0x6000_0010);
+    assert_eq!(
+        f.pieces,
+        [
+            Piece { offset: 0x1000, size: 0x3000, at: r(0x6000_0000, 0x3000) },
+            Piece { offset: 0x4000, size: 0x800, at: r(0x6001_0000, 0x2_0000) },
+        ]
+    );
+    // Linked at a virtual address, loaded at a physical one (Linux's
+    // vmlinux, a linker script's AT()): the entry goes through its segment.
+    let f = elf_file(
+        &[Ph(PT_LOAD, RX, 0x1000, 0xffff_8000_1000_0000, 0x4020_0000, 0x100, 0x100)],
+        0xffff_8000_1000_0040,
+        0x1100,
+    );
+    let KernelLoad::Fixed(f) = read_kernel(&f, None).unwrap() else { panic!("not fixed") };
+    assert_eq!(f.entry, 0x4020_0040);
+    assert_eq!(f.pieces[0].at, r(0x4020_0000, 0x100));
+}
+
+#[test]
+fn bad_elf_kernels_are_one_clear_error_each() {
+    let good = good_elf();
+    let with = |o: usize, bytes: &[u8]| {
+        let mut f = good.clone();
+        f[o..o + bytes.len()].copy_from_slice(bytes);
+        f
+    };
+    assert_eq!(elf_err(&good[..40]), ElfError::TruncatedHeader { len: 40 });
+    assert_eq!(elf_err(&with(4, &[1])), ElfError::NotElf64 { class: 1 });
+    assert_eq!(elf_err(&with(5, &[2])), ElfError::NotLittleEndian { data: 2 });
+    assert_eq!(elf_err(&with(18, &62u16.to_le_bytes())), ElfError::WrongMachine { machine: 62 });
+    assert_eq!(elf_err(&with(16, &3u16.to_le_bytes())), ElfError::NotExecutable { e_type: 3 });
+    assert_eq!(elf_err(&with(54, &32u16.to_le_bytes())), ElfError::BadProgramHeaders { phentsize: 32, phnum: 3 });
+    // The program headers run past the end of the file.
+    assert_eq!(elf_err(&good[..200]), ElfError::TruncatedProgramHeaders { phoff: 64, phnum: 3, len: 200 });
+    // A segment's file bytes run past the module.
+    assert_eq!(
+        elf_err(&good[..0x4400]),
+        ElfError::SegmentPastFile { index: 2, offset: 0x4000, filesz: 0x800, len: 0x4400 }
+    );
+    let one = |ph: Ph, entry: u64| elf_err(&elf_file(&[ph], entry, 0x2000));
+    assert_eq!(
+        one(Ph(PT_LOAD, RX, 0x1000, 0x4000_0000, 0x4000_0000, 0x200, 0x100), 0x4000_0000),
+        ElfError::FileSizeAboveMemSize { index: 0, filesz: 0x200, memsz: 0x100 }
+    );
+    assert_eq!(
+        one(Ph(PT_LOAD, RX, 0x1000, 0, u64::MAX - 0xff, 0x100, 0x200), 0),
+        ElfError::SegmentWraps { index: 0, paddr: u64::MAX - 0xff, memsz: 0x200 }
+    );
+    // No PT_LOAD (or only empty ones).
+    assert_eq!(one(Ph(6, 4, 64, 0, 0, 56, 56), 0), ElfError::NoLoadSegment);
+    assert_eq!(one(Ph(PT_LOAD, RX, 0x1000, 0x4000_0000, 0x4000_0000, 0, 0), 0x4000_0000), ElfError::NoLoadSegment);
+    assert_eq!(elf_err(&elf_file(&[], 0, 0x100)), ElfError::NoLoadSegment);
+    // Entry outside, or only in a segment that is not executable.
+    assert_eq!(
+        one(Ph(PT_LOAD, RX, 0x1000, 0x4000_0000, 0x4000_0000, 0x100, 0x100), 0x4000_0100),
+        ElfError::EntryOutside { entry: 0x4000_0100 }
+    );
+    assert_eq!(
+        one(Ph(PT_LOAD, RW, 0x1000, 0x4000_0000, 0x4000_0000, 0x100, 0x100), 0x4000_0000),
+        ElfError::EntryOutside { entry: 0x4000_0000 }
+    );
+    // Two segments sharing physical bytes (BSS reaching into the next).
+    let f = elf_file(
+        &[
+            Ph(PT_LOAD, RX, 0x1000, 0x4000_0000, 0x4000_0000, 0x100, 0x2000),
+            Ph(PT_LOAD, RW, 0x1100, 0x4000_1000, 0x4000_1000, 0x100, 0x100),
+        ],
+        0x4000_0000,
+        0x2000,
+    );
+    assert_eq!(elf_err(&f), ElfError::SegmentsOverlap { a: 0, b: 1 });
+    // Each is one line naming the defect.
+    let e = KernelError::Elf(ElfError::WrongMachine { machine: 62 }).to_string();
+    assert_eq!(e, "the ELF kernel cannot be loaded: ELF machine 62, not AArch64 (183)");
+}
+
+#[test]
+fn kernel_format_is_chosen_by_load_address_then_magic() {
+    // Neither magic, no load address: refused, saying how to boot a raw binary.
+    let e = read_kernel(&[0u8; 4096], None).unwrap_err();
+    assert_eq!(e, KernelError::UnknownFormat);
+    assert!(e.to_string().contains("dom0_kernel_load_addr="), "{e}");
+    assert!(matches!(read_kernel(&[0u8; 10], None), Err(KernelError::Image(_))));
+    // An Image.
+    let mut h = [0u8; 4096];
+    h[0x38..0x3c].copy_from_slice(b"ARM\x64");
+    h[16..24].copy_from_slice(&(2 * MIB).to_le_bytes());
+    assert_eq!(read_kernel(&h, None), Ok(KernelLoad::Image { size: 2 * MIB }));
+    // A load address makes any file a raw binary, entered at its first byte.
+    let raw = read_kernel(&h, Some(0x6000_0000)).unwrap();
+    let want = FixedLoad {
+        pieces: Vec::from([Piece { offset: 0, size: 4096, at: r(0x6000_0000, 4096) }]),
+        entry: 0x6000_0000,
+    };
+    assert_eq!(raw, KernelLoad::Fixed(want));
+    assert_eq!(
+        read_kernel(&good_elf(), Some(0x6000_0000)).map(|k| matches!(k, KernelLoad::Fixed(f) if f.pieces.len() == 1)),
+        Ok(true)
+    );
+    assert_eq!(read_kernel(&h, Some(0x6000_0800)), Err(KernelError::RawUnaligned { addr: 0x6000_0800 }));
+    assert_eq!(read_kernel(&h, Some(!0xfff_u64)), Err(KernelError::RawWraps { addr: !0xfff_u64, size: 4096 }));
+}
+
+/// [`inputs`] with a fixed-address kernel instead of the Image.
+fn fixed_inputs(load: &FixedLoad) -> Inputs<'_> {
+    Inputs { kernel: Kernel { module: r(0x5000_0000, 0x10_0000), image_size: 0, fixed: Some(load) }, ..inputs(0, None) }
+}
+
+fn fixed(pieces: &[(u64, u64)], entry: u64) -> FixedLoad {
+    let pieces =
+        pieces.iter().map(|&(base, size)| Piece { offset: 0, size: size.min(0x1000), at: r(base, size) }).collect();
+    FixedLoad { pieces, entry }
+}
+
+#[test]
+fn dom0_ram_covers_a_fixed_address_kernel_and_the_dtb_and_initrd_avoid_it() {
+    // The ELF above, in RAM above the module at 0x50000000: Dom0's 1 GiB
+    // starts at its 2 MiB-aligned base, the pieces are copied from the
+    // module, the entry is the ELF's.
+    let KernelLoad::Fixed(load) = read_kernel(&good_elf(), None).unwrap() else { panic!() };
+    let i = Inputs { initrd: Some(r(0x4a00_0000, 8 * MIB)), ..fixed_inputs(&load) };
+    let p = plan(&i).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(p.guest_ram, r(0x6000_0000, 1024 * MIB));
+    assert_eq!(p.entry, 0x6000_0010);
+    assert_eq!(
+        p.kernel,
+        [
+            ModuleCopy { src: r(0x5000_1000, 0x3000), dst: r(0x6000_0000, 0x3000) },
+            ModuleCopy { src: r(0x5000_4000, 0x800), dst: r(0x6001_0000, 0x2_0000) },
+        ]
+    );
+    assert_eq!(p.initrd.map(|c| c.dst), Some(r(0x6020_0000, 8 * MIB)));
+    assert_eq!(p.guest_dtb, r(0x9fe0_0000, 2 * MIB));
+    // The heap stays out of the kernel's span.
+    assert!(disjoint(p.heap, r(0x6000_0000, 2 * MIB)));
+
+    // A kernel at the top of RAM: Dom0's RAM ends with it, the DTB goes
+    // below it, the initrd at the bottom.
+    let top = fixed(&[(0x9fdf_f000, 0x1000), (0x9fe0_0000, 2 * MIB)], 0x9fe0_0000);
+    let i = Inputs { initrd: Some(r(0x4a00_0000, 8 * MIB)), dom0_mem: Some(256 * MIB), ..fixed_inputs(&top) };
+    let p = plan(&i).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(p.guest_ram, r(0x9000_0000, 256 * MIB));
+    assert_eq!(p.guest_dtb, r(0x9fa0_0000, 2 * MIB));
+    assert_eq!(p.initrd.map(|c| c.dst), Some(r(0x9000_0000, 8 * MIB)));
+    assert_eq!(p.entry, 0x9fe0_0000);
+
+    // Without dom0_mem: the whole free range that holds the kernel.
+    let i = Inputs { dom0_mem: None, ..fixed_inputs(&load) };
+    let p = plan(&i).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(p.guest_ram, r(0x5020_0000, 0xa000_0000 - 0x5020_0000));
+}
+
+#[test]
+fn fixed_address_kernels_outside_ram_or_over_kept_ranges_are_errors() {
+    let at = |base, size| fixed(&[(base, size)], base);
+    let e = |l: &FixedLoad| plan(&fixed_inputs(l)).unwrap_err();
+    // Outside RAM.
+    let l = at(0x3000_0000, 0x1000);
+    assert_eq!(e(&l), LayoutError::OutsideRam { name: "kernel load range", range: r(0x3000_0000, 0x1000) });
+    let l = at(0x9fff_f000, 0x2000);
+    assert!(matches!(e(&l), LayoutError::OutsideRam { .. }));
+    // Over the hypervisor, the boot DTB, its own module.
+    let l = at(0x4030_0000, 0x1000);
+    assert_eq!(
+        e(&l),
+        LayoutError::Overlap {
+            a: ("kernel load range", r(0x4030_0000, 0x1000)),
+            b: ("hypervisor image", r(0x4020_0000, 6 * MIB))
+        }
+    );
+    let l = at(0x4800_0000, 0x1000);
+    assert!(matches!(e(&l), LayoutError::Overlap { b: ("device tree", _), .. }), "{}", e(&l));
+    let l = at(0x5000_0000, 0x1000);
+    assert!(matches!(e(&l), LayoutError::Overlap { b: ("kernel", _), .. }));
+    // Clear of everything, but its 2 MiB block shares the module's.
+    let l = at(0x5010_0000, 0x1000);
+    assert_eq!(e(&l), LayoutError::KernelSpanNotFree { span: r(0x5000_0000, 2 * MIB) });
+    // dom0_mem cannot cover it, or is smaller than it.
+    let l = fixed(&[(0x6000_0000, 0x1000), (0x9000_0000, 0x1000)], 0x6000_0000);
+    let i = Inputs { dom0_mem: Some(256 * MIB), ..fixed_inputs(&l) };
+    assert_eq!(
+        plan(&i).unwrap_err(),
+        LayoutError::KernelSpanVsDom0Mem { span: r(0x6000_0000, 0x3020_0000), dom0_mem: 256 * MIB }
+    );
+    // A kernel filling guest RAM leaves no room for the DTB.
+    let l = at(0x6000_0000, 64 * MIB);
+    let i = Inputs { dom0_mem: Some(64 * MIB), ..fixed_inputs(&l) };
+    assert!(matches!(plan(&i).unwrap_err(), LayoutError::ModulesDoNotFit { .. }));
+    assert!(plan(&fixed_inputs(&l)).is_ok());
+}
+
+#[test]
+fn place_modules_puts_the_dtb_and_initrd_around_the_kernel() {
+    let ram = r(0x4000_0000, 64 * MIB);
+    // An Image at the base: initrd above it, DTB at the top.
+    let (i, d) = place_modules(ram, &[r(0x4000_0000, 3 * MIB)], Some(5 * MIB)).unwrap();
+    assert_eq!((i, d), (Some(r(0x4040_0000, 5 * MIB)), r(0x43e0_0000, 2 * MIB)));
+    // A kernel in the top 2 MiB and one in the middle: the DTB below the
+    // top one, the initrd skips the middle one.
+    let k = [r(0x43f0_0000, 0x1000), r(0x4008_0000, 0x1000)];
+    let (i, d) = place_modules(ram, &k, Some(MIB)).unwrap();
+    assert_eq!((i, d), (Some(r(0x4020_0000, MIB)), r(0x43c0_0000, 2 * MIB)));
+    // No slot for the initrd, or none for the DTB.
+    assert_eq!(place_modules(ram, &[r(0x4000_0000, 60 * MIB)], Some(3 * MIB)), None);
+    assert_eq!(place_modules(ram, &[r(0x4000_0000, 64 * MIB)], None), None);
+    assert_eq!(place_modules(ram, &[r(0x4000_0000, 62 * MIB)], None), Some((None, r(0x43e0_0000, 2 * MIB))));
+}
+
+#[test]
+fn without_dom0_mem_a_fixed_address_kernels_range_shares_room_with_the_ram_disk() {
+    let load = fixed(&[(0x6000_0000, 0x1000)], 0x6000_0000);
+    // The disk fits below the kernel module: Dom0 gets the whole range.
+    let i = Inputs { dom0_mem: None, ram_disk: 64 * MIB, ..fixed_inputs(&load) };
+    let p = plan(&i).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(p.guest_ram, r(0x5020_0000, 0xa000_0000 - 0x5020_0000));
+    assert_eq!(p.ram_disk, Some(r(0x4c00_0000, 64 * MIB)));
+    // It fits nowhere else: it comes off the top of Dom0's range.
+    let i = Inputs { dom0_mem: None, ram_disk: 128 * MIB, ..fixed_inputs(&load) };
+    let p = plan(&i).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(p.guest_ram, r(0x5020_0000, 0x9800_0000 - 0x5020_0000));
+    assert_eq!(p.ram_disk, Some(r(0x9800_0000, 128 * MIB)));
+    // Not even there, past the kernel: no room.
+    let top = fixed(&[(0x9ff0_0000, 0x1000)], 0x9ff0_0000);
+    let i = Inputs { dom0_mem: None, ram_disk: 128 * MIB, ..fixed_inputs(&top) };
+    assert!(matches!(plan(&i).unwrap_err(), LayoutError::NoRoom { what: "RAM disk (dom0_disk_size)", .. }));
+}
+
+/// Corrupted and truncated ELF files never make the parser read outside
+/// the file or panic, and whatever it accepts keeps its contract: pieces
+/// inside the file, no two overlapping, the entry inside an executable one.
+#[test]
+fn corrupted_elf_files_are_refused_or_loadable() {
+    let good = good_elf();
+    let mut rng = Rng(0x0e1f_0e1f_5eed_0001);
+    let (mut ok, mut refused) = (0, 0);
+    for _ in 0..20_000 {
+        let mut f = good.clone();
+        // Corrupt a few bytes of the headers (where the parser looks).
+        for _ in 0..1 + rng.below(4) {
+            let at = rng.index(64 + 56 * 3);
+            f[at] = rng.next() as u8;
+        }
+        if rng.below(4) == 0 {
+            f.truncate(rng.index(f.len() + 1));
+        }
+        match read_kernel(&f, None) {
+            Ok(KernelLoad::Fixed(l)) => {
+                ok += 1;
+                for (n, p) in l.pieces.iter().enumerate() {
+                    assert!(p.offset + p.size <= f.len() as u64 && p.size <= p.at.size);
+                    assert!(l.pieces[n + 1..].iter().all(|q| disjoint(p.at, q.at)));
+                }
+                assert!(l.pieces.iter().any(|p| p.at.base <= l.entry && l.entry < end(p.at)));
+            }
+            Ok(KernelLoad::Image { .. }) => panic!("an ELF read as an Image"),
+            Err(_) => refused += 1,
+        }
+    }
+    assert!(ok > 100 && refused > 1000, "ok {ok}, refused {refused}");
 }

@@ -14,6 +14,7 @@
 //! | `hv,sched-weight` | Credit2 weight, 1 cell, 1..=65535 | default [`DEFAULT_WEIGHT`] |
 //! | `hv,sched-cap` | Credit2 cap in percent of one pCPU, 1 cell; 0 = uncapped (Xen's meaning); at most 100 × `cpus` | default uncapped |
 //! | `hv,disk-size` | bytes of the RAM-backed virtio-blk disk, 1 or 2 cells, whole 512-byte sectors; 0 = no disk | default 0: no disk, as a Xen DT (which has no such property) means |
+//! | `hv,kernel-load-addr` | the kernel module is a raw binary: copied as it is to this guest-physical address (1 or 2 cells, 4 KiB aligned, inside the domain's RAM from 0x40000000) and entered there with x0 = DTB | default: none, the module is an arm64 Image or an ELF file (`boot::image`) |
 //! | `hv,heap-quota` | bytes of hypervisor heap the domain's run-time needs may take (disk requests in flight), 1 or 2 cells, 1 MiB..=1 GiB; at the quota the domain gets back-pressure | default [`crate::quota::DEFAULT_DOMU_HEAP_QUOTA`] |
 //!
 //! Children `module@…` with `compatible` listing `multiboot,kernel` (or
@@ -228,6 +229,11 @@ fn domain(idx: &Index<'_, '_>, i: usize, id: DomainId) -> Result<DomainSpec, Dom
         Some(_) => return Err(DomainProblem::BadValue("hv,heap-quota (1 MiB to 1 GiB)")),
     };
 
+    let kernel_load_addr = u64_prop(e, "hv,kernel-load-addr")?;
+    if kernel_load_addr.is_some_and(|a| !a.is_multiple_of(crate::boot::image::RAW_ALIGN)) {
+        return Err(DomainProblem::BadValue("hv,kernel-load-addr (4 KiB aligned)"));
+    }
+
     let (mut kernel, mut ramdisk): (Option<(Region, Option<&str>)>, Option<Region>) = (None, None);
     for (_, m) in idx.children_of(i) {
         let Some(kind) = module_kind(m) else { continue };
@@ -275,6 +281,7 @@ fn domain(idx: &Index<'_, '_>, i: usize, id: DomainId) -> Result<DomainSpec, Dom
         cap_percent,
         disk_size,
         heap_quota,
+        kernel_load_addr,
     })
 }
 
@@ -313,6 +320,9 @@ impl fmt::Display for DomainSpec {
         match self.ramdisk {
             Some(r) => write!(f, ", ramdisk {:#x} ({} bytes)", r.base, r.size)?,
             None => write!(f, ", no ramdisk")?,
+        }
+        if let Some(a) = self.kernel_load_addr {
+            write!(f, ", raw kernel at {a:#x}")?;
         }
         write!(f, ", weight {}", self.weight)?;
         match self.cap_percent {

@@ -192,6 +192,7 @@ fn two_domains_as_xen_describes_them() {
             cap_percent: None,
             disk_size: 0,
             heap_quota: crate::quota::DEFAULT_DOMU_HEAP_QUOTA,
+            kernel_load_addr: None,
         }
     );
     assert_eq!(
@@ -209,6 +210,7 @@ fn two_domains_as_xen_describes_them() {
             cap_percent: Some(150),
             disk_size: 64 * MIB,
             heap_quota: crate::quota::DEFAULT_DOMU_HEAP_QUOTA,
+            kernel_load_addr: None,
         }
     );
     assert_eq!((d[2].id, d[2].name.as_str(), d[2].memory, d[2].disk_size), (3, "domU3", 128 * MIB, MIB));
@@ -401,4 +403,23 @@ fn the_boot_log_lines() {
     };
     assert_eq!(p.to_string(), "d1: RAM 0xb0000000-0xc0000000, disk 0xac000000-0xb0000000");
     assert_eq!(DomuPlacement { disk: None, ..p }.to_string(), "d1: RAM 0xb0000000-0xc0000000, no disk");
+}
+
+#[test]
+fn hv_kernel_load_addr_makes_the_kernel_a_raw_binary() {
+    let d = parse(&one(|_, _| ())).unwrap();
+    assert_eq!(d[0].kernel_load_addr, None);
+    let d = parse(&one(|p, _| set(p, "hv,kernel-load-addr", Some(V::U64(0x4008_0000))))).unwrap();
+    assert_eq!(d[0].kernel_load_addr, Some(0x4008_0000));
+    assert!(d[0].to_string().contains("raw kernel at 0x40080000"), "{}", d[0]);
+    let d = parse(&one(|p, _| set(p, "hv,kernel-load-addr", Some(V::U32(0x4000_0000))))).unwrap();
+    assert_eq!(d[0].kernel_load_addr, Some(0x4000_0000));
+    assert_eq!(
+        problem(&one(|p, _| set(p, "hv,kernel-load-addr", Some(V::U32(0x4000_0800))))),
+        DomainProblem::BadValue("hv,kernel-load-addr (4 KiB aligned)")
+    );
+    assert_eq!(
+        problem(&one(|p, _| set(p, "hv,kernel-load-addr", Some(V::Str("x"))))),
+        DomainProblem::BadValue("hv,kernel-load-addr")
+    );
 }

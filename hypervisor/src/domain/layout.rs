@@ -10,7 +10,8 @@
 //! the dom0less device-tree parser provides real ones.
 
 use super::{DomainSpec, DomuPlacement};
-use crate::boot::plan::{ALIGN, GUEST_DTB_SIZE, MIN_GUEST_RAM};
+use crate::boot::image::KernelLoad;
+use crate::boot::plan::{place_modules, ALIGN, GUEST_DTB_SIZE, MIN_GUEST_RAM};
 use crate::dtb::Region;
 use alloc::vec::Vec;
 use core::fmt;
@@ -51,6 +52,8 @@ pub enum DomainError {
     ModulesDoNotFit { id: u16, need: u64, ram: u64 },
     /// Not enough of Dom0's RAM to carve `n` self-test DomUs from.
     SelftestNoRoom { n: u32, need: u64, dom0_ram: u64 },
+    /// A fixed-address kernel's range (guest-physical) is not inside its RAM.
+    KernelOutsideRam { id: u16, range: Region, ram: Region },
 }
 
 impl fmt::Display for DomainError {
@@ -67,6 +70,14 @@ impl fmt::Display for DomainError {
             DomainError::ModulesDoNotFit { id, need, ram } => {
                 write!(f, "d{id}: kernel, initrd and DTB need {need:#x} bytes, RAM is {ram:#x}")
             }
+            DomainError::KernelOutsideRam { id, range, ram } => write!(
+                f,
+                "d{id}: the kernel's load range [{:#x}, {:#x}) is not inside its RAM [{:#x}, {:#x})",
+                range.base,
+                range.end(),
+                ram.base,
+                ram.end()
+            ),
             DomainError::SelftestNoRoom { n, need, dom0_ram } => {
                 write!(f, "domu_selftest={n}: needs {need:#x} bytes of Dom0's {dom0_ram:#x} and leaves too little")
             }
@@ -81,14 +92,25 @@ pub struct Placed {
     pub host: u64,
 }
 
-/// One DomU's memory layout.
+/// One copy into a DomU's RAM: `src` (host-physical, in the module) to
+/// `dst`, zeroed past `src.size`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelCopy {
+    pub src: Region,
+    pub dst: Placed,
+}
+
+/// One DomU's memory layout.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DomuLayout {
     /// All its RAM.
     pub ram: Placed,
-    /// The kernel: `ipa.size` is the header's `image_size` (zeroed beyond
-    /// the file).
-    pub kernel: Placed,
+    /// The kernel's copies: one for an Image (`dst.ipa.size` is the
+    /// header's `image_size`, zeroed beyond the file), one per piece for a
+    /// kernel at fixed addresses (`boot::image`).
+    pub kernel: Vec<KernelCopy>,
+    /// Where its vCPU 0 starts (guest-physical).
+    pub entry: u64,
     pub initrd: Option<Placed>,
     /// The device tree's room (the last [`GUEST_DTB_SIZE`] of RAM).
     pub dtb: Placed,
@@ -100,11 +122,14 @@ fn align_up(x: u64) -> Option<u64> {
     x.checked_add(ALIGN - 1).map(|v| v & !(ALIGN - 1))
 }
 
-/// Lays a DomU out: RAM at [`DOMU_RAM_BASE`] backed by `placement.ram`, the
-/// kernel at its base (arm64 boot protocol: 2 MiB aligned, `image_size`
-/// reserved), the initrd at the next 2 MiB boundary, the DTB in the last
-/// 2 MiB. `image_size` is the kernel header's (`boot::image`).
-pub fn layout_domu(spec: &DomainSpec, placement: &DomuPlacement, image_size: u64) -> Result<DomuLayout, DomainError> {
+/// Lays a DomU out: RAM at [`DOMU_RAM_BASE`] backed by `placement.ram`;
+/// an arm64 Image at its base (arm64 boot protocol: 2 MiB aligned,
+/// `image_size` reserved), a fixed-address kernel (`load`, from
+/// `boot::image::read_kernel`) where it says, inside the RAM; the DTB and
+/// initrd around the kernel (`boot::plan::place_modules`: the DTB in the
+/// highest free 2 MiB, the initrd at the lowest 2 MiB boundary clear of
+/// both).
+pub fn layout_domu(spec: &DomainSpec, placement: &DomuPlacement, load: &KernelLoad) -> Result<DomuLayout, DomainError> {
     let id = spec.id;
     if spec.memory < MIN_GUEST_RAM || spec.memory > MAX_DOMU_RAM || !spec.memory.is_multiple_of(ALIGN) {
         return Err(DomainError::BadMemory { id, memory: spec.memory });
@@ -121,26 +146,37 @@ pub fn layout_domu(spec: &DomainSpec, placement: &DomuPlacement, image_size: u64
         (size, _) => return Err(DomainError::NoDisk { id, size }),
     };
     let at = |ipa: u64| placement.ram.base + (ipa - DOMU_RAM_BASE);
-    let ram = Region { base: DOMU_RAM_BASE, size: spec.memory };
-    let kernel_size = image_size.max(spec.kernel.size);
-    let kernel = Region { base: DOMU_RAM_BASE, size: kernel_size };
-    let too_big = DomainError::ModulesDoNotFit { id, need: u64::MAX, ram: spec.memory };
-    let mut next = align_up(kernel.end()).ok_or(too_big)?;
-    let initrd = match spec.ramdisk {
-        Some(r) => {
-            let ipa = Region { base: next, size: r.size };
-            next = align_up(ipa.end()).ok_or(too_big)?;
-            Some(ipa)
-        }
-        None => None,
-    };
-    let dtb = Region { base: ram.end() - GUEST_DTB_SIZE, size: GUEST_DTB_SIZE };
-    if next > dtb.base {
-        let need = next - DOMU_RAM_BASE + GUEST_DTB_SIZE;
-        return Err(DomainError::ModulesDoNotFit { id, need, ram: spec.memory });
-    }
     let placed = |ipa: Region| Placed { ipa, host: at(ipa.base) };
-    Ok(DomuLayout { ram: placed(ram), kernel: placed(kernel), initrd: initrd.map(placed), dtb: placed(dtb), disk })
+    let ram = Region { base: DOMU_RAM_BASE, size: spec.memory };
+    let (pieces, entry): (Vec<(Region, Region)>, u64) = match load {
+        KernelLoad::Image { size } => {
+            let size = (*size).max(spec.kernel.size).min(u64::MAX - DOMU_RAM_BASE);
+            (Vec::from([(spec.kernel, Region { base: DOMU_RAM_BASE, size })]), DOMU_RAM_BASE)
+        }
+        KernelLoad::Fixed(f) => {
+            let mut v = Vec::new();
+            for p in &f.pieces {
+                if p.at.base < ram.base || p.at.base.checked_add(p.at.size).is_none_or(|e| e > ram.end()) {
+                    return Err(DomainError::KernelOutsideRam { id, range: p.at, ram });
+                }
+                v.push((Region { base: spec.kernel.base + p.offset, size: p.size }, p.at));
+            }
+            (v, f.entry)
+        }
+    };
+    let ranges: Vec<Region> = pieces.iter().map(|p| p.1).collect();
+    let initrd_size = spec.ramdisk.map(|r| r.size);
+    let Some((initrd, dtb)) = place_modules(ram, &ranges, initrd_size) else {
+        let need = ranges
+            .iter()
+            .map(|r| align_up(r.size))
+            .chain(initrd_size.map(align_up))
+            .try_fold(GUEST_DTB_SIZE, |acc, s| acc.checked_add(s?))
+            .unwrap_or(u64::MAX);
+        return Err(DomainError::ModulesDoNotFit { id, need, ram: spec.memory });
+    };
+    let kernel = pieces.iter().map(|&(src, dst)| KernelCopy { src, dst: placed(dst) }).collect();
+    Ok(DomuLayout { ram: placed(ram), kernel, entry, initrd: initrd.map(placed), dtb: placed(dtb), disk })
 }
 
 /// `domu_selftest=N`: carves N DomUs of `mem` bytes of RAM and `disk` bytes
@@ -207,6 +243,7 @@ pub fn selftest_specs(
             cap_percent: None,
             disk_size: disk,
             heap_quota: crate::quota::DEFAULT_DOMU_HEAP_QUOTA,
+            kernel_load_addr: None,
         })
         .collect()
 }

@@ -63,6 +63,10 @@ pub struct DomainSpec {
     /// Heap the hypervisor may allocate at run time on its behalf
     /// (`hv,heap-quota`; default [`crate::quota::DEFAULT_DOMU_HEAP_QUOTA`]).
     pub heap_quota: u64,
+    /// The kernel module is a raw binary loaded at this guest-physical
+    /// address and entered there (`hv,kernel-load-addr`); `None`: an arm64
+    /// Image or ELF file (`boot::image`).
+    pub kernel_load_addr: Option<u64>,
 }
 
 /// Where the boot plan put one DomU's backing memory (host physical, 2 MiB

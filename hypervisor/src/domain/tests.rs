@@ -6,9 +6,15 @@ use super::console::{next_domain, ConsoleMux, Input, InputSwitch, LINE_MAX, SWIT
 use super::domu_dt::{build_domu_dtb, DomuDtConfig};
 use super::layout::*;
 use super::{DomainSpec, DomuPlacement, DEFAULT_WEIGHT};
+use crate::boot::image::KernelLoad;
 use crate::dtb::Region;
 use alloc::string::String;
 use alloc::vec::Vec;
+
+/// An arm64 Image of `size` bytes (`image_size`).
+fn img(size: u64) -> KernelLoad {
+    KernelLoad::Image { size }
+}
 
 const MIB: u64 = 1 << 20;
 
@@ -106,6 +112,7 @@ fn spec(id: u16, memory: u64, kernel: u64, ramdisk: Option<u64>, disk_size: u64)
         cap_percent: None,
         disk_size,
         heap_quota: crate::quota::DEFAULT_DOMU_HEAP_QUOTA,
+        kernel_load_addr: None,
     }
 }
 
@@ -113,9 +120,9 @@ fn spec(id: u16, memory: u64, kernel: u64, ramdisk: Option<u64>, disk_size: u64)
 fn domu_layout_puts_kernel_initrd_and_dtb_in_its_ram() {
     let s = spec(1, 256 * MIB, 30 * MIB, Some(17 * MIB), 32 * MIB);
     let p = DomuPlacement { id: 1, ram: r(0x1_0000_0000, 256 * MIB), disk: Some(r(0x1_1000_0000, 32 * MIB)) };
-    let l = layout_domu(&s, &p, 40 * MIB).expect("fits");
+    let l = layout_domu(&s, &p, &img(40 * MIB)).expect("fits");
     assert_eq!(l.ram, Placed { ipa: r(DOMU_RAM_BASE, 256 * MIB), host: 0x1_0000_0000 });
-    assert_eq!(l.kernel, Placed { ipa: r(DOMU_RAM_BASE, 40 * MIB), host: 0x1_0000_0000 });
+    assert_eq!(l.kernel[0].dst, Placed { ipa: r(DOMU_RAM_BASE, 40 * MIB), host: 0x1_0000_0000 });
     let i = l.initrd.expect("initrd");
     assert_eq!(i.ipa, r(DOMU_RAM_BASE + 40 * MIB, 17 * MIB));
     assert_eq!(i.host, 0x1_0000_0000 + 40 * MIB);
@@ -127,21 +134,21 @@ fn domu_layout_puts_kernel_initrd_and_dtb_in_its_ram() {
 #[test]
 fn impossible_domu_layouts_are_errors() {
     let p = DomuPlacement { id: 1, ram: r(0x1_0000_0000, 128 * MIB), disk: None };
-    let e = layout_domu(&spec(1, 128 * MIB, 100 * MIB, Some(30 * MIB), 0), &p, 0).unwrap_err();
+    let e = layout_domu(&spec(1, 128 * MIB, 100 * MIB, Some(30 * MIB), 0), &p, &img(0)).unwrap_err();
     assert!(matches!(e, DomainError::ModulesDoNotFit { id: 1, .. }), "{e}");
-    let e = layout_domu(&spec(1, 32 * MIB, MIB, None, 0), &p, 0).unwrap_err();
+    let e = layout_domu(&spec(1, 32 * MIB, MIB, None, 0), &p, &img(0)).unwrap_err();
     assert!(matches!(e, DomainError::BadMemory { .. }), "{e}");
-    let e = layout_domu(&spec(1, 129 * MIB, MIB, None, 0), &p, 0).unwrap_err();
+    let e = layout_domu(&spec(1, 129 * MIB, MIB, None, 0), &p, &img(0)).unwrap_err();
     assert!(matches!(e, DomainError::BadMemory { .. }), "{e}");
-    let e = layout_domu(&spec(1, 256 * MIB, MIB, None, 0), &p, 0).unwrap_err();
+    let e = layout_domu(&spec(1, 256 * MIB, MIB, None, 0), &p, &img(0)).unwrap_err();
     assert!(matches!(e, DomainError::PlacementTooSmall { .. }), "{e}");
-    let e = layout_domu(&spec(1, 128 * MIB, MIB, None, MIB), &p, 0).unwrap_err();
+    let e = layout_domu(&spec(1, 128 * MIB, MIB, None, MIB), &p, &img(0)).unwrap_err();
     assert!(matches!(e, DomainError::NoDisk { .. }), "{e}");
     let mut s = spec(1, 128 * MIB, MIB, None, 0);
     s.vcpus = 0;
-    assert!(matches!(layout_domu(&s, &p, 0), Err(DomainError::BadVcpus { .. })));
+    assert!(matches!(layout_domu(&s, &p, &img(0)), Err(DomainError::BadVcpus { .. })));
     let s = spec(1, MAX_DOMU_RAM + 2 * MIB, MIB, None, 0);
-    assert!(matches!(layout_domu(&s, &p, 0), Err(DomainError::BadMemory { .. })));
+    assert!(matches!(layout_domu(&s, &p, &img(0)), Err(DomainError::BadMemory { .. })));
 }
 
 #[test]
@@ -280,7 +287,46 @@ fn selftest_specs_reuse_dom0s_modules_and_pass_the_command() {
     assert!(specs[0].bootargs.starts_with("console=ttyAMA0 "));
     assert!(specs[0].bootargs.ends_with(" guestcmd=dHJ1ZQ=="));
     let p = selftest_carve(r(0x6000_0000, 2048 * MIB), 2, 512 * MIB, 32 * MIB, 256 * MIB).unwrap().1;
-    let l = layout_domu(&specs[1], &p[1], 40 * MIB).expect("a self-test DomU fits its placement");
+    let l = layout_domu(&specs[1], &p[1], &img(40 * MIB)).expect("a self-test DomU fits its placement");
     assert_eq!(l.ram.host, p[1].ram.base);
     assert!(selftest_specs(0, k, None, (512 * MIB, 1, 0), None).is_empty());
+}
+
+#[test]
+fn domu_fixed_address_kernels_load_in_its_ram_around_the_dtb_and_initrd() {
+    use crate::boot::image::{read_kernel, FixedLoad, Piece};
+    let p = DomuPlacement { id: 1, ram: r(0x1_0000_0000, 128 * MIB), disk: None };
+    let mut s = spec(1, 128 * MIB, MIB, Some(3 * MIB), 0);
+    // A raw binary at the top 2 MiB of its RAM: the DTB goes below it, the
+    // initrd at the bottom; the copy comes from the module's first byte.
+    s.kernel_load_addr = Some(DOMU_RAM_BASE + 126 * MIB);
+    let load = read_kernel(&alloc::vec![0u8; MIB as usize], s.kernel_load_addr).unwrap();
+    let l = layout_domu(&s, &p, &load).expect("fits");
+    assert_eq!(l.entry, DOMU_RAM_BASE + 126 * MIB);
+    assert_eq!(l.kernel.len(), 1);
+    assert_eq!(l.kernel[0].src, r(0x4800_0000, MIB));
+    assert_eq!(l.kernel[0].dst, Placed { ipa: r(DOMU_RAM_BASE + 126 * MIB, MIB), host: 0x1_0000_0000 + 126 * MIB });
+    assert_eq!(l.dtb.ipa, r(DOMU_RAM_BASE + 124 * MIB, 2 * MIB));
+    assert_eq!(l.initrd.unwrap().ipa, r(DOMU_RAM_BASE, 3 * MIB));
+
+    // ELF pieces: copied from their offsets in the module.
+    let pieces = Vec::from([
+        Piece { offset: 0x1000, size: 0x2000, at: r(DOMU_RAM_BASE + 0x8_0000, 0x2000) },
+        Piece { offset: 0x3000, size: 0x100, at: r(DOMU_RAM_BASE + 0x10_0000, 0x1_0000) },
+    ]);
+    let load = KernelLoad::Fixed(FixedLoad { pieces, entry: DOMU_RAM_BASE + 0x8_0000 });
+    let l = layout_domu(&s, &p, &load).expect("fits");
+    assert_eq!(l.kernel[1].src, r(0x4800_3000, 0x100));
+    assert_eq!(l.kernel[1].dst.host, 0x1_0010_0000);
+    assert_eq!(l.initrd.unwrap().ipa, r(DOMU_RAM_BASE + 2 * MIB, 3 * MIB));
+
+    // Outside its RAM: below its base, past its end.
+    for at in [0x3fff_f000, DOMU_RAM_BASE + 128 * MIB - 0x1000] {
+        let load = read_kernel(&[0u8; 0x2000], Some(at)).unwrap();
+        let e = layout_domu(&s, &p, &load).unwrap_err();
+        assert_eq!(e, DomainError::KernelOutsideRam { id: 1, range: r(at, 0x2000), ram: r(DOMU_RAM_BASE, 128 * MIB) });
+    }
+    // Filling its RAM: no room for the DTB.
+    let load = read_kernel(&alloc::vec![0u8; 127 * MIB as usize], Some(DOMU_RAM_BASE)).unwrap();
+    assert!(matches!(layout_domu(&s, &p, &load), Err(DomainError::ModulesDoNotFit { .. })));
 }

@@ -28,6 +28,7 @@
 //! SPI count, whether a physical ITS works, which virtio-mmio slots hold a
 //! device.
 
+use crate::boot::image::KernelLoad;
 use crate::boot::plan::{self, LayoutError, Plan};
 use crate::config::{Config, DiskMode};
 use crate::domain::layout::{self, DomainError, DomuLayout, DOMU_GICD, DOMU_GICR, DOMU_UART, DOMU_UART_SPI};
@@ -664,16 +665,17 @@ pub fn plan_dom0(
 /// Plans DomU `spec` in `placement`: its RAM at `DOMU_RAM_BASE` (not
 /// identity-mapped) and nothing else in stage 2, a vGICv3 with one
 /// redistributor per vCPU, a vPL011 when asked, the hypervisor's virtio-blk
-/// over its RAM disk. `image_size` is its kernel header's. Also returns the
+/// over its RAM disk. `load` is how its kernel loads
+/// (`boot::image::read_kernel`). Also returns the
 /// layout inside its RAM (kernel, initrd, DTB).
 pub fn plan_domu(
     spec: &DomainSpec,
     placement: &DomuPlacement,
-    image_size: u64,
+    load: &KernelLoad,
     plat: &Platform,
     hw: &HwFacts,
 ) -> Result<(VmPlan, DomuLayout), PlanError> {
-    let l = layout::layout_domu(spec, placement, image_size)?;
+    let l = layout::layout_domu(spec, placement, load)?;
     let nr_vcpus = spec.vcpus as usize;
     let spi = |n: u32| IntId::spi(n).map_err(|_| PlanError::BadSpi(n));
     let disk = match l.disk {

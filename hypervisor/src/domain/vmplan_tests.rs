@@ -4,6 +4,7 @@
 
 use super::layout::{selftest_carve, selftest_specs, DOMU_RAM_BASE, DOMU_UART, DOMU_VIRTIO};
 use super::vmplan::*;
+use crate::boot::image::KernelLoad;
 use crate::boot::plan::{ModuleCopy, Plan, GUEST_DTB_SIZE};
 use crate::config::Config;
 use crate::dtb::{self, BootModule, MmioDevice, Platform, Region};
@@ -45,7 +46,8 @@ fn boot_plan() -> Plan {
         heap: r(0x4080_0000, 48 * MIB),
         guest_ram,
         ram_disk: Some(r(0x7000_0000, 128 * MIB)),
-        kernel: ModuleCopy { src: r(0x4800_0000, 27 * MIB), dst: r(guest_ram.base, 28 * MIB) },
+        kernel: Vec::from([ModuleCopy { src: r(0x4800_0000, 27 * MIB), dst: r(guest_ram.base, 28 * MIB) }]),
+        entry: guest_ram.base,
         initrd: None,
         guest_dtb: r(guest_ram.end() - GUEST_DTB_SIZE, GUEST_DTB_SIZE),
         domus: Vec::new(),
@@ -279,7 +281,7 @@ fn domus_get_their_ram_and_emulated_devices_only() {
         selftest_specs(3, r(0x4800_0000, 27 * MIB), Some(r(0x4a00_0000, 80 * MIB)), (128 * MIB, 2, 16 * MIB), None);
     let mut hosts = Vec::new();
     for (s, pl) in specs.iter().zip(&placements) {
-        let (p, l) = plan_domu(s, pl, 28 * MIB, &plat, &hw(true)).unwrap();
+        let (p, l) = plan_domu(s, pl, &KernelLoad::Image { size: 28 * MIB }, &plat, &hw(true)).unwrap();
         check_mappings(&p);
         assert_eq!(p.domid, s.id);
         assert_eq!(
@@ -288,7 +290,7 @@ fn domus_get_their_ram_and_emulated_devices_only() {
         );
         assert!(pl.ram.base >= left.end());
         assert_eq!((p.ram.base, p.ram_host), (DOMU_RAM_BASE, pl.ram.base));
-        assert_eq!(l.kernel.ipa.base, DOMU_RAM_BASE);
+        assert_eq!(l.kernel[0].dst.ipa.base, DOMU_RAM_BASE);
         assert!(p.passthrough.is_empty() && p.bridges.is_empty() && p.forwarded.is_empty() && p.iomem.is_none());
         assert!(p.its.is_none() && !p.vgic.lpis);
         assert_eq!(p.ipa.bits(), 39);
@@ -320,17 +322,17 @@ fn impossible_domus_are_typed_errors() {
     let good = selftest_specs(1, r(0x4800_0000, 27 * MIB), None, (128 * MIB, 1, 16 * MIB), None).remove(0);
     let mut bad = good.clone();
     bad.vcpus = 0;
-    let e = plan_domu(&bad, &pl[0], 28 * MIB, &plat, &hw(false)).unwrap_err();
+    let e = plan_domu(&bad, &pl[0], &KernelLoad::Image { size: 28 * MIB }, &plat, &hw(false)).unwrap_err();
     assert!(matches!(e, PlanError::Domain(super::layout::DomainError::BadVcpus { .. })), "{e}");
     let mut bad = good.clone();
     bad.memory = 256 * MIB;
-    let e = plan_domu(&bad, &pl[0], 28 * MIB, &plat, &hw(false)).unwrap_err();
+    let e = plan_domu(&bad, &pl[0], &KernelLoad::Image { size: 28 * MIB }, &plat, &hw(false)).unwrap_err();
     assert!(matches!(e, PlanError::Domain(super::layout::DomainError::PlacementTooSmall { .. })), "{e}");
-    let e = plan_domu(&good, &pl[0], 200 * MIB, &plat, &hw(false)).unwrap_err();
+    let e = plan_domu(&good, &pl[0], &KernelLoad::Image { size: 200 * MIB }, &plat, &hw(false)).unwrap_err();
     assert!(matches!(e, PlanError::Domain(super::layout::DomainError::ModulesDoNotFit { .. })), "{e}");
     let mut no_disk = pl[0];
     no_disk.disk = None;
-    let e = plan_domu(&good, &no_disk, 28 * MIB, &plat, &hw(false)).unwrap_err();
+    let e = plan_domu(&good, &no_disk, &KernelLoad::Image { size: 28 * MIB }, &plat, &hw(false)).unwrap_err();
     assert!(matches!(e, PlanError::Domain(super::layout::DomainError::NoDisk { .. })), "{e}");
 }
 

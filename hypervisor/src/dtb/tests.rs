@@ -708,7 +708,7 @@ fn fvp_reserved_memory_is_never_ram_for_the_heap_or_dom0() {
         image: Region { base: 0x8800_0000, size: 0x60_0000 },
         dtb: Region { base: 0x8200_0000, size: 0x1_0000 },
         reserved: &p.reserved,
-        kernel: Kernel { module: Region { base: 0x9000_0000, size: 0x1a0_0000 }, image_size: 0x1b0_0000 },
+        kernel: Kernel { module: Region { base: 0x9000_0000, size: 0x1a0_0000 }, image_size: 0x1b0_0000, fixed: None },
         initrd: Some(Region { base: 0x9400_0000, size: 0x500_0000 }),
         dom0_mem: Some(0x1000_0000),
         ram_disk: 0,

@@ -8,7 +8,7 @@ use super::{console, heap, vcpu, vm};
 use crate::arch::entry::STACK_SIZE;
 use crate::arch::{cache, el2, exception, gic, mmu, smc, sysreg};
 use crate::boot::handoff::{self, Convention, NoDtb};
-use crate::boot::image as boot_image;
+use crate::boot::image::{self as boot_image, KernelLoad};
 use crate::boot::pcpus;
 use crate::boot::plan::{self, LayoutError, Plan};
 use crate::config::{Config, DiskMode};
@@ -45,8 +45,9 @@ fn find_dtb(regs: [u64; 4]) -> Result<(&'static [u8], Convention), NoDtb> {
     Ok((unsafe { core::slice::from_raw_parts(h.dtb as *const u8, h.size as usize) }, h.convention))
 }
 
-/// Checks the boot inputs, reads the kernel's arm64 header (once the
-/// module is known to lie in RAM and overlap nothing) and plans the layout.
+/// Checks the boot inputs, reads the kernel module (once it is known to
+/// lie in RAM and overlap nothing: an arm64 Image, an ELF file, or a raw
+/// binary at `dom0_kernel_load_addr=`) and plans the layout.
 pub(super) fn plan_layout(
     plat: &Platform,
     kernel: &BootModule,
@@ -59,7 +60,7 @@ pub(super) fn plan_layout(
         image,
         dtb: Region { base: dtb.as_ptr() as u64, size: dtb.len() as u64 },
         reserved: &plat.reserved,
-        kernel: plan::Kernel { module: Region { base: kernel.base, size: kernel.size }, image_size: 0 },
+        kernel: plan::Kernel { module: Region { base: kernel.base, size: kernel.size }, image_size: 0, fixed: None },
         initrd: plat.ramdisk.as_ref().map(|r| Region { base: r.base, size: r.size }),
         dom0_mem: cfg.dom0_mem,
         ram_disk: if cfg.disk == DiskMode::Ram { cfg.disk_size } else { 0 },
@@ -75,8 +76,12 @@ pub(super) fn plan_layout(
     plan::check(&inputs)?;
     // SAFETY: the module lies in RAM (checked just above), identity-mapped
     // as normal memory, and nothing has written it.
-    let header = unsafe { core::slice::from_raw_parts(kernel.base as *const u8, kernel.size.min(64) as usize) };
-    inputs.kernel.image_size = boot_image::arm64_image_size(header, kernel.size)?;
+    let file = unsafe { core::slice::from_raw_parts(kernel.base as *const u8, kernel.size as usize) };
+    let load = boot_image::read_kernel(file, cfg.dom0_kernel_load_addr)?;
+    match &load {
+        KernelLoad::Image { size } => inputs.kernel.image_size = *size,
+        KernelLoad::Fixed(f) => inputs.kernel.fixed = Some(f),
+    }
     plan::plan(&inputs)
 }
 

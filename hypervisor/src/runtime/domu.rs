@@ -51,10 +51,9 @@ impl Vm {
     ) -> Result<Box<Vm>, VmError> {
         // SAFETY: the kernel module lies in RAM the boot plan keeps (never
         // written), identity-mapped as normal memory.
-        let header =
-            unsafe { core::slice::from_raw_parts(spec.kernel.base as *const u8, spec.kernel.size.min(64) as usize) };
-        let image_size = boot_image::arm64_image_size(header, spec.kernel.size).map_err(VmError::Layout)?;
-        let (vp, l) = vmplan::plan_domu(spec, placement, image_size, plat, &hw_facts(plat, false, host.vpmu))
+        let file = unsafe { core::slice::from_raw_parts(spec.kernel.base as *const u8, spec.kernel.size as usize) };
+        let load = boot_image::read_kernel(file, spec.kernel_load_addr).map_err(|e| VmError::Layout(e.into()))?;
+        let (vp, l) = vmplan::plan_domu(spec, placement, &load, plat, &hw_facts(plat, false, host.vpmu))
             .map_err(VmError::Plan)?;
 
         // SAFETY: the placement's RAM is host RAM nothing else uses (the
@@ -68,7 +67,9 @@ impl Vm {
         // line of zeros outlives a non-cacheable write of the guest's either,
         // once it turns its caches on. (The copies below clean their own.)
         cache::clean_inval_to_poc(l.ram.host, l.ram.ipa.size);
-        copy_module(&ModuleCopy { src: spec.kernel, dst: Region { base: l.kernel.host, size: l.kernel.ipa.size } });
+        for c in &l.kernel {
+            copy_module(&ModuleCopy { src: c.src, dst: Region { base: c.dst.host, size: c.dst.ipa.size } });
+        }
         if let (Some(src), Some(i)) = (spec.ramdisk, l.initrd) {
             copy_module(&ModuleCopy { src, dst: Region { base: i.host, size: i.ipa.size } });
         }
@@ -95,19 +96,20 @@ impl Vm {
                 pin_to: None,
                 weights: &[],
                 dtb: l.dtb.ipa.base,
-                kernel: l.kernel.ipa.base,
+                kernel: l.entry,
             },
         )?;
         let quota = alloc::sync::Arc::new(crate::quota::Quota::new(vp.heap_quota));
         let disk = apply_disk(&vp, &quota)?;
         info!(
-            "d{}: {} vCPU(s), RAM {:#x}+{:#x} at host {:#x}, kernel {} KiB, initrd {:?}, disk {} MiB, vpl011 {}, VMID {vmid}",
+            "d{}: {} vCPU(s), RAM {:#x}+{:#x} at host {:#x}, kernel entry {:#x} ({} KiB), initrd {:?}, disk {} MiB, vpl011 {}, VMID {vmid}",
             spec.id,
             vp.nr_vcpus,
             l.ram.ipa.base,
             l.ram.ipa.size,
             l.ram.host,
-            image_size / 1024,
+            l.entry,
+            l.kernel.iter().map(|c| c.dst.ipa.size).sum::<u64>() / 1024,
             l.initrd.map(|i| (i.ipa.base, i.ipa.size)),
             l.disk.map_or(0, |d| d.size >> 20),
             spec.vpl011
@@ -137,7 +139,7 @@ pub fn selftest(
     let mut dom0 = plan.clone();
     dom0.guest_ram = left;
     dom0.guest_dtb = Region { base: left.end() - GUEST_DTB_SIZE, size: GUEST_DTB_SIZE };
-    let modules_end = plan.initrd.map_or(plan.kernel.dst.end(), |i| i.dst.end());
+    let modules_end = plan.kernel.iter().chain(&plan.initrd).map(|c| c.dst.end()).max().unwrap_or(0);
     if modules_end > dom0.guest_dtb.base {
         return Err(VmError::Memory("domu_selftest: Dom0's kernel and initrd do not fit in the RAM left to it"));
     }

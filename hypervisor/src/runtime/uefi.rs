@@ -608,13 +608,13 @@ pub fn acpi_main(h: &'static Handoff) -> ! {
             Err(e) => hv_fatal!("boot layout: {e}"),
         };
         info!(
-            "EFI boot: layout: heap {:#x}-{:#x}, guest RAM {:#x}-{:#x}, kernel {:#x} -> {:#x}, initrd {:#x} -> {:#x}",
+            "EFI boot: layout: heap {:#x}-{:#x}, guest RAM {:#x}-{:#x}, kernel {:#x} -> entry {:#x}, initrd {:#x} -> {:#x}",
             plan.heap.base,
             plan.heap.end(),
             plan.guest_ram.base,
             plan.guest_ram.end(),
-            plan.kernel.src.base,
-            plan.kernel.dst.base,
+            kernel.base,
+            plan.entry,
             plan.initrd.map_or(0, |c| c.src.base),
             plan.initrd.map_or(0, |c| c.dst.base)
         );

@@ -799,9 +799,12 @@ impl Vm {
         let vp = vmplan::plan_dom0(plat, plan, cfg, fw, &hw).map_err(VmError::Plan)?;
         info!("dom0 stage 2: {}-bit IPA ({}-bit PA)", vp.ipa.bits(), hw.pa_bits);
         let nr_vcpus = vp.nr_vcpus;
-        // Kernel at the bottom of guest RAM (image_size reserved), initrd
-        // next, the DTB in the last 2 MiB: see `boot::plan`.
-        copy_module(&plan.kernel);
+        // The kernel (an Image at the bottom of guest RAM with image_size
+        // reserved, or its pieces at their fixed addresses), the initrd
+        // and the DTB around it: see `boot::plan`.
+        for c in &plan.kernel {
+            copy_module(c);
+        }
         if let Some(c) = &plan.initrd {
             copy_module(c);
         }
@@ -821,19 +824,20 @@ impl Vm {
                 pin_to: cfg.dom0_vcpus_pin.then_some(nr_pcpus),
                 weights: &weights,
                 dtb: plan.guest_dtb.base,
-                kernel: plan.kernel.dst.base,
+                kernel: plan.entry,
             },
         )?;
         let quota = Arc::new(Quota::new(vp.heap_quota));
         let disk = apply_disk(&vp, &quota)?;
         info!(
-            "dom0: {} vCPU(s) on {} pCPU(s), RAM {:#x}-{:#x}, kernel {:#x} ({} KiB), initrd {:?}, dtb {:#x}, {} passthrough device(s)",
+            "dom0: {} vCPU(s) on {} pCPU(s), RAM {:#x}-{:#x}, kernel entry {:#x} ({} KiB in {} piece(s)), initrd {:?}, dtb {:#x}, {} passthrough device(s)",
             nr_vcpus,
             nr_pcpus,
             vp.ram.base,
             vp.ram.end(),
-            plan.kernel.dst.base,
-            plan.kernel.dst.size / 1024,
+            plan.entry,
+            plan.kernel.iter().map(|c| c.dst.size).sum::<u64>() / 1024,
+            plan.kernel.len(),
             plan.initrd.map(|c| (c.dst.base, c.dst.size)),
             plan.guest_dtb.base,
             vp.passthrough.len()

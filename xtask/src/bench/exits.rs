@@ -105,7 +105,7 @@ pub fn run() -> Result<()> {
     let mut failed = Vec::new();
     for c in CASES {
         eprintln!("xtask: bench exits: {}", c.label);
-        let mut o = options(c.at, c.gic, 2)?;
+        let mut o = options(c.at, c.gic, 2, crate::conformance::KernelFormat::Image)?;
         o.icount = true;
         o.echo = false;
         o.append = Some("conformance.exits".into());

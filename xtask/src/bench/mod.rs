@@ -789,6 +789,8 @@ pub fn run_options(case: &Case, runtime_s: u32) -> crate::qemu::RunOptions {
             weights: Vec::new(),
             caps: Vec::new(),
             append: None,
+            kernel: None,
+            kernel_load_addr: None,
         }),
         ..Default::default()
     }
