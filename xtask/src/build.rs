@@ -41,18 +41,7 @@ pub fn hypervisor(platform: &str) -> Result<PathBuf> {
 /// Builds the conformance guest (tests/conformance, an EL1 kernel with an
 /// arm64 Image header) and returns its flat image's path.
 pub fn conformance() -> Result<PathBuf> {
-    crate::setup::ensure_target()?;
-    let target_dir = root().join("target").join("hv");
-    let st = Command::new(env!("CARGO"))
-        .current_dir(root())
-        .env("CARGO_TARGET_DIR", &target_dir)
-        .args(["build", "--quiet", "--release", "-p", "conformance", "--target", crate::setup::TARGET])
-        .status()
-        .map_err(|e| format!("cargo: {e}"))?;
-    if !st.success() {
-        return Err("building the conformance guest failed".into());
-    }
-    let elf = target_dir.join(crate::setup::TARGET).join("release").join("conformance");
+    let elf = cargo_build_conformance(&root().join("target").join("hv"), None)?;
     let bin = crate::out_dir().join("conformance.bin");
     std::fs::create_dir_all(crate::out_dir()).map_err(|e| e.to_string())?;
     let data = std::fs::read(&elf).map_err(|e| format!("{}: {e}", elf.display()))?;
@@ -68,19 +57,7 @@ pub fn conformance() -> Result<PathBuf> {
 /// hypervisor's own reader (`boot::image::read_kernel`): loaded from
 /// `base`, entered there.
 pub fn conformance_elf(base: u64) -> Result<PathBuf> {
-    crate::setup::ensure_target()?;
-    let target_dir = root().join("target").join(format!("hv-conformance-{base:x}"));
-    let st = Command::new(env!("CARGO"))
-        .current_dir(root())
-        .env("CARGO_TARGET_DIR", &target_dir)
-        .env("CONFORMANCE_LINK_BASE", format!("{base:#x}"))
-        .args(["build", "--quiet", "--release", "-p", "conformance", "--target", crate::setup::TARGET])
-        .status()
-        .map_err(|e| format!("cargo: {e}"))?;
-    if !st.success() {
-        return Err("building the fixed-address conformance guest failed".into());
-    }
-    let elf = target_dir.join(crate::setup::TARGET).join("release").join("conformance");
+    let elf = cargo_build_conformance(&root().join("target").join(format!("hv-conformance-{base:x}")), Some(base))?;
     let data = std::fs::read(&elf).map_err(|e| format!("{}: {e}", elf.display()))?;
     match hypervisor::boot::image::read_kernel(&data, None) {
         Ok(hypervisor::boot::image::KernelLoad::Fixed(f))
@@ -91,6 +68,26 @@ pub fn conformance_elf(base: u64) -> Result<PathBuf> {
     std::fs::create_dir_all(crate::out_dir()).map_err(|e| e.to_string())?;
     std::fs::copy(&elf, &out).map_err(|e| e.to_string())?;
     Ok(out)
+}
+
+/// Builds the conformance guest in `target_dir` (release, the bare-metal
+/// target), linked position-independent or, with `link_base`, as a
+/// fixed-address executable there; returns the ELF's path.
+fn cargo_build_conformance(target_dir: &std::path::Path, link_base: Option<u64>) -> Result<PathBuf> {
+    crate::setup::ensure_target()?;
+    let mut cmd = Command::new(env!("CARGO"));
+    cmd.current_dir(root()).env("CARGO_TARGET_DIR", target_dir);
+    if let Some(base) = link_base {
+        cmd.env("CONFORMANCE_LINK_BASE", format!("{base:#x}"));
+    }
+    let st = cmd
+        .args(["build", "--quiet", "--release", "-p", "conformance", "--target", crate::setup::TARGET])
+        .status()
+        .map_err(|e| format!("cargo: {e}"))?;
+    if !st.success() {
+        return Err("building the conformance guest failed".into());
+    }
+    Ok(target_dir.join(crate::setup::TARGET).join("release").join("conformance"))
 }
 
 /// Lays out the ELF's PT_LOAD segments (file contents only; BSS is zeroed

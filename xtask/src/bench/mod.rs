@@ -782,15 +782,9 @@ pub fn run_options(case: &Case, runtime_s: u32) -> crate::qemu::RunOptions {
         extra: qemu_disk_args(case.disk),
         echo: false,
         domus: case.topology.domu_hog().then(|| crate::domu::DomuOptions {
-            count: 1,
             cmd: Some(domu_hog_command()),
             mem_mb: DOMU_HOG_MEM_MB,
-            vcpus: 1,
-            weights: Vec::new(),
-            caps: Vec::new(),
-            append: None,
-            kernel: None,
-            kernel_load_addr: None,
+            ..Default::default()
         }),
         ..Default::default()
     }
