@@ -203,8 +203,7 @@ fn load_vcpu(vm: &Vm, me: usize, v: &mut Vcpu) {
         }
     }
     if vm.pmu_intid.is_some() && v.pmu.placement == Placement::Loaded {
-        pmu::restore(&v.pmu.regs, pmu_counters());
-        pmu::set_trap(false);
+        arm_pmu(v);
     }
     v.el1.restore();
     if v.el1.debug.dirty {
@@ -1154,8 +1153,7 @@ fn debug_access(vm: &Vm, v: &mut Vcpu, s: &esr::SysRegAccess, reg: DebugReg, ile
 fn pmu_access(vm: &Vm, v: &mut Vcpu) {
     match v.pmu.on_trap(vm.pmu_intid.is_some()) {
         crate::vpmu::TrapAction::LoadAndRetry => {
-            pmu::restore(&v.pmu.regs, pmu_counters());
-            pmu::set_trap(false);
+            arm_pmu(v);
             inc(&vm.shared[v.id].counters.pmu_loads);
         }
         crate::vpmu::TrapAction::Undefined => inject_undef(vm, v),
@@ -1167,6 +1165,13 @@ fn pmu_access(vm: &Vm, v: &mut Vcpu) {
 fn arm_debug(v: &Vcpu) {
     context::load_break_watch(&v.el1.debug.regs, el2::debug_slots());
     el2::set_debug_trap(v.el1.debug.traps());
+}
+
+/// Gives the loaded vCPU `v`, whose vPMU is placed on the hardware, the
+/// PMU: its saved registers in, the MDCR_EL2 PMU traps lifted.
+fn arm_pmu(v: &Vcpu) {
+    pmu::restore(&v.pmu.regs, pmu_counters());
+    pmu::set_trap(false);
 }
 
 fn find_vcpu(vm: &Vm, target: u64) -> Option<usize> {

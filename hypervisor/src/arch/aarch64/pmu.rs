@@ -50,7 +50,7 @@ pub fn save(r: &mut PmuRegs, counters: u8) {
         r.evcntr[n] = read!("pmxevcntr_el0");
         r.evtyper[n] = read!("pmxevtyper_el0");
     }
-    quiesce(counters);
+    silence(all);
 }
 
 /// Loads `r` onto the PMU (which [`save`] or [`quiesce`] left quiet).
@@ -77,6 +77,11 @@ pub fn restore(r: &PmuRegs, counters: u8) {
 pub fn quiesce(counters: u8) {
     let all = counter_mask(counters);
     write!("pmcntenclr_el0", all);
+    silence(all);
+}
+
+/// The rest of [`quiesce`] once the counters in `all` are stopped.
+fn silence(all: u64) {
     write!("pmintenclr_el1", all);
     write!("pmovsclr_el0", all);
     write!("pmcr_el0", 0);
