@@ -49,6 +49,8 @@ pub enum Command {
     Conformance(ConformanceArgs),
     /// What toolchain is in use, where it came from, which optional pieces are ready, what the caches take (fetches nothing)
     Doctor,
+    /// The module circles inside each crate (modules that use each other), with the edges that close them
+    Deps,
     /// Remove the build outputs (cargo clean); with --caches also the toolchain, guest-image and TF-A caches
     Clean(CleanArgs),
 }

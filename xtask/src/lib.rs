@@ -20,6 +20,8 @@
 //! - [`bench`]: the benchmarks in Linux guests (`cargo xtask bench`)
 //! - [`conformance`]: `cargo xtask conformance`: the conformance guest on bare QEMU, as Dom0 or a DomU, and its output parsed
 //! - [`trace`]: reads the hypervisor's flight-recorder dumps back, per-pCPU timelines
+//! - [`deps`]: `cargo xtask deps`: the module graph of a crate read from its
+//!   source, and the circles among sibling modules
 //! - `arch_doc` (tests only): keeps docs/ARCHITECTURE.md, README's
 //!   architecture section and the module lists true to the tree
 
@@ -27,6 +29,7 @@ pub mod bench;
 pub mod build;
 pub mod cli;
 pub mod conformance;
+pub mod deps;
 pub mod doctor;
 pub mod domu;
 pub mod firmware;

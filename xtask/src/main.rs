@@ -190,6 +190,10 @@ fn main() {
                 xtask::conformance::run(a.at, a.gic, a.pcpus, a.kernel_format)
             }
         }
+        Command::Deps => {
+            print!("{}", xtask::deps::report(&["hypervisor", "xtask"]));
+            Ok(0)
+        }
         Command::Doctor => xtask::doctor::doctor().map(|_| 0),
         Command::Clean(args) => xtask::doctor::clean(args.caches).map(|_| 0),
     };
