@@ -374,26 +374,3 @@ mod tests {
         assert!(Config::parse("domu_selftest_disk=0").unwrap().domu_selftest_disk == 0);
     }
 }
-
-/// A virtual-timer deadline (ns) as armed with `slop`: rounded up to a
-/// multiple of it (never earlier than asked).
-pub fn apply_slop(deadline: u64, slop: u64) -> u64 {
-    if slop == 0 || deadline == u64::MAX {
-        deadline
-    } else {
-        deadline.div_ceil(slop).saturating_mul(slop)
-    }
-}
-
-#[cfg(test)]
-mod slop_tests {
-    #[test]
-    fn slop_rounds_up_never_down() {
-        use super::apply_slop;
-        assert_eq!(apply_slop(123_456, 0), 123_456);
-        assert_eq!(apply_slop(123_456, 50_000), 150_000);
-        assert_eq!(apply_slop(150_000, 50_000), 150_000);
-        assert_eq!(apply_slop(u64::MAX, 50_000), u64::MAX);
-        assert!(apply_slop(u64::MAX - 10, 50_000) >= u64::MAX - 10);
-    }
-}

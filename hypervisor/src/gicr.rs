@@ -19,7 +19,7 @@
 
 use alloc::vec::Vec;
 
-use crate::dtb::Region;
+use crate::region::Region;
 
 /// RD_base + SGI_base.
 pub const FRAME_V3: u64 = 0x2_0000;

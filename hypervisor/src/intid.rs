@@ -56,7 +56,8 @@ const EPPI_START: u32 = 1056;
 const EPPI_END: u32 = 1120;
 const ESPI_START: u32 = 4096;
 const ESPI_END: u32 = 5120;
-const LPI_START: u32 = 8192;
+/// The first LPI INTID.
+pub const LPI_START: u32 = 8192;
 /// GICv3 INTIDs have at most 24 bits (GICD_TYPER.IDbits ≤ 23).
 const LPI_END: u32 = 1 << 24;
 

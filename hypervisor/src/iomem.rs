@@ -22,7 +22,7 @@
 //! hypervisor's UART and every emulated device's range. Addresses at or
 //! beyond the IPA limit are out of range.
 
-use crate::dtb::Region;
+use crate::region::Region;
 use alloc::vec::Vec;
 
 const PAGE: u64 = 4096;

@@ -15,6 +15,7 @@
 //! - `esr`: trap decoding; `psci`: PSCI/SMCCC decoding; `mitigations`:
 //!   Spectre-v2/v4/BHB decisions and the SMCCC workaround answers; `stage2`:
 //!   stage-2 table building
+//! - `ids`: the identifiers every layer shares (`DomainId`)
 //! - `intid`: the GIC's interrupt IDs as a checked type (`IntId`)
 //! - `gicr`: each CPU's redistributor found over every GICR region
 //! - `its`: the ITS register layouts and command format (physical driver and vITS)
@@ -25,10 +26,12 @@
 //! - `virtio`: the hypervisor's virtio-blk device and its RAM backend
 //! - `vpl011`: the emulated PL011
 //! - `quota`: per-VM heap quotas (what a guest's actions may allocate)
+//! - `region`: `Region`, the physical address range every layer shares
 //! - `sched`: the Credit2-compatible scheduler and its simulator
 //! - `stats`: per-vCPU counters and histograms in a stable text format
 //! - `sync`: the hypervisor's locks (`spin`'s, waiting with YIELD)
-//! - `time`: counter-tick/ns arithmetic that saturates
+//! - `time`: counter-tick/ns arithmetic that saturates, timer slop
+//! - `ptimer`: the emulated EL1 physical timer (CNTP_*_EL0)
 //! - `trace`: the scheduling flight recorder (per-pCPU event rings, dump format)
 //! - `platform_desc`: the typed platform descriptor each `platforms/*/platform.rs`
 //!   fills in (`platform` is the one this build is for)
@@ -55,6 +58,7 @@ pub mod esr;
 pub mod firmware;
 pub mod gicr;
 pub mod idregs;
+pub mod ids;
 pub mod intid;
 pub mod iomem;
 pub mod irq;
@@ -62,7 +66,9 @@ pub mod its;
 pub mod mitigations;
 pub mod mmio_bus;
 pub mod psci;
+pub mod ptimer;
 pub mod quota;
+pub mod region;
 pub mod regs;
 pub mod sched;
 pub mod stage2;

@@ -29,11 +29,17 @@ impl spin::RelaxStrategy for Relax {
     }
 }
 
-/// One spin-wait step (YIELD on the EL2 build), for hand-written waits.
+/// One spin-wait step, for hand-written waits: YIELD on the EL2 build (a
+/// hint on hardware, Linux's `cpu_relax`; QEMU's single-threaded TCG
+/// switches to its next vCPU on it, see above). The locks sit below `arch`,
+/// whose drivers use them, so the one instruction is written here.
 #[inline(always)]
 pub fn cpu_relax() {
     #[cfg(all(target_arch = "aarch64", target_os = "none"))]
-    crate::arch::sysreg::cpu_relax();
+    // SAFETY: a hint instruction: no memory, register or flag effects.
+    unsafe {
+        core::arch::asm!("yield", options(nomem, nostack, preserves_flags))
+    };
     #[cfg(not(all(target_arch = "aarch64", target_os = "none")))]
     core::hint::spin_loop();
 }

@@ -18,7 +18,7 @@
 //! | statistical profiling (SPE) | no | MDCR_EL2.TPMS, E2PB | no SPE |
 //! | breakpoints, watchpoints, MDSCR_EL1 | yes, lazily ([`crate::vdebug`]) | MDCR_EL2.TDA until the vCPU's first access, then clear for it | the hardware's BRPs/WRPs |
 //! | other debug registers (DCC, OSECCR, claim tags), OS lock, MDRAR | no (OS lock emulated per vCPU) | MDCR_EL2.TDA (not while the vCPU owns the breakpoints: then the hardware's), TDOSA, TDRA | read as zero, writes ignored ([`crate::vdebug`]) |
-//! | EL1 physical timer | emulated per vCPU | CNTHCTL_EL2.EL1PCEN = 0 (CNTPCT_EL0 not trapped) | CNTP_* ([`crate::time::PhysTimer`]), its PPI a level |
+//! | EL1 physical timer | emulated per vCPU | CNTHCTL_EL2.EL1PCEN = 0 (CNTPCT_EL0 not trapped) | CNTP_* ([`crate::ptimer::PhysTimer`]), its PPI a level |
 //! | ID registers | - | HCR_EL2.TID3 | sanitized values |
 //! | ACTLR_EL1 (IMPLEMENTATION DEFINED controls) | no | HCR_EL2.TACR | the host's value; writes ignored |
 //! | IMPLEMENTATION DEFINED registers (CRn 11, 15) | no | HCR_EL2.TIDCP | UNDEFINED |

@@ -359,7 +359,7 @@ fn unsafe_and_assembly_stay_where_the_architecture_doc_says() {
     let mut problems = Vec::new();
     for f in files.iter().filter(|f| is_rs(f)) {
         let r = rel(&root, f);
-        let asm_ok = r.starts_with("hypervisor/src/arch/aarch64/");
+        let asm_ok = r.starts_with("hypervisor/src/arch/aarch64/") || r == "hypervisor/src/sync.rs";
         let unsafe_ok = asm_ok
             || r.starts_with("hypervisor/src/runtime/")
             || r == "hypervisor/src/virtio/mod.rs"
@@ -415,11 +415,8 @@ fn the_checks_name_what_is_wrong() {
 /// deps` prints the edges that close each). The list only shrinks: a new
 /// circle fails the test, and so does a listed one that is gone (strike it).
 const KNOWN_CIRCLES: &[&str] = &[
-    "hypervisor: crate::{arch, runtime, sync}",
-    "hypervisor: crate::{boot, config, domain, dtb, esr, iomem, its, sched, time, trace, vgic}",
-    "hypervisor: its::{host, v4}",
+    "hypervisor: crate::{boot, domain, dtb}",
     "hypervisor: runtime::{boot, domu, its, uefi, vcpu, vlpi, vm}",
-    "hypervisor: vgic::{lpi, lr}",
     "xtask: crate::{bench, cli, graviton}",
     "xtask: crate::{domu, firmware, qemu, toolchain}",
     "xtask: crate::{fvp, shrinkwrap}",

@@ -20,7 +20,7 @@
 //! for Dom0 (identity-mapped), from `DOMU_RAM_BASE` for a DomU.
 
 use super::elf::{self, Elf, ElfError};
-use crate::dtb::Region;
+use crate::region::Region;
 use alloc::vec::Vec;
 use core::fmt;
 

@@ -47,7 +47,7 @@
 
 use super::image::{FixedLoad, KernelError};
 use crate::domain::{DomainId, DomainSpec, DomuPlacement};
-use crate::dtb::Region;
+use crate::region::Region;
 use alloc::vec::Vec;
 use core::fmt;
 

@@ -3,7 +3,7 @@
 use super::image::{arm64_image_size, KernelError};
 use super::plan::*;
 use crate::domain::{DomainSpec, DomuPlacement, DEFAULT_WEIGHT};
-use crate::dtb::Region;
+use crate::region::Region;
 use crate::testrng::Rng;
 use alloc::format;
 use alloc::string::ToString;

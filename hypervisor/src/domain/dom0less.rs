@@ -38,7 +38,8 @@ use fdt::Fdt;
 
 use super::{DomainId, DomainSpec, DEFAULT_WEIGHT};
 use crate::dtb::tree::{self, is_compatible, is_enabled, prop, prop_str, Entry, Index};
-use crate::dtb::{DtbError, Region};
+use crate::dtb::DtbError;
+use crate::region::Region;
 
 #[cfg(test)]
 #[path = "dom0less_tests.rs"]

@@ -10,7 +10,8 @@
 //! 0x4000_0000.
 
 use super::layout::{DOMU_GICD, DOMU_GICR, DOMU_UART, DOMU_UART_SPI, DOMU_VIRTIO, DOMU_VIRTIO_SPI, GICR_STRIDE};
-use crate::dtb::{DtbError, Region};
+use crate::dtb::DtbError;
+use crate::region::Region;
 use alloc::format;
 use alloc::vec::Vec;
 use vm_fdt::FdtWriter;

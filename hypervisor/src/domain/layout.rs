@@ -12,7 +12,7 @@
 use super::{DomainSpec, DomuPlacement};
 use crate::boot::image::KernelLoad;
 use crate::boot::plan::{place_modules, ALIGN, GUEST_DTB_SIZE, MIN_GUEST_RAM};
-use crate::dtb::Region;
+use crate::region::Region;
 use alloc::vec::Vec;
 use core::fmt;
 

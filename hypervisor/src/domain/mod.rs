@@ -21,7 +21,7 @@ pub mod vmplan;
 #[cfg(test)]
 mod vmplan_tests;
 
-use crate::dtb::Region;
+use crate::region::Region;
 use alloc::string::String;
 
 /// vMPIDR of a domain's vCPU `i`: Aff0 = i % 16, Aff1 = i / 16.
@@ -29,8 +29,7 @@ pub fn vcpu_mpidr(i: usize) -> u64 {
     ((i as u64 / 16) << 8) | (i as u64 % 16)
 }
 
-/// A domain's number: Dom0 is 0, DomUs are 1, 2, … in device-tree order.
-pub type DomainId = u16;
+pub use crate::ids::DomainId;
 
 /// Credit2's default domain weight.
 pub const DEFAULT_WEIGHT: u32 = 256;

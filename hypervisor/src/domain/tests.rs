@@ -7,7 +7,7 @@ use super::domu_dt::{build_domu_dtb, DomuDtConfig};
 use super::layout::*;
 use super::{DomainSpec, DomuPlacement, DEFAULT_WEIGHT};
 use crate::boot::image::KernelLoad;
-use crate::dtb::Region;
+use crate::region::Region;
 use alloc::string::String;
 use alloc::vec::Vec;
 

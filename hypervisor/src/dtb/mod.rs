@@ -64,6 +64,7 @@ mod tests;
 use crate::domain::dom0less::DomainError;
 use crate::domain::DomainSpec;
 use crate::intid::IntId;
+pub use crate::region::Region;
 use alloc::string::String;
 use alloc::vec::Vec;
 use core::fmt;
@@ -120,20 +121,6 @@ impl From<vm_fdt::Error> for DtbError {
             E::DuplicatePhandle => "duplicate phandle",
             _ => "writer misuse",
         })
-    }
-}
-
-/// A physical address range.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Region {
-    pub base: u64,
-    pub size: u64,
-}
-
-impl Region {
-    /// One past the last byte (saturating).
-    pub fn end(&self) -> u64 {
-        self.base.saturating_add(self.size)
     }
 }
 

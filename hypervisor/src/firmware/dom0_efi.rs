@@ -35,7 +35,7 @@ use core::fmt;
 use super::acpi::dom0::{build_dom0_tables, Dom0AcpiConfig, Dom0Tables};
 use super::acpi::{AcpiError, Tables};
 use super::uefi::{memory_type, Guid, MemoryDescriptor, ACPI_20_TABLE_GUID, EFI_PAGE_SIZE, MEMORY_DESCRIPTOR_LEN};
-use crate::dtb::Region;
+use crate::region::Region;
 use vm_fdt::FdtWriter;
 
 /// Offsets in the area (see the module doc).

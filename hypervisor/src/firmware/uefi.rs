@@ -20,7 +20,8 @@ use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 use core::fmt;
 
-use crate::dtb::{Platform, Region};
+use crate::dtb::Platform;
+use crate::region::Region;
 
 /// An `EFI_GUID` as it lies in memory (Data1..Data3 little-endian).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -73,7 +73,7 @@ pub enum ItsError {
     /// GITS_CREADR.Stalled: the ITS stopped at a command error.
     Stalled { creadr: u32 },
     /// GICv4: the change names no vPE of this VM, or a bad vINTID.
-    Vlpi(super::v4::VlpiError),
+    Vlpi(super::VlpiError),
     /// GICv4: direct injection is not set up (the emulated path is in use).
     NoVlpis,
     /// GICR_VPENDBASER.Dirty stayed set in the bounded wait.

@@ -18,6 +18,7 @@ pub mod host;
 mod tests;
 pub mod v4;
 
+use core::fmt;
 use tock_registers::register_bitfields;
 
 /// Size of the ITS control frame (`ITS_base`): GITS_CTLR … GITS_PIDR.
@@ -220,4 +221,27 @@ pub const LPI_BASE: u32 = 8192;
 /// (bit 1 is RES1 in GICv3).
 pub const fn lpi_config_byte(priority: u8, enabled: bool) -> u8 {
     (priority & 0xfc) | 0b10 | enabled as u8
+}
+
+/// vINTID bits of each vPE (GICR_VPROPBASER.IDbits + 1, the virtual pending
+/// table's size): the vGIC gives the guest 14 bits, and making a vPE
+/// resident rescans the whole pending table, so it stays this small.
+pub const VLPI_ID_BITS: u8 = 14;
+
+/// Why a guest mapping change has no physical equivalent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VlpiError {
+    /// A vCPU this VM does not have.
+    NoSuchVcpu(usize),
+    /// A vINTID outside the vPE's LPI range (8192 .. 2^14).
+    BadVintid(u32),
+}
+
+impl fmt::Display for VlpiError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            VlpiError::NoSuchVcpu(v) => write!(f, "no vPE for vCPU{v}"),
+            VlpiError::BadVintid(i) => write!(f, "vINTID {i} outside 8192..{}", 1u32 << VLPI_ID_BITS),
+        }
+    }
 }

@@ -15,24 +15,19 @@
 //! * [`plan`]: the physical ITS commands for one guest mapping change, each
 //!   followed by the VSYNC of the vPEs it touches; [`check_and_plan`] and
 //!   [`record`] check it against, and enter it in, the driver's bookkeeping.
-//! * [`DirectBackend`]: the vITS backend of the GICv4 path over any
-//!   [`VlpiIts`] (the EL2 driver, or a fake ITS in the host tests).
+//! * [`VlpiIts`]: what the vITS's GICv4 backend
+//!   (`vgic::its::direct::DirectBackend`) asks of the physical ITS.
 //! * [`vpropbaser`], [`vpendbaser`], [`Residency`]: the redistributor
 //!   values that make a vPE resident or not, and what reading back means.
 
 use super::cmd::Command;
 use super::host::{ItsError, Mappings};
 use super::{GICR_VPENDBASER, GICR_VPROPBASER, GITS_TYPER, LPI_BASE};
-use crate::intid::IntId;
-use crate::vgic::its::{BackendError, ItsBackend};
 use alloc::vec::Vec;
 use core::fmt;
 use tock_registers::LocalRegisterCopy;
 
-/// vINTID bits of each vPE (GICR_VPROPBASER.IDbits + 1, the virtual pending
-/// table's size): the vGIC gives the guest 14 bits, and making a vPE
-/// resident rescans the whole pending table, so it stays this small.
-pub const VLPI_ID_BITS: u8 = 14;
+pub use super::{VlpiError, VLPI_ID_BITS};
 /// Bytes of a virtual pending table: one bit per INTID below 2^14, the
 /// first 1 KiB (INTIDs below 8192) included.
 pub const VPT_BYTES: usize = (1 << VLPI_ID_BITS) / 8;
@@ -132,24 +127,6 @@ pub struct Vpe {
     pub vpe: u16,
     /// The host LPI the ITS raises for a vLPI while the vPE is not resident.
     pub doorbell: u32,
-}
-
-/// Why a guest mapping change has no physical equivalent.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum VlpiError {
-    /// A vCPU this VM does not have.
-    NoSuchVcpu(usize),
-    /// A vINTID outside the vPE's LPI range (8192 .. 2^14).
-    BadVintid(u32),
-}
-
-impl fmt::Display for VlpiError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            VlpiError::NoSuchVcpu(v) => write!(f, "no vPE for vCPU{v}"),
-            VlpiError::BadVintid(i) => write!(f, "vINTID {i} outside 8192..{}", 1u32 << VLPI_ID_BITS),
-        }
-    }
 }
 
 /// The vPEs of one VM, indexed by vCPU.
@@ -305,73 +282,6 @@ pub trait VlpiIts {
     fn change(&mut self, c: GuestChange, vpes: &VpeMap) -> Result<(), ItsError>;
 }
 
-/// Why the physical ITS refused, as the vITS model counts it.
-pub fn backend_error(what: &str, device: u32, e: ItsError) -> BackendError {
-    log::warn!("vITS (GICv4): physical ITS refused {what} for DeviceID {device:#x}: {e}");
-    match e {
-        ItsError::NoFreeLpi | ItsError::OutOfMemory => BackendError::NoResources,
-        ItsError::DeviceOutOfRange(d) => BackendError::BadDevice(d),
-        _ => BackendError::Hardware,
-    }
-}
-
-/// The vITS backend of a VM on the GICv4 path: each guest mapping change
-/// becomes a [`GuestChange`] for its vPEs. Guest MAPD → MAPD; MAPTI/MAPI →
-/// VMAPTI/VMAPI; MOVI → VMOVI; DISCARD → DISCARD; INV → INV and INVALL →
-/// VINVALL (the redistributor re-reads the guest's configuration table);
-/// INT → INT (pending in the virtual pending table, not in a list
-/// register); CLEAR → CLEAR.
-pub struct DirectBackend<'a, I: VlpiIts> {
-    pub its: I,
-    pub vpes: &'a VpeMap,
-}
-
-impl<I: VlpiIts> DirectBackend<'_, I> {
-    fn change(&mut self, what: &str, device: u32, c: GuestChange) -> Result<(), BackendError> {
-        self.its.change(c, self.vpes).map_err(|e| backend_error(what, device, e))
-    }
-}
-
-impl<I: VlpiIts> ItsBackend for DirectBackend<'_, I> {
-    fn map_device(&mut self, device: u32, event_bits: u8) -> Result<(), BackendError> {
-        self.its.map_device(device, event_bits).map_err(|e| backend_error("MAPD", device, e))
-    }
-
-    fn unmap_device(&mut self, device: u32) {
-        if let Err(e) = self.its.unmap_device(device) {
-            backend_error("MAPD V=0", device, e);
-        }
-    }
-
-    fn map_event(&mut self, device: u32, event: u32, vintid: IntId, vcpu: Option<usize>) -> Result<(), BackendError> {
-        self.change("VMAPTI", device, GuestChange::Map { device, event, vintid: u32::from(vintid), vcpu })
-    }
-
-    fn unmap_event(&mut self, device: u32, event: u32) {
-        let _ = self.change("DISCARD", device, GuestChange::Unmap { device, event, vcpu: None });
-    }
-
-    fn move_event(&mut self, device: u32, event: u32, vcpu: Option<usize>) {
-        let _ = self.change("VMOVI", device, GuestChange::Move { device, event, from: None, to: vcpu });
-    }
-
-    fn inv_event(&mut self, device: u32, event: u32, vcpu: usize) {
-        let _ = self.change("INV", device, GuestChange::Inv { device, event, vcpu: Some(vcpu) });
-    }
-
-    fn invall(&mut self, vcpu: usize) {
-        let _ = self.change("VINVALL", 0, GuestChange::Invall { vcpu });
-    }
-
-    fn int_event(&mut self, device: u32, event: u32, vcpu: usize) -> bool {
-        self.change("INT", device, GuestChange::Int { device, event, vcpu: Some(vcpu) }).is_ok()
-    }
-
-    fn clear_event(&mut self, device: u32, event: u32, vcpu: usize) {
-        let _ = self.change("CLEAR", device, GuestChange::Clear { device, event, vcpu: Some(vcpu) });
-    }
-}
-
 /// VMAPP of `vpe` to `rdbase` with its pending table at `vpt` (then VSYNC).
 pub fn vmapp(vpe: u16, rdbase: u64, vpt: u64) -> [Command; 2] {
     [Command::Vmapp { vpe, rdbase, vpt_addr: vpt, vpt_size: VLPI_ID_BITS - 1, valid: true }, Command::Vsync { vpe }]
@@ -479,7 +389,7 @@ pub fn doorbell_for(state: Option<crate::sched::RunState>) -> DoorbellFor {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::its::cmd::Command as C;
     use crate::its::gicr::TYPER_VLPIS;
@@ -520,7 +430,7 @@ mod tests {
         assert_eq!(choose_path(&rvpeid, true), LpiPath::Emulated(EmulatedWhy::GicV41));
     }
 
-    fn two_vpes() -> VpeMap {
+    pub(crate) fn two_vpes() -> VpeMap {
         VpeMap::new(alloc::vec![Vpe { vpe: 0, doorbell: 8200 }, Vpe { vpe: 1, doorbell: 8201 }])
     }
 
@@ -578,108 +488,6 @@ mod tests {
         // Every planned command encodes to what decodes back (no truncation).
         for c in map(8195, Some(1)).unwrap() {
             assert_eq!(C::decode(c.encode()), Ok(c));
-        }
-    }
-
-    /// A physical ITS that keeps the driver's bookkeeping and records the
-    /// commands it would send.
-    struct FakeIts {
-        map: Mappings,
-        sent: Vec<C>,
-    }
-
-    impl VlpiIts for FakeIts {
-        fn map_device(&mut self, device: u32, event_bits: u8) -> Result<(), ItsError> {
-            self.map.check_new_device(device, event_bits)?;
-            self.sent.push(C::Mapd { device, size: event_bits - 1, itt_addr: 0x1000, valid: true });
-            self.map.add_device(device, event_bits, 0x1000, 256)
-        }
-        fn unmap_device(&mut self, device: u32) -> Result<(), ItsError> {
-            for event in self.map.vevents_of(device) {
-                self.sent.push(C::Discard { device, event });
-            }
-            self.sent.push(C::Mapd { device, size: 0, itt_addr: 0, valid: false });
-            self.map.remove_device(device).map(|_| ())
-        }
-        fn change(&mut self, c: GuestChange, vpes: &VpeMap) -> Result<(), ItsError> {
-            let cmds = check_and_plan(&self.map, c, vpes)?;
-            self.sent.extend_from_slice(&cmds);
-            record(&mut self.map, c, vpes)
-        }
-    }
-
-    fn vintid(n: u32) -> IntId {
-        IntId::lpi(n).unwrap()
-    }
-
-    #[test]
-    fn the_backend_turns_linux_mapping_sequence_into_v_commands_and_refuses_what_is_not_this_vms() {
-        let vpes = two_vpes();
-        let mut b = DirectBackend { its: FakeIts { map: Mappings::new(16, 15, 1), sent: Vec::new() }, vpes: &vpes };
-        // Linux: MAPD, MAPTI per vector (INV follows on unmask), MOVI on
-        // affinity change, INT on retrigger, DISCARD and MAPD V=0 on free.
-        b.map_device(8, 2).unwrap();
-        b.map_event(8, 0, vintid(0), Some(0)).unwrap();
-        b.map_event(8, 1, vintid(1), Some(1)).unwrap();
-        b.inv_event(8, 1, 1);
-        b.move_event(8, 1, Some(0));
-        assert!(b.int_event(8, 1, 0), "INT goes into hardware");
-        b.clear_event(8, 1, 0);
-        b.invall(1);
-        b.unmap_event(8, 0);
-        b.unmap_device(8);
-        assert_eq!(
-            b.its.sent,
-            [
-                C::Mapd { device: 8, size: 1, itt_addr: 0x1000, valid: true },
-                C::Vmapti { device: 8, event: 0, vpe: 0, vintid: 8192, doorbell: 8200 },
-                C::Vsync { vpe: 0 },
-                C::Vmapti { device: 8, event: 1, vpe: 1, vintid: 8193, doorbell: 8201 },
-                C::Vsync { vpe: 1 },
-                C::Inv { device: 8, event: 1 },
-                C::Vsync { vpe: 1 },
-                C::Vmovi { device: 8, event: 1, vpe: 0, set_doorbell: true, doorbell: 8200 },
-                C::Vsync { vpe: 1 },
-                C::Vsync { vpe: 0 },
-                C::Int { device: 8, event: 1 },
-                C::Vsync { vpe: 0 },
-                C::Clear { device: 8, event: 1 },
-                C::Vsync { vpe: 0 },
-                C::Vinvall { vpe: 1 },
-                C::Vsync { vpe: 1 },
-                C::Discard { device: 8, event: 0 },
-                C::Vsync { vpe: 0 },
-                C::Discard { device: 8, event: 1 },
-                C::Mapd { device: 8, size: 0, itt_addr: 0, valid: false },
-            ]
-        );
-        // Bad input reaches no hardware: a vCPU the VM lacks, an event
-        // mapped twice or beyond the ITT, changes of unmapped events, an
-        // unknown device.
-        b.its.sent.clear();
-        b.map_device(9, 1).unwrap();
-        b.its.sent.clear();
-        assert_eq!(b.map_event(9, 0, vintid(0), Some(2)), Err(BackendError::Hardware));
-        b.map_event(9, 0, vintid(0), Some(1)).unwrap();
-        assert_eq!(b.map_event(9, 0, vintid(1), Some(1)), Err(BackendError::Hardware));
-        assert_eq!(b.map_event(9, 2, vintid(2), Some(1)), Err(BackendError::Hardware));
-        assert_eq!(b.map_event(7, 0, vintid(2), Some(1)), Err(BackendError::Hardware));
-        b.sent_only_vmapti_so_far();
-        b.inv_event(9, 1, 0);
-        b.move_event(9, 1, Some(0));
-        assert!(!b.int_event(9, 1, 0), "an unmapped event: the vGIC path decides");
-        b.unmap_event(9, 1);
-        b.invall(4);
-        b.sent_only_vmapti_so_far();
-        assert_eq!(b.its.map.vevent(9, 0), Ok(crate::its::host::VEventMap { vpe: 1, vintid: 8192 }));
-    }
-
-    impl DirectBackend<'_, FakeIts> {
-        fn sent_only_vmapti_so_far(&self) {
-            assert_eq!(
-                self.its.sent,
-                [C::Vmapti { device: 9, event: 0, vpe: 1, vintid: 8192, doorbell: 8201 }, C::Vsync { vpe: 1 }]
-            );
         }
     }
 

@@ -54,8 +54,10 @@ macro_rules! hv_fatal {
     ($($arg:tt)*) => { $crate::runtime::fatal_error(format_args!($($arg)*)) };
 }
 
-/// An exception taken at EL2: a hypervisor bug. Report it and stop the machine.
-pub fn fatal(kind: u64, esr: u64, elr: u64, far: u64) -> ! {
+/// An exception taken at EL2: a hypervisor bug. Report it and stop the
+/// machine. The EL2 vectors (`arch::aarch64::exception`) branch here by name.
+#[no_mangle]
+extern "C" fn el2_fatal(kind: u64, esr: u64, elr: u64, far: u64) -> ! {
     fatal_error(format_args!("EL2 exception kind={kind} ESR={esr:#x} ELR={elr:#x} FAR={far:#x}"))
 }
 

@@ -35,10 +35,11 @@ use core::fmt::{self, Write};
 use super::vm::{AcpiDom0, GuestFirmware};
 use crate::arch::{cache, smc};
 use crate::config::Config;
-use crate::dtb::{BootModule, Platform, Region};
+use crate::dtb::{BootModule, Platform};
 use crate::firmware::acpi::{AcpiMachine, PhysMem, Tables};
 use crate::firmware::uefi::{self, find_config_table, machine_line, EfiConfig, Guid, MemoryMap, ACPI_20_TABLE_GUID};
 use crate::hv_fatal;
+use crate::region::Region;
 use log::{error, info};
 
 type Status = usize;

@@ -286,7 +286,7 @@ fn ptimer_sync(vm: &Vm, me: usize, v: &mut Vcpu, force: bool) {
 }
 
 /// A trapped CNTP_CTL/CVAL/TVAL access: the emulated timer's registers.
-fn ptimer_access(vm: &Vm, me: usize, v: &mut Vcpu, s: &esr::SysRegAccess, reg: crate::time::PtimerReg) {
+fn ptimer_access(vm: &Vm, me: usize, v: &mut Vcpu, s: &esr::SysRegAccess, reg: crate::ptimer::PtimerReg) {
     let cnt = percpu::counter();
     if s.read {
         let value = v.ptimer.read(reg, cnt);
@@ -784,7 +784,7 @@ fn handle_sync(vm: &Vm, me: usize, v: &mut Vcpu) -> Next {
             } else if !s.read && (s.key() == esr::ICC_ASGI1R_EL1 || s.key() == esr::ICC_SGI0R_EL1) {
                 // Group 0 / alternate-group SGIs do not exist for this guest.
                 v.regs.elr += ilen;
-            } else if let Some(reg) = crate::time::PtimerReg::classify(&s) {
+            } else if let Some(reg) = crate::ptimer::PtimerReg::classify(&s) {
                 ptimer_access(vm, me, v, &s, reg);
                 v.regs.elr += ilen;
             } else if let Some(e) = traps::emulated(s.op0, s.op1, s.crn, s.crm, s.op2) {

@@ -105,7 +105,7 @@ impl VlpiIts for PhysIts {
 }
 
 /// The vITS backend of a VM with vPEs.
-pub type DirectBackend<'a> = v4::DirectBackend<'a, PhysIts>;
+pub type DirectBackend<'a> = crate::vgic::its::direct::DirectBackend<'a, PhysIts>;
 
 /// GICR_VPROPBASER for vCPU `id`: the guest's LPI configuration table, when
 /// its redistributor has EnableLPIs and the table's first 8192 bytes (the

@@ -28,7 +28,7 @@ use crate::boot::plan::{LayoutError, ModuleCopy, Plan};
 use crate::config::Config;
 use crate::domain::vmplan::{self, DiskBacking, DiskPlan, Dom0Firmware, HwFacts, PlanError, VmPlan};
 use crate::domain::DomainId;
-use crate::dtb::{self, GuestDtbConfig, Platform, Region};
+use crate::dtb::{self, GuestDtbConfig, Platform};
 use crate::intid::IntId;
 use crate::iomem::IoMemPolicy;
 use crate::irq::{IrqCounters, IrqRoutes, RouteError};
@@ -36,6 +36,7 @@ use crate::its::v4::LpiPath;
 use crate::mmio_bus::{BusError, MmioBus};
 use crate::platform;
 use crate::quota::Quota;
+use crate::region::Region;
 use crate::sched::{DomainParams, SchedConfig, SchedError, Scheduler, VcpuId};
 use crate::stage2::{IpaSize, Stage2, Stage2Error};
 use crate::sync::{Mutex, Once, RwLock};
@@ -182,9 +183,9 @@ pub struct Vcpu {
     pub lhp_grace: bool,
     /// Its GICv4 vPE is resident on the pCPU running it (`runtime::vlpi`).
     pub vpe_resident: bool,
-    /// The emulated EL1 physical timer (`crate::time::PhysTimer`) and the
+    /// The emulated EL1 physical timer (`crate::ptimer::PhysTimer`) and the
     /// level last driven into the vGIC as its PPI.
-    pub ptimer: crate::time::PhysTimer,
+    pub ptimer: crate::ptimer::PhysTimer,
     pub ptimer_level: bool,
     /// Its virtual PMU (`crate::vpmu`), used when the VM has one.
     pub pmu: crate::vpmu::VPmu,
@@ -319,7 +320,7 @@ pub struct Vm {
     pub uart_region: Option<Region>,
     pub uart_intid: IntId,
     pub virt_timer_intid: IntId,
-    /// The EL1 physical timer's PPI (emulated, `crate::time::PhysTimer`).
+    /// The EL1 physical timer's PPI (emulated, `crate::ptimer::PhysTimer`).
     pub phys_timer_intid: IntId,
     /// With a virtual PMU (`crate::vpmu`): its overflow PPI, forwarded.
     pub pmu_intid: Option<IntId>,

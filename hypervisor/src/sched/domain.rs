@@ -11,7 +11,7 @@
 //! This module holds the domain's book-keeping; `Scheduler` (sched/mod.rs)
 //! decides when to grab, return, park and replenish.
 
-pub use crate::domain::DomainId;
+pub use crate::ids::DomainId;
 
 use super::{SchedError, DEFAULT_WEIGHT};
 

@@ -56,9 +56,10 @@
 //! redistributor with LPIs disabled ignores them): the call succeeds and
 //! does nothing.
 
+use super::lr::{encode_lr, is_lpi};
 use super::regs::{LR_PENDING, LR_STATE_MASK};
 use super::set_bits;
-use super::{Kicks, Vgic, VgicError, NO_INTID, NO_VCPU, NUM_LRS_MAX};
+use super::{Kicks, Vgic, VgicError, NO_VCPU, NUM_LRS_MAX};
 use crate::intid::IntId;
 use crate::virtio::GuestMemory;
 use alloc::vec;
@@ -66,7 +67,7 @@ use alloc::vec::Vec;
 use core::fmt;
 
 /// The first LPI INTID.
-pub const LPI_BASE: u32 = 8192;
+pub const LPI_BASE: u32 = crate::intid::LPI_START;
 /// INTID bits the vGIC implements with LPIs (GICD_TYPER.IDbits + 1).
 pub const LPI_ID_BITS: u32 = 14;
 /// Number of LPIs the model holds state for (INTIDs 8192..=16383).
@@ -542,7 +543,7 @@ impl Vgic {
         vs.lpi.lr_clear &= !(1 << s);
         vs.lpi.lr_moved[s] = NO_VCPU;
         vs.lr_shadow[s] = intid;
-        Some(super::lr::encode_lr(intid, prio, None, false, true, false))
+        Some(encode_lr(intid, prio, None, false, true, false))
     }
 
     /// Folds back the LR value `val` of `vcpu`'s slot `s`, which held LPI
@@ -610,11 +611,6 @@ impl Vgic {
         }
         Ok(())
     }
-}
-
-/// Whether a model INTID (an LR shadow entry) is an LPI.
-pub(super) fn is_lpi(intid: u32) -> bool {
-    intid != NO_INTID && intid >= LPI_BASE
 }
 
 /// The vITS delivers its LPIs into this vGIC.

@@ -6,7 +6,6 @@
 //! vINTID field of an LR value it is handed, and an interrupt sits in at most
 //! one vCPU's LRs (the `in_lr` field of the interrupt).
 
-use super::lpi::is_lpi;
 use super::regs::*;
 use super::{Irq, Kicks, Vgic, MAX_SPIS, NO_INTID, NO_VCPU, NR_PRIVATE, NUM_LRS_MAX};
 use crate::intid::IntId;
@@ -32,6 +31,11 @@ pub struct FlushResult {
 /// Decoded state bits of an LR.
 fn lr_state(v: u64) -> (bool, bool) {
     (v & LR_PENDING != 0, v & LR_ACTIVE != 0)
+}
+
+/// Whether a model INTID (an LR shadow entry) is an LPI.
+pub(super) fn is_lpi(intid: u32) -> bool {
+    intid != NO_INTID && intid >= crate::intid::LPI_START
 }
 
 /// Encodes one `ICH_LR<n>_EL2` value (`hw`: the pINTID of a HW = 1 LR).

@@ -133,10 +133,9 @@ pub fn run_guest(regs: &mut GuestRegs) -> GuestExit {
     GuestExit { kind, serror }
 }
 
-#[no_mangle]
-extern "C" fn el2_fatal(kind: u64, esr: u64, elr: u64, far: u64) -> ! {
-    crate::runtime::fatal(kind, esr, elr, far)
-}
+// An exception taken from EL2 itself branches to `el2_fatal(kind, esr,
+// elr, far)`, which the layer above defines (`runtime`): the vectors only
+// name the symbol, so `arch` does not depend on what reports the fault.
 
 core::arch::global_asm!(
     r#"

@@ -148,16 +148,6 @@ macro_rules! mrs {
     }};
 }
 
-/// YIELD: this pCPU is spinning (waiting for a lock or a flag another pCPU
-/// sets). A hint on hardware (Linux's `cpu_relax`); QEMU's single-threaded
-/// TCG (`-icount`) also switches to its next vCPU on it, which is how the
-/// pCPU holding the lock gets to run at all there (see `crate::sync`).
-#[inline(always)]
-pub fn cpu_relax() {
-    // SAFETY: a hint instruction: no memory, register or flag effects.
-    unsafe { core::arch::asm!("yield", options(nomem, nostack, preserves_flags)) };
-}
-
 #[inline(always)]
 pub fn isb() {
     // SAFETY: a barrier: no memory or register effects beyond ordering.

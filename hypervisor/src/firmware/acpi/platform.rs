@@ -15,8 +15,9 @@ use alloc::vec::Vec;
 
 use super::tables::{self, Fadt, Gtdt, Iort, Madt, McfgEntry, Spcr, GICR_V3_STRIDE, GICR_V4_STRIDE};
 use super::{AcpiError, Signature, Tables};
-use crate::dtb::{GicInfo, MsiMapEntry, PcieHost, Platform, Region, TimerInfo, UartInfo};
+use crate::dtb::{GicInfo, MsiMapEntry, PcieHost, Platform, TimerInfo, UartInfo};
 use crate::intid::IntId;
+use crate::region::Region;
 
 /// Size given to the SPCR UART's MMIO frame (SPCR has no size; PL011 and
 /// SBSA UART frames are 4 KiB).

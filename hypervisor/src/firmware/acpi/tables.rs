@@ -6,7 +6,7 @@
 use alloc::vec::Vec;
 
 use super::{AcpiError, Reader, Signature, HEADER_LEN};
-use crate::dtb::Region;
+use crate::region::Region;
 
 // ---------------------------------------------------------------- FADT
 

@@ -7,7 +7,8 @@ use alloc::vec::Vec;
 use super::dom0::{build_dom0_tables, stao_hides_uart, Dom0AcpiConfig};
 use super::tables::*;
 use super::*;
-use crate::dtb::{MsiMapEntry, Region};
+use crate::dtb::MsiMapEntry;
+use crate::region::Region;
 use crate::testrng::Rng;
 
 /// 64 KiB of QEMU virt's guest-physical memory from 0x7713_0000 (EDK2 put

@@ -66,6 +66,7 @@
 //! writes into the queue can make the model write anywhere.
 
 pub mod cmdq;
+pub mod direct;
 pub mod tables;
 #[cfg(test)]
 mod tests;

@@ -25,9 +25,9 @@ use super::sysreg::{
     self, ICC_BPR1_EL1, ICC_CTLR_EL1, ICC_DIR_EL1, ICC_EOIR1_EL1, ICC_IAR1_EL1, ICC_IGRPEN1_EL1, ICC_PMR_EL1,
     ICC_SGI1R_EL1,
 };
-use crate::dtb::Region;
 use crate::gicr;
 use crate::intid::{IntId, IntIdKind};
+use crate::region::Region;
 use crate::regs;
 use crate::sync::Mutex;
 use aarch64_cpu::registers::{
