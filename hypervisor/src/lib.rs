@@ -3,8 +3,9 @@
 //! Everything that does not need EL2 lives here as plain Rust that builds on
 //! the host, so `cargo test` exercises it with fakes:
 //! - `boot`: the boot-layout plan and the arm64 Image header
-//! - `dtb`: device-tree discovery and guest DTB editing
-//! - `domain`: domains as data (Dom0 and dom0less DomUs)
+//! - `dtb`: device-tree discovery (incl. the dom0less DomUs) and guest DTB editing
+//! - `spec`: a domain as data (`DomainSpec`) and where the plan put it
+//! - `domain`: the DomU layout, VM plans and DomU device tree, the console
 //! - `firmware`: the machine from ACPI (`firmware::acpi`: table parser, the
 //!   `Platform` it yields, Dom0's rewritten tables)
 //! - `config`: hypervisor options from `/chosen/xen,xen-bootargs` or `/chosen/bootargs`
@@ -71,6 +72,7 @@ pub mod quota;
 pub mod region;
 pub mod regs;
 pub mod sched;
+pub mod spec;
 pub mod stage2;
 pub mod stats;
 pub mod sync;

@@ -291,7 +291,7 @@ pub fn add_to_file(dtb: &Path, domus: &[DomuNode]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hypervisor::domain::dom0less;
+    use hypervisor::dtb::dom0less;
     use hypervisor::dtb::{discover, Region};
 
     /// QEMU 7.2's virt DTB (GICv3, 2 CPUs, 1 GiB, Dom0's modules at

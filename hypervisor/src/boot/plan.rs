@@ -46,8 +46,9 @@
 //! Everything placed is 2 MiB aligned, so stage 2 can use block mappings.
 
 use super::image::{FixedLoad, KernelError};
-use crate::domain::{DomainId, DomainSpec, DomuPlacement};
+use crate::ids::DomainId;
 use crate::region::Region;
+use crate::spec::{DomainSpec, DomuPlacement};
 use alloc::vec::Vec;
 use core::fmt;
 

@@ -32,7 +32,7 @@ pub fn discover(dtb: &[u8]) -> Result<Platform, DtbError> {
         None => (None, None),
     };
     let domus = match chosen {
-        Some(c) => crate::domain::dom0less::from_chosen(&idx, c).map_err(DtbError::Domain)?,
+        Some(c) => super::dom0less::from_chosen(&idx, c).map_err(DtbError::Domain)?,
         None => Vec::new(),
     };
     let psci_method = idx

@@ -55,19 +55,21 @@
 
 pub(crate) mod blob;
 mod discover;
+/// The dom0less parser: the boot DTB's `/chosen/domU*` nodes → [`DomainSpec`]s.
+pub mod dom0less;
 mod guest;
 pub(crate) mod tree;
 
 #[cfg(test)]
 mod tests;
 
-use crate::domain::dom0less::DomainError;
-use crate::domain::DomainSpec;
 use crate::intid::IntId;
 pub use crate::region::Region;
+use crate::spec::DomainSpec;
 use alloc::string::String;
 use alloc::vec::Vec;
 use core::fmt;
+use dom0less::DomainError;
 
 pub use discover::discover;
 pub use guest::{build_guest_dtb, default_removals, DEFAULT_REMOVE_COMPATIBLES};
@@ -287,7 +289,7 @@ pub struct Platform {
     pub kernel: Option<BootModule>,
     pub ramdisk: Option<BootModule>,
     /// The dom0less DomUs (`/chosen/domU*`, `compatible = "xen,domain"`),
-    /// in tree order: see [`crate::domain::dom0less`].
+    /// in tree order: see [`dom0less`].
     pub domus: Vec<DomainSpec>,
 }
 

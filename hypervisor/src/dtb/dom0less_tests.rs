@@ -11,6 +11,7 @@ use vm_fdt::FdtWriter;
 use super::{parse, DomainError, DomainProblem, NodeName};
 use crate::domain::*;
 use crate::dtb::{build_guest_dtb, default_removals, discover, DtbError, GuestDtbConfig};
+use crate::region::Region;
 use crate::testrng::Rng;
 
 const MIB: u64 = 1 << 20;

@@ -36,10 +36,11 @@ use core::fmt;
 
 use fdt::Fdt;
 
-use super::{DomainId, DomainSpec, DEFAULT_WEIGHT};
-use crate::dtb::tree::{self, is_compatible, is_enabled, prop, prop_str, Entry, Index};
-use crate::dtb::DtbError;
+use super::tree::{self, is_compatible, is_enabled, prop, prop_str, Entry, Index};
+use super::DtbError;
+use crate::ids::DomainId;
 use crate::region::Region;
+use crate::spec::{DomainSpec, DEFAULT_WEIGHT};
 
 #[cfg(test)]
 #[path = "dom0less_tests.rs"]
@@ -295,59 +296,5 @@ fn module_kind(m: &Entry<'_, '_>) -> Option<&'static str> {
         Some("ramdisk")
     } else {
         None
-    }
-}
-
-/// `n` bytes as the boot log shows sizes: MiB when whole, else bytes.
-struct Bytes(u64);
-
-impl fmt::Display for Bytes {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.0 {
-            n if n.is_multiple_of(1 << 20) => write!(f, "{} MiB", n >> 20),
-            n => write!(f, "{n} bytes"),
-        }
-    }
-}
-
-/// The boot log's line for a parsed DomU: `domU1 (d1): 256 MiB, 1 vCPU,
-/// kernel 0x… (… bytes), ramdisk …, weight 256, cap none, disk 64 MiB,
-/// vpl011, bootargs "…"`.
-impl fmt::Display for DomainSpec {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let s = if self.vcpus == 1 { "" } else { "s" };
-        write!(f, "{} (d{}): {}, {} vCPU{s}", self.name, self.id, Bytes(self.memory), self.vcpus)?;
-        write!(f, ", kernel {:#x} ({} bytes)", self.kernel.base, self.kernel.size)?;
-        match self.ramdisk {
-            Some(r) => write!(f, ", ramdisk {:#x} ({} bytes)", r.base, r.size)?,
-            None => write!(f, ", no ramdisk")?,
-        }
-        if let Some(a) = self.kernel_load_addr {
-            write!(f, ", raw kernel at {a:#x}")?;
-        }
-        write!(f, ", weight {}", self.weight)?;
-        match self.cap_percent {
-            Some(c) => write!(f, ", cap {c}%")?,
-            None => write!(f, ", cap none")?,
-        }
-        match self.disk_size {
-            0 => write!(f, ", no disk")?,
-            d => write!(f, ", disk {}", Bytes(d))?,
-        }
-        if self.vpl011 {
-            write!(f, ", vpl011")?;
-        }
-        write!(f, ", bootargs {:?}", self.bootargs)
-    }
-}
-
-/// The boot log's line for a placed DomU: `d1: RAM 0x…-0x…, disk 0x…-0x…`.
-impl fmt::Display for super::DomuPlacement {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "d{}: RAM {:#x}-{:#x}", self.id, self.ram.base, self.ram.end())?;
-        match self.disk {
-            Some(d) => write!(f, ", disk {:#x}-{:#x}", d.base, d.end()),
-            None => write!(f, ", no disk"),
-        }
     }
 }
