@@ -142,7 +142,7 @@ pub const fn instruction_length(esr: u64) -> u64 {
     }
 }
 
-/// The faulting IPA from HPFAR_EL2 (bits [43:4] hold IPA[51:12]) and the
+/// The faulting IPA from HPFAR_EL2 (bits \[43:4\] hold IPA\[51:12\]) and the
 /// page offset from FAR_EL2.
 pub const fn fault_ipa(hpfar: u64, far: u64) -> u64 {
     ((hpfar & 0x0000_0fff_ffff_fff0) << 8) | (far & 0xfff)

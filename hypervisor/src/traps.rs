@@ -341,7 +341,7 @@ pub enum Emulated {
     /// tell the guest a setting took effect when it did not.
     Actlr,
     /// A RAS error-record register (HCR_EL2.TERR: ERRIDR_EL1, ERRSELR_EL1,
-    /// ERXGSR/ERXFR/ERXCTLR/ERXSTATUS/ERXADDR/ERXPFG*/ERXMISC<n>_EL1):
+    /// ERXGSR/ERXFR/ERXCTLR/ERXSTATUS/ERXADDR/ERXPFG*`/ERXMISC<n>_EL1`):
     /// read as zero, writes ignored. ERRIDR_EL1 = 0 says there are no
     /// records, so a guest has nothing to select; the machine's records
     /// stay with the hypervisor and firmware.

@@ -5,7 +5,7 @@
 //! A vCPU starts *clean*: MDCR_EL2.TDA traps every breakpoint, watchpoint
 //! and MDSCR_EL1 access it makes, so the hardware registers may hold
 //! another vCPU's values (of any VM) and nothing needs saving for it. Its
-//! first access to a DBGBVR/BCR/WVR/WCR<n>_EL1, or an MDSCR_EL1 write
+//! first access to a `DBGBVR/BCR/WVR/WCR<n>_EL1`, or an MDSCR_EL1 write
 //! setting MDE, makes it *dirty* ([`Action::Arm`]): its saved values go
 //! into the hardware, TDA is cleared while it runs, and the access runs
 //! again on the hardware. At switch-out a dirty vCPU's registers are saved;
@@ -49,7 +49,7 @@ pub enum DebugReg {
     /// MDSCR_EL1: reads and writes reach the (switched) hardware register
     /// while the vCPU is clean, except a write setting MDE, which arms it.
     Mdscr,
-    /// DBGBVR/DBGBCR/DBGWVR/DBGWCR<n>_EL1: the first one arms the vCPU.
+    /// `DBGBVR/DBGBCR/DBGWVR/DBGWCR<n>_EL1`: the first one arms the vCPU.
     BreakWatch,
     /// OSLAR_EL1 (write-only): sets or clears the vCPU's OS lock.
     Oslar,
@@ -133,7 +133,7 @@ pub struct Slots {
 }
 
 impl Slots {
-    /// From ID_AA64DFR0_EL1 (BRPs [15:12] and WRPs [23:20] hold the count
+    /// From ID_AA64DFR0_EL1 (BRPs \[15:12\] and WRPs \[23:20\] hold the count
     /// minus one, so 1..=16).
     pub fn from_dfr0(dfr0: u64) -> Self {
         let count = |shift: u32| ((dfr0 >> shift) & 0xf) as usize + 1;
@@ -141,16 +141,16 @@ impl Slots {
     }
 }
 
-/// One breakpoint/watchpoint register bank: DBG{B,W}{V,C}R<n>_EL1.
+/// One breakpoint/watchpoint register bank: DBG{B,W}{V,C}`R<n>_EL1`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Bank {
-    /// DBGBVR<n>_EL1, breakpoint value.
+    /// `DBGBVR<n>_EL1`, breakpoint value.
     Bvr,
-    /// DBGBCR<n>_EL1, breakpoint control.
+    /// `DBGBCR<n>_EL1`, breakpoint control.
     Bcr,
-    /// DBGWVR<n>_EL1, watchpoint value.
+    /// `DBGWVR<n>_EL1`, watchpoint value.
     Wvr,
-    /// DBGWCR<n>_EL1, watchpoint control.
+    /// `DBGWCR<n>_EL1`, watchpoint control.
     Wcr,
 }
 

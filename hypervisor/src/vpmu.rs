@@ -84,7 +84,7 @@ pub fn is_pmu_reg(s: &SysRegAccess) -> bool {
 /// A vCPU's PMU registers while it is not on a CPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PmuRegs {
-    /// PMCR_EL0's state bits ([`PMCR_STATE`]).
+    /// PMCR_EL0's state bits (`PMCR_STATE`).
     pub pmcr: u64,
     pub pmselr: u64,
     pub pmcnten: u64,

@@ -16,8 +16,8 @@
 //! - [`domu`]: `--domu N`: the DomUs' dom0less DTB nodes, their modules and RAM
 //! - [`fvp`]: the FVP Base RevC command line and DTB (`run --platform fvp`)
 //! - [`shrinkwrap`]: the Shrinkwrap overlay fvp/hypervisor.yaml and its check
-//! - [`lint`]: rustfmt and clippy (warnings as errors), run by `cargo xtask test`
-//! - [`bench`]: the benchmarks in Linux guests (`cargo xtask bench`)
+//! - [`lint`]: rustfmt, clippy and rustdoc (warnings as errors), run by `cargo xtask test`
+//! - [`bench`](mod@bench): the benchmarks in Linux guests (`cargo xtask bench`)
 //! - [`conformance`]: `cargo xtask conformance`: the conformance guest on bare QEMU, as Dom0 or a DomU, and its output parsed
 //! - [`trace`]: reads the hypervisor's flight-recorder dumps back, per-pCPU timelines
 //! - [`deps`]: `cargo xtask deps`: the module graph of a crate read from its

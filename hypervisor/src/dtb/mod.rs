@@ -26,7 +26,7 @@
 //!
 //! `fdt` 0.1.5 panics on malformed blobs and on missing standard nodes, and a
 //! panic at EL2 stops the machine. So: every blob is first checked by
-//! [`blob::check`](self::blob) (bounds, nesting, token order; NOPs removed),
+//! `blob::check` (bounds, nesting, token order; NOPs removed),
 //! only `all_nodes`/`children`/`properties` of the crate are used, and all
 //! values are decoded here with explicit length checks (see `tree`). Errors
 //! are a [`DtbError`]; nothing in this module is meant to panic on any input
@@ -55,7 +55,6 @@
 
 pub(crate) mod blob;
 mod discover;
-/// The dom0less parser: the boot DTB's `/chosen/domU*` nodes → [`DomainSpec`]s.
 pub mod dom0less;
 mod guest;
 pub(crate) mod tree;

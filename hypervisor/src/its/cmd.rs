@@ -13,12 +13,12 @@
 //!   commands is exactly the command meant, bit for bit.
 //!
 //! Field layout (IHI 0069, "ITS commands"), DW = 64-bit doubleword:
-//! * DW0 [7:0] command number, [63:32] DeviceID (VMOVP: [47:32] sequence number)
-//! * DW1 [31:0] EventID, [63:32] pINTID (MAPTI), [4:0] Size (MAPD),
-//!   [47:32] vPEID (GICv4 commands), [15:0] ITSList (VMOVP)
-//! * DW2 [15:0] ICID, [51:16] RDbase, [51:8] ITT address (MAPD), [63] Valid,
-//!   [31:0] vINTID and [63:32] doorbell pINTID (VMAPTI)
-//! * DW3 [51:16] RDbase2 (MOVALL), VPT address (VMAPP), [4:0] VPT size
+//! * DW0 \[7:0\] command number, \[63:32\] DeviceID (VMOVP: \[47:32\] sequence number)
+//! * DW1 \[31:0\] EventID, \[63:32\] pINTID (MAPTI), \[4:0\] Size (MAPD),
+//!   \[47:32\] vPEID (GICv4 commands), \[15:0\] ITSList (VMOVP)
+//! * DW2 \[15:0\] ICID, \[51:16\] RDbase, \[51:8\] ITT address (MAPD), \[63\] Valid,
+//!   \[31:0\] vINTID and \[63:32\] doorbell pINTID (VMAPTI)
+//! * DW3 \[51:16\] RDbase2 (MOVALL), VPT address (VMAPP), \[4:0\] VPT size
 
 use core::fmt;
 
@@ -27,7 +27,7 @@ pub type Icid = u16;
 
 /// Where a collection or vPE lives: the redistributor's processor number
 /// (GITS_TYPER.PTA = 0) or its physical address divided by 64 KiB (PTA = 1).
-/// The command field holds bits [51:16] in both cases.
+/// The command field holds bits \[51:16\] in both cases.
 pub type RdBase = u64;
 
 /// The command numbers.

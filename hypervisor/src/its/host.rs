@@ -1,5 +1,5 @@
 //! The physical ITS driver's decisions, in plain Rust so the host tests
-//! them: which host LPIs are free, how large an ITT is, how a GITS_BASER<n>
+//! them: which host LPIs are free, how large an ITT is, how a `GITS_BASER<n>`
 //! table is laid out once the ITS has said which page size and format it
 //! accepts, and which (DeviceID, EventID) pairs are mapped where.
 //!
@@ -32,7 +32,7 @@ pub const PEND_TABLE_ALIGN: usize = 0x1_0000;
 pub const MAX_DEVICE_ID_BITS: u8 = 16;
 /// The command queue: 64 KiB (GITS_CBASER.Size = 15 pages of 4 KiB, + 1).
 pub const CMD_QUEUE_BYTES: usize = 0x1_0000;
-/// An ITT's alignment (MAPD's ITT_addr holds bits [51:8]).
+/// An ITT's alignment (MAPD's ITT_addr holds bits \[51:8\]).
 pub const ITT_ALIGN: usize = 256;
 
 /// Why the physical ITS refused or failed an operation.
@@ -63,7 +63,7 @@ pub enum ItsError {
     BadPcpu(usize),
     /// The heap could not give a table.
     OutOfMemory,
-    /// The ITS accepts none of the page sizes for a GITS_BASER<n>, or the
+    /// The ITS accepts none of the page sizes for a `GITS_BASER<n>`, or the
     /// table does not fit its Size field.
     Table(&'static str),
     /// More commands than the queue holds.
@@ -165,7 +165,7 @@ pub fn itt_bytes(event_bits: u8, entry_size: u8) -> usize {
     raw.div_ceil(ITT_ALIGN).max(1) * ITT_ALIGN
 }
 
-/// A GITS_BASER<n> page size.
+/// A `GITS_BASER<n>` page size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PageSize {
     K4,
@@ -195,7 +195,7 @@ impl PageSize {
     }
 }
 
-/// Finds a page size the ITS accepts for one GITS_BASER<n>:
+/// Finds a page size the ITS accepts for one `GITS_BASER<n>`:
 /// `write_read(value)` writes `value` (Valid = 0) and returns what reads
 /// back. `base` holds the type, attributes and, when wanted, Indirect.
 pub fn probe_page_size(base: u64, mut write_read: impl FnMut(u64) -> u64) -> Option<PageSize> {

@@ -37,7 +37,7 @@ pub mod offset {
     pub const GITS_CBASER: u64 = 0x0080;
     pub const GITS_CWRITER: u64 = 0x0088;
     pub const GITS_CREADR: u64 = 0x0090;
-    /// GITS_BASER<n> at 0x100 + 8n, n < 8.
+    /// `GITS_BASER<n>` at 0x100 + 8n, n < 8.
     pub const GITS_BASER: u64 = 0x0100;
     pub const GITS_BASER_COUNT: u64 = 8;
     pub const GITS_PIDR2: u64 = 0xFFE8;
@@ -217,7 +217,7 @@ pub mod gicr {
 /// The first LPI INTID.
 pub const LPI_BASE: u32 = 8192;
 
-/// LPI configuration table byte: priority in bits [7:2], Enable in bit 0
+/// LPI configuration table byte: priority in bits \[7:2\], Enable in bit 0
 /// (bit 1 is RES1 in GICv3).
 pub const fn lpi_config_byte(priority: u8, enabled: bool) -> u8 {
     (priority & 0xfc) | 0b10 | enabled as u8

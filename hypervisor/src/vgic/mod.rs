@@ -123,12 +123,12 @@ pub fn usable_lrs(implemented: usize) -> Result<usize, VgicError> {
     }
     Ok(implemented.min(NUM_LRS_MAX))
 }
-/// How many ICH_AP0R<n>_EL2 (and as many ICH_AP1R<n>_EL2) registers hold
+/// How many `ICH_AP0R<n>_EL2` (and as many `ICH_AP1R<n>_EL2`) registers hold
 /// a vCPU's active priorities on a CPU whose ICH_VTR_EL2 is `vtr`: one
 /// 32-bit register per 32 preemption levels, so 1 for 5 preemption bits
 /// (PREbits + 1), 2 for 6 and 4 for 7 (the architecture's maximum). Every
 /// one of them is the vCPU's state and must be switched with it: a guest
-/// using more than 32 preemption levels has active priorities in AP<n>R1-3
+/// using more than 32 preemption levels has active priorities in `AP<n>R1`-3
 /// too.
 pub fn active_priority_regs(vtr: u64) -> usize {
     let pre_bits = ((vtr >> 26) & 0x7) + 1;
