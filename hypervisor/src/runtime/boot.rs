@@ -15,10 +15,8 @@ use crate::config::{Config, DiskMode};
 use crate::dtb::{self, BootModule, Platform};
 use crate::hv_fatal;
 use crate::its::v4::LpiPath;
-use crate::mitigations;
 use crate::platform;
 use crate::region::Region;
-use crate::sync::{Mutex, Once};
 use alloc::boxed::Box;
 use alloc::vec::Vec;
 use core::sync::atomic::Ordering;
@@ -86,10 +84,12 @@ pub(super) fn plan_layout(
     plan::plan(&inputs)
 }
 
-/// Boot: nothing outside the image is written until the layout is planned.
-/// The bootstrap heap (in .bss) serves discovery and planning; then the
-/// planned main heap is added and the guest built where the plan says.
-pub fn primary_main(regs: [u64; 4]) -> ! {
+/// The primary pCPU's first steps, however it was started: MMU, early
+/// console, bootstrap heap, its run block and mitigations. Nothing outside
+/// the image is written until the layout is planned: the bootstrap heap (in
+/// .bss) serves discovery and planning; then the planned main heap is added
+/// and the guest built where the plan says.
+pub fn early_init() {
     // SAFETY: the primary CPU, once, MMU off, before any secondary starts.
     unsafe { mmu::enable(platform::is_device_gib) };
     // SAFETY: the platform's early console is a PL011 only the console
@@ -98,13 +98,13 @@ pub fn primary_main(regs: [u64; 4]) -> ! {
     heap::init_bootstrap();
     console::init_log(log::LevelFilter::Info);
     // SAFETY: pCPU 0 takes its own run block, once.
-    exception::init_cpu(unsafe { percpu::run_block(0) }, init_mitigations());
+    exception::init_cpu(unsafe { percpu::run_block(0) }, super::mitigations::init_cpu());
     el2::init_extended_controls();
-    // Started as an EFI application (runtime/uefi.rs): the machine is
-    // described by ACPI, not by a DTB.
-    if let Some(h) = super::uefi::take_handoff() {
-        super::uefi::acpi_main(h)
-    }
+}
+
+/// The device-tree boot, after [`early_init`]: the DTB `regs` point at
+/// (`boot::handoff`) describes the machine and carries Dom0's modules.
+pub fn primary_main(regs: [u64; 4]) -> ! {
     // SAFETY: the image symbols come from the linker script.
     let (img_start, img_end) = (core::ptr::addr_of!(__image_start) as usize, core::ptr::addr_of!(__image_end) as usize);
     let (dtb, convention) = match find_dtb(regs) {
@@ -379,50 +379,6 @@ extern "C" {
     fn secondary_entry();
 }
 
-/// Firmware's transient-execution workarounds, asked once by pCPU 0.
-static FIRMWARE: Once<mitigations::Firmware> = Once::new();
-/// What guests are told: every pCPU's mitigations so far, combined.
-static GUEST_VIEW: Mutex<Option<mitigations::GuestView>> = Mutex::new(None);
-
-/// Decides this pCPU's transient-execution mitigations
-/// (`crate::mitigations::decide`), turns firmware's Spectre-v4 mitigation
-/// on for good where that is the one, adds the pCPU to what guests are
-/// told, and returns the word the exit path runs.
-fn init_mitigations() -> u64 {
-    let fw = FIRMWARE.call_once(smc::ask_workarounds);
-    let m = mitigations::decide(&el2::mitigation_cpu_id(), fw);
-    if m.enable_fw_ssbd {
-        smc::enable_firmware_ssbd();
-    }
-    let mut g = GUEST_VIEW.lock();
-    let mine = mitigations::GuestView::of(&m);
-    if g.is_none() {
-        info!(
-            "mitigations: spectre-v2 {:?}, spectre-v4 {:?}{}, spectre-BHB {:?}; on exit {}; firmware {:?}",
-            m.v2,
-            m.v4,
-            if m.ssbs { " (SSBS)" } else { "" },
-            m.bhb,
-            m.on_exit,
-            fw
-        );
-    }
-    *g = Some(g.map_or(mine, |v| v.combine(mine)));
-    m.on_exit.encode()
-}
-
-/// The transient-execution states guests are told through
-/// SMCCC_ARCH_FEATURES: the machine's, once every pCPU is up.
-pub fn guest_mitigations() -> mitigations::GuestView {
-    let g = *GUEST_VIEW.lock();
-    g.unwrap_or(mitigations::GuestView {
-        v2: mitigations::State::Vulnerable,
-        v4: mitigations::State::Vulnerable,
-        bhb: mitigations::State::Vulnerable,
-        ssbs: false,
-    })
-}
-
 /// Records this pCPU's MPIDR for IPIs (`gic::init_cpu` found its
 /// redistributor).
 fn register_pcpu(cpu: usize) {
@@ -434,7 +390,7 @@ pub fn secondary_main(cpu: usize) -> ! {
     mmu::enable_secondary();
     // SAFETY: this pCPU takes its own run block, once (PSCI CPU_ON passes
     // each secondary a distinct index).
-    exception::init_cpu(unsafe { percpu::run_block(cpu) }, init_mitigations());
+    exception::init_cpu(unsafe { percpu::run_block(cpu) }, super::mitigations::init_cpu());
     el2::init_extended_controls();
     gic::init_cpu(cpu);
     register_pcpu(cpu);

@@ -21,9 +21,9 @@
 //! pCPU `v % nr_pcpus`, where the scheduler starts it); the injection
 //! itself kicks the vCPU wherever it runs.
 
-use super::vcpu::process_kicks;
 use super::vlpi::{DirectBackend, PhysIts};
 use super::vm::{inc, Vm};
+use super::wake::process_kicks;
 use crate::arch::exception::GuestRegs;
 use crate::arch::gic;
 use crate::esr::{self, MmioAccess};
@@ -215,7 +215,7 @@ pub fn vits_mmio(vm: &Vm, me: usize, regs: &mut GuestRegs, a: &MmioAccess, value
             its.mmio_write(a.ipa, a.size, value, &mem, &mut *vgic, &mut backend)?
         } else {
             let (r, k) = its.mmio_read(a.ipa, a.size, &mem, &mut *vgic, &mut backend)?;
-            super::vcpu::reg_write(regs, a.reg, esr::load_value(a, r));
+            regs.set_reg(a.reg, esr::load_value(a, r));
             k
         }
     };

@@ -2,12 +2,15 @@
 //! - `boot`: the boot flow, from the primary CPU's entry to the VM
 //! - `heap`: the bootstrap and planned heap, stage-2 table frames
 //! - `console`: log and guest output on the physical UART
+//! - `mitigations`: each pCPU's Spectre mitigations and what guests are told
 //! - `percpu`: per-pCPU shared state, run blocks, kicks, the EL2 timer
 //! - `vm`: a VM, its vCPUs, Dom0's creation, the VM table, the host-wide scheduler
 //! - `domu`: a DomU's creation from its spec and placement; `domu_selftest`
 //! - `vcpu`: the per-pCPU scheduling loop and every trap and interrupt
+//! - `wake`: waking a vCPU (scheduler, kick, reschedule) for every injector
 //! - `its`: the guest's virtual ITS backed by host LPIs of the physical ITS
-//! - `vlpi`: GICv4 direct injection: vPEs, residency, doorbells
+//! - `vlpi`: GICv4 direct injection: the VM's vPEs and their vITS backend
+//! - `vpe`: vPE residency on vCPU load/put, doorbells
 //! - `vblk`: the guest's virtio-blk wired to traps, timer and vGIC
 //! - `physblk`: the physical virtio-blk as that device's backend
 //! - `uefi`: the EFI application (UEFI boot) and the ACPI boot after it
@@ -17,6 +20,7 @@ pub mod console;
 pub mod domu;
 pub mod heap;
 pub mod its;
+pub mod mitigations;
 pub mod percpu;
 pub mod physblk;
 pub mod uefi;
@@ -24,11 +28,19 @@ pub mod vblk;
 pub mod vcpu;
 pub mod vlpi;
 pub mod vm;
+pub mod vpe;
+pub mod wake;
 
 use crate::arch::smc;
 
 #[no_mangle]
 extern "C" fn hv_primary_main(x0: u64, x1: u64, x2: u64, x3: u64) -> ! {
+    boot::early_init();
+    // Started as an EFI application (`uefi`): the machine is described by
+    // ACPI, not by a DTB.
+    if let Some(h) = uefi::take_handoff() {
+        uefi::acpi_main(h)
+    }
     boot::primary_main([x0, x1, x2, x3])
 }
 

@@ -17,6 +17,7 @@
 use super::console;
 use super::percpu::{self, now_ns, pcpu, SGI_KICK};
 use super::vm::{inc, vcpu_of, vms, Vcpu, Vm, SPSR_EL1H_MASKED};
+use super::wake::{do_wake_action, process_kicks, rec, wake_vcpu};
 use crate::arch::exception::{run_guest, ExitKind, GuestExit, GuestRegs};
 use crate::arch::{context, el2, gic, pmu, smc, sysreg};
 use crate::domain::console::Key;
@@ -28,12 +29,11 @@ use crate::mmio_bus::Device;
 use crate::psci::{self, Call};
 use crate::regs::ISS_ABORT;
 use crate::sched::spin::{self, SpinDetector};
-use crate::sched::{CritEvidence, RunState, WakeAction, WakeCause};
+use crate::sched::{CritEvidence, WakeAction, WakeCause};
 use crate::stage2::{MemType, Stage2Error};
 use crate::trace::{DumpReason, Event, ExitClass};
 use crate::traps::{self, VirtualSError};
 use crate::vdebug::{self, DebugReg};
-use crate::vgic::Kicks;
 use crate::vpmu::Placement;
 use aarch64_cpu::registers::{CNTV_CTL_EL0, CNTV_CVAL_EL0, ESR_EL1};
 use core::sync::atomic::Ordering;
@@ -170,11 +170,6 @@ fn arm_timer(me: usize, deadline: &mut Option<u64>, sample: Option<u64>) {
     vms()[0].trace[me].lock().note_arm(now_ns(), (at != u64::MAX).then_some(at));
 }
 
-/// Records `ev` now in this pCPU's flight-recorder ring.
-fn rec(vm: &Vm, me: usize, ev: Event) {
-    vm.trace[me].lock().push(now_ns(), ev);
-}
-
 fn load_vcpu(vm: &Vm, me: usize, v: &mut Vcpu) {
     let vt = vm.virt_timer_intid;
     vm.shared[v.id].vtimer_deadline.store(u64::MAX, Ordering::Release);
@@ -212,7 +207,7 @@ fn load_vcpu(vm: &Vm, me: usize, v: &mut Vcpu) {
     v.fp.restore();
     v.gicif.restore();
     // GICv4: the vPE follows its vCPU here and becomes resident.
-    v.vpe_resident = super::vlpi::load(vm, me, v.id);
+    v.vpe_resident = super::vpe::load(vm, me, v.id);
     // A virtual SError the vCPU has not taken yet goes with it.
     if v.vserror.is_pending() {
         el2::set_vserror_syndrome(el2::cpu_features().ras);
@@ -254,7 +249,7 @@ fn save_vcpu(vm: &Vm, me: usize, v: &mut Vcpu) {
     v.fp.save();
     v.gicif.save();
     if v.vpe_resident {
-        super::vlpi::put(vm, me, v.id);
+        super::vpe::put(vm, me, v.id);
         v.vpe_resident = false;
     }
     if v.vserror.is_pending() {
@@ -290,9 +285,9 @@ fn ptimer_access(vm: &Vm, me: usize, v: &mut Vcpu, s: &esr::SysRegAccess, reg: c
     let cnt = percpu::counter();
     if s.read {
         let value = v.ptimer.read(reg, cnt);
-        reg_write(&mut v.regs, s.reg, value);
+        v.regs.set_reg(s.reg, value);
     } else {
-        let value = reg_read(&v.regs, s.reg);
+        let value = v.regs.reg(s.reg);
         v.ptimer.write(reg, value, cnt);
         ptimer_sync(vm, me, v, false);
     }
@@ -473,51 +468,6 @@ fn resync_private_active(vm: &Vm, me: usize, id: usize) {
     }
 }
 
-/// Acts on the scheduler's answer to a wake.
-fn do_wake_action(me: usize, a: WakeAction) {
-    match a {
-        WakeAction::None => {}
-        WakeAction::Reschedule { pcpu } => percpu::request_resched(me, pcpu),
-        WakeAction::RearmTimer { pcpu, at } => percpu::request_rearm(me, pcpu, at),
-    }
-}
-
-/// Makes every kicked vCPU notice its new interrupt: wake it if blocked,
-/// interrupt its pCPU if it runs elsewhere.
-pub(super) fn process_kicks(vm: &Vm, me: usize, kicks: Kicks, cause: WakeCause) {
-    if kicks.is_empty() {
-        return;
-    }
-    let now = now_ns();
-    for k in kicks.iter() {
-        let running = vm.shared[k].running_on.load(Ordering::Acquire);
-        if running == me {
-            continue; // refilled at the next entry
-        }
-        wake_vcpu(vm, me, k, now, cause);
-    }
-}
-
-/// Wakes vCPU `k` if blocked, or interrupts its pCPU if it runs elsewhere.
-pub(super) fn wake_vcpu(vm: &Vm, me: usize, k: usize, now: u64, cause: WakeCause) {
-    inc(&vm.shared[k].counters.kicks);
-    let g = vm.gid(k);
-    let (action, state, blocked, deferral) = {
-        let mut s = vm.sched.lock();
-        let blocked = s.state(g) == Some(RunState::Blocked);
-        let a = s.wake(now, g, cause).unwrap_or(WakeAction::None);
-        (a, s.state(g), blocked, s.wake_deferral())
-    };
-    vm.trace[me].lock().wake(now, g, cause, blocked, action, deferral);
-    if let Some(RunState::Running(p)) = state {
-        if p != me {
-            rec(vm, me, Event::Kick { pcpu: p as u16 });
-            percpu::kick(p);
-        }
-    }
-    do_wake_action(me, action);
-}
-
 /// Takes every pending physical interrupt. `cur` is the VM and vCPU on this
 /// pCPU. Physical interrupts belong to Dom0 or to the hypervisor (DomUs get
 /// none), so each goes where Dom0's `Vm::routes` says, except the virtual
@@ -545,7 +495,7 @@ fn handle_irqs(me: usize, cur: Option<(&Vm, usize)>, deadline: &mut Option<u64>)
             }
             Some(Route::HypTimer) => hyp_timer_irq(me, id, deadline),
             Some(Route::GuestLpi { devid, eventid }) => super::its::guest_lpi(vm, me, id, devid, eventid),
-            Some(Route::Doorbell { vcpu }) => super::vlpi::doorbell(vm, me, id, vcpu),
+            Some(Route::Doorbell { vcpu }) => super::vpe::doorbell(vm, me, id, vcpu),
             // SGI_KICK, maintenance: the exit itself was the point; requests
             // are in pcpu(me), list registers are refilled at entry.
             // Unrouted: the default.
@@ -718,20 +668,6 @@ fn vm_timers_expired(vm: &Vm, me: usize, now: u64) {
     }
 }
 
-fn reg_read(regs: &GuestRegs, r: u8) -> u64 {
-    if r == 31 {
-        0
-    } else {
-        regs.x[r as usize]
-    }
-}
-
-pub(super) fn reg_write(regs: &mut GuestRegs, r: u8, v: u64) {
-    if r != 31 {
-        regs.x[r as usize] = v;
-    }
-}
-
 fn handle_sync(vm: &Vm, me: usize, v: &mut Vcpu) -> Next {
     let el2::ExitSyndrome { esr, far, hpfar } = el2::exit_syndrome();
     let ilen = esr::instruction_length(esr);
@@ -747,7 +683,7 @@ fn handle_sync(vm: &Vm, me: usize, v: &mut Vcpu) -> Next {
                 yield_cpu(vm, me, v.id)
             } else {
                 inc(&c.wfi_traps);
-                let limit = timeout.limit_ns(|r| reg_read(&v.regs, r), percpu::cntfrq());
+                let limit = timeout.limit_ns(|r| v.regs.reg(r), percpu::cntfrq());
                 block(vm, me, v, limit)
             }
         }
@@ -763,7 +699,7 @@ fn handle_sync(vm: &Vm, me: usize, v: &mut Vcpu) -> Next {
         Exit::SysReg(s) => {
             inc(&c.sysreg);
             if !s.read && s.key() == esr::ICC_SGI1R_EL1 {
-                let value = reg_read(&v.regs, s.reg);
+                let value = v.regs.reg(s.reg);
                 inc(&c.sgis_sent);
                 // A lock holder sends its wake-up IPIs with IRQs masked: only
                 // then does a wake-preemption of this vCPU wait (a grace).
@@ -779,7 +715,7 @@ fn handle_sync(vm: &Vm, me: usize, v: &mut Vcpu) -> Next {
             } else if s.read && crate::idregs::is_id_space(s.op0, s.op1, s.crn, s.crm) {
                 let reg = crate::idregs::IdReg { crm: s.crm, op2: s.op2 };
                 let value = crate::idregs::sanitize(reg, sysreg::read_id_reg(s.crm, s.op2), vm.pmu_intid.is_some());
-                reg_write(&mut v.regs, s.reg, value);
+                v.regs.set_reg(s.reg, value);
                 v.regs.elr += ilen;
             } else if !s.read && (s.key() == esr::ICC_ASGI1R_EL1 || s.key() == esr::ICC_SGI0R_EL1) {
                 // Group 0 / alternate-group SGIs do not exist for this guest.
@@ -793,7 +729,7 @@ fn handle_sync(vm: &Vm, me: usize, v: &mut Vcpu) -> Next {
                         traps::Emulated::Actlr => v.el1.actlr,
                         traps::Emulated::RasRecord => 0,
                     };
-                    reg_write(&mut v.regs, s.reg, value);
+                    v.regs.set_reg(s.reg, value);
                 }
                 v.regs.elr += ilen;
             } else if let Some(reg) = vdebug::classify(&s) {
@@ -854,7 +790,7 @@ fn block(vm: &Vm, me: usize, v: &mut Vcpu, limit: u64) -> Next {
     }
     let was_resident = v.vpe_resident;
     if was_resident {
-        super::vlpi::put(vm, me, id);
+        super::vpe::put(vm, me, id);
         v.vpe_resident = false;
     }
     // Its physical timer may have come due since the last exit.
@@ -875,7 +811,7 @@ fn block(vm: &Vm, me: usize, v: &mut Vcpu, limit: u64) -> Next {
     if vgic.has_deliverable(id) || vm.shared[id].vlpi_pending.load(Ordering::Acquire) {
         drop(vgic);
         if was_resident {
-            v.vpe_resident = super::vlpi::load(vm, me, id);
+            v.vpe_resident = super::vpe::load(vm, me, id);
         }
         return Next::Enter;
     }
@@ -888,7 +824,7 @@ fn block(vm: &Vm, me: usize, v: &mut Vcpu, limit: u64) -> Next {
             warn!("vCPU{id}: block: {e}");
             vm.shared[id].wake_at.store(u64::MAX, Ordering::Release);
             if was_resident {
-                v.vpe_resident = super::vlpi::load(vm, me, id);
+                v.vpe_resident = super::vpe::load(vm, me, id);
             }
             Next::Enter
         }
@@ -998,7 +934,7 @@ fn report_bad_access(vm: &Vm, v: &Vcpu, ipa: u64, what: &str) {
 /// Emulated device access, to the device `Vm::bus` names. Err: the access
 /// is not valid (abort the guest).
 fn mmio(vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess) -> Result<(), ()> {
-    let value = esr::store_value(a, reg_read(&v.regs, a.reg));
+    let value = esr::store_value(a, v.regs.reg(a.reg));
     match vm.bus.lookup(a.ipa) {
         Some((Device::Vgic, _)) => vgic_mmio(vm, me, v, a, value),
         Some((Device::VirtioBlk, _)) => disk_mmio(vm, me, v, a, value),
@@ -1025,7 +961,7 @@ fn vgic_mmio(vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess, value: u64) -> Re
         super::its::lpis_enabled(vm, me, lpis_on);
     } else {
         let r = vgic.mmio_read(v.id, a.ipa, a.size).map_err(|_| ())?;
-        reg_write(&mut v.regs, a.reg, esr::load_value(a, r));
+        v.regs.set_reg(a.reg, esr::load_value(a, r));
     }
     Ok(())
 }
@@ -1037,7 +973,7 @@ fn disk_mmio(vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess, value: u64) -> Re
         disk.write(a.ipa, a.size, value, now_ns(), me).map_err(|_| ())?
     } else {
         let r = disk.read(a.ipa, a.size).map_err(|_| ())?;
-        reg_write(&mut v.regs, a.reg, esr::load_value(a, r));
+        v.regs.set_reg(a.reg, esr::load_value(a, r));
         None
     };
     if let Some(l) = level {
@@ -1067,7 +1003,7 @@ fn uart_mmio(vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess, off: u64, value: 
             uart.write(off, a.size, value as u32, &mut tx).map_err(|_| ())?;
         } else {
             let r = uart.read(off, a.size).map_err(|_| ())? as u64;
-            reg_write(&mut v.regs, a.reg, esr::load_value(a, r));
+            v.regs.set_reg(a.reg, esr::load_value(a, r));
             // Input waiting in the ring while the FIFO was full: the read
             // made room, take more if the input is still ours.
             if uart.rx_held() {
@@ -1129,10 +1065,10 @@ fn inject_undef(vm: &Vm, v: &mut Vcpu) {
 /// A trapped debug-register access (MDCR_EL2.TDA/TDOSA/TDRA), emulated as
 /// `crate::vdebug` says.
 fn debug_access(vm: &Vm, v: &mut Vcpu, s: &esr::SysRegAccess, reg: DebugReg, ilen: u64) {
-    let value = reg_read(&v.regs, s.reg);
+    let value = v.regs.reg(s.reg);
     match v.el1.debug.access(reg, s.read, value) {
-        vdebug::Action::Read(x) => reg_write(&mut v.regs, s.reg, x),
-        vdebug::Action::ReadMdscr => reg_write(&mut v.regs, s.reg, context::read_mdscr()),
+        vdebug::Action::Read(x) => v.regs.set_reg(s.reg, x),
+        vdebug::Action::ReadMdscr => v.regs.set_reg(s.reg, context::read_mdscr()),
         vdebug::Action::WriteMdscr(x) => context::write_mdscr(x),
         vdebug::Action::Arm => {
             // Not skipped: the access runs again, on the hardware.
@@ -1187,11 +1123,11 @@ fn psci_call(vm: &Vm, me: usize, v: &mut Vcpu) -> Next {
         Call::Features { function } => psci::features(function),
         Call::SmcccVersion => psci::SMCCC_VERSION_1_1 as i64,
         Call::SmcccArchFeatures { function } => {
-            super::boot::guest_mitigations().arch_features(function).unwrap_or(psci::NOT_SUPPORTED)
+            super::mitigations::guest_mitigations().arch_features(function).unwrap_or(psci::NOT_SUPPORTED)
         }
         // The exit that carried the call ran this pCPU's mitigation already.
         Call::ArchWorkaround { function } => {
-            super::boot::guest_mitigations().workaround_call(function).unwrap_or(psci::NOT_SUPPORTED)
+            super::mitigations::guest_mitigations().workaround_call(function).unwrap_or(psci::NOT_SUPPORTED)
         }
         Call::MigrateInfoType => psci::MIGRATE_NOT_REQUIRED,
         Call::CpuSuspend => {

@@ -43,6 +43,25 @@ pub struct GuestRegs {
     pub spsr: u64,
 }
 
+impl GuestRegs {
+    /// General register `r` as a trapped instruction names it (ESR's SRT,
+    /// Rt): 31 is XZR there, and reads as 0.
+    pub fn reg(&self, r: u8) -> u64 {
+        if r == 31 {
+            0
+        } else {
+            self.x[usize::from(r)]
+        }
+    }
+
+    /// Writes general register `r` (31, XZR, discards the value).
+    pub fn set_reg(&mut self, r: u8, v: u64) {
+        if r != 31 {
+            self.x[usize::from(r)] = v;
+        }
+    }
+}
+
 /// Per-CPU block addressed by TPIDR_EL2; the layout is used by assembly.
 #[repr(C)]
 pub struct CpuRun {
