@@ -13,7 +13,10 @@ pub fn commands() -> Vec<(&'static str, Vec<String>)> {
     vec![
         ("rustfmt", v(&["fmt", "--all", "--check"])),
         ("clippy (host)", v(&["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])),
-        ("clippy (EL2)", v(&["clippy", "-p", "hypervisor", "--target", TARGET, "--", "-D", "warnings"])),
+        (
+            "clippy (EL2)",
+            v(&["clippy", "-p", "hypervisor", "-p", "hv-core", "--target", TARGET, "--", "-D", "warnings"]),
+        ),
         ("clippy (conformance guest)", v(&["clippy", "-p", "conformance", "--target", TARGET, "--", "-D", "warnings"])),
         ("rustdoc", v(&["doc", "--no-deps", "--workspace"])),
     ]

@@ -191,7 +191,7 @@ fn main() {
             }
         }
         Command::Deps => {
-            print!("{}", xtask::deps::report(&["hypervisor", "xtask"]));
+            print!("{}", xtask::deps::report(xtask::deps::CRATES));
             Ok(0)
         }
         Command::Doctor => xtask::doctor::doctor().map(|_| 0),

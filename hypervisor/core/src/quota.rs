@@ -4,7 +4,7 @@
 //! # The contract
 //!
 //! The boot plan sizes the heap as the hypervisor's own part plus the sum of
-//! every VM's quota ([`crate::boot::plan`]), and each VM's run-time
+//! every VM's quota (`boot::plan` in the `hypervisor` crate), and each VM's run-time
 //! allocations (virtio-blk request buffers and their bookkeeping, stage-2
 //! tables mapped on demand, physical ITTs for the vITS's MAPD) are charged
 //! here *before* they are made, at the size the buddy allocator really takes
