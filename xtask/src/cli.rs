@@ -7,9 +7,11 @@
 //! modules that do the work ([`crate::qemu`], [`crate::bench`]) take them.
 
 use crate::hvload::{HvBoot, HvEntry};
+pub use crate::platform::PlatformKind;
+pub use crate::qemu::DiskKind;
 use crate::qemu::RunOptions;
 use clap::builder::TypedValueParser as _;
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -80,81 +82,12 @@ pub struct CleanArgs {
     pub caches: bool,
 }
 
-/// The machine the hypervisor is built for (`--platform`): a directory under
-/// `platforms/`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
-pub enum PlatformKind {
-    /// QEMU virt (runs here)
-    #[default]
-    #[value(name = "qemu-virt", alias = "qemu")]
-    QemuVirt,
-    /// Arm FVP Base RevC (FVP_Base_RevC-2xAEMvA, with TF-A)
-    #[value(name = "fvp-base-revc", alias = "fvp")]
-    FvpBaseRevc,
-    /// AWS Graviton's boot path on QEMU: EDK2 + ACPI, Neoverse V1 (--cpu neoverse-n1 for Graviton2), GICv3 + ITS, NVMe (runs here)
-    #[value(name = "graviton")]
-    Graviton,
-}
-
-impl PlatformKind {
-    /// The platform descriptor under `platforms/` the EL2 image is built
-    /// with (`HV_PLATFORM`). Graviton on QEMU runs the qemu-virt image (see
-    /// [`crate::graviton`]).
-    pub fn dir(self) -> &'static str {
-        match self {
-            PlatformKind::QemuVirt | PlatformKind::Graviton => "qemu-virt",
-            PlatformKind::FvpBaseRevc => "fvp-base-revc",
-        }
-    }
-}
-
 /// `cargo xtask build [--platform P]`
 #[derive(Clone, Debug, Args)]
 pub struct BuildArgs {
     /// The platform to build for
     #[arg(long, value_name = "PLATFORM", default_value = "qemu-virt")]
     pub platform: PlatformKind,
-}
-
-/// The guest's disk (`--disk`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum DiskKind {
-    /// QEMU's virtio-blk device (a scratch image) mapped into the guest, Dom0-style
-    Passthrough,
-    /// The hypervisor's virtio-blk over a RAM image
-    Ram,
-    /// The hypervisor's virtio-blk in front of QEMU's device
-    Backend,
-    /// No disk
-    None,
-    /// QEMU's virtio-blk-pci (a scratch image) behind the PCIe host bridge, passed through with INTx
-    VirtioPci,
-    /// QEMU's NVMe controller (a scratch image) behind the PCIe host bridge, passed through with INTx
-    Nvme,
-}
-
-impl DiskKind {
-    /// The spelling of `dom0_disk=` (the same as on the command line).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DiskKind::Passthrough => "passthrough",
-            DiskKind::Ram => "ram",
-            DiskKind::Backend => "backend",
-            DiskKind::None => "none",
-            DiskKind::VirtioPci => "virtio-pci",
-            DiskKind::Nvme => "nvme",
-        }
-    }
-
-    /// The QEMU device in front of the scratch image (drive `d0`), if any.
-    pub fn qemu_device(self) -> Option<&'static str> {
-        match self {
-            DiskKind::Passthrough | DiskKind::Backend => Some("virtio-blk-device,drive=d0"),
-            DiskKind::VirtioPci => Some("virtio-blk-pci,drive=d0"),
-            DiskKind::Nvme => Some("nvme,drive=d0,serial=hvdisk0"),
-            DiskKind::Ram | DiskKind::None => None,
-        }
-    }
 }
 
 /// `cargo xtask run`: see [`RunArgs::run_options`] for how they map onto
@@ -554,6 +487,21 @@ impl BenchWakeupArgs {
     pub fn repeats(&self) -> u32 {
         self.repeats.map(|r| r.max(1)).unwrap_or(if self.quick { 1 } else { crate::bench::DEFAULT_REPEATS })
     }
+
+    /// The options as the runner takes them ([`crate::bench::runner::wakeup`]).
+    pub fn options(&self) -> crate::bench::runner::WakeupOptions {
+        crate::bench::runner::WakeupOptions {
+            quick: self.quick,
+            full: self.full,
+            disk: self.disk.clone(),
+            gic: self.gic.clone(),
+            runtime: self.runtime,
+            repeats: self.repeats(),
+            only: self.only.clone(),
+            hv_args: self.hv_args.clone(),
+            platform: self.platform,
+        }
+    }
 }
 
 /// `cargo xtask bench timer`
@@ -576,6 +524,19 @@ pub struct BenchTimerArgs {
     /// *.trace.txt shows the events around that sample)
     #[arg(long, value_name = "US")]
     pub breaktrace: Option<u32>,
+}
+
+impl BenchTimerArgs {
+    /// The options as the runner takes them ([`crate::bench::timer::run`]).
+    pub fn options(&self) -> crate::bench::timer::TimerOptions {
+        crate::bench::timer::TimerOptions {
+            samples: self.samples,
+            runtime: self.runtime,
+            only: self.only.clone(),
+            hv_args: self.hv_args.clone(),
+            breaktrace: self.breaktrace,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -83,12 +83,31 @@ fn code_of(src: &str) -> String {
         if t.starts_with("#[cfg(test)]") && lines.peek().is_some_and(|n| n.trim_start().starts_with("mod ")) {
             break;
         }
-        let code = match line.find("//") {
-            Some(i) => &line[..i],
-            None => line,
-        };
-        out.push_str(code);
+        out.push_str(&without_strings(line));
         out.push('\n');
+    }
+    out
+}
+
+/// A line with its `//` comment and the text of its string literals
+/// dropped (a path spelled inside a string is no dependency).
+fn without_strings(line: &str) -> String {
+    let c: Vec<char> = line.chars().collect();
+    let mut out = String::new();
+    let (mut i, mut in_str) = (0, false);
+    while i < c.len() {
+        match (in_str, c[i]) {
+            (false, '/') if c.get(i + 1) == Some(&'/') => break,
+            // A char literal `'"'` or `'\"'` opens no string.
+            (false, '\'') if c.get(i + 1) == Some(&'"') && c.get(i + 2) == Some(&'\'') => i += 2,
+            (false, '\'') if c.get(i + 1) == Some(&'\\') && c.get(i + 3) == Some(&'\'') => i += 3,
+            (false, '"') => in_str = true,
+            (true, '\\') => i += 1,
+            (true, '"') => in_str = false,
+            (false, ch) => out.push(ch),
+            (true, _) => {}
+        }
+        i += 1;
     }
     out
 }
@@ -373,6 +392,8 @@ mod unit_tests {
         assert_eq!(paths("use crate::vgic; vgic::lr::f()", &["x"]), ["vgic", "vgic::lr::f"]);
         assert_eq!(paths("$crate::a // crate::b\n", &["x"]), Vec::<String>::new());
         assert_eq!(paths("use crate::a::{self, B};", &["x"]), ["a", "a::B"]);
+        assert_eq!(paths("let s = \"crate::{a, b} \\\" crate::c\"; crate::d::E", &["x"]), ["d::E"]);
+        assert_eq!(paths("f('\"', crate::g::H, '\\\"', \"crate::i\")", &["x"]), ["g::H"]);
     }
 
     #[test]

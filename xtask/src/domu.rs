@@ -143,7 +143,7 @@ pub fn layout(
         bootargs.push_str(a);
     }
     if let Some(cmd) = &o.cmd {
-        bootargs.push_str(&format!(" guestcmd={}", crate::qemu::base64(cmd.as_bytes())));
+        bootargs.push_str(&format!(" guestcmd={}", crate::text::base64(cmd.as_bytes())));
     }
     let nodes = (1..=o.count)
         .map(|i| DomuNode {

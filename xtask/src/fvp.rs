@@ -371,48 +371,6 @@ pub fn plan(args: &RunArgs, hypervisor: PathBuf, kernel: PathBuf, initrd: Option
     })
 }
 
-/// `cargo xtask run --platform fvp [--dry-run]`: builds the hypervisor for
-/// fvp-base-revc and the guest image, writes the DTB, then prints the
-/// model's command line (`--dry-run`) or runs it with the console here.
-pub fn run(args: &RunArgs) -> Result<i32> {
-    let hv = crate::build::hypervisor(PLATFORM.name)?;
-    let (kernel, initrd) = match &args.kernel {
-        Some(k) => (k.clone(), args.initrd.clone()),
-        None => {
-            let g = crate::image::guest_flavour(args.kernel_flavour)?;
-            (g.kernel, Some(args.initrd.clone().unwrap_or(g.initrd)))
-        }
-    };
-    let p = plan(args, hv, kernel, initrd, &crate::out_dir().join("fvp"))?;
-    let line = command_line(&p.run);
-    if args.dry_run {
-        if !p.have_fvp {
-            println!("# {FVP_NAME} not found: {GET_FVP}");
-        }
-        if !p.have_tfa {
-            println!("# ${TFA_ENV} (or --tf-a) not set: {TFA_HOWTO}");
-        }
-        println!("{}", printable(&line));
-        println!("# with Shrinkwrap ({}):", crate::shrinkwrap::OVERLAY);
-        println!("{}", crate::shrinkwrap::run_line(&p.run));
-        return Ok(0);
-    }
-    if !p.have_fvp {
-        return Err(format!("{FVP_NAME} not found: {GET_FVP} (`--dry-run` prints the command line without it)"));
-    }
-    if !p.have_tfa {
-        return Err(format!("no TF-A build: pass --tf-a DIR or set {TFA_ENV}; {TFA_HOWTO}"));
-    }
-    for f in ["bl1.bin", "fip.bin"] {
-        if !p.run.tfa.join(f).is_file() {
-            return Err(format!("{}: no {f} there; {TFA_HOWTO}", p.run.tfa.display()));
-        }
-    }
-    eprintln!("xtask: {}", line.join(" "));
-    let st = std::process::Command::new(&line[0]).args(&line[1..]).status().map_err(|e| format!("{}: {e}", line[0]))?;
-    Ok(st.code().unwrap_or(1))
-}
-
 /// How to build TF-A for this run.
 pub const TFA_HOWTO: &str = "build TF-A (trusted-firmware-a) with `make PLAT=fvp ARM_LINUX_KERNEL_AS_BL33=1 \
      PRELOADED_BL33_BASE=0x88000000 ARM_PRELOADED_DTB_BASE=0x82000000 all fip` and name its build/fvp/release";

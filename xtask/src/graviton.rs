@@ -17,9 +17,8 @@
 //! graviton` builds it): the machine under QEMU is `virt`, the image is
 //! position-independent and EDK2 loads it wherever it likes.
 
-use crate::cli::DiskKind;
 use crate::firmware::Firmware;
-use crate::qemu::RunOptions;
+use crate::qemu::{DiskKind, RunOptions};
 
 /// QEMU's CPU model for the platform: Neoverse V1 (Graviton3).
 pub const CPU: &str = "neoverse-v1";

@@ -2,6 +2,7 @@
 //! paths as `cargo xtask run`.
 //!
 //! - [`cli`]: the command line (clap), its help text and checks
+//! - [`platform`]: the machine a command is for (`--platform`), below [`cli`]
 //! - [`setup`]: the rustup target; names missing host tools (installs no system package)
 //! - [`toolchain`]: the project's own QEMU 10.0, EDK2 and TF-A tools, fetched as Debian packages into a cache (no root)
 //! - [`doctor`]: `cargo xtask doctor` (what is in use and ready) and `clean [--caches]`
@@ -13,6 +14,7 @@
 //! - [`uefi`]: `--firmware uefi`: EDK2 as -bios, the ESP with the hypervisor as BOOTAA64.EFI
 //! - [`graviton`]: `--platform graviton`: the UEFI + ACPI boot on a Neoverse core with NVMe, on QEMU
 //! - [`qemu`]: composes the QEMU command line and runs it with a timeout
+//! - [`text`]: base64 for `guestcmd=` and shell quoting for printed command lines, shared below [`qemu`]
 //! - [`domu`]: `--domu N`: the DomUs' dom0less DTB nodes, their modules and RAM
 //! - [`fvp`]: the FVP Base RevC command line and DTB (`run --platform fvp`)
 //! - [`shrinkwrap`]: the Shrinkwrap overlay fvp/hypervisor.yaml and its check
@@ -38,9 +40,11 @@ pub mod graviton;
 pub mod hvload;
 pub mod image;
 pub mod lint;
+pub mod platform;
 pub mod qemu;
 pub mod setup;
 pub mod shrinkwrap;
+pub mod text;
 pub mod toolchain;
 pub mod trace;
 pub mod uefi;

@@ -21,14 +21,59 @@ use clap::error::ErrorKind;
 use clap::{CommandFactory, Parser};
 use std::process::exit;
 use xtask::cli::{BenchCommand, Cli, Command, PlatformKind, RunArgs, SimCommand, TestArgs};
+use xtask::fvp::{self, FVP_NAME, GET_FVP, TFA_ENV, TFA_HOWTO};
 
 fn cmd_run(args: &RunArgs) -> Result<i32, String> {
     if args.platform == PlatformKind::FvpBaseRevc {
-        return xtask::fvp::run(args);
+        return cmd_run_fvp(args);
     }
     let o = args.run_options(xtask::qemu::scratch_disk)?;
     let r = xtask::qemu::run(&o)?;
     xtask::qemu::exit_code(&o, &r)
+}
+
+/// `cargo xtask run --platform fvp [--dry-run]`: builds the hypervisor for
+/// fvp-base-revc and the guest image, writes the DTB ([`fvp::plan`]), then
+/// prints the model's command line and the `shrinkwrap run` line
+/// (`--dry-run`) or runs the model with the console here. It lives here, above
+/// both [`fvp`] and [`xtask::shrinkwrap`], which builds on `fvp`'s layout.
+fn cmd_run_fvp(args: &RunArgs) -> Result<i32, String> {
+    let hv = xtask::build::hypervisor(hypervisor::platform_desc::known::fvp_base_revc::PLATFORM.name)?;
+    let (kernel, initrd) = match &args.kernel {
+        Some(k) => (k.clone(), args.initrd.clone()),
+        None => {
+            let g = xtask::image::guest_flavour(args.kernel_flavour)?;
+            (g.kernel, Some(args.initrd.clone().unwrap_or(g.initrd)))
+        }
+    };
+    let p = fvp::plan(args, hv, kernel, initrd, &xtask::out_dir().join("fvp"))?;
+    let line = fvp::command_line(&p.run);
+    if args.dry_run {
+        if !p.have_fvp {
+            println!("# {FVP_NAME} not found: {GET_FVP}");
+        }
+        if !p.have_tfa {
+            println!("# ${TFA_ENV} (or --tf-a) not set: {TFA_HOWTO}");
+        }
+        println!("{}", fvp::printable(&line));
+        println!("# with Shrinkwrap ({}):", xtask::shrinkwrap::OVERLAY);
+        println!("{}", xtask::shrinkwrap::run_line(&p.run));
+        return Ok(0);
+    }
+    if !p.have_fvp {
+        return Err(format!("{FVP_NAME} not found: {GET_FVP} (`--dry-run` prints the command line without it)"));
+    }
+    if !p.have_tfa {
+        return Err(format!("no TF-A build: pass --tf-a DIR or set {TFA_ENV}; {TFA_HOWTO}"));
+    }
+    for f in ["bl1.bin", "fip.bin"] {
+        if !p.run.tfa.join(f).is_file() {
+            return Err(format!("{}: no {f} there; {TFA_HOWTO}", p.run.tfa.display()));
+        }
+    }
+    eprintln!("xtask: {}", line.join(" "));
+    let st = std::process::Command::new(&line[0]).args(&line[1..]).status().map_err(|e| format!("{}: {e}", line[0]))?;
+    Ok(st.code().unwrap_or(1))
 }
 
 fn cmd_test(args: &TestArgs) -> Result<i32, String> {
@@ -180,8 +225,8 @@ fn main() {
             0
         }),
         Command::Sim(SimCommand::Wakeup(args)) => sim::main(args).map(|_| 0),
-        Command::Bench(BenchCommand::Wakeup(args)) => xtask::bench::runner::wakeup(args).map(|_| 0),
-        Command::Bench(BenchCommand::Timer(args)) => xtask::bench::timer::run(args).map(|_| 0),
+        Command::Bench(BenchCommand::Wakeup(args)) => xtask::bench::runner::wakeup(&args.options()).map(|_| 0),
+        Command::Bench(BenchCommand::Timer(args)) => xtask::bench::timer::run(&args.options()).map(|_| 0),
         Command::Bench(BenchCommand::Exits) => xtask::bench::exits::run().map(|_| 0),
         Command::Conformance(a) => {
             if a.at == xtask::conformance::Placement::Bare && a.gic == 4 {

@@ -3,6 +3,7 @@
 //! guest command's exit status (`@@GUEST-EXIT N@@`, printed by the guest
 //! image's /init).
 
+pub use crate::text::{base64, printable_args};
 use crate::Result;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
@@ -156,21 +157,45 @@ pub fn exit_code(o: &RunOptions, r: &RunResult) -> Result<i32> {
     r.guest_exit.ok_or_else(|| "the guest did not report its command's exit status (see the console above)".into())
 }
 
-/// Base64 without padding issues (standard alphabet, '=' padded).
-pub fn base64(data: &[u8]) -> String {
-    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut s = String::new();
-    for c in data.chunks(3) {
-        let n = (c[0] as u32) << 16 | (*c.get(1).unwrap_or(&0) as u32) << 8 | *c.get(2).unwrap_or(&0) as u32;
-        for i in 0..4 {
-            if i <= c.len() {
-                s.push(A[(n >> (18 - 6 * i) & 63) as usize] as char);
-            } else {
-                s.push('=');
-            }
+/// The guest's disk (`--disk`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum DiskKind {
+    /// QEMU's virtio-blk device (a scratch image) mapped into the guest, Dom0-style
+    Passthrough,
+    /// The hypervisor's virtio-blk over a RAM image
+    Ram,
+    /// The hypervisor's virtio-blk in front of QEMU's device
+    Backend,
+    /// No disk
+    None,
+    /// QEMU's virtio-blk-pci (a scratch image) behind the PCIe host bridge, passed through with INTx
+    VirtioPci,
+    /// QEMU's NVMe controller (a scratch image) behind the PCIe host bridge, passed through with INTx
+    Nvme,
+}
+
+impl DiskKind {
+    /// The spelling of `dom0_disk=` (the same as on the command line).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DiskKind::Passthrough => "passthrough",
+            DiskKind::Ram => "ram",
+            DiskKind::Backend => "backend",
+            DiskKind::None => "none",
+            DiskKind::VirtioPci => "virtio-pci",
+            DiskKind::Nvme => "nvme",
         }
     }
-    s
+
+    /// The QEMU device in front of the scratch image (drive `d0`), if any.
+    pub fn qemu_device(self) -> Option<&'static str> {
+        match self {
+            DiskKind::Passthrough | DiskKind::Backend => Some("virtio-blk-device,drive=d0"),
+            DiskKind::VirtioPci => Some("virtio-blk-pci,drive=d0"),
+            DiskKind::Nvme => Some("nvme,drive=d0,serial=hvdisk0"),
+            DiskKind::Ram | DiskKind::None => None,
+        }
+    }
 }
 
 /// The QEMU argument vector (without the program name).
@@ -301,24 +326,6 @@ pub fn domu_layout(
     let initrd = initrd.map(|i| (i.as_path(), len(i)));
     let kernel = d.kernel.as_deref().unwrap_or(kernel);
     Some(crate::domu::layout(d, crate::hvload::RAM_BASE, base_mb, (kernel, len(kernel)), initrd))
-}
-
-fn shell_quote(s: &str) -> String {
-    if s.chars().all(|c| c.is_ascii_alphanumeric() || "-_=.,/:+@".contains(c)) {
-        s.into()
-    } else {
-        format!("'{}'", s.replace('\'', "'\\''"))
-    }
-}
-
-/// The QEMU arguments the way a user can paste them (each after a space).
-pub fn printable_args(args: &[String]) -> String {
-    let mut s = String::new();
-    for a in args {
-        s.push(' ');
-        s.push_str(&shell_quote(a));
-    }
-    s
 }
 
 /// Builds everything needed and runs one QEMU session.
@@ -583,15 +590,6 @@ pub fn sparse_image(path: PathBuf) -> std::io::Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn base64_matches_known_vectors() {
-        assert_eq!(base64(b""), "");
-        assert_eq!(base64(b"f"), "Zg==");
-        assert_eq!(base64(b"fo"), "Zm8=");
-        assert_eq!(base64(b"foo"), "Zm9v");
-        assert_eq!(base64(b"uname -m; nproc"), "dW5hbWUgLW07IG5wcm9j");
-    }
 
     #[test]
     fn command_line_has_modules_and_options() {

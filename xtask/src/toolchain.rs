@@ -823,7 +823,7 @@ impl Qemu {
             }
         }
         s += &self.bin.display().to_string();
-        s + &crate::qemu::printable_args(args)
+        s + &crate::text::printable_args(args)
     }
 
     /// The CPU models `-cpu help` lists (asked once).

@@ -256,8 +256,8 @@ impl Disk {
 
     /// The `cargo xtask run --disk` kind that boots this disk (the same
     /// `dom0_disk=` spelling and QEMU device).
-    pub fn kind(self) -> crate::cli::DiskKind {
-        use crate::cli::DiskKind;
+    pub fn kind(self) -> crate::qemu::DiskKind {
+        use crate::qemu::DiskKind;
         match self {
             Disk::Passthrough => DiskKind::Passthrough,
             Disk::Backend => DiskKind::Backend,
@@ -798,9 +798,9 @@ pub fn out_dir() -> PathBuf {
 /// Where a platform's report goes: [`out_dir`] for QEMU virt,
 /// `target/bench/wakeup-<platform>/` otherwise (`wakeup-graviton`), so the
 /// two reports sit side by side.
-pub fn platform_out_dir(platform: crate::cli::PlatformKind) -> PathBuf {
+pub fn platform_out_dir(platform: crate::platform::PlatformKind) -> PathBuf {
     match platform {
-        crate::cli::PlatformKind::Graviton => crate::root().join("target").join("bench").join("wakeup-graviton"),
+        crate::platform::PlatformKind::Graviton => crate::root().join("target").join("bench").join("wakeup-graviton"),
         _ => out_dir(),
     }
 }

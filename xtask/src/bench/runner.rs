@@ -8,13 +8,38 @@
 
 use super::{check_failures, last_console_line, parse::check_domu_hog, platform_out_dir, Progress};
 use super::{disk_matrix, matrix, parse_console, quick_matrix_on, run_options, write_report, Case, CaseResult, Disk};
-use crate::cli::{BenchWakeupArgs, PlatformKind};
+use crate::platform::PlatformKind;
 use crate::Result;
+
+/// What one `cargo xtask bench wakeup` runs, as plain values: the command
+/// line's `bench wakeup` options (`BenchWakeupArgs::options` in
+/// [`crate::cli`]) with `repeats` already resolved.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WakeupOptions {
+    /// `--quick`: the quick matrix.
+    pub quick: bool,
+    /// `--full`: also the real-time clock matrix.
+    pub full: bool,
+    /// `--disk`: the quick matrix on these disks.
+    pub disk: Vec<Disk>,
+    /// `--gic`: with `disk`, the GIC versions of the PCIe disks.
+    pub gic: Vec<u8>,
+    /// `--runtime`: fio runtime per case, seconds.
+    pub runtime: u32,
+    /// Repeats per case (at least 1).
+    pub repeats: u32,
+    /// `--only`: only the cases whose label contains it.
+    pub only: Option<String>,
+    /// `--hv-args`: extra hypervisor boot arguments for every case.
+    pub hv_args: Option<String>,
+    /// `--platform`: QEMU virt or Graviton.
+    pub platform: PlatformKind,
+}
 
 /// The cases `args` select, before `--only`: on Graviton the quick matrix
 /// on `--disk` (default the platform's NVMe), on QEMU virt the default,
 /// `--full`, `--quick` or `--disk` matrix.
-pub fn cases(args: &BenchWakeupArgs) -> Result<Vec<Case>> {
+pub fn cases(args: &WakeupOptions) -> Result<Vec<Case>> {
     match args.platform {
         PlatformKind::Graviton if args.disk.is_empty() => Ok(quick_matrix_on(&[Disk::Nvme])),
         PlatformKind::Graviton => Ok(quick_matrix_on(&args.disk)),
@@ -24,8 +49,8 @@ pub fn cases(args: &BenchWakeupArgs) -> Result<Vec<Case>> {
     }
 }
 
-pub fn wakeup(args: &BenchWakeupArgs) -> Result<()> {
-    let (runtime, repeats, only) = (args.runtime, args.repeats(), &args.only);
+pub fn wakeup(args: &WakeupOptions) -> Result<()> {
+    let (runtime, repeats, only) = (args.runtime, args.repeats, &args.only);
     let all = cases(args)?;
     let cases: Vec<Case> = all
         .into_iter()

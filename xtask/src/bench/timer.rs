@@ -10,7 +10,6 @@
 //! (`--hv-args sched_trace_threshold_us=N`) the dumps are rendered as
 //! timelines (`xtask::trace`) and the report links the worst one.
 
-use crate::cli::BenchTimerArgs;
 use crate::qemu::RunOptions;
 use crate::Result;
 use std::fmt::Write as _;
@@ -246,7 +245,24 @@ pub fn results_json(results: &[CaseOutcome]) -> String {
     serde_json::json!({ "cases": cases }).to_string()
 }
 
-pub fn run(args: &BenchTimerArgs) -> Result<()> {
+/// What one `cargo xtask bench timer` runs, as plain values: the command
+/// line's `bench timer` options (`BenchTimerArgs::options` in [`crate::cli`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TimerOptions {
+    /// `--samples`: cyclictest loops per case.
+    pub samples: u64,
+    /// `--runtime`: also stop each case's cyclictest after this many seconds.
+    pub runtime: Option<u32>,
+    /// `--only`: only the cases whose label contains it.
+    pub only: Option<String>,
+    /// `--hv-args`: extra hypervisor boot arguments for every case.
+    pub hv_args: Option<String>,
+    /// `--breaktrace`: stop at the first sample above this many µs and dump
+    /// the flight recorder.
+    pub breaktrace: Option<u32>,
+}
+
+pub fn run(args: &TimerOptions) -> Result<()> {
     let cases: Vec<TimerCase> =
         cases().into_iter().filter(|c| args.only.as_ref().is_none_or(|o| c.label().contains(o.as_str()))).collect();
     let dir = crate::root().join("target").join("bench").join("timer");

@@ -307,7 +307,7 @@ fn bench_on_graviton_runs_the_quick_matrix_on_its_disk() {
     use crate::bench::{runner::cases, Disk, Sched, Topology};
     let b = bench_wakeup("bench wakeup --platform graviton --quick");
     assert_eq!(b.platform, PlatformKind::Graviton);
-    let c = cases(&b).unwrap();
+    let c = cases(&b.options()).unwrap();
     assert_eq!(c.len(), 4);
     assert!(c.iter().all(|c| c.disk == Disk::Nvme && c.delivery.gic() == 3), "{c:?}");
     for t in [Topology::OneP1V, Topology::OneP2V] {
@@ -315,13 +315,13 @@ fn bench_on_graviton_runs_the_quick_matrix_on_its_disk() {
             assert!(c.iter().any(|c| c.topology == t && c.sched == s), "{t:?} {s:?} missing: {c:?}");
         }
     }
-    let c = cases(&bench_wakeup("bench wakeup --platform graviton --quick --disk passthrough,nvme")).unwrap();
+    let c = cases(&bench_wakeup("bench wakeup --platform graviton --quick --disk passthrough,nvme").options()).unwrap();
     assert_eq!(c.iter().filter(|c| c.disk == Disk::Passthrough).count(), 4);
     assert_eq!(c.iter().filter(|c| c.disk == Disk::Nvme).count(), 4);
-    assert!(cases(&bench_wakeup("bench wakeup --platform fvp --quick")).is_err());
+    assert!(cases(&bench_wakeup("bench wakeup --platform fvp --quick").options()).is_err());
     assert_eq!(err("bench wakeup --platform graviton --full").kind(), ErrorKind::ArgumentConflict);
     // QEMU virt's quick matrix is unchanged (the RAM disk).
-    assert!(cases(&bench_wakeup("bench wakeup --quick")).unwrap().iter().all(|c| c.disk == Disk::Ram));
+    assert!(cases(&bench_wakeup("bench wakeup --quick").options()).unwrap().iter().all(|c| c.disk == Disk::Ram));
 }
 
 #[test]
