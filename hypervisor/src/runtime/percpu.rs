@@ -62,14 +62,21 @@ const HYP_TIMER_UNKNOWN: u64 = u64::MAX - 1;
 
 impl PcpuShared {
     /// Arms this pCPU's EL2 physical timer (CNTHP) at `ns`, or stops it;
-    /// call it on this pCPU only. Returns whether the timer was
-    /// reprogrammed: the run loop asks at every guest entry, and an
-    /// unchanged deadline costs no register write and no synchronization.
+    /// call it on this pCPU only. Returns whether the deadline changed (the
+    /// flight recorder notes only changes).
+    ///
+    /// The registers are written even when the deadline is unchanged: under
+    /// QEMU's single-threaded `-icount`, where every test and benchmark
+    /// runs, that write is what ends this emulated CPU's turn, so the other
+    /// pCPUs run between two of its exits; without it a cross-pCPU wake-up
+    /// waits for the sender's whole time slice (`bench exits`'
+    /// `sgi-to-other-cpu`: 11 k instructions become 0.9 M) and the wake
+    /// benchmarks on 2 pCPUs measure that instead. Skipping the write is
+    /// ~60 instructions per exit, to take when those benchmarks are run
+    /// again beside it.
     pub fn arm_hyp_timer(&self, at: Option<u64>) -> bool {
         let want = at.unwrap_or(HYP_TIMER_OFF);
-        if self.hyp_timer_at.load(Ordering::Relaxed) == want {
-            return false;
-        }
+        let changed = self.hyp_timer_at.load(Ordering::Relaxed) != want;
         self.hyp_timer_at.store(want, Ordering::Relaxed);
         match at {
             Some(ns) => {
@@ -79,7 +86,7 @@ impl PcpuShared {
             None => CNTHP_CTL_EL2.write(CNTHP_CTL_EL2::ENABLE::CLEAR + CNTHP_CTL_EL2::IMASK::SET),
         }
         crate::arch::sysreg::isb();
-        true
+        changed
     }
 
     /// The earliest deadline of saved vCPUs and disks that this pCPU

@@ -176,7 +176,7 @@ fn arm_timer(me: usize, deadline: &mut Option<u64>, sample: Option<u64>) {
     let at = at.min(watched);
     let at = (at != u64::MAX).then_some(at);
     // The recorder notes changes only; an unchanged deadline is the common
-    // case and costs neither the trace lock nor a timer write.
+    // case and costs no trace lock.
     if p.arm_hyp_timer(at) {
         vms()[0].trace[me].lock().note_arm(now_ns(), at);
     }

@@ -510,14 +510,14 @@ impl Vgic {
 
     // ---- list registers (called from lr.rs) ----
 
-    /// Offers `vcpu`'s deliverable LPIs that are not in its LRs already to
-    /// `offer(priority, intid)`; returns how many there were.
     /// Whether `vcpu` holds any LPI pending (enabled or not): without one,
     /// [`Vgic::lpi_candidates`] offers nothing.
     pub(super) fn lpis_pending(&self, vcpu: usize) -> bool {
         self.vcpus.get(vcpu).is_some_and(|vs| vs.lpi.pending_words != 0)
     }
 
+    /// Offers `vcpu`'s deliverable LPIs that are not in its LRs already to
+    /// `offer(priority, intid)`; returns how many there were.
     pub(super) fn lpi_candidates(&self, vcpu: usize, mut offer: impl FnMut(u8, u32)) -> usize {
         if !self.lpi_gate(vcpu) {
             return 0;
