@@ -186,3 +186,31 @@ fn domu_and_dom0_elf_kernels() {
     let its: Vec<&str> = CHECKS.iter().copied().filter(|c| c.starts_with("its-")).collect();
     assert_checks(&r, "(d1) ", KNOWN_FAILING, &its);
 }
+
+/// Guest instructions per null hypercall (an SMCCC function answered
+/// NOT_SUPPORTED) round trip as Dom0, as `cargo xtask bench exits` measured
+/// it (docs/benchmarks/exits-qemu10.md). Under `-icount shift=0` guest time
+/// is instructions executed at every exception level, so the figure is a
+/// path length: the same on any host.
+const NULL_HVC_INSNS: f64 = 619.0;
+
+/// The exit path's length stays pinned: the null hypercall may cost at most
+/// 1.5× [`NULL_HVC_INSNS`]; a change that makes every exit slower fails
+/// here (a change that makes it much faster lowers the figure).
+#[test]
+fn null_hypercall_path_length_is_pinned() {
+    let mut o = xtask::conformance::options(Placement::Dom0, 3, 2, KernelFormat::Image)
+        .expect("building the conformance guest");
+    o.icount = true;
+    o.echo = std::env::var_os("CONFORMANCE_ECHO").is_some();
+    o.append = Some("conformance.exits".into());
+    let r = run(&o);
+    assert!(r.hv_fatal.is_none(), "{:?}", r.hv_fatal);
+    let got = xtask::bench::exits::parse(&r.console);
+    let hvc = got.iter().find(|(n, _)| n == "smccc-unknown").map(|x| x.1);
+    let hvc = hvc.unwrap_or_else(|| panic!("no smccc-unknown figure; tail:\n{}", tail(&r.console, 40)));
+    assert!(
+        hvc <= NULL_HVC_INSNS * 1.5,
+        "null hypercall: {hvc} instructions per round trip, pinned at {NULL_HVC_INSNS} (limit 1.5×)"
+    );
+}

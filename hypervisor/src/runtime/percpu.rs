@@ -29,9 +29,76 @@ pub struct PcpuShared {
     pub rearm_at: AtomicU64,
     /// The vCPU index running here, usize::MAX = none.
     pub running: AtomicUsize,
+    /// What this pCPU's EL2 timer is programmed to (`Self::arm_hyp_timer`): a
+    /// deadline in ns, `HYP_TIMER_OFF`, or `HYP_TIMER_UNKNOWN` before the
+    /// first programming. Only this pCPU reads or writes it.
+    hyp_timer_at: AtomicU64,
+    /// Set by whoever changes a deadline this pCPU's EL2 timer watches for
+    /// saved vCPUs and disks (`note_timers_changed`); the run loop then
+    /// recomputes `timers_min` instead of walking every VM at each entry.
+    timers_changed: AtomicBool,
+    /// The earliest of those deadlines (ns) when last computed; only this
+    /// pCPU reads or writes it.
+    timers_min: AtomicU64,
 }
 
+/// A deadline watched by pCPU `cpu`'s EL2 timer (a saved vCPU's timers or
+/// WFIT limit, a disk's completion) changed: `cpu` recomputes the earliest
+/// before it next arms the timer. Call it after storing the new deadline.
+/// A deadline that only moved later may go unreported: the stale earlier
+/// value makes the timer fire once for nothing, and the firing pCPU
+/// recomputes (`timer_expired`).
+pub fn note_timers_changed(cpu: usize) {
+    if let Some(p) = PCPUS.get().and_then(|p| p.get(cpu)) {
+        p.timers_changed.store(true, Ordering::Release);
+    }
+}
+
+/// `PcpuShared::hyp_timer_at` of a stopped EL2 timer.
+const HYP_TIMER_OFF: u64 = u64::MAX;
+/// `PcpuShared::hyp_timer_at` before the first programming: no deadline
+/// equals it (584 years of uptime), so the first call always writes.
+const HYP_TIMER_UNKNOWN: u64 = u64::MAX - 1;
+
 impl PcpuShared {
+    /// Arms this pCPU's EL2 physical timer (CNTHP) at `ns`, or stops it;
+    /// call it on this pCPU only. Returns whether the deadline changed (the
+    /// flight recorder notes only changes).
+    ///
+    /// The registers are written even when the deadline is unchanged: under
+    /// QEMU's single-threaded `-icount`, where every test and benchmark
+    /// runs, that write is what ends this emulated CPU's turn, so the other
+    /// pCPUs run between two of its exits; without it a cross-pCPU wake-up
+    /// waits for the sender's whole time slice (`bench exits`'
+    /// `sgi-to-other-cpu`: 11 k instructions become 0.9 M) and the wake
+    /// benchmarks on 2 pCPUs measure that instead. Skipping the write is
+    /// ~60 instructions per exit, to take when those benchmarks are run
+    /// again beside it.
+    pub fn arm_hyp_timer(&self, at: Option<u64>) -> bool {
+        let want = at.unwrap_or(HYP_TIMER_OFF);
+        let changed = self.hyp_timer_at.load(Ordering::Relaxed) != want;
+        self.hyp_timer_at.store(want, Ordering::Relaxed);
+        match at {
+            Some(ns) => {
+                CNTHP_CVAL_EL2.set(ns_to_ticks(ns));
+                CNTHP_CTL_EL2.write(CNTHP_CTL_EL2::ENABLE::SET + CNTHP_CTL_EL2::IMASK::CLEAR);
+            }
+            None => CNTHP_CTL_EL2.write(CNTHP_CTL_EL2::ENABLE::CLEAR + CNTHP_CTL_EL2::IMASK::SET),
+        }
+        crate::arch::sysreg::isb();
+        changed
+    }
+
+    /// The earliest deadline of saved vCPUs and disks that this pCPU
+    /// watches; `walk` computes it afresh when one was reported changed
+    /// since the last call (on this pCPU only).
+    pub fn timers_min(&self, walk: impl FnOnce() -> u64) -> u64 {
+        if self.timers_changed.swap(false, Ordering::AcqRel) {
+            self.timers_min.store(walk(), Ordering::Relaxed);
+        }
+        self.timers_min.load(Ordering::Relaxed)
+    }
+
     const fn new() -> Self {
         Self {
             mpidr: AtomicU64::new(0),
@@ -39,6 +106,9 @@ impl PcpuShared {
             resched: AtomicBool::new(false),
             rearm_at: AtomicU64::new(u64::MAX),
             running: AtomicUsize::new(usize::MAX),
+            hyp_timer_at: AtomicU64::new(HYP_TIMER_UNKNOWN),
+            timers_changed: AtomicBool::new(true),
+            timers_min: AtomicU64::new(u64::MAX),
         }
     }
 }
@@ -123,16 +193,4 @@ pub fn ticks_to_ns(t: u64) -> u64 {
 
 fn ns_to_ticks(ns: u64) -> u64 {
     crate::time::ns_to_ticks(ns, cntfrq())
-}
-
-/// Arms the EL2 physical timer (CNTHP) at `ns`, or stops it.
-pub fn arm_hyp_timer(at: Option<u64>) {
-    match at {
-        Some(ns) => {
-            CNTHP_CVAL_EL2.set(ns_to_ticks(ns));
-            CNTHP_CTL_EL2.write(CNTHP_CTL_EL2::ENABLE::SET + CNTHP_CTL_EL2::IMASK::CLEAR);
-        }
-        None => CNTHP_CTL_EL2.write(CNTHP_CTL_EL2::ENABLE::CLEAR + CNTHP_CTL_EL2::IMASK::SET),
-    }
-    crate::arch::sysreg::isb();
 }

@@ -161,6 +161,7 @@ impl VDisk {
         if d != u64::MAX {
             self.home.store(me, Ordering::Release);
         }
+        super::percpu::note_timers_changed(self.home.load(Ordering::Acquire));
         changed.then(|| st.dev.irq_level())
     }
 
@@ -202,6 +203,7 @@ impl VDisk {
         }
         let d = st.backend.next_deadline().unwrap_or(u64::MAX);
         self.deadline.store(d, Ordering::Release);
+        super::percpu::note_timers_changed(self.home.load(Ordering::Acquire));
         level.or_else(|| Some(st.dev.irq_level()))
     }
 

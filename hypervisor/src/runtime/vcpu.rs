@@ -148,26 +148,38 @@ pub fn pcpu_loop(me: usize) -> ! {
 /// VM, the virtual timers of vCPUs saved on this pCPU and the disk
 /// completions it watches.
 fn arm_timer(me: usize, deadline: &mut Option<u64>, sample: Option<u64>) {
-    let req = pcpu(me).rearm_at.swap(u64::MAX, Ordering::AcqRel);
+    let p = pcpu(me);
+    let req = p.rearm_at.swap(u64::MAX, Ordering::AcqRel);
     if req != u64::MAX {
         *deadline = Some(deadline.map_or(req, |d| d.min(req)));
     }
-    let mut at = deadline.unwrap_or(u64::MAX).min(sample.unwrap_or(u64::MAX));
-    for vm in vms() {
-        if let Some(disk) = &vm.disk {
-            if disk.home.load(Ordering::Acquire) == me {
-                at = at.min(disk.deadline.load(Ordering::Acquire));
+    let at = deadline.unwrap_or(u64::MAX).min(sample.unwrap_or(u64::MAX));
+    // Every VM's deadlines are walked only when one was reported changed
+    // (`percpu::note_timers_changed`), not at every guest entry.
+    let watched = p.timers_min(|| {
+        let mut at = u64::MAX;
+        for vm in vms() {
+            if let Some(disk) = &vm.disk {
+                if disk.home.load(Ordering::Acquire) == me {
+                    at = at.min(disk.deadline.load(Ordering::Acquire));
+                }
+            }
+            for s in &vm.shared {
+                if s.vtimer_home.load(Ordering::Relaxed) == me {
+                    at = at.min(s.vtimer_deadline.load(Ordering::Acquire)).min(s.wake_at.load(Ordering::Acquire));
+                    at = at.min(s.ptimer_deadline.load(Ordering::Acquire));
+                }
             }
         }
-        for s in &vm.shared {
-            if s.vtimer_home.load(Ordering::Relaxed) == me {
-                at = at.min(s.vtimer_deadline.load(Ordering::Acquire)).min(s.wake_at.load(Ordering::Acquire));
-                at = at.min(s.ptimer_deadline.load(Ordering::Acquire));
-            }
-        }
+        at
+    });
+    let at = at.min(watched);
+    let at = (at != u64::MAX).then_some(at);
+    // The recorder notes changes only; an unchanged deadline is the common
+    // case and costs no trace lock.
+    if p.arm_hyp_timer(at) {
+        vms()[0].trace[me].lock().note_arm(now_ns(), at);
     }
-    percpu::arm_hyp_timer((at != u64::MAX).then_some(at));
-    vms()[0].trace[me].lock().note_arm(now_ns(), (at != u64::MAX).then_some(at));
 }
 
 fn load_vcpu(vm: &Vm, me: usize, v: &mut Vcpu) {
@@ -175,6 +187,7 @@ fn load_vcpu(vm: &Vm, me: usize, v: &mut Vcpu) {
     vm.shared[v.id].vtimer_deadline.store(u64::MAX, Ordering::Release);
     vm.shared[v.id].wake_at.store(u64::MAX, Ordering::Release);
     vm.shared[v.id].ptimer_deadline.store(u64::MAX, Ordering::Release);
+    percpu::note_timers_changed(vm.shared[v.id].vtimer_home.load(Ordering::Relaxed));
     // The EL2 timer may have raised its physical timer's line while it was
     // away (`vm_timers_expired`): the model follows the timer again.
     ptimer_sync(vm, me, v, v.ptimer.ctl & 1 != 0);
@@ -264,6 +277,7 @@ fn save_vcpu(vm: &Vm, me: usize, v: &mut Vcpu) {
     vm.shared[v.id].vtimer_deadline.store(deadline, Ordering::Release);
     let pt = v.ptimer.watch_ns(v.ptimer_level, percpu::cntfrq());
     vm.shared[v.id].ptimer_deadline.store(pt, Ordering::Release);
+    percpu::note_timers_changed(me);
 }
 
 /// Drives vCPU `v`'s EL1 physical timer line into the vGIC when it changed
@@ -304,20 +318,32 @@ fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Option<u64>) {
     }
     let mut guard = vm.vcpus[id].lock();
     let v: &mut Vcpu = &mut guard;
+    let here = pcpu(me);
     vm.shared[id].running_on.store(me, Ordering::Release);
-    pcpu(me).running.store(id, Ordering::Release);
+    here.running.store(id, Ordering::Release);
     load_vcpu(vm, me, v);
     follow_routes(vm, me, id);
     let n = vm.nr_lrs;
     // Sampled for spinning while a sibling is preempted (`sched::spin`).
     let mut spin = SpinDetector::new();
     let mut watch = spin_watch(vm, id);
+    // Whether the hardware LRs may hold anything but zeros: they keep what
+    // the vCPU that last ran here left, so the first entry writes them all.
+    let mut lrs_dirty = true;
     loop {
         let fr = vm.vgic.lock().flush_lrs(id, &mut v.lrs[..n]);
-        vm.shared[id].counters.irqs_injected.fetch_add(fr.filled as u64, Ordering::Relaxed);
-        for i in 0..n {
-            gic::write_lr(i, v.lrs[i]);
+        if fr.filled != 0 {
+            vm.shared[id].counters.irqs_injected.fetch_add(fr.filled as u64, Ordering::Relaxed);
         }
+        // All-zero LRs that are already zero in hardware need no write, and
+        // then the exit has nothing to read back or fold into the model.
+        let lrs_used = v.lrs[..n].iter().any(|&lr| lr != 0);
+        if lrs_used || lrs_dirty {
+            for i in 0..n {
+                gic::write_lr(i, v.lrs[i]);
+            }
+        }
+        lrs_dirty = lrs_used;
         gic::vcpu_if_on(fr.overflow);
         // The sampling period starts after the entry work: however long
         // that work takes (flushing many LPIs, a slow exit path), the guest
@@ -330,9 +356,10 @@ fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Option<u64>) {
         let pt = v.ptimer.watch_ns(v.ptimer_level, percpu::cntfrq());
         let wake = sample.into_iter().chain((pt != u64::MAX).then_some(pt)).min();
         arm_timer(me, deadline, wake);
-        let entered = now_ns();
+        // In counter ticks: converted only for the spin watch, on IRQ exits.
+        let entered = percpu::counter();
         let GuestExit { kind, serror } = run_guest(&mut v.regs);
-        let ran_ns = now_ns().saturating_sub(entered);
+        let ran = percpu::counter().saturating_sub(entered);
         if v.vserror.is_pending() {
             v.vserror.on_exit(el2::hcr());
         }
@@ -340,17 +367,30 @@ fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Option<u64>) {
             // Pending when this vCPU exited: its own, whatever the exit.
             serror_from_guest(vm, v, disr);
         }
-        for i in 0..n {
-            v.lrs[i] = gic::read_lr(i);
+        // With no LR in use the model's state is as `flush_lrs` left it:
+        // `sync_lrs` would find no LR to fold back, queue no deactivation
+        // and kick nobody (the vGIC's MMIO writes take their own
+        // deactivations), so the exit skips the vGIC lock.
+        if lrs_dirty {
+            for i in 0..n {
+                v.lrs[i] = gic::read_lr(i);
+            }
         }
         gic::vcpu_if_off();
-        let (kicks, hw) = {
-            let mut vgic = vm.vgic.lock();
-            (vgic.sync_lrs(id, &mut v.lrs[..n]), vgic.take_hw_deactivations())
-        };
-        deactivate_hw(vm, me, id, hw);
+        let kicks = lrs_dirty.then(|| {
+            let (kicks, hw) = {
+                let mut vgic = vm.vgic.lock();
+                (vgic.sync_lrs(id, &mut v.lrs[..n]), vgic.take_hw_deactivations())
+            };
+            if !hw.is_empty() {
+                deactivate_hw(vm, me, id, hw);
+            }
+            kicks
+        });
         resync_private_active(vm, me, id);
-        process_kicks(vm, me, kicks, WakeCause::Interrupt);
+        if let Some(kicks) = kicks {
+            process_kicks(vm, me, kicks, WakeCause::Interrupt);
+        }
         inc(&vm.shared[id].counters.exits);
         if v.ptimer.ctl & 1 != 0 {
             ptimer_sync(vm, me, v, false);
@@ -377,6 +417,7 @@ fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Option<u64>) {
                     inc(&vm.shared[id].counters.irq_exits_msi);
                 }
                 watch = spin_watch(vm, id);
+                let ran_ns = percpu::ticks_to_ns(ran);
                 if watch.is_some_and(|w| spin.sample(ran_ns, v.regs.elr, evidence, w.spin_ns())) {
                     // A lock or flag wait whose WFE did not trap: as on WFE.
                     inc(&vm.shared[id].counters.spin_yields);
@@ -391,7 +432,7 @@ fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Option<u64>) {
                 Next::Enter
             }
         };
-        if next == Next::Schedule || pcpu(me).resched.load(Ordering::Acquire) || vm.stopped.load(Ordering::Acquire) {
+        if next == Next::Schedule || here.resched.load(Ordering::Acquire) || vm.stopped.load(Ordering::Acquire) {
             break;
         }
         if let Some(d) = *deadline {
@@ -549,7 +590,7 @@ fn forwarded_spi_irq(vm: &Vm, me: usize, id: IntId, vintid: IntId, cur: Option<u
 /// The EL2 timer: stopped here, re-armed by the run loop (`arm_timer`).
 fn hyp_timer_irq(me: usize, id: IntId, deadline: &mut Option<u64>) {
     eoi_deactivate(id);
-    percpu::arm_hyp_timer(None);
+    pcpu(me).arm_hyp_timer(None);
     vms()[0].trace[me].lock().note_fire(now_ns());
     timer_expired(me, deadline);
 }
@@ -627,6 +668,8 @@ fn timer_expired(me: usize, deadline: &mut Option<u64>) {
     for vm in vms() {
         vm_timers_expired(vm, me, now);
     }
+    // Deadlines that passed were consumed: the next arm looks again.
+    percpu::note_timers_changed(me);
     if deadline.is_some_and(|d| d <= now) {
         *deadline = None;
         pcpu(me).resched.store(true, Ordering::Release);
@@ -816,6 +859,7 @@ fn block(vm: &Vm, me: usize, v: &mut Vcpu, limit: u64) -> Next {
         return Next::Enter;
     }
     vm.shared[id].wake_at.store(limit, Ordering::Release);
+    percpu::note_timers_changed(vm.shared[id].vtimer_home.load(Ordering::Relaxed));
     let r = vm.sched.lock().block(now_ns(), me);
     drop(vgic);
     match r {
@@ -1116,9 +1160,9 @@ fn find_vcpu(vm: &Vm, target: u64) -> Option<usize> {
 }
 
 fn psci_call(vm: &Vm, me: usize, v: &mut Vcpu) -> Next {
-    let x = v.regs.x;
+    let [x0, x1, x2, x3, ..] = v.regs.x;
     let mut next = Next::Enter;
-    let ret: i64 = match psci::decode(x[0], x[1], x[2], x[3]) {
+    let ret: i64 = match psci::decode(x0, x1, x2, x3) {
         Call::Version => psci::VERSION_1_1 as i64,
         Call::Features { function } => psci::features(function),
         Call::SmcccVersion => psci::SMCCC_VERSION_1_1 as i64,

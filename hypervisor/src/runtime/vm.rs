@@ -278,7 +278,11 @@ pub fn set_vms(vms: Vec<&'static Vm>) -> &'static [&'static Vm] {
 
 /// The VM table; waits until it is published (secondary pCPUs).
 pub fn vms() -> &'static [&'static Vm] {
-    VMS.wait()
+    // Every exit asks: once published, one load answers.
+    match VMS.get() {
+        Some(v) => v,
+        None => VMS.wait(),
+    }
 }
 
 /// The VM and local vCPU index of a host-wide scheduler id.

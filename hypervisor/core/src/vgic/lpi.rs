@@ -511,6 +511,12 @@ impl Vgic {
 
     // ---- list registers (called from lr.rs) ----
 
+    /// Whether `vcpu` holds any LPI pending (enabled or not): without one,
+    /// [`Vgic::lpi_candidates`] offers nothing.
+    pub(super) fn lpis_pending(&self, vcpu: usize) -> bool {
+        self.vcpus.get(vcpu).is_some_and(|vs| vs.lpi.pending_words != 0)
+    }
+
     /// Offers `vcpu`'s deliverable LPIs that are not in its LRs already to
     /// `offer(priority, intid)`; returns how many there were.
     pub(super) fn lpi_candidates(&self, vcpu: usize, mut offer: impl FnMut(u8, u32)) -> usize {

@@ -112,6 +112,15 @@ impl Vgic {
             return res;
         };
         let n = lrs.len().min(NUM_LRS_MAX);
+        // No LR held and nothing live: no candidate, nothing to fill or
+        // report (the common case of an exit that touched no interrupt).
+        if vs.private_live == 0
+            && self.spi_live.iter().all(|&w| w == 0)
+            && !self.lpis_pending(vcpu)
+            && vs.lr_shadow[..n].iter().all(|&i| i == NO_INTID)
+        {
+            return res;
+        }
         let free = (0..n).filter(|&s| vs.lr_shadow[s] == NO_INTID && lrs[s] & LR_STATE_MASK == 0).count();
         let mut best = Best { items: [(0, 0); NUM_LRS_MAX], len: 0, cap: free };
         let mut total = 0usize;
