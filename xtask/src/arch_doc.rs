@@ -44,6 +44,7 @@ const MODULE_INDEXES: &[&str] = &[
     "hypervisor/src/lib.rs",
     "hypervisor/core/src/lib.rs",
     "hypervisor/src/runtime/mod.rs",
+    "hypervisor/src/runtime/vcpu/mod.rs",
     "hypervisor/src/arch/aarch64/mod.rs",
     "hypervisor/src/boot/mod.rs",
     "xtask/src/lib.rs",

@@ -1,0 +1,345 @@
+//! A guest exit's synchronous traps: WFI/WFE, HVC/SMC, system registers
+//! (debug, PMU, the EL1 physical timer), stage-2 aborts and the emulated
+//! MMIO devices (vGIC, vITS, virtio-blk, vPL011).
+
+use super::inject::{inject_abort, inject_undef};
+use super::irq::disk_irq;
+use super::psci::psci_call;
+use super::report::dump_trace;
+use super::*;
+
+/// A trapped CNTP_CTL/CVAL/TVAL access: the emulated timer's registers.
+pub(super) fn ptimer_access(vm: &Vm, me: usize, v: &mut Vcpu, s: &esr::SysRegAccess, reg: crate::ptimer::PtimerReg) {
+    let cnt = percpu::counter();
+    if s.read {
+        let value = v.ptimer.read(reg, cnt);
+        v.regs.set_reg(s.reg, value);
+    } else {
+        let value = v.regs.reg(s.reg);
+        v.ptimer.write(reg, value, cnt);
+        ptimer_sync(vm, me, v, false);
+    }
+}
+
+pub(super) fn handle_sync(vm: &Vm, me: usize, v: &mut Vcpu) -> Next {
+    let el2::ExitSyndrome { esr, far, hpfar } = el2::exit_syndrome();
+    let ilen = esr::instruction_length(esr);
+    let c = &vm.shared[v.id].counters;
+    let exit = esr::decode(esr, far, hpfar);
+    rec(vm, me, Event::Exit { vcpu: vm.gid(v.id).0 as u16, class: ExitClass::of(&exit) });
+    match exit {
+        Exit::Wfx { wfe, timeout } => {
+            v.regs.elr += ilen;
+            if wfe {
+                // WFE and WFET: never block, so WFET's limit cannot be missed.
+                inc(&c.wfe_traps);
+                yield_cpu(vm, me, v.id)
+            } else {
+                inc(&c.wfi_traps);
+                let limit = timeout.limit_ns(|r| v.regs.reg(r), percpu::cntfrq());
+                block(vm, me, v, limit)
+            }
+        }
+        Exit::Hvc { .. } => {
+            inc(&c.hvc);
+            psci_call(vm, me, v)
+        }
+        Exit::Smc { .. } => {
+            inc(&c.smc);
+            v.regs.elr += ilen;
+            psci_call(vm, me, v)
+        }
+        Exit::SysReg(s) => {
+            inc(&c.sysreg);
+            if !s.read && s.key() == esr::ICC_SGI1R_EL1 {
+                let value = v.regs.reg(s.reg);
+                inc(&c.sgis_sent);
+                // A lock holder sends its wake-up IPIs with IRQs masked: only
+                // then does a wake-preemption of this vCPU wait (a grace).
+                let evidence = CritEvidence::from_spsr(v.regs.spsr);
+                let a = vm.sched.lock().note_critical_exit(now_ns(), me, evidence);
+                v.lhp_grace = evidence == CritEvidence::IrqsMasked;
+                do_wake_action(me, a.unwrap_or(WakeAction::None));
+                let kicks = vm.vgic.lock().send_sgi(v.id, value);
+                if let Ok(k) = kicks {
+                    process_kicks(vm, me, k, WakeCause::Sgi);
+                }
+                v.regs.elr += ilen;
+            } else if s.read && crate::idregs::is_id_space(s.op0, s.op1, s.crn, s.crm) {
+                let reg = crate::idregs::IdReg { crm: s.crm, op2: s.op2 };
+                let value = crate::idregs::sanitize(reg, sysreg::read_id_reg(s.crm, s.op2), vm.pmu_intid.is_some());
+                v.regs.set_reg(s.reg, value);
+                v.regs.elr += ilen;
+            } else if !s.read && (s.key() == esr::ICC_ASGI1R_EL1 || s.key() == esr::ICC_SGI0R_EL1) {
+                // Group 0 / alternate-group SGIs do not exist for this guest.
+                v.regs.elr += ilen;
+            } else if let Some(reg) = crate::ptimer::PtimerReg::classify(&s) {
+                ptimer_access(vm, me, v, &s, reg);
+                v.regs.elr += ilen;
+            } else if let Some(e) = traps::emulated(s.op0, s.op1, s.crn, s.crm, s.op2) {
+                if s.read {
+                    let value = match e {
+                        traps::Emulated::Actlr => v.el1.actlr,
+                        traps::Emulated::RasRecord => 0,
+                    };
+                    v.regs.set_reg(s.reg, value);
+                }
+                v.regs.elr += ilen;
+            } else if let Some(reg) = vdebug::classify(&s) {
+                debug_access(vm, v, &s, reg, ilen);
+            } else if crate::vpmu::is_pmu_reg(&s) {
+                pmu_access(vm, v);
+            } else {
+                // Everything else the configuration traps (PMU, AMU, SPE,
+                // trace, LORegions, registers of later features): the guest
+                // was told it is absent. And the IMPLEMENTATION DEFINED
+                // registers (TIDCP), as on KVM.
+                inject_undef(vm, v);
+            }
+            Next::Enter
+        }
+        Exit::Mmio(a) => {
+            inc(&c.mmio);
+            if mmio(vm, me, v, &a).is_ok() {
+                v.regs.elr += ilen;
+            } else if vm.bus.lookup(a.ipa).is_none() && map_on_demand(vm, a.ipa) {
+                // Mapped: the guest retries the access on the device itself.
+            } else {
+                report_bad_access(vm, v, a.ipa, "bad MMIO access");
+                inject_abort(vm, v, esr::AbortKind::Data { write: a.write, cache_maint: false }, far);
+            }
+            Next::Enter
+        }
+        Exit::DataAbort { ipa, iss } if esr::is_translation_fault(iss) && map_on_demand(vm, ipa) => Next::Enter,
+        Exit::DataAbort { ipa, iss } => {
+            let isv = ISS_ABORT::ISV.is_set(u64::from(iss));
+            report_bad_access(vm, v, ipa, if isv { "data abort" } else { "data abort without syndrome" });
+            inject_abort(vm, v, esr::AbortKind::from_dabt_iss(iss), far);
+            Next::Enter
+        }
+        Exit::InstructionAbort { ipa } => {
+            report_bad_access(vm, v, ipa, "instruction abort");
+            inject_abort(vm, v, esr::AbortKind::Fetch, far);
+            Next::Enter
+        }
+        Exit::Undefined { .. } | Exit::Unknown { .. } => {
+            inject_undef(vm, v);
+            Next::Enter
+        }
+    }
+}
+
+/// How closely vCPU `id` is watched for spinning (`sched::spin`): not at
+/// all unless vCPUs outnumber pCPUs and a sibling is runnable but was
+/// descheduled involuntarily (a lock holder `id` may be waiting for);
+/// closely if that sibling left with IRQs masked.
+pub(super) fn spin_watch(vm: &Vm, id: usize) -> Option<spin::Watch> {
+    if !vm.overcommitted {
+        return None;
+    }
+    preempted_sibling(vm, &vm.sched.lock(), id)
+        .map(|(_, masked)| if masked { spin::Watch::Critical } else { spin::Watch::Preempted })
+}
+
+/// A sibling of vCPU `id` that is runnable but was descheduled
+/// involuntarily, one that left inside a critical section (IRQs masked: the
+/// likely holder of what `id` waits for) first, and whether it did.
+pub(super) fn preempted_sibling(vm: &Vm, s: &crate::sched::Scheduler, id: usize) -> Option<(usize, bool)> {
+    let mut found = None;
+    for k in (0..vm.shared.len()).filter(|&k| k != id && s.is_preempted(vm.gid(k))) {
+        if vm.shared[k].left_masked.load(Ordering::Relaxed) {
+            return Some((k, true));
+        }
+        found.get_or_insert((k, false));
+    }
+    found
+}
+
+/// WFE while vCPUs outnumber pCPUs: the vCPU probably spins on a lock whose
+/// holder is preempted; yield, directly to a preempted sibling if any.
+pub(super) fn yield_cpu(vm: &Vm, me: usize, id: usize) -> Next {
+    if !vm.overcommitted {
+        return Next::Enter;
+    }
+    let mut s = vm.sched.lock();
+    let target = preempted_sibling(vm, &s, id).map(|(k, _)| vm.gid(k));
+    match s.yield_to(now_ns(), me, target) {
+        Ok(()) => Next::Schedule,
+        Err(_) => Next::Enter,
+    }
+}
+
+/// An ACPI Dom0 touched an unmapped address outside RAM and its MMIO bus:
+/// maps the page (or its 2 MiB block) 1:1 as device memory when
+/// `Vm::iomem` permits it, so the guest's retry reaches the device (Xen's
+/// on-demand MMIO for its hardware domain). False: refused, abort the guest.
+pub(super) fn map_on_demand(vm: &Vm, ipa: u64) -> bool {
+    let Some(policy) = &vm.iomem else { return false };
+    let r = match policy.decide(ipa) {
+        IoMemDecision::Map(r) => r,
+        IoMemDecision::Deny(why) => {
+            inc(&vm.iomem_denied);
+            debug!("on-demand MMIO at {ipa:#x} refused: {why}");
+            return false;
+        }
+    };
+    let page = ipa & !0xfff;
+    let mut guard = vm.stage2.lock();
+    let (s2, frames) = &mut *guard;
+    // The block overlaps something mapped (ECAM, firmware tables, an
+    // earlier page): the page alone. Mapped already: another vCPU won the
+    // race for this fault, retry.
+    let res = match s2.map(frames, r.base, r.base, r.size, MemType::Device) {
+        Err(Stage2Error::AlreadyMapped) if r.size > 0x1000 => s2.map(frames, page, page, 0x1000, MemType::Device),
+        res => res,
+    };
+    match res {
+        Ok(()) => {
+            el2::stage2_updated();
+            inc(&vm.iomem_maps);
+            debug!("on-demand MMIO: mapped {:#x}+{:#x} for {ipa:#x}", r.base, r.size);
+            true
+        }
+        Err(Stage2Error::AlreadyMapped) => s2.translate(frames, ipa).is_some(),
+        Err(e) => {
+            // Out of table frames is the VM's heap quota speaking: refused
+            // and counted like a denied address, logged a few times only.
+            if vm.iomem_denied.fetch_add(1, Ordering::Relaxed) < 8 {
+                warn!("on-demand MMIO at {ipa:#x}: {e:?} (heap quota: {} of {})", vm.quota.used(), vm.quota.limit());
+            }
+            false
+        }
+    }
+}
+
+pub(super) fn report_bad_access(vm: &Vm, v: &Vcpu, ipa: u64, what: &str) {
+    if vm.bad_accesses.fetch_add(1, Ordering::Relaxed) < 16 {
+        // Dom0's lines as they always were; a DomU's name it.
+        let dom = if vm.domid == 0 { alloc::string::String::new() } else { alloc::format!("d{} ", vm.domid) };
+        warn!("{dom}vCPU{}: {what} at IPA {ipa:#x} (PC {:#x}); injecting an external abort", v.id, v.regs.elr);
+    }
+}
+
+/// Emulated device access, to the device `Vm::bus` names. Err: the access
+/// is not valid (abort the guest).
+pub(super) fn mmio(vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess) -> Result<(), ()> {
+    let value = esr::store_value(a, v.regs.reg(a.reg));
+    match vm.bus.lookup(a.ipa) {
+        Some((Device::Vgic, _)) => vgic_mmio(vm, me, v, a, value),
+        Some((Device::VirtioBlk, _)) => disk_mmio(vm, me, v, a, value),
+        Some((Device::Vpl011, off)) => uart_mmio(vm, me, v, a, off, value),
+        Some((Device::Vits, _)) => crate::runtime::its::vits_mmio(vm, me, &mut v.regs, a, value).map_err(|_| ()),
+        None => Err(()),
+    }
+}
+
+/// The vGIC's distributor and redistributor frames.
+pub(super) fn vgic_mmio(vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess, value: u64) -> Result<(), ()> {
+    let mut vgic = vm.vgic.lock();
+    if a.write {
+        let kicks = vgic.mmio_write(v.id, a.ipa, a.size, value).map_err(|_| ())?;
+        let hw = vgic.take_hw_deactivations();
+        let triggers = vgic.take_hw_triggers();
+        let lpis_on = vgic.take_lpi_enable_events();
+        drop(vgic);
+        deactivate_hw(vm, me, v.id, hw);
+        for (pintid, edge) in triggers {
+            gic::set_spi_trigger(pintid, edge);
+        }
+        process_kicks(vm, me, kicks, WakeCause::Interrupt);
+        crate::runtime::its::lpis_enabled(vm, me, lpis_on);
+    } else {
+        let r = vgic.mmio_read(v.id, a.ipa, a.size).map_err(|_| ())?;
+        v.regs.set_reg(a.reg, esr::load_value(a, r));
+    }
+    Ok(())
+}
+
+/// The hypervisor's virtio-blk frame.
+pub(super) fn disk_mmio(vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess, value: u64) -> Result<(), ()> {
+    let disk = vm.disk.as_ref().ok_or(())?;
+    let level = if a.write {
+        disk.write(a.ipa, a.size, value, now_ns(), me).map_err(|_| ())?
+    } else {
+        let r = disk.read(a.ipa, a.size).map_err(|_| ())?;
+        v.regs.set_reg(a.reg, esr::load_value(a, r));
+        None
+    };
+    if let Some(l) = level {
+        disk_irq(vm, me, disk, l);
+    }
+    Ok(())
+}
+
+/// The vPL011 at offset `off` of its frame.
+pub(super) fn uart_mmio(vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess, off: u64, value: u64) -> Result<(), ()> {
+    let mut guest_key = false;
+    let dom = vm.domid;
+    let level = {
+        let mut uart = vm.uart.lock();
+        if a.write {
+            // With `sched_trace_dom0_key`, Dom0 writing Ctrl-\ dumps the
+            // trace rings, as typing it does: a benchmark's guest asks right
+            // after the sample it wants explained (cyclictest's breaktrace).
+            // DomUs' bytes, and Dom0's without the option, go out as they are.
+            let mut tx = |b: u8| {
+                if dom == 0 && b == STATS_KEY && vm.trace_trigger.dom0_key_on() {
+                    guest_key |= vm.trace_trigger.dom0_key();
+                } else {
+                    console::domain_putc(dom, b);
+                }
+            };
+            uart.write(off, a.size, value as u32, &mut tx).map_err(|_| ())?;
+        } else {
+            let r = uart.read(off, a.size).map_err(|_| ())? as u64;
+            v.regs.set_reg(a.reg, esr::load_value(a, r));
+            // Input waiting in the ring while the FIFO was full: the read
+            // made room, take more if the input is still ours.
+            if uart.rx_held() {
+                uart.pump_rx(&mut console::RingRx { dom });
+            }
+        }
+        uart.irq_level()
+    };
+    if guest_key {
+        dump_trace(vm, DumpReason::Key, 0);
+    }
+    if let Ok(k) = vm.vgic.lock().set_level(vm.uart_intid, v.id, level) {
+        process_kicks(vm, me, k, WakeCause::Interrupt);
+    }
+    Ok(())
+}
+
+/// A trapped debug-register access (MDCR_EL2.TDA/TDOSA/TDRA), emulated as
+/// `crate::vdebug` says.
+pub(super) fn debug_access(vm: &Vm, v: &mut Vcpu, s: &esr::SysRegAccess, reg: DebugReg, ilen: u64) {
+    let value = v.regs.reg(s.reg);
+    match v.el1.debug.access(reg, s.read, value) {
+        vdebug::Action::Read(x) => v.regs.set_reg(s.reg, x),
+        vdebug::Action::ReadMdscr => v.regs.set_reg(s.reg, context::read_mdscr()),
+        vdebug::Action::WriteMdscr(x) => context::write_mdscr(x),
+        vdebug::Action::Arm => {
+            // Not skipped: the access runs again, on the hardware.
+            arm_debug(v);
+            inc(&vm.shared[v.id].counters.debug_emulated);
+            return;
+        }
+        vdebug::Action::Ignore => {}
+        vdebug::Action::Undefined => return inject_undef(vm, v),
+    }
+    inc(&vm.shared[v.id].counters.debug_emulated);
+    v.regs.elr += ilen;
+}
+
+/// A trapped PMU access (MDCR_EL2.TPM/TPMCR): with a vPMU, the vCPU's
+/// registers go on the PMU, the traps are lifted and the instruction runs
+/// again there (`crate::vpmu`); without one it is UNDEFINED.
+pub(super) fn pmu_access(vm: &Vm, v: &mut Vcpu) {
+    match v.pmu.on_trap(vm.pmu_intid.is_some()) {
+        crate::vpmu::TrapAction::LoadAndRetry => {
+            arm_pmu(v);
+            inc(&vm.shared[v.id].counters.pmu_loads);
+        }
+        crate::vpmu::TrapAction::Undefined => inject_undef(vm, v),
+    }
+}

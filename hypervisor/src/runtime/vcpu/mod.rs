@@ -1,0 +1,412 @@
+//! Running vCPUs on pCPUs: the per-pCPU scheduling loop, guest entry and
+//! exit, and every trap (WFI/WFE, HVC/SMC PSCI, system registers, MMIO,
+//! aborts, physical interrupts).
+//!
+//! Two tables dispatch: a physical interrupt goes where the VM's IRQ route
+//! table (`Vm::routes`, `crate::irq`) says, a trapped MMIO access to the
+//! device the VM's MMIO bus (`Vm::bus`, `crate::mmio_bus`) names; each arm of
+//! those `match`es is one small handler below.
+//!
+//! Locking: a pCPU holds a vCPU's context lock from load to save. The vGIC
+//! lock is taken before the scheduler lock when both are needed (a WFI check
+//! and the block that follows must be atomic against a concurrent injection,
+//! or a wake could be lost), and never while waiting for a vCPU lock. The
+//! route table's read lock is a leaf: taken for one lookup, released before
+//! the interrupt is handled.
+//!
+//! Here: the pCPU loop, vCPU load and save, WFI blocking. The rest, each
+//! file using only those after it: `run` (one vCPU's turn), `exit` (the
+//! synchronous traps and MMIO), `psci` (PSCI/SMCCC), `irq` (physical
+//! interrupts), `inject` (exceptions into the guest), `report` (counters,
+//! dumps, stopping).
+
+mod exit;
+mod inject;
+mod irq;
+mod psci;
+mod report;
+mod run;
+
+use self::irq::{console_input, handle_irqs};
+use self::report::dump_if_outlier;
+use self::run::run_vcpu;
+use super::console;
+use super::percpu::{self, now_ns, pcpu, SGI_KICK};
+use super::vm::{inc, vcpu_of, vms, Vcpu, Vm, SPSR_EL1H_MASKED};
+use super::wake::{do_wake_action, process_kicks, rec, wake_vcpu};
+use crate::arch::exception::{run_guest, ExitKind, GuestExit, GuestRegs};
+use crate::arch::{context, el2, gic, pmu, smc, sysreg};
+use crate::domain::console::Key;
+use crate::esr::{self, Exit, MmioAccess};
+use crate::intid::IntId;
+use crate::iomem::IoMemDecision;
+use crate::irq::Route;
+use crate::mmio_bus::Device;
+use crate::psci::Call;
+use crate::regs::ISS_ABORT;
+use crate::sched::spin::{self, SpinDetector};
+use crate::sched::{CritEvidence, WakeAction, WakeCause};
+use crate::stage2::{MemType, Stage2Error};
+use crate::trace::{DumpReason, Event, ExitClass};
+use crate::traps::{self, VirtualSError};
+use crate::vdebug::{self, DebugReg};
+use crate::vpmu::Placement;
+use aarch64_cpu::registers::{CNTV_CTL_EL0, CNTV_CVAL_EL0, ESR_EL1};
+use core::sync::atomic::Ordering;
+use log::{debug, info, warn};
+use tock_registers::interfaces::Readable;
+
+/// Typing Ctrl-\\ on the console prints the statistics (it is not passed
+/// to the guest).
+pub const STATS_KEY: u8 = crate::domain::console::DUMP_KEY;
+
+/// What the run loop does after an exit.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Next {
+    /// Re-enter the guest.
+    Enter,
+    /// Leave the vCPU and call the scheduler.
+    Schedule,
+}
+
+/// Configures this pCPU's EL2 controls for running `vm`: the trap
+/// configuration for what this CPU implements (`crate::traps`: HCR_EL2,
+/// CPTR_EL2, MDCR_EL2, CNTHCTL_EL2, host-tested), WFE trapped when vCPUs
+/// outnumber pCPUs, and the VM's stage 2 with its VMID. `first`: this pCPU
+/// has not run this VMID before (its TLB entries are invalidated, see
+/// `el2::load_guest_config`).
+fn load_vm(vm: &Vm, first: bool) {
+    let t = traps::guest_traps(&el2::cpu_features(), vm.overcommitted);
+    el2::load_guest_config(&t, vm.stage2_root, vm.vmid, vm.ipa, first);
+}
+
+/// Enables the physical interrupts this pCPU takes.
+fn enable_irqs(vm: &Vm, me: usize) {
+    gic::enable(SGI_KICK, me, true);
+    gic::enable(vm.maintenance_intid, me, false);
+    gic::enable(vm.hyp_timer_intid, me, false);
+    gic::enable(vm.virt_timer_intid, me, false);
+    if let Some(p) = vm.pmu_intid {
+        // Whatever firmware left counting stops; no vCPU owns the PMU yet.
+        pmu::quiesce(pmu_counters());
+        gic::enable(p, me, false);
+    }
+    if me == 0 {
+        gic::enable(vm.uart_intid, 0, false);
+        for (&i, &edge) in vm.forwarded.iter().zip(&vm.forwarded_edge) {
+            gic::enable(i, 0, edge);
+        }
+        if let Some(i) = vm.disk.as_ref().and_then(|d| d.phys_intid) {
+            gic::enable(i, 0, false);
+        }
+        console::enable_rx_irq();
+        // Input that arrived before: enabling the interrupt cleared its
+        // pending state, and a full physical FIFO never raises it again.
+        console_input(me);
+    }
+}
+
+/// The pCPU's life: pick a vCPU of any VM from the host-wide scheduler,
+/// switch to its VM's stage 2 when it is another VM's, run it until it
+/// blocks, yields or is preempted, repeat; idle in WFI when there is nothing
+/// to run.
+pub fn pcpu_loop(me: usize) -> ! {
+    let vm = vms()[0];
+    enable_irqs(vm, me);
+    let mut deadline: Option<u64>;
+    // The VM whose stage 2 is loaded here, and the VMIDs this pCPU has run.
+    let mut loaded: Option<u16> = None;
+    let mut seen: alloc::vec::Vec<u16> = alloc::vec::Vec::new();
+    loop {
+        pcpu(me).resched.store(false, Ordering::Relaxed);
+        let now = now_ns();
+        let d = vm.sched.lock().schedule(now, me);
+        let d = match d {
+            Ok(d) => d,
+            Err(e) => {
+                warn!("pCPU{me}: scheduler: {e}");
+                Default::default()
+            }
+        };
+        log::trace!("pCPU{me}: schedule -> {:?}", d);
+        vm.trace[me].lock().decision(now, &d);
+        dump_if_outlier(me, now, &d);
+        if let Some(k) = d.kick {
+            rec(vm, me, Event::Kick { pcpu: k as u16 });
+            percpu::kick(k);
+        }
+        deadline = d.timer_at;
+        match d.next.and_then(vcpu_of) {
+            Some((guest, v)) => {
+                if loaded != Some(guest.vmid) {
+                    let first = !seen.contains(&guest.vmid);
+                    load_vm(guest, first);
+                    if first {
+                        seen.push(guest.vmid);
+                    }
+                    loaded = Some(guest.vmid);
+                }
+                run_vcpu(guest, me, v, &mut deadline)
+            }
+            None => {
+                arm_timer(me, &mut deadline, None);
+                if !pcpu(me).resched.load(Ordering::Acquire) {
+                    sysreg::wfi();
+                }
+                handle_irqs(me, None, &mut deadline);
+            }
+        }
+    }
+}
+
+/// Programs CNTHP for the earliest of the scheduler deadline, `sample` (the
+/// next spin sample of the running vCPU, see `sched::spin`) and, in every
+/// VM, the virtual timers of vCPUs saved on this pCPU and the disk
+/// completions it watches.
+fn arm_timer(me: usize, deadline: &mut Option<u64>, sample: Option<u64>) {
+    let p = pcpu(me);
+    let req = p.rearm_at.swap(u64::MAX, Ordering::AcqRel);
+    if req != u64::MAX {
+        *deadline = Some(deadline.map_or(req, |d| d.min(req)));
+    }
+    let at = deadline.unwrap_or(u64::MAX).min(sample.unwrap_or(u64::MAX));
+    // Every VM's deadlines are walked only when one was reported changed
+    // (`percpu::note_timers_changed`), not at every guest entry.
+    let watched = p.timers_min(|| {
+        let mut at = u64::MAX;
+        for vm in vms() {
+            if let Some(disk) = &vm.disk {
+                if disk.home.load(Ordering::Acquire) == me {
+                    at = at.min(disk.deadline.load(Ordering::Acquire));
+                }
+            }
+            for s in &vm.shared {
+                if s.vtimer_home.load(Ordering::Relaxed) == me {
+                    at = at.min(s.vtimer_deadline.load(Ordering::Acquire)).min(s.wake_at.load(Ordering::Acquire));
+                    at = at.min(s.ptimer_deadline.load(Ordering::Acquire));
+                }
+            }
+        }
+        at
+    });
+    let at = at.min(watched);
+    let at = (at != u64::MAX).then_some(at);
+    // The recorder notes changes only; an unchanged deadline is the common
+    // case and costs no trace lock.
+    if p.arm_hyp_timer(at) {
+        vms()[0].trace[me].lock().note_arm(now_ns(), at);
+    }
+}
+
+fn load_vcpu(vm: &Vm, me: usize, v: &mut Vcpu) {
+    let vt = vm.virt_timer_intid;
+    vm.shared[v.id].vtimer_deadline.store(u64::MAX, Ordering::Release);
+    vm.shared[v.id].wake_at.store(u64::MAX, Ordering::Release);
+    vm.shared[v.id].ptimer_deadline.store(u64::MAX, Ordering::Release);
+    percpu::note_timers_changed(vm.shared[v.id].vtimer_home.load(Ordering::Relaxed));
+    // The EL2 timer may have raised its physical timer's line while it was
+    // away (`vm_timers_expired`): the model follows the timer again.
+    ptimer_sync(vm, me, v, v.ptimer.ctl & 1 != 0);
+    // Derived afresh below (running_on is already set: a later change by
+    // another pCPU asks again, see `deactivate_hw`).
+    vm.shared[v.id].ppi_resync.store(0, Ordering::Release);
+    // The forwarded virtual timer: its output is a level, so a pending state
+    // the guest has not acknowledged ends if the timer it saved is no longer
+    // due (disabled, masked or CVAL moved on since it fired). Then, while its
+    // virtual interrupt is pending or active, keep the physical PPI active so
+    // it does not fire again.
+    let line = crate::time::vtimer_line(v.el1.cntv_ctl, v.el1.cntv_cval, percpu::counter());
+    {
+        let mut vgic = vm.vgic.lock();
+        load_forwarded_ppi(&mut vgic, me, v.id, vt, line);
+        // The PMU's overflow line is a level too, as its saved registers
+        // drive it; set before they go back on the PMU, which raises the
+        // physical line again.
+        if let Some(p) = vm.pmu_intid {
+            load_forwarded_ppi(&mut vgic, me, v.id, p, v.pmu.regs.line());
+        }
+    }
+    if vm.pmu_intid.is_some() && v.pmu.placement == Placement::Loaded {
+        arm_pmu(v);
+    }
+    v.el1.restore();
+    if v.el1.debug.dirty {
+        arm_debug(v);
+    }
+    v.fp.restore();
+    v.gicif.restore();
+    // GICv4: the vPE follows its vCPU here and becomes resident.
+    v.vpe_resident = super::vpe::load(vm, me, v.id);
+    // A virtual SError the vCPU has not taken yet goes with it.
+    if v.vserror.is_pending() {
+        el2::set_vserror_syndrome(el2::cpu_features().ras);
+        el2::set_hcr(v.vserror.on_entry(el2::hcr()));
+    }
+}
+
+/// Switch-in of forwarded private interrupt `intid` of vCPU `id`, whose
+/// source's output is the level `line`: a pending state the guest has not
+/// acknowledged ends if the line dropped while the vCPU was away; then,
+/// while its virtual interrupt is pending or active, the physical PPI is
+/// kept active so it does not fire again.
+fn load_forwarded_ppi(vgic: &mut crate::vgic::Vgic, me: usize, id: usize, intid: IntId, line: bool) {
+    // Err: not forwarded for this VM, nothing to resample.
+    let _ = vgic.resample_hw_private(id, intid, line);
+    gic::set_private_active(me, intid, vgic.is_pending_or_active(id, intid));
+}
+
+/// PMCR_EL0.N of this machine's PMU (0 without one).
+fn pmu_counters() -> u8 {
+    el2::cpu_features().pmu.map_or(0, |p| p.counters)
+}
+
+fn save_vcpu(vm: &Vm, me: usize, v: &mut Vcpu) {
+    if let Some(p) = vm.pmu_intid {
+        if v.pmu.placement == Placement::Loaded {
+            pmu::save(&mut v.pmu.regs, pmu_counters());
+            v.pmu.on_save();
+            pmu::set_trap(true);
+        }
+        gic::set_private_active(me, p, false);
+    }
+    v.el1.save(); // also stops the guest's timer
+    if v.el1.debug.dirty {
+        context::save_break_watch(&mut v.el1.debug.regs, el2::debug_slots());
+        el2::set_debug_trap(true);
+        v.el1.debug.switched_out(v.el1.mdscr);
+    }
+    v.fp.save();
+    v.gicif.save();
+    if v.vpe_resident {
+        super::vpe::put(vm, me, v.id);
+        v.vpe_resident = false;
+    }
+    if v.vserror.is_pending() {
+        // Not taken yet: it stays the vCPU's, not the pCPU's.
+        el2::set_hcr(VirtualSError::on_switch_out(el2::hcr()));
+    }
+    gic::set_private_active(me, vm.virt_timer_intid, false);
+    let busy = vm.vgic.lock().is_pending_or_active(v.id, vm.virt_timer_intid);
+    let (ctl, cval) = (v.el1.cntv_ctl, v.el1.cntv_cval);
+    let deadline = crate::time::saved_vtimer_deadline_ns(ctl, cval, percpu::cntfrq(), vm.timer_slop_ns, busy);
+    vm.shared[v.id].vtimer_home.store(me, Ordering::Relaxed);
+    vm.shared[v.id].vtimer_deadline.store(deadline, Ordering::Release);
+    let pt = v.ptimer.watch_ns(v.ptimer_level, percpu::cntfrq());
+    vm.shared[v.id].ptimer_deadline.store(pt, Ordering::Release);
+    percpu::note_timers_changed(me);
+}
+
+/// Drives vCPU `v`'s EL1 physical timer line into the vGIC when it changed
+/// (always when `force`), kicking whoever the interrupt concerns.
+fn ptimer_sync(vm: &Vm, me: usize, v: &mut Vcpu, force: bool) {
+    let line = v.ptimer.line(percpu::counter());
+    if line == v.ptimer_level && !force {
+        return;
+    }
+    v.ptimer_level = line;
+    let k = vm.vgic.lock().set_level(vm.phys_timer_intid, v.id, line);
+    if let Ok(k) = k {
+        process_kicks(vm, me, k, WakeCause::Timer);
+    }
+}
+
+/// Resamples forwarded private interrupt `intid` of vCPU `id`, running
+/// here, against its source's level `line`; ending its pending state also
+/// ends the physical PPI's active state, so it can fire again.
+fn resample_forwarded_ppi(vgic: &mut crate::vgic::Vgic, me: usize, id: usize, intid: IntId, line: bool) {
+    if vgic.resample_hw_private(id, intid, line) == Ok(true) {
+        gic::set_private_active(me, intid, vgic.is_pending_or_active(id, intid));
+    }
+}
+
+/// Gives the loaded, debug-dirty vCPU `v` the hardware breakpoint and
+/// watchpoint registers: its saved values in, MDCR_EL2.TDA clear.
+fn arm_debug(v: &Vcpu) {
+    context::load_break_watch(&v.el1.debug.regs, el2::debug_slots());
+    el2::set_debug_trap(v.el1.debug.traps());
+}
+
+/// Gives the loaded vCPU `v`, whose vPMU is placed on the hardware, the
+/// PMU: its saved registers in, the MDCR_EL2 PMU traps lifted.
+fn arm_pmu(v: &Vcpu) {
+    pmu::restore(&v.pmu.regs, pmu_counters());
+    pmu::set_trap(false);
+}
+
+/// WFI: block unless an interrupt is already deliverable. The check and the
+/// block happen under the vGIC lock so an injection cannot slip between.
+/// `limit` (ns, u64::MAX = none) ends a WFIT's wait: the pCPU where the vCPU
+/// is saved watches it on the EL2 timer (`arm_timer`, `timer_expired`).
+/// GICv4: the vPE is made non-resident first, and a vLPI pending then
+/// (PendingLast) or a doorbell since (`vlpi_pending`) keeps the vCPU running.
+fn block(vm: &Vm, me: usize, v: &mut Vcpu, limit: u64) -> Next {
+    let id = v.id;
+    let now = now_ns();
+    if limit <= now {
+        return Next::Enter;
+    }
+    let was_resident = v.vpe_resident;
+    if was_resident {
+        crate::runtime::vpe::put(vm, me, id);
+        v.vpe_resident = false;
+    }
+    // Its physical timer may have come due since the last exit.
+    ptimer_sync(vm, me, v, false);
+    let mut vgic = vm.vgic.lock();
+    // A virtual timer interrupt the guest has not taken while its timer is no
+    // longer due (the guest disabled or masked it, or moved CVAL on, before
+    // this WFI) is not pending any more: the timer's output is a level. The
+    // guest's timer registers are live here; ending the virtual pending
+    // state also ends the physical PPI's active state, so it can fire again.
+    let vt = vm.virt_timer_intid;
+    let line = crate::time::vtimer_line(CNTV_CTL_EL0.get(), CNTV_CVAL_EL0.get(), percpu::counter());
+    resample_forwarded_ppi(&mut vgic, me, id, vt, line);
+    // Likewise an overflow interrupt whose flag the guest cleared.
+    if let (Some(p), Placement::Loaded) = (vm.pmu_intid, v.pmu.placement) {
+        resample_forwarded_ppi(&mut vgic, me, id, p, pmu::line());
+    }
+    if vgic.has_deliverable(id) || vm.shared[id].vlpi_pending.load(Ordering::Acquire) {
+        drop(vgic);
+        if was_resident {
+            v.vpe_resident = crate::runtime::vpe::load(vm, me, id);
+        }
+        return Next::Enter;
+    }
+    vm.shared[id].wake_at.store(limit, Ordering::Release);
+    percpu::note_timers_changed(vm.shared[id].vtimer_home.load(Ordering::Relaxed));
+    let r = vm.sched.lock().block(now_ns(), me);
+    drop(vgic);
+    match r {
+        Ok(_) => Next::Schedule,
+        Err(e) => {
+            warn!("vCPU{id}: block: {e}");
+            vm.shared[id].wake_at.store(u64::MAX, Ordering::Release);
+            if was_resident {
+                v.vpe_resident = crate::runtime::vpe::load(vm, me, id);
+            }
+            Next::Enter
+        }
+    }
+}
+
+/// Deactivates the physical side of forwarded interrupts whose virtual state
+/// the guest ended by ICPENDR/ICACTIVER (`Vgic::take_hw_deactivations`);
+/// `cur` is the vCPU running on this pCPU. An SPI is deactivated in the
+/// distributor. A private interrupt (the virtual timer) is active on the
+/// pCPU that runs its vCPU: here, or that pCPU re-derives it at its next
+/// exit; a vCPU that is not running gets it derived when it is loaded.
+fn deactivate_hw(vm: &Vm, me: usize, cur: usize, list: alloc::vec::Vec<crate::vgic::HwDeactivation>) {
+    for d in list {
+        if d.intid.is_spi() {
+            gic::clear_spi_active(d.pintid);
+        } else if d.vcpu == cur {
+            gic::set_private_active(me, d.pintid, false);
+        } else if let Some(s) = vm.shared.get(d.vcpu) {
+            s.ppi_resync.fetch_or(1 << u32::from(d.intid), Ordering::AcqRel);
+            let p = s.running_on.load(Ordering::Acquire);
+            if p != usize::MAX && p != me {
+                percpu::kick(p);
+            }
+        }
+    }
+}

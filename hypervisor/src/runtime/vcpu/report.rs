@@ -1,0 +1,226 @@
+//! What the hypervisor reports: counters at power-off, flight-recorder
+//! dumps, and stopping a domain or the machine.
+
+use super::*;
+
+/// `sched_trace_threshold_us`: dumps the rings when the vCPU `d` switched
+/// in waited longer than that since its wake (rate-limited by the trigger).
+/// The same for a virtual-timer wake: how late after the timer's deadline
+/// the vCPU switched in (what cyclictest sees, less the guest's own part).
+pub(super) fn dump_if_outlier(me: usize, now: u64, d: &crate::sched::Decision) {
+    let Some((vcpu, _, lat)) = d.switch.into else { return };
+    let Some((vm, local)) = vcpu_of(vcpu) else { return };
+    let due = vm.shared[local].vtimer_fired.swap(u64::MAX, Ordering::AcqRel);
+    let late = (due != u64::MAX).then(|| now.saturating_sub(due));
+    if let Some(l) = late {
+        vm.trace[me].lock().push(now, Event::TimerWake { vcpu: vcpu.0 as u16, late_ns: l });
+    }
+    let why = match (lat, late) {
+        (Some(lat), _) if vm.trace_trigger.fire(now, lat) => DumpReason::Outlier { vcpu, latency_ns: lat },
+        (_, Some(l)) if vm.trace_trigger.fire(now, l) => DumpReason::TimerLate { vcpu, late_ns: l },
+        _ => return,
+    };
+    let span = match why {
+        DumpReason::Outlier { latency_ns, .. } => latency_ns,
+        DumpReason::TimerLate { late_ns, .. } => late_ns,
+        DumpReason::Key => 0,
+    };
+    dump_trace(vm, why, crate::trace::outlier_window_start(now, span));
+}
+
+/// Prints the flight recorder's rings (`crate::trace`): each pCPU's copied
+/// under its lock, one after another, events from `from` (ns) on.
+pub fn dump_trace(vm: &Vm, why: DumpReason, from: u64) {
+    let rings: alloc::vec::Vec<_> = vm
+        .trace
+        .iter()
+        .enumerate()
+        .map(|(p, r)| {
+            let r = r.lock();
+            (p, r.snapshot(), r.overwritten())
+        })
+        .collect();
+    let _ = crate::trace::write_dump(&mut console::LineWriter::default(), why, &rings, from);
+    vm.trace_trigger.dumped(now_ns());
+}
+
+/// Prints every VM's statistics: Dom0's as they always were (`vcpuN.`,
+/// `blk0.`, `uart0.`, ...), then one block per domain (`domN.` totals: exits,
+/// aborts injected, disk requests) and each DomU's vCPUs, disk and UART with
+/// a `dN.` prefix.
+pub fn print_stats() {
+    let all = vms();
+    // One instant for every domain's run time, and the host clock at it, so
+    // shares over the time between two prints add up.
+    let now = now_ns();
+    crate::hvprintln!("(HV) stats begin host\nhost.now_ns={now}\n(HV) stats end host");
+    print_vm_stats(all[0]);
+    for vm in all {
+        print_domain_totals(vm, now);
+        if vm.domid != 0 {
+            print_domu_stats(vm);
+        }
+    }
+}
+
+/// `domN.name=value`: a domain's totals over its vCPUs and its disk, and its
+/// run time (`run_ns`, the scheduler's [`crate::sched::DomainStats`]).
+pub(super) fn print_domain_totals(vm: &Vm, now: u64) {
+    let sum = |f: fn(&crate::runtime::vm::TrapCounters) -> &core::sync::atomic::AtomicU64| -> u64 {
+        vm.shared.iter().map(|s| f(&s.counters).load(Ordering::Relaxed)).sum()
+    };
+    let disk_requests = vm.disk.as_ref().map_or(0, |d| {
+        let st = d.state.lock();
+        let c = st.dev.counters();
+        c.reads + c.writes + c.flushes + c.get_ids + c.unsupported
+    });
+    let n = vm.domid;
+    // Run time as the scheduler charges it (Credit2's burn), all vCPUs, up
+    // to `now`.
+    let run_ns = vm.sched.lock().domain_run_ns(n, now).unwrap_or(0);
+    crate::hvprintln!(
+        "(HV) stats begin dom{n}\ndom{n}.vcpus={}\ndom{n}.exits={}\ndom{n}.aborts_injected={}\ndom{n}.undef_injected={}\ndom{n}.disk_requests={disk_requests}\ndom{n}.run_ns={run_ns}\ndom{n}.stopped={}\n(HV) stats end dom{n}",
+        vm.vcpus.len(),
+        sum(|c| &c.exits),
+        sum(|c| &c.aborts_injected),
+        sum(|c| &c.undef_injected),
+        u8::from(vm.stopped.load(Ordering::Relaxed)),
+    );
+}
+
+/// A DomU's vCPUs, disk and UART, every line prefixed `dN.`.
+pub(super) fn print_domu_stats(vm: &Vm) {
+    let n = vm.domid;
+    let prefixed =
+        |text: &str| -> alloc::string::String { text.lines().map(|l| alloc::format!("d{n}.{l}\n")).collect() };
+    for (i, s) in vm.shared.iter().enumerate() {
+        let mut st = vm.sched.lock().stats(vm.gid(i)).cloned().unwrap_or_default();
+        s.counters.fill(&mut st.counters);
+        let mut text = alloc::string::String::new();
+        let _ = st.write_text(i as u32, &mut text);
+        crate::hvprintln!("(HV) stats begin d{n}.vcpu{i}\n{}(HV) stats end d{n}.vcpu{i}", prefixed(&text));
+    }
+    if let Some(disk) = &vm.disk {
+        let mut text = alloc::string::String::new();
+        disk.write_text(&mut text);
+        crate::hvprintln!("(HV) stats begin d{n}.blk0\n{}(HV) stats end d{n}.blk0", prefixed(&text));
+    }
+    let mut text = alloc::string::String::new();
+    let _ = vm.quota.write_text("quota", &mut text);
+    crate::hvprintln!("(HV) stats begin d{n}.quota\n{}(HV) stats end d{n}.quota", prefixed(&text));
+    let u = vm.uart.lock();
+    let (rx, holds, overruns) = (u.rx_bytes, u.rx_holds, u.rx_overruns);
+    drop(u);
+    let dropped = console::rx_dropped(n);
+    crate::hvprintln!(
+        "(HV) stats begin d{n}.uart0\nd{n}.uart0.rx_bytes={rx}\nd{n}.uart0.rx_holds={holds}\nd{n}.uart0.rx_overruns={overruns}\nd{n}.uart0.rx_dropped={dropped}\n(HV) stats end d{n}.uart0"
+    );
+}
+
+/// Dom0's statistics in the stable `vcpuN.name=value` format (see
+/// `crate::stats`).
+pub(super) fn print_vm_stats(vm: &Vm) {
+    for (i, s) in vm.shared.iter().enumerate() {
+        let mut st = vm.sched.lock().stats(vm.gid(i)).cloned().unwrap_or_default();
+        s.counters.fill(&mut st.counters);
+        let mut text = alloc::string::String::new();
+        let _ = st.write_text(i as u32, &mut text);
+        crate::hvprintln!("(HV) stats begin vcpu{i}\n{}(HV) stats end vcpu{i}", text);
+    }
+    if let Some(disk) = &vm.disk {
+        let mut text = alloc::string::String::new();
+        disk.write_text(&mut text);
+        crate::hvprintln!("(HV) stats begin blk0\n{}(HV) stats end blk0", text);
+    }
+    let (rx_bytes, rx_holds, rx_overruns) = {
+        let u = vm.uart.lock();
+        (u.rx_bytes, u.rx_holds, u.rx_overruns)
+    };
+    if gic::its::its_present() {
+        let mut text = alloc::string::String::new();
+        let st = gic::its::stats();
+        let _ = st.write_text(&mut text);
+        // Commands per second of hypervisor uptime (the GICv4 path sends a
+        // few per guest mapping change and one VMOVP per vCPU migration).
+        let total: u64 = st.commands.iter().sum();
+        let per_s = total.saturating_mul(1_000_000_000) / now_ns().max(1);
+        crate::hvprintln!("(HV) stats begin its\n{}its.cmds_per_sec={per_s}\n(HV) stats end its", text);
+    }
+    if let Some(vits) = &vm.vits {
+        let text = alloc::format!("{}", vits.lock().counters());
+        let dropped = vm.lpis_dropped.load(Ordering::Relaxed);
+        crate::hvprintln!("(HV) stats begin vits0\n{text}vits0.lpis_dropped={dropped}\n(HV) stats end vits0");
+    }
+    if let Some(v4) = &vm.vlpi {
+        let mapped = gic::its::vlpis_mapped();
+        crate::hvprintln!(
+            "(HV) stats begin vlpi0\nvlpi0.vpes={}\nvlpi0.vlpis_mapped={mapped}\n(HV) stats end vlpi0",
+            v4.vpes.len()
+        );
+    }
+    let rx_dropped = console::rx_dropped(0);
+    crate::hvprintln!(
+        "(HV) stats begin uart0\nuart0.rx_bytes={rx_bytes}\nuart0.rx_holds={rx_holds}\nuart0.rx_overruns={rx_overruns}\nuart0.rx_dropped={rx_dropped}\n(HV) stats end uart0"
+    );
+    // The physical console: input read and lost to a full ring, DomU
+    // output dropped to a full ring, output written while waiting for the
+    // UART.
+    let (rx, rx_overruns, tx_dropped, tx_waited) = console::counters();
+    crate::hvprintln!(
+        "(HV) stats begin console\nconsole.rx_bytes={rx}\nconsole.rx_overruns={rx_overruns}\nconsole.tx_dropped={tx_dropped}\nconsole.tx_waited={tx_waited}\n(HV) stats end console"
+    );
+    if vm.iomem.is_some() {
+        crate::hvprintln!(
+            "(HV) stats begin iomem\niomem.maps={}\niomem.denied={}\n(HV) stats end iomem",
+            vm.iomem_maps.load(Ordering::Relaxed),
+            vm.iomem_denied.load(Ordering::Relaxed)
+        );
+    }
+    let mut text = alloc::string::String::new();
+    let _ = vm.irq_counters.write_text(&mut text);
+    crate::hvprintln!("(HV) stats begin irq\n{}(HV) stats end irq", text);
+    let mut text = alloc::string::String::new();
+    let _ = vm.quota.write_text("quota", &mut text);
+    crate::hvprintln!("(HV) stats begin quota\n{}(HV) stats end quota", text);
+    // The whole heap: what every VM's quota and the hypervisor's own part
+    // use together, and the most they ever did.
+    let h = crate::runtime::heap::stats();
+    crate::hvprintln!(
+        "(HV) stats begin heap\nheap.used={}\nheap.hwm={}\nheap.size={}\n(HV) stats end heap",
+        h.used,
+        h.hwm,
+        h.size
+    );
+}
+
+/// Dom0's SYSTEM_OFF: the machine powers off (whatever DomUs still run).
+pub(super) fn power_off() -> ! {
+    print_stats();
+    info!("dom0 powered off; powering off the machine");
+    console::flush();
+    smc::psci_system_off()
+}
+
+/// A DomU's SYSTEM_OFF or SYSTEM_RESET: only that domain stops. Its vCPUs go
+/// offline (the caller's now; the others at their next switch-in or exit,
+/// see `run_vcpu`); its memory and devices stay as they are, unused.
+pub(super) fn stop_domain(vm: &Vm, me: usize, v: &Vcpu, what: &str) -> Next {
+    if !vm.stopped.swap(true, Ordering::AcqRel) {
+        info!("d{} {what}: the domain stops (the machine powers off with dom0)", vm.domid);
+        if console::input_focus() == vm.domid {
+            // Nobody reads its console any more: input goes back to Dom0.
+            crate::hvprintln!("(HV) input to d0");
+            console::set_input_focus(0);
+        }
+    }
+    vm.shared[v.id].online.store(false, Ordering::Release);
+    if let Err(e) = vm.sched.lock().power_off(now_ns(), me) {
+        warn!("d{} vCPU{}: stopping: {e}", vm.domid, v.id);
+    }
+    let now = now_ns();
+    // Others, even blocked ones, must run once to go offline.
+    for k in (0..vm.shared.len()).filter(|&k| k != v.id && vm.shared[k].online.load(Ordering::Acquire)) {
+        wake_vcpu(vm, me, k, now, WakeCause::Interrupt);
+    }
+    Next::Schedule
+}

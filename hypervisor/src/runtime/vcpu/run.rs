@@ -1,0 +1,187 @@
+//! One vCPU's turn on this pCPU: entry, exit, the list registers and the
+//! physical interrupts around it, until it blocks, yields or is preempted.
+
+use super::exit::{handle_sync, spin_watch, yield_cpu};
+use super::inject::serror_from_guest;
+use super::irq::handle_irqs;
+use super::*;
+
+pub(super) fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Option<u64>) {
+    if vm.stopped.load(Ordering::Acquire) {
+        // Its domain stopped while this vCPU was away: it goes offline.
+        vm.shared[id].online.store(false, Ordering::Release);
+        if let Err(e) = vm.sched.lock().power_off(now_ns(), me) {
+            warn!("d{} vCPU{id}: stopping: {e}", vm.domid);
+        }
+        return;
+    }
+    let mut guard = vm.vcpus[id].lock();
+    let v: &mut Vcpu = &mut guard;
+    let here = pcpu(me);
+    vm.shared[id].running_on.store(me, Ordering::Release);
+    here.running.store(id, Ordering::Release);
+    load_vcpu(vm, me, v);
+    follow_routes(vm, me, id);
+    let n = vm.nr_lrs;
+    // Sampled for spinning while a sibling is preempted (`sched::spin`).
+    let mut spin = SpinDetector::new();
+    let mut watch = spin_watch(vm, id);
+    // Whether the hardware LRs may hold anything but zeros: they keep what
+    // the vCPU that last ran here left, so the first entry writes them all.
+    let mut lrs_dirty = true;
+    loop {
+        let fr = vm.vgic.lock().flush_lrs(id, &mut v.lrs[..n]);
+        if fr.filled != 0 {
+            vm.shared[id].counters.irqs_injected.fetch_add(fr.filled as u64, Ordering::Relaxed);
+        }
+        // All-zero LRs that are already zero in hardware need no write, and
+        // then the exit has nothing to read back or fold into the model.
+        let lrs_used = v.lrs[..n].iter().any(|&lr| lr != 0);
+        if lrs_used || lrs_dirty {
+            for i in 0..n {
+                gic::write_lr(i, v.lrs[i]);
+            }
+        }
+        lrs_dirty = lrs_used;
+        gic::vcpu_if_on(fr.overflow);
+        // The sampling period starts after the entry work: however long
+        // that work takes (flushing many LPIs, a slow exit path), the guest
+        // runs for a whole period between two samples. Armed before it, a
+        // period shorter than the work would expire before the guest ran
+        // an instruction, every time: a vCPU that never progresses, found
+        // "spinning" at one PC and yielded forever.
+        let sample = watch.map(|w| now_ns().saturating_add(w.sample_ns()));
+        // Its physical timer's line rises while it runs: an exit then.
+        let pt = v.ptimer.watch_ns(v.ptimer_level, percpu::cntfrq());
+        let wake = sample.into_iter().chain((pt != u64::MAX).then_some(pt)).min();
+        arm_timer(me, deadline, wake);
+        // In counter ticks: converted only for the spin watch, on IRQ exits.
+        let entered = percpu::counter();
+        let GuestExit { kind, serror } = run_guest(&mut v.regs);
+        let ran = percpu::counter().saturating_sub(entered);
+        if v.vserror.is_pending() {
+            v.vserror.on_exit(el2::hcr());
+        }
+        if let Some(disr) = serror {
+            // Pending when this vCPU exited: its own, whatever the exit.
+            serror_from_guest(vm, v, disr);
+        }
+        // With no LR in use the model's state is as `flush_lrs` left it:
+        // `sync_lrs` would find no LR to fold back, queue no deactivation
+        // and kick nobody (the vGIC's MMIO writes take their own
+        // deactivations), so the exit skips the vGIC lock.
+        if lrs_dirty {
+            for i in 0..n {
+                v.lrs[i] = gic::read_lr(i);
+            }
+        }
+        gic::vcpu_if_off();
+        let kicks = lrs_dirty.then(|| {
+            let (kicks, hw) = {
+                let mut vgic = vm.vgic.lock();
+                (vgic.sync_lrs(id, &mut v.lrs[..n]), vgic.take_hw_deactivations())
+            };
+            if !hw.is_empty() {
+                deactivate_hw(vm, me, id, hw);
+            }
+            kicks
+        });
+        resync_private_active(vm, me, id);
+        if let Some(kicks) = kicks {
+            process_kicks(vm, me, kicks, WakeCause::Interrupt);
+        }
+        inc(&vm.shared[id].counters.exits);
+        if v.ptimer.ctl & 1 != 0 {
+            ptimer_sync(vm, me, v, false);
+        }
+        if v.lhp_grace && CritEvidence::from_spsr(v.regs.spsr) == CritEvidence::None {
+            // The critical section the SGI trap's grace was for is over.
+            v.lhp_grace = false;
+            let a = vm.sched.lock().note_critical_exit(now_ns(), me, CritEvidence::None);
+            do_wake_action(me, a.unwrap_or(WakeAction::None));
+        }
+        let next = match kind {
+            ExitKind::Sync => {
+                spin.reset();
+                handle_sync(vm, me, v)
+            }
+            ExitKind::Irq | ExitKind::Fiq => {
+                rec(vm, me, Event::Exit { vcpu: vm.gid(id).0 as u16, class: ExitClass::Irq });
+                let evidence = CritEvidence::from_spsr(v.regs.spsr);
+                if evidence == CritEvidence::IrqsMasked {
+                    rec(vm, me, Event::IrqsOff { vcpu: vm.gid(id).0 as u16, pc: v.regs.elr });
+                }
+                inc(&vm.shared[id].counters.irq_exits);
+                if handle_irqs(me, Some((vm, id)), deadline) {
+                    inc(&vm.shared[id].counters.irq_exits_msi);
+                }
+                watch = spin_watch(vm, id);
+                let ran_ns = percpu::ticks_to_ns(ran);
+                if watch.is_some_and(|w| spin.sample(ran_ns, v.regs.elr, evidence, w.spin_ns())) {
+                    // A lock or flag wait whose WFE did not trap: as on WFE.
+                    inc(&vm.shared[id].counters.spin_yields);
+                    yield_cpu(vm, me, id)
+                } else {
+                    Next::Enter
+                }
+            }
+            ExitKind::SError => {
+                rec(vm, me, Event::Exit { vcpu: vm.gid(id).0 as u16, class: ExitClass::SError });
+                serror_from_guest(vm, v, el2::exit_syndrome().esr);
+                Next::Enter
+            }
+        };
+        if next == Next::Schedule || here.resched.load(Ordering::Acquire) || vm.stopped.load(Ordering::Acquire) {
+            break;
+        }
+        if let Some(d) = *deadline {
+            if now_ns() >= d {
+                break;
+            }
+        }
+    }
+    // Where the guest was at its last exit: inside a critical section or not.
+    let masked = CritEvidence::from_spsr(v.regs.spsr) == CritEvidence::IrqsMasked;
+    vm.shared[id].left_masked.store(masked, Ordering::Relaxed);
+    save_vcpu(vm, me, v);
+    pcpu(me).running.store(usize::MAX, Ordering::Release);
+    vm.shared[id].running_on.store(usize::MAX, Ordering::Release);
+}
+
+/// Passthrough SPIs that the guest routes to vCPU `id` are routed
+/// physically to this pCPU while `id` runs here, so they arrive where they
+/// are injected (no IPI to another pCPU). Only changes are written, and only
+/// for SPIs the guest enabled: an ACPI Dom0 has every SPI forwarded and
+/// routed to one vCPU, most of them never used.
+pub(super) fn follow_routes(vm: &Vm, me: usize, id: usize) {
+    if vm.nr_pcpus < 2 || vm.forwarded.is_empty() {
+        return;
+    }
+    let vgic = vm.vgic.lock();
+    for (i, &intid) in vm.forwarded.iter().enumerate() {
+        if vgic.route_of(intid) == Some(id)
+            && vgic.spi_enabled(intid)
+            && vm.forwarded_pcpu[i].swap(me, Ordering::AcqRel) != me
+        {
+            gic::route_spi(intid, pcpu(me).mpidr.load(Ordering::Relaxed));
+        }
+    }
+}
+
+/// The `ppi_resync` requests for vCPU `id`, running here: set each forwarded
+/// private interrupt's physical active state to the vGIC's view.
+pub(super) fn resync_private_active(vm: &Vm, me: usize, id: usize) {
+    let s = &vm.shared[id];
+    if s.ppi_resync.load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    let bits = s.ppi_resync.swap(0, Ordering::AcqRel);
+    let vgic = vm.vgic.lock();
+    let private = (0..IntId::PRIVATE_COUNT).filter(|i| bits & (1 << i) != 0);
+    for intid in private.filter_map(|i| IntId::try_from(i).ok()) {
+        if let Some(p) = vgic.hw_of(id, intid) {
+            let busy = vgic.is_pending_or_active(id, intid);
+            gic::set_private_active(me, p, busy);
+        }
+    }
+}
