@@ -461,126 +461,23 @@ pub fn check(i: &Inputs<'_>) -> Result<(), LayoutError> {
     check_inputs(i).map(|_| ())
 }
 
-/// Checks the inputs and plans the layout.
+/// Checks the inputs and plans the layout: the hypervisor's heap lowest,
+/// the DomUs highest, Dom0's RAM (and RAM disk) in what is left, its
+/// modules inside its RAM.
 pub fn plan(i: &Inputs<'_>) -> Result<Plan, LayoutError> {
     let Checked { spans, kept, reserved, kernel, initrd } = check_inputs(i)?;
-    let image = i.image;
-
     let mut used: Vec<Region> = kept.iter().map(|k| k.range).collect();
     used.extend(reserved.iter().copied());
     let base_free = subtract(&spans, &used);
 
-    // A fixed-address kernel: the 2 MiB-aligned span of its ranges, which
-    // Dom0's RAM must cover, stays out of the heap's and the DomUs' way.
-    let fixed_ranges: Vec<Region> = i.kernel.fixed.iter().flat_map(|f| f.ranges()).collect();
-    let span = match (fixed_ranges.iter().map(|r| r.base).min(), fixed_ranges.iter().map(|r| end(*r)).max()) {
-        (Some(lo), Some(hi)) => {
-            let base = align_down(lo, ALIGN);
-            let top =
-                align_up(hi, ALIGN).ok_or(LayoutError::KernelSpanNotFree { span: Region { base, size: hi - base } })?;
-            let span = Region { base, size: top - base };
-            if !base_free.iter().filter_map(|f| aligned(*f)).any(|f| f.base <= span.base && end(span) <= end(f)) {
-                return Err(LayoutError::KernelSpanNotFree { span });
-            }
-            Some(span)
-        }
-        _ => None,
-    };
+    let span = fixed_kernel_span(i, &base_free)?;
     let mut placed: Vec<Region> = Vec::new();
     let mut free = subtract(&base_free, span.as_slice());
-
-    let heap_size = align_up(i.heap_size.max(1), ALIGN).ok_or(LayoutError::NoRoom {
-        what: "hypervisor heap",
-        size: i.heap_size,
-        largest: largest(&free),
-    })?;
-    let heap = lowest_fit(&free, heap_size).ok_or(LayoutError::NoRoom {
-        what: "hypervisor heap",
-        size: heap_size,
-        largest: largest(&free),
-    })?;
-    free = subtract(&free, &[heap]);
-    placed.push(heap);
-
-    let mut domus = Vec::new();
-    for d in i.domus {
-        let no_room =
-            |what, size, free: &[Region]| LayoutError::DomuNoRoom { id: d.id, what, size, largest: largest(free) };
-        let memory = align_up(d.memory, ALIGN).ok_or(no_room("RAM", d.memory, &free))?;
-        let need = [Some(d.kernel.size), d.ramdisk.map(|r| r.size), Some(GUEST_DTB_SIZE)]
-            .into_iter()
-            .flatten()
-            .try_fold(0u64, |acc, s| acc.checked_add(align_up(s, ALIGN)?))
-            .unwrap_or(u64::MAX);
-        if need > memory {
-            return Err(LayoutError::DomuModulesDoNotFit { id: d.id, need, memory: d.memory });
-        }
-        let ram = highest_fit(&free, memory).ok_or(no_room("RAM", memory, &free))?;
-        free = subtract(&free, &[ram]);
-        placed.push(ram);
-        let disk = match d.disk_size {
-            0 => None,
-            size => {
-                let size = align_up(size, ALIGN).ok_or(no_room("disk", size, &free))?;
-                let disk = highest_fit(&free, size).ok_or(no_room("disk", size, &free))?;
-                free = subtract(&free, &[disk]);
-                placed.push(disk);
-                Some(disk)
-            }
-        };
-        domus.push(DomuPlacement { id: d.id, ram, disk });
-    }
+    let heap = place_heap(i.heap_size, &mut free, &mut placed)?;
+    let domus = place_domus(i.domus, &mut free, &mut placed)?;
     // The span is free again for Dom0's RAM.
     let free = subtract(&base_free, &placed);
-
-    let ram_total: u64 = spans.iter().map(|s| s.size).sum();
-    let disk = match i.ram_disk {
-        0 => 0,
-        d => align_up(d, ALIGN).unwrap_or(u64::MAX),
-    };
-    let dom0_mem = match i.dom0_mem {
-        Some(m) => {
-            let m = align_up(m, ALIGN).unwrap_or(u64::MAX);
-            if m.saturating_add(disk) > ram_total {
-                return Err(LayoutError::Dom0MemTooLarge { dom0_mem: m, ram_disk: disk, ram: ram_total });
-            }
-            Some(m)
-        }
-        None => None,
-    };
-    let guest_ram = match span {
-        Some(span) => dom0_ram_around(&free, span, dom0_mem, disk)?,
-        None => {
-            let size = match dom0_mem {
-                Some(m) => m,
-                None => {
-                    let low = spans.first().map_or(0, |s| s.base.saturating_add(i.keep_low.min(s.size / 2)));
-                    let above = subtract(&free, &[Region { base: 0, size: low }]);
-                    largest(&above).saturating_sub(disk)
-                }
-            };
-            if size < MIN_GUEST_RAM {
-                return Err(LayoutError::GuestTooSmall { size });
-            }
-            highest_fit(&free, size).ok_or(LayoutError::NoRoom {
-                what: "guest RAM (dom0_mem)",
-                size,
-                largest: largest(&free),
-            })?
-        }
-    };
-    if guest_ram.size < MIN_GUEST_RAM {
-        return Err(LayoutError::GuestTooSmall { size: guest_ram.size });
-    }
-    let free = subtract(&free, &[guest_ram]);
-    let ram_disk = match disk {
-        0 => None,
-        d => Some(highest_fit(&free, d).ok_or(LayoutError::NoRoom {
-            what: "RAM disk (dom0_disk_size)",
-            size: d,
-            largest: largest(&free),
-        })?),
-    };
+    let (guest_ram, ram_disk) = place_dom0_ram(i, &spans, &free, span)?;
 
     // Inside guest RAM: the kernel, then the DTB and initrd around it.
     let (kernel_copies, entry) = match i.kernel.fixed {
@@ -604,7 +501,141 @@ pub fn plan(i: &Inputs<'_>) -> Result<Plan, LayoutError> {
             LayoutError::ModulesDoNotFit { need: modules_need(&kernel_ranges, initrd.map(|r| r.size)), guest_ram }
         })?;
     let initrd_copy = initrd.zip(initrd_dst).map(|(src, dst)| ModuleCopy { src, dst });
-    Ok(Plan { image, heap, guest_ram, ram_disk, kernel: kernel_copies, entry, initrd: initrd_copy, guest_dtb, domus })
+    Ok(Plan {
+        image: i.image,
+        heap,
+        guest_ram,
+        ram_disk,
+        kernel: kernel_copies,
+        entry,
+        initrd: initrd_copy,
+        guest_dtb,
+        domus,
+    })
+}
+
+/// A fixed-address kernel: the 2 MiB-aligned span of its ranges, which
+/// Dom0's RAM must cover, and which stays out of the heap's and the DomUs'
+/// way; it must lie in `base_free`.
+fn fixed_kernel_span(i: &Inputs<'_>, base_free: &[Region]) -> Result<Option<Region>, LayoutError> {
+    let fixed_ranges: Vec<Region> = i.kernel.fixed.iter().flat_map(|f| f.ranges()).collect();
+    let (Some(lo), Some(hi)) = (fixed_ranges.iter().map(|r| r.base).min(), fixed_ranges.iter().map(|r| end(*r)).max())
+    else {
+        return Ok(None);
+    };
+    let base = align_down(lo, ALIGN);
+    let top = align_up(hi, ALIGN).ok_or(LayoutError::KernelSpanNotFree { span: Region { base, size: hi - base } })?;
+    let span = Region { base, size: top - base };
+    if !base_free.iter().filter_map(|f| aligned(*f)).any(|f| f.base <= span.base && end(span) <= end(f)) {
+        return Err(LayoutError::KernelSpanNotFree { span });
+    }
+    Ok(Some(span))
+}
+
+/// The hypervisor's heap: `size` rounded up to 2 MiB, as low as it fits.
+fn place_heap(size: u64, free: &mut Vec<Region>, placed: &mut Vec<Region>) -> Result<Region, LayoutError> {
+    let no_room = |size, free: &[Region]| LayoutError::NoRoom { what: "hypervisor heap", size, largest: largest(free) };
+    let heap_size = align_up(size.max(1), ALIGN).ok_or(no_room(size, free))?;
+    let heap = lowest_fit(free, heap_size).ok_or(no_room(heap_size, free))?;
+    *free = subtract(free, &[heap]);
+    placed.push(heap);
+    Ok(heap)
+}
+
+/// Each DomU's RAM and RAM disk, as high as they fit, in device-tree order.
+fn place_domus(
+    specs: &[DomainSpec],
+    free: &mut Vec<Region>,
+    placed: &mut Vec<Region>,
+) -> Result<Vec<DomuPlacement>, LayoutError> {
+    let mut domus = Vec::new();
+    for d in specs {
+        let no_room =
+            |what, size, free: &[Region]| LayoutError::DomuNoRoom { id: d.id, what, size, largest: largest(free) };
+        let memory = align_up(d.memory, ALIGN).ok_or(no_room("RAM", d.memory, free))?;
+        let need = [Some(d.kernel.size), d.ramdisk.map(|r| r.size), Some(GUEST_DTB_SIZE)]
+            .into_iter()
+            .flatten()
+            .try_fold(0u64, |acc, s| acc.checked_add(align_up(s, ALIGN)?))
+            .unwrap_or(u64::MAX);
+        if need > memory {
+            return Err(LayoutError::DomuModulesDoNotFit { id: d.id, need, memory: d.memory });
+        }
+        let ram = highest_fit(free, memory).ok_or(no_room("RAM", memory, free))?;
+        *free = subtract(free, &[ram]);
+        placed.push(ram);
+        let disk = match d.disk_size {
+            0 => None,
+            size => {
+                let size = align_up(size, ALIGN).ok_or(no_room("disk", size, free))?;
+                let disk = highest_fit(free, size).ok_or(no_room("disk", size, free))?;
+                *free = subtract(free, &[disk]);
+                placed.push(disk);
+                Some(disk)
+            }
+        };
+        domus.push(DomuPlacement { id: d.id, ram, disk });
+    }
+    Ok(domus)
+}
+
+/// Dom0's RAM (`dom0_mem`, or the largest free range above `keep_low`;
+/// around a fixed kernel's `span`) and its RAM disk, in `free`.
+fn place_dom0_ram(
+    i: &Inputs<'_>,
+    spans: &[Region],
+    free: &[Region],
+    span: Option<Region>,
+) -> Result<(Region, Option<Region>), LayoutError> {
+    let ram_total: u64 = spans.iter().map(|s| s.size).sum();
+    let disk = match i.ram_disk {
+        0 => 0,
+        d => align_up(d, ALIGN).unwrap_or(u64::MAX),
+    };
+    let dom0_mem = match i.dom0_mem {
+        Some(m) => {
+            let m = align_up(m, ALIGN).unwrap_or(u64::MAX);
+            if m.saturating_add(disk) > ram_total {
+                return Err(LayoutError::Dom0MemTooLarge { dom0_mem: m, ram_disk: disk, ram: ram_total });
+            }
+            Some(m)
+        }
+        None => None,
+    };
+    let guest_ram = match span {
+        Some(span) => dom0_ram_around(free, span, dom0_mem, disk)?,
+        None => {
+            let size = match dom0_mem {
+                Some(m) => m,
+                None => {
+                    let low = spans.first().map_or(0, |s| s.base.saturating_add(i.keep_low.min(s.size / 2)));
+                    let above = subtract(free, &[Region { base: 0, size: low }]);
+                    largest(&above).saturating_sub(disk)
+                }
+            };
+            if size < MIN_GUEST_RAM {
+                return Err(LayoutError::GuestTooSmall { size });
+            }
+            highest_fit(free, size).ok_or(LayoutError::NoRoom {
+                what: "guest RAM (dom0_mem)",
+                size,
+                largest: largest(free),
+            })?
+        }
+    };
+    if guest_ram.size < MIN_GUEST_RAM {
+        return Err(LayoutError::GuestTooSmall { size: guest_ram.size });
+    }
+    let free = subtract(free, &[guest_ram]);
+    let ram_disk = match disk {
+        0 => None,
+        d => Some(highest_fit(&free, d).ok_or(LayoutError::NoRoom {
+            what: "RAM disk (dom0_disk_size)",
+            size: d,
+            largest: largest(&free),
+        })?),
+    };
+    Ok((guest_ram, ram_disk))
 }
 
 /// Dom0's RAM covering a fixed-address kernel's 2 MiB-aligned `span`, in

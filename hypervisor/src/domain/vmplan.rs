@@ -475,41 +475,7 @@ pub fn plan_dom0(
         return Err(PlanError::EmulatedDiskOnAcpi);
     }
 
-    // Disks. Passthrough: the virtio-mmio devices QEMU gives us, mapped
-    // into the guest (Dom0-style). Emulated: our virtio-blk device takes
-    // the slot of the last present device (or the last slot), so the guest
-    // DTB keeps its node; slots sharing its 4 KiB page are not passed
-    // through (stage 2 maps pages) and are hidden from the guest.
-    let present = |d: &&MmioDevice| hw.present.contains(&d.base);
-    let disk_slot: Option<MmioDevice> = if cfg.disk.emulated() {
-        plat.virtio_mmio
-            .iter()
-            .filter(present)
-            .max_by_key(|d| d.base)
-            .or_else(|| plat.virtio_mmio.iter().max_by_key(|d| d.base))
-            .cloned()
-    } else {
-        None
-    };
-    let same_page = |d: &MmioDevice| disk_slot.as_ref().is_some_and(|s| s.base & !(PAGE - 1) == d.base & !(PAGE - 1));
-    let passthrough: Vec<MmioDevice> = match cfg.disk {
-        // ACPI: the DSDT's devices (virtio-mmio slots among them) are
-        // mapped when Dom0 touches them (`crate::iomem`), their SPIs
-        // forwarded below: nothing to pass through by name.
-        _ if acpi => Vec::new(),
-        DiskMode::Passthrough => plat.virtio_mmio.clone(),
-        DiskMode::None | DiskMode::VirtioPci | DiskMode::Nvme => Vec::new(),
-        DiskMode::Ram | DiskMode::Backend => plat.virtio_mmio.iter().filter(|d| !same_page(d)).cloned().collect(),
-    };
-    // PCIe (dom0_disk=virtio-pci|nvme): the host bridges, Dom0-style, with
-    // INTx; other modes hide them (their QEMU command lines put no device
-    // behind them, and the guest boots without a bus scan). ACPI: the
-    // DSDT's host bridge cannot be hidden (Linux finds its ECAM even without
-    // an MCFG), so it is always passed through.
-    let bridges: Vec<PcieHost> = if cfg.disk.pcie() || acpi { plat.pcie.clone() } else { Vec::new() };
-    if cfg.disk.pcie() && bridges.is_empty() {
-        return Err(PlanError::NoPcieBridge);
-    }
+    let Dom0Devices { disk_slot, passthrough, bridges } = dom0_devices(plat, cfg, hw, acpi)?;
     // The IPA space: all of the physical address space for an ACPI Dom0
     // (its devices are found on demand, anywhere), else what the DT
     // describes for it; at most what the CPU implements (`stage2`).
@@ -520,74 +486,11 @@ pub fn plan_dom0(
     ranges.extend(&pcie_frames);
     check_passthrough(plat, plan, &ranges, disk_slot.as_ref())?;
 
-    let disk = match (&disk_slot, cfg.disk) {
-        (Some(slot), DiskMode::Ram) => {
-            let image = plan.ram_disk.ok_or(PlanError::NoRamDisk)?;
-            Some(DiskPlan {
-                base: slot.base,
-                intid: slot.intid,
-                backing: DiskBacking::Ram { image, latency_us: cfg.disk_latency_us },
-            })
-        }
-        (Some(slot), DiskMode::Backend) => {
-            if !hw.present.contains(&slot.base) {
-                return Err(PlanError::NoPhysDisk);
-            }
-            Some(DiskPlan {
-                base: slot.base,
-                intid: slot.intid,
-                backing: DiskBacking::Phys { size: slot.size.max(0x200) },
-            })
-        }
-        (None, DiskMode::Ram | DiskMode::Backend) => return Err(PlanError::NoDiskSlot),
-        _ => None,
-    };
+    let disk = dom0_disk(disk_slot.as_ref(), plan, cfg, hw)?;
 
-    // DT nodes the guest does not see (besides the default removals).
-    let mut hidden_paths = Vec::new();
-    if !acpi {
-        if !cfg.disk.pcie() {
-            hidden_paths.extend(plat.pcie.iter().map(|b| b.path.clone()));
-        }
-        for d in &plat.virtio_mmio {
-            let ours = disk.is_some_and(|s| s.base == d.base);
-            if !ours && !passthrough.iter().any(|p| p.base == d.base) {
-                hidden_paths.push(d.path.clone());
-            }
-        }
-    }
+    let hidden_paths = if acpi { Vec::new() } else { dom0_hidden_paths(plat, cfg, disk.as_ref(), &passthrough) };
 
-    // Stage 2: RAM, the passthrough device pages, ACPI firmware memory, the
-    // bridges' ECAM and windows (page-rounded).
-    let mut mappings =
-        Vec::from([Mapping { ipa: ram.base, pa: ram.base, size: ram.size, mem: MemType::Normal, why: MapWhy::Ram }]);
-    let mut pages: Vec<u64> = Vec::new();
-    for d in &passthrough {
-        let mut p = d.base & !(PAGE - 1);
-        while p < d.base + d.size {
-            if !pages.contains(&p) {
-                mappings.push(Mapping { ipa: p, pa: p, size: PAGE, mem: MemType::Device, why: MapWhy::Passthrough });
-                pages.push(p);
-            }
-            p += PAGE;
-        }
-    }
-    if let Dom0Firmware::Acpi { firmware, .. } = firmware {
-        for r in firmware {
-            mappings.push(Mapping {
-                ipa: r.base,
-                pa: r.base,
-                size: r.size,
-                mem: MemType::Normal,
-                why: MapWhy::Firmware,
-            });
-        }
-    }
-    for r in &pcie_frames {
-        let base = r.base & !(PAGE - 1);
-        let top = r.end().next_multiple_of(PAGE);
-        mappings.push(Mapping { ipa: base, pa: base, size: top - base, mem: MemType::Device, why: MapWhy::PcieBridge });
-    }
+    let mappings = dom0_mappings(ram, &passthrough, &firmware, &pcie_frames);
     check_ipa(&mappings, ipa)?;
 
     // The guest's ITS, at the host's address, when it has PCIe devices to
@@ -601,26 +504,8 @@ pub fn plan_dom0(
         nr_spis,
         lpis: its.is_some(),
     };
-    let mut forwarded = Vec::new();
-    for d in &passthrough {
-        forward(&mut forwarded, nr_spis, d.intid, true);
-    }
-    // The bridges' INTx lines: level SPIs, forwarded as HW interrupts like
-    // the virtio-mmio ones (the guest's EOI deactivates the physical SPI,
-    // which the GIC then samples again while the line is high).
-    for irq in bridges.iter().flat_map(|b| &b.intx) {
-        forward(&mut forwarded, nr_spis, irq.intid, irq.edge);
-    }
     let console_intid = plat.uart.as_ref().map_or(hw.uart_intid, |u| u.intid);
-    // ACPI: every SPI the hypervisor does not take is Dom0's, forwarded as a
-    // HW interrupt (Xen's acpi_route_spis): the DSDT names the devices'
-    // interrupts to Dom0 only. Level until the guest's GICD_ICFGR says
-    // otherwise (`Vgic::take_hw_triggers`).
-    if acpi {
-        for intid in crate::irq::acpi_dom0_spis(nr_spis, &[console_intid]) {
-            forward(&mut forwarded, nr_spis, intid, false);
-        }
-    }
+    let forwarded = dom0_forwarded(nr_spis, &passthrough, &bridges, acpi, console_intid);
 
     let uart = plat.uart.as_ref().map(|u| Region { base: u.base, size: u.size.max(0x1000) });
     let bus = bus_of(&vgic, nr_vcpus, disk.as_ref(), uart, its);
@@ -661,6 +546,180 @@ pub fn plan_dom0(
     p.routes()?;
     p.mmio_bus()?;
     Ok(p)
+}
+
+/// Dom0's devices, as `cfg.disk` and the firmware kind decide.
+struct Dom0Devices {
+    /// The virtio-mmio slot the emulated disk takes (if `cfg.disk` is one).
+    disk_slot: Option<MmioDevice>,
+    /// The virtio-mmio devices passed through.
+    passthrough: Vec<MmioDevice>,
+    /// The PCIe host bridges passed through.
+    bridges: Vec<PcieHost>,
+}
+
+fn dom0_devices(plat: &Platform, cfg: &Config, hw: &HwFacts, acpi: bool) -> Result<Dom0Devices, PlanError> {
+    // Disks. Passthrough: the virtio-mmio devices QEMU gives us, mapped
+    // into the guest (Dom0-style). Emulated: our virtio-blk device takes
+    // the slot of the last present device (or the last slot), so the guest
+    // DTB keeps its node; slots sharing its 4 KiB page are not passed
+    // through (stage 2 maps pages) and are hidden from the guest.
+    let present = |d: &&MmioDevice| hw.present.contains(&d.base);
+    let disk_slot: Option<MmioDevice> = if cfg.disk.emulated() {
+        plat.virtio_mmio
+            .iter()
+            .filter(present)
+            .max_by_key(|d| d.base)
+            .or_else(|| plat.virtio_mmio.iter().max_by_key(|d| d.base))
+            .cloned()
+    } else {
+        None
+    };
+    let same_page = |d: &MmioDevice| disk_slot.as_ref().is_some_and(|s| s.base & !(PAGE - 1) == d.base & !(PAGE - 1));
+    let passthrough: Vec<MmioDevice> = match cfg.disk {
+        // ACPI: the DSDT's devices (virtio-mmio slots among them) are
+        // mapped when Dom0 touches them (`crate::iomem`), their SPIs
+        // forwarded below: nothing to pass through by name.
+        _ if acpi => Vec::new(),
+        DiskMode::Passthrough => plat.virtio_mmio.clone(),
+        DiskMode::None | DiskMode::VirtioPci | DiskMode::Nvme => Vec::new(),
+        DiskMode::Ram | DiskMode::Backend => plat.virtio_mmio.iter().filter(|d| !same_page(d)).cloned().collect(),
+    };
+    // PCIe (dom0_disk=virtio-pci|nvme): the host bridges, Dom0-style, with
+    // INTx; other modes hide them (their QEMU command lines put no device
+    // behind them, and the guest boots without a bus scan). ACPI: the
+    // DSDT's host bridge cannot be hidden (Linux finds its ECAM even without
+    // an MCFG), so it is always passed through.
+    let bridges: Vec<PcieHost> = if cfg.disk.pcie() || acpi { plat.pcie.clone() } else { Vec::new() };
+    if cfg.disk.pcie() && bridges.is_empty() {
+        return Err(PlanError::NoPcieBridge);
+    }
+    Ok(Dom0Devices { disk_slot, passthrough, bridges })
+}
+
+/// The emulated disk's plan, in `slot`, as `cfg.disk` asks.
+fn dom0_disk(
+    slot: Option<&MmioDevice>,
+    plan: &Plan,
+    cfg: &Config,
+    hw: &HwFacts,
+) -> Result<Option<DiskPlan>, PlanError> {
+    Ok(match (slot, cfg.disk) {
+        (Some(slot), DiskMode::Ram) => {
+            let image = plan.ram_disk.ok_or(PlanError::NoRamDisk)?;
+            Some(DiskPlan {
+                base: slot.base,
+                intid: slot.intid,
+                backing: DiskBacking::Ram { image, latency_us: cfg.disk_latency_us },
+            })
+        }
+        (Some(slot), DiskMode::Backend) => {
+            if !hw.present.contains(&slot.base) {
+                return Err(PlanError::NoPhysDisk);
+            }
+            Some(DiskPlan {
+                base: slot.base,
+                intid: slot.intid,
+                backing: DiskBacking::Phys { size: slot.size.max(0x200) },
+            })
+        }
+        (None, DiskMode::Ram | DiskMode::Backend) => return Err(PlanError::NoDiskSlot),
+        _ => None,
+    })
+}
+
+/// DT nodes a DT Dom0 does not see (besides the default removals): the
+/// PCIe bridges unless its disk is behind one, and every virtio-mmio slot
+/// neither passed through nor its emulated disk's.
+fn dom0_hidden_paths(
+    plat: &Platform,
+    cfg: &Config,
+    disk: Option<&DiskPlan>,
+    passthrough: &[MmioDevice],
+) -> Vec<String> {
+    let mut hidden_paths = Vec::new();
+    if !cfg.disk.pcie() {
+        hidden_paths.extend(plat.pcie.iter().map(|b| b.path.clone()));
+    }
+    for d in &plat.virtio_mmio {
+        let ours = disk.is_some_and(|s| s.base == d.base);
+        if !ours && !passthrough.iter().any(|p| p.base == d.base) {
+            hidden_paths.push(d.path.clone());
+        }
+    }
+    hidden_paths
+}
+
+/// Dom0's stage 2: RAM, the passthrough device pages, ACPI firmware
+/// memory, the bridges' ECAM and windows (page-rounded).
+fn dom0_mappings(
+    ram: Region,
+    passthrough: &[MmioDevice],
+    firmware: &Dom0Firmware<'_>,
+    pcie_frames: &[Region],
+) -> Vec<Mapping> {
+    let mut mappings =
+        Vec::from([Mapping { ipa: ram.base, pa: ram.base, size: ram.size, mem: MemType::Normal, why: MapWhy::Ram }]);
+    let mut pages: Vec<u64> = Vec::new();
+    for d in passthrough {
+        let mut p = d.base & !(PAGE - 1);
+        while p < d.base + d.size {
+            if !pages.contains(&p) {
+                mappings.push(Mapping { ipa: p, pa: p, size: PAGE, mem: MemType::Device, why: MapWhy::Passthrough });
+                pages.push(p);
+            }
+            p += PAGE;
+        }
+    }
+    if let Dom0Firmware::Acpi { firmware, .. } = firmware {
+        for r in *firmware {
+            mappings.push(Mapping {
+                ipa: r.base,
+                pa: r.base,
+                size: r.size,
+                mem: MemType::Normal,
+                why: MapWhy::Firmware,
+            });
+        }
+    }
+    for r in pcie_frames {
+        let base = r.base & !(PAGE - 1);
+        let top = r.end().next_multiple_of(PAGE);
+        mappings.push(Mapping { ipa: base, pa: base, size: top - base, mem: MemType::Device, why: MapWhy::PcieBridge });
+    }
+    mappings
+}
+
+/// The SPIs forwarded to Dom0 as HW interrupts: its passthrough devices',
+/// the bridges' INTx lines and, with ACPI, every SPI the hypervisor does
+/// not take.
+fn dom0_forwarded(
+    nr_spis: u32,
+    passthrough: &[MmioDevice],
+    bridges: &[PcieHost],
+    acpi: bool,
+    console_intid: IntId,
+) -> Vec<Forward> {
+    let mut forwarded = Vec::new();
+    for d in passthrough {
+        forward(&mut forwarded, nr_spis, d.intid, true);
+    }
+    // The bridges' INTx lines: level SPIs, forwarded as HW interrupts like
+    // the virtio-mmio ones (the guest's EOI deactivates the physical SPI,
+    // which the GIC then samples again while the line is high).
+    for irq in bridges.iter().flat_map(|b| &b.intx) {
+        forward(&mut forwarded, nr_spis, irq.intid, irq.edge);
+    }
+    // ACPI: every SPI the hypervisor does not take is Dom0's, forwarded as a
+    // HW interrupt (Xen's acpi_route_spis): the DSDT names the devices'
+    // interrupts to Dom0 only. Level until the guest's GICD_ICFGR says
+    // otherwise (`Vgic::take_hw_triggers`).
+    if acpi {
+        for intid in crate::irq::acpi_dom0_spis(nr_spis, &[console_intid]) {
+            forward(&mut forwarded, nr_spis, intid, false);
+        }
+    }
+    forwarded
 }
 
 /// Plans DomU `spec` in `placement`: its RAM at `DOMU_RAM_BASE` (not

@@ -948,55 +948,13 @@ impl Scheduler {
     pub fn schedule(&mut self, now: u64, pcpu: usize) -> Result<Decision, SchedError> {
         self.check_pcpu(pcpu)?;
         let prev = self.pcpus[pcpu].curr;
-        if let Some(s) = prev {
-            self.burn(s, now);
-        }
-        self.replenish_due(now);
-        let mut prev_runnable = prev.filter(|&s| self.vcpus[s].state == RunState::Running(pcpu));
-        // A capped runner whose budget is used up draws more, or is parked.
-        if let Some(s) = prev_runnable {
-            if !self.ensure_budget(s) {
-                self.vcpus[s].state = RunState::Runnable;
-                self.park(s);
-                prev_runnable = None;
-            }
-        }
+        let prev_runnable = self.account_prev(now, pcpu, prev);
         let yielding = prev_runnable.is_some_and(|s| self.vcpus[s].yielding);
         self.balance(pcpu, prev_runnable);
-
-        // Catch-up of a heavier waker: a woken vCPU queued here whose weight
-        // exceeds the runner's, and which did not preempt at its wake (a
-        // little behind in credit, e.g. right after a reset), preempts once
-        // it leads by the granularity, as if it woke now, instead of waiting
-        // out the runner's ratelimit window (`tickle` pulled the timer to
-        // that moment). Equal weights keep Credit2's behaviour: the window.
-        if let (Some(s), false, WakeMode::Preempt, None) =
-            (prev_runnable, yielding, self.cfg.wake_mode, self.pcpus[pcpu].pending_preempt)
-        {
-            let rq = self.pcpus[pcpu].rq;
-            let head = self.rqs[rq].queue.iter().copied().find(|&h| self.vcpus[h].allowed_on(pcpu));
-            let (runner, g) = (&self.vcpus[s], self.cfg.wake_granularity_ns as i64);
-            if head.is_some_and(|h| {
-                let v = &self.vcpus[h];
-                v.woken_at.is_some() && v.weight > runner.weight && v.credit.saturating_sub(runner.credit) > g
-            }) {
-                let pc = &mut self.pcpus[pcpu];
-                pc.pending_preempt = Some(PreemptReason::Wake);
-                pc.grace_limit = now.max(pc.protect_until).saturating_add(self.cfg.lhp_grace_ns);
-            }
-        }
-
-        // Lock-holder grace and protected run: a pending wake-preemption
-        // waits for the end of them.
-        if let (Some(s), false, Some(_)) = (prev_runnable, yielding, self.pcpus[pcpu].pending_preempt) {
-            let at = self.deferral_end(pcpu);
-            if now < at {
-                let timer = self.clamp_timer(Some(at.min(self.budget_end(now, s))));
-                self.pcpus[pcpu].timer_at = timer;
-                let kind = if at == self.pcpus[pcpu].protect_until { Deferral::MinRun } else { Deferral::LhpGrace };
-                let switch = SwitchInfo { deferred: Some((kind, at)), ..Default::default() };
-                let next = Some(self.vcpus[s].id);
-                return Ok(Decision { next, timer_at: timer, preempted: None, kick: None, switch });
+        if let (Some(s), false) = (prev_runnable, yielding) {
+            self.catch_up_heavier_waker(now, pcpu, s);
+            if let Some(d) = self.defer_preemption(now, pcpu, s) {
+                return Ok(d);
             }
         }
         let forced = self.pcpus[pcpu].pending_preempt.take();
@@ -1006,101 +964,199 @@ impl Scheduler {
         let (next, directed) =
             self.pick(now, pcpu, prev_runnable, yielding, forced.is_some() || was_loan, yield_target);
 
-        let mut switch = SwitchInfo::default();
-        if let Some(s) = prev.filter(|&s| next != Some(s)) {
-            let v = &self.vcpus[s];
-            let why = match (v.state, forced) {
-                (RunState::Offline, _) => SwitchReason::Off,
-                (RunState::Blocked, _) => SwitchReason::Block,
-                _ if yielding => SwitchReason::Yield,
-                _ if v.parked => SwitchReason::SliceEnd,
-                (_, Some(PreemptReason::Wake)) => SwitchReason::WakePreempt,
-                _ => SwitchReason::SliceEnd,
-            };
-            switch.out = Some((v.id, why, v.credit));
-        }
         let left = prev.filter(|&s| next != Some(s));
-
-        // Put the previous vCPU back on the runqueue if it is switched out runnable.
-        let mut preempted = None;
-        if let Some(s) = prev_runnable {
-            if next != Some(s) {
-                self.vcpus[s].state = RunState::Runnable;
-                self.enqueue(s);
-                if !yielding {
-                    self.vcpus[s].preempted = true;
-                    self.vcpus[s].wake_preempted = forced == Some(PreemptReason::Wake);
-                    let c = &mut self.vcpus[s].stats.counters;
-                    match forced {
-                        Some(PreemptReason::Wake) => c.preempt_wake += 1,
-                        None => c.preempt_slice += 1,
-                    }
-                }
-                preempted = Some(self.vcpus[s].id);
-            }
-            self.vcpus[s].yielding = false;
-        }
+        let mut switch = SwitchInfo { out: left.map(|s| self.switch_out(s, yielding, forced)), ..Default::default() };
+        let preempted = prev_runnable.and_then(|s| self.requeue_prev(s, next, yielding, forced));
 
         let Some(n) = next else {
-            let pc = &mut self.pcpus[pcpu];
-            pc.curr = None;
-            pc.crit_until = 0;
-            pc.protect_until = 0;
-            if let Some(s) = left {
-                self.give_back_budget(now, s);
-            }
-            let timer = self.clamp_timer(None);
-            self.pcpus[pcpu].timer_at = timer;
-            let kick = self.idle_pcpu_for_queued(pcpu);
-            return Ok(Decision { next: None, timer_at: timer, preempted, kick, switch });
+            return Ok(self.go_idle(now, pcpu, left, preempted, switch));
         };
-
-        let rq = self.pcpus[pcpu].rq;
-        self.rqs[rq].queue.retain(|&x| x != n);
-        // Credit2's epoch end: the best candidate of the runqueue (the
-        // picked vCPU or the runqueue's head, whichever has more) has no credit.
-        let head = self.rqs[rq].queue.first().map(|&h| self.vcpus[h].credit);
-        let best = head.map_or(self.vcpus[n].credit, |h| h.max(self.vcpus[n].credit));
-        if best <= 0 {
-            self.reset_credit(now, rq, self.vcpus[n].credit);
-        }
-
+        self.end_epoch_if_due(now, pcpu, n);
         if prev_runnable != Some(n) {
-            let v = &mut self.vcpus[n];
-            v.state = RunState::Running(pcpu);
-            v.last_burn = now;
-            v.preempted = false;
-            if v.home != pcpu {
-                v.home = pcpu;
-                v.stats.counters.migrations += 1;
-            }
-            let protect = core::mem::take(&mut v.wake_preempted) && self.cfg.wake_min_run_ns > 0;
-            v.stats.counters.schedule_ins += 1;
-            let latency = v.woken_at.take().map(|w| now.saturating_sub(w));
-            if let Some(l) = latency {
-                v.stats.kick_to_run_ns.record(l);
-            }
-            switch.into = Some((v.id, v.credit, latency));
-            let pc = &mut self.pcpus[pcpu];
-            pc.curr = Some(n);
-            pc.entry = now;
-            pc.crit_until = 0;
-            pc.protect_until = if protect { now.saturating_add(self.cfg.wake_min_run_ns) } else { 0 };
+            switch.into = Some(self.switch_in(now, pcpu, n));
         }
-
         // What the vCPU that left holds goes back to its domain's pool
         // (after the switch, as Credit2's context_saved).
         if let Some(s) = left {
             self.give_back_budget(now, s);
         }
+        let timer = self.arm_slice(now, pcpu, n, directed);
+        let kick = self.idle_pcpu_for_queued(pcpu);
+        Ok(Decision { next: Some(self.vcpus[n].id), timer_at: timer, preempted, kick, switch })
+    }
+
+    /// `schedule`'s first phase: the previous vCPU's run is charged and due
+    /// budgets replenished; returns the previous vCPU if it may run on (still
+    /// running here, and a capped one has budget: else it is parked).
+    fn account_prev(&mut self, now: u64, pcpu: usize, prev: Option<usize>) -> Option<usize> {
+        if let Some(s) = prev {
+            self.burn(s, now);
+        }
+        self.replenish_due(now);
+        let s = prev.filter(|&s| self.vcpus[s].state == RunState::Running(pcpu))?;
+        if self.ensure_budget(s) {
+            Some(s)
+        } else {
+            self.vcpus[s].state = RunState::Runnable;
+            self.park(s);
+            None
+        }
+    }
+
+    /// Catch-up of a heavier waker: a woken vCPU queued here whose weight
+    /// exceeds the runner `s`'s, and which did not preempt at its wake (a
+    /// little behind in credit, e.g. right after a reset), preempts once it
+    /// leads by the granularity, as if it woke now, instead of waiting out
+    /// the runner's ratelimit window (`tickle` pulled the timer to that
+    /// moment). Equal weights keep Credit2's behaviour: the window.
+    fn catch_up_heavier_waker(&mut self, now: u64, pcpu: usize, s: usize) {
+        if self.cfg.wake_mode != WakeMode::Preempt || self.pcpus[pcpu].pending_preempt.is_some() {
+            return;
+        }
+        let rq = self.pcpus[pcpu].rq;
+        let head = self.rqs[rq].queue.iter().copied().find(|&h| self.vcpus[h].allowed_on(pcpu));
+        let (runner, g) = (&self.vcpus[s], self.cfg.wake_granularity_ns as i64);
+        if head.is_some_and(|h| {
+            let v = &self.vcpus[h];
+            v.woken_at.is_some() && v.weight > runner.weight && v.credit.saturating_sub(runner.credit) > g
+        }) {
+            let pc = &mut self.pcpus[pcpu];
+            pc.pending_preempt = Some(PreemptReason::Wake);
+            pc.grace_limit = now.max(pc.protect_until).saturating_add(self.cfg.lhp_grace_ns);
+        }
+    }
+
+    /// Lock-holder grace and protected run: a pending wake-preemption of the
+    /// runner `s` waits for the end of them; the decision to run `s` on
+    /// until then, if so.
+    fn defer_preemption(&mut self, now: u64, pcpu: usize, s: usize) -> Option<Decision> {
+        self.pcpus[pcpu].pending_preempt?;
+        let at = self.deferral_end(pcpu);
+        if now >= at {
+            return None;
+        }
+        let timer = self.clamp_timer(Some(at.min(self.budget_end(now, s))));
+        self.pcpus[pcpu].timer_at = timer;
+        let kind = if at == self.pcpus[pcpu].protect_until { Deferral::MinRun } else { Deferral::LhpGrace };
+        let switch = SwitchInfo { deferred: Some((kind, at)), ..Default::default() };
+        Some(Decision { next: Some(self.vcpus[s].id), timer_at: timer, preempted: None, kick: None, switch })
+    }
+
+    /// Why `s` leaves its pCPU, for the recorder: the switch-out record.
+    fn switch_out(&self, s: usize, yielding: bool, forced: Option<PreemptReason>) -> (VcpuId, SwitchReason, i64) {
+        let v = &self.vcpus[s];
+        let why = match (v.state, forced) {
+            (RunState::Offline, _) => SwitchReason::Off,
+            (RunState::Blocked, _) => SwitchReason::Block,
+            _ if yielding => SwitchReason::Yield,
+            _ if v.parked => SwitchReason::SliceEnd,
+            (_, Some(PreemptReason::Wake)) => SwitchReason::WakePreempt,
+            _ => SwitchReason::SliceEnd,
+        };
+        (v.id, why, v.credit)
+    }
+
+    /// The previous vCPU `s`, still runnable, goes back on the runqueue if
+    /// `next` is another; returns its id when it was preempted so.
+    fn requeue_prev(
+        &mut self,
+        s: usize,
+        next: Option<usize>,
+        yielding: bool,
+        forced: Option<PreemptReason>,
+    ) -> Option<VcpuId> {
+        let mut preempted = None;
+        if next != Some(s) {
+            self.vcpus[s].state = RunState::Runnable;
+            self.enqueue(s);
+            if !yielding {
+                self.vcpus[s].preempted = true;
+                self.vcpus[s].wake_preempted = forced == Some(PreemptReason::Wake);
+                let c = &mut self.vcpus[s].stats.counters;
+                match forced {
+                    Some(PreemptReason::Wake) => c.preempt_wake += 1,
+                    None => c.preempt_slice += 1,
+                }
+            }
+            preempted = Some(self.vcpus[s].id);
+        }
+        self.vcpus[s].yielding = false;
+        preempted
+    }
+
+    /// Nothing to run on `pcpu`: it idles (the vCPU that `left` gives its
+    /// budget back), with a timer only for what the runqueue needs.
+    fn go_idle(
+        &mut self,
+        now: u64,
+        pcpu: usize,
+        left: Option<usize>,
+        preempted: Option<VcpuId>,
+        switch: SwitchInfo,
+    ) -> Decision {
+        let pc = &mut self.pcpus[pcpu];
+        pc.curr = None;
+        pc.crit_until = 0;
+        pc.protect_until = 0;
+        if let Some(s) = left {
+            self.give_back_budget(now, s);
+        }
+        let timer = self.clamp_timer(None);
+        self.pcpus[pcpu].timer_at = timer;
+        let kick = self.idle_pcpu_for_queued(pcpu);
+        Decision { next: None, timer_at: timer, preempted, kick, switch }
+    }
+
+    /// `n` leaves the runqueue; Credit2's epoch ends when the best
+    /// candidate of the runqueue (`n` or the runqueue's head, whichever has
+    /// more) has no credit.
+    fn end_epoch_if_due(&mut self, now: u64, pcpu: usize, n: usize) {
+        let rq = self.pcpus[pcpu].rq;
+        self.rqs[rq].queue.retain(|&x| x != n);
+        let head = self.rqs[rq].queue.first().map(|&h| self.vcpus[h].credit);
+        let best = head.map_or(self.vcpus[n].credit, |h| h.max(self.vcpus[n].credit));
+        if best <= 0 {
+            self.reset_credit(now, rq, self.vcpus[n].credit);
+        }
+    }
+
+    /// `n` starts running on `pcpu`: state, migration, the protected run
+    /// after a wake-preemption, the wake-to-run latency; the switch-in
+    /// record.
+    fn switch_in(&mut self, now: u64, pcpu: usize, n: usize) -> (VcpuId, i64, Option<u64>) {
+        let v = &mut self.vcpus[n];
+        v.state = RunState::Running(pcpu);
+        v.last_burn = now;
+        v.preempted = false;
+        if v.home != pcpu {
+            v.home = pcpu;
+            v.stats.counters.migrations += 1;
+        }
+        let protect = core::mem::take(&mut v.wake_preempted) && self.cfg.wake_min_run_ns > 0;
+        v.stats.counters.schedule_ins += 1;
+        let latency = v.woken_at.take().map(|w| now.saturating_sub(w));
+        if let Some(l) = latency {
+            v.stats.kick_to_run_ns.record(l);
+        }
+        let into = (v.id, v.credit, latency);
+        let pc = &mut self.pcpus[pcpu];
+        pc.curr = Some(n);
+        pc.entry = now;
+        pc.crit_until = 0;
+        pc.protect_until = if protect { now.saturating_add(self.cfg.wake_min_run_ns) } else { 0 };
+        into
+    }
+
+    /// The timer of `n`'s run: its slice (or, when `directed` to a lock
+    /// holder, the lent grace), cut at its budget's end.
+    fn arm_slice(&mut self, now: u64, pcpu: usize, n: usize, directed: bool) -> Option<u64> {
         let lend = directed && self.cfg.wake_mode == WakeMode::Preempt && self.cfg.lhp_grace_ns > 0;
         self.pcpus[pcpu].loan = lend;
         let slice = if lend { self.cfg.lhp_grace_ns.max(MIN_TIMER_NS) } else { self.runtime(now, pcpu, n) };
         let at = now.saturating_add(slice).min(self.budget_end(now, n));
         let timer = self.clamp_timer(Some(at));
         self.pcpus[pcpu].timer_at = timer;
-        let kick = self.idle_pcpu_for_queued(pcpu);
-        Ok(Decision { next: Some(self.vcpus[n].id), timer_at: timer, preempted, kick, switch })
+        timer
     }
 
     /// Counters and histogram of a vCPU.

@@ -22,7 +22,6 @@ pub(super) fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Opt
     here.running.store(id, Ordering::Release);
     load_vcpu(vm, me, v);
     follow_routes(vm, me, id);
-    let n = vm.nr_lrs;
     // Sampled for spinning while a sibling is preempted (`sched::spin`).
     let mut spin = SpinDetector::new();
     let mut watch = spin_watch(vm, id);
@@ -30,20 +29,7 @@ pub(super) fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Opt
     // the vCPU that last ran here left, so the first entry writes them all.
     let mut lrs_dirty = true;
     loop {
-        let fr = vm.vgic.lock().flush_lrs(id, &mut v.lrs[..n]);
-        if fr.filled != 0 {
-            vm.shared[id].counters.irqs_injected.fetch_add(fr.filled as u64, Ordering::Relaxed);
-        }
-        // All-zero LRs that are already zero in hardware need no write, and
-        // then the exit has nothing to read back or fold into the model.
-        let lrs_used = v.lrs[..n].iter().any(|&lr| lr != 0);
-        if lrs_used || lrs_dirty {
-            for i in 0..n {
-                gic::write_lr(i, v.lrs[i]);
-            }
-        }
-        lrs_dirty = lrs_used;
-        gic::vcpu_if_on(fr.overflow);
+        lrs_dirty = load_lrs(vm, v, id, lrs_dirty);
         // The sampling period starts after the entry work: however long
         // that work takes (flushing many LPIs, a slow exit path), the guest
         // runs for a whole period between two samples. Armed before it, a
@@ -66,65 +52,14 @@ pub(super) fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Opt
             // Pending when this vCPU exited: its own, whatever the exit.
             serror_from_guest(vm, v, disr);
         }
-        // With no LR in use the model's state is as `flush_lrs` left it:
-        // `sync_lrs` would find no LR to fold back, queue no deactivation
-        // and kick nobody (the vGIC's MMIO writes take their own
-        // deactivations), so the exit skips the vGIC lock.
-        if lrs_dirty {
-            for i in 0..n {
-                v.lrs[i] = gic::read_lr(i);
-            }
-        }
-        gic::vcpu_if_off();
-        let kicks = lrs_dirty.then(|| {
-            let (kicks, hw) = {
-                let mut vgic = vm.vgic.lock();
-                (vgic.sync_lrs(id, &mut v.lrs[..n]), vgic.take_hw_deactivations())
-            };
-            if !hw.is_empty() {
-                deactivate_hw(vm, me, id, hw);
-            }
-            kicks
-        });
-        resync_private_active(vm, me, id);
-        if let Some(kicks) = kicks {
-            process_kicks(vm, me, kicks, WakeCause::Interrupt);
-        }
-        inc(&vm.shared[id].counters.exits);
-        if v.ptimer.ctl & 1 != 0 {
-            ptimer_sync(vm, me, v, false);
-        }
-        if v.lhp_grace && CritEvidence::from_spsr(v.regs.spsr) == CritEvidence::None {
-            // The critical section the SGI trap's grace was for is over.
-            v.lhp_grace = false;
-            let a = vm.sched.lock().note_critical_exit(now_ns(), me, CritEvidence::None);
-            do_wake_action(me, a.unwrap_or(WakeAction::None));
-        }
+        save_lrs(vm, me, v, id, lrs_dirty);
+        after_exit(vm, me, v, id);
         let next = match kind {
             ExitKind::Sync => {
                 spin.reset();
                 handle_sync(vm, me, v)
             }
-            ExitKind::Irq | ExitKind::Fiq => {
-                rec(vm, me, Event::Exit { vcpu: vm.gid(id).0 as u16, class: ExitClass::Irq });
-                let evidence = CritEvidence::from_spsr(v.regs.spsr);
-                if evidence == CritEvidence::IrqsMasked {
-                    rec(vm, me, Event::IrqsOff { vcpu: vm.gid(id).0 as u16, pc: v.regs.elr });
-                }
-                inc(&vm.shared[id].counters.irq_exits);
-                if handle_irqs(me, Some((vm, id)), deadline) {
-                    inc(&vm.shared[id].counters.irq_exits_msi);
-                }
-                watch = spin_watch(vm, id);
-                let ran_ns = percpu::ticks_to_ns(ran);
-                if watch.is_some_and(|w| spin.sample(ran_ns, v.regs.elr, evidence, w.spin_ns())) {
-                    // A lock or flag wait whose WFE did not trap: as on WFE.
-                    inc(&vm.shared[id].counters.spin_yields);
-                    yield_cpu(vm, me, id)
-                } else {
-                    Next::Enter
-                }
-            }
+            ExitKind::Irq | ExitKind::Fiq => irq_exit(vm, me, v, deadline, ran, &mut spin, &mut watch),
             ExitKind::SError => {
                 rec(vm, me, Event::Exit { vcpu: vm.gid(id).0 as u16, class: ExitClass::SError });
                 serror_from_guest(vm, v, el2::exit_syndrome().esr);
@@ -146,6 +81,108 @@ pub(super) fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Opt
     save_vcpu(vm, me, v);
     pcpu(me).running.store(usize::MAX, Ordering::Release);
     vm.shared[id].running_on.store(usize::MAX, Ordering::Release);
+}
+
+/// Entry: the vGIC's pending interrupts into the LRs, written to the
+/// hardware unless they and the hardware are all zero (`lrs_dirty`: the
+/// hardware may hold something). Returns whether the LRs hold anything now.
+#[inline(always)]
+fn load_lrs(vm: &Vm, v: &mut Vcpu, id: usize, lrs_dirty: bool) -> bool {
+    let n = vm.nr_lrs;
+    let fr = vm.vgic.lock().flush_lrs(id, &mut v.lrs[..n]);
+    if fr.filled != 0 {
+        vm.shared[id].counters.irqs_injected.fetch_add(fr.filled as u64, Ordering::Relaxed);
+    }
+    // All-zero LRs that are already zero in hardware need no write, and
+    // then the exit has nothing to read back or fold into the model.
+    let lrs_used = v.lrs[..n].iter().any(|&lr| lr != 0);
+    if lrs_used || lrs_dirty {
+        for i in 0..n {
+            gic::write_lr(i, v.lrs[i]);
+        }
+    }
+    gic::vcpu_if_on(fr.overflow);
+    lrs_used
+}
+
+/// Exit: the LRs read back and folded into the vGIC (EOIed HW interrupts
+/// deactivated, kicks sent), when they held anything. With no LR in use
+/// the model's state is as `flush_lrs` left it: `sync_lrs` would find no LR
+/// to fold back, queue no deactivation and kick nobody (the vGIC's MMIO
+/// writes take their own deactivations), so the exit skips the vGIC lock.
+#[inline(always)]
+fn save_lrs(vm: &Vm, me: usize, v: &mut Vcpu, id: usize, lrs_used: bool) {
+    let n = vm.nr_lrs;
+    if lrs_used {
+        for i in 0..n {
+            v.lrs[i] = gic::read_lr(i);
+        }
+    }
+    gic::vcpu_if_off();
+    let kicks = lrs_used.then(|| {
+        let (kicks, hw) = {
+            let mut vgic = vm.vgic.lock();
+            (vgic.sync_lrs(id, &mut v.lrs[..n]), vgic.take_hw_deactivations())
+        };
+        if !hw.is_empty() {
+            deactivate_hw(vm, me, id, hw);
+        }
+        kicks
+    });
+    resync_private_active(vm, me, id);
+    if let Some(kicks) = kicks {
+        process_kicks(vm, me, kicks, WakeCause::Interrupt);
+    }
+}
+
+/// Every exit's bookkeeping: the count, the emulated physical timer's
+/// line, the end of a lock holder's grace.
+#[inline(always)]
+fn after_exit(vm: &Vm, me: usize, v: &mut Vcpu, id: usize) {
+    inc(&vm.shared[id].counters.exits);
+    if v.ptimer.ctl & 1 != 0 {
+        ptimer_sync(vm, me, v, false);
+    }
+    if v.lhp_grace && CritEvidence::from_spsr(v.regs.spsr) == CritEvidence::None {
+        // The critical section the SGI trap's grace was for is over.
+        v.lhp_grace = false;
+        let a = vm.sched.lock().note_critical_exit(now_ns(), me, CritEvidence::None);
+        do_wake_action(me, a.unwrap_or(WakeAction::None));
+    }
+}
+
+/// An IRQ exit: the physical interrupts taken, then the spin watch's
+/// sample (`ran`: counter ticks the guest ran) — a vCPU found spinning
+/// while a sibling is preempted yields.
+#[inline(always)]
+fn irq_exit(
+    vm: &Vm,
+    me: usize,
+    v: &mut Vcpu,
+    deadline: &mut Option<u64>,
+    ran: u64,
+    spin: &mut SpinDetector,
+    watch: &mut Option<crate::sched::spin::Watch>,
+) -> Next {
+    let id = v.id;
+    rec(vm, me, Event::Exit { vcpu: vm.gid(id).0 as u16, class: ExitClass::Irq });
+    let evidence = CritEvidence::from_spsr(v.regs.spsr);
+    if evidence == CritEvidence::IrqsMasked {
+        rec(vm, me, Event::IrqsOff { vcpu: vm.gid(id).0 as u16, pc: v.regs.elr });
+    }
+    inc(&vm.shared[id].counters.irq_exits);
+    if handle_irqs(me, Some((vm, id)), deadline) {
+        inc(&vm.shared[id].counters.irq_exits_msi);
+    }
+    *watch = spin_watch(vm, id);
+    let ran_ns = percpu::ticks_to_ns(ran);
+    if watch.is_some_and(|w| spin.sample(ran_ns, v.regs.elr, evidence, w.spin_ns())) {
+        // A lock or flag wait whose WFE did not trap: as on WFE.
+        inc(&vm.shared[id].counters.spin_yields);
+        yield_cpu(vm, me, id)
+    } else {
+        Next::Enter
+    }
 }
 
 /// Passthrough SPIs that the guest routes to vCPU `id` are routed
