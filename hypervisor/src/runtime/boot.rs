@@ -171,7 +171,7 @@ pub fn primary_main(regs: [u64; 4]) -> ! {
     let nr_pcpus = bring_up(&plat, &cfg, &plan);
     // Keep a copy, though the plan keeps guest memory off the original.
     let host_dtb: &'static [u8] = Box::leak(dtb.to_vec().into_boxed_slice());
-    run_dom0(&plat, &cfg, &plan, &vm::GuestFirmware::Dtb(host_dtb), nr_pcpus)
+    run_dom0(&plat, &cfg, &plan, &super::dom0::GuestFirmware::Dtb(host_dtb), nr_pcpus)
 }
 
 /// Once the layout is planned, on either boot path (DT, EFI): the main
@@ -294,7 +294,7 @@ pub(super) fn run_dom0(
     plat: &Platform,
     cfg: &Config,
     plan: &Plan,
-    firmware: &vm::GuestFirmware<'_>,
+    firmware: &super::dom0::GuestFirmware<'_>,
     nr_pcpus: usize,
 ) -> ! {
     let host = match vm::Host::init(plat.bootargs.as_deref().unwrap_or(""), cfg, nr_pcpus) {

@@ -10,10 +10,10 @@
 //! Also the `domu_selftest=N` test aid (`selftest`): N DomUs running Dom0's
 //! kernel and initrd in RAM carved from the top of Dom0's.
 
-use super::vm::{
-    apply_disk, apply_stage2, apply_vgic, copy_module, hw_facts, start_vcpus, write_firmware_blob, Host, VcpuStart, Vm,
-    VmError, VmParts,
+use super::create::{
+    apply_disk, apply_stage2, apply_vgic, copy_module, hw_facts, start_vcpus, write_firmware_blob, VcpuStart, VmParts,
 };
+use super::vm::{Host, Vm, VmError};
 use crate::arch::cache;
 use crate::boot::image as boot_image;
 use crate::boot::plan::{ModuleCopy, Plan, GUEST_DTB_SIZE};

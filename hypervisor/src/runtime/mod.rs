@@ -4,7 +4,9 @@
 //! - `console`: log and guest output on the physical UART
 //! - `mitigations`: each pCPU's Spectre mitigations and what guests are told
 //! - `percpu`: per-pCPU shared state, run blocks, kicks, the EL2 timer
-//! - `vm`: a VM, its vCPUs, Dom0's creation, the VM table, the host-wide scheduler
+//! - `vm`: a VM, its vCPUs, the VM table, the host-wide scheduler
+//! - `create`: making a VM from its plan (the appliers, `Vm::from_plan`)
+//! - `dom0`: Dom0's creation (`Vm::create_dom0`) and its firmware view
 //! - `domu`: a DomU's creation from its spec and placement; `domu_selftest`
 //! - `vcpu`: the per-pCPU scheduling loop and every trap and interrupt
 //! - `wake`: waking a vCPU (scheduler, kick, reschedule) for every injector
@@ -17,6 +19,8 @@
 
 pub mod boot;
 pub mod console;
+pub mod create;
+pub mod dom0;
 pub mod domu;
 pub mod heap;
 pub mod its;

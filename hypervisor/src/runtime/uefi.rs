@@ -32,7 +32,7 @@ use alloc::string::String;
 use core::ffi::c_void;
 use core::fmt::{self, Write};
 
-use super::vm::{AcpiDom0, GuestFirmware};
+use super::dom0::{AcpiDom0, GuestFirmware};
 use crate::arch::{cache, smc};
 use crate::config::Config;
 use crate::dtb::{BootModule, Platform};
