@@ -5,7 +5,7 @@
 //! `booti` and TF-A's BL33 load it like a kernel. Like Linux's EFI stub it
 //! is also a PE/COFF image: its first instruction encodes "MZ", offset 0x3c
 //! points at the PE header in the first page, and UEFI firmware starts it
-//! at `efi_entry` as an EFI application (runtime/uefi.rs), which ends by
+//! at `efi_entry` as an EFI application (runtime/uefi/), which ends by
 //! restarting the image at `primary_entry` with the MMU off. The header is
 //! written here in assembly from linker-script symbols rather than by a
 //! post-processing tool or the `aarch64-unknown-uefi` target (hard-float,
@@ -201,7 +201,7 @@ zero_bss:
 // firmware's stack, with x30 the return address. It relocates the image
 // where EDK2 loaded it (stores through the identity map into the PE .data
 // section, which is writable), zeroes BSS and calls `hv_efi_main`
-// (runtime/uefi.rs), which returns an EFI status only when it fails before
+// (runtime/uefi/), which returns an EFI status only when it fails before
 // ExitBootServices; otherwise it leaves through `efi_to_primary`.
     .global efi_entry
 efi_entry:
