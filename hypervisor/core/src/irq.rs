@@ -118,29 +118,20 @@ impl Route {
 }
 
 /// Why a route was not added or removed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(thiserror::Error, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RouteError {
     /// The INTID already has a route; the table keeps `existing`.
+    #[error("{intid} is already routed to {existing:?}; refusing {refused:?}")]
     AlreadyRouted { intid: IntId, existing: Route, refused: Route },
     /// Remove of an INTID that has no route.
+    #[error("{0} has no route")]
     NotRouted(IntId),
     /// Special and extended INTIDs are never routed.
+    #[error("{0} cannot be routed (only SGIs, PPIs, SPIs and LPIs)")]
     NotRoutable(IntId),
     /// Every LPI slot is taken.
+    #[error("all {capacity} LPI routes are taken")]
     LpiTableFull { capacity: usize },
-}
-
-impl fmt::Display for RouteError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            RouteError::AlreadyRouted { intid, existing, refused } => {
-                write!(f, "{intid} is already routed to {existing:?}; refusing {refused:?}")
-            }
-            RouteError::NotRouted(i) => write!(f, "{i} has no route"),
-            RouteError::NotRoutable(i) => write!(f, "{i} cannot be routed (only SGIs, PPIs, SPIs and LPIs)"),
-            RouteError::LpiTableFull { capacity } => write!(f, "all {capacity} LPI routes are taken"),
-        }
-    }
 }
 
 /// SGIs, PPIs and SPIs: INTIDs 0-1019.

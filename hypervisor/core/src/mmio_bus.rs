@@ -60,23 +60,14 @@ impl fmt::Display for MmioRange {
 }
 
 /// Why a range was not registered.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(thiserror::Error, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BusError {
     /// `new` (for `device`) overlaps `existing` (of `owner`).
+    #[error("MMIO range {new} ({device:?}) overlaps {existing} ({owner:?})")]
     Overlap { new: MmioRange, device: Device, existing: MmioRange, owner: Device },
     /// Size 0, or the range runs past the top of the address space.
+    #[error("MMIO range {0} is empty or wraps")]
     BadRange(MmioRange),
-}
-
-impl fmt::Display for BusError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            BusError::Overlap { new, device, existing, owner } => {
-                write!(f, "MMIO range {new} ({device:?}) overlaps {existing} ({owner:?})")
-            }
-            BusError::BadRange(r) => write!(f, "MMIO range {r} is empty or wraps"),
-        }
-    }
 }
 
 /// Sorted, non-overlapping guest-physical ranges → [`Device`].

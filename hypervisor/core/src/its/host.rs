@@ -36,80 +36,67 @@ pub const CMD_QUEUE_BYTES: usize = 0x1_0000;
 pub const ITT_ALIGN: usize = 256;
 
 /// Why the physical ITS refused or failed an operation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(thiserror::Error, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ItsError {
     /// There is no usable ITS (none in the DTB, no physical LPIs, or its
     /// setup failed); the hypervisor runs without host LPIs.
+    #[error("no usable ITS")]
     NoIts,
     /// A DeviceID beyond the bits the driver supports.
+    #[error("DeviceID {0:#x} out of range")]
     DeviceOutOfRange(u32),
     /// An EventID beyond the device's ITT.
+    #[error("EventID {event:#x} beyond the ITT of DeviceID {device:#x}")]
     EventOutOfRange { device: u32, event: u32 },
     /// ITT size in EventID bits: must be 1..= GITS_TYPER.IDbits + 1.
+    #[error("ITT of {0} EventID bits not supported")]
     EventBits(u8),
     /// The device is mapped already.
+    #[error("DeviceID {0:#x} already mapped")]
     DeviceMapped(u32),
     /// The device is not mapped.
+    #[error("DeviceID {0:#x} not mapped")]
     UnknownDevice(u32),
     /// The event is mapped already.
+    #[error("DeviceID {device:#x} EventID {event:#x} already mapped")]
     EventMapped { device: u32, event: u32 },
     /// The event is not mapped.
+    #[error("DeviceID {device:#x} EventID {event:#x} not mapped")]
     UnknownEvent { device: u32, event: u32 },
     /// All host LPIs are in use.
+    #[error("no free host LPI")]
     NoFreeLpi,
     /// An LPI the allocator did not hand out.
+    #[error("LPI {0} was not allocated")]
     LpiNotAllocated(u32),
     /// A pCPU without a collection.
+    #[error("pCPU {0} has no collection")]
     BadPcpu(usize),
     /// The heap could not give a table.
+    #[error("out of memory for an ITS table")]
     OutOfMemory,
     /// The ITS accepts none of the page sizes for a `GITS_BASER<n>`, or the
     /// table does not fit its Size field.
+    #[error("ITS table: {0}")]
     Table(&'static str),
     /// More commands than the queue holds.
+    #[error("{0} commands do not fit the queue")]
     QueueOverflow(usize),
     /// CREADR did not reach CWRITER in the bounded wait.
+    #[error("command queue timeout (CREADR {creadr:#x}, CWRITER {cwriter:#x})")]
     Timeout { creadr: u32, cwriter: u32 },
     /// GITS_CREADR.Stalled: the ITS stopped at a command error.
+    #[error("command queue stalled at {creadr:#x}")]
     Stalled { creadr: u32 },
     /// GICv4: the change names no vPE of this VM, or a bad vINTID.
+    #[error("{0}")]
     Vlpi(super::VlpiError),
     /// GICv4: direct injection is not set up (the emulated path is in use).
+    #[error("no GICv4 direct injection")]
     NoVlpis,
     /// GICR_VPENDBASER.Dirty stayed set in the bounded wait.
+    #[error("pCPU {pcpu}: GICR_VPENDBASER.Dirty never cleared")]
     VpeDirty { pcpu: usize },
-}
-
-impl fmt::Display for ItsError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match *self {
-            ItsError::NoIts => write!(f, "no usable ITS"),
-            ItsError::DeviceOutOfRange(d) => write!(f, "DeviceID {d:#x} out of range"),
-            ItsError::EventOutOfRange { device, event } => {
-                write!(f, "EventID {event:#x} beyond the ITT of DeviceID {device:#x}")
-            }
-            ItsError::EventBits(b) => write!(f, "ITT of {b} EventID bits not supported"),
-            ItsError::DeviceMapped(d) => write!(f, "DeviceID {d:#x} already mapped"),
-            ItsError::UnknownDevice(d) => write!(f, "DeviceID {d:#x} not mapped"),
-            ItsError::EventMapped { device, event } => {
-                write!(f, "DeviceID {device:#x} EventID {event:#x} already mapped")
-            }
-            ItsError::UnknownEvent { device, event } => write!(f, "DeviceID {device:#x} EventID {event:#x} not mapped"),
-            ItsError::NoFreeLpi => write!(f, "no free host LPI"),
-            ItsError::LpiNotAllocated(i) => write!(f, "LPI {i} was not allocated"),
-            ItsError::BadPcpu(c) => write!(f, "pCPU {c} has no collection"),
-            ItsError::OutOfMemory => write!(f, "out of memory for an ITS table"),
-            ItsError::Table(why) => write!(f, "ITS table: {why}"),
-            ItsError::QueueOverflow(n) => write!(f, "{n} commands do not fit the queue"),
-            ItsError::Timeout { creadr, cwriter } => {
-                write!(f, "command queue timeout (CREADR {creadr:#x}, CWRITER {cwriter:#x})")
-            }
-            ItsError::Stalled { creadr } => write!(f, "command queue stalled at {creadr:#x}"),
-            ItsError::Vlpi(e) => write!(f, "{e}"),
-            ItsError::NoVlpis => write!(f, "no GICv4 direct injection"),
-            ItsError::VpeDirty { pcpu } => write!(f, "pCPU {pcpu}: GICR_VPENDBASER.Dirty never cleared"),
-        }
-    }
 }
 
 /// The host LPIs 8192..16383 as a bitmap.

@@ -18,7 +18,6 @@ pub mod host;
 mod tests;
 pub mod v4;
 
-use core::fmt;
 use tock_registers::register_bitfields;
 
 /// Size of the ITS control frame (`ITS_base`): GITS_CTLR … GITS_PIDR.
@@ -229,19 +228,12 @@ pub const fn lpi_config_byte(priority: u8, enabled: bool) -> u8 {
 pub const VLPI_ID_BITS: u8 = 14;
 
 /// Why a guest mapping change has no physical equivalent.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(thiserror::Error, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum VlpiError {
     /// A vCPU this VM does not have.
+    #[error("no vPE for vCPU{0}")]
     NoSuchVcpu(usize),
     /// A vINTID outside the vPE's LPI range (8192 .. 2^14).
+    #[error("vINTID {0} outside 8192..{top}", top = 1u32 << VLPI_ID_BITS)]
     BadVintid(u32),
-}
-
-impl fmt::Display for VlpiError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            VlpiError::NoSuchVcpu(v) => write!(f, "no vPE for vCPU{v}"),
-            VlpiError::BadVintid(i) => write!(f, "vINTID {i} outside 8192..{}", 1u32 << VLPI_ID_BITS),
-        }
-    }
 }

@@ -161,41 +161,30 @@ pub struct VgicConfig {
 }
 
 /// Errors the caller turns into guest aborts or reports as bugs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(thiserror::Error, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum VgicError {
     /// The access size or alignment does not fit the register (inject an abort).
+    #[error("bad GIC access size or alignment")]
     BadAccessSize,
     /// The INTID does not exist in this vGIC or is not valid for the call.
+    #[error("bad interrupt: {0}")]
     BadIntid(IntId),
     /// No such vCPU.
+    #[error("bad vCPU {0}")]
     BadVcpu(usize),
     /// The address is not inside a GIC frame of this VM, or a configuration
     /// value is out of range.
+    #[error("out of range")]
     OutOfRange,
     /// The CPU interface has fewer list registers than [`NUM_LRS_MIN`].
+    #[error("the GIC CPU interface has {0} list register(s); at least {NUM_LRS_MIN} are needed")]
     TooFewListRegisters(usize),
     /// The vGIC has no LPIs, or this vCPU's GICR_CTLR.EnableLPIs is 0.
+    #[error("LPIs are not enabled on vCPU {0}")]
     LpisDisabled(usize),
     /// A guest table (the LPI configuration table) is not readable guest RAM.
+    #[error("LPI table at {gpa:#x} ({len} bytes) is not guest RAM")]
     TableOutsideRam { gpa: u64, len: u64 },
-}
-
-impl fmt::Display for VgicError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            VgicError::BadAccessSize => write!(f, "bad GIC access size or alignment"),
-            VgicError::BadIntid(i) => write!(f, "bad interrupt: {i}"),
-            VgicError::BadVcpu(v) => write!(f, "bad vCPU {v}"),
-            VgicError::OutOfRange => write!(f, "out of range"),
-            VgicError::TooFewListRegisters(n) => {
-                write!(f, "the GIC CPU interface has {n} list register(s); at least {NUM_LRS_MIN} are needed")
-            }
-            VgicError::LpisDisabled(v) => write!(f, "LPIs are not enabled on vCPU {v}"),
-            VgicError::TableOutsideRam { gpa, len } => {
-                write!(f, "LPI table at {gpa:#x} ({len} bytes) is not guest RAM")
-            }
-        }
-    }
 }
 
 /// Which emulated frame an address falls in.
