@@ -54,18 +54,11 @@ pub struct PcpuCount {
 }
 
 /// What is wrong with the machine description's CPU list.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(thiserror::Error, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PcpuError {
     /// No usable CPU at all (the boot CPU must be listed).
+    #[error("the machine description lists no usable CPU")]
     NoCpus,
-}
-
-impl core::fmt::Display for PcpuError {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        match self {
-            PcpuError::NoCpus => write!(f, "the machine description lists no usable CPU"),
-        }
-    }
 }
 
 /// The pCPU count for `described` CPUs of which `redistributors` have a

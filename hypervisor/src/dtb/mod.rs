@@ -67,7 +67,6 @@ pub use crate::region::Region;
 use crate::spec::DomainSpec;
 use alloc::string::String;
 use alloc::vec::Vec;
-use core::fmt;
 use dom0less::DomainError;
 
 pub use discover::discover;
@@ -75,39 +74,32 @@ pub use guest::{build_guest_dtb, default_removals, DEFAULT_REMOVE_COMPATIBLES};
 pub use tree::Irq;
 
 /// Why a device tree could not be read or written.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(thiserror::Error, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DtbError {
     /// Not a structurally valid flattened device tree.
+    #[error("malformed device tree")]
     Parse,
     /// The buffer is shorter than the header (or its `totalsize`) says.
+    #[error("device tree truncated")]
     Truncated,
     /// Valid, but uses something we do not handle (named).
+    #[error("unsupported device tree feature: {0}")]
     Unsupported(&'static str),
     /// A node or property we need is absent (named).
+    #[error("device tree lacks {0}")]
     Missing(&'static str),
     /// A property has the wrong size or an impossible value (named).
+    #[error("bad device tree value: {0}")]
     BadValue(&'static str),
     /// A value does not fit in the cells the tree uses for it.
+    #[error("value does not fit its device tree cells")]
     TooBig,
     /// `vm-fdt` refused to write the guest tree (its reason).
+    #[error("cannot write device tree: {0}")]
     Write(&'static str),
     /// A dom0less domain node (`/chosen/domU*`) is unusable.
+    #[error("{0}")]
     Domain(DomainError),
-}
-
-impl fmt::Display for DtbError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            DtbError::Parse => write!(f, "malformed device tree"),
-            DtbError::Truncated => write!(f, "device tree truncated"),
-            DtbError::Unsupported(what) => write!(f, "unsupported device tree feature: {what}"),
-            DtbError::Missing(what) => write!(f, "device tree lacks {what}"),
-            DtbError::BadValue(what) => write!(f, "bad device tree value: {what}"),
-            DtbError::TooBig => write!(f, "value does not fit its device tree cells"),
-            DtbError::Write(why) => write!(f, "cannot write device tree: {why}"),
-            DtbError::Domain(e) => write!(f, "{e}"),
-        }
-    }
 }
 
 impl From<vm_fdt::Error> for DtbError {

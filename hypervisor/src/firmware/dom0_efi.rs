@@ -30,7 +30,6 @@
 
 use alloc::string::String;
 use alloc::vec::Vec;
-use core::fmt;
 
 use super::acpi::dom0::{build_dom0_tables, Dom0AcpiConfig, Dom0Tables};
 use super::acpi::{AcpiError, Tables};
@@ -95,25 +94,18 @@ pub struct Dom0Efi {
     pub tables: Dom0Tables,
 }
 
-#[derive(Debug, PartialEq, Eq)]
+#[derive(thiserror::Error, Debug, PartialEq, Eq)]
 pub enum Dom0EfiError {
+    #[error("{0}")]
     Acpi(AcpiError),
+    #[error("Dom0 /chosen DT: {0:?}")]
     Dtb(vm_fdt::Error),
     /// A part does not fit its room in the area (named).
+    #[error("Dom0 EFI: the {0} does not fit its room")]
     TooLarge(&'static str),
     /// The area is not page-aligned, or not inside the RAM.
+    #[error("Dom0 EFI: the firmware area is not page-aligned RAM of Dom0")]
     BadArea,
-}
-
-impl fmt::Display for Dom0EfiError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Dom0EfiError::Acpi(e) => write!(f, "{e}"),
-            Dom0EfiError::Dtb(e) => write!(f, "Dom0 /chosen DT: {e:?}"),
-            Dom0EfiError::TooLarge(what) => write!(f, "Dom0 EFI: the {what} does not fit its room"),
-            Dom0EfiError::BadArea => write!(f, "Dom0 EFI: the firmware area is not page-aligned RAM of Dom0"),
-        }
-    }
 }
 
 impl From<AcpiError> for Dom0EfiError {

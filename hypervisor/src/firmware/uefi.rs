@@ -117,26 +117,17 @@ impl MemoryDescriptor {
 }
 
 /// Why firmware data was refused.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(thiserror::Error, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EfiError {
     /// `DescriptorSize` smaller than the descriptor or not 8-byte aligned.
+    #[error("EFI memory map: bad descriptor size {0}")]
     BadDescriptorSize(usize),
     /// The map's size is not a whole number of descriptors.
+    #[error("EFI memory map: {size} bytes is not a multiple of the descriptor size {descriptor_size}")]
     BadMapSize { size: usize, descriptor_size: usize },
     /// Descriptor `index` describes an empty, unaligned or wrapping range.
+    #[error("EFI memory map: descriptor {index} is not a valid range")]
     BadDescriptor { index: usize },
-}
-
-impl fmt::Display for EfiError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            EfiError::BadDescriptorSize(s) => write!(f, "EFI memory map: bad descriptor size {s}"),
-            EfiError::BadMapSize { size, descriptor_size } => {
-                write!(f, "EFI memory map: {size} bytes is not a multiple of the descriptor size {descriptor_size}")
-            }
-            EfiError::BadDescriptor { index } => write!(f, "EFI memory map: descriptor {index} is not a valid range"),
-        }
-    }
 }
 
 /// The memory map as `GetMemoryMap` wrote it.

@@ -77,55 +77,44 @@ impl fmt::Debug for Signature {
 }
 
 /// Why the ACPI tables could not be read or written. Each names the table.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(thiserror::Error, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AcpiError {
     /// The bytes at `addr` (wanted as `table`) are not in readable memory.
+    #[error("ACPI {table}: {addr:#x} is not readable memory")]
     Unmapped { table: Signature, addr: u64 },
     /// The RSDP's signature or revision is wrong (named).
+    #[error("ACPI RSDP: {0}")]
     BadRsdp(&'static str),
     /// A table's header signature is not the one its reference promised.
+    #[error("ACPI: expected table {expected}, found {found}")]
     WrongSignature { expected: Signature, found: Signature },
     /// The bytes of `table` do not sum to zero.
+    #[error("ACPI {table}: bad checksum")]
     BadChecksum { table: Signature },
     /// `table` is shorter than a field at `offset` of `need` bytes.
+    #[error("ACPI {table}: truncated ({need} bytes at offset {offset} do not fit)")]
     Truncated { table: Signature, offset: usize, need: usize },
     /// A table's or entry's length field is impossible (named).
+    #[error("ACPI {table}: bad length of {what}")]
     BadLength { table: Signature, what: &'static str },
     /// A field has an impossible value (named), at byte `offset`.
+    #[error("ACPI {table}: bad {what} at offset {offset}")]
     BadValue { table: Signature, offset: usize, what: &'static str },
     /// A count of zero where one is required, or more than can be (named).
+    #[error("ACPI {table}: impossible number of {what}")]
     BadCount { table: Signature, what: &'static str },
     /// Two regions that must be disjoint overlap (named).
+    #[error("ACPI {table}: overlapping {what}")]
     Overlap { table: Signature, what: &'static str },
     /// A table the hypervisor needs is absent.
+    #[error("ACPI: no {0} table")]
     Missing(Signature),
     /// Valid, but something we do not handle (named).
+    #[error("ACPI {table}: unsupported {what}")]
     Unsupported { table: Signature, what: &'static str },
     /// A table we write would exceed its length field.
+    #[error("ACPI {0}: table too large to write")]
     TooLarge(Signature),
-}
-
-impl fmt::Display for AcpiError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            AcpiError::Unmapped { table, addr } => write!(f, "ACPI {table}: {addr:#x} is not readable memory"),
-            AcpiError::BadRsdp(what) => write!(f, "ACPI RSDP: {what}"),
-            AcpiError::WrongSignature { expected, found } => {
-                write!(f, "ACPI: expected table {expected}, found {found}")
-            }
-            AcpiError::BadChecksum { table } => write!(f, "ACPI {table}: bad checksum"),
-            AcpiError::Truncated { table, offset, need } => {
-                write!(f, "ACPI {table}: truncated ({need} bytes at offset {offset} do not fit)")
-            }
-            AcpiError::BadLength { table, what } => write!(f, "ACPI {table}: bad length of {what}"),
-            AcpiError::BadValue { table, offset, what } => write!(f, "ACPI {table}: bad {what} at offset {offset}"),
-            AcpiError::BadCount { table, what } => write!(f, "ACPI {table}: impossible number of {what}"),
-            AcpiError::Overlap { table, what } => write!(f, "ACPI {table}: overlapping {what}"),
-            AcpiError::Missing(table) => write!(f, "ACPI: no {table} table"),
-            AcpiError::Unsupported { table, what } => write!(f, "ACPI {table}: unsupported {what}"),
-            AcpiError::TooLarge(table) => write!(f, "ACPI {table}: table too large to write"),
-        }
-    }
 }
 
 /// Read access to physical memory holding the firmware's tables.
