@@ -55,11 +55,13 @@ pub const RX_FIFO: usize = 64;
 const ID_BYTES: [u8; 8] = [0x11, 0x10, 0x14, 0x00, 0x0d, 0xf0, 0x05, 0xb1];
 
 /// A bad guest access to the UART frame.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(thiserror::Error, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Pl011Error {
     /// Only 8, 16 and 32-bit accesses are defined.
+    #[error("PL011 access size not 8, 16 or 32 bits")]
     BadAccessSize,
     /// Outside the 4 KiB frame.
+    #[error("outside the PL011 frame")]
     OutOfRange,
 }
 

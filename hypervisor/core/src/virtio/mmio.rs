@@ -57,13 +57,16 @@ pub const FRAME_SIZE: u64 = 0x200;
 pub const MAGIC: u32 = 0x7472_6976;
 
 /// A guest access the transport does not accept.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(thiserror::Error, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MmioError {
     /// Registers take aligned 32-bit accesses; config space 1, 2, 4 or 8 bytes.
+    #[error("virtio-mmio access of {size} bytes at {offset:#x}")]
     BadAccessSize { offset: u64, size: u8 },
     /// A register access not aligned to 4 bytes.
+    #[error("virtio-mmio register access at {offset:#x} not 4-byte aligned")]
     Misaligned { offset: u64 },
     /// Outside the 0x200-byte frame (or a config access crossing its end).
+    #[error("virtio-mmio access at {offset:#x} outside the frame")]
     OutOfRange { offset: u64 },
 }
 

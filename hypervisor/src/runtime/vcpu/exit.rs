@@ -100,25 +100,27 @@ pub(super) fn handle_sync(vm: &Vm, me: usize, v: &mut Vcpu) -> Next {
         }
         Exit::Mmio(a) => {
             inc(&c.mmio);
-            if mmio(vm, me, v, &a).is_ok() {
-                v.regs.elr += ilen;
-            } else if vm.bus.lookup(a.ipa).is_none() && map_on_demand(vm, a.ipa) {
-                // Mapped: the guest retries the access on the device itself.
-            } else {
-                report_bad_access(vm, v, a.ipa, "bad MMIO access");
-                inject_abort(vm, v, esr::AbortKind::Data { write: a.write, cache_maint: false }, far);
+            match mmio(vm, me, v, &a) {
+                Ok(()) => v.regs.elr += ilen,
+                Err(MmioFault::NoDevice) if vm.bus.lookup(a.ipa).is_none() && map_on_demand(vm, a.ipa) => {
+                    // Mapped: the guest retries the access on the device itself.
+                }
+                Err(e) => {
+                    report_bad_access(vm, v, a.ipa, "bad MMIO access", Some(&e));
+                    inject_abort(vm, v, esr::AbortKind::Data { write: a.write, cache_maint: false }, far);
+                }
             }
             Next::Enter
         }
         Exit::DataAbort { ipa, iss } if esr::is_translation_fault(iss) && map_on_demand(vm, ipa) => Next::Enter,
         Exit::DataAbort { ipa, iss } => {
             let isv = ISS_ABORT::ISV.is_set(u64::from(iss));
-            report_bad_access(vm, v, ipa, if isv { "data abort" } else { "data abort without syndrome" });
+            report_bad_access(vm, v, ipa, if isv { "data abort" } else { "data abort without syndrome" }, None);
             inject_abort(vm, v, esr::AbortKind::from_dabt_iss(iss), far);
             Next::Enter
         }
         Exit::InstructionAbort { ipa } => {
-            report_bad_access(vm, v, ipa, "instruction abort");
+            report_bad_access(vm, v, ipa, "instruction abort", None);
             inject_abort(vm, v, esr::AbortKind::Fetch, far);
             Next::Enter
         }
@@ -212,32 +214,54 @@ pub(super) fn map_on_demand(vm: &Vm, ipa: u64) -> bool {
     }
 }
 
-pub(super) fn report_bad_access(vm: &Vm, v: &Vcpu, ipa: u64, what: &str) {
+/// Logs (the first 16 of a VM's) a guest access that gets an external
+/// abort: `what` it was, at which IPA and PC, and `why` when a device said.
+pub(super) fn report_bad_access(vm: &Vm, v: &Vcpu, ipa: u64, what: &str, why: Option<&dyn core::fmt::Display>) {
     if vm.bad_accesses.fetch_add(1, Ordering::Relaxed) < 16 {
         // Dom0's lines as they always were; a DomU's name it.
         let dom = if vm.domid == 0 { alloc::string::String::new() } else { alloc::format!("d{} ", vm.domid) };
-        warn!("{dom}vCPU{}: {what} at IPA {ipa:#x} (PC {:#x}); injecting an external abort", v.id, v.regs.elr);
+        let pc = v.regs.elr;
+        match why {
+            Some(e) => {
+                warn!("{dom}vCPU{}: {what} at IPA {ipa:#x} (PC {pc:#x}): {e}; injecting an external abort", v.id)
+            }
+            None => warn!("{dom}vCPU{}: {what} at IPA {ipa:#x} (PC {pc:#x}); injecting an external abort", v.id),
+        }
     }
+}
+
+/// Why an emulated MMIO access was refused: the guest gets an external
+/// abort, and the log line says which device said no and why.
+#[derive(thiserror::Error, Debug)]
+pub(super) enum MmioFault {
+    #[error("no emulated device there")]
+    NoDevice,
+    #[error("vGIC: {0}")]
+    Vgic(#[from] crate::vgic::VgicError),
+    #[error("{0}")]
+    Disk(#[from] crate::virtio::mmio::MmioError),
+    #[error("vPL011: {0}")]
+    Uart(#[from] crate::vpl011::Pl011Error),
 }
 
 /// Emulated device access, to the device `Vm::bus` names. Err: the access
 /// is not valid (abort the guest).
-pub(super) fn mmio(vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess) -> Result<(), ()> {
+pub(super) fn mmio(vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess) -> Result<(), MmioFault> {
     let value = esr::store_value(a, v.regs.reg(a.reg));
     match vm.bus.lookup(a.ipa) {
         Some((Device::Vgic, _)) => vgic_mmio(vm, me, v, a, value),
         Some((Device::VirtioBlk, _)) => disk_mmio(vm, me, v, a, value),
         Some((Device::Vpl011, off)) => uart_mmio(vm, me, v, a, off, value),
-        Some((Device::Vits, _)) => crate::runtime::its::vits_mmio(vm, me, &mut v.regs, a, value).map_err(|_| ()),
-        None => Err(()),
+        Some((Device::Vits, _)) => Ok(crate::runtime::its::vits_mmio(vm, me, &mut v.regs, a, value)?),
+        None => Err(MmioFault::NoDevice),
     }
 }
 
 /// The vGIC's distributor and redistributor frames.
-pub(super) fn vgic_mmio(vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess, value: u64) -> Result<(), ()> {
+pub(super) fn vgic_mmio(vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess, value: u64) -> Result<(), MmioFault> {
     let mut vgic = vm.vgic.lock();
     if a.write {
-        let kicks = vgic.mmio_write(v.id, a.ipa, a.size, value).map_err(|_| ())?;
+        let kicks = vgic.mmio_write(v.id, a.ipa, a.size, value)?;
         let hw = vgic.take_hw_deactivations();
         let triggers = vgic.take_hw_triggers();
         let lpis_on = vgic.take_lpi_enable_events();
@@ -249,19 +273,19 @@ pub(super) fn vgic_mmio(vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess, value:
         process_kicks(vm, me, kicks, WakeCause::Interrupt);
         crate::runtime::its::lpis_enabled(vm, me, lpis_on);
     } else {
-        let r = vgic.mmio_read(v.id, a.ipa, a.size).map_err(|_| ())?;
+        let r = vgic.mmio_read(v.id, a.ipa, a.size)?;
         v.regs.set_reg(a.reg, esr::load_value(a, r));
     }
     Ok(())
 }
 
 /// The hypervisor's virtio-blk frame.
-pub(super) fn disk_mmio(vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess, value: u64) -> Result<(), ()> {
-    let disk = vm.disk.as_ref().ok_or(())?;
+pub(super) fn disk_mmio(vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess, value: u64) -> Result<(), MmioFault> {
+    let disk = vm.disk.as_ref().ok_or(MmioFault::NoDevice)?;
     let level = if a.write {
-        disk.write(a.ipa, a.size, value, now_ns(), me).map_err(|_| ())?
+        disk.write(a.ipa, a.size, value, now_ns(), me)?
     } else {
-        let r = disk.read(a.ipa, a.size).map_err(|_| ())?;
+        let r = disk.read(a.ipa, a.size)?;
         v.regs.set_reg(a.reg, esr::load_value(a, r));
         None
     };
@@ -272,7 +296,14 @@ pub(super) fn disk_mmio(vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess, value:
 }
 
 /// The vPL011 at offset `off` of its frame.
-pub(super) fn uart_mmio(vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess, off: u64, value: u64) -> Result<(), ()> {
+pub(super) fn uart_mmio(
+    vm: &Vm,
+    me: usize,
+    v: &mut Vcpu,
+    a: &MmioAccess,
+    off: u64,
+    value: u64,
+) -> Result<(), MmioFault> {
     let mut guest_key = false;
     let dom = vm.domid;
     let level = {
@@ -289,9 +320,9 @@ pub(super) fn uart_mmio(vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess, off: u
                     console::domain_putc(dom, b);
                 }
             };
-            uart.write(off, a.size, value as u32, &mut tx).map_err(|_| ())?;
+            uart.write(off, a.size, value as u32, &mut tx)?;
         } else {
-            let r = uart.read(off, a.size).map_err(|_| ())? as u64;
+            let r = uart.read(off, a.size)? as u64;
             v.regs.set_reg(a.reg, esr::load_value(a, r));
             // Input waiting in the ring while the FIFO was full: the read
             // made room, take more if the input is still ours.
