@@ -1,22 +1,11 @@
 //! The hypervisor library.
 //!
-//! Everything that does not need EL2 lives here as plain Rust that builds on
-//! the host, so `cargo test` exercises it with fakes. The models and
-//! decisions that need nothing of the machine's description are the
-//! `hv_core` crate, re-exported module by module under their own names
-//! (`vgic`, `sched`, `virtio`, ...: see its list); this crate adds how the
-//! machine is described and what runs on it:
-//! - `boot`: the boot-layout plan and the arm64 Image header
-//! - `dtb`: device-tree discovery (incl. the dom0less DomUs) and guest DTB editing
-//! - `spec`: a domain as data (`DomainSpec`) and where the plan put it
-//! - `domain`: the DomU layout, VM plans and DomU device tree, the console
-//! - `firmware`: the machine from ACPI (`firmware::acpi`: table parser, the
-//!   `Platform` it yields, Dom0's rewritten tables)
-//! - `config`: hypervisor options from `/chosen/xen,xen-bootargs` or `/chosen/bootargs`
-//! - `gicr`: each CPU's redistributor found over every GICR region
-//! - `iomem`: which unmapped addresses an ACPI Dom0 gets mapped on demand
-//! - `platform_desc`: the typed platform descriptor each `platforms/*/platform.rs`
-//!   fills in (`platform` is the one this build is for)
+//! Everything that does not need EL2 is plain Rust in two crates this one
+//! re-exports module by module under their own names: `hv_core` (the
+//! models and decisions: `vgic`, `sched`, `virtio`, ...) and `hv_machine`
+//! (what the machine is and what runs on it: `dtb`, `boot`, `domain`,
+//! `config`, ...). This crate adds `platform`, the descriptor of the board
+//! this binary is built for (`HV_PLATFORM`).
 //!
 //! On the bare-metal aarch64 target the EL2 code is added: `arch` (the only
 //! inline assembly and system-register access) and `runtime` (boot, the run
@@ -31,23 +20,12 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 extern crate alloc;
 
-#[cfg(test)]
-use hv_core::testrng;
 pub use hv_core::{
     esr, idregs, ids, intid, irq, its, mitigations, mmio_bus, psci, ptimer, quota, region, regs, sched, stage2, stats,
     sync, time, trace, traps, vdebug, vgic, virtio, vpl011, vpmu,
 };
 
-pub mod boot;
-pub mod config;
-pub mod domain;
-pub mod dtb;
-pub mod firmware;
-pub mod gicr;
-pub mod iomem;
-pub mod spec;
-
-pub mod platform_desc;
+pub use hv_machine::{boot, config, domain, dtb, firmware, gicr, iomem, platform_desc, spec};
 
 /// The platform this binary is built for (`HV_PLATFORM`, default qemu-virt):
 /// its `platform.rs` fills in [`PLATFORM`](platform::PLATFORM).

@@ -296,7 +296,7 @@ mod tests {
 
     /// QEMU 7.2's virt DTB (GICv3, 2 CPUs, 1 GiB, Dom0's modules at
     /// 0x50000000/0x58000000), from the hypervisor's test data.
-    const QEMU_DTB: &[u8] = include_bytes!("../../hypervisor/src/dtb/testdata/qemu-virt-gicv3-smp2.dtb");
+    const QEMU_DTB: &[u8] = include_bytes!("../../hypervisor/machine/src/dtb/testdata/qemu-virt-gicv3-smp2.dtb");
 
     fn two() -> DomuLayout {
         let o = DomuOptions { count: 2, cmd: Some("echo hi".into()), mem_mb: 256, vcpus: 2, ..Default::default() };

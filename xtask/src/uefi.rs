@@ -14,7 +14,7 @@
 use crate::Result;
 use std::path::{Path, PathBuf};
 
-/// The configuration file's name (hypervisor/src/firmware/uefi.rs
+/// The configuration file's name (hypervisor/machine/src/firmware/uefi.rs
 /// `CONFIG_FILE`).
 pub const CONFIG_FILE: &str = "hypervisor.cfg";
 

@@ -104,12 +104,12 @@ pub mod known {
     /// `platforms/qemu-virt/platform.rs`.
     pub mod qemu_virt {
         use crate::platform_desc::*;
-        include!("../../platforms/qemu-virt/platform.rs");
+        include!("../../../platforms/qemu-virt/platform.rs");
     }
     /// `platforms/fvp-base-revc/platform.rs`.
     pub mod fvp_base_revc {
         use crate::platform_desc::*;
-        include!("../../platforms/fvp-base-revc/platform.rs");
+        include!("../../../platforms/fvp-base-revc/platform.rs");
     }
 
     /// All of them, in `platforms/` order.
@@ -123,7 +123,7 @@ mod tests {
 
     /// `LOAD_ADDRESS = 0x...;` from the platform's linker-script fragment.
     fn ld_load_address(name: &str) -> u64 {
-        let path = format!("{}/../platforms/{name}/platform.ld", env!("CARGO_MANIFEST_DIR"));
+        let path = format!("{}/../../platforms/{name}/platform.ld", env!("CARGO_MANIFEST_DIR"));
         let text = std::fs::read_to_string(&path).unwrap();
         let line = text.lines().find(|l| l.trim_start().starts_with("LOAD_ADDRESS")).expect("LOAD_ADDRESS line");
         let hex = line.split('=').nth(1).unwrap().trim().trim_end_matches(';').trim();
@@ -135,7 +135,7 @@ mod tests {
         for p in ALL {
             assert_eq!(p.check(), Ok(()), "{}", p.name);
             assert_eq!(ld_load_address(p.name), p.load_address, "{}: platform.ld vs platform.rs", p.name);
-            let dir = format!("{}/../platforms/{}", env!("CARGO_MANIFEST_DIR"), p.name);
+            let dir = format!("{}/../../platforms/{}", env!("CARGO_MANIFEST_DIR"), p.name);
             assert!(std::path::Path::new(&dir).is_dir(), "{} names its directory", p.name);
         }
     }
