@@ -1364,7 +1364,7 @@ fn virtio_randomized_garbage() {
     }
 }
 
-/// The long version (run with `cargo test -p hypervisor virtio -- --ignored`).
+/// The long version (run with `cargo test -p hv-core virtio -- --ignored`).
 #[test]
 #[ignore]
 fn virtio_randomized_garbage_long() {
