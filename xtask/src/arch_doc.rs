@@ -14,6 +14,7 @@
 //!
 //! Each failure names the path, item or module and what to do about it.
 
+use crate::deps::is_ident as is_ident_char;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
@@ -191,13 +192,8 @@ fn modules(root: &Path) -> Vec<Module> {
         let mut all = Vec::new();
         walk(&src, &mut all);
         for p in all.iter().filter(|p| is_rs(p)) {
-            let r = rel(&src, p);
-            let mut path: Vec<String> = r.trim_end_matches(".rs").split('/').map(String::from).collect();
-            let name = path.pop().unwrap_or_default();
-            let index = name == "mod";
-            if !matches!(name.as_str(), "mod" | "lib" | "main") {
-                path.push(name.clone());
-            }
+            let path = crate::deps::mod_path(p.strip_prefix(&src).unwrap_or(p));
+            let index = p.file_name().is_some_and(|n| n == "mod.rs");
             let mut files = vec![p.clone()];
             if index {
                 let dir = p.parent().unwrap();
@@ -208,10 +204,6 @@ fn modules(root: &Path) -> Vec<Module> {
         }
     }
     out
-}
-
-fn is_ident_char(c: char) -> bool {
-    c.is_ascii_alphanumeric() || c == '_'
 }
 
 /// Whether `text` defines `name`: an item (`fn`, `struct`, ... `name`), or

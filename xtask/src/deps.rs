@@ -49,8 +49,9 @@ fn is_test_file(name: &str) -> bool {
     name == "tests.rs" || name.ends_with("_tests.rs") || name == "testrng.rs"
 }
 
-/// The module path of `file` (relative to the crate's `src`).
-fn mod_path(rel: &Path) -> ModPath {
+/// The module path of `file` (relative to the crate's `src`): `foo.rs` and
+/// `foo/mod.rs` are module `foo`, `lib.rs` and `main.rs` the crate root.
+pub(crate) fn mod_path(rel: &Path) -> ModPath {
     let mut segs: Vec<String> = rel.components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect();
     let last = segs.pop().unwrap_or_default();
     let stem = last.trim_end_matches(".rs");
@@ -112,7 +113,7 @@ fn without_strings(line: &str) -> String {
     out
 }
 
-fn is_ident(c: char) -> bool {
+pub(crate) fn is_ident(c: char) -> bool {
     c.is_ascii_alphanumeric() || c == '_'
 }
 
@@ -172,9 +173,11 @@ fn named_paths(code: &str, file_mod: &[String], modules: &BTreeSet<ModPath>) -> 
     // A `foo.rs` or `foo/mod.rs` file is module `foo`; `super` is its parent
     // either way.
     let parent: ModPath = file_mod[..file_mod.len().saturating_sub(1)].to_vec();
+    // A path starts here, not inside another path or a macro's `$crate`.
+    let starts_path = |i: usize| i == 0 || !(is_ident(s[i - 1]) || s[i - 1] == '$' || s[i - 1] == ':');
     let mut i = 0;
     while i < s.len() {
-        let before_ok = i == 0 || !(is_ident(s[i - 1]) || s[i - 1] == '$' || s[i - 1] == ':');
+        let before_ok = starts_path(i);
         if before_ok && starts_with(&s, i, "crate::") {
             i = paths_at(&s, i + 7, &[], &mut out);
             continue;
@@ -200,8 +203,7 @@ fn named_paths(code: &str, file_mod: &[String], modules: &BTreeSet<ModPath>) -> 
     let mut more = Vec::new();
     let mut i = 0;
     while i < s.len() {
-        let before_ok = i == 0 || !(is_ident(s[i - 1]) || s[i - 1] == ':' || s[i - 1] == '$');
-        if before_ok && is_ident(s[i]) {
+        if starts_path(i) && is_ident(s[i]) {
             let start = i;
             while i < s.len() && is_ident(s[i]) {
                 i += 1;
@@ -233,11 +235,11 @@ pub fn graph(src: &Path) -> Graph {
         .filter(|p| !p.file_name().is_some_and(|n| is_test_file(&n.to_string_lossy())))
         .filter(|p| !p.components().any(|c| c.as_os_str() == "testdata"))
         .collect();
-    let modules: BTreeSet<ModPath> = files.iter().map(|p| mod_path(p.strip_prefix(src).unwrap_or(p))).collect();
+    let files: Vec<(ModPath, &std::path::PathBuf)> =
+        files.iter().map(|p| (mod_path(p.strip_prefix(src).unwrap_or(p)), p)).collect();
+    let modules: BTreeSet<ModPath> = files.iter().map(|(m, _)| m.clone()).collect();
     let mut g = Graph::default();
-    for p in &files {
-        let rel = p.strip_prefix(src).unwrap_or(p);
-        let m = mod_path(rel);
+    for (m, p) in files {
         let code = code_of(&std::fs::read_to_string(p).unwrap_or_default());
         let mut to = BTreeSet::new();
         for path in named_paths(&code, &m, &modules) {
