@@ -220,13 +220,8 @@ pub(super) fn report_bad_access(vm: &Vm, v: &Vcpu, ipa: u64, what: &str, why: Op
     if vm.bad_accesses.fetch_add(1, Ordering::Relaxed) < 16 {
         // Dom0's lines as they always were; a DomU's name it.
         let dom = if vm.domid == 0 { alloc::string::String::new() } else { alloc::format!("d{} ", vm.domid) };
-        let pc = v.regs.elr;
-        match why {
-            Some(e) => {
-                warn!("{dom}vCPU{}: {what} at IPA {ipa:#x} (PC {pc:#x}): {e}; injecting an external abort", v.id)
-            }
-            None => warn!("{dom}vCPU{}: {what} at IPA {ipa:#x} (PC {pc:#x}); injecting an external abort", v.id),
-        }
+        let why = why.map(|e| alloc::format!(": {e}")).unwrap_or_default();
+        warn!("{dom}vCPU{}: {what} at IPA {ipa:#x} (PC {:#x}){why}; injecting an external abort", v.id, v.regs.elr);
     }
 }
 
