@@ -20,12 +20,8 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 extern crate alloc;
 
-pub use hv_core::{
-    esr, idregs, ids, intid, irq, its, mitigations, mmio_bus, psci, ptimer, quota, region, regs, sched, stage2, stats,
-    sync, time, trace, traps, vdebug, vgic, virtio, vpl011, vpmu,
-};
-
-pub use hv_machine::{boot, config, domain, dtb, firmware, gicr, iomem, platform_desc, spec};
+// hv-machine's modules and, through it, hv-core's, each under its name.
+pub use hv_machine::*;
 
 /// The platform this binary is built for (`HV_PLATFORM`, default qemu-virt):
 /// its `platform.rs` fills in [`PLATFORM`](platform::PLATFORM).
