@@ -15,7 +15,22 @@ pub fn commands() -> Vec<(&'static str, Vec<String>)> {
         ("clippy (host)", v(&["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])),
         (
             "clippy (EL2)",
-            v(&["clippy", "-p", "hypervisor", "-p", "hv-core", "--target", TARGET, "--", "-D", "warnings"]),
+            v(&[
+                "clippy",
+                "-p",
+                "hypervisor",
+                "-p",
+                "hv-arch-aarch64",
+                "-p",
+                "hv-core",
+                "-p",
+                "hv-machine",
+                "--target",
+                TARGET,
+                "--",
+                "-D",
+                "warnings",
+            ]),
         ),
         ("clippy (conformance guest)", v(&["clippy", "-p", "conformance", "--target", TARGET, "--", "-D", "warnings"])),
         ("rustdoc", v(&["doc", "--no-deps", "--workspace"])),
@@ -80,6 +95,9 @@ mod tests {
         }
         assert!(cmds[1].1.contains(&"--all-targets".to_string()));
         assert!(cmds[2].1.contains(&super::TARGET.to_string()));
+        for krate in ["hypervisor", "hv-arch-aarch64", "hv-core", "hv-machine"] {
+            assert!(cmds[2].1.contains(&krate.to_string()), "EL2 clippy covers {krate}");
+        }
         assert!(cmds[3].1.contains(&super::TARGET.to_string()) && cmds[3].1.contains(&"conformance".to_string()));
         assert_eq!(cmds[4].1, ["doc", "--no-deps", "--workspace"]);
         assert_eq!(super::env_of(cmds[4].0), [("RUSTDOCFLAGS", "-D warnings")]);

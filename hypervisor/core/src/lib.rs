@@ -15,6 +15,9 @@
 //! - `esr`: trap decoding; `psci`: PSCI/SMCCC decoding; `mitigations`:
 //!   Spectre-v2/v4/BHB decisions and the SMCCC workaround answers; `stage2`:
 //!   stage-2 table building
+//! - `limits`: the pCPU count bound and the EL2 stack size every layer
+//!   sizes its tables by; `gicr`: the redistributor frames a GICR region
+//!   holds and which serves which CPU
 //! - `its`: the ITS register layouts, command format and GICv4 planning
 //!   (physical driver and vITS)
 //! - `irq`: the physical IRQ route table (INTID → what the hypervisor does)
@@ -41,11 +44,13 @@
 extern crate alloc;
 
 pub mod esr;
+pub mod gicr;
 pub mod idregs;
 pub mod ids;
 pub mod intid;
 pub mod irq;
 pub mod its;
+pub mod limits;
 pub mod mitigations;
 pub mod mmio_bus;
 pub mod psci;

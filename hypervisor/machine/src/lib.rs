@@ -12,7 +12,6 @@
 //! - `firmware`: the machine from ACPI (`firmware::acpi`: table parser, the
 //!   `Platform` it yields, Dom0's rewritten tables)
 //! - `config`: hypervisor options from `/chosen/xen,xen-bootargs` or `/chosen/bootargs`
-//! - `gicr`: each CPU's redistributor found over every GICR region
 //! - `iomem`: which unmapped addresses an ACPI Dom0 gets mapped on demand
 //! - `platform_desc`: the typed platform descriptor each `platforms/*/platform.rs`
 //!   fills in (`platform` is the one this build is for)
@@ -24,8 +23,8 @@ extern crate alloc;
 #[cfg(test)]
 use hv_core::testrng;
 pub use hv_core::{
-    esr, idregs, ids, intid, irq, its, mitigations, mmio_bus, psci, ptimer, quota, region, regs, sched, stage2, stats,
-    sync, time, trace, traps, vdebug, vgic, virtio, vpl011, vpmu,
+    esr, gicr, idregs, ids, intid, irq, its, limits, mitigations, mmio_bus, psci, ptimer, quota, region, regs, sched,
+    stage2, stats, sync, time, trace, traps, vdebug, vgic, virtio, vpl011, vpmu,
 };
 
 pub mod boot;
@@ -33,7 +32,6 @@ pub mod config;
 pub mod domain;
 pub mod dtb;
 pub mod firmware;
-pub mod gicr;
 pub mod iomem;
 pub mod platform_desc;
 pub mod spec;

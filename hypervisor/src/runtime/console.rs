@@ -12,7 +12,7 @@ use crate::sync::Mutex;
 use core::fmt::Write;
 
 struct Console {
-    uart: Option<Pl011>,
+    uart: Option<Uart>,
     /// Who is mid-line, held DomU lines, the input focus, output waiting
     /// for the UART (drained by its transmit interrupt).
     out: ConsoleOut,
@@ -23,12 +23,28 @@ struct Console {
 static CONSOLE: Mutex<Console> =
     Mutex::new(Console { uart: None, out: ConsoleOut::new(), rx: InputRing::new(INPUT_RING) });
 
-impl TxPort for Pl011 {
+/// The physical UART as the console's output port.
+struct Uart(Pl011);
+
+impl core::ops::Deref for Uart {
+    type Target = Pl011;
+    fn deref(&self) -> &Pl011 {
+        &self.0
+    }
+}
+
+impl core::ops::DerefMut for Uart {
+    fn deref_mut(&mut self) -> &mut Pl011 {
+        &mut self.0
+    }
+}
+
+impl TxPort for Uart {
     fn try_put(&mut self, b: u8) -> bool {
-        self.try_putc(b)
+        self.0.try_putc(b)
     }
     fn put(&mut self, b: u8) {
-        self.putc(b);
+        self.0.putc(b);
     }
 }
 
@@ -69,7 +85,7 @@ pub unsafe fn init(base: usize) {
         c.out.flush(u);
     }
     // SAFETY: the caller's guarantee is `Pl011::new`'s contract.
-    c.uart = Some(unsafe { Pl011::new(base) });
+    c.uart = Some(Uart(unsafe { Pl011::new(base) }));
 }
 
 /// One byte from domain `dom`'s emulated UART.
@@ -179,7 +195,7 @@ pub fn print_fmt(args: core::fmt::Arguments) {
 /// as `\r\n`.
 struct HvLine<'a> {
     out: &'a mut ConsoleOut,
-    port: &'a mut Pl011,
+    port: &'a mut Uart,
 }
 
 impl Write for HvLine<'_> {

@@ -5,42 +5,17 @@
 
 use crate::arch::exception::CpuRun;
 use crate::arch::sysreg::CNTHP_CVAL_EL2;
-use crate::intid::IntId;
 use crate::sync::Once;
 use aarch64_cpu::registers::{CNTFRQ_EL0, CNTHP_CTL_EL2, CNTPCT_EL0};
 use alloc::boxed::Box;
 use alloc::vec::Vec;
-use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use core::sync::atomic::Ordering;
 use tock_registers::interfaces::{Readable, Writeable};
 
-/// The physical SGI that asks a pCPU to look at its requests (and, as a
-/// side effect of the IRQ exit, to refill a running vCPU's list registers).
-pub const SGI_KICK: IntId = match IntId::sgi(1) {
-    Ok(id) => id,
-    Err(_) => panic!("SGI 1 exists"),
-};
+pub use crate::runloop::pcpu::{PcpuShared, SGI_KICK};
 
-pub struct PcpuShared {
-    pub mpidr: AtomicU64,
-    pub online: AtomicBool,
-    /// Call `schedule()` at the next opportunity.
-    pub resched: AtomicBool,
-    /// Earliest requested scheduler deadline (ns), u64::MAX = none.
-    pub rearm_at: AtomicU64,
-    /// The vCPU index running here, usize::MAX = none.
-    pub running: AtomicUsize,
-    /// What this pCPU's EL2 timer is programmed to (`Self::arm_hyp_timer`): a
-    /// deadline in ns, `HYP_TIMER_OFF`, or `HYP_TIMER_UNKNOWN` before the
-    /// first programming. Only this pCPU reads or writes it.
-    hyp_timer_at: AtomicU64,
-    /// Set by whoever changes a deadline this pCPU's EL2 timer watches for
-    /// saved vCPUs and disks (`note_timers_changed`); the run loop then
-    /// recomputes `timers_min` instead of walking every VM at each entry.
-    timers_changed: AtomicBool,
-    /// The earliest of those deadlines (ns) when last computed; only this
-    /// pCPU reads or writes it.
-    timers_min: AtomicU64,
-}
+/// `PcpuShared::hyp_timer_at` of a stopped EL2 timer.
+const HYP_TIMER_OFF: u64 = u64::MAX;
 
 /// A deadline watched by pCPU `cpu`'s EL2 timer (a saved vCPU's timers or
 /// WFIT limit, a disk's completion) changed: `cpu` recomputes the earliest
@@ -53,12 +28,6 @@ pub fn note_timers_changed(cpu: usize) {
         p.timers_changed.store(true, Ordering::Release);
     }
 }
-
-/// `PcpuShared::hyp_timer_at` of a stopped EL2 timer.
-const HYP_TIMER_OFF: u64 = u64::MAX;
-/// `PcpuShared::hyp_timer_at` before the first programming: no deadline
-/// equals it (584 years of uptime), so the first call always writes.
-const HYP_TIMER_UNKNOWN: u64 = u64::MAX - 1;
 
 impl PcpuShared {
     /// Arms this pCPU's EL2 physical timer (CNTHP) at `ns`, or stops it;
@@ -98,19 +67,6 @@ impl PcpuShared {
         }
         self.timers_min.load(Ordering::Relaxed)
     }
-
-    const fn new() -> Self {
-        Self {
-            mpidr: AtomicU64::new(0),
-            online: AtomicBool::new(false),
-            resched: AtomicBool::new(false),
-            rearm_at: AtomicU64::new(u64::MAX),
-            running: AtomicUsize::new(usize::MAX),
-            hyp_timer_at: AtomicU64::new(HYP_TIMER_UNKNOWN),
-            timers_changed: AtomicBool::new(true),
-            timers_min: AtomicU64::new(u64::MAX),
-        }
-    }
 }
 
 /// Every pCPU's shared state, allocated by [`init`].
@@ -148,26 +104,24 @@ pub unsafe fn run_block(cpu: usize) -> &'static mut CpuRun {
     }
 }
 
+/// Every pCPU's shared state ([`init`]).
+pub fn all() -> &'static [PcpuShared] {
+    PCPUS.get().copied().unwrap_or(&[])
+}
+
 /// Asks pCPU `cpu` to reschedule, by SGI when it is not this one.
 pub fn request_resched(me: usize, cpu: usize) {
-    pcpu(cpu).resched.store(true, Ordering::Release);
-    if cpu != me {
-        kick(cpu);
-    }
+    crate::runloop::pcpu::request_resched(all(), me, cpu);
 }
 
 /// Asks pCPU `cpu` to move its scheduler deadline to `at` or earlier.
 pub fn request_rearm(me: usize, cpu: usize, at: u64) {
-    pcpu(cpu).rearm_at.fetch_min(at, Ordering::AcqRel);
-    if cpu != me {
-        kick(cpu);
-    }
+    crate::runloop::pcpu::request_rearm(all(), me, cpu, at);
 }
 
 /// Interrupts pCPU `cpu` (a running vCPU there exits and refills its LRs).
 pub fn kick(cpu: usize) {
-    let mpidr = pcpu(cpu).mpidr.load(Ordering::Acquire);
-    crate::arch::gic::send_sgi(SGI_KICK, mpidr);
+    crate::runloop::pcpu::kick(all(), cpu);
 }
 
 /// Counter frequency in Hz.

@@ -6,7 +6,8 @@
 
 use super::percpu::{self, now_ns};
 use super::vm::{inc, Vm};
-use crate::sched::{RunState, WakeAction, WakeCause};
+use crate::runloop::wake;
+use crate::sched::{WakeAction, WakeCause};
 use crate::trace::Event;
 use crate::vgic::Kicks;
 use core::sync::atomic::Ordering;
@@ -18,11 +19,7 @@ pub(super) fn rec(vm: &Vm, me: usize, ev: Event) {
 
 /// Acts on the scheduler's answer to a wake.
 pub(super) fn do_wake_action(me: usize, a: WakeAction) {
-    match a {
-        WakeAction::None => {}
-        WakeAction::Reschedule { pcpu } => percpu::request_resched(me, pcpu),
-        WakeAction::RearmTimer { pcpu, at } => percpu::request_rearm(me, pcpu, at),
-    }
+    crate::runloop::wake::act(percpu::all(), me, a);
 }
 
 /// Makes every kicked vCPU notice its new interrupt: wake it if blocked,
@@ -32,11 +29,8 @@ pub(super) fn process_kicks(vm: &Vm, me: usize, kicks: Kicks, cause: WakeCause) 
         return;
     }
     let now = now_ns();
-    for k in kicks.iter() {
-        let running = vm.shared[k].running_on.load(Ordering::Acquire);
-        if running == me {
-            continue; // refilled at the next entry
-        }
+    let running_on = |k: usize| vm.shared.get(k).map_or(usize::MAX, |s| s.running_on.load(Ordering::Acquire));
+    for k in wake::to_wake(kicks, me, running_on) {
         wake_vcpu(vm, me, k, now, cause);
     }
 }
@@ -45,18 +39,11 @@ pub(super) fn process_kicks(vm: &Vm, me: usize, kicks: Kicks, cause: WakeCause) 
 pub(super) fn wake_vcpu(vm: &Vm, me: usize, k: usize, now: u64, cause: WakeCause) {
     inc(&vm.shared[k].counters.kicks);
     let g = vm.gid(k);
-    let (action, state, blocked, deferral) = {
-        let mut s = vm.sched.lock();
-        let blocked = s.state(g) == Some(RunState::Blocked);
-        let a = s.wake(now, g, cause).unwrap_or(WakeAction::None);
-        (a, s.state(g), blocked, s.wake_deferral())
-    };
-    vm.trace[me].lock().wake(now, g, cause, blocked, action, deferral);
-    if let Some(RunState::Running(p)) = state {
-        if p != me {
-            rec(vm, me, Event::Kick { pcpu: p as u16 });
-            percpu::kick(p);
-        }
+    let w = wake::wake(vm.sched, me, now, g, cause);
+    vm.trace[me].lock().wake(now, g, cause, w.blocked, w.action, w.deferral);
+    if let Some(p) = w.kick {
+        rec(vm, me, Event::Kick { pcpu: p as u16 });
+        percpu::kick(p);
     }
-    do_wake_action(me, action);
+    do_wake_action(me, w.action);
 }

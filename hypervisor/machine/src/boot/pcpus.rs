@@ -20,16 +20,7 @@
 //! stacks and rings without starving the guest-facing allocations that the
 //! fixed 48 MiB was sized for.
 
-/// The most pCPUs the hypervisor brings up; CPUs a machine description
-/// lists beyond it stay off (and are reported).
-pub const MAX_PCPUS: usize = 512;
-
-// At least as many pCPUs as the vGIC allows vCPUs.
-const _: () = assert!(MAX_PCPUS >= crate::vgic::MAX_VCPUS);
-
-/// Each pCPU's hypervisor stack (pCPU 0's is in the image, the others' in
-/// the heap).
-pub const STACK_SIZE: usize = 64 * 1024;
+pub use crate::limits::{MAX_PCPUS, STACK_SIZE};
 
 /// The main heap for up to [`BASE_HEAP_PCPUS`] pCPUs.
 pub const BASE_HEAP: u64 = 48 << 20;

@@ -261,7 +261,7 @@ pub(super) fn vgic_mmio(vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess, value:
         let triggers = vgic.take_hw_triggers();
         let lpis_on = vgic.take_lpi_enable_events();
         drop(vgic);
-        deactivate_hw(vm, me, v.id, hw);
+        deactivate_hw(vm, me, v.id, &hw);
         for (pintid, edge) in triggers {
             gic::set_spi_trigger(pintid, edge);
         }

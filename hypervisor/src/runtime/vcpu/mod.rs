@@ -395,7 +395,7 @@ fn block(vm: &Vm, me: usize, v: &mut Vcpu, limit: u64) -> Next {
 /// distributor. A private interrupt (the virtual timer) is active on the
 /// pCPU that runs its vCPU: here, or that pCPU re-derives it at its next
 /// exit; a vCPU that is not running gets it derived when it is loaded.
-fn deactivate_hw(vm: &Vm, me: usize, cur: usize, list: alloc::vec::Vec<crate::vgic::HwDeactivation>) {
+fn deactivate_hw(vm: &Vm, me: usize, cur: usize, list: &[crate::vgic::HwDeactivation]) {
     for d in list {
         if d.intid.is_spi() {
             gic::clear_spi_active(d.pintid);

@@ -5,6 +5,7 @@ use super::exit::{handle_sync, spin_watch, yield_cpu};
 use super::inject::serror_from_guest;
 use super::irq::handle_irqs;
 use super::*;
+use crate::runloop::lrs;
 
 pub(super) fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Option<u64>) {
     if vm.stopped.load(Ordering::Acquire) {
@@ -83,55 +84,31 @@ pub(super) fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Opt
     vm.shared[id].running_on.store(usize::MAX, Ordering::Release);
 }
 
-/// Entry: the vGIC's pending interrupts into the LRs, written to the
-/// hardware unless they and the hardware are all zero (`lrs_dirty`: the
-/// hardware may hold something). Returns whether the LRs hold anything now.
+/// Entry: the vGIC's pending interrupts into the LRs (`runloop::lrs::load`).
+/// Returns whether the LRs hold anything now.
 #[inline(always)]
 fn load_lrs(vm: &Vm, v: &mut Vcpu, id: usize, lrs_dirty: bool) -> bool {
-    let n = vm.nr_lrs;
-    let fr = vm.vgic.lock().flush_lrs(id, &mut v.lrs[..n]);
-    if fr.filled != 0 {
-        vm.shared[id].counters.irqs_injected.fetch_add(fr.filled as u64, Ordering::Relaxed);
+    let l = lrs::load(&vm.vgic, id, &mut v.lrs[..vm.nr_lrs], lrs_dirty);
+    if l.filled != 0 {
+        vm.shared[id].counters.irqs_injected.fetch_add(l.filled as u64, Ordering::Relaxed);
     }
-    // All-zero LRs that are already zero in hardware need no write, and
-    // then the exit has nothing to read back or fold into the model.
-    let lrs_used = v.lrs[..n].iter().any(|&lr| lr != 0);
-    if lrs_used || lrs_dirty {
-        for i in 0..n {
-            gic::write_lr(i, v.lrs[i]);
-        }
-    }
-    gic::vcpu_if_on(fr.overflow);
-    lrs_used
+    l.used
 }
 
-/// Exit: the LRs read back and folded into the vGIC (EOIed HW interrupts
-/// deactivated, kicks sent), when they held anything. With no LR in use
-/// the model's state is as `flush_lrs` left it: `sync_lrs` would find no LR
-/// to fold back, queue no deactivation and kick nobody (the vGIC's MMIO
-/// writes take their own deactivations), so the exit skips the vGIC lock.
+/// Exit: the LRs read back and folded into the vGIC when they held
+/// anything (`runloop::lrs::save`), EOIed HW interrupts deactivated, kicks
+/// sent.
 #[inline(always)]
 fn save_lrs(vm: &Vm, me: usize, v: &mut Vcpu, id: usize, lrs_used: bool) {
-    let n = vm.nr_lrs;
-    if lrs_used {
-        for i in 0..n {
-            v.lrs[i] = gic::read_lr(i);
+    let saved = lrs::save(&vm.vgic, id, &mut v.lrs[..vm.nr_lrs], lrs_used);
+    if let Some(s) = &saved {
+        if !s.hw.is_empty() {
+            deactivate_hw(vm, me, id, &s.hw);
         }
     }
-    gic::vcpu_if_off();
-    let kicks = lrs_used.then(|| {
-        let (kicks, hw) = {
-            let mut vgic = vm.vgic.lock();
-            (vgic.sync_lrs(id, &mut v.lrs[..n]), vgic.take_hw_deactivations())
-        };
-        if !hw.is_empty() {
-            deactivate_hw(vm, me, id, hw);
-        }
-        kicks
-    });
     resync_private_active(vm, me, id);
-    if let Some(kicks) = kicks {
-        process_kicks(vm, me, kicks, WakeCause::Interrupt);
+    if let Some(s) = saved {
+        process_kicks(vm, me, s.kicks, WakeCause::Interrupt);
     }
 }
 

@@ -11,8 +11,8 @@
 //! post-processing tool or the `aarch64-unknown-uefi` target (hard-float,
 //! a second binary): one binary, and xtask's `pe_pad` only checks it and
 //! pads the file to the sections' raw size. The boot registers x0..x3
-//! go to `crate::runtime::primary_main` unchanged: which of them holds the
-//! DTB depends on the firmware (`crate::boot::handoff`).
+//! go to `hypervisor::runtime::primary_main` unchanged: which of them holds the
+//! DTB depends on the firmware (`hv_machine::boot::handoff`).
 //!
 //! The image is position-independent (linked `--pie`, see
 //! linker/hypervisor.ld): it runs wherever it is loaded on a 2 MiB boundary.
@@ -29,9 +29,9 @@
 //! the image, with x0 (the context ID) = the top of the stack the primary
 //! allocated for them from the heap, their pCPU index stored in its top 16
 //! bytes (`runtime::boot::bring_up`; no fixed CPU count, see
-//! `crate::boot::pcpus`).
+//! `hv_machine::boot::pcpus`).
 
-pub use crate::boot::pcpus::STACK_SIZE;
+pub use crate::limits::STACK_SIZE;
 
 /// pCPU 0's stack; the secondaries' come from the heap.
 #[repr(C, align(4096))]

@@ -1,53 +1,27 @@
-//! The physical GICv3/v4 as the hypervisor uses it: the only code that
-//! touches the distributor, the redistributors and the CPU interface.
-//!
-//! Distributor and redistributors are set up with the `arm-gic` crate, each
-//! pCPU's redistributor at the frame `crate::gicr` found for its MPIDR in
-//! whichever GICR region holds it (not at an index into one region); the
-//! CPU interface runs with ICC_CTLR_EL1.EOImode = 1 so that a write to
-//! ICC_EOIR1_EL1 only drops priority and a forwarded interrupt stays active
-//! until the guest deactivates it through a HW=1 list register. The virtual
-//! CPU interface (ICH_*_EL2) is reached through the accessors below; what to
-//! put in the list registers is decided by the portable `vgic` model.
-//!
-//! The ITS and host LPIs are in [`its`]; `ack` counts the LPIs it takes
-//! and `deactivate` leaves them alone (LPIs have no active state: the
-//! priority drop of `eoi` ends them).
-//!
-//! Distributor accesses go through the `GIC` lock. A pCPU's own
-//! redistributor SGI frame (the active state of its private interrupts)
-//! is written without it: those registers are write-1-to-set/clear and only
-//! that pCPU writes them.
+//! The distributor and the redistributors: set up with `arm-gic`, the
+//! `GIC` lock around every distributor access, each pCPU's frame found by
+//! its MPIDR, SPI routing and enables, the active state of forwarded
+//! interrupts.
 
-pub mod its;
-
-use super::sysreg::{
-    self, ICC_BPR1_EL1, ICC_CTLR_EL1, ICC_DIR_EL1, ICC_EOIR1_EL1, ICC_IAR1_EL1, ICC_IGRPEN1_EL1, ICC_PMR_EL1,
-    ICC_SGI1R_EL1,
-};
 use crate::gicr;
 use crate::intid::{IntId, IntIdKind};
 use crate::region::Region;
 use crate::regs;
 use crate::sync::Mutex;
-use aarch64_cpu::registers::{
-    ICC_SRE_EL2, ICH_AP0R0_EL2, ICH_AP0R1_EL2, ICH_AP0R2_EL2, ICH_AP0R3_EL2, ICH_AP1R0_EL2, ICH_AP1R1_EL2,
-    ICH_AP1R2_EL2, ICH_AP1R3_EL2, ICH_HCR_EL2, ICH_LR0_EL2, ICH_LR10_EL2, ICH_LR11_EL2, ICH_LR12_EL2, ICH_LR13_EL2,
-    ICH_LR14_EL2, ICH_LR15_EL2, ICH_LR1_EL2, ICH_LR2_EL2, ICH_LR3_EL2, ICH_LR4_EL2, ICH_LR5_EL2, ICH_LR6_EL2,
-    ICH_LR7_EL2, ICH_LR8_EL2, ICH_LR9_EL2, ICH_VMCR_EL2, ICH_VTR_EL2, MPIDR_EL1,
-};
+use crate::sysreg::{self, ICC_BPR1_EL1, ICC_CTLR_EL1, ICC_IGRPEN1_EL1, ICC_PMR_EL1};
+use aarch64_cpu::registers::{ICC_SRE_EL2, MPIDR_EL1};
 use alloc::vec::Vec;
 use arm_gic::gicv3::registers::{Gicd, GicrSgi};
 use arm_gic::gicv3::{GicCpuInterface, GicDistributor, GicRedistributor};
 use arm_gic::UniqueMmioPointer;
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicU64, Ordering};
-use tock_registers::interfaces::{Readable, Writeable};
+use tock_registers::interfaces::Writeable;
 use tock_registers::{register_bitfields, LocalRegisterCopy};
 
 register_bitfields! {u64,
     /// Redistributor Type Register (RD_base + 0x8).
-    GICR_TYPER [
+    pub(super) GICR_TYPER [
         /// Aff3.Aff2.Aff1.Aff0 of the PE this redistributor serves.
         Affinity OFFSET(32) NUMBITS(32) [],
         /// The last redistributor frame of the region.
@@ -72,7 +46,7 @@ register_bitfields! {u64,
 /// Distributor offset of GICD_IROUTER<0>.
 const GICD_IROUTER0: u64 = 0x6000;
 /// Redistributor offset of GICR_TYPER.
-const GICR_TYPER_OFF: u64 = 0x8;
+pub(super) const GICR_TYPER_OFF: u64 = 0x8;
 /// The SGI_base frame follows the RD_base frame.
 const GICR_SGI_BASE: u64 = 0x10000;
 /// SGI_base offsets of GICR_ISACTIVER0 and GICR_ICACTIVER0.
@@ -80,7 +54,7 @@ const GICR_ISACTIVER0: u64 = 0x300;
 const GICR_ICACTIVER0: u64 = 0x380;
 
 pub struct PhysGic {
-    gicd: GicDistributor<'static>,
+    pub(super) gicd: GicDistributor<'static>,
     gicd_base: u64,
     /// Every redistributor frame of every GICR region (`crate::gicr::walk`).
     frames: Vec<gicr::Frame>,
@@ -91,7 +65,7 @@ pub struct PhysGic {
 // the `GIC` mutex, so moving it between CPUs is sound.
 unsafe impl Send for PhysGic {}
 
-static GIC: Mutex<Option<PhysGic>> = Mutex::new(None);
+pub(super) static GIC: Mutex<Option<PhysGic>> = Mutex::new(None);
 
 /// RD_base of each pCPU's redistributor, found by [`init_cpu`]; 0 = none.
 /// [`init`] sizes it for the machine's pCPUs.
@@ -168,10 +142,10 @@ pub fn has_redistributor(mpidr: u64) -> bool {
     GIC.lock().as_ref().is_some_and(|g| gicr::find(&g.frames, mpidr).is_some())
 }
 
-/// Per-CPU interface setup: finds this CPU's redistributor by its MPIDR
-/// and wakes it; system registers on, EOImode=1, all priorities allowed,
-/// group 1 enabled.
-pub fn init_cpu(cpu: usize) {
+/// This CPU's redistributor (found by its MPIDR) woken and its CPU
+/// interface set up: system registers on, EOImode=1, all priorities
+/// allowed, group 1 enabled.
+pub(super) fn setup_cpu(cpu: usize) {
     let me = sysreg::mpidr();
     if let Some(g) = GIC.lock().as_mut() {
         let rd = gicr::find(&g.frames, me).map_or(0, |f| f.rd_base);
@@ -196,7 +170,6 @@ pub fn init_cpu(cpu: usize) {
     ICC_BPR1_EL1.write(regs::ICC_BPR1_EL1::BinaryPoint.val(0));
     ICC_IGRPEN1_EL1.write(regs::ICC_IGRPEN1_EL1::Enable::SET);
     sysreg::isb();
-    its::init_cpu(cpu);
 }
 
 /// The number of SPIs the distributor implements (from GICD_TYPER).
@@ -266,159 +239,8 @@ pub fn set_spi_trigger(intid: IntId, edge: bool) {
     }
 }
 
-/// Acknowledges the highest-priority pending group-1 interrupt; `None` when
-/// the GIC answers with a special INTID (nothing pending).
-pub fn ack() -> Option<IntId> {
-    loop {
-        let v = ICC_IAR1_EL1.read(regs::ICC_INTID::INTID) as u32;
-        match IntId::try_from(v) {
-            Ok(id) if id.is_special() => return None,
-            Ok(id) => {
-                if id.is_lpi() {
-                    its::count_lpi();
-                }
-                return Some(id);
-            }
-            Err(e) => {
-                // No GIC returns a reserved INTID; should one, end it and
-                // look for the next.
-                log::warn!("GIC acknowledge: {e}");
-                ICC_EOIR1_EL1.write(regs::ICC_INTID::INTID.val(u64::from(v)));
-                ICC_DIR_EL1.write(regs::ICC_INTID::INTID.val(u64::from(v)));
-            }
-        }
-    }
-}
-
-/// Priority drop (EOImode=1: does not deactivate).
-pub fn eoi(intid: IntId) {
-    ICC_EOIR1_EL1.write(regs::ICC_INTID::INTID.val(u64::from(u32::from(intid))));
-}
-
-/// Deactivates an interrupt the hypervisor handled itself. LPIs have no
-/// active state (the priority drop of `eoi` ends them): nothing to do.
-pub fn deactivate(intid: IntId) {
-    if intid.is_lpi() {
-        return;
-    }
-    ICC_DIR_EL1.write(regs::ICC_INTID::INTID.val(u64::from(u32::from(intid))));
-}
-
-/// Sends SGI `intid` to the CPU with affinity `mpidr` (nothing for a non-SGI).
-pub fn send_sgi(intid: IntId, mpidr: u64) {
-    use regs::ICC_SGI1R_EL1 as S;
-    if !intid.is_sgi() {
-        return;
-    }
-    let m = LocalRegisterCopy::<u64, MPIDR_EL1::Register>::new(mpidr);
-    let aff0 = m.read(MPIDR_EL1::Aff0);
-    // TargetList is a bitmap of Aff0 values within the range RS * 16.
-    ICC_SGI1R_EL1.write(
-        S::Aff3.val(m.read(MPIDR_EL1::Aff3))
-            + S::Aff2.val(m.read(MPIDR_EL1::Aff2))
-            + S::Aff1.val(m.read(MPIDR_EL1::Aff1))
-            + S::RS.val(aff0 / 16)
-            + S::INTID.val(u64::from(intid.number()))
-            + S::TargetList.val(1 << (aff0 % 16)),
-    );
-    sysreg::isb();
-}
-
-/// Number of list registers (ICH_VTR_EL2.ListRegs + 1).
-pub fn nr_lrs() -> usize {
-    ICH_VTR_EL2.read(ICH_VTR_EL2::ListRegs) as usize + 1
-}
-
-macro_rules! lr_access {
-    ($($n:literal => $reg:ident),*) => {
-        /// Reads list register `n`.
-        pub fn read_lr(n: usize) -> u64 {
-            match n {
-                $($n => $reg.get(),)*
-                _ => 0,
-            }
-        }
-        /// Writes list register `n`.
-        pub fn write_lr(n: usize, v: u64) {
-            match n {
-                $($n => $reg.set(v),)*
-                _ => {}
-            }
-        }
-    };
-}
-lr_access!(
-    0 => ICH_LR0_EL2, 1 => ICH_LR1_EL2, 2 => ICH_LR2_EL2, 3 => ICH_LR3_EL2,
-    4 => ICH_LR4_EL2, 5 => ICH_LR5_EL2, 6 => ICH_LR6_EL2, 7 => ICH_LR7_EL2,
-    8 => ICH_LR8_EL2, 9 => ICH_LR9_EL2, 10 => ICH_LR10_EL2, 11 => ICH_LR11_EL2,
-    12 => ICH_LR12_EL2, 13 => ICH_LR13_EL2, 14 => ICH_LR14_EL2, 15 => ICH_LR15_EL2
-);
-
-/// Turns the virtual CPU interface on for entering a vCPU, with the
-/// underflow maintenance interrupt when `underflow` (the LRs overflowed).
-pub fn vcpu_if_on(underflow: bool) {
-    ICH_HCR_EL2.write(ICH_HCR_EL2::En::SET + ICH_HCR_EL2::UIE.val(u64::from(underflow)));
-}
-
-/// Turns the virtual CPU interface off after an exit (this also silences
-/// maintenance interrupts while EL2 runs).
-pub fn vcpu_if_off() {
-    ICH_HCR_EL2.set(0);
-}
-
-/// The virtual CPU interface state of a vCPU that is not on a CPU.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct VcpuIfState {
-    pub vmcr: u64,
-    /// ICH_AP0R<n>_EL2 and ICH_AP1R<n>_EL2: the first
-    /// `vgic::active_priority_regs(ICH_VTR_EL2)` of each are the vCPU's
-    /// (the others do not exist on this CPU and stay 0).
-    pub ap0r: [u64; 4],
-    pub ap1r: [u64; 4],
-}
-
-/// How many ICH_AP<m>R<n>_EL2 registers of each group this CPU implements.
-fn nr_ap_regs() -> usize {
-    crate::vgic::active_priority_regs(ICH_VTR_EL2.get())
-}
-
-impl VcpuIfState {
-    pub fn save(&mut self) {
-        self.vmcr = ICH_VMCR_EL2.get();
-        let n = nr_ap_regs();
-        self.ap0r[0] = ICH_AP0R0_EL2.get();
-        self.ap1r[0] = ICH_AP1R0_EL2.get();
-        if n >= 2 {
-            self.ap0r[1] = ICH_AP0R1_EL2.get();
-            self.ap1r[1] = ICH_AP1R1_EL2.get();
-        }
-        if n >= 4 {
-            self.ap0r[2] = ICH_AP0R2_EL2.get();
-            self.ap1r[2] = ICH_AP1R2_EL2.get();
-            self.ap0r[3] = ICH_AP0R3_EL2.get();
-            self.ap1r[3] = ICH_AP1R3_EL2.get();
-        }
-    }
-    pub fn restore(&self) {
-        ICH_VMCR_EL2.set(self.vmcr);
-        let n = nr_ap_regs();
-        ICH_AP0R0_EL2.set(self.ap0r[0]);
-        ICH_AP1R0_EL2.set(self.ap1r[0]);
-        if n >= 2 {
-            ICH_AP0R1_EL2.set(self.ap0r[1]);
-            ICH_AP1R1_EL2.set(self.ap1r[1]);
-        }
-        if n >= 4 {
-            ICH_AP0R2_EL2.set(self.ap0r[2]);
-            ICH_AP1R2_EL2.set(self.ap1r[2]);
-            ICH_AP0R3_EL2.set(self.ap0r[3]);
-            ICH_AP1R3_EL2.set(self.ap1r[3]);
-        }
-    }
-}
-
 /// GICR_TYPER of every redistributor frame of every region, in order.
-fn find_redistributor_frames(g: &PhysGic) -> Vec<u64> {
+pub(super) fn find_redistributor_frames(g: &PhysGic) -> Vec<u64> {
     g.frames.iter().map(|f| f.typer).collect()
 }
 

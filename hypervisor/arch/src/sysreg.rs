@@ -9,7 +9,8 @@
 //! number are here too.
 
 use crate::regs;
-use crate::vdebug::Bank;
+#[cfg(target_os = "none")]
+use hv_core::vdebug::Bank;
 use tock_registers::interfaces::{Readable, Writeable};
 
 /// Implements `Readable` with `mrs` of the register named `$asm`.
@@ -18,6 +19,11 @@ macro_rules! impl_read {
         impl Readable for $acc {
             type T = u64;
             type R = $layout;
+            #[cfg(feature = "fakes")]
+            fn get(&self) -> u64 {
+                crate::fake::read($asm)
+            }
+            #[cfg(not(feature = "fakes"))]
             #[inline]
             fn get(&self) -> u64 {
                 let v: u64;
@@ -38,6 +44,11 @@ macro_rules! impl_write {
         impl Writeable for $acc {
             type T = u64;
             type R = $layout;
+            #[cfg(feature = "fakes")]
+            fn set(&self, v: u64) {
+                crate::fake::write($asm, v)
+            }
+            #[cfg(not(feature = "fakes"))]
             #[inline]
             fn set(&self, v: u64) {
                 // SAFETY: an `msr` to a register of the GIC CPU interface, the
@@ -126,6 +137,33 @@ sys_reg!(ICC_EOIR1_EL1, "icc_eoir1_el1", regs::ICC_INTID::Register, w);
 sys_reg!(ICC_DIR_EL1, "icc_dir_el1", regs::ICC_INTID::Register, w);
 sys_reg!(ICC_SGI1R_EL1, "icc_sgi1r_el1", regs::ICC_SGI1R_EL1::Register, w);
 sys_reg!(CNTHP_CVAL_EL2, "cnthp_cval_el2", regs::CNTHP_CVAL_EL2::Register, rw);
+sys_reg!(ICH_HCR_EL2, "ich_hcr_el2", aarch64_cpu::registers::ICH_HCR_EL2::Register, rw);
+sys_reg!(ICH_VTR_EL2, "ich_vtr_el2", aarch64_cpu::registers::ICH_VTR_EL2::Register, r);
+sys_reg!(ICH_VMCR_EL2, "ich_vmcr_el2", (), rw);
+sys_reg!(ICH_AP0R0_EL2, "ich_ap0r0_el2", (), rw);
+sys_reg!(ICH_AP0R1_EL2, "ich_ap0r1_el2", (), rw);
+sys_reg!(ICH_AP0R2_EL2, "ich_ap0r2_el2", (), rw);
+sys_reg!(ICH_AP0R3_EL2, "ich_ap0r3_el2", (), rw);
+sys_reg!(ICH_AP1R0_EL2, "ich_ap1r0_el2", (), rw);
+sys_reg!(ICH_AP1R1_EL2, "ich_ap1r1_el2", (), rw);
+sys_reg!(ICH_AP1R2_EL2, "ich_ap1r2_el2", (), rw);
+sys_reg!(ICH_AP1R3_EL2, "ich_ap1r3_el2", (), rw);
+sys_reg!(ICH_LR0_EL2, "ich_lr0_el2", (), rw);
+sys_reg!(ICH_LR1_EL2, "ich_lr1_el2", (), rw);
+sys_reg!(ICH_LR2_EL2, "ich_lr2_el2", (), rw);
+sys_reg!(ICH_LR3_EL2, "ich_lr3_el2", (), rw);
+sys_reg!(ICH_LR4_EL2, "ich_lr4_el2", (), rw);
+sys_reg!(ICH_LR5_EL2, "ich_lr5_el2", (), rw);
+sys_reg!(ICH_LR6_EL2, "ich_lr6_el2", (), rw);
+sys_reg!(ICH_LR7_EL2, "ich_lr7_el2", (), rw);
+sys_reg!(ICH_LR8_EL2, "ich_lr8_el2", (), rw);
+sys_reg!(ICH_LR9_EL2, "ich_lr9_el2", (), rw);
+sys_reg!(ICH_LR10_EL2, "ich_lr10_el2", (), rw);
+sys_reg!(ICH_LR11_EL2, "ich_lr11_el2", (), rw);
+sys_reg!(ICH_LR12_EL2, "ich_lr12_el2", (), rw);
+sys_reg!(ICH_LR13_EL2, "ich_lr13_el2", (), rw);
+sys_reg!(ICH_LR14_EL2, "ich_lr14_el2", (), rw);
+sys_reg!(ICH_LR15_EL2, "ich_lr15_el2", (), rw);
 sys_reg!(CTR_EL0, "ctr_el0", regs::CTR_EL0::Register, r);
 sys_reg!(
     /// UNDEFINED without FEAT_PMUv3 (check ID_AA64DFR0_EL1.PMUVer first).
@@ -137,6 +175,7 @@ sys_reg!(
 );
 sys_reg!(ID_AA64ISAR2_EL1, "s3_0_c0_c6_2", regs::ID_AA64ISAR2_EL1::Register, r);
 
+#[cfg(target_os = "none")]
 /// Reads a system register by encoding name (`s3_0_c0_c4_0`); for the ID
 /// space, which has no useful names for reserved encodings.
 macro_rules! mrs {
@@ -148,24 +187,31 @@ macro_rules! mrs {
     }};
 }
 
+#[cfg(feature = "fakes")]
+pub fn isb() {}
+
+#[cfg(not(feature = "fakes"))]
 #[inline(always)]
 pub fn isb() {
     // SAFETY: a barrier: no memory or register effects beyond ordering.
     unsafe { core::arch::asm!("isb", options(nostack, preserves_flags)) };
 }
 
+#[cfg(target_os = "none")]
 #[inline(always)]
 pub fn dsb_sy() {
     // SAFETY: a barrier: no memory or register effects beyond ordering.
     unsafe { core::arch::asm!("dsb sy", options(nostack, preserves_flags)) };
 }
 
+#[cfg(target_os = "none")]
 #[inline(always)]
 pub fn dsb_ish() {
     // SAFETY: a barrier: no memory or register effects beyond ordering.
     unsafe { core::arch::asm!("dsb ish", options(nostack, preserves_flags)) };
 }
 
+#[cfg(target_os = "none")]
 /// Waits for an interrupt with interrupts masked (PSTATE.I stays set: the
 /// pending interrupt is taken by reading ICC_IAR1_EL1 afterwards).
 #[inline(always)]
@@ -174,6 +220,7 @@ pub fn wfi() {
     unsafe { core::arch::asm!("dsb sy", "wfi", options(nostack, preserves_flags)) };
 }
 
+#[cfg(target_os = "none")]
 /// Invalidates all stage-1 and stage-2 TLB entries for the current VMID
 /// (VTTBR_EL2 must hold it) on the inner shareable domain.
 pub fn tlbi_vmalls12e1is() {
@@ -182,12 +229,14 @@ pub fn tlbi_vmalls12e1is() {
     unsafe { core::arch::asm!("dsb ishst", "tlbi vmalls12e1is", "dsb ish", "isb", options(nostack, preserves_flags)) };
 }
 
+#[cfg(target_os = "none")]
 /// The exception level this code runs at (CurrentEL.EL, 0..3).
 pub fn current_el() -> u64 {
     use aarch64_cpu::registers::CurrentEL;
     CurrentEL.read(CurrentEL::EL)
 }
 
+#[cfg(target_os = "none")]
 /// This pCPU's MPIDR_EL1 affinity fields (Aff3..Aff0, without the U/MT and
 /// RES1 bits).
 pub fn mpidr() -> u64 {
@@ -200,6 +249,7 @@ pub fn mpidr() -> u64 {
     aff.value
 }
 
+#[cfg(target_os = "none")]
 macro_rules! id_reg_read {
     ($crm:expr, $op2:expr; $($c:literal),*) => {
         match ($crm, $op2) {
@@ -218,12 +268,14 @@ macro_rules! id_reg_read {
     };
 }
 
+#[cfg(target_os = "none")]
 /// Reads the ID register at op0=3, op1=0, CRn=0, `crm` (1..=7), `op2` at
 /// EL2 (unallocated encodings in this space read as zero).
 pub fn read_id_reg(crm: u8, op2: u8) -> u64 {
     id_reg_read!(crm, op2; 1, 2, 3, 4, 5, 6, 7)
 }
 
+#[cfg(target_os = "none")]
 /// Expands to a `match` over `(bank, n)` running `$body!(asm name)` for the
 /// breakpoint/watchpoint register `DBG{B,W}{V,C}R<n>_EL1`, n in 0..=15.
 macro_rules! break_watch_match {
@@ -240,6 +292,7 @@ macro_rules! break_watch_match {
     };
 }
 
+#[cfg(target_os = "none")]
 /// Reads DBG{B,W}{V,C}R<n>_EL1. `n` must be below the bank's count in
 /// ID_AA64DFR0_EL1 ([`crate::vdebug::Slots`]): a higher one is UNDEFINED.
 pub fn read_break_watch(bank: Bank, n: usize) -> u64 {
@@ -255,6 +308,7 @@ pub fn read_break_watch(bank: Bank, n: usize) -> u64 {
     break_watch_match!(bank, n, read, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
 }
 
+#[cfg(target_os = "none")]
 /// Writes DBG{B,W}{V,C}R<n>_EL1 (`n` as for [`read_break_watch`]). Takes
 /// effect at the next context synchronization (the ERET into the guest).
 pub fn write_break_watch(bank: Bank, n: usize, v: u64) {

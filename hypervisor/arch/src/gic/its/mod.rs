@@ -33,9 +33,8 @@ mod lpi;
 mod queue;
 mod vpe;
 
-use super::{find_redistributor_frames, rd_base, GIC, GICR_TYPER, GICR_TYPER_OFF};
-use crate::arch::aarch64::cache;
-use crate::arch::aarch64::sysreg;
+use super::dist::{find_redistributor_frames, rd_base, GIC, GICR_TYPER, GICR_TYPER_OFF};
+use crate::cache;
 use crate::intid::IntId;
 use crate::its::cmd::{Command, COMMAND_BYTES};
 pub use crate::its::host::ItsError;
@@ -50,6 +49,7 @@ use crate::its::{
     GITS_CQ_OFFSET, GITS_CTLR, GITS_TYPER, LPI_BASE,
 };
 use crate::sync::Mutex;
+use crate::sysreg;
 use alloc::alloc::{alloc_zeroed, dealloc, Layout};
 use alloc::vec::Vec;
 use core::sync::atomic::{AtomicU64, Ordering};
@@ -155,7 +155,6 @@ struct V4 {
 
 static ITS: Mutex<Option<Its>> = Mutex::new(None);
 
-static LPIS_TAKEN: AtomicU64 = AtomicU64::new(0);
 #[allow(clippy::declare_interior_mutable_const)]
 const ZERO: AtomicU64 = AtomicU64::new(0);
 static COMMANDS: [AtomicU64; COUNTED_COMMANDS.len() + 1] = [ZERO; COUNTED_COMMANDS.len() + 1];
@@ -184,11 +183,6 @@ fn write32(addr: u64, v: u32) {
     unsafe { core::ptr::write_volatile(addr as *mut u32, v) }
 }
 
-/// Counts an LPI acknowledged on this pCPU (called by `gic::ack`).
-pub fn count_lpi() {
-    LPIS_TAKEN.fetch_add(1, Ordering::Relaxed);
-}
-
 /// Whether a physical ITS is set up and host LPIs can be mapped.
 pub fn its_present() -> bool {
     ITS.lock().is_some()
@@ -197,7 +191,7 @@ pub fn its_present() -> bool {
 /// The driver's counters, for the stats block.
 pub fn stats() -> HostItsStats {
     let mut s = HostItsStats {
-        lpis_taken: LPIS_TAKEN.load(Ordering::Relaxed),
+        lpis_taken: super::cpuif::lpis_taken(),
         errors: ERRORS.load(Ordering::Relaxed),
         timeouts: TIMEOUTS.load(Ordering::Relaxed),
         ..Default::default()
@@ -224,7 +218,7 @@ pub fn init(base: u64, cpus: usize, want_vlpi: bool) -> Result<(), ItsError> {
         return Err(ItsError::NoIts);
     }
     disable(base)?;
-    let cpus = cpus.min(crate::boot::pcpus::MAX_PCPUS);
+    let cpus = cpus.min(crate::limits::MAX_PCPUS);
     let device_bits = (typer.read(GITS_TYPER::Devbits) as u8 + 1).min(MAX_DEVICE_ID_BITS);
     let event_bits = typer.read(GITS_TYPER::IDbits) as u8 + 1;
     let cid_bits = if typer.is_set(GITS_TYPER::CIL) { typer.read(GITS_TYPER::CIDbits) as u8 + 1 } else { 16 };

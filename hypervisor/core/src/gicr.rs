@@ -29,7 +29,7 @@ pub const FRAME_V4: u64 = 0x4_0000;
 pub const GICR_TYPER: u64 = 0x8;
 /// The most frames a walk reads over all regions (a bound on a region
 /// whose frames never say Last).
-pub const MAX_FRAMES: usize = 2 * crate::boot::pcpus::MAX_PCPUS;
+pub const MAX_FRAMES: usize = 2 * crate::limits::MAX_PCPUS;
 
 /// GICR_TYPER.Last: the last frame of its region.
 const TYPER_LAST: u64 = 1 << 4;
