@@ -7,7 +7,7 @@
 //!
 //! - `boot`: the boot-layout plan and the arm64 Image header
 //! - `dtb`: device-tree discovery (incl. the dom0less DomUs) and guest DTB editing
-//! - `spec`: a domain as data (`DomainSpec`) and where the plan put it
+//! - `spec`: a domain as data (`VmSpec`) and where the plan put it
 //! - `domain`: the DomU layout, VM plans and DomU device tree, the console
 //! - `firmware`: the machine from ACPI (`firmware::acpi`: table parser, the
 //!   `Platform` it yields, Dom0's rewritten tables)

@@ -1,7 +1,9 @@
-//! A domain as data: what the device tree (or, for Dom0, the options)
-//! asks for ([`DomainSpec`]) and where the boot plan put it
-//! ([`DomuPlacement`]). The parsers produce these and the plans consume
-//! them, so they sit below both.
+//! A domain as data: what one VM is to be ([`VmSpec`], Dom0 and DomUs
+//! alike) and where the boot plan put a DomU ([`DomuPlacement`]). The
+//! parsers produce these and the plans consume them, so they sit below
+//! both: a DomU's spec comes from its dom0less node, Dom0's from the
+//! options and the boot modules once the boot plan has sized its RAM
+//! (`domain::vmplan::dom0_spec`).
 
 use crate::ids::DomainId;
 use crate::region::Region;
@@ -11,13 +13,14 @@ use core::fmt;
 /// Credit2's default domain weight.
 pub const DEFAULT_WEIGHT: u32 = 256;
 
-/// One DomU as the device tree describes it. Addresses of modules are host
+/// One VM as it was asked for: its size, kernel and boot arguments, its
+/// share of the pCPUs, its disk and heap. Addresses of modules are host
 /// physical (where the bootloader loaded them); nothing here is trusted
 /// until the plan has checked it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DomainSpec {
+pub struct VmSpec {
     pub id: DomainId,
-    /// The node's name, e.g. `domU1`.
+    /// The dom0less node's name, e.g. `domU1`; `Dom0` for Dom0.
     pub name: String,
     /// Guest RAM in bytes (the binding's `memory` is in KiB).
     pub memory: u64,
@@ -43,6 +46,9 @@ pub struct DomainSpec {
     /// address and entered there (`hv,kernel-load-addr`); `None`: an arm64
     /// Image or ELF file (`boot::image`).
     pub kernel_load_addr: Option<u64>,
+    /// vCPU i runs only on pCPU i mod N (`dom0_vcpus_pin`; DomUs have no
+    /// such property and float).
+    pub pin_vcpus: bool,
 }
 
 /// Where the boot plan put one DomU's backing memory (host physical, 2 MiB
@@ -72,7 +78,7 @@ impl fmt::Display for Bytes {
 /// The boot log's line for a parsed DomU: `domU1 (d1): 256 MiB, 1 vCPU,
 /// kernel 0x… (… bytes), ramdisk …, weight 256, cap none, disk 64 MiB,
 /// vpl011, bootargs "…"`.
-impl fmt::Display for DomainSpec {
+impl fmt::Display for VmSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let s = if self.vcpus == 1 { "" } else { "s" };
         write!(f, "{} (d{}): {}, {} vCPU{s}", self.name, self.id, Bytes(self.memory), self.vcpus)?;

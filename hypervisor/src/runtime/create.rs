@@ -146,7 +146,7 @@ pub(super) fn apply_disk(vp: &VmPlan, quota: &Arc<Quota>) -> Result<Option<VDisk
                 core::ptr::write_bytes(image.base as *mut u8, 0, image.size as usize);
                 core::slice::from_raw_parts_mut(image.base as *mut u8, image.size as usize)
             };
-            if vp.domid == 0 {
+            if vp.spec.id == 0 {
                 info!(
                     "dom0 disk: virtio-blk at {:#x}, {}, RAM image {} MiB, service time {} us",
                     base,
@@ -162,7 +162,7 @@ pub(super) fn apply_disk(vp: &VmPlan, quota: &Arc<Quota>) -> Result<Option<VDisk
             Some(disk.map_err(too_small)?)
         }
         // A DomU's disk is a RAM image (`domain::vmplan::plan_domu`).
-        Some(DiskPlan { backing: DiskBacking::Phys { .. }, .. }) if vp.domid != 0 || vp.ram_host != ram.base => {
+        Some(DiskPlan { backing: DiskBacking::Phys { .. }, .. }) if vp.spec.id != 0 || vp.ram_host != ram.base => {
             return Err(VmError::Memory("a DomU cannot drive a physical disk"))
         }
         Some(DiskPlan { base, intid, backing: DiskBacking::Phys { size } }) => {
@@ -188,13 +188,11 @@ pub(super) fn apply_disk(vp: &VmPlan, quota: &Arc<Quota>) -> Result<Option<VDisk
 /// How a VM's vCPUs join the host-wide scheduler, and where vCPU 0 enters
 /// its kernel.
 pub(super) struct VcpuStart<'a> {
-    /// The domain's Credit2 weight and cap.
-    pub params: DomainParams,
     /// The host-wide scheduler id of local vCPU 0 (`Vm::gid`).
     pub vcpu_base: u32,
-    /// `Some(nr_pcpus)`: vCPU i is pinned to pCPU i % nr_pcpus
-    /// (`dom0_vcpus_pin`); `None`: unpinned.
-    pub pin_to: Option<usize>,
+    /// The machine's pCPUs: a VM whose spec pins its vCPUs has vCPU i on
+    /// pCPU i % nr_pcpus.
+    pub nr_pcpus: usize,
     /// Per-vCPU weights, by host-wide id (`sched_vcpu_weight`).
     pub weights: &'a [(VcpuId, u32)],
     /// vCPU 0's x0 (the DTB's IPA) and entry point (the kernel's IPA).
@@ -203,7 +201,7 @@ pub(super) struct VcpuStart<'a> {
 }
 
 /// Makes the plan's vCPUs and adds them to the host-wide scheduler in
-/// domain `vp.domid`; vCPU 0 is online at its kernel's entry per the arm64
+/// domain `vp.spec.id`, with the spec's weight, cap and pinning; vCPU 0 is online at its kernel's entry per the arm64
 /// boot protocol and powered on, the others wait for PSCI CPU_ON.
 pub(super) fn start_vcpus(
     vp: &VmPlan,
@@ -211,10 +209,13 @@ pub(super) fn start_vcpus(
     s: &VcpuStart<'_>,
 ) -> Result<(Vec<Mutex<Vcpu>>, Vec<VcpuShared>), VmError> {
     let mut sched = host.sched.lock();
-    sched.add_domain(vp.domid, s.params).map_err(VmError::Sched)?;
+    let spec = &vp.spec;
+    sched
+        .add_domain(spec.id, DomainParams { weight: spec.weight, cap_percent: spec.cap_percent })
+        .map_err(VmError::Sched)?;
     for i in 0..vp.nr_vcpus {
-        let pin = s.pin_to.map(|n| i % n);
-        sched.add_vcpu(VcpuId(s.vcpu_base + i as u32), vp.domid, pin).map_err(VmError::Sched)?;
+        let pin = spec.pin_vcpus.then(|| i % s.nr_pcpus.max(1));
+        sched.add_vcpu(VcpuId(s.vcpu_base + i as u32), spec.id, pin).map_err(VmError::Sched)?;
     }
     // Our extension of Credit2: a vCPU's own weight.
     for &(v, w) in s.weights {
@@ -259,7 +260,7 @@ pub(super) struct VmParts {
     pub vits: Option<Mutex<Vits>>,
     /// `timer_slop_ns` (Dom0's; 0 for a DomU).
     pub timer_slop_ns: u64,
-    /// Its heap quota (`vp.heap_quota`), already charged by its disk.
+    /// Its heap quota (`vp.spec.heap_quota`), already charged by its disk.
     pub quota: Arc<Quota>,
 }
 
@@ -300,11 +301,11 @@ impl Vm {
         };
         if let Some(r) = vp.its {
             let how = if vlpi.is_some() { "GICv4 vLPIs with doorbells" } else { "host LPIs" };
-            let who = if vp.domid == 0 { String::from("dom0") } else { alloc::format!("d{}", vp.domid) };
+            let who = if vp.spec.id == 0 { String::from("dom0") } else { alloc::format!("d{}", vp.spec.id) };
             info!("{who} ITS: virtual GITS control frame at {:#x}, MSIs backed by {how}", r.base);
         }
         Ok(Box::new(Vm {
-            domid: vp.domid,
+            domid: vp.spec.id,
             vmid,
             ram: vp.ram,
             ram_host: vp.ram_host,

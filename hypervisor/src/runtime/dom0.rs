@@ -11,7 +11,7 @@ use crate::domain::vmplan::{self, Dom0Firmware, VmPlan};
 use crate::dtb::{self, GuestDtbConfig, Platform};
 use crate::quota::Quota;
 use crate::region::Region;
-use crate::sched::{DomainParams, SchedConfig};
+use crate::sched::SchedConfig;
 use crate::sync::Mutex;
 use crate::vgic::its::{Vits, VitsConfig};
 use alloc::boxed::Box;
@@ -141,16 +141,9 @@ impl Vm {
         let vcpus = start_vcpus(
             &vp,
             host,
-            &VcpuStart {
-                params: DomainParams { weight: cfg.dom0_weight, cap_percent: cfg.dom0_cap },
-                vcpu_base: 0,
-                pin_to: cfg.dom0_vcpus_pin.then_some(nr_pcpus),
-                weights: &weights,
-                dtb: plan.guest_dtb.base,
-                kernel: plan.entry,
-            },
+            &VcpuStart { vcpu_base: 0, nr_pcpus, weights: &weights, dtb: plan.guest_dtb.base, kernel: plan.entry },
         )?;
-        let quota = Arc::new(Quota::new(vp.heap_quota));
+        let quota = Arc::new(Quota::new(vp.spec.heap_quota));
         let disk = apply_disk(&vp, &quota)?;
         info!(
             "dom0: {} vCPU(s) on {} pCPU(s), RAM {:#x}-{:#x}, kernel entry {:#x} ({} KiB in {} piece(s)), initrd {:?}, dtb {:#x}, {} passthrough device(s)",

@@ -1,4 +1,4 @@
-//! Building a DomU at EL2 from a `DomainSpec` and its `DomuPlacement`:
+//! Building a DomU at EL2 from a `VmSpec` and its `DomuPlacement`:
 //! applies what `domain::vmplan::plan_domu` planned (its layout from
 //! `domain::layout::layout_domu`). Its RAM is mapped
 //! at `DOMU_RAM_BASE` (not identity-mapped), nothing else is: no physical
@@ -21,10 +21,9 @@ use crate::config::Config;
 use crate::domain::domu_dt::{build_domu_dtb, DomuDtConfig};
 use crate::domain::layout::{self, DomainError};
 use crate::domain::vmplan;
-use crate::domain::{DomainSpec, DomuPlacement};
+use crate::domain::{DomuPlacement, VmSpec};
 use crate::dtb::Platform;
 use crate::region::Region;
-use crate::sched::DomainParams;
 use alloc::boxed::Box;
 use alloc::vec::Vec;
 use log::info;
@@ -42,7 +41,7 @@ impl Vm {
     /// (`Vm::from_plan`). Its vCPUs are the host-wide scheduler's
     /// `vcpu_base..`; `vmid` tags its stage 2 (unique per VM).
     pub fn create_domu(
-        spec: &DomainSpec,
+        spec: &VmSpec,
         placement: &DomuPlacement,
         plat: &Platform,
         nr_pcpus: usize,
@@ -91,16 +90,9 @@ impl Vm {
         let vcpus = start_vcpus(
             &vp,
             host,
-            &VcpuStart {
-                params: DomainParams { weight: spec.weight, cap_percent: spec.cap_percent },
-                vcpu_base,
-                pin_to: None,
-                weights: &[],
-                dtb: l.dtb.ipa.base,
-                kernel: l.entry,
-            },
+            &VcpuStart { vcpu_base, nr_pcpus, weights: &[], dtb: l.dtb.ipa.base, kernel: l.entry },
         )?;
-        let quota = alloc::sync::Arc::new(crate::quota::Quota::new(vp.heap_quota));
+        let quota = alloc::sync::Arc::new(crate::quota::Quota::new(vp.spec.heap_quota));
         let disk = apply_disk(&vp, &quota)?;
         info!(
             "d{}: {} vCPU(s), RAM {:#x}+{:#x} at host {:#x}, kernel entry {:#x} ({} KiB), initrd {:?}, disk {} MiB, vpl011 {}, VMID {vmid}",
@@ -124,11 +116,7 @@ impl Vm {
 /// `domu_selftest=N`: Dom0's plan with its RAM shrunk from the top (the
 /// guest DTB moved to the new top), and the N DomUs' specs and placements
 /// in what was cut off. Dom0 keeps at least 256 MiB.
-pub fn selftest(
-    plat: &Platform,
-    cfg: &Config,
-    plan: &Plan,
-) -> Result<(Plan, Vec<(DomainSpec, DomuPlacement)>), VmError> {
+pub fn selftest(plat: &Platform, cfg: &Config, plan: &Plan) -> Result<(Plan, Vec<(VmSpec, DomuPlacement)>), VmError> {
     let Some(kernel) = &plat.kernel else { return Err(VmError::NoKernel) };
     let (left, placements) = layout::selftest_carve(
         plan.guest_ram,

@@ -48,7 +48,7 @@
 use super::image::{FixedLoad, KernelError};
 use crate::ids::DomainId;
 use crate::region::Region;
-use crate::spec::{DomainSpec, DomuPlacement};
+use crate::spec::{DomuPlacement, VmSpec};
 use alloc::vec::Vec;
 use core::fmt;
 
@@ -97,7 +97,7 @@ pub struct Inputs<'a> {
     pub keep_low: u64,
     /// The dom0less DomUs (`Platform::domus`): their modules are kept,
     /// their RAM and disks placed.
-    pub domus: &'a [DomainSpec],
+    pub domus: &'a [VmSpec],
 }
 
 /// A module copied into guest RAM: `src.size` bytes are copied, the rest
@@ -544,7 +544,7 @@ fn place_heap(size: u64, free: &mut Vec<Region>, placed: &mut Vec<Region>) -> Re
 
 /// Each DomU's RAM and RAM disk, as high as they fit, in device-tree order.
 fn place_domus(
-    specs: &[DomainSpec],
+    specs: &[VmSpec],
     free: &mut Vec<Region>,
     placed: &mut Vec<Region>,
 ) -> Result<Vec<DomuPlacement>, LayoutError> {

@@ -2,7 +2,7 @@
 
 use super::image::{arm64_image_size, KernelError};
 use super::plan::*;
-use crate::domain::{DomainSpec, DomuPlacement, DEFAULT_WEIGHT};
+use crate::domain::{DomuPlacement, VmSpec, DEFAULT_WEIGHT};
 use crate::region::Region;
 use crate::testrng::Rng;
 use alloc::format;
@@ -399,7 +399,7 @@ fn random_layouts_plan_disjointly_or_fail_with_one_line() {
         let module = pick(&mut rng, 64 * MIB);
         let initrd = (rng.below(4) != 0).then(|| pick(&mut rng, 128 * MIB));
         let reserved: Vec<Region> = (0..rng.below(4)).map(|_| pick(&mut rng, 32 * MIB)).collect();
-        let mut domus: Vec<DomainSpec> = Vec::new();
+        let mut domus: Vec<VmSpec> = Vec::new();
         for id in 1..=rng.below(4) as u16 {
             // Sometimes the same kernel file as the DomU before.
             let kernel = match domus.last() {
@@ -439,8 +439,8 @@ fn random_layouts_plan_disjointly_or_fail_with_one_line() {
 }
 
 /// A DomU as the parser would describe it.
-fn domu(id: u16, memory: u64, kernel: Region, ramdisk: Option<Region>, disk_size: u64) -> DomainSpec {
-    DomainSpec {
+fn domu(id: u16, memory: u64, kernel: Region, ramdisk: Option<Region>, disk_size: u64) -> VmSpec {
+    VmSpec {
         id,
         name: format!("domU{id}"),
         memory,
@@ -454,6 +454,7 @@ fn domu(id: u16, memory: u64, kernel: Region, ramdisk: Option<Region>, disk_size
         disk_size,
         heap_quota: crate::quota::DEFAULT_DOMU_HEAP_QUOTA,
         kernel_load_addr: None,
+        pin_vcpus: false,
     }
 }
 
@@ -462,7 +463,7 @@ fn domu(id: u16, memory: u64, kernel: Region, ramdisk: Option<Region>, disk_size
 /// modules at the top, shared by both DomUs.
 const DOMU_RAM: [Region; 1] = [Region { base: 0x4000_0000, size: (1024 + 512 + 2 * 320 + 128) * MIB }];
 
-fn domu_inputs(domus: &[DomainSpec]) -> Inputs<'_> {
+fn domu_inputs(domus: &[VmSpec]) -> Inputs<'_> {
     Inputs { ram: &DOMU_RAM, domus, ..inputs(0x5000_0000, Some(r(0x51c0_0000, INITRD_FILE))) }
 }
 
@@ -500,7 +501,7 @@ fn impossible_domus_are_errors_naming_the_domain() {
     let kernel = r(top - 128 * MIB, KERNEL_FILE);
     let initrd = r(top - 96 * MIB, INITRD_FILE);
     let ok = domu(1, 256 * MIB, kernel, Some(initrd), 64 * MIB);
-    let err = |d: &[DomainSpec]| plan(&domu_inputs(d)).unwrap_err();
+    let err = |d: &[VmSpec]| plan(&domu_inputs(d)).unwrap_err();
     // Too much memory for the second DomU.
     let e = err(&[ok.clone(), domu(2, 4096 * MIB, kernel, None, 0)]);
     assert!(matches!(e, LayoutError::DomuNoRoom { id: 2, what: "RAM", size, .. } if size == 4096 * MIB), "{e:?}");

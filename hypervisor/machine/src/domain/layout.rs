@@ -1,4 +1,4 @@
-//! Where a DomU's pieces go, as a pure function of its [`DomainSpec`] and
+//! Where a DomU's pieces go, as a pure function of its [`VmSpec`] and
 //! [`DomuPlacement`] (host-tested): its guest-physical machine (laid out
 //! like QEMU `virt`) and, inside its RAM, the kernel, initrd and device tree
 //! with the host-physical address behind each. The EL2 code
@@ -9,7 +9,7 @@
 //! of Dom0's planned RAM (before Dom0 is built), for testing DomUs before
 //! the dom0less device-tree parser provides real ones.
 
-use super::{DomainSpec, DomuPlacement};
+use super::{DomuPlacement, VmSpec};
 use crate::boot::image::KernelLoad;
 use crate::boot::plan::{place_modules, ALIGN, GUEST_DTB_SIZE, MIN_GUEST_RAM};
 use crate::region::Region;
@@ -129,7 +129,7 @@ fn align_up(x: u64) -> Option<u64> {
 /// initrd around the kernel (`boot::plan::place_modules`: the DTB in the
 /// highest free 2 MiB, the initrd at the lowest 2 MiB boundary clear of
 /// both).
-pub fn layout_domu(spec: &DomainSpec, placement: &DomuPlacement, load: &KernelLoad) -> Result<DomuLayout, DomainError> {
+pub fn layout_domu(spec: &VmSpec, placement: &DomuPlacement, load: &KernelLoad) -> Result<DomuLayout, DomainError> {
     let id = spec.id;
     if spec.memory < MIN_GUEST_RAM || spec.memory > MAX_DOMU_RAM || !spec.memory.is_multiple_of(ALIGN) {
         return Err(DomainError::BadMemory { id, memory: spec.memory });
@@ -223,14 +223,14 @@ pub fn selftest_specs(
     ramdisk: Option<Region>,
     (mem, vcpus, disk): (u64, u32, u64),
     cmd_b64: Option<&str>,
-) -> Vec<DomainSpec> {
+) -> Vec<VmSpec> {
     let mut bootargs = alloc::format!("console=ttyAMA0 earlycon=pl011,{DOMU_UART:#x}");
     if let Some(c) = cmd_b64 {
         bootargs.push_str(" guestcmd=");
         bootargs.push_str(c);
     }
     (1..=n)
-        .map(|i| DomainSpec {
+        .map(|i| VmSpec {
             id: i as u16,
             name: alloc::format!("domU{i}"),
             memory: mem,
@@ -244,6 +244,7 @@ pub fn selftest_specs(
             disk_size: disk,
             heap_quota: crate::quota::DEFAULT_DOMU_HEAP_QUOTA,
             kernel_load_addr: None,
+            pin_vcpus: false,
         })
         .collect()
 }

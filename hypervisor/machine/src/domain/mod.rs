@@ -4,7 +4,7 @@
 //! `/chosen/domU<N>` with `compatible = "xen,domain"`, `memory` in KiB,
 //! `cpus`, `vpl011`, and `module@…` children `multiboot,kernel` /
 //! `multiboot,ramdisk` with `bootargs`), so Xen users recognise it. The
-//! parser turns them into [`DomainSpec`]s; the boot plan places each DomU's
+//! parser turns them into [`VmSpec`]s; the boot plan places each DomU's
 //! RAM ([`DomuPlacement`]); the runtime builds each VM from the two.
 //!
 //! The types live in `spec` and the parser in `dtb::dom0less`, below the
@@ -28,4 +28,4 @@ pub fn vcpu_mpidr(i: usize) -> u64 {
 }
 
 pub use crate::ids::DomainId;
-pub use crate::spec::{DomainSpec, DomuPlacement, DEFAULT_WEIGHT};
+pub use crate::spec::{DomuPlacement, VmSpec, DEFAULT_WEIGHT};

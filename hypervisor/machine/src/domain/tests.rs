@@ -5,7 +5,7 @@
 use super::console::{next_domain, ConsoleMux, Input, InputSwitch, LINE_MAX, SWITCH_KEY};
 use super::domu_dt::{build_domu_dtb, DomuDtConfig};
 use super::layout::*;
-use super::{DomainSpec, DomuPlacement, DEFAULT_WEIGHT};
+use super::{DomuPlacement, VmSpec, DEFAULT_WEIGHT};
 use crate::boot::image::KernelLoad;
 use crate::region::Region;
 use alloc::string::String;
@@ -98,8 +98,8 @@ fn domu_dtb_refuses_bad_inputs() {
     assert!(build_domu_dtb(&DomuDtConfig { initrd: outside, ..base }).is_err());
 }
 
-fn spec(id: u16, memory: u64, kernel: u64, ramdisk: Option<u64>, disk_size: u64) -> DomainSpec {
-    DomainSpec {
+fn spec(id: u16, memory: u64, kernel: u64, ramdisk: Option<u64>, disk_size: u64) -> VmSpec {
+    VmSpec {
         id,
         name: alloc::format!("domU{id}"),
         memory,
@@ -113,6 +113,7 @@ fn spec(id: u16, memory: u64, kernel: u64, ramdisk: Option<u64>, disk_size: u64)
         disk_size,
         heap_quota: crate::quota::DEFAULT_DOMU_HEAP_QUOTA,
         kernel_load_addr: None,
+        pin_vcpus: false,
     }
 }
 

@@ -32,7 +32,7 @@ use crate::boot::image::KernelLoad;
 use crate::boot::plan::{self, LayoutError, Plan};
 use crate::config::{Config, DiskMode};
 use crate::domain::layout::{self, DomainError, DomuLayout, DOMU_GICD, DOMU_GICR, DOMU_UART, DOMU_UART_SPI};
-use crate::domain::{DomainId, DomainSpec, DomuPlacement};
+use crate::domain::{DomainId, DomuPlacement, VmSpec};
 use crate::dtb::{MmioDevice, PcieHost, Platform};
 use crate::intid::IntId;
 use crate::iomem::IoMemPolicy;
@@ -150,7 +150,9 @@ pub struct VgicPlan {
 /// Everything a VM is made of, as data.
 #[derive(Clone, Debug)]
 pub struct VmPlan {
-    pub domid: DomainId,
+    /// What the VM was asked to be (Dom0's from [`dom0_spec`]): its id,
+    /// scheduling parameters and heap quota are read from here.
+    pub spec: VmSpec,
     pub nr_vcpus: usize,
     pub ipa: IpaSize,
     /// Guest-physical RAM, and the host address behind its base.
@@ -194,9 +196,6 @@ pub struct VmPlan {
     pub iomem: Option<IoMemPolicy>,
     /// Host LPIs the route table has room for.
     pub lpi_routes: usize,
-    /// Heap the hypervisor may allocate at run time on the VM's behalf
-    /// (`crate::quota`); the boot plan reserved it.
-    pub heap_quota: u64,
 }
 
 impl VmPlan {
@@ -207,8 +206,8 @@ impl VmPlan {
             return Ok(());
         }
         let needed = crate::virtio::blk::floor_cost(&crate::virtio::BlkConfig::new(0, false));
-        if self.heap_quota < needed {
-            return Err(PlanError::HeapQuotaTooSmall { domid: self.domid, quota: self.heap_quota, needed });
+        if self.spec.heap_quota < needed {
+            return Err(PlanError::HeapQuotaTooSmall { domid: self.spec.id, quota: self.spec.heap_quota, needed });
         }
         Ok(())
     }
@@ -451,6 +450,32 @@ fn check_ipa(mappings: &[Mapping], ipa: IpaSize) -> Result<(), PlanError> {
     Ok(())
 }
 
+/// Dom0 as a [`VmSpec`], the same shape as a DomU's: from the options
+/// (`dom0_max_vcpus`, `dom0_weight`, `dom0_cap`, `dom0_vcpus_pin`,
+/// `dom0_heap_quota`, `dom0_kernel_load_addr`, the RAM disk's size), the
+/// boot modules, and the RAM the boot plan gave it.
+pub fn dom0_spec(plat: &Platform, plan: &Plan, cfg: &Config) -> Result<VmSpec, PlanError> {
+    let Some(kernel) = &plat.kernel else {
+        return Err(PlanError::NoKernel);
+    };
+    Ok(VmSpec {
+        id: 0,
+        name: String::from("Dom0"),
+        memory: plan.guest_ram.size,
+        vcpus: cfg.dom0_max_vcpus.unwrap_or(1),
+        vpl011: plat.uart.is_some(),
+        kernel: Region { base: kernel.base, size: kernel.size },
+        ramdisk: plat.ramdisk.as_ref().map(|r| Region { base: r.base, size: r.size }),
+        bootargs: plat.bootargs.clone().unwrap_or_default(),
+        weight: cfg.dom0_weight,
+        cap_percent: cfg.dom0_cap,
+        disk_size: if cfg.disk == DiskMode::Ram { cfg.disk_size } else { 0 },
+        heap_quota: cfg.dom0_heap_quota,
+        kernel_load_addr: cfg.dom0_kernel_load_addr,
+        pin_vcpus: cfg.dom0_vcpus_pin,
+    })
+}
+
 /// Plans Dom0: identity-mapped RAM where the boot plan put it, the devices
 /// `cfg.disk` asks for, and everything its firmware view implies.
 pub fn plan_dom0(
@@ -460,10 +485,8 @@ pub fn plan_dom0(
     firmware: Dom0Firmware<'_>,
     hw: &HwFacts,
 ) -> Result<VmPlan, PlanError> {
-    if plat.kernel.is_none() {
-        return Err(PlanError::NoKernel);
-    }
-    let nr_vcpus = cfg.dom0_max_vcpus.unwrap_or(1) as usize;
+    let spec = dom0_spec(plat, plan, cfg)?;
+    let nr_vcpus = spec.vcpus as usize;
     if nr_vcpus == 0 {
         return Err(PlanError::NoVcpus);
     }
@@ -514,7 +537,7 @@ pub fn plan_dom0(
         Dom0Firmware::Dt => None,
     };
     let p = VmPlan {
-        domid: 0,
+        spec,
         nr_vcpus,
         ipa,
         ram,
@@ -540,7 +563,6 @@ pub fn plan_dom0(
         bus,
         iomem,
         lpi_routes: LPI_ROUTES,
-        heap_quota: cfg.dom0_heap_quota,
     };
     p.check_quota()?;
     p.routes()?;
@@ -729,7 +751,7 @@ fn dom0_forwarded(
 /// (`boot::image::read_kernel`). Also returns the
 /// layout inside its RAM (kernel, initrd, DTB).
 pub fn plan_domu(
-    spec: &DomainSpec,
+    spec: &VmSpec,
     placement: &DomuPlacement,
     load: &KernelLoad,
     plat: &Platform,
@@ -759,7 +781,7 @@ pub fn plan_domu(
     check_ipa(&mappings, ipa)?;
     let bus = bus_of(&vgic, nr_vcpus, disk.as_ref(), uart, None);
     let p = VmPlan {
-        domid: spec.id,
+        spec: spec.clone(),
         nr_vcpus,
         ipa,
         ram: l.ram.ipa,
@@ -789,7 +811,6 @@ pub fn plan_domu(
         bus,
         iomem: None,
         lpi_routes: 0,
-        heap_quota: spec.heap_quota,
     };
     p.check_quota()?;
     p.routes()?;

@@ -284,7 +284,7 @@ fn domus_get_their_ram_and_emulated_devices_only() {
     for (s, pl) in specs.iter().zip(&placements) {
         let (p, l) = plan_domu(s, pl, &KernelLoad::Image { size: 28 * MIB }, &plat, &hw(true)).unwrap();
         check_mappings(&p);
-        assert_eq!(p.domid, s.id);
+        assert_eq!(p.spec, *s);
         assert_eq!(
             p.mappings,
             [Mapping { ipa: DOMU_RAM_BASE, pa: pl.ram.base, size: 128 * MIB, mem: MemType::Normal, why: MapWhy::Ram }]
@@ -376,4 +376,33 @@ fn acpi_dom0_on_qemu_edk2_tables() {
         let e = plan_dom0(&plat, &boot_plan(), &cfg(mode), fw, &h).unwrap_err();
         assert_eq!(e, PlanError::EmulatedDiskOnAcpi);
     }
+}
+
+/// Dom0 is a `VmSpec` like any DomU: the `dom0_*` options, the boot
+/// modules and the RAM the boot plan gave it, carried in its plan.
+#[test]
+fn dom0s_spec_comes_from_the_options_the_modules_and_the_boot_plan() {
+    let args = "dom0_max_vcpus=2 dom0_weight=512 dom0_cap=50 dom0_vcpus_pin dom0_heap_quota=8M dom0_disk=ram \
+                dom0_disk_size=64M";
+    let mut plat = platform(V3_SMP2);
+    plat.ramdisk = Some(BootModule { base: 0x4a00_0000, size: 3 * MIB, bootargs: None });
+    plat.bootargs = Some(String::from("console=ttyAMA0"));
+    let spec = dom0_spec(&plat, &boot_plan(), &cfg(args)).unwrap();
+    assert_eq!((spec.id, spec.name.as_str()), (0, "Dom0"));
+    assert_eq!((spec.memory, spec.vcpus), (512 * MIB, 2));
+    assert_eq!((spec.weight, spec.cap_percent, spec.pin_vcpus), (512, Some(50), true));
+    assert_eq!((spec.heap_quota, spec.disk_size), (8 * MIB, 64 * MIB));
+    assert_eq!((spec.kernel, spec.ramdisk), (r(0x4800_0000, 27 * MIB), Some(r(0x4a00_0000, 3 * MIB))));
+    assert_eq!(spec.bootargs, "console=ttyAMA0");
+    let p = plan_dom0(&plat, &boot_plan(), &cfg(args), Dom0Firmware::Dt, &hw(true)).unwrap();
+    assert_eq!(p.spec, spec);
+    assert_eq!(p.nr_vcpus, 2);
+
+    // The defaults: one vCPU, Credit2's weight, uncapped, floating, no RAM disk.
+    let d = dom0_spec(&platform(V3_SMP2), &boot_plan(), &cfg("")).unwrap();
+    assert_eq!((d.vcpus, d.weight, d.cap_percent, d.pin_vcpus, d.disk_size), (1, 256, None, false, 0));
+
+    let mut none = platform(V3_SMP2);
+    none.kernel = None;
+    assert!(matches!(dom0_spec(&none, &boot_plan(), &cfg("")), Err(PlanError::NoKernel)));
 }

@@ -1,4 +1,4 @@
-//! Xen's dom0less binding: the boot DTB's `/chosen/domU*` nodes → [`DomainSpec`]s.
+//! Xen's dom0less binding: the boot DTB's `/chosen/domU*` nodes → [`VmSpec`]s.
 //!
 //! A DomU is a direct child of `/chosen` with `compatible = "xen,domain"`
 //! (and `status` absent or okay); the node name is free (`domU1`, `web`, …),
@@ -40,7 +40,7 @@ use super::tree::{self, is_compatible, is_enabled, prop, prop_str, Entry, Index}
 use super::DtbError;
 use crate::ids::DomainId;
 use crate::region::Region;
-use crate::spec::{DomainSpec, DEFAULT_WEIGHT};
+use crate::spec::{VmSpec, DEFAULT_WEIGHT};
 
 #[cfg(test)]
 #[path = "dom0less_tests.rs"]
@@ -153,7 +153,7 @@ impl fmt::Display for DomainError {
 /// Reads the DomUs of a boot DTB (checked first, like [`crate::dtb::discover`],
 /// which does the same as part of discovery and keeps the result in
 /// `Platform::domus`).
-pub fn parse(dtb: &[u8]) -> Result<Vec<DomainSpec>, DtbError> {
+pub fn parse(dtb: &[u8]) -> Result<Vec<VmSpec>, DtbError> {
     let checked = crate::dtb::blob::check(dtb)?;
     let fdt = Fdt::new(&checked.blob).map_err(|_| DtbError::Parse)?;
     let idx = Index::new(&fdt)?;
@@ -164,7 +164,7 @@ pub fn parse(dtb: &[u8]) -> Result<Vec<DomainSpec>, DtbError> {
 }
 
 /// The DomUs among `/chosen`'s (node `chosen`) children, in tree order.
-pub(crate) fn from_chosen(idx: &Index<'_, '_>, chosen: usize) -> Result<Vec<DomainSpec>, DomainError> {
+pub(crate) fn from_chosen(idx: &Index<'_, '_>, chosen: usize) -> Result<Vec<VmSpec>, DomainError> {
     let mut out = Vec::new();
     for (i, e) in idx.children_of(chosen) {
         if !is_compatible(e.node, "xen,domain") || !is_enabled(e.node) {
@@ -198,7 +198,7 @@ fn u64_prop(e: &Entry<'_, '_>, name: &'static str) -> Result<Option<u64>, Domain
     }
 }
 
-fn domain(idx: &Index<'_, '_>, i: usize, id: DomainId) -> Result<DomainSpec, DomainProblem> {
+fn domain(idx: &Index<'_, '_>, i: usize, id: DomainId) -> Result<VmSpec, DomainProblem> {
     let e = &idx.entries[i];
     let kib = u64_prop(e, "memory")?.ok_or(DomainProblem::Missing("memory"))?;
     let memory = match kib.checked_mul(1024) {
@@ -270,7 +270,7 @@ fn domain(idx: &Index<'_, '_>, i: usize, id: DomainId) -> Result<DomainSpec, Dom
         }
     }
     let bootargs = module_args.or_else(|| prop_str(e.node, "bootargs")).unwrap_or("");
-    Ok(DomainSpec {
+    Ok(VmSpec {
         id,
         name: String::from(e.node.name),
         memory,
@@ -284,6 +284,7 @@ fn domain(idx: &Index<'_, '_>, i: usize, id: DomainId) -> Result<DomainSpec, Dom
         disk_size,
         heap_quota,
         kernel_load_addr,
+        pin_vcpus: false,
     })
 }
 

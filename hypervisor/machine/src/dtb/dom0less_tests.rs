@@ -180,7 +180,7 @@ fn two_domains_as_xen_describes_them() {
     assert_eq!(d.len(), 3);
     assert_eq!(
         d[0],
-        DomainSpec {
+        VmSpec {
             id: 1,
             name: "domU1".into(),
             memory: 256 * MIB,
@@ -194,11 +194,12 @@ fn two_domains_as_xen_describes_them() {
             disk_size: 0,
             heap_quota: crate::quota::DEFAULT_DOMU_HEAP_QUOTA,
             kernel_load_addr: None,
+            pin_vcpus: false,
         }
     );
     assert_eq!(
         d[1],
-        DomainSpec {
+        VmSpec {
             id: 2,
             name: "web".into(),
             memory: 512 * MIB,
@@ -212,6 +213,7 @@ fn two_domains_as_xen_describes_them() {
             disk_size: 64 * MIB,
             heap_quota: crate::quota::DEFAULT_DOMU_HEAP_QUOTA,
             kernel_load_addr: None,
+            pin_vcpus: false,
         }
     );
     assert_eq!((d[2].id, d[2].name.as_str(), d[2].memory, d[2].disk_size), (3, "domU3", 128 * MIB, MIB));
@@ -393,8 +395,7 @@ fn the_boot_log_lines() {
         "domU1 (d1): 256 MiB, 1 vCPU, kernel 0x70000000 (27262976 bytes), ramdisk 0x72000000 (83886080 bytes), \
          weight 256, cap none, no disk, vpl011, bootargs \"console=ttyAMA0\""
     );
-    let d =
-        DomainSpec { vcpus: 2, ramdisk: None, cap_percent: Some(25), disk_size: 64 * MIB, vpl011: false, ..d.clone() };
+    let d = VmSpec { vcpus: 2, ramdisk: None, cap_percent: Some(25), disk_size: 64 * MIB, vpl011: false, ..d.clone() };
     assert!(d.to_string().contains(" 2 vCPUs, "), "{d}");
     assert!(d.to_string().contains(", no ramdisk, weight 256, cap 25%, disk 64 MiB, bootargs"), "{d}");
     let p = DomuPlacement {

@@ -64,7 +64,7 @@ mod tests;
 
 use crate::intid::IntId;
 pub use crate::region::Region;
-use crate::spec::DomainSpec;
+use crate::spec::VmSpec;
 use alloc::string::String;
 use alloc::vec::Vec;
 use dom0less::DomainError;
@@ -281,7 +281,7 @@ pub struct Platform {
     pub ramdisk: Option<BootModule>,
     /// The dom0less DomUs (`/chosen/domU*`, `compatible = "xen,domain"`),
     /// in tree order: see [`dom0less`].
-    pub domus: Vec<DomainSpec>,
+    pub domus: Vec<VmSpec>,
 }
 
 /// How to edit the host tree into the guest's.
