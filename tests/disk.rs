@@ -114,12 +114,12 @@ fn fio_verify_with_flushes_on_the_backend_disk() {
     assert_eq!(stat_line(&r.console, "irq.forwarded_spi"), Some(0));
 }
 
-/// Issue 8 acceptance: fio with libaio at queue depth 8, mixed random reads
-/// and writes, an fsync (a virtio-blk FLUSH) every 4 writes and every write
-/// verified (interleaved, verify_backlog, and in the final verify phase) on
-/// the backend disk. FLUSH used to go through virtio-drivers' blocking
-/// flush, which fails with WrongToken when another request finishes first
-/// and then loses every later completion.
+/// fio with libaio at queue depth 8, mixed random reads and writes, an
+/// fsync (a virtio-blk FLUSH) every 4 writes and every write verified
+/// (interleaved, verify_backlog, and in the final verify phase) on the
+/// backend disk. FLUSH must not go through virtio-drivers' blocking flush,
+/// which fails with WrongToken when another request finishes first and then
+/// loses every later completion.
 #[test]
 fn fio_libaio_qd8_randrw_fsync_verify_on_the_backend_disk() {
     let cmd = "fio --name=v --filename=/dev/vda --ioengine=libaio --iodepth=8 --rw=randrw --fsync=4 \
@@ -153,11 +153,11 @@ fn fio_libaio_qd8_randrw_fsync_verify_on_the_backend_disk() {
     assert_eq!(s("blk0.unknown_completions"), 0);
 }
 
-/// Issue 8 item 2, in a real guest: requests Linux never sends, written by
+/// Bad lengths in a real guest: requests Linux never sends, written by
 /// hand into a virtqueue with devmem (tests/guest/virtq.sh): an IN and an
 /// OUT without data, a read of 100 bytes and one at sector 2^64-1. On the
-/// backend disk the empty IN used to reach virtio-drivers'
-/// `assert_ne!(buf.len(), 0)` at EL2 and power the machine off. Each must
+/// backend disk an empty IN that reached virtio-drivers'
+/// `assert_ne!(buf.len(), 0)` would panic at EL2 and power the machine off. Each must
 /// get IOERR, a good read afterwards OK, and Linux must get the device back.
 #[test]
 fn backend_disk_answers_malformed_requests_with_ioerr() {
@@ -191,14 +191,14 @@ fn backend_disk_answers_malformed_requests_with_ioerr() {
     assert_eq!(stat_line(&r.console, "blk0.backend_errors"), Some(0));
 }
 
-/// Issue 8 item 3, in a real guest: eight 4 MiB reads on the RAM disk with a
-/// 500 ms service time, and QueueReady toggled (0, 1, notify) as fast as
-/// devmem goes for 8 s, each time making the device see all eight again.
-/// The device used to forget the requests and their budget at every toggle
-/// while the backend kept them, until their read buffers, allocated at the
-/// deadline, exhausted the 48 MiB heap and the allocator panicked. Now the
-/// orphaned reads (far more than 48 MiB of them over the run) keep their
-/// budget until they finish, and every request is accounted for.
+/// QueueReady toggles in a real guest: eight 4 MiB reads on the RAM disk
+/// with a 500 ms service time, and QueueReady toggled (0, 1, notify) as
+/// fast as devmem goes for 8 s, each time making the device see all eight
+/// again. The orphaned reads (far more than 48 MiB of them over the run)
+/// keep their budget until they finish, and every request is accounted
+/// for: a device that forgot them at every toggle while the backend kept
+/// them would exhaust the 48 MiB heap with their read buffers, allocated at
+/// the deadline, and the allocator would panic.
 #[test]
 fn ram_disk_survives_queue_ready_toggling_under_4_mib_reads() {
     let cmd = ". /tests/virtq.sh

@@ -1,8 +1,8 @@
 //! `cargo xtask run --domu N`: DomUs described in the DTB with Xen's
 //! dom0less binding: the hypervisor parses them, places their RAM and
 //! disks, logs both, and runs them beside Dom0 (consoles, input and the
-//! self-test DomUs are tests/domu_selftest.rs's subject). And issue 13's
-//! acceptance runs: fio verify in three domains at once, a DomU's wild
+//! self-test DomUs are tests/domu_selftest.rs's subject). And the
+//! multi-domain acceptance runs: fio verify in three domains at once, a DomU's wild
 //! accesses while Dom0's fio verifies, and Credit2 weights and caps across
 //! domains measured in real guests.
 
@@ -130,7 +130,7 @@ fn a_domu_too_small_for_its_modules_stops_the_boot_with_one_line() {
 
 #[test]
 fn fio_verifies_in_dom0_and_two_domus_at_once() {
-    // Issue 13's first acceptance line: Dom0 on its disk (QEMU's virtio-blk,
+    // The first multi-domain acceptance line: Dom0 on its disk (QEMU's virtio-blk,
     // passed through), each DomU on its own /dev/vda (the hypervisor's
     // virtio-blk over its RAM disk), all at the same time.
     // 512 MiB: in less the guest image's initramfs (85 MiB) does not unpack whole.
@@ -189,7 +189,7 @@ const SWITCH: &[u8] = b"\x01\x01\x01\x01\x01\x01";
 
 #[test]
 fn a_domus_wild_accesses_abort_while_dom0s_fio_verifies() {
-    // Issue 13's second acceptance line. The DomU reads each address, then
+    // The second multi-domain acceptance line. The DomU reads each address, then
     // writes it (devmem: a SIGBUS each), and goes on; meanwhile Dom0 runs
     // fio verify in a loop, still running when the DomU is done.
     let mut probe = String::new();
@@ -282,7 +282,7 @@ fn hog_shares(domus: DomuOptions, hv_args: &str, secs: u32) -> (Vec<f64>, RunRes
 
 #[test]
 fn weights_512_256_256_256_share_two_pcpus_across_four_domains() {
-    // Issue 13's fairness line in a real guest run: 2 pCPUs, one unpinned
+    // The fairness line in a real guest run: 2 pCPUs, one unpinned
     // 1-vCPU hog per domain, Dom0 weight 512 and the DomUs 256.
     let domus = DomuOptions { count: 3, mem_mb: 256, weights: vec![256], ..Default::default() };
     let (s, r) = hog_shares(domus, "dom0_weight=512", 5);

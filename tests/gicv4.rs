@@ -1,10 +1,10 @@
-//! GICv4.0 direct injection (issue 10): an NVMe disk's MSIs reach Dom0 as
+//! GICv4.0 direct injection: an NVMe disk's MSIs reach Dom0 as
 //! vLPIs the ITS makes pending for the target vCPU's vPE, and the vPE's
 //! doorbell wakes that vCPU when it is blocked. One pCPU, two vCPUs: a busy
 //! loop on vCPU0, fio (crc32c verify) on vCPU1, so every I/O completion
 //! finds the fio vCPU blocked in WFI and must wake it. The same test passes
 //! on a GICv3 machine and with `gic_vlpi=off`, on host LPIs injected
-//! through list registers (issue 9's path).
+//! through list registers (the emulated path).
 
 use integration_tests::*;
 use xtask::cli::DiskKind;

@@ -1,4 +1,4 @@
-//! `--platform graviton` (issue 12): AWS Graviton's boot path on QEMU,
+//! `--platform graviton`: AWS Graviton's boot path on QEMU,
 //! started through the same command-line code as `cargo xtask run
 //! --platform graviton`: EDK2 + ACPI (`--firmware uefi` implied), a
 //! Neoverse V1 core (Graviton3's; the N1, Graviton2's, with `--cpu`), GICv3 + ITS, NVMe the default disk. And more pCPUs

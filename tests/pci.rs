@@ -2,8 +2,8 @@
 //! bridge with a virtio-blk-pci or NVMe disk behind it, handed to the guest
 //! Dom0-style, with the ITS. The devices' MSIs go to the physical ITS, which
 //! raises host LPIs the hypervisor turns into the guest's LPIs through its
-//! virtual ITS (issue 9); on a GICv4 machine the ITS injects them as vLPIs
-//! itself (issue 10). Data is checked end to end (fio crc32c verify) on
+//! virtual ITS; on a GICv4 machine the ITS injects them as vLPIs
+//! itself. Data is checked end to end (fio crc32c verify) on
 //! GICv3 and GICv4 machines; INTx still works when the guest turns MSIs off.
 
 use integration_tests::*;
@@ -73,7 +73,7 @@ fn fio_verify_over_msi(kind: DiskKind, gic: u8, dev: &str, irq_name: &str, found
     let lpis = stat_line(&r.console, "irq.guest_lpi").expect("irq.guest_lpi in the stats");
     let injected = stat(&r.console, 0, "lpis_injected").unwrap() + stat(&r.console, 1, "lpis_injected").unwrap();
     if gic == 4 {
-        // GICv4 direct injection (issue 10, the default there): the ITS
+        // GICv4 direct injection (the default there): the ITS
         // makes the guest's vLPIs pending itself; no host LPI, no list register.
         assert_eq!(lpis, 0, "host LPIs on the GICv4 path");
         assert!(injected * 100 < a - b, "guest LPIs injected {injected} of {} MSIs", a - b);

@@ -64,14 +64,32 @@ pub fn main(o: &Opts) -> Result<(), String> {
     let pc = preempt_cfg(o);
     modes.push(("wake-preempt", pc.ratelimit_ns / 1000, pc));
 
+    let cases = wakeup_cases(o, &modes)?;
+    print_wakeup(o, &cases);
+    lock_holder(o, pc)?;
+    fast_waker(o, pc)?;
+    sgi_flood(o, pc)?;
+    domains(o, pc)?;
+    if let Some(path) = &o.json {
+        write_json(path, &cases)?;
+    }
+    Ok(())
+}
+
+/// The seed workload in every mode and topology.
+fn wakeup_cases(o: &Opts, modes: &[(&'static str, u64, SchedConfig)]) -> Result<Vec<Case>, String> {
     let mut cases = Vec::new();
-    for &(mode, rl, cfg) in &modes {
+    for &(mode, rl, cfg) in modes {
         for topology in [Topology::OneP2V, Topology::TwoP2V] {
             let res = sim::run(&params(o, cfg, topology, Scenario::Wakeup)).map_err(|e| e.to_string())?;
             cases.push(Case { mode, ratelimit_us: rl, topology, res });
         }
     }
+    Ok(cases)
+}
 
+/// The wakeup table: a row per mode and topology.
+fn print_wakeup(o: &Opts, cases: &[Case]) {
     println!(
         "wakeup: {} s virtual, service {} us, submit {} us, context switch {} us; latency = I/O vCPU wake -> running",
         o.seconds, o.service_us, o.submit_us, o.switch_cost_us
@@ -80,7 +98,7 @@ pub fn main(o: &Opts) -> Result<(), String> {
         "{:<13} {:>6} {:>5} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6} {:>9}",
         "mode", "rl_us", "topo", "iops", "p50_us", "p99_us", "p999_us", "max_us", "hog%", "preempt/s"
     );
-    for c in &cases {
+    for c in cases {
         let r = &c.res;
         println!(
             "{:<13} {:>6} {:>5} {:>9.0} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>6.1} {:>9.0}",
@@ -96,9 +114,11 @@ pub fn main(o: &Opts) -> Result<(), String> {
             r.hog_preempts_per_s(),
         );
     }
+}
 
-    // Lock-holder preemption: completion IRQ on the hog vCPU, whose handler
-    // holds the queue lock around the SGI that wakes the I/O vCPU.
+/// Lock-holder preemption: completion IRQ on the hog vCPU, whose handler
+/// holds the queue lock around the SGI that wakes the I/O vCPU.
+fn lock_holder(o: &Opts, pc: SchedConfig) -> Result<(), String> {
     println!();
     println!("lock-holder (1p2v): IRQ on the hog, lock held 5 us before and 5 us after the waking SGI; slat = lock attempt -> submitted");
     println!("{:<34} {:>9} {:>9} {:>9} {:>10} {:>10}", "case", "iops", "p99_us", "p999_us", "slat_p99", "slat_max");
@@ -124,9 +144,12 @@ pub fn main(o: &Opts) -> Result<(), String> {
             us(r.slat(1, 1)),
         );
     }
+    Ok(())
+}
 
-    // Preemption-rate bound: a waker that wakes 50 µs after it blocks and
-    // runs 5 µs, against the hog.
+/// Preemption-rate bound: a waker that wakes 50 µs after it blocks and
+/// runs 5 µs, against the hog.
+fn fast_waker(o: &Opts, pc: SchedConfig) -> Result<(), String> {
     println!();
     println!(
         "fast waker (1p2v): wakes 50 us after it blocks, runs 5 us, context switch {} us; hog% = hog's guest progress",
@@ -152,9 +175,12 @@ pub fn main(o: &Opts) -> Result<(), String> {
             us(r.wake_to_run(1, 1)),
         );
     }
+    Ok(())
+}
 
-    // Bounded lock-holder grace: the hog writes the SGI register every 30 µs
-    // (empty target list); the other vCPU wakes every 1 ms and runs 50 µs.
+/// Bounded lock-holder grace: the hog writes the SGI register every 30 µs
+/// (empty target list); the other vCPU wakes every 1 ms and runs 50 µs.
+fn sgi_flood(o: &Opts, pc: SchedConfig) -> Result<(), String> {
     println!();
     println!("SGI flood (1p2v): hog writes ICC_SGI1R_EL1 every 30 us; vCPU B wakes every 1 ms, runs 50 us");
     println!("{:<34} {:>9} {:>9} {:>9}", "case", "B_ms/s", "p99_us", "max_us");
@@ -174,32 +200,32 @@ pub fn main(o: &Opts) -> Result<(), String> {
             us(r.wake_to_run(1, 1)),
         );
     }
+    Ok(())
+}
 
-    domains(o, pc)?;
-
-    if let Some(path) = &o.json {
-        let mut s = String::from("{\"cases\":[");
-        for (i, c) in cases.iter().enumerate() {
-            if i > 0 {
-                s.push(',');
-            }
-            let r = &c.res;
-            let _ = write!(
-                s,
-                "{{\"mode\":\"{}\",\"ratelimit_us\":{},\"topology\":\"{}\",\"iops\":{:.1},\"p50_us\":{:.1},\"p99_us\":{:.1},\"p999_us\":{:.1}}}",
-                c.mode,
-                c.ratelimit_us,
-                c.topology.name(),
-                r.iops(),
-                us(r.wake_to_run(50, 100)),
-                us(r.wake_to_run(99, 100)),
-                us(r.wake_to_run(999, 1000)),
-            );
+/// The wakeup cases as the JSON the benchmark harness reads.
+fn write_json(path: &std::path::Path, cases: &[Case]) -> Result<(), String> {
+    let mut s = String::from("{\"cases\":[");
+    for (i, c) in cases.iter().enumerate() {
+        if i > 0 {
+            s.push(',');
         }
-        s.push_str("]}\n");
-        std::fs::write(path, s).map_err(|e| format!("writing {}: {e}", path.display()))?;
-        println!("\nwrote {}", path.display());
+        let r = &c.res;
+        let _ = write!(
+            s,
+            "{{\"mode\":\"{}\",\"ratelimit_us\":{},\"topology\":\"{}\",\"iops\":{:.1},\"p50_us\":{:.1},\"p99_us\":{:.1},\"p999_us\":{:.1}}}",
+            c.mode,
+            c.ratelimit_us,
+            c.topology.name(),
+            r.iops(),
+            us(r.wake_to_run(50, 100)),
+            us(r.wake_to_run(99, 100)),
+            us(r.wake_to_run(999, 1000)),
+        );
     }
+    s.push_str("]}\n");
+    std::fs::write(path, s).map_err(|e| format!("writing {}: {e}", path.display()))?;
+    println!("\nwrote {}", path.display());
     Ok(())
 }
 

@@ -255,7 +255,7 @@ impl Dump {
         Some((wake.1.t, sin.1.t))
     }
 
-    /// Demand before the outlier (issue 14's fairness question): how long
+    /// Demand before the outlier (is the late wake a fairness matter?): how long
     /// the dump's vCPU ran, from its `sched_in`/`sched_out` events on any
     /// pCPU, in the `window_ns` before its wake (the window starts no
     /// earlier than the first event of the dump). `(run_ns, window_ns)`.

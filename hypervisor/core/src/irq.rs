@@ -1,10 +1,10 @@
 //! The physical IRQ route table: what the hypervisor does with each physical
 //! INTID it acknowledges.
 //!
-//! Why a table: the run loop used to test every acknowledged INTID against
-//! each source in turn (virtual timer, the backend disk, forwarded SPIs, the
-//! UART, the EL2 timer). Issue 9 adds host LPIs that back guest MSIs and,
-//! later, GICv4 doorbells; each is one more [`Route`] here and one more arm in
+//! Why a table and not a chain that tests every acknowledged INTID against
+//! each source in turn: each source (virtual timer, the backend disk,
+//! forwarded SPIs, the UART, the EL2 timer, host LPIs that back guest MSIs,
+//! GICv4 doorbells) is one [`Route`] here and one arm in
 //! `runtime::vcpu::handle_irqs`'s `match`, not another branch in a chain.
 //!
 //! Layout: SGIs, PPIs and SPIs (INTIDs 0-1019) are a dense array indexed by

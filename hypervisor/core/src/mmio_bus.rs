@@ -1,11 +1,11 @@
 //! A VM's MMIO bus: which emulated device answers a trapped guest access.
 //!
-//! Why a table: the run loop used to ask each device in turn whether an
-//! address was its own (vGIC, then the virtio-blk frame, then the vPL011).
-//! Issue 9 adds the vITS control frame, and every device after it is one
-//! more registration here and one more arm in `runtime::vcpu::mmio`'s
-//! `match`. Registrations are checked against each other, so two devices
-//! can never claim one address (the chain silently let the first win).
+//! Why a table and not a chain that asks each device in turn whether an
+//! address is its own: each device (vGIC, virtio-blk, vPL011, the vITS
+//! control frame) is one registration here and one arm in
+//! `runtime::vcpu::mmio`'s `match`, and registrations are checked against
+//! each other, so two devices can never claim one address (a chain would
+//! silently let the first win).
 //!
 //! Like Bao's `vm_emul_add_mem`: a sorted list of non-overlapping
 //! guest-physical ranges, each naming a [`Device`]; a lookup is a binary

@@ -1,4 +1,4 @@
-//! The guest's virtual ITS wired to the physical one (issue 9).
+//! The guest's virtual ITS wired to the physical one.
 //!
 //! `vgic::its::Vits` decodes the guest's commands; this file is its EL2
 //! side:

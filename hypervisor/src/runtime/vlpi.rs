@@ -1,10 +1,10 @@
-//! GICv4.0 direct injection of the guest's MSIs (issue 10): the EL2 side.
+//! GICv4.0 direct injection of the guest's MSIs: the EL2 side.
 //!
 //! * [`VlpiVm`]: the VM's vPEs, one per vCPU (vPE ID = vCPU index, a
 //!   virtual pending table and a doorbell LPI each, VMAPPed at VM creation
 //!   to the pCPU the vCPU starts on), made by [`VlpiVm::create`] when
-//!   `gic::its::lpi_path()` is `Direct` (else the VM keeps issue 9's
-//!   emulated path: the choice is the `Vm::vlpi` field, data).
+//!   `gic::its::lpi_path()` is `Direct` (else the VM keeps the
+//!   emulated path, host LPIs through list registers: the choice is the `Vm::vlpi` field, data).
 //! * [`DirectBackend`]: the vITS backend for that case, `its::v4`'s
 //!   (host-tested) over the physical driver ([`PhysIts`]). Guest MAPD →
 //!   MAPD; MAPTI/MAPI → VMAPTI/VMAPI with the target vCPU's vPE and

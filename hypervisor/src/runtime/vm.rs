@@ -340,7 +340,7 @@ pub struct Vm {
     /// Host LPIs whose guest mapping was gone (or refused) when they fired.
     pub lpis_dropped: AtomicU64,
     /// GICv4 direct injection (`runtime::vlpi`): the guest's MSIs are vLPIs
-    /// of these vPEs. `None`: host LPIs through list registers (issue 9).
+    /// of these vPEs. `None`: host LPIs through list registers (`runtime::its`).
     pub vlpi: Option<super::vlpi::VlpiVm>,
     /// Which emulated device answers a trapped access (`runtime::vcpu::mmio`);
     /// read-only once the VM is made.

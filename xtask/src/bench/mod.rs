@@ -1,5 +1,5 @@
 //! `cargo xtask bench wakeup`: fio inside a Linux guest, across a matrix of
-//! topologies, IRQ placements, schedulers, disks and clocks (issue 5).
+//! topologies, IRQ placements, schedulers, disks and clocks.
 //!
 //! Why this exists: the project's claim is that a guest's I/O latency does
 //! not collapse when its vCPUs share a pCPU with a CPU hog. The proof is the
@@ -104,7 +104,7 @@ spelled_enum! {
         /// Two pCPUs, two vCPUs with the hog (real-time clock only: under
         /// `-icount` QEMU runs all pCPUs on one host thread).
         TwoP2V = "2p2v",
-        /// One pCPU shared by two domains (issue 13): Dom0's one vCPU runs
+        /// One pCPU shared by two domains: Dom0's one vCPU runs
         /// fio, one DomU with one vCPU runs the CPU hog ([`DOMU_HOG_MEM_MB`],
         /// its default RAM disk, unused). Another tenant's hog, not a sibling.
         OneP1VD1 = "1p1v+d1",
@@ -174,7 +174,7 @@ spelled_enum! {
         Wfi = "wfi",
         /// `nohlt` on the guest's command line: the idle loop polls, so a
         /// vCPU never blocks and its vPE stays resident; interrupts arrive
-        /// while it runs (issue 10's "fio vCPU resident" line).
+        /// while it runs (the "fio vCPU resident" target).
         Poll = "poll",
     }
 }
@@ -187,10 +187,10 @@ impl Idle {
 }
 
 spelled_enum! {
-    /// The machine's GIC and how a PCIe disk's MSIs reach the guest (issue 10).
+    /// The machine's GIC and how a PCIe disk's MSIs reach the guest.
     Delivery {
         /// `--gic 3`: a GICv3 machine; MSIs are host LPIs the hypervisor
-        /// injects through list registers (issue 9's emulated path).
+        /// injects through list registers (the emulated path).
         V3Emulated = "v3-emulated",
         /// `--gic 4` with `gic_vlpi=off`: the same emulated LPI path on a
         /// GICv4 machine.
@@ -372,8 +372,8 @@ impl fmt::Display for Case {
 
 impl Case {
     /// Whether labels name the delivery mode: for a PCIe (MSI) disk, and for
-    /// any disk on a GICv4 machine (the labels of issue 5's matrix, GICv3
-    /// and SPI disks only, stay as they were).
+    /// any disk on a GICv4 machine (the labels of GICv3 SPI-disk cases
+    /// leave it out, so they match results recorded without the field).
     pub fn shows_delivery(&self) -> bool {
         self.disk.is_pcie() || self.delivery != Delivery::V3Emulated
     }
@@ -444,7 +444,7 @@ fn scheds(quick: bool) -> Vec<(Sched, u32)> {
     v
 }
 
-/// The benchmark matrix of issue 5.
+/// The benchmark matrix.
 ///
 /// - `quick` (wins over `full`): 1p1v, 1p2v and 1p1v+d1, unpinned IRQ,
 ///   xen-compat 1000 vs wake-preempt, ram disk, icount: 6 cases (run them
@@ -597,7 +597,7 @@ pub fn quick_matrix_on(disks: &[Disk]) -> Vec<Case> {
     v
 }
 
-/// Issue 10's "fio vCPU resident and alone on its pCPU" case (2p2v, real
+/// The "fio vCPU resident and alone on its pCPU" case (2p2v, real
 /// time: two pCPUs need QEMU's MTTCG threads): the hog on vCPU0, which
 /// starts on pCPU0, fio on vCPU1, which starts on pCPU1, every MSI steered
 /// to vCPU1 (`msi-fio`), wake-preempt, and the guest's idle loop polling
@@ -745,9 +745,10 @@ pub fn run_timeout(case: &Case, runtime_s: u32) -> Duration {
 /// (block/null.c, `null_co_common`), i.e. host time, not the guest's
 /// virtual clock. Under `-icount shift=0,sleep=on`, while a vCPU runs (1p2v:
 /// the hog) virtual time advances with the instructions executed during
-/// those host 200 µs: measured clat p50 171–206 µs. While the machine idles
+/// those host 200 µs, so clat stays near 200 µs. While the machine idles
 /// (1p1v), `sleep=on` advances virtual time by the host time until the vCPU
-/// is kicked: measured ~1.1 ms per request on the shared host. So the QEMU
+/// is kicked, so a request takes longer than its service time (the figures
+/// are in docs/benchmarks/wakeup-gicv4.md). So the QEMU
 /// disks' service time is fixed in host time only; compare them at the same
 /// topology (wake-preempt vs xen-compat, MSI vs SPI), not 1p2v against
 /// 1p1v. Only the `ram` disk's is exact in guest time. A raw file would

@@ -25,9 +25,8 @@ pub struct ResultCase {
     pub ratelimit_us: u32,
     pub disk: Disk,
     pub clock: Clock,
-    /// GIC version and MSI delivery mode (absent in files from before
-    /// issue 10: v3-emulated).
-    /// Left out for v3-emulated, so issue 5's matrix keeps its schema.
+    /// GIC version and MSI delivery mode (absent means v3-emulated).
+    /// Left out for v3-emulated, so the GICv3 matrix's files keep one schema.
     #[serde(default = "v3_emulated", skip_serializing_if = "is_v3_emulated")]
     pub delivery: Delivery,
     /// The guest's idle loop; left out for WFI (every case before the
@@ -119,7 +118,7 @@ impl Status {
 /// One target evaluated on one (disk, clock) group.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TargetCheck {
-    /// 1..=4, in the issue's order.
+    /// 1..=6: its place in [`TARGETS`], from 1.
     pub target: usize,
     /// `disk/clock` the numbers come from, or `-` when not measured.
     pub group: String,
@@ -128,8 +127,8 @@ pub struct TargetCheck {
     pub detail: String,
 }
 
-/// The issues' targets, as stated there: 1–4 issue 5's (a sibling hog in
-/// Dom0), 5–6 issue 13's (another domain's hog on the same pCPU).
+/// The latency targets: 1–4 with a sibling hog in Dom0, 5–6 with another
+/// domain's hog on the same pCPU.
 pub const TARGETS: [&str; 6] = [
     "1p2v unpinned wake-preempt IOPS ≥ 0.9× the 1p1v baseline, and clat p99 ≤ 2× baseline",
     "wake-preempt ≥ 5× xen-compat ratelimit-1000 IOPS on 1p2v unpinned",
@@ -226,105 +225,11 @@ pub fn check_targets(all: &[Summary]) -> Vec<TargetCheck> {
                             && s.case.delivery == delivery
                     })
                 };
-                let status = |ok: bool| if ok { Status::Met } else { Status::Missed };
                 match target {
-                    1 | 4 => {
-                        let (Some(c), Some(b)) = (
-                            get(Topology::OneP2V, Irq::Unpinned, Sched::WakePreempt, None),
-                            get(Topology::OneP1V, Irq::Unpinned, Sched::WakePreempt, None),
-                        ) else {
-                            continue;
-                        };
-                        if target == 1 {
-                            let ri = ratio(c.fio.iops, b.fio.iops);
-                            let rp = ratio(c.fio.clat_p99_us, b.fio.clat_p99_us);
-                            rows.push(TargetCheck {
-                                target,
-                                group,
-                                status: status(ri >= 0.9 && rp <= 2.0),
-                                detail: format!(
-                                    "IOPS {:.0} vs {:.0} = {} (≥ 0.90×); p99 {} vs {} µs = {} (≤ 2×)",
-                                    c.fio.iops,
-                                    b.fio.iops,
-                                    fr(ri),
-                                    fus(c.fio.clat_p99_us),
-                                    fus(b.fio.clat_p99_us),
-                                    fr(rp)
-                                ),
-                            });
-                        } else {
-                            let rs = ratio(c.fio.slat_mean_us, b.fio.slat_mean_us);
-                            let proxy =
-                                if c.fio.slat_measured && b.fio.slat_measured { "" } else { " (lat−clat, see note)" };
-                            rows.push(TargetCheck {
-                                target,
-                                group,
-                                status: status(rs <= 2.0),
-                                detail: format!(
-                                    "mean slat {} vs {} µs = {} (≤ 2×){proxy}",
-                                    fus(c.fio.slat_mean_us),
-                                    fus(b.fio.slat_mean_us),
-                                    fr(rs)
-                                ),
-                            });
-                        }
-                    }
-                    2 => {
-                        let (Some(c), Some(x)) = (
-                            get(Topology::OneP2V, Irq::Unpinned, Sched::WakePreempt, None),
-                            get(Topology::OneP2V, Irq::Unpinned, Sched::XenCompat, Some(1000)),
-                        ) else {
-                            continue;
-                        };
-                        let r = ratio(c.fio.iops, x.fio.iops);
-                        rows.push(TargetCheck {
-                            target,
-                            group,
-                            status: status(r >= 5.0),
-                            detail: format!("IOPS {:.0} vs {:.0} = {} (≥ 5×)", c.fio.iops, x.fio.iops, fr(r)),
-                        });
-                    }
-                    5 | 6 => {
-                        let Some(d) = get(Topology::OneP1VD1, Irq::Unpinned, Sched::WakePreempt, None) else {
-                            continue;
-                        };
-                        let (other, what, min) = if target == 5 {
-                            (get(Topology::OneP1V, Irq::Unpinned, Sched::WakePreempt, None), "1p1v", 0.9)
-                        } else {
-                            (get(Topology::OneP1VD1, Irq::Unpinned, Sched::XenCompat, Some(1000)), "xen-compat", 10.0)
-                        };
-                        let Some(o) = other else { continue };
-                        let r = ratio(d.fio.iops, o.fio.iops);
-                        let hog = d.hog_share.map_or("n/a".into(), |h| format!("{:.0} %", h * 100.0));
-                        rows.push(TargetCheck {
-                            target,
-                            group,
-                            status: status(r >= min),
-                            detail: format!(
-                                "IOPS {:.0} vs {what} {:.0} = {} (≥ {min:.2}×); DomU hog's CPU share {hog}",
-                                d.fio.iops,
-                                o.fio.iops,
-                                fr(r)
-                            ),
-                        });
-                    }
-                    _ => {
-                        for t in [Topology::OneP2V, Topology::TwoP2V] {
-                            let (Some(u), Some(p)) = (
-                                get(t, Irq::Unpinned, Sched::WakePreempt, None),
-                                get(t, Irq::Pinned, Sched::WakePreempt, None),
-                            ) else {
-                                continue;
-                            };
-                            let r = ratio(u.fio.iops, p.fio.iops);
-                            rows.push(TargetCheck {
-                                target,
-                                group: format!("{t} {group}"),
-                                status: status(r >= 0.9),
-                                detail: format!("IOPS {:.0} vs {:.0} = {} (≥ 0.90×)", u.fio.iops, p.fio.iops, fr(r)),
-                            });
-                        }
-                    }
+                    1 | 4 => rows.extend(check_against_baseline(target, group, &get)),
+                    2 => rows.extend(check_against_xen_compat(target, group, &get)),
+                    5 | 6 => rows.extend(check_domu_hog(target, group, &get)),
+                    _ => rows.extend(check_unpinned_vs_pinned(target, group, &get)),
                 }
             }
         }
@@ -339,6 +244,117 @@ pub fn check_targets(all: &[Summary]) -> Vec<TargetCheck> {
         out.extend(rows);
     }
     out
+}
+
+/// The case of one (disk, clock, delivery) group with this topology, IRQ
+/// placement, scheduler and (when given) ratelimit, if it ran.
+type CaseOf<'a> = dyn Fn(Topology, Irq, Sched, Option<u32>) -> Option<&'a Summary> + 'a;
+
+fn met(ok: bool) -> Status {
+    if ok {
+        Status::Met
+    } else {
+        Status::Missed
+    }
+}
+
+/// Targets 1 and 4: 1p2v unpinned wake-preempt against the 1p1v baseline,
+/// on IOPS and p99 (1) or on mean submission latency (4).
+fn check_against_baseline(target: usize, group: String, get: &CaseOf) -> Option<TargetCheck> {
+    let c = get(Topology::OneP2V, Irq::Unpinned, Sched::WakePreempt, None)?;
+    let b = get(Topology::OneP1V, Irq::Unpinned, Sched::WakePreempt, None)?;
+    if target == 1 {
+        let ri = ratio(c.fio.iops, b.fio.iops);
+        let rp = ratio(c.fio.clat_p99_us, b.fio.clat_p99_us);
+        Some(TargetCheck {
+            target,
+            group,
+            status: met(ri >= 0.9 && rp <= 2.0),
+            detail: format!(
+                "IOPS {:.0} vs {:.0} = {} (≥ 0.90×); p99 {} vs {} µs = {} (≤ 2×)",
+                c.fio.iops,
+                b.fio.iops,
+                fr(ri),
+                fus(c.fio.clat_p99_us),
+                fus(b.fio.clat_p99_us),
+                fr(rp)
+            ),
+        })
+    } else {
+        let rs = ratio(c.fio.slat_mean_us, b.fio.slat_mean_us);
+        let proxy = if c.fio.slat_measured && b.fio.slat_measured { "" } else { " (lat−clat, see note)" };
+        Some(TargetCheck {
+            target,
+            group,
+            status: met(rs <= 2.0),
+            detail: format!(
+                "mean slat {} vs {} µs = {} (≤ 2×){proxy}",
+                fus(c.fio.slat_mean_us),
+                fus(b.fio.slat_mean_us),
+                fr(rs)
+            ),
+        })
+    }
+}
+
+/// Target 2: 1p2v unpinned wake-preempt against xen-compat (ratelimit
+/// 1000 µs) on IOPS.
+fn check_against_xen_compat(target: usize, group: String, get: &CaseOf) -> Option<TargetCheck> {
+    let c = get(Topology::OneP2V, Irq::Unpinned, Sched::WakePreempt, None)?;
+    let x = get(Topology::OneP2V, Irq::Unpinned, Sched::XenCompat, Some(1000))?;
+    let r = ratio(c.fio.iops, x.fio.iops);
+    Some(TargetCheck {
+        target,
+        group,
+        status: met(r >= 5.0),
+        detail: format!("IOPS {:.0} vs {:.0} = {} (≥ 5×)", c.fio.iops, x.fio.iops, fr(r)),
+    })
+}
+
+/// Targets 5 and 6: the hog in another domain (1p1v+d1 wake-preempt)
+/// against 1p1v (5) or against xen-compat with the same hog (6), on IOPS.
+fn check_domu_hog(target: usize, group: String, get: &CaseOf) -> Option<TargetCheck> {
+    let d = get(Topology::OneP1VD1, Irq::Unpinned, Sched::WakePreempt, None)?;
+    let (other, what, min) = if target == 5 {
+        (get(Topology::OneP1V, Irq::Unpinned, Sched::WakePreempt, None), "1p1v", 0.9)
+    } else {
+        (get(Topology::OneP1VD1, Irq::Unpinned, Sched::XenCompat, Some(1000)), "xen-compat", 10.0)
+    };
+    let o = other?;
+    let r = ratio(d.fio.iops, o.fio.iops);
+    let hog = d.hog_share.map_or("n/a".into(), |h| format!("{:.0} %", h * 100.0));
+    Some(TargetCheck {
+        target,
+        group,
+        status: met(r >= min),
+        detail: format!(
+            "IOPS {:.0} vs {what} {:.0} = {} (≥ {min:.2}×); DomU hog's CPU share {hog}",
+            d.fio.iops,
+            o.fio.iops,
+            fr(r)
+        ),
+    })
+}
+
+/// Target 3: unpinned against pinned wake-preempt, at 1p2v and 2p2v, on
+/// IOPS.
+fn check_unpinned_vs_pinned(target: usize, group: String, get: &CaseOf) -> Vec<TargetCheck> {
+    let mut rows = Vec::new();
+    for t in [Topology::OneP2V, Topology::TwoP2V] {
+        let (Some(u), Some(p)) =
+            (get(t, Irq::Unpinned, Sched::WakePreempt, None), get(t, Irq::Pinned, Sched::WakePreempt, None))
+        else {
+            continue;
+        };
+        let r = ratio(u.fio.iops, p.fio.iops);
+        rows.push(TargetCheck {
+            target,
+            group: format!("{t} {group}"),
+            status: met(r >= 0.9),
+            detail: format!("IOPS {:.0} vs {:.0} = {} (≥ 0.90×)", u.fio.iops, p.fio.iops, fr(r)),
+        });
+    }
+    rows
 }
 
 /// The whole report.md text.
@@ -525,7 +541,7 @@ fn ratios(w: &mut String, all: &[Summary]) {
     msi_vs_spi(w, all);
 }
 
-/// Issue 13: the hog in another domain (1p1v+d1) / the hog on a sibling
+/// The hog in another domain (1p1v+d1) / the hog on a sibling
 /// vCPU of Dom0 (1p2v unpinned), same scheduler, disk and clock.
 fn domu_vs_sibling(w: &mut String, all: &[Summary]) {
     let pairs: Vec<(&Summary, &Summary)> = all
@@ -600,7 +616,7 @@ fn msi_vs_spi(w: &mut String, all: &[Summary]) {
     let _ = writeln!(w);
 }
 
-/// Issue 10's line "with the fio vCPU resident and alone on its pCPU
+/// The target "with the fio vCPU resident and alone on its pCPU
 /// (2p2v), fewer than 0.1 exits per I/O for interrupt delivery": the
 /// [`Idle::Poll`] cases, judged on the fio vCPU's MSI IRQ exits per I/O.
 fn resident(w: &mut String, all: &[Summary]) {
@@ -647,7 +663,7 @@ fn resident(w: &mut String, all: &[Summary]) {
     let _ = writeln!(w);
 }
 
-/// Issue 10's bound on interrupt delivery exits per I/O of a resident fio vCPU.
+/// The bound on interrupt delivery exits per I/O of a resident fio vCPU.
 pub const RESIDENT_MSI_EXITS_PER_IO: f64 = 0.1;
 
 /// The verdict on a resident fio vCPU's MSI IRQ exits per I/O.
@@ -747,7 +763,7 @@ pub fn delivery_targets(all: &[Summary]) -> Vec<(String, Status, Status)> {
     out
 }
 
-/// Interrupt delivery per case (issue 10): GICv3 emulated LPIs vs GICv4
+/// Interrupt delivery per case: GICv3 emulated LPIs vs GICv4
 /// direct vLPIs, with the hypervisor's counters per fio I/O. Only when a
 /// case names its delivery mode (a PCIe disk or a GICv4 machine).
 fn delivery(w: &mut String, all: &[Summary]) {

@@ -63,10 +63,35 @@ fn kick_points(s: &Summary) -> Vec<(f64, f64)> {
     pts
 }
 
+/// A case, its clat percentile points and its kick→schedule-in points, as
+/// (percentile, µs).
+type Curve<'a> = (&'a Summary, Vec<(f64, f64)>, Vec<(f64, f64)>);
+
+/// The percentile axis' ticks and labels.
+const PTICKS: [(f64, &str); 6] =
+    [(0.0, "0%"), (50.0, "50%"), (90.0, "90%"), (99.0, "99%"), (99.9, "99.9%"), (99.99, "99.99%")];
+
+/// Where a point goes: latency across on a log scale over the whole decades
+/// `x0..=x1`, percentile up in nines.
+struct Scale {
+    x0: f64,
+    x1: f64,
+}
+
+impl Scale {
+    fn px(&self, us: f64) -> f64 {
+        let pw = W - LEFT - RIGHT;
+        LEFT + (us.max(10f64.powf(self.x0)).log10() - self.x0) / (self.x1 - self.x0) * pw
+    }
+
+    fn py(&self, p: f64) -> f64 {
+        TOP + PLOT_H - nines(p) / MAX_NINES * PLOT_H
+    }
+}
+
 /// The SVG document (one `<polyline class="clat">` per case with
 /// percentiles, one `class="kick"` per case with a histogram).
 pub fn latency_plot(summaries: &[Summary]) -> String {
-    type Curve<'a> = (&'a Summary, Vec<(f64, f64)>, Vec<(f64, f64)>);
     let curves: Vec<Curve> = summaries
         .iter()
         .map(|s| {
@@ -81,25 +106,10 @@ pub fn latency_plot(summaries: &[Summary]) -> String {
         })
         .collect();
 
-    // x range: whole decades around every point.
-    let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
-    for (_, a, b) in &curves {
-        for &(_, v) in a.iter().chain(b.iter()).filter(|p| p.1 > 0.0) {
-            lo = lo.min(v);
-            hi = hi.max(v);
-        }
-    }
-    if !lo.is_finite() {
-        (lo, hi) = (1.0, 10_000.0);
-    }
-    let x0 = lo.log10().floor();
-    let x1 = (hi.log10().ceil()).max(x0 + 1.0);
+    let scale = x_scale(&curves);
     let has_kick = curves.iter().any(|c| !c.2.is_empty());
     let legend_rows = curves.len() + usize::from(has_kick);
     let h = TOP + PLOT_H + BOTTOM + LEGEND_ROW * legend_rows as f64 + 10.0;
-    let pw = W - LEFT - RIGHT;
-    let px = |us: f64| LEFT + (us.max(10f64.powf(x0)).log10() - x0) / (x1 - x0) * pw;
-    let py = |p: f64| TOP + PLOT_H - nines(p) / MAX_NINES * PLOT_H;
 
     let mut s = String::new();
     let _ = writeln!(
@@ -113,7 +123,35 @@ pub fn latency_plot(summaries: &[Summary]) -> String {
         W / 2.0,
         if has_kick { "; hypervisor kick→schedule-in (dashed)" } else { "" }
     );
-    // Grid and axes.
+    plot_grid(&mut s, &scale);
+    plot_axis_labels(&mut s, &scale);
+    plot_curves(&mut s, &scale, &curves);
+    plot_legend(&mut s, &curves, has_kick);
+    s.push_str("</svg>\n");
+    s
+}
+
+/// The latency axis: whole decades around every point.
+fn x_scale(curves: &[Curve]) -> Scale {
+    let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
+    for (_, a, b) in curves {
+        for &(_, v) in a.iter().chain(b.iter()).filter(|p| p.1 > 0.0) {
+            lo = lo.min(v);
+            hi = hi.max(v);
+        }
+    }
+    if !lo.is_finite() {
+        (lo, hi) = (1.0, 10_000.0);
+    }
+    let x0 = lo.log10().floor();
+    let x1 = (hi.log10().ceil()).max(x0 + 1.0);
+    Scale { x0, x1 }
+}
+
+/// The grid lines (every 1..9 × decade across, every percentile tick up)
+/// and the two axes.
+fn plot_grid(s: &mut String, scale: &Scale) {
+    let (x0, x1) = (scale.x0, scale.x1);
     let _ = writeln!(s, r##"<g stroke="#ddd" stroke-width="1">"##);
     let mut d = x0;
     while d <= x1 + 1e-9 {
@@ -122,7 +160,7 @@ pub fn latency_plot(summaries: &[Summary]) -> String {
             if v > 10f64.powf(x1) * 1.0001 {
                 break;
             }
-            let x = px(v);
+            let x = scale.px(v);
             let _ = writeln!(
                 s,
                 r#"<line x1="{x:.1}" y1="{TOP}" x2="{x:.1}" y2="{}"{}/>"#,
@@ -132,9 +170,8 @@ pub fn latency_plot(summaries: &[Summary]) -> String {
         }
         d += 1.0;
     }
-    let pticks = [(0.0, "0%"), (50.0, "50%"), (90.0, "90%"), (99.0, "99%"), (99.9, "99.9%"), (99.99, "99.99%")];
-    for (p, _) in pticks {
-        let y = py(p);
+    for (p, _) in PTICKS {
+        let y = scale.py(p);
         let _ = writeln!(s, r#"<line x1="{LEFT}" y1="{y:.1}" x2="{}" y2="{y:.1}"/>"#, W - RIGHT);
     }
     let _ = writeln!(s, "</g>");
@@ -144,19 +181,25 @@ pub fn latency_plot(summaries: &[Summary]) -> String {
         b = TOP + PLOT_H,
         r = W - RIGHT
     );
+}
+
+/// The decade labels, the percentile labels and the axis titles.
+fn plot_axis_labels(s: &mut String, scale: &Scale) {
+    let (x0, x1) = (scale.x0, scale.x1);
+    let pw = W - LEFT - RIGHT;
     let _ = writeln!(s, r#"<g text-anchor="middle">"#);
     let mut d = x0;
     while d <= x1 + 1e-9 {
         let v = 10f64.powf(d);
         let label = if v >= 1000.0 { format!("{} ms", v / 1000.0) } else { format!("{v} µs") };
-        let _ = writeln!(s, r#"<text x="{:.1}" y="{}">{}</text>"#, px(v), TOP + PLOT_H + 16.0, esc(&label));
+        let _ = writeln!(s, r#"<text x="{:.1}" y="{}">{}</text>"#, scale.px(v), TOP + PLOT_H + 16.0, esc(&label));
         d += 1.0;
     }
     let _ = writeln!(s, r#"<text x="{}" y="{}">latency (log scale)</text>"#, LEFT + pw / 2.0, TOP + PLOT_H + 34.0);
     let _ = writeln!(s, "</g>");
     let _ = writeln!(s, r#"<g text-anchor="end">"#);
-    for (p, label) in pticks {
-        let _ = writeln!(s, r#"<text x="{}" y="{:.1}">{label}</text>"#, LEFT - 6.0, py(p) + 4.0);
+    for (p, label) in PTICKS {
+        let _ = writeln!(s, r#"<text x="{}" y="{:.1}">{label}</text>"#, LEFT - 6.0, scale.py(p) + 4.0);
     }
     let _ = writeln!(s, "</g>");
     let _ = writeln!(
@@ -164,12 +207,15 @@ pub fn latency_plot(summaries: &[Summary]) -> String {
         r#"<text transform="translate(16,{}) rotate(-90)" text-anchor="middle">percentile</text>"#,
         TOP + PLOT_H / 2.0
     );
+}
 
-    // Curves.
+/// One solid clat polyline per case, and a dashed kick polyline for each
+/// case with a histogram, in the case's color.
+fn plot_curves(s: &mut String, scale: &Scale, curves: &[Curve]) {
     for (i, (sum, clat, kick)) in curves.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
         let pts = |v: &[(f64, f64)]| {
-            v.iter().map(|&(p, us)| format!("{:.1},{:.1}", px(us), py(p))).collect::<Vec<_>>().join(" ")
+            v.iter().map(|&(p, us)| format!("{:.1},{:.1}", scale.px(us), scale.py(p))).collect::<Vec<_>>().join(" ")
         };
         let _ = writeln!(
             s,
@@ -186,8 +232,11 @@ pub fn latency_plot(summaries: &[Summary]) -> String {
             );
         }
     }
+}
 
-    // Legend below the plot.
+/// The legend below the plot: a row per case (p99 and IOPS), and one for
+/// the dashed lines when there are any.
+fn plot_legend(s: &mut String, curves: &[Curve], has_kick: bool) {
     let mut y = TOP + PLOT_H + BOTTOM + 8.0;
     for (i, (sum, _, _)) in curves.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
@@ -212,6 +261,4 @@ pub fn latency_plot(summaries: &[Summary]) -> String {
             y + 4.0
         );
     }
-    s.push_str("</svg>\n");
-    s
 }

@@ -221,7 +221,7 @@ fn matrix_sizes() {
         assert!(c.sched == Sched::WakePreempt || c.ratelimit_us == 1000);
         assert_ne!(c.topology, Topology::TwoP2V);
     }
-    // Issue 13: each scheduler of quick has the DomU case beside 1p1v and 1p2v.
+    // Each scheduler of quick has the DomU case beside 1p1v and 1p2v.
     for sched in [Sched::XenCompat, Sched::WakePreempt] {
         let t: Vec<Topology> = quick.iter().filter(|c| c.sched == sched).map(|c| c.topology).collect();
         assert_eq!(t, [Topology::OneP1V, Topology::OneP2V, Topology::OneP1VD1]);
@@ -345,7 +345,7 @@ fn disk_matrix_puts_msi_beside_spi() {
     assert_eq!(nvme.len(), 10);
     assert_eq!(nvme[..4], quick_of(Disk::Passthrough)[..]);
     assert_eq!(nvme[4..8], quick_of(Disk::Nvme)[..]);
-    // Then the MSI-steering cases (issue 10).
+    // Then the MSI-steering cases.
     assert_eq!((nvme[8].irq, nvme[9].irq), (Irq::MsiFio, Irq::MsiHog));
     for c in &nvme[..8] {
         assert_eq!((c.irq, c.clock), (Irq::Unpinned, Clock::Icount));
@@ -770,7 +770,7 @@ fn gic_matrix_labels_and_arguments() {
     assert!(hypervisor_args(&m[16]).ends_with(" dom0_msi_vcpu=0"));
     // Steering cases run the unpinned guest script (no smp_affinity write).
     assert_eq!(guest_command(&m[16], 5), guest_command(&m[14], 5));
-    // The resident-vCPU case (issue 10): 2p2v, real time, MSIs at vCPU1,
+    // The resident-vCPU case: 2p2v, real time, MSIs at vCPU1,
     // the guest's idle loop polling; once per delivery mode.
     for c in [m[10], m[17]] {
         assert_eq!(c, resident_case(Disk::Nvme, c.delivery));
@@ -792,7 +792,7 @@ fn gic_matrix_labels_and_arguments() {
     assert_eq!(v4[4].label(), "1p1v unp xen-1000 nvme v4-emulated icount");
     assert!(hypervisor_args(&v4[4]).ends_with(" dom0_disk=nvme gic_vlpi=off"));
     assert_eq!(run_options(&v4[4], 5).gic, 4);
-    // Without --gic the matrix is issue 9's (plus the steering rows).
+    // Without --gic the matrix is the GICv3 emulated one (plus the steering rows).
     let plain = disk_matrix(&[Disk::Nvme], &[]);
     assert_eq!(plain.len(), 10);
     assert!(plain.iter().all(|c| c.delivery == Delivery::V3Emulated && run_options(c, 5).gic == 3));
@@ -911,7 +911,7 @@ fn report_shows_delivery_modes_and_issue10_targets() {
         md.contains("| 1p2v msi-hog preempt nvme v4-direct icount | 0.50× | 1.00× | 2.500 vs 2.500 | 990 / 990 |"),
         "{md}"
     );
-    // Issue 10's targets per delivery mode; 1p1v not judged for a QEMU disk.
+    // The delivery targets per delivery mode; 1p1v not judged for a QEMU disk.
     let t = report::delivery_targets(&r.iter().filter_map(summarize).collect::<Vec<_>>());
     let verdicts: Vec<(Status, Status)> = t.iter().map(|x| (x.1, x.2)).collect();
     assert_eq!(

@@ -88,7 +88,8 @@ fn command_definition_is_consistent() {
     Cli::command().debug_assert();
 }
 
-/// Every command line the README, the docs and the old usage text show.
+/// Every command line the README and the docs show, and older spellings
+/// that must keep parsing.
 #[test]
 fn documented_examples_parse() {
     for line in [

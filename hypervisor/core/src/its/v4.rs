@@ -4,7 +4,7 @@
 //! * [`choose_path`]: GICv4 direct injection when the ITS is virtual
 //!   (GITS_TYPER.Virtual), every redistributor does vLPIs (GICR_TYPER.VLPIS)
 //!   and the CPU interface can present them (ICH_VTR_EL2.nV4 == 0); the
-//!   emulated path of issue 9 otherwise, or when `gic_vlpi=off`. GICv4.1
+//!   emulated path (host LPIs through list registers) otherwise, or when `gic_vlpi=off`. GICv4.1
 //!   (GITS_TYPER.VSGI/VMAPP, GICR_TYPER.RVPEID) is recognised and named, but
 //!   its redistributors read GICR_VPROPBASER as a vPE configuration table,
 //!   not as the vLPI configuration table GICv4.0 programs there: it takes
@@ -47,7 +47,7 @@ pub const ICH_VTR_NV4: u64 = 1 << 20;
 pub enum LpiPath {
     /// GICv4.0: the ITS makes vLPIs pending for the vPE; doorbells wake.
     Direct,
-    /// Issue 9's path: a host LPI per event, injected through list registers.
+    /// The emulated path: a host LPI per event, injected through list registers.
     Emulated(EmulatedWhy),
 }
 

@@ -985,13 +985,13 @@ fn virtio_reset_with_requests_in_flight() {
     assert_eq!((c.completions, c.submitted(), c.in_flight), (2, 2, 0));
 }
 
-/// Issue 8 item 3: a guest that toggles QueueReady (or resets) while reads
-/// are in flight. The device used to forget the requests and their byte
-/// budget while the RAM backend kept them, so each toggle admitted a new
-/// budget's worth: the backend's pending list (and, at the deadline, the
-/// read buffers it allocates all at once) grew without bound until the
-/// 48 MiB heap ran out. Now orphans keep their budget until the backend
-/// finishes them, and requests beyond it stay in the ring.
+/// A guest that toggles QueueReady (or resets) while reads are in flight.
+/// Orphaned requests keep their byte budget until the backend finishes
+/// them, and requests beyond it stay in the ring: if a toggle freed the
+/// budget while the RAM backend kept the requests, each toggle would admit
+/// a new budget's worth and the backend's pending list (and, at the
+/// deadline, the read buffers it allocates all at once) would grow until
+/// the 48 MiB heap ran out.
 #[test]
 fn virtio_queue_toggling_cannot_grow_the_backend() {
     const LEN: u32 = 8192;
@@ -1108,11 +1108,10 @@ impl BlockBackend for StrictBackend {
     }
 }
 
-/// Issue 8 item 2: an IN or OUT with no data (header and status only, or
-/// with empty data descriptors) used to be passed to the backend, where
-/// virtio-drivers' `assert_ne!(buf.len(), 0)` panicked at EL2 and powered
-/// the machine off. Now it is answered IOERR and no backend sees it; so are
-/// the other lengths virtio-drivers cannot take.
+/// An IN or OUT with no data (header and status only, or with empty data
+/// descriptors) is answered IOERR and no backend sees it, and so are the
+/// other lengths virtio-drivers cannot take: virtio-drivers'
+/// `assert_ne!(buf.len(), 0)` would panic at EL2 and power the machine off.
 #[test]
 fn virtio_bad_lengths_never_reach_the_backend() {
     let mut rig = rig();
@@ -1234,44 +1233,9 @@ fn virtio_backend_errors_become_ioerr() {
 fn garbage_run(seed: u64, rounds: usize) {
     let mut x = Xorshift(seed | 1);
     let mut rig = rig_with(BlkConfig::new(DISK_SECTORS, false), 500, false);
-    let offsets = [
-        DEVICE_FEATURES_SEL,
-        DRIVER_FEATURES,
-        DRIVER_FEATURES_SEL,
-        QUEUE_SEL,
-        QUEUE_NUM,
-        QUEUE_READY,
-        QUEUE_NOTIFY,
-        INTERRUPT_ACK,
-        STATUS,
-        QUEUE_DESC_LOW,
-        QUEUE_DESC_HIGH,
-        QUEUE_DRIVER_LOW,
-        QUEUE_DRIVER_HIGH,
-        QUEUE_DEVICE_LOW,
-        QUEUE_DEVICE_HIGH,
-        CONFIG,
-    ];
     for round in 0..rounds {
         match x.below(10) {
-            0 => {
-                // A register write, sometimes with a bad size or offset.
-                let off = if x.below(4) == 0 {
-                    x.below(FRAME_SIZE + 16)
-                } else {
-                    offsets[x.below(offsets.len() as u64) as usize]
-                };
-                let size = [1u8, 2, 4, 4, 4, 8][x.below(6) as usize];
-                let v = match x.below(3) {
-                    0 => x.next(),
-                    1 => x.below(64),
-                    _ => [0, 1, 0xf, QSZ as u64, DESC, AVAIL, USED][x.below(7) as usize],
-                };
-                if let Ok(fx) = rig.dev.mmio_write(off, size, v, &rig.mem) {
-                    rig.apply(fx);
-                }
-                let _ = rig.dev.mmio_read(x.below(FRAME_SIZE + 16), size);
-            }
+            0 => garbage_register_access(&mut rig, &mut x),
             1 => {
                 // Re-handshake (the garbage may have reset the device).
                 if x.below(4) == 0 {
@@ -1280,34 +1244,7 @@ fn garbage_run(seed: u64, rounds: usize) {
                     rig.handshake(x.next() | features::VERSION_1);
                 }
             }
-            2..=4 => {
-                // Random descriptor contents, biased towards plausible values.
-                for _ in 0..x.below(8) {
-                    let i = x.below(u64::from(QSZ) + 2) as u16;
-                    let addr = match x.below(4) {
-                        0 => x.next(),
-                        1 => RAM + x.below(RAM_SIZE as u64 + 64),
-                        _ => BUF + x.below(0x4000),
-                    };
-                    let len = match x.below(4) {
-                        0 => x.next() as u32,
-                        1 => 16,
-                        2 => 1,
-                        _ => 512 * x.below(9) as u32,
-                    };
-                    let flags = x.below(8) as u16;
-                    let next = x.below(u64::from(QSZ) + 2) as u16;
-                    let table = if x.below(4) == 0 { INDIRECT } else { DESC };
-                    let _ = rig.mem.write_u64(table + 16 * u64::from(i), addr);
-                    let _ = rig.mem.write_u32(table + 16 * u64::from(i) + 8, len);
-                    let _ = rig.mem.write_u16(table + 16 * u64::from(i) + 12, flags);
-                    let _ = rig.mem.write_u16(table + 16 * u64::from(i) + 14, next);
-                }
-                // Random headers in the buffer area.
-                let at = (BUF + x.below(0x4000)) & !15;
-                let _ = rig.mem.write_u32(at, [T_IN, T_OUT, T_FLUSH, T_GET_ID, x.next() as u32][x.below(5) as usize]);
-                let _ = rig.mem.write_u64(at + 8, if x.below(2) == 0 { x.below(DISK_SECTORS + 4) } else { x.next() });
-            }
+            2..=4 => garbage_ring_contents(&mut rig, &mut x),
             5..=6 => {
                 // Offer heads (or scribble the avail index) and kick.
                 if x.below(8) == 0 {
@@ -1355,6 +1292,70 @@ fn garbage_run(seed: u64, rounds: usize) {
         assert_eq!(rig.irq, rig.dev.irq_level());
     }
     rig.drain();
+}
+
+/// The garbage run's register write (sometimes with a bad size or offset)
+/// and a read anywhere in or just past the frame.
+fn garbage_register_access(rig: &mut Rig, x: &mut Xorshift) {
+    const OFFSETS: [u64; 16] = [
+        DEVICE_FEATURES_SEL,
+        DRIVER_FEATURES,
+        DRIVER_FEATURES_SEL,
+        QUEUE_SEL,
+        QUEUE_NUM,
+        QUEUE_READY,
+        QUEUE_NOTIFY,
+        INTERRUPT_ACK,
+        STATUS,
+        QUEUE_DESC_LOW,
+        QUEUE_DESC_HIGH,
+        QUEUE_DRIVER_LOW,
+        QUEUE_DRIVER_HIGH,
+        QUEUE_DEVICE_LOW,
+        QUEUE_DEVICE_HIGH,
+        CONFIG,
+    ];
+    let off = if x.below(4) == 0 { x.below(FRAME_SIZE + 16) } else { OFFSETS[x.below(OFFSETS.len() as u64) as usize] };
+    let size = [1u8, 2, 4, 4, 4, 8][x.below(6) as usize];
+    let v = match x.below(3) {
+        0 => x.next(),
+        1 => x.below(64),
+        _ => [0, 1, 0xf, QSZ as u64, DESC, AVAIL, USED][x.below(7) as usize],
+    };
+    if let Ok(fx) = rig.dev.mmio_write(off, size, v, &rig.mem) {
+        rig.apply(fx);
+    }
+    let _ = rig.dev.mmio_read(x.below(FRAME_SIZE + 16), size);
+}
+
+/// The garbage run's ring contents: random descriptors (biased towards
+/// plausible values) in the table or the indirect table, and a random
+/// request header in the buffer area.
+fn garbage_ring_contents(rig: &mut Rig, x: &mut Xorshift) {
+    for _ in 0..x.below(8) {
+        let i = x.below(u64::from(QSZ) + 2) as u16;
+        let addr = match x.below(4) {
+            0 => x.next(),
+            1 => RAM + x.below(RAM_SIZE as u64 + 64),
+            _ => BUF + x.below(0x4000),
+        };
+        let len = match x.below(4) {
+            0 => x.next() as u32,
+            1 => 16,
+            2 => 1,
+            _ => 512 * x.below(9) as u32,
+        };
+        let flags = x.below(8) as u16;
+        let next = x.below(u64::from(QSZ) + 2) as u16;
+        let table = if x.below(4) == 0 { INDIRECT } else { DESC };
+        let _ = rig.mem.write_u64(table + 16 * u64::from(i), addr);
+        let _ = rig.mem.write_u32(table + 16 * u64::from(i) + 8, len);
+        let _ = rig.mem.write_u16(table + 16 * u64::from(i) + 12, flags);
+        let _ = rig.mem.write_u16(table + 16 * u64::from(i) + 14, next);
+    }
+    let at = (BUF + x.below(0x4000)) & !15;
+    let _ = rig.mem.write_u32(at, [T_IN, T_OUT, T_FLUSH, T_GET_ID, x.next() as u32][x.below(5) as usize]);
+    let _ = rig.mem.write_u64(at + 8, if x.below(2) == 0 { x.below(DISK_SECTORS + 4) } else { x.next() });
 }
 
 #[test]

@@ -115,7 +115,7 @@ fn qemu_documented_addresses_plan_the_heap_around_the_modules() {
     // 0x47000000 (an initrd that ends below QEMU's DTB at 0x48000000).
     let i = inputs(0x4200_0000, Some(r(0x4700_0000, 8 * MIB)));
     let p = plan_ok(&i);
-    // A heap at the image end (the old fixed layout) would cover the kernel.
+    // A heap at the image end (a fixed layout) would cover the kernel.
     assert!(!disjoint(r(end(i.image), 48 * MIB), i.kernel.module));
     // The first 48 MiB gap: after the kernel file, before the initrd.
     assert_eq!(p.heap, r(0x43c0_0000, 48 * MIB));

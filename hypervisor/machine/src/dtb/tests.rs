@@ -567,6 +567,15 @@ fn fvp_dtb(flavour: Flavour) -> Vec<u8> {
     w.property_array_u32("interrupts", &[1, 13, 0xff08, 1, 14, 0xff08, 1, 11, 0xff08, 1, 10, 0xff08]).unwrap();
     w.end_node(timer).unwrap();
 
+    fvp_gic(&mut w, flavour);
+    fvp_buses(&mut w, flavour);
+    w.end_node(root).unwrap();
+    w.finish().unwrap()
+}
+
+/// The FVP's GICv3 and its ITS, whose `reg` and `ranges` are as wide as
+/// `flavour` makes them.
+fn fvp_gic(w: &mut vm_fdt::FdtWriter, flavour: Flavour) {
     let gic = w.begin_node("interrupt-controller@2f000000").unwrap();
     w.property_string("compatible", "arm,gic-v3").unwrap();
     w.property_u32("#interrupt-cells", 3).unwrap();
@@ -593,7 +602,11 @@ fn fvp_dtb(flavour: Flavour) -> Vec<u8> {
         w.end_node(its).unwrap();
     }
     w.end_node(gic).unwrap();
+}
 
+/// The FVP's outer bus (chip selects, `interrupt-map`) and the iofpga bus
+/// below it with the UARTs and virtio-mmio devices.
+fn fvp_buses(w: &mut vm_fdt::FdtWriter, flavour: Flavour) {
     // The outer bus: child space <chip-select offset> (2 cells), 1 size cell.
     let bus = w.begin_node("bus@8000000").unwrap();
     w.property_string("compatible", "simple-bus").unwrap();
@@ -639,8 +652,6 @@ fn fvp_dtb(flavour: Flavour) -> Vec<u8> {
     }
     w.end_node(io).unwrap();
     w.end_node(bus).unwrap();
-    w.end_node(root).unwrap();
-    w.finish().unwrap()
 }
 
 fn check_fvp_platform(p: &Platform) {

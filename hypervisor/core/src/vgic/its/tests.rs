@@ -1,5 +1,5 @@
 //! Host tests of the vITS: Linux's probe, the command sequences Linux sends,
-//! every bad input of issue 9's list, and random queues.
+//! every bad input the vITS must refuse, and random queues.
 
 use super::tables::{MAX_MAPPED_DEVICES, MAX_MAPPED_EVENTS};
 use super::*;

@@ -288,12 +288,12 @@ fn phys_init_negotiates_and_reads_capacity() {
     assert!(dev.queue.is_some());
 }
 
-/// Issue 8 item 4: a FLUSH among other requests in flight. virtio-drivers'
-/// `VirtIOBlk::flush` (what the backend used) spins until the next used
+/// A FLUSH among other requests in flight. virtio-drivers'
+/// `VirtIOBlk::flush` (which the backend does not call) spins until the next used
 /// element and pops it as its own: here it would spin forever (the fake
 /// device finishes nothing on its own), and on a real device it fails with
 /// WrongToken when another request finishes first, never recycles its
-/// descriptors and stalls `poll` at that entry. Now every request is
+/// descriptors and stalls `poll` at that entry. Every request is
 /// submitted without waiting and every completion comes back.
 #[test]
 fn phys_flush_among_in_flight_requests_loses_nothing() {
@@ -348,7 +348,7 @@ fn phys_flush_among_in_flight_requests_loses_nothing() {
     assert_eq!(dev.borrow().flushes, 1 + QUEUE_SIZE as u32 / 4);
 }
 
-/// Issue 8 item 2 at the backend: what virtio-drivers would assert on (an
+/// Bad lengths at the backend: what virtio-drivers would assert on (an
 /// empty buffer) or what the device cannot do never reaches the queue.
 #[test]
 fn phys_rejects_what_would_reach_a_virtio_drivers_assert() {
