@@ -14,7 +14,7 @@
 //!
 //! Contracts:
 //! * While a vCPU is parked every pCPU's timer is no later than its
-//!   domain's replenishment ([`Scheduler::clamp_timer`](Scheduler)), so
+//!   domain's replenishment (`Scheduler::clamp_timer`), so
 //!   unparking happens at a `schedule()` at that time.
 //! * The budget bounds a slice hard, after the min slice and the ratelimit
 //!   (Credit2 lets its minimum timer overrun the budget and charges the debt

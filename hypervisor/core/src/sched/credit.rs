@@ -15,7 +15,7 @@
 //!   over up to 500 µs. Counted per runqueue ([`Scheduler::runqueue_resets`])
 //!   and per domain ([`DomainStats::credit_resets`](super::DomainStats::credit_resets)).
 //!
-//! Contract: only [`Scheduler::burn`](Scheduler) charges run time, and it is
+//! Contract: only `Scheduler::burn` charges run time, and it is
 //! called before anything reads a running vCPU's credit or changes a weight,
 //! so run time is always charged at the weight it ran with. This file uses
 //! no other policy file of `sched`.
