@@ -8,7 +8,7 @@
 //! `budget / nr_vcpus` (at least `CAP_MIN_QUOTA_NS`), give back what they
 //! did not use when they are switched out, and are *parked* when there is
 //! none left: off the runqueues, runnable again at the next replenishment.
-//! This module holds the domain's book-keeping; `Scheduler` (sched/mod.rs)
+//! This module holds the domain's book-keeping; `Scheduler` (sched/cap.rs, sched/wake.rs)
 //! decides when to grab, return, park and replenish.
 
 pub use crate::ids::DomainId;

@@ -563,7 +563,7 @@ impl Engine {
     }
 }
 
-// ----- CPU hogs in several domains (issue 13's fairness) -----
+// ----- CPU hogs in several domains (fairness of weights and caps) -----
 
 /// One always-runnable vCPU of [`FleetParams`].
 #[derive(Clone, Copy, Debug)]

@@ -1,0 +1,170 @@
+//! Scheduler configuration: [`SchedConfig`], its defaults, and the boot
+//! arguments it is parsed from.
+//!
+//! Contract: every `SchedConfig` a [`Scheduler`](super::Scheduler) runs with
+//! has passed `validate` (min slice ≥ [`MIN_TIMER_NS`], max slice ≥ min
+//! slice, the granularity and the max slice fit an `i64` of credit), so the
+//! policies may convert those times to credit without overflow checks. The
+//! parsers ignore words that are not theirs and answer a malformed value of
+//! one of theirs with an error naming the key; nothing is half-applied.
+
+use alloc::vec::Vec;
+
+use super::{domain, SchedError, VcpuId, MIN_TIMER_NS};
+
+/// What happens when a blocked vCPU wakes while another one runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WakeMode {
+    /// Credit2's `runq_tickle`: no preemption inside the ratelimit window, no timer re-arm.
+    XenCompat,
+    /// Immediate preempt-on-wake; bounded deferral otherwise.
+    Preempt,
+}
+
+/// How pCPUs are grouped into Credit2 runqueues (`credit2_runqueue=`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunqueueLayout {
+    /// One runqueue shared by all pCPUs (`all`; what Xen's default,
+    /// `socket`, gives on a one-socket machine such as QEMU `virt`).
+    All,
+    /// One runqueue per pCPU (`cpu`), balanced by load.
+    PerCpu,
+}
+
+/// Scheduler tunables. All times in ns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SchedConfig {
+    /// `sched_ratelimit_us` (0 = off).
+    pub ratelimit_ns: u64,
+    /// `sched_wake_preempt=on|off`.
+    pub wake_mode: WakeMode,
+    /// `sched_wake_granularity_us`: credit lead a woken vCPU needs to preempt.
+    pub wake_granularity_ns: u64,
+    pub min_slice_ns: u64,
+    pub max_slice_ns: u64,
+    /// `sched_lhp_grace_us`: the most a wake-preemption waits, in total, for
+    /// a runner that shows evidence of a guest critical section (0 = off).
+    pub lhp_grace_ns: u64,
+    /// `sched_wake_min_run_us`: a vCPU that was preempted by a wake runs at
+    /// least this long after it is switched back in before a wake can
+    /// preempt it again (0 = off). Bounds wake-preemptions of any vCPU to
+    /// one per this much of its run time.
+    pub wake_min_run_ns: u64,
+    /// `credit2_runqueue=all|cpu`.
+    pub runqueue: RunqueueLayout,
+}
+
+impl Default for SchedConfig {
+    /// Xen's defaults plus our wake path. The granularity (100 µs) sits well
+    /// below the 500 µs that separates two vCPUs' credits right after a reset
+    /// (the carry-over cap), so a light I/O vCPU still preempts a hog then,
+    /// and well above a context switch, so two wakers alternate at most once
+    /// per 100 µs of run time. The LHP grace (40 µs) is the most a
+    /// wake-preemption waits for a runner in a guest critical section; the
+    /// simulator's lock-holder case pays it in full, as the hypervisor cannot
+    /// see the guest unlock. The protected run (100 µs) bounds the
+    /// wake-preemptions of a vCPU to 10 000 a second of its run time.
+    /// The measurements behind each value: docs/benchmarks/scheduler-tuning.md.
+    fn default() -> Self {
+        Self {
+            ratelimit_ns: 1_000_000,
+            wake_mode: WakeMode::Preempt,
+            wake_granularity_ns: 100_000,
+            min_slice_ns: 500_000,
+            max_slice_ns: 10_000_000,
+            lhp_grace_ns: 40_000,
+            wake_min_run_ns: 100_000,
+            runqueue: RunqueueLayout::All,
+        }
+    }
+}
+
+impl SchedConfig {
+    /// Xen-compatible configuration (`sched_wake_preempt=off`) with a ratelimit in µs.
+    pub fn xen_compat(ratelimit_us: u64) -> Self {
+        Self { ratelimit_ns: ratelimit_us * 1000, wake_mode: WakeMode::XenCompat, ..Self::default() }
+    }
+
+    /// Parse the scheduler's options out of `/chosen/bootargs`. Unrelated
+    /// words are ignored; a malformed value of one of ours is an error.
+    /// Keys: `sched=credit2`, `sched_ratelimit_us=N` (0, or 100..=500000 as
+    /// in Xen), `sched_wake_preempt=on|off`, `sched_wake_granularity_us=N`,
+    /// `sched_lhp_grace_us=N`, `sched_wake_min_run_us=N`, `sched_min_slice_us=N`,
+    /// `sched_max_slice_us=N`, `credit2_runqueue=all|cpu` (Xen's `socket`
+    /// and `node` mean `all` here: one socket).
+    pub fn from_bootargs(args: &str) -> Result<Self, SchedError> {
+        let mut cfg = Self::default();
+        for word in args.split_ascii_whitespace() {
+            let Some((key, val)) = word.split_once('=') else { continue };
+            let us = |key: &'static str| -> Result<u64, SchedError> {
+                val.parse::<u64>().ok().and_then(|v| v.checked_mul(1000)).ok_or(SchedError::BadBootArg(key))
+            };
+            match key {
+                "sched" if val != "credit2" => {
+                    return Err(SchedError::BadBootArg("sched"));
+                }
+                "sched_ratelimit_us" => {
+                    let v = us("sched_ratelimit_us")?;
+                    if v != 0 && !(100_000..=500_000_000).contains(&v) {
+                        return Err(SchedError::BadBootArg("sched_ratelimit_us"));
+                    }
+                    cfg.ratelimit_ns = v;
+                }
+                "sched_wake_preempt" => {
+                    cfg.wake_mode = match val {
+                        "on" | "1" | "true" | "yes" => WakeMode::Preempt,
+                        "off" | "0" | "false" | "no" => WakeMode::XenCompat,
+                        _ => return Err(SchedError::BadBootArg("sched_wake_preempt")),
+                    }
+                }
+                "sched_wake_granularity_us" => cfg.wake_granularity_ns = us("sched_wake_granularity_us")?,
+                "sched_lhp_grace_us" => cfg.lhp_grace_ns = us("sched_lhp_grace_us")?,
+                "sched_wake_min_run_us" => cfg.wake_min_run_ns = us("sched_wake_min_run_us")?,
+                "sched_min_slice_us" => cfg.min_slice_ns = us("sched_min_slice_us")?,
+                "sched_max_slice_us" => cfg.max_slice_ns = us("sched_max_slice_us")?,
+                "credit2_runqueue" => {
+                    cfg.runqueue = match val {
+                        "all" | "socket" | "node" => RunqueueLayout::All,
+                        "cpu" => RunqueueLayout::PerCpu,
+                        _ => return Err(SchedError::BadBootArg("credit2_runqueue")),
+                    }
+                }
+                _ => {}
+            }
+        }
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// The per-vCPU weights of `/chosen/bootargs`: every
+    /// `sched_vcpu_weight=<vcpu>:<weight>` word (repeatable; weight 1..=65535),
+    /// in order. Our extension of Credit2, whose weights are per domain: the
+    /// vCPU burns credit, and bounds the protected run of a vCPU it
+    /// wake-preempts, as if its domain had that weight (see
+    /// [`Scheduler::set_vcpu_weight`](super::Scheduler::set_vcpu_weight)). A malformed word is an error.
+    pub fn vcpu_weights_from_bootargs(args: &str) -> Result<Vec<(VcpuId, u32)>, SchedError> {
+        let mut out = Vec::new();
+        for word in args.split_ascii_whitespace() {
+            let Some(val) = word.strip_prefix("sched_vcpu_weight=") else { continue };
+            let bad = SchedError::BadBootArg("sched_vcpu_weight");
+            let (v, w) = val.split_once(':').ok_or(bad)?;
+            let v = v.parse::<u32>().map_err(|_| bad)?;
+            let w = w.parse::<u32>().map_err(|_| bad)?;
+            if w == 0 || w > domain::MAX_WEIGHT {
+                return Err(SchedError::BadWeight(w));
+            }
+            out.push((VcpuId(v), w));
+        }
+        Ok(out)
+    }
+
+    pub(super) fn validate(&self) -> Result<(), SchedError> {
+        if self.min_slice_ns < MIN_TIMER_NS || self.max_slice_ns < self.min_slice_ns {
+            return Err(SchedError::BadConfig);
+        }
+        if self.wake_granularity_ns > i64::MAX as u64 || self.max_slice_ns > i64::MAX as u64 {
+            return Err(SchedError::BadConfig);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,158 @@
+//! Credit accounting (Credit2 semantics): burning, weights, and the
+//! per-runqueue reset that ends an epoch.
+//!
+//! * Credit is nanoseconds. A running vCPU burns `elapsed * max_weight /
+//!   weight` (default weight 256; `max_weight` is the largest of its
+//!   runqueue), the division's remainder carried to the next burn (Credit2's
+//!   `residual`), so heavier domains burn slower and short runs lose nothing.
+//!   A vCPU carries its domain's weight (not split between its vCPUs), or its
+//!   own ([`Scheduler::set_vcpu_weight`]).
+//! * Reset: when the best candidate of a runqueue — the picked vCPU or the
+//!   runqueue's head, whichever has more credit — has credit ≤ 0, every
+//!   online vCPU of that runqueue (only that one) gets [`CREDIT_INIT_NS`]
+//!   (10 ms) added — several times if the picked one is deeper than -10 ms —
+//!   and is capped at `CREDIT_INIT + CARRYOVER_MAX`: what it had left carries
+//!   over up to 500 µs. Counted per runqueue ([`Scheduler::runqueue_resets`])
+//!   and per domain ([`DomainStats::credit_resets`](super::DomainStats::credit_resets)).
+//!
+//! Contract: only `Scheduler::burn` charges run time, and it is
+//! called before anything reads a running vCPU's credit or changes a weight,
+//! so run time is always charged at the weight it ran with. This file uses
+//! no other policy file of `sched`.
+
+use alloc::vec::Vec;
+
+use super::{domain, RunState, SchedError, Scheduler, VcpuId};
+
+/// Credit given at a reset, ns (Credit2's CSCHED2_CREDIT_INIT).
+pub const CREDIT_INIT_NS: i64 = 10_000_000;
+/// Credit a vCPU may carry over a reset (Credit2: the minimum timer).
+pub const CARRYOVER_MAX_NS: i64 = 500_000;
+
+impl Scheduler {
+    /// Give one vCPU its own weight (`Some`, 1..=65535) or its domain's
+    /// again (`None`), at `now`: run time until `now` is charged at the old
+    /// weight. It then burns credit as a vCPU of a domain of that weight
+    /// would, and a vCPU it wake-preempts gets a protected run shortened
+    /// by the ratio of their weights (see the module doc). Credit2's
+    /// weights are per domain; this is the extension for two vCPUs of one
+    /// domain that need different shares (`sched_vcpu_weight=`).
+    pub fn set_vcpu_weight(&mut self, now: u64, vcpu: VcpuId, weight: Option<u32>) -> Result<(), SchedError> {
+        let s = self.slot(vcpu)?;
+        if let Some(w) = weight {
+            if w == 0 || w > domain::MAX_WEIGHT {
+                return Err(SchedError::BadWeight(w));
+            }
+        }
+        for p in 0..self.pcpus.len() {
+            if let Some(r) = self.pcpus[p].curr {
+                self.burn(r, now);
+            }
+        }
+        let dom_weight = self.domains[self.vcpus[s].dom].params.weight;
+        let v = &mut self.vcpus[s];
+        v.weight_override = weight;
+        v.weight = weight.unwrap_or(dom_weight);
+        self.update_max_weights();
+        Ok(())
+    }
+
+    /// A vCPU's weight (its own, or its domain's).
+    pub fn vcpu_weight(&self, vcpu: VcpuId) -> Option<u32> {
+        self.index.get(&vcpu).map(|&s| self.vcpus[s].weight)
+    }
+
+    /// Current credit (ns) of a vCPU.
+    pub fn credit(&self, vcpu: VcpuId) -> Option<i64> {
+        self.index.get(&vcpu).map(|&s| self.vcpus[s].credit)
+    }
+
+    /// Charge a running vCPU for its time since the last burn: credit
+    /// `elapsed × max_weight / weight`, the division's remainder carried to
+    /// the next burn; a capped domain's vCPU also spends budget 1:1.
+    pub(super) fn burn(&mut self, s: usize, now: u64) {
+        let max_w = u128::from(self.rqs[self.vcpus[s].rq].max_weight);
+        let v = &mut self.vcpus[s];
+        if !matches!(v.state, RunState::Running(_)) {
+            return;
+        }
+        let delta = now.saturating_sub(v.last_burn);
+        v.last_burn = v.last_burn.max(now);
+        v.stats.counters.run_ns += delta;
+        let scaled = delta as u128 * max_w + u128::from(v.residual);
+        let w = u128::from(v.weight.max(1));
+        v.residual = (scaled % w) as u64;
+        let cost = (scaled / w).min(i64::MAX as u128) as i64;
+        v.credit = v.credit.saturating_sub(cost).max(i64::MIN / 2);
+        let d = &mut self.domains[v.dom];
+        d.stats.run_ns += delta;
+        if d.capped() {
+            v.budget = v.budget.saturating_sub(delta.min(i64::MAX as u64) as i64);
+        }
+    }
+
+    /// Credit → run time for vCPU `s`.
+    pub(super) fn c2t(&self, s: usize, credit: i64) -> u64 {
+        if credit <= 0 {
+            return 0;
+        }
+        let max_w = self.rqs[self.vcpus[s].rq].max_weight.max(1);
+        (credit as i128 * self.vcpus[s].weight as i128 / max_w as i128) as u64
+    }
+
+    pub(super) fn update_max_weights(&mut self) {
+        for (i, rq) in self.rqs.iter_mut().enumerate() {
+            rq.max_weight = self.vcpus.iter().filter(|v| v.rq == i).map(|v| v.weight).max().unwrap_or(1);
+        }
+    }
+
+    pub(super) fn sort_runq(&mut self, rq: usize) {
+        let vcpus = &self.vcpus;
+        self.rqs[rq].queue.sort_by(|&a, &b| vcpus[b].credit.cmp(&vcpus[a].credit));
+    }
+
+    /// Credit2 reset of runqueue `rq`: each of its online vCPUs gets
+    /// CREDIT_INIT (times `m` if the picked vCPU is deeper than
+    /// -CREDIT_INIT, so that it is positive again), capped at
+    /// `CREDIT_INIT + CARRYOVER_MAX`: what a vCPU had left carries over up
+    /// to that cap. vCPUs running on the runqueue's other pCPUs are charged
+    /// up to `now` first (as Credit2 does), so that the cap clips what they
+    /// really have left.
+    pub(super) fn reset_credit(&mut self, now: u64, rq: usize, picked_credit: i64) {
+        for p in 0..self.pcpus.len() {
+            if let Some(s) = self.pcpus[p].curr.filter(|_| self.pcpus[p].rq == rq) {
+                self.burn(s, now);
+            }
+        }
+        let mut m: i64 = 1;
+        if picked_credit < -CREDIT_INIT_NS {
+            m += (-picked_credit) / CREDIT_INIT_NS;
+        }
+        let add = m.saturating_mul(CREDIT_INIT_NS);
+        let mut doms = Vec::new();
+        for v in self.vcpus.iter_mut().filter(|v| v.rq == rq && v.state != RunState::Offline) {
+            v.credit = v.credit.saturating_add(add).min(CREDIT_INIT_NS + CARRYOVER_MAX_NS);
+            if !doms.contains(&v.dom) {
+                doms.push(v.dom);
+            }
+        }
+        for d in doms {
+            self.domains[d].stats.credit_resets += 1;
+        }
+        self.rqs[rq].resets += 1;
+        self.sort_runq(rq);
+    }
+
+    /// `n` leaves the runqueue; Credit2's epoch ends when the best
+    /// candidate of the runqueue (`n` or the runqueue's head, whichever has
+    /// more) has no credit.
+    pub(super) fn end_epoch_if_due(&mut self, now: u64, pcpu: usize, n: usize) {
+        let rq = self.pcpus[pcpu].rq;
+        self.rqs[rq].queue.retain(|&x| x != n);
+        let head = self.rqs[rq].queue.first().map(|&h| self.vcpus[h].credit);
+        let best = head.map_or(self.vcpus[n].credit, |h| h.max(self.vcpus[n].credit));
+        if best <= 0 {
+            self.reset_credit(now, rq, self.vcpus[n].credit);
+        }
+    }
+}

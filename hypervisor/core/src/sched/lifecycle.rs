@@ -1,0 +1,148 @@
+//! Life cycle: registering domains and vCPUs, changing a domain's weight
+//! and cap at run time, and the runner's own exits (PSCI CPU_ON/OFF, WFI,
+//! WFE).
+//!
+//! `add_domain(dom, DomainParams { weight, cap_percent })` first, then
+//! `add_vcpu(vcpu, dom, affinity)` (vCPU ids are unique across domains).
+//! Weights are 1..=65535; a cap is 1..=100 × nr_pcpus percent of one pCPU.
+//! Contract: bad values, unknown or duplicate ids are
+//! [`SchedError`]s and change nothing; a change that affects credit charges
+//! the run time before it at the old values.
+
+use super::credit::CREDIT_INIT_NS;
+use super::domain::Domain;
+use super::{DomainId, DomainParams, RunState, SchedError, Scheduler, Vcpu, VcpuId, WakeAction};
+use crate::stats::VcpuStats;
+
+impl Scheduler {
+    /// Register a domain. Its cap periods run from time 0 of the caller's
+    /// clock, with a full budget at first.
+    pub fn add_domain(&mut self, dom: DomainId, params: DomainParams) -> Result<(), SchedError> {
+        if self.dom_index.contains_key(&dom) {
+            return Err(SchedError::DuplicateDomain(dom));
+        }
+        params.validate(self.pcpus.len())?;
+        self.dom_index.insert(dom, self.domains.len());
+        self.domains.push(Domain::new(dom, params, 0));
+        Ok(())
+    }
+
+    /// Change a domain's weight and cap at `now`. Run time until `now` is
+    /// charged at the old weight. A new cap starts a full budget and a
+    /// period now; a changed one keeps the period (what is left is clipped
+    /// to the new budget); removing it unparks the domain's vCPUs. Running
+    /// vCPUs see the change at their pCPU's next `schedule()`.
+    pub fn set_domain_params(&mut self, now: u64, dom: DomainId, params: DomainParams) -> Result<(), SchedError> {
+        let d = self.dom_slot(dom)?;
+        params.validate(self.pcpus.len())?;
+        for p in 0..self.pcpus.len() {
+            if let Some(s) = self.pcpus[p].curr {
+                self.burn(s, now);
+            }
+        }
+        let old_cap = self.domains[d].params.cap_percent;
+        self.domains[d].params.weight = params.weight;
+        self.domains[d].set_cap(params.cap_percent, now);
+        for v in self.vcpus.iter_mut().filter(|v| v.dom == d) {
+            v.weight = v.weight_override.unwrap_or(params.weight);
+            if old_cap.is_none() {
+                v.budget = 0;
+            }
+        }
+        self.update_max_weights();
+        if params.cap_percent.is_none() {
+            self.unpark_domain(now, d);
+        }
+        Ok(())
+    }
+
+    /// Register a vCPU of domain `dom` (offline until [`Scheduler::power_on`]).
+    /// `affinity = Some(p)` pins it to pCPU `p`.
+    pub fn add_vcpu(&mut self, vcpu: VcpuId, dom: DomainId, affinity: Option<usize>) -> Result<(), SchedError> {
+        if self.index.contains_key(&vcpu) {
+            return Err(SchedError::DuplicateVcpu(vcpu));
+        }
+        let d = self.dom_slot(dom)?;
+        if let Some(p) = affinity {
+            self.check_pcpu(p)?;
+        }
+        let home = match affinity {
+            Some(p) => p,
+            None => {
+                (0..self.pcpus.len()).min_by_key(|&p| self.vcpus.iter().filter(|v| v.home == p).count()).unwrap_or(0)
+            }
+        };
+        let weight = self.domains[d].params.weight;
+        self.index.insert(vcpu, self.vcpus.len());
+        self.vcpus.push(Vcpu {
+            id: vcpu,
+            dom: d,
+            state: RunState::Offline,
+            credit: CREDIT_INIT_NS,
+            weight,
+            weight_override: None,
+            residual: 0,
+            affinity,
+            rq: self.pcpus[home].rq,
+            home,
+            budget: 0,
+            parked: false,
+            last_burn: 0,
+            woken_at: None,
+            preempted: false,
+            wake_preempted: false,
+            yielding: false,
+            stats: VcpuStats::default(),
+        });
+        self.domains[d].nr_vcpus += 1;
+        let rq = &mut self.rqs[self.pcpus[home].rq];
+        rq.max_weight = rq.max_weight.max(weight);
+        Ok(())
+    }
+
+    /// PSCI CPU_ON: the vCPU becomes runnable (parked if its domain has no budget).
+    pub fn power_on(&mut self, now: u64, vcpu: VcpuId) -> Result<WakeAction, SchedError> {
+        let s = self.slot(vcpu)?;
+        if self.vcpus[s].state != RunState::Offline {
+            return Err(SchedError::AlreadyOnline(vcpu));
+        }
+        self.replenish_due(now);
+        self.vcpus[s].state = RunState::Blocked;
+        Ok(self.make_runnable(now, s))
+    }
+
+    /// PSCI CPU_OFF by the vCPU running on `pcpu`; call `schedule()` next.
+    pub fn power_off(&mut self, now: u64, pcpu: usize) -> Result<VcpuId, SchedError> {
+        let s = self.running(pcpu)?;
+        self.burn(s, now);
+        self.vcpus[s].state = RunState::Offline;
+        self.vcpus[s].woken_at = None;
+        Ok(self.vcpus[s].id)
+    }
+
+    /// The vCPU running on `pcpu` blocks (WFI with nothing pending). The
+    /// caller must check for pending virtual interrupts first, then call
+    /// `schedule()`.
+    pub fn block(&mut self, now: u64, pcpu: usize) -> Result<VcpuId, SchedError> {
+        let s = self.running(pcpu)?;
+        self.burn(s, now);
+        self.vcpus[s].state = RunState::Blocked;
+        Ok(self.vcpus[s].id)
+    }
+
+    /// The vCPU running on `pcpu` yields (WFE trap), preferably to `target`
+    /// (directed yield, e.g. a preempted vCPU of the same VM). Call
+    /// `schedule()` next. The yielder runs again only if nothing else can.
+    pub fn yield_to(&mut self, now: u64, pcpu: usize, target: Option<VcpuId>) -> Result<(), SchedError> {
+        let s = self.running(pcpu)?;
+        let t = match target {
+            Some(t) => Some(self.slot(t)?),
+            None => None,
+        };
+        self.burn(s, now);
+        self.vcpus[s].yielding = true;
+        self.vcpus[s].stats.counters.yields += 1;
+        self.pcpus[pcpu].yield_target = t.filter(|&t| t != s);
+        Ok(())
+    }
+}

@@ -1,0 +1,236 @@
+//! Run queues: queueing by credit, picking the next vCPU, slice length,
+//! placement of a vCPU that becomes runnable, and load balancing.
+//!
+//! * pCPUs share Credit2 runqueues sorted by credit (highest first, FIFO on
+//!   ties): by default one for all pCPUs (`credit2_runqueue=all`, what Xen's
+//!   default `socket` gives on a one-socket machine such as QEMU `virt`), or
+//!   one per pCPU (`credit2_runqueue=cpu`). A pCPU runs whichever of
+//!   {current vCPU, first queued vCPU allowed on it} has more credit.
+//! * Slice: run until the picked vCPU's credit would fall to the next
+//!   waiter's (or to 0 if nobody waits), clamped to
+//!   `[max(min_slice, rest of ratelimit window), max_slice]`, and then to a
+//!   capped vCPU's budget.
+//! * Ratelimit: a runnable vCPU that has run less than `ratelimit` since it
+//!   was switched in keeps the pCPU at a `schedule()` unless it yields (or
+//!   its domain's budget is used up).
+//! * Hard affinity pins a vCPU to one pCPU. Unpinned vCPUs are placed on an
+//!   idle pCPU when they wake if one exists, else on the pCPU whose runner has
+//!   the least credit (that pCPU is asked to reschedule, but whichever of the
+//!   runqueue's pCPUs schedules first may take it). Within a runqueue any of
+//!   its pCPUs picks any queued vCPU, so one shared runqueue needs no
+//!   balancing; `schedule()` asks (through [`Decision::kick`](super::Decision::kick))
+//!   an idle pCPU to come and pick when work is left queued. With several
+//!   runqueues, `schedule()` also pulls one vCPU from a runqueue ≥ 2 longer,
+//!   or a remote waiter richer by > [`MIGRATE_RESIST_NS`]; their credits are
+//!   reset apart, so that layout balances load, not exact weights.
+//!
+//! Contract: a queue holds only runnable, unparked vCPUs of that runqueue,
+//! in credit order; whoever changes a queued vCPU's credit re-sorts it.
+//! Uses credit.rs and cap.rs (a capped vCPU is picked only with budget);
+//! neither uses this file.
+
+use super::{RunState, Scheduler, MIN_TIMER_NS};
+
+/// Credit lead a remote waiter needs to be pulled to another pCPU (Credit2's migrate resist).
+pub const MIGRATE_RESIST_NS: i64 = 500_000;
+
+impl Scheduler {
+    /// Number of runqueues (`credit2_runqueue=`).
+    pub fn nr_runqueues(&self) -> usize {
+        self.rqs.len()
+    }
+
+    /// The runqueue `pcpu` picks from.
+    pub fn runqueue_of(&self, pcpu: usize) -> Option<usize> {
+        self.pcpus.get(pcpu).map(|p| p.rq)
+    }
+
+    /// Credit resets of runqueue `rq` so far.
+    pub fn runqueue_resets(&self, rq: usize) -> Option<u64> {
+        self.rqs.get(rq).map(|r| r.resets)
+    }
+
+    /// Move vCPU `s` (not queued) to runqueue `rq`.
+    pub(super) fn set_rq(&mut self, s: usize, rq: usize) {
+        if self.vcpus[s].rq != rq {
+            self.vcpus[s].rq = rq;
+            self.update_max_weights();
+        }
+    }
+
+    /// Queue the runnable vCPU `s` on its runqueue, by credit.
+    pub(super) fn enqueue(&mut self, s: usize) {
+        let c = self.vcpus[s].credit;
+        let vcpus = &self.vcpus;
+        let q = &mut self.rqs[vcpus[s].rq].queue;
+        let pos = q.iter().position(|&x| vcpus[x].credit < c).unwrap_or(q.len());
+        q.insert(pos, s);
+    }
+
+    pub(super) fn pick(
+        &mut self,
+        now: u64,
+        p: usize,
+        prev: Option<usize>,
+        yielding: bool,
+        bypass_ratelimit: bool,
+        yield_target: Option<usize>,
+    ) -> (Option<usize>, bool) {
+        // Ratelimit: the runner keeps the pCPU inside its window.
+        if let Some(s) = prev {
+            let ran = now.saturating_sub(self.pcpus[p].entry);
+            if !yielding && !bypass_ratelimit && self.cfg.ratelimit_ns > 0 && ran < self.cfg.ratelimit_ns {
+                return (Some(s), false);
+            }
+        }
+        // Directed yield: run the target here if it is runnable and may run here.
+        if let Some(t) = yield_target {
+            let v = &self.vcpus[t];
+            if v.state == RunState::Runnable && !v.parked && v.allowed_on(p) {
+                if self.ensure_budget(t) {
+                    let rq = self.pcpus[p].rq;
+                    if self.vcpus[t].rq != rq {
+                        self.rqs[self.vcpus[t].rq].queue.retain(|&x| x != t);
+                        self.set_rq(t, rq);
+                        self.enqueue(t);
+                    }
+                    return (Some(t), true);
+                }
+                self.park(t);
+            }
+        }
+        let rq = self.pcpus[p].rq;
+        loop {
+            let head = self.rqs[rq].queue.iter().copied().find(|&h| self.vcpus[h].allowed_on(p));
+            let pick = match (prev, head) {
+                (None, h) => h,
+                (Some(s), None) => Some(s),
+                (Some(s), Some(h)) => {
+                    if yielding || self.vcpus[h].credit > self.vcpus[s].credit {
+                        Some(h)
+                    } else {
+                        Some(s)
+                    }
+                }
+            };
+            match pick {
+                // A queued vCPU of a capped domain runs only with budget.
+                Some(h) if Some(h) == head && !self.ensure_budget(h) => self.park(h),
+                _ => return (pick, false),
+            }
+        }
+    }
+
+    /// Credit2's slice length for the vCPU `n` just picked on `p`.
+    pub(super) fn runtime(&self, now: u64, p: usize, n: usize) -> u64 {
+        let credit = self.vcpus[n].credit;
+        let rt = match self.rqs[self.pcpus[p].rq].queue.first() {
+            Some(&w) if self.vcpus[w].credit > 0 => credit.saturating_sub(self.vcpus[w].credit),
+            _ => credit,
+        };
+        let mut t = self.c2t(n, rt);
+        let mut min_t = self.cfg.min_slice_ns;
+        if self.cfg.ratelimit_ns > 0 {
+            let window_end = self.pcpus[p].entry.saturating_add(self.cfg.ratelimit_ns);
+            min_t = min_t.max(window_end.saturating_sub(now));
+        }
+        if t > self.cfg.max_slice_ns {
+            t = self.cfg.max_slice_ns;
+        }
+        t.max(min_t).max(MIN_TIMER_NS)
+    }
+
+    /// Runnable vCPUs of runqueue `rq`: queued plus running on its pCPUs.
+    pub(super) fn rq_load(&self, rq: usize) -> usize {
+        let running = self
+            .pcpus
+            .iter()
+            .filter(|pc| pc.rq == rq)
+            .filter(|pc| pc.curr.is_some_and(|s| matches!(self.vcpus[s].state, RunState::Running(_))))
+            .count();
+        self.rqs[rq].queue.len() + running
+    }
+
+    /// With several runqueues (`credit2_runqueue=cpu`), pull at most one
+    /// vCPU into `p`'s from another: from one whose load is at least 2
+    /// higher, or else the richest remote waiter when its credit beats our
+    /// best candidate by more than `MIGRATE_RESIST_NS` (Credit2's migration
+    /// resistance). Credits of different runqueues are reset apart, so this
+    /// is load balancing, not exact fairness; one shared runqueue (the
+    /// default) needs none.
+    pub(super) fn balance(&mut self, p: usize, prev: Option<usize>) {
+        if self.rqs.len() < 2 {
+            return;
+        }
+        let my_rq = self.pcpus[p].rq;
+        let mine = self.rqs[my_rq].queue.len() + prev.is_some() as usize;
+        let mut from: Option<(usize, usize)> = None; // (runqueue, index in its queue)
+        let mut best_load = 0;
+        for q in (0..self.rqs.len()).filter(|&q| q != my_rq) {
+            let l = self.rq_load(q);
+            if l >= mine + 2 && l > best_load {
+                if let Some(i) = self.rqs[q].queue.iter().position(|&s| self.vcpus[s].allowed_on(p)) {
+                    best_load = l;
+                    from = Some((q, i));
+                }
+            }
+        }
+        if from.is_none() {
+            let local_best = prev
+                .map(|s| self.vcpus[s].credit)
+                .into_iter()
+                .chain(self.rqs[my_rq].queue.first().map(|&s| self.vcpus[s].credit))
+                .max()
+                .unwrap_or(i64::MIN);
+            let mut best_credit = local_best.saturating_add(MIGRATE_RESIST_NS);
+            for q in (0..self.rqs.len()).filter(|&q| q != my_rq) {
+                let queue = &self.rqs[q].queue;
+                if let Some(i) = queue.iter().position(|&s| self.vcpus[s].allowed_on(p)) {
+                    let c = self.vcpus[queue[i]].credit;
+                    if c > best_credit {
+                        best_credit = c;
+                        from = Some((q, i));
+                    }
+                }
+            }
+        }
+        let Some((q, i)) = from else { return };
+        let s = self.rqs[q].queue.remove(i);
+        self.set_rq(s, my_rq);
+        self.enqueue(s);
+    }
+
+    /// An idle pCPU that could take something still queued on `p`'s runqueue.
+    pub(super) fn idle_pcpu_for_queued(&self, p: usize) -> Option<usize> {
+        let q = &self.rqs[self.pcpus[p].rq].queue;
+        if q.is_empty() {
+            return None;
+        }
+        (0..self.pcpus.len())
+            .find(|&o| o != p && self.pcpus[o].curr.is_none() && q.iter().any(|&s| self.vcpus[s].allowed_on(o)))
+    }
+
+    /// The pCPU a vCPU that becomes runnable should go to (and tickle).
+    pub(super) fn place(&self, s: usize) -> usize {
+        let v = &self.vcpus[s];
+        if let Some(a) = v.affinity {
+            return a;
+        }
+        let idle = |p: usize| self.pcpus[p].curr.is_none();
+        if idle(v.home) {
+            return v.home;
+        }
+        if let Some(p) = (0..self.pcpus.len()).find(|&p| idle(p)) {
+            return p;
+        }
+        // All busy: the pCPU whose runner has the least credit (home on ties).
+        let runner_credit = |p: usize| self.pcpus[p].curr.map_or(i64::MIN, |c| self.vcpus[c].credit);
+        let mut best = v.home;
+        for p in 0..self.pcpus.len() {
+            if runner_credit(p) < runner_credit(best) {
+                best = p;
+            }
+        }
+        best
+    }
+}

@@ -1,0 +1,394 @@
+//! Wakes: whether a woken vCPU preempts the runner at once, waits for a
+//! lock-holder grace or a protected run, or waits for the runner's
+//! ratelimit window; and a capped domain's parked vCPUs coming back.
+//!
+//! # Wake paths ([`WakeMode`])
+//! * [`WakeMode::XenCompat`] reproduces `runq_tickle`: a busy pCPU whose
+//!   runner ran less than `ratelimit - 50 µs` is not tickled; otherwise it is
+//!   tickled when the woken vCPU has more credit. Nothing re-arms the
+//!   runner's timer. This is the control group and must show the collapse
+//!   described in the `sched` module doc.
+//! * [`WakeMode::Preempt`] (default): a vCPU woken from blocked state whose
+//!   credit exceeds the runner's by more than `wake_granularity` preempts it
+//!   at once, ratelimit or not ([`WakeAction::Reschedule`]; an IPI when the
+//!   pCPU is remote), unless the runner is in a lock-holder grace or a
+//!   protected run (below), which defer it. A wake that does not preempt
+//!   re-arms the runner's timer to the end of its ratelimit window (never
+//!   later than the timer it had); a waker heavier than the runner (its
+//!   own weight, [`Scheduler::set_vcpu_weight`]) instead catches up: it
+//!   preempts as soon as the runner's burn puts it ahead by the granularity.
+//!   The granularity stops two waking vCPUs from ping-ponging; credit burn
+//!   keeps a vCPU that wakes very often from getting more than its share.
+//! * A vCPU whose capped domain has no budget is parked at once when it
+//!   wakes: it preempts nobody, and the answer re-arms a timer to the
+//!   replenishment. A parked vCPU's wake is a no-op.
+//!
+//! # Lock-holder preemption
+//! Preempting a vCPU at its SGI/MMIO trap can preempt a guest lock holder
+//! (the guest's virtqueue lock; docs/benchmarks/scheduler-tuning.md has what
+//! that costs). Two defences, both for [`WakeMode::Preempt`] only:
+//! * [`Scheduler::note_critical_exit`]: the SGI-send trap passes what it saw
+//!   of the guest ([`CritEvidence`]). Only evidence of a critical section —
+//!   trapped from EL1 with IRQs masked, which is how Linux holds its
+//!   runqueue and `irqsave` locks, and where it sends wake-up IPIs — opens a
+//!   grace: a wake-preemption of the runner is deferred
+//!   ([`WakeAction::RearmTimer`]) to at most `lhp_grace` after that exit.
+//!   The grace is capped per pending preemption, not per trap: it never
+//!   runs past `lhp_grace` after the wake that asked for the preemption (or
+//!   after the protected run that deferred it, see below: a runner
+//!   preempted at the end of that run may be in a critical section it
+//!   entered meanwhile), however many critical exits follow, so a vCPU that
+//!   keeps writing the SGI register cannot hold a woken vCPU off for longer.
+//!   It ends early at the runner's next exit that shows no evidence (the
+//!   trap code reports every exit while a grace is open; the timer that
+//!   ends the grace is such an exit anyway). The hypervisor cannot see the
+//!   guest unmask IRQs without an exit, so a holder that unmasks and runs on
+//!   keeps the rest of the grace.
+//! * [`Scheduler::yield_to`]: on a WFE trap (a spinning guest) the vCPU
+//!   yields, directed at a preempted sibling (see [`Scheduler::is_preempted`])
+//!   which is then run next on this pCPU if its affinity allows, for a
+//!   grace-long "loan" after which the ratelimit does not hold the yielder off.
+//!   Where WFE does not trap (QEMU's TCG), [`super::spin::SpinDetector`] finds
+//!   the spinner by sampling its PC instead, and the run loop yields it the
+//!   same way.
+//!
+//! # Preemption-rate bound
+//! A vCPU that was descheduled by a wake-preemption gets a protected run of
+//! `wake_min_run` (`sched_wake_min_run_us`) when it is switched back in: a
+//! wake-preemption of it is deferred to the end of that run (a
+//! [`WakeAction::RearmTimer`], counted as `min_run_deferrals`). So no vCPU is
+//! wake-preempted more than once per `wake_min_run` of its own run time
+//! (≤ 10 000 times a second at the 100 µs default), and a vCPU that wakes
+//! every few µs cannot chop a CPU-bound one into slices smaller than that;
+//! the wake→run latency this costs the waker is at most `wake_min_run`
+//! (plus a grace, if the runner is in a critical section when it ends). We
+//! protect only vCPUs that were wake-preempted, rather than every runner
+//! that has just been switched in, so the common case — a woken I/O vCPU
+//! preempting a hog that got the pCPU at a slice end or by its own wake —
+//! keeps its immediate preemption. A waker whose weight exceeds the
+//! runner's (per-vCPU weights, [`Scheduler::set_vcpu_weight`]) cuts the
+//! runner's protected run to `wake_min_run × w_runner / w_waker`: it is
+//! entitled to that much more of the pCPU, and so to that many more
+//! preemptions of it; equal weights keep the full bound. The bound is not
+//! lifted on evidence of a light waker: cyclictest `-i50`, which it delays,
+//! and the fast waker it exists for — wakes every 50 µs, runs a few µs —
+//! both use well under their share, so no demand test tells them apart
+//! (docs/benchmarks/timer-tail.md has the figures). The context switch
+//! costs (a few µs of EL2 work each) fall inside the switched-in vCPU's run
+//! time, as the clock starts at `schedule()`; the simulator models them
+//! that way.
+//!
+//! Uses credit.rs, cap.rs and runq.rs (a woken vCPU is placed and queued
+//! there); none of them uses this file.
+
+use super::{
+    Decision, Deferral, PreemptReason, RunState, SchedError, Scheduler, SwitchInfo, VcpuId, WakeAction, WakeCause,
+    WakeMode, MIN_TIMER_NS,
+};
+
+/// Credit2's ratelimit tolerance in `runq_tickle`.
+pub const RATELIMIT_TOLERANCE_NS: u64 = 50_000;
+
+/// What the trap code saw of the running vCPU at an exit, as evidence that
+/// the guest is inside a short critical section (see
+/// [`Scheduler::note_critical_exit`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CritEvidence {
+    /// Trapped from EL1 with IRQs masked: Linux holds its runqueue locks and
+    /// every `spin_lock_irqsave` lock with IRQs off, so this is where a lock
+    /// holder sends its wake-up IPIs.
+    IrqsMasked,
+    /// Nothing suggests a critical section (EL0, or IRQs enabled).
+    None,
+}
+
+impl CritEvidence {
+    /// Read the evidence from the guest's PSTATE as saved in SPSR_EL2 at the
+    /// exit: AArch64 EL1t/EL1h (M\[4:0\] = 0b00100/0b00101) with PSTATE.I set.
+    /// (A guest that masks IRQs through the GIC priority mask instead, i.e.
+    /// Linux's pseudo-NMI mode, shows no evidence and gets no grace.)
+    pub fn from_spsr(spsr: u64) -> Self {
+        use aarch64_cpu::registers::SPSR_EL2;
+        use tock_registers::LocalRegisterCopy;
+        let spsr = LocalRegisterCopy::<u64, SPSR_EL2::Register>::new(spsr);
+        let el1 = matches!(spsr.read_as_enum(SPSR_EL2::M), Some(SPSR_EL2::M::Value::EL1t | SPSR_EL2::M::Value::EL1h));
+        if el1 && spsr.is_set(SPSR_EL2::I) {
+            CritEvidence::IrqsMasked
+        } else {
+            CritEvidence::None
+        }
+    }
+}
+
+impl Scheduler {
+    /// Wake `vcpu` (virtual interrupt, vSGI, vtimer, doorbell). A vCPU that is
+    /// not blocked gets a no-op (a parked one stays parked until its
+    /// domain's budget is replenished); an offline one is ignored. A vCPU
+    /// whose domain has no budget left is parked at once: it preempts
+    /// nobody, and the answer re-arms a timer to the replenishment.
+    pub fn wake(&mut self, now: u64, vcpu: VcpuId, cause: WakeCause) -> Result<WakeAction, SchedError> {
+        let s = self.slot(vcpu)?;
+        self.last_deferral = None;
+        self.replenish_due(now);
+        let v = &mut self.vcpus[s];
+        match v.state {
+            RunState::Offline => return Ok(WakeAction::None),
+            RunState::Runnable | RunState::Running(_) => {
+                v.stats.counters.wakes_noop += 1;
+                return Ok(WakeAction::None);
+            }
+            RunState::Blocked => {}
+        }
+        let c = &mut v.stats.counters;
+        match cause {
+            WakeCause::Interrupt => c.wakes_interrupt += 1,
+            WakeCause::Sgi => c.wakes_sgi += 1,
+            WakeCause::Timer => c.wakes_timer += 1,
+            WakeCause::Doorbell => c.wakes_doorbell += 1,
+        }
+        v.woken_at = Some(now);
+        Ok(self.make_runnable(now, s))
+    }
+
+    /// How the last [`Scheduler::wake`] was deferred (kind, until when), if
+    /// it asked for a preemption that waits or fell in a ratelimit window.
+    pub fn wake_deferral(&self) -> Option<(Deferral, u64)> {
+        self.last_deferral
+    }
+
+    /// The vCPU running on `pcpu` exited, and `evidence` says whether it is
+    /// inside a guest critical section. The SGI-send trap calls this with
+    /// what it saw: [`CritEvidence::IrqsMasked`] opens a lock-holder grace
+    /// (a wake-preemption of the runner waits up to `lhp_grace` from `now`,
+    /// and never more than `lhp_grace` after the wake that asked for it or
+    /// the protected run that deferred it). Any later exit that shows
+    /// [`CritEvidence::None`] closes the grace; if a wake-preemption was
+    /// waiting for it, the answer says when it happens now
+    /// ([`WakeAction::Reschedule`], or a re-arm to the end of a protected run).
+    pub fn note_critical_exit(
+        &mut self,
+        now: u64,
+        pcpu: usize,
+        evidence: CritEvidence,
+    ) -> Result<WakeAction, SchedError> {
+        self.check_pcpu(pcpu)?;
+        if self.pcpus[pcpu].curr.is_none() || self.cfg.lhp_grace_ns == 0 || self.cfg.wake_mode != WakeMode::Preempt {
+            return Ok(WakeAction::None);
+        }
+        match evidence {
+            CritEvidence::IrqsMasked => {
+                self.pcpus[pcpu].crit_until = now.saturating_add(self.cfg.lhp_grace_ns);
+                Ok(WakeAction::None)
+            }
+            CritEvidence::None => {
+                let was_deferred = self.pcpus[pcpu].pending_preempt.is_some() && now < self.deferral_end(pcpu);
+                self.pcpus[pcpu].crit_until = 0;
+                if was_deferred {
+                    // Now only a protected run may still defer it.
+                    let end = self.deferral_end(pcpu);
+                    Ok(self.rearm(now, pcpu, end))
+                } else {
+                    Ok(WakeAction::None)
+                }
+            }
+        }
+    }
+
+    pub(super) fn make_runnable(&mut self, now: u64, s: usize) -> WakeAction {
+        self.vcpus[s].state = RunState::Runnable;
+        self.vcpus[s].preempted = false;
+        let d = self.vcpus[s].dom;
+        if self.domains[d].capped() && self.vcpus[s].budget <= 0 && self.domains[d].budget <= 0 {
+            // No budget: parked, it waits for the replenishment and preempts nobody.
+            self.vcpus[s].parked = true;
+            self.domains[d].stats.cap_parks += 1;
+            let p = self.place(s);
+            let at = self.domains[d].next_repl;
+            return self.rearm(now, p, at);
+        }
+        self.queue_and_tickle(now, s)
+    }
+
+    /// Queue the runnable vCPU `s` where `place` says and decide whether it preempts there.
+    pub(super) fn queue_and_tickle(&mut self, now: u64, s: usize) -> WakeAction {
+        let p = self.place(s);
+        let rq = self.pcpus[p].rq;
+        self.set_rq(s, rq);
+        self.enqueue(s);
+        self.tickle(now, s, p)
+    }
+
+    /// Decide whether the vCPU `s`, just queued on `p`, preempts `p`'s runner.
+    pub(super) fn tickle(&mut self, now: u64, s: usize, p: usize) -> WakeAction {
+        let Some(r) = self.pcpus[p].curr else {
+            return WakeAction::Reschedule { pcpu: p };
+        };
+        if !matches!(self.vcpus[r].state, RunState::Running(_)) {
+            // The runner already blocked; a schedule() is on its way.
+            return WakeAction::Reschedule { pcpu: p };
+        }
+        self.burn(r, now);
+        let ran = now.saturating_sub(self.pcpus[p].entry);
+        let in_window = self.cfg.ratelimit_ns > 0 && ran < self.cfg.ratelimit_ns;
+        let lead = self.vcpus[s].credit.saturating_sub(self.vcpus[r].credit);
+        match self.cfg.wake_mode {
+            WakeMode::XenCompat => {
+                if self.cfg.ratelimit_ns > 0 && ran < self.cfg.ratelimit_ns.saturating_sub(RATELIMIT_TOLERANCE_NS) {
+                    self.vcpus[s].stats.counters.ratelimit_deferrals += 1;
+                    self.last_deferral =
+                        Some((Deferral::Ratelimit, self.pcpus[p].entry.saturating_add(self.cfg.ratelimit_ns)));
+                    WakeAction::None
+                } else if lead > 0 {
+                    WakeAction::Reschedule { pcpu: p }
+                } else {
+                    WakeAction::None
+                }
+            }
+            WakeMode::Preempt => {
+                if lead > self.cfg.wake_granularity_ns as i64 {
+                    // A waker heavier than the runner shortens the runner's
+                    // protected run by their weight ratio.
+                    let (ws, wr) = (u64::from(self.vcpus[s].weight), u64::from(self.vcpus[r].weight));
+                    let pc = &mut self.pcpus[p];
+                    if pc.protect_until != 0 && ws > wr {
+                        let scaled = self.cfg.wake_min_run_ns.saturating_mul(wr) / ws;
+                        pc.protect_until = pc.protect_until.min(pc.entry.saturating_add(scaled));
+                    }
+                    if pc.pending_preempt.is_none() {
+                        // The grace cap runs from the first wake that asks,
+                        // or from the end of a protected run that defers it.
+                        pc.pending_preempt = Some(PreemptReason::Wake);
+                        pc.grace_limit = now.max(pc.protect_until).saturating_add(self.cfg.lhp_grace_ns);
+                    }
+                    let end = self.deferral_end(p);
+                    if now < end {
+                        let c = &mut self.vcpus[s].stats.counters;
+                        let kind = if end == self.pcpus[p].protect_until {
+                            c.min_run_deferrals += 1;
+                            Deferral::MinRun
+                        } else {
+                            c.lhp_deferrals += 1;
+                            Deferral::LhpGrace
+                        };
+                        self.last_deferral = Some((kind, end));
+                        self.rearm(now, p, end)
+                    } else {
+                        WakeAction::Reschedule { pcpu: p }
+                    }
+                } else {
+                    let window = self.cfg.ratelimit_ns.max(self.cfg.min_slice_ns);
+                    let mut end = self.pcpus[p].entry.saturating_add(window);
+                    if self.vcpus[s].weight > self.vcpus[r].weight {
+                        // Catch-up (see `schedule`): when the runner's burn
+                        // makes the heavier waker lead by the granularity.
+                        let gap = (-lead).saturating_add(self.cfg.wake_granularity_ns as i64).saturating_add(1);
+                        // (+1 ns: `c2t` rounds down.)
+                        end = end.min(now.saturating_add(self.c2t(r, gap).saturating_add(1).max(MIN_TIMER_NS)));
+                    }
+                    if in_window {
+                        self.vcpus[s].stats.counters.ratelimit_deferrals += 1;
+                        self.last_deferral = Some((Deferral::Ratelimit, end));
+                    }
+                    self.rearm(now, p, end)
+                }
+            }
+        }
+    }
+
+    /// Until when a pending wake-preemption of `p`'s runner is deferred:
+    /// the end of its lock-holder grace (never past the cap fixed at the
+    /// wake) or of its protected run, whichever is later.
+    pub(super) fn deferral_end(&self, p: usize) -> u64 {
+        let pc = &self.pcpus[p];
+        pc.crit_until.min(pc.grace_limit).max(pc.protect_until)
+    }
+
+    pub(super) fn rearm(&mut self, now: u64, p: usize, at: u64) -> WakeAction {
+        if at <= now {
+            return WakeAction::Reschedule { pcpu: p };
+        }
+        match self.pcpus[p].timer_at {
+            Some(t) if t <= at => WakeAction::None,
+            _ => {
+                self.pcpus[p].timer_at = Some(at);
+                WakeAction::RearmTimer { pcpu: p, at }
+            }
+        }
+    }
+
+    /// Catch-up of a heavier waker: a woken vCPU queued here whose weight
+    /// exceeds the runner `s`'s, and which did not preempt at its wake (a
+    /// little behind in credit, e.g. right after a reset), preempts once it
+    /// leads by the granularity, as if it woke now, instead of waiting out
+    /// the runner's ratelimit window (`tickle` pulled the timer to that
+    /// moment). Equal weights keep Credit2's behaviour: the window.
+    pub(super) fn catch_up_heavier_waker(&mut self, now: u64, pcpu: usize, s: usize) {
+        if self.cfg.wake_mode != WakeMode::Preempt || self.pcpus[pcpu].pending_preempt.is_some() {
+            return;
+        }
+        let rq = self.pcpus[pcpu].rq;
+        let head = self.rqs[rq].queue.iter().copied().find(|&h| self.vcpus[h].allowed_on(pcpu));
+        let (runner, g) = (&self.vcpus[s], self.cfg.wake_granularity_ns as i64);
+        if head.is_some_and(|h| {
+            let v = &self.vcpus[h];
+            v.woken_at.is_some() && v.weight > runner.weight && v.credit.saturating_sub(runner.credit) > g
+        }) {
+            let pc = &mut self.pcpus[pcpu];
+            pc.pending_preempt = Some(PreemptReason::Wake);
+            pc.grace_limit = now.max(pc.protect_until).saturating_add(self.cfg.lhp_grace_ns);
+        }
+    }
+
+    /// Lock-holder grace and protected run: a pending wake-preemption of the
+    /// runner `s` waits for the end of them; the decision to run `s` on
+    /// until then, if so.
+    pub(super) fn defer_preemption(&mut self, now: u64, pcpu: usize, s: usize) -> Option<Decision> {
+        self.pcpus[pcpu].pending_preempt?;
+        let at = self.deferral_end(pcpu);
+        if now >= at {
+            return None;
+        }
+        let timer = self.clamp_timer(Some(at.min(self.budget_end(now, s))));
+        self.pcpus[pcpu].timer_at = timer;
+        let kind = if at == self.pcpus[pcpu].protect_until { Deferral::MinRun } else { Deferral::LhpGrace };
+        let switch = SwitchInfo { deferred: Some((kind, at)), ..Default::default() };
+        Some(Decision { next: Some(self.vcpus[s].id), timer_at: timer, preempted: None, kick: None, switch })
+    }
+
+    /// Replenish every capped domain whose period is over, and unpark its vCPUs.
+    pub(super) fn replenish_due(&mut self, now: u64) {
+        for d in 0..self.domains.len() {
+            if self.domains[d].replenish_due(now) && self.domains[d].budget > 0 {
+                self.unpark_domain(now, d);
+            }
+        }
+    }
+
+    /// Make the parked vCPUs of domain `d` runnable again.
+    pub(super) fn unpark_domain(&mut self, now: u64, d: usize) {
+        for s in 0..self.vcpus.len() {
+            if self.vcpus[s].dom == d && self.vcpus[s].parked {
+                self.vcpus[s].parked = false;
+                if self.vcpus[s].state == RunState::Runnable {
+                    // Its pCPU's timer is due now (see `clamp_timer`), so a
+                    // tickle of a busy pCPU is seen at its `schedule()`.
+                    let _ = self.queue_and_tickle(now, s);
+                }
+            }
+        }
+    }
+
+    /// `s` left its pCPU: what it holds goes back to its domain's pool,
+    /// and if that leaves budget, the domain's parked vCPUs come back.
+    pub(super) fn give_back_budget(&mut self, now: u64, s: usize) {
+        let d = self.vcpus[s].dom;
+        if !self.domains[d].capped() {
+            return;
+        }
+        let held = core::mem::take(&mut self.vcpus[s].budget);
+        self.domains[d].give_back(held);
+        if self.domains[d].budget > 0 {
+            self.unpark_domain(now, d);
+        }
+    }
+}
