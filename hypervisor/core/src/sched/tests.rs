@@ -425,7 +425,7 @@ fn heavier_waker_cuts_the_protected_run_by_the_weight_ratio() {
     );
 }
 
-/// Issue 14, class 3 with weights: a heavier waker a little behind the
+/// Weighted wakers: a heavier waker a little behind the
 /// runner in credit at its wake preempts once the runner's burn puts it
 /// ahead by the granularity, not at the end of the 1 ms ratelimit window.
 /// Equal weights keep the window (Credit2's behaviour).
@@ -697,7 +697,7 @@ fn hog_cannot_starve_a_light_vcpu() {
     assert!(hog < 0.995, "hog share {hog}");
 }
 
-// ----- simulator targets (issue 3) -----
+// ----- simulator targets -----
 
 fn sim_case(cfg: SchedConfig, topo: Topology) -> sim::SimResult {
     let mut p = SimParams::wakeup(cfg, topo);
@@ -744,10 +744,10 @@ fn sim_lock_holder_slat_stays_bounded() {
     }
 }
 
-/// Issue 8, item 6: vCPU A (the hog) writes the SGI register every 30 µs
+/// An SGI flood: vCPU A (the hog) writes the SGI register every 30 µs
 /// with IRQs masked, the worst case for the grace; vCPU B wakes every 1 ms
-/// and runs 50 µs. Before the per-wake cap every write pushed the grace
-/// 40 µs on, and B never ran again after its first block.
+/// and runs 50 µs. Without the per-wake cap every write would push the
+/// grace 40 µs on, and B would never run again after its first block.
 #[test]
 fn sim_sgi_flood_cannot_starve_a_woken_vcpu() {
     for evidence in [CritEvidence::IrqsMasked, CritEvidence::None] {
@@ -769,7 +769,7 @@ fn sim_sgi_flood_cannot_starve_a_woken_vcpu() {
     }
 }
 
-/// Issue 8, item 7: a waker that wakes 50 µs after it blocks and runs 5 µs,
+/// A fast waker: one that wakes 50 µs after it blocks and runs 5 µs,
 /// against a hog, with a 5 µs context switch charged to the incoming vCPU.
 #[test]
 fn sim_fast_waker_cannot_chop_a_hog() {
@@ -795,7 +795,7 @@ fn sim_fast_waker_cannot_chop_a_hog() {
     assert!(off.hog_share() < 0.8, "{}", off.hog_share());
 }
 
-/// Issue 14, class 1: the same fast waker (cyclictest `-i50`'s shape) with
+/// The same fast waker (cyclictest `-i50`'s shape) with
 /// four times the hog's weight (`sched_vcpu_weight=1:1024`) may cut the
 /// hog's protected run to a quarter: its p99 wake→run drops to that plus
 /// a switch, and it still gets no more than its weighted share.
@@ -826,7 +826,7 @@ fn sim_is_deterministic() {
     assert_eq!(a.completions, b.completions);
 }
 
-// ----- domains: weights, caps, resets (issue 13) -----
+// ----- domains: weights, caps, resets -----
 
 fn fleet(cfg: SchedConfig, nr_pcpus: usize, doms: &[(DomainId, u32, Option<u32>)], duration: u64) -> sim::FleetParams {
     sim::FleetParams {
