@@ -6,7 +6,7 @@
 
 use integration_tests::*;
 use std::time::Duration;
-use xtask::domu::DomuOptions;
+use xtask::run::domu::DomuOptions;
 
 /// Ctrl-A three times as QEMU's `-serial mon:stdio` passes it on (its own
 /// escape key, doubled): the hypervisor's console input switch.

@@ -38,7 +38,7 @@ fn a_domu_runs_beside_dom0_isolated_with_its_own_console_and_disk() {
             // A per-vCPU weight for a vCPU Dom0 does not have (host-wide id
             // 1 is d1's first vCPU): a warning, not a failed boot.
             "domu_selftest=1 domu_selftest_vcpus=2 sched_vcpu_weight=1:512 domu_selftest_cmd={}",
-            xtask::qemu::base64(DOMU_CMD.as_bytes())
+            xtask::run::qemu::base64(DOMU_CMD.as_bytes())
         ),
         // Both domains wait at their `read` (earlier input could reach a
         // console nobody has opened yet).
@@ -96,7 +96,7 @@ fn a_domu_runs_beside_dom0_isolated_with_its_own_console_and_disk() {
 fn dom0less_domus_run_their_commands_beside_dom0() {
     // The real path: `cargo xtask run --domu 2` (Xen's dom0less nodes in the
     // DTB, placed by the boot plan); Dom0 waits until both DomUs stopped.
-    let domus = xtask::domu::DomuOptions {
+    let domus = xtask::run::domu::DomuOptions {
         count: 2,
         cmd: Some("echo from-$((40 + 2))".into()),
         mem_mb: 256,

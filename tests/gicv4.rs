@@ -25,7 +25,7 @@ fn fio_with_hog(gic: u8, hv_extra: &str) -> RunResult {
         o.gic = gic;
         o.pcpus = 1;
         o.vcpus = 2;
-        let img = xtask::qemu::scratch_disk().expect("scratch disk image");
+        let img = xtask::run::qemu::scratch_disk().expect("scratch disk image");
         o.hv_args = format!("dom0_disk={} {hv_extra}", DiskKind::Nvme.as_str());
         o.extra = vec![
             "-drive".into(),

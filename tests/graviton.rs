@@ -16,7 +16,7 @@ fn xtask_run(args: &[&str], cmd: &str) -> RunOptions {
     argv.extend_from_slice(args);
     argv.extend(["--cmd", cmd]);
     let Command::Run(run) = Cli::parse_from(argv).command else { panic!("not a run command") };
-    let mut o = run.run_options(xtask::qemu::scratch_disk).expect("run options");
+    let mut o = run.run_options(xtask::run::qemu::scratch_disk).expect("run options");
     o.echo = false;
     o.timeout = Duration::from_secs(420);
     o

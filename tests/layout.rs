@@ -38,7 +38,7 @@ fn assert_fatal(o: &RunOptions, r: &RunResult, line: &str) {
     assert!(!r.timed_out);
     // QEMU exits cleanly (PSCI SYSTEM_OFF), the run fails.
     assert_eq!(r.qemu_status, Some(0));
-    let e = xtask::qemu::exit_code(o, r).unwrap_err();
+    let e = xtask::run::qemu::exit_code(o, r).unwrap_err();
     assert!(e.contains(line), "{e}");
 }
 
@@ -75,7 +75,7 @@ fn linux_boots_with_modules_at_qemus_documented_addresses() {
 
 #[test]
 fn linux_boots_with_modules_right_after_the_image() {
-    let g = xtask::image::guest().expect("guest image");
+    let g = xtask::build::image::guest().expect("guest image");
     let kernel = LOAD_ADDRESS + hypervisor_image_size();
     let initrd = (kernel + file_len(&g.kernel)).div_ceil(4096) * 4096;
     assert!(initrd + file_len(&g.initrd) <= QEMU_DTB, "the image grew: the initrd would reach QEMU's DTB");
@@ -90,7 +90,7 @@ fn an_initrd_under_qemus_dtb_stops_the_boot_with_one_line() {
     // The full 83 MiB initramfs at 0x47000000: QEMU writes its DTB into
     // the middle of it (QEMU checks its ROM regions against each other, not
     // against the DTB), so the initrd is corrupt.
-    let g = xtask::image::guest().expect("guest image");
+    let g = xtask::build::image::guest().expect("guest image");
     let o = opts(0x4200_0000, 0x4700_0000);
     let r = run(&o);
     let end = 0x4700_0000 + file_len(&g.initrd);
@@ -113,7 +113,7 @@ fn a_kernel_in_the_hypervisor_bss_stops_the_boot_with_one_line() {
     assert!(kernel < LOAD_ADDRESS + size);
     let o = opts(kernel, 0x5800_0000);
     let r = run(&o);
-    let g = xtask::image::guest().expect("guest image");
+    let g = xtask::build::image::guest().expect("guest image");
     let line = format!(
         "(HV) fatal: boot layout: kernel [{kernel:#x}, {:#x}) overlaps hypervisor image [{LOAD_ADDRESS:#x}, {:#x})",
         kernel + file_len(&g.kernel),
@@ -125,7 +125,7 @@ fn a_kernel_in_the_hypervisor_bss_stops_the_boot_with_one_line() {
 #[test]
 fn a_module_outside_ram_stops_the_boot_with_one_line() {
     // -m 1536M: RAM ends at 0xa0000000.
-    let g = xtask::image::guest().expect("guest image");
+    let g = xtask::build::image::guest().expect("guest image");
     let o = opts(0x5000_0000, 0x1_0000_0000);
     let r = run(&o);
     let end = 0x1_0000_0000 + file_len(&g.initrd);
@@ -155,17 +155,17 @@ fn banner(r: &RunResult) -> &str {
     line.unwrap_or_else(|| panic!("no hypervisor banner:\n{}", tail(&r.console, 30))).trim_end()
 }
 
-fn moved(addr: u64, entry: xtask::hvload::HvEntry) -> RunResult {
+fn moved(addr: u64, entry: xtask::run::hvload::HvEntry) -> RunResult {
     let o = RunOptions {
         cmd: Some(r#"dmesg | grep -E "started at EL"; uname -m"#.into()),
         echo: false,
         timeout: Duration::from_secs(300),
-        hv_boot: xtask::hvload::HvBoot { addr: Some(addr), entry },
+        hv_boot: xtask::run::hvload::HvBoot { addr: Some(addr), entry },
         ..Default::default()
     };
     let r = run(&o);
     assert_eq!(r.hv_fatal, None, "{}", tail(&r.console, 30));
-    assert_eq!(xtask::qemu::exit_code(&o, &r), Ok(0), "{}", tail(&r.console, 30));
+    assert_eq!(xtask::run::qemu::exit_code(&o, &r), Ok(0), "{}", tail(&r.console, 30));
     assert_console(&r, "CPU: All CPU(s) started at EL1");
     assert_console(&r, "aarch64");
     r
@@ -177,7 +177,7 @@ fn the_hypervisor_runs_loaded_at_another_address() {
     // it at 0x4a000000 and passes the DTB in x0 (it puts the DTB right
     // behind the image). The image relocates itself (entry.rs), and the
     // layout plan works around where it really is.
-    let r = moved(0x4a00_0000, xtask::hvload::HvEntry::Linux);
+    let r = moved(0x4a00_0000, xtask::run::hvload::HvEntry::Linux);
     let b = banner(&r);
     assert!(b.contains("(image 0x4a000000-0x4a"), "{b}");
     assert!(b.ends_with(", x0 = dtb)"), "{b}");
@@ -188,7 +188,7 @@ fn the_hypervisor_accepts_tf_as_bl33_hand_off_at_a_third_address() {
     // TF-A's default BL33 hand-off (x0 = MPIDR & 0xffff, x1 = DTB), with
     // the image where QEMU's DTB would be for -kernel: generic loaders put
     // it at 0x48000000 and a stub enters it; QEMU leaves the DTB at RAM base.
-    let r = moved(0x4800_0000, xtask::hvload::HvEntry::TfaMpidr);
+    let r = moved(0x4800_0000, xtask::run::hvload::HvEntry::TfaMpidr);
     let b = banner(&r);
     assert!(b.contains("(image 0x48000000-0x48"), "{b}");
     assert!(b.ends_with("dtb 0x40000000, x0 = mpidr, x1 = dtb)"), "{b}");

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
-pub use xtask::qemu::{EarlyInput, RunOptions, RunResult};
+pub use xtask::run::qemu::{EarlyInput, RunOptions, RunResult};
 
 /// QEMU runs one at a time: this host has two cores.
 static QEMU: Mutex<()> = Mutex::new(());
@@ -20,7 +20,7 @@ pub fn run_cmd(cmd: &str, tweak: impl FnOnce(&mut RunOptions)) -> RunResult {
 
 pub fn run(o: &RunOptions) -> RunResult {
     let _g = QEMU.lock().unwrap_or_else(|e| e.into_inner());
-    let r = xtask::qemu::run(o).expect("running QEMU");
+    let r = xtask::run::qemu::run(o).expect("running QEMU");
     if r.timed_out {
         panic!("QEMU timed out; console:\n{}", tail(&r.console, 80));
     }
@@ -122,7 +122,7 @@ pub fn assert_dom0_acpi_at_el1(r: &RunResult, tables: &[&str]) {
 /// Attaches QEMU's virtio-blk device with the scratch image (the disk that
 /// is passed through, or that the hypervisor drives in backend mode).
 pub fn with_qemu_disk(o: &mut RunOptions) {
-    let img = xtask::qemu::scratch_disk().expect("scratch disk image");
+    let img = xtask::run::qemu::scratch_disk().expect("scratch disk image");
     o.extra = vec![
         "-drive".into(),
         format!("if=none,file={},format=raw,id=d0", img.display()),
@@ -142,7 +142,7 @@ pub fn qemu_lock() -> std::sync::MutexGuard<'static, ()> {
 /// MiB. For layouts with little room for the initrd (QEMU's documented
 /// 0x47000000 leaves 16 MiB below QEMU's DTB at 0x48000000).
 pub fn small_initrd() -> std::path::PathBuf {
-    let full = xtask::image::guest().expect("guest image").initrd;
+    let full = xtask::build::image::guest().expect("guest image").initrd;
     let data = std::fs::read(&full).expect("reading the initramfs");
     let field = |h: &[u8], i: usize| -> usize {
         let hex = std::str::from_utf8(&h[6 + 8 * i..14 + 8 * i]).expect("cpio header");
@@ -192,14 +192,14 @@ pub fn with_virtq(o: &mut RunOptions) {
     });
     assert!(o.mem_mb > VIRTQ_LINUX_MB + 64, "with_virtq needs guest RAM above mem=");
     o.initrd = Some(initrd.clone());
-    o.append = Some(format!("{} mem={}M", xtask::qemu::DEFAULT_GUEST_ARGS, VIRTQ_LINUX_MB));
+    o.append = Some(format!("{} mem={}M", xtask::run::qemu::DEFAULT_GUEST_ARGS, VIRTQ_LINUX_MB));
 }
 
 /// The guest image's initramfs followed by a second cpio archive holding
 /// `files` (path inside the guest, contents), which Linux unpacks over the
 /// first; written to target/xtask/initramfs-tests.cpio.
 fn initrd_with(files: &[(&str, &[u8])]) -> std::io::Result<PathBuf> {
-    let base = xtask::image::guest().map_err(std::io::Error::other)?.initrd;
+    let base = xtask::build::image::guest().map_err(std::io::Error::other)?.initrd;
     let mut data = std::fs::read(base)?;
     // The next archive must start 4-byte aligned; zeros between archives
     // are skipped.
@@ -250,7 +250,7 @@ pub fn perf_initrd() -> PathBuf {
     static INITRD: OnceLock<PathBuf> = OnceLock::new();
     INITRD
         .get_or_init(|| {
-            let g = xtask::image::guest().expect("guest image");
+            let g = xtask::build::image::guest().expect("guest image");
             let mut data = std::fs::read(&g.initrd).expect("reading the initramfs");
             // build.sh pads each archive to 512 bytes, so the second starts
             // aligned as the kernel's unpacker needs.

@@ -7,13 +7,13 @@
 //! GICv3 and GICv4 machines; INTx still works when the guest turns MSIs off.
 
 use integration_tests::*;
+use xtask::build::image::Flavour;
 use xtask::cli::DiskKind;
-use xtask::image::Flavour;
 
 /// The disk `kind` on QEMU's PCIe bus with the scratch image, and the
 /// hypervisor told so.
 fn with_pci_disk(o: &mut RunOptions, kind: DiskKind) {
-    let img = xtask::qemu::scratch_disk().expect("scratch disk image");
+    let img = xtask::run::qemu::scratch_disk().expect("scratch disk image");
     o.hv_args = format!("dom0_disk={}", kind.as_str());
     o.extra = vec![
         "-drive".into(),
@@ -116,7 +116,7 @@ fn nvme_fio_verify_over_intx_when_the_guest_turns_msi_off() {
     let found = "nvme nvme0: pci function 0000:00:01.0";
     let r = run_cmd(&fio_script(found, "/dev/nvme0n1", "nvme0q"), |o| {
         with_pci_disk(o, DiskKind::Nvme);
-        o.append = Some(format!("{} pci=nomsi", xtask::qemu::DEFAULT_GUEST_ARGS));
+        o.append = Some(format!("{} pci=nomsi", xtask::run::qemu::DEFAULT_GUEST_ARGS));
     });
     assert_fio_ok(&r, found);
     assert_console(&r, "INTx [35, 36, 37, 38]");

@@ -46,14 +46,14 @@ fn assert_cycles_and_instructions_counted(r: &RunResult) {
 fn perf_stat_counts_cycles_and_instructions_on_bare_qemu() {
     // QEMU's PMU counts instructions only with precise icount (without it
     // perf prints `<not supported>` for them).
-    let g = xtask::image::guest().expect("guest image");
+    let g = xtask::build::image::guest().expect("guest image");
     let o = RunOptions {
         bare: true,
         kernel: Some(g.kernel),
         append: Some(format!(
             "{} guestcmd={}",
-            xtask::qemu::DEFAULT_GUEST_ARGS,
-            xtask::qemu::base64(PERF_CMD.as_bytes())
+            xtask::run::qemu::DEFAULT_GUEST_ARGS,
+            xtask::run::qemu::base64(PERF_CMD.as_bytes())
         )),
         extra: vec!["-initrd".into(), perf_initrd().display().to_string()],
         icount: true,

@@ -82,7 +82,7 @@ fn nvme_over_its_msi_on_the_acpi_path() {
                sed 's/^/IRQ /' /proc/interrupts; \
                devmem 0x40000000 32; echo heap-status=$?; devmem 0x08090040 32; echo its-status=$?; \
                echo still-alive; exit $s";
-    let img = xtask::qemu::scratch_disk().expect("scratch disk image");
+    let img = xtask::run::qemu::scratch_disk().expect("scratch disk image");
     let nvme = xtask::cli::DiskKind::Nvme;
     let r = run(&RunOptions {
         firmware: Some(Firmware::Uefi),

@@ -4,12 +4,13 @@
 //! README documents; the doc comments below are the help text.
 //!
 //! The types here only describe and check the options; `main.rs` and the
-//! modules that do the work ([`crate::qemu`], [`crate::bench`]) take them.
+//! modules that do the work ([`crate::run::qemu`], [`crate::bench`]) take them.
 
-use crate::hvload::{HvBoot, HvEntry};
+use crate::platform::fvp;
 pub use crate::platform::PlatformKind;
-pub use crate::qemu::DiskKind;
-use crate::qemu::RunOptions;
+use crate::run::hvload::{HvBoot, HvEntry};
+pub use crate::run::qemu::DiskKind;
+use crate::run::qemu::RunOptions;
 use clap::builder::TypedValueParser as _;
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
@@ -125,8 +126,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "FILE")]
     pub initrd: Option<PathBuf>,
     /// Debian kernel flavour of the built guest image (guest-images/out, guest-images/out-generic)
-    #[arg(long, value_name = "FLAVOUR", value_enum, default_value_t = crate::image::Flavour::Cloud)]
-    pub kernel_flavour: crate::image::Flavour,
+    #[arg(long, value_name = "FLAVOUR", value_enum, default_value_t = crate::build::image::Flavour::Cloud)]
+    pub kernel_flavour: crate::build::image::Flavour,
     /// Boot your own guest kernel command line
     #[arg(long, value_name = "CMDLINE", allow_hyphen_values = true)]
     pub append: Option<String>,
@@ -241,7 +242,7 @@ impl RunArgs {
                         BL33, EDK2 as an EFI application)"
                 .into());
         }
-        if self.kernel.is_some() && self.kernel_flavour != crate::image::Flavour::default() {
+        if self.kernel.is_some() && self.kernel_flavour != crate::build::image::Flavour::default() {
             return Err("--kernel-flavour picks the built guest image's kernel; not with --kernel".into());
         }
         if self.disk_latency_us.is_some() && self.disk != Some(DiskKind::Ram) {
@@ -257,7 +258,7 @@ impl RunArgs {
         {
             return Err("--domu-cmd, --domu-mem, --domu-vcpus, --domu-weight and --domu-cap go with --domu N".into());
         }
-        let lists = crate::domu::DomuOptions {
+        let lists = crate::run::domu::DomuOptions {
             count: self.domu,
             weights: self.domu_weight.clone(),
             caps: self.domu_cap.clone(),
@@ -286,22 +287,34 @@ impl RunArgs {
         Ok(())
     }
 
+    /// What `--platform fvp` takes from these options ([`fvp::plan`]).
+    pub fn fvp_args(&self) -> fvp::FvpArgs {
+        fvp::FvpArgs {
+            mem_mb: self.mem_mb,
+            pcpus: self.pcpus,
+            append: self.append.clone(),
+            fvp: self.fvp.clone(),
+            tfa: self.tfa.clone(),
+            disk_image: self.disk_image.clone(),
+        }
+    }
+
     /// The runner's options. `scratch_disk` makes the QEMU disk image that
     /// `--disk passthrough|backend|virtio-pci|nvme` attach (the caller passes
-    /// [`crate::qemu::scratch_disk`]).
+    /// [`crate::run::qemu::scratch_disk`]).
     /// `--platform graviton` adds the platform's firmware, CPU model and
-    /// default disk ([`crate::graviton`]).
+    /// default disk ([`crate::platform::graviton`]).
     pub fn run_options(&self, scratch_disk: impl FnOnce() -> std::io::Result<PathBuf>) -> Result<RunOptions, String> {
         self.check()?;
         let graviton = self.platform == PlatformKind::Graviton;
         // Graviton's acceptance runs are SMP: 2 pCPUs and 2 vCPUs unless told.
-        let default_cpus = if graviton { crate::graviton::DEFAULT_CPUS } else { 1 };
+        let default_cpus = if graviton { crate::platform::graviton::DEFAULT_CPUS } else { 1 };
         let mut o = RunOptions {
             gic: self.gic,
             pcpus: self.pcpus.unwrap_or(default_cpus).max(1),
             vcpus: self.vcpus.unwrap_or(default_cpus).max(1),
             mem_mb: self.mem_mb,
-            cpu: self.cpu.clone().unwrap_or_else(|| crate::qemu::DEFAULT_CPU.into()),
+            cpu: self.cpu.clone().unwrap_or_else(|| crate::run::qemu::DEFAULT_CPU.into()),
             hv_args: self.hv_args.clone(),
             timeout: Duration::from_secs(self.timeout),
             cmd: self.cmd.clone(),
@@ -315,7 +328,7 @@ impl RunArgs {
             firmware: self.firmware,
             hv_boot: HvBoot { addr: self.hv_addr, entry: self.hv_entry },
             flavour: self.kernel_flavour,
-            domus: (self.domu > 0).then(|| crate::domu::DomuOptions {
+            domus: (self.domu > 0).then(|| crate::run::domu::DomuOptions {
                 count: self.domu,
                 cmd: self.domu_cmd.clone(),
                 mem_mb: self.domu_mem_mb,
@@ -329,9 +342,9 @@ impl RunArgs {
             ..Default::default()
         };
         if graviton {
-            crate::graviton::apply(&mut o, self.cpu.is_some());
+            crate::platform::graviton::apply(&mut o, self.cpu.is_some());
         }
-        if let Some(d) = self.disk.or(graviton.then_some(crate::graviton::DEFAULT_DISK)) {
+        if let Some(d) = self.disk.or(graviton.then_some(crate::platform::graviton::DEFAULT_DISK)) {
             let mut args = format!("dom0_disk={}", d.as_str());
             if d == DiskKind::Ram {
                 args.push_str(&format!(" dom0_disk_latency_us={}", self.disk_latency_us.unwrap_or(0)));

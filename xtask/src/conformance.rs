@@ -2,7 +2,7 @@
 //! built and booted on bare QEMU, as Dom0 or as a DomU, and its output read
 //! back. tests/conformance.rs uses the same options and parser.
 
-use crate::qemu::RunOptions;
+use crate::run::qemu::RunOptions;
 use crate::Result;
 use std::time::Duration;
 
@@ -76,7 +76,7 @@ pub fn options(at: Placement, gic: u8, pcpus: u32, format: KernelFormat) -> Resu
     match at {
         Placement::Bare => o.bare = true,
         Placement::Dom0 => {
-            let img = crate::qemu::scratch_disk().map_err(|e| format!("scratch disk: {e}"))?;
+            let img = crate::run::qemu::scratch_disk().map_err(|e| format!("scratch disk: {e}"))?;
             o.hv_args = "dom0_disk=nvme".into();
             o.extra = vec![
                 "-drive".into(),
@@ -91,7 +91,7 @@ pub fn options(at: Placement, gic: u8, pcpus: u32, format: KernelFormat) -> Resu
                 KernelFormat::Elf => Some(crate::build::conformance_elf(DOMU_LOAD_ADDR)?),
                 KernelFormat::Image | KernelFormat::Raw => None,
             };
-            o.domus = Some(crate::domu::DomuOptions {
+            o.domus = Some(crate::run::domu::DomuOptions {
                 count: 1,
                 vcpus: 2,
                 mem_mb: 64,
@@ -151,7 +151,7 @@ pub fn summary(console: &str, prefix: &str) -> Option<(u32, u32, u32)> {
 /// terminal; 0 when it finished with no check failed.
 pub fn run(at: Placement, gic: u8, pcpus: u32, format: KernelFormat) -> Result<i32> {
     let o = options(at, gic, pcpus, format)?;
-    let r = crate::qemu::run(&o)?;
+    let r = crate::run::qemu::run(&o)?;
     if r.timed_out {
         return Err("QEMU timed out".into());
     }

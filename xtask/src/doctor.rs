@@ -26,8 +26,8 @@ pub fn caches() -> Vec<(PathBuf, &'static str)> {
         (root.join("guest-images/cache"), "the guest image's arm64 packages"),
         (root.join("guest-images/out"), "the guest image (cloud kernel)"),
         (root.join("guest-images/out-generic"), "the guest image (generic kernel)"),
-        (crate::firmware::cache_dir(), "TF-A's source and builds"),
-        (crate::shrinkwrap::venv(), "the Shrinkwrap venv"),
+        (crate::firmware::tf_a::cache_dir(), "TF-A's source and builds"),
+        (crate::platform::shrinkwrap::venv(), "the Shrinkwrap venv"),
     ]
 }
 
@@ -67,7 +67,7 @@ pub fn doctor() -> Result<()> {
     }
     println!("edk2:          {}", bundle_line(&toolchain::EDK2, &cache));
     println!("tf-a tools:    {}", bundle_line(&toolchain::TFA_TOOLS, &cache));
-    let builds: Vec<String> = std::fs::read_dir(crate::firmware::cache_dir())
+    let builds: Vec<String> = std::fs::read_dir(crate::firmware::tf_a::cache_dir())
         .map(|rd| {
             rd.filter_map(|e| e.ok())
                 .filter(|e| e.path().join("flash.bin").is_file())
@@ -84,7 +84,7 @@ pub fn doctor() -> Result<()> {
         "guest image:   {}",
         if image.is_file() { "built (rebuilt when its inputs change)" } else { "not built yet" }
     );
-    let venv = crate::shrinkwrap::venv().join("bin/shrinkwrap");
+    let venv = crate::platform::shrinkwrap::venv().join("bin/shrinkwrap");
     println!(
         "shrinkwrap:    {}",
         if venv.is_file() {

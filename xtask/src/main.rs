@@ -21,32 +21,33 @@ use clap::error::ErrorKind;
 use clap::{CommandFactory, Parser};
 use std::process::exit;
 use xtask::cli::{BenchCommand, Cli, Command, PlatformKind, RunArgs, SimCommand, TestArgs};
-use xtask::fvp::{self, FVP_NAME, GET_FVP, TFA_ENV, TFA_HOWTO};
+use xtask::platform::fvp::{self, FVP_NAME, GET_FVP, TFA_ENV, TFA_HOWTO};
 
 fn cmd_run(args: &RunArgs) -> Result<i32, String> {
     if args.platform == PlatformKind::FvpBaseRevc {
         return cmd_run_fvp(args);
     }
-    let o = args.run_options(xtask::qemu::scratch_disk)?;
-    let r = xtask::qemu::run(&o)?;
-    xtask::qemu::exit_code(&o, &r)
+    let o = args.run_options(xtask::run::qemu::scratch_disk)?;
+    let r = xtask::run::qemu::run(&o)?;
+    xtask::run::qemu::exit_code(&o, &r)
 }
 
 /// `cargo xtask run --platform fvp [--dry-run]`: builds the hypervisor for
 /// fvp-base-revc and the guest image, writes the DTB ([`fvp::plan`]), then
 /// prints the model's command line and the `shrinkwrap run` line
 /// (`--dry-run`) or runs the model with the console here. It lives here, above
-/// both [`fvp`] and [`xtask::shrinkwrap`], which builds on `fvp`'s layout.
+/// both [`fvp`] and [`xtask::platform::shrinkwrap`], which builds on `fvp`'s layout.
 fn cmd_run_fvp(args: &RunArgs) -> Result<i32, String> {
     let hv = xtask::build::hypervisor(hypervisor::platform_desc::known::fvp_base_revc::PLATFORM.name)?;
     let (kernel, initrd) = match &args.kernel {
         Some(k) => (k.clone(), args.initrd.clone()),
         None => {
-            let g = xtask::image::guest_flavour(args.kernel_flavour)?;
+            let g = xtask::build::image::guest_flavour(args.kernel_flavour)?;
             (g.kernel, Some(args.initrd.clone().unwrap_or(g.initrd)))
         }
     };
-    let p = fvp::plan(args, hv, kernel, initrd, &xtask::out_dir().join("fvp"))?;
+    let o = || args.run_options(|| Ok(std::path::PathBuf::new()));
+    let p = fvp::plan(&args.fvp_args(), o, hv, kernel, initrd, &xtask::out_dir().join("fvp"))?;
     let line = fvp::command_line(&p.run);
     if args.dry_run {
         if !p.have_fvp {
@@ -56,8 +57,8 @@ fn cmd_run_fvp(args: &RunArgs) -> Result<i32, String> {
             println!("# ${TFA_ENV} (or --tf-a) not set: {TFA_HOWTO}");
         }
         println!("{}", fvp::printable(&line));
-        println!("# with Shrinkwrap ({}):", xtask::shrinkwrap::OVERLAY);
-        println!("{}", xtask::shrinkwrap::run_line(&p.run));
+        println!("# with Shrinkwrap ({}):", xtask::platform::shrinkwrap::OVERLAY);
+        println!("{}", xtask::platform::shrinkwrap::run_line(&p.run));
         return Ok(0);
     }
     if !p.have_fvp {
@@ -80,17 +81,17 @@ fn cmd_test(args: &TestArgs) -> Result<i32, String> {
     // Prepare everything the integration tests need, so their output is
     // about the tests, not about installs.
     xtask::toolchain::qemu()?;
-    xtask::lint::ensure_components()?;
+    xtask::checks::lint::ensure_components()?;
     // Both platforms' EL2 images build (only QEMU's boots here).
     xtask::build::hypervisor("fvp-base-revc")?;
     xtask::build::hypervisor("qemu-virt")?;
-    xtask::image::guest()?;
-    xtask::image::guest_flavour(xtask::image::Flavour::Generic)?;
+    xtask::build::image::guest()?;
+    xtask::build::image::guest_flavour(xtask::build::image::Flavour::Generic)?;
     // The conformance guest for tests/conformance.rs.
     xtask::build::conformance()?;
     // TF-A for tests/firmware.rs (built once, then cached).
     for gic in [3, 4] {
-        xtask::firmware::tf_a(gic)?;
+        xtask::firmware::tf_a::tf_a(gic)?;
     }
     // EDK2 for tests/uefi.rs.
     xtask::toolchain::edk2()?;
@@ -133,14 +134,14 @@ fn cmd_test(args: &TestArgs) -> Result<i32, String> {
         }
     }
     // Formatting and clippy, warnings as errors (host and EL2 builds).
-    let (lint_ok, lint_failed) = xtask::lint::run();
+    let (lint_ok, lint_failed) = xtask::checks::lint::run();
     passed += lint_ok;
     failed += lint_failed;
     if lint_failed > 0 && code == 0 {
         code = 1;
     }
     // The Shrinkwrap overlay for FVP (skipped when PyPI is out of reach).
-    match xtask::shrinkwrap::check() {
+    match xtask::platform::shrinkwrap::check() {
         Ok(Some(())) => passed += 1,
         Ok(None) => {}
         Err(e) => {
@@ -220,7 +221,7 @@ fn main() {
             println!("{}", p.display());
             0
         }),
-        Command::GuestImage => xtask::image::guest().map(|g| {
+        Command::GuestImage => xtask::build::image::guest().map(|g| {
             println!("{}\n{}", g.kernel.display(), g.initrd.display());
             0
         }),
@@ -236,7 +237,7 @@ fn main() {
             }
         }
         Command::Deps => {
-            print!("{}", xtask::deps::report(xtask::deps::CRATES));
+            print!("{}", xtask::checks::deps::report(xtask::checks::deps::CRATES));
             Ok(0)
         }
         Command::Doctor => xtask::doctor::doctor().map(|_| 0),

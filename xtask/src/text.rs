@@ -1,5 +1,5 @@
 //! Small text encodings the command lines share: base64 for the guest's
-//! `guestcmd=` ([`crate::qemu`], [`crate::domu`]) and shell quoting for the
+//! `guestcmd=` ([`crate::run::qemu`], [`crate::run::domu`]) and shell quoting for the
 //! QEMU lines printed for a user to paste ([`crate::toolchain`]).
 
 /// Base64 without padding issues (standard alphabet, '=' padded).

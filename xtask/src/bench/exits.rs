@@ -109,7 +109,7 @@ pub fn run() -> Result<()> {
         o.icount = true;
         o.echo = false;
         o.append = Some("conformance.exits".into());
-        let r = crate::qemu::run(&o)?;
+        let r = crate::run::qemu::run(&o)?;
         let got = parse(&r.console);
         let fails = failures(&r.console);
         if r.timed_out || got.is_empty() || !fails.is_empty() {

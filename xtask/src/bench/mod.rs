@@ -15,7 +15,7 @@
 //!    disks beside the SPI one);
 //! 2. per case and repeat: [`run_options`] gives the QEMU/hypervisor
 //!    configuration (topology, `-icount`, [`hypervisor_args`], the guest
-//!    command from [`guest_command`], a disk), `crate::qemu::run_captured`
+//!    command from [`guest_command`], a disk), `crate::run::qemu::run_captured`
 //!    (or `qemu::run`) boots it, and [`parse_console`] turns the console text
 //!    into a [`Sample`]; [`Progress`] prints `case i/n (elapsed mm:ss)`;
 //! 3. [`write_report`] takes one [`CaseResult`] per case (all its samples and
@@ -256,8 +256,8 @@ impl Disk {
 
     /// The `cargo xtask run --disk` kind that boots this disk (the same
     /// `dom0_disk=` spelling and QEMU device).
-    pub fn kind(self) -> crate::qemu::DiskKind {
-        use crate::qemu::DiskKind;
+    pub fn kind(self) -> crate::run::qemu::DiskKind {
+        use crate::run::qemu::DiskKind;
         match self {
             Disk::Passthrough => DiskKind::Passthrough,
             Disk::Backend => DiskKind::Backend,
@@ -581,7 +581,7 @@ pub fn disk_matrix(disks: &[Disk], gics: &[u8]) -> Vec<Case> {
 /// The quick matrix's cases without a DomU (1p1v and 1p2v, unpinned IRQ,
 /// xen-compat 1000 vs wake-preempt, icount, GICv3) on each of `disks`, in the order given,
 /// duplicates dropped: what `bench wakeup --platform graviton` runs on the
-/// platform's disks (default NVMe, [`crate::graviton::DEFAULT_DISK`]).
+/// platform's disks (default NVMe, [`crate::platform::graviton::DEFAULT_DISK`]).
 pub fn quick_matrix_on(disks: &[Disk]) -> Vec<Case> {
     let mut order: Vec<Disk> = Vec::new();
     for &d in disks {
@@ -770,8 +770,8 @@ pub fn qemu_disk_args(disk: Disk) -> Vec<String> {
 /// clock, hypervisor arguments, guest command, timeout, the QEMU disk
 /// ([`qemu_disk_args`]) and, for `1p1v+d1`, the DomU with the hog. The
 /// console is not echoed: show [`Progress`].
-pub fn run_options(case: &Case, runtime_s: u32) -> crate::qemu::RunOptions {
-    crate::qemu::RunOptions {
+pub fn run_options(case: &Case, runtime_s: u32) -> crate::run::qemu::RunOptions {
+    crate::run::qemu::RunOptions {
         pcpus: case.topology.pcpus(),
         vcpus: case.topology.vcpus(),
         hv_args: hypervisor_args(case),
@@ -779,10 +779,10 @@ pub fn run_options(case: &Case, runtime_s: u32) -> crate::qemu::RunOptions {
         timeout: run_timeout(case, runtime_s),
         icount: case.clock == Clock::Icount,
         gic: case.delivery.gic(),
-        append: (case.idle == Idle::Poll).then(|| format!("{} nohlt", crate::qemu::DEFAULT_GUEST_ARGS)),
+        append: (case.idle == Idle::Poll).then(|| format!("{} nohlt", crate::run::qemu::DEFAULT_GUEST_ARGS)),
         extra: qemu_disk_args(case.disk),
         echo: false,
-        domus: case.topology.domu_hog().then(|| crate::domu::DomuOptions {
+        domus: case.topology.domu_hog().then(|| crate::run::domu::DomuOptions {
             cmd: Some(domu_hog_command()),
             mem_mb: DOMU_HOG_MEM_MB,
             ..Default::default()

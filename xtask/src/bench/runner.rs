@@ -67,12 +67,12 @@ pub fn wakeup(args: &WakeupOptions) -> Result<()> {
         for rep in 0..repeats {
             let mut o = run_options(case, runtime);
             if args.platform == PlatformKind::Graviton {
-                crate::graviton::apply(&mut o, false);
+                crate::platform::graviton::apply(&mut o, false);
             }
             if let Some(extra) = &args.hv_args {
                 o.hv_args = format!("{} {extra}", o.hv_args);
             }
-            let run = crate::qemu::run(&o);
+            let run = crate::run::qemu::run(&o);
             if let Ok(run) = &run {
                 keep_console(case, rep, &run.console);
             }

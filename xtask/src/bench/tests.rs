@@ -274,7 +274,7 @@ fn guest_commands() {
     assert!(one.contains("taskset -c 0 fio"));
     // Fits the 2048-byte kernel command line with room to spare.
     for c in matrix(true, false) {
-        let arg = crate::qemu::base64(guest_command(&c, 600).as_bytes());
+        let arg = crate::run::qemu::base64(guest_command(&c, 600).as_bytes());
         assert!(arg.len() < 1400, "{c}: {} bytes", arg.len());
     }
 }
@@ -387,7 +387,7 @@ fn guest_commands_of_the_pcie_disks() {
     assert!(mmio.contains("echo \"@@BENCH-IRQ@@ $(grep 'virtio0$' /proc/interrupts)\""));
     for c in disk_matrix(&[Disk::Nvme, Disk::VirtioPci], &[]) {
         for irq in Irq::ALL {
-            let arg = crate::qemu::base64(guest_command(&Case { irq: *irq, ..c }, 600).as_bytes());
+            let arg = crate::run::qemu::base64(guest_command(&Case { irq: *irq, ..c }, 600).as_bytes());
             assert!(arg.len() < 1400, "{c}: {} bytes", arg.len());
         }
     }
@@ -698,7 +698,7 @@ fn record_console_fixture() {
     };
     let cmd = guest_command(&case, 5);
     eprintln!("{cmd}");
-    let append = format!("console=ttyAMA0 guestcmd={}", crate::qemu::base64(cmd.as_bytes()));
+    let append = format!("console=ttyAMA0 guestcmd={}", crate::run::qemu::base64(cmd.as_bytes()));
     let o = std::process::Command::new("timeout")
         .args([
             "300",

@@ -10,7 +10,7 @@
 //! (`--hv-args sched_trace_threshold_us=N`) the dumps are rendered as
 //! timelines (`xtask::trace`) and the report links the worst one.
 
-use crate::qemu::RunOptions;
+use crate::run::qemu::RunOptions;
 use crate::Result;
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -292,7 +292,7 @@ pub fn run(args: &TimerOptions) -> Result<()> {
             echo: false,
             ..Default::default()
         };
-        let run = crate::qemu::run(&o);
+        let run = crate::run::qemu::run(&o);
         let mut trace = None;
         if let Ok(run) = &run {
             let name = slug(&c.label());

@@ -175,7 +175,7 @@ fn run_options_map_onto_the_runner() {
 
 #[test]
 fn run_kernel_flavour_picks_the_guest_image() {
-    use crate::image::Flavour;
+    use crate::build::image::Flavour;
     assert_eq!(run_options("run").unwrap().flavour, Flavour::Cloud);
     assert_eq!(run_options("run --kernel-flavour cloud").unwrap().flavour, Flavour::Cloud);
     let o = run_options("run --kernel-flavour generic --disk nvme --icount").unwrap();
@@ -224,7 +224,7 @@ fn run_domu_options() {
     let d = o.domus.expect("DomUs");
     assert_eq!((d.count, d.cmd.as_deref(), d.mem_mb, d.vcpus), (2, Some("echo hi"), 512, 1));
     let d = run_options("run --domu 1").unwrap().domus.expect("DomUs");
-    assert_eq!(d, crate::domu::DomuOptions::default());
+    assert_eq!(d, crate::run::domu::DomuOptions::default());
     assert_eq!(run_options("run --domu 0").unwrap().domus, None);
     for line in
         ["run --domu-cmd true", "run --domu-mem 512M", "run --domu-vcpus 2", "run --domu-weight 5", "run --domu-cap 5"]

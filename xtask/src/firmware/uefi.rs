@@ -31,7 +31,7 @@ pub fn config_file(hv_args: &str, kernel: &str, guest_args: &str, initrd: Option
     s
 }
 
-/// Turns the direct-boot QEMU arguments of [`crate::qemu::command_line`]
+/// Turns the direct-boot QEMU arguments of [`crate::run::qemu::command_line`]
 /// into the UEFI boot: `acpi=on`, no `-kernel`/`-append` (the text of
 /// `-append`, the hypervisor's options, is returned), no guest-loader
 /// devices (the kernel and initrd go on the ESP), EDK2's image `edk2` as

@@ -229,16 +229,7 @@ fn tree_name(tree: &Path) -> String {
     tree.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
 }
 
-/// The firmware `cargo xtask run --firmware` boots the hypervisor through.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Firmware {
-    /// TF-A (BL1, BL2, BL31 at EL3) from Debian's source package, the hypervisor as BL33 at EL2
-    TfA,
-    /// EDK2 (qemu-efi-aarch64) with ACPI, the hypervisor an EFI application on an ESP; Dom0 boots with ACPI
-    Uefi,
-}
-
-/// Turns the direct-boot QEMU arguments of [`crate::qemu::command_line`]
+/// Turns the direct-boot QEMU arguments of [`crate::run::qemu::command_line`]
 /// into the firmware boot: `secure=on`, the flash as `-bios`, the
 /// hypervisor preloaded at [`BL33_BASE`] instead of `-kernel`, no `-append`
 /// (its text, the hypervisor's options, is returned: it goes into the DTB)
@@ -357,8 +348,8 @@ mod tests {
 
     #[test]
     fn the_firmware_boot_preloads_the_hypervisor_and_moves_its_options_to_the_dtb() {
-        let o = crate::qemu::RunOptions { pcpus: 2, vcpus: 2, gic: 4, ..Default::default() };
-        let direct = crate::qemu::command_line(Path::new("/t/hv.bin"), Path::new("/nonexistent/Image"), None, &o);
+        let o = crate::run::qemu::RunOptions { pcpus: 2, vcpus: 2, gic: 4, ..Default::default() };
+        let direct = crate::run::qemu::command_line(Path::new("/t/hv.bin"), Path::new("/nonexistent/Image"), None, &o);
         let (a, hv) = boot_args(&direct, Path::new("/c/flash.bin"), Path::new("/o/hv.dtb")).unwrap();
         assert_eq!(hv, "dom0_mem=1024M dom0_max_vcpus=2");
         let s = a.join(" ");

@@ -1,6 +1,15 @@
 //! The machine a command is for (`--platform`): a plain value below the
 //! command line ([`crate::cli`]) that the modules doing the work
-//! ([`crate::bench`], `main.rs`) take.
+//! ([`crate::bench`], `main.rs`) take; and the platforms beside QEMU virt:
+//!
+//! - [`fvp`]: the FVP Base RevC command line and DTB (`run --platform fvp`)
+//! - [`shrinkwrap`]: the Shrinkwrap overlay fvp/hypervisor.yaml and its check
+//! - [`graviton`]: `--platform graviton`: the UEFI + ACPI boot on a Neoverse
+//!   core with NVMe, on QEMU
+
+pub mod fvp;
+pub mod graviton;
+pub mod shrinkwrap;
 
 use clap::ValueEnum;
 
@@ -23,7 +32,7 @@ pub enum PlatformKind {
 impl PlatformKind {
     /// The platform descriptor under `platforms/` the EL2 image is built
     /// with (`HV_PLATFORM`). Graviton on QEMU runs the qemu-virt image (see
-    /// [`crate::graviton`]).
+    /// [`crate::platform::graviton`]).
     pub fn dir(self) -> &'static str {
         match self {
             PlatformKind::QemuVirt | PlatformKind::Graviton => "qemu-virt",

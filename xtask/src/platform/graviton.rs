@@ -4,7 +4,7 @@
 //!
 //! - UEFI firmware and ACPI: Debian's EDK2 (`qemu-efi-aarch64`) as `-bios`
 //!   on `virt,acpi=on,virtualization=on`, the hypervisor an EFI application
-//!   on an ESP ([`crate::uefi`], `--firmware uefi` implied);
+//!   on an ESP ([`crate::firmware::uefi`], `--firmware uefi` implied);
 //! - a Neoverse core: [`CPU`], QEMU's Neoverse V1 (Graviton3's core; Linux
 //!   reads `CPU part 0xd40`), with `--cpu neoverse-n1` for Graviton2's
 //!   (`0xd0c`); QEMU 10.0 has both, QEMU 7.2 only the N1 (a `--qemu` 7.2
@@ -18,7 +18,7 @@
 //! position-independent and EDK2 loads it wherever it likes.
 
 use crate::firmware::Firmware;
-use crate::qemu::{DiskKind, RunOptions};
+use crate::run::qemu::{DiskKind, RunOptions};
 
 /// QEMU's CPU model for the platform: Neoverse V1 (Graviton3).
 pub const CPU: &str = "neoverse-v1";

@@ -45,7 +45,7 @@ pub fn ensure() -> std::result::Result<PathBuf, String> {
 
 /// The `shrinkwrap run` line for the files `cargo xtask run --platform fvp`
 /// made (printed by its dry run).
-pub fn run_line(r: &crate::fvp::FvpRun) -> String {
+pub fn run_line(r: &crate::platform::fvp::FvpRun) -> String {
     let mut v = vec![
         "shrinkwrap".to_string(),
         "run".into(),
@@ -62,7 +62,7 @@ pub fn run_line(r: &crate::fvp::FvpRun) -> String {
         rt("INITRD_ADDR", format!("{:#x}", r.initrd_addr));
     }
     rt("ROOTFS", r.disk.display().to_string());
-    crate::fvp::printable(&v)
+    crate::platform::fvp::printable(&v)
 }
 
 /// Runs `shrinkwrap -R null ARGS` with Shrinkwrap's directories under
@@ -97,7 +97,7 @@ pub fn check() -> Result<Option<()>> {
             return Ok(None);
         }
     };
-    let hv = crate::fvp::hv_addr();
+    let hv = crate::platform::fvp::hv_addr();
     let resolved = shrinkwrap(
         &bin,
         &[
@@ -121,8 +121,8 @@ pub fn check() -> Result<Option<()>> {
     )?;
     let want_process = [
         format!("cluster0.cpu0=/hv.bin@{hv:#x}"),
-        format!("cluster0.cpu0=/fvp.dtb@{:#x}", crate::fvp::DTB_ADDR),
-        format!("cluster0.cpu0=/Image@{:#x}", crate::fvp::KERNEL_ADDR),
+        format!("cluster0.cpu0=/fvp.dtb@{:#x}", crate::platform::fvp::DTB_ADDR),
+        format!("cluster0.cpu0=/Image@{:#x}", crate::platform::fvp::KERNEL_ADDR),
         "cluster0.cpu0=/initrd@0x91e00000".into(),
         "bp.virtioblockdevice.image_path=/disk.img".into(),
         "has-gicv4.1=1".into(),
@@ -156,7 +156,7 @@ mod tests {
 
     #[test]
     fn run_line_names_every_rtvar() {
-        let r = crate::fvp::FvpRun {
+        let r = crate::platform::fvp::FvpRun {
             fvp: "FVP".into(),
             tfa: "/tfa".into(),
             hypervisor: "/hv.bin".into(),

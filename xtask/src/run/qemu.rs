@@ -63,13 +63,13 @@ pub struct RunOptions {
     /// `-kernel` entry.
     pub firmware: Option<crate::firmware::Firmware>,
     /// Where the hypervisor is loaded and how it is entered (`hvload`).
-    pub hv_boot: crate::hvload::HvBoot,
-    /// DomUs described in the DTB (`--domu N`, see [`crate::domu`]).
-    pub domus: Option<crate::domu::DomuOptions>,
+    pub hv_boot: crate::run::hvload::HvBoot,
+    /// DomUs described in the DTB (`--domu N`, see [`crate::run::domu`]).
+    pub domus: Option<crate::run::domu::DomuOptions>,
     /// The kernel flavour of the built guest image, used when `kernel` is
     /// `None` (`--kernel-flavour`; its initramfs carries that kernel's
     /// modules).
-    pub flavour: crate::image::Flavour,
+    pub flavour: crate::build::image::Flavour,
     /// No hypervisor: QEMU's `-kernel` starts `kernel` at EL1 itself
     /// (`virt` without `virtualization=on`), for guests checked against
     /// bare QEMU (the conformance guest).
@@ -224,7 +224,7 @@ pub fn command_line(hv_bin: &Path, kernel: &Path, initrd: Option<&PathBuf>, o: &
         "none".into(),
         "-no-reboot".into(),
     ];
-    a.extend(crate::hvload::qemu_args(hv_bin, o.hv_boot, &hv_args));
+    a.extend(crate::run::hvload::qemu_args(hv_bin, o.hv_boot, &hv_args));
     a.extend([
         "-device".into(),
         format!(
@@ -320,12 +320,12 @@ pub fn domu_layout(
     initrd: Option<&PathBuf>,
     o: &RunOptions,
     base_mb: u64,
-) -> Option<crate::domu::DomuLayout> {
+) -> Option<crate::run::domu::DomuLayout> {
     let d = o.domus.as_ref().filter(|d| d.count > 0)?;
     let len = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(64 << 20);
     let initrd = initrd.map(|i| (i.as_path(), len(i)));
     let kernel = d.kernel.as_deref().unwrap_or(kernel);
-    Some(crate::domu::layout(d, crate::hvload::RAM_BASE, base_mb, (kernel, len(kernel)), initrd))
+    Some(crate::run::domu::layout(d, crate::run::hvload::RAM_BASE, base_mb, (kernel, len(kernel)), initrd))
 }
 
 /// Builds everything needed and runs one QEMU session.
@@ -336,11 +336,11 @@ pub fn run(o: &RunOptions) -> Result<RunResult> {
         let kernel = o.kernel.as_ref().ok_or("a run without the hypervisor needs a kernel")?;
         return run_args(bare_command_line(kernel, o), o);
     }
-    let hv = crate::hvload::prepare(&crate::build::hypervisor("qemu-virt")?, o.hv_boot)?;
+    let hv = crate::run::hvload::prepare(&crate::build::hypervisor("qemu-virt")?, o.hv_boot)?;
     let (kernel, initrd) = match (&o.kernel, &o.initrd) {
         (Some(k), i) => (k.clone(), i.clone()),
         (None, _) => {
-            let g = crate::image::guest_flavour(o.flavour)?;
+            let g = crate::build::image::guest_flavour(o.flavour)?;
             (g.kernel, Some(o.initrd.clone().unwrap_or(g.initrd)))
         }
     };
@@ -350,12 +350,12 @@ pub fn run(o: &RunOptions) -> Result<RunResult> {
     // run (removed afterwards).
     let mut dtb = None;
     if let Some(crate::firmware::Firmware::TfA) = o.firmware {
-        let flash = crate::firmware::tf_a(o.gic)?;
+        let flash = crate::firmware::tf_a::tf_a(o.gic)?;
         let file = crate::out_dir().join(format!("firmware-{}.dtb", std::process::id()));
-        let (a, hv_args) = crate::firmware::boot_args(&args, &flash, &file)?;
-        crate::firmware::write_dtb(&a, &file, &hv_args)?;
+        let (a, hv_args) = crate::firmware::tf_a::boot_args(&args, &flash, &file)?;
+        crate::firmware::tf_a::write_dtb(&a, &file, &hv_args)?;
         if let Some(nodes) = &domu_nodes {
-            crate::domu::add_to_file(&file, nodes)?;
+            crate::run::domu::add_to_file(&file, nodes)?;
         }
         args = a;
         dtb = Some(file);
@@ -365,7 +365,7 @@ pub fn run(o: &RunOptions) -> Result<RunResult> {
             return Err("--domu needs a device tree: not with --firmware uefi".into());
         }
         let file = crate::out_dir().join(format!("domu-{}.dtb", std::process::id()));
-        crate::domu::write_dtb(&args, &file, nodes)?;
+        crate::run::domu::write_dtb(&args, &file, nodes)?;
         args.extend(["-dtb".into(), file.display().to_string()]);
         dtb = Some(file);
     }
@@ -379,10 +379,10 @@ pub fn run(o: &RunOptions) -> Result<RunResult> {
             .find_map(|a| a.strip_prefix("guest-loader,").and_then(|d| d.split_once(",bootargs=")).map(|x| x.1))
             .unwrap_or_default()
             .replace(",,", ",");
-        let (a, hv_args) = crate::uefi::boot_args(&args, &dir, &edk2)?;
+        let (a, hv_args) = crate::firmware::uefi::boot_args(&args, &dir, &edk2)?;
         let initrd_name = initrd.as_ref().map(|_| "initrd");
-        let cfg = crate::uefi::config_file(&hv_args, "vmlinuz", &guest_args, initrd_name);
-        crate::uefi::make_esp(&dir, &hv, &kernel, initrd.as_ref(), &cfg)?;
+        let cfg = crate::firmware::uefi::config_file(&hv_args, "vmlinuz", &guest_args, initrd_name);
+        crate::firmware::uefi::make_esp(&dir, &hv, &kernel, initrd.as_ref(), &cfg)?;
         args = a;
         esp = Some(dir);
     }

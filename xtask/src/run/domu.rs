@@ -12,7 +12,7 @@
 //!   nodes name the same two ranges (the plan allows DomUs to share a module
 //!   exactly).
 //! - DTB: QEMU dumps its own tree for the same command line (`-machine
-//!   dumpdtb=`, [`crate::firmware::dump_args`]); [`add_domus`] copies it
+//!   dumpdtb=`, [`crate::firmware::tf_a::dump_args`]); [`add_domus`] copies it
 //!   with one `/chosen/domU<i>` node per DomU added, and the run passes it
 //!   with `-dtb`. Under `--firmware tf-a` the DTB that run writes anyway gets
 //!   the same nodes.
@@ -271,7 +271,7 @@ pub fn write_dtb(run_args: &[String], dtb: &Path, domus: &[DomuNode]) -> Result<
     let qemu = crate::toolchain::qemu()?;
     let out = qemu
         .command()
-        .args(crate::firmware::dump_args(run_args, dtb))
+        .args(crate::firmware::tf_a::dump_args(run_args, dtb))
         .stdin(std::process::Stdio::null())
         .output()
         .map_err(|e| format!("{}: {e}", qemu.bin.display()))?;
@@ -296,7 +296,7 @@ mod tests {
 
     /// QEMU 7.2's virt DTB (GICv3, 2 CPUs, 1 GiB, Dom0's modules at
     /// 0x50000000/0x58000000), from the hypervisor's test data.
-    const QEMU_DTB: &[u8] = include_bytes!("../../hypervisor/machine/src/dtb/testdata/qemu-virt-gicv3-smp2.dtb");
+    const QEMU_DTB: &[u8] = include_bytes!("../../../hypervisor/machine/src/dtb/testdata/qemu-virt-gicv3-smp2.dtb");
 
     fn two() -> DomuLayout {
         let o = DomuOptions { count: 2, cmd: Some("echo hi".into()), mem_mb: 256, vcpus: 2, ..Default::default() };

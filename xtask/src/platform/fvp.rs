@@ -18,7 +18,7 @@
 //! PRELOADED_BL33_BASE=0x88000000 ARM_PRELOADED_DTB_BASE=0x82000000 all fip`
 //! (BL31 then enters BL33 at EL2 with x0 = the DTB).
 
-use crate::cli::RunArgs;
+use crate::run::qemu::RunOptions;
 use crate::Result;
 use hypervisor::platform_desc::known::fvp_base_revc::PLATFORM;
 use std::path::{Path, PathBuf};
@@ -310,9 +310,36 @@ pub struct Plan {
     pub have_tfa: bool,
 }
 
+/// What a run on FVP takes from the command line (`cargo xtask run
+/// --platform fvp`, [`crate::cli::RunArgs::fvp_args`]), as plain values.
+#[derive(Clone, Debug, Default)]
+pub struct FvpArgs {
+    /// `--mem`, in MiB.
+    pub mem_mb: u64,
+    /// `--pcpus`, as given.
+    pub pcpus: Option<u32>,
+    /// `--append`: the guest's command line.
+    pub append: Option<String>,
+    /// `--fvp`: the model.
+    pub fvp: Option<PathBuf>,
+    /// `--tf-a`: TF-A's build directory.
+    pub tfa: Option<PathBuf>,
+    /// `--disk-image`: the virtio-blk disk image.
+    pub disk_image: Option<PathBuf>,
+}
+
 /// Plans a run from the command line and the built images: writes the DTB
-/// (the hypervisor's options, Dom0's modules) into `out`.
-pub fn plan(args: &RunArgs, hypervisor: PathBuf, kernel: PathBuf, initrd: Option<PathBuf>, out: &Path) -> Result<Plan> {
+/// (the hypervisor's options, Dom0's modules) into `out`. `run_options` are
+/// the run's options as the QEMU runner composes them (the hypervisor's
+/// options, `--disk` included), asked for once the files are checked.
+pub fn plan(
+    args: &FvpArgs,
+    run_options: impl FnOnce() -> Result<RunOptions>,
+    hypervisor: PathBuf,
+    kernel: PathBuf,
+    initrd: Option<PathBuf>,
+    out: &Path,
+) -> Result<Plan> {
     if args.mem_mb > max_guest_mb() {
         return Err(format!(
             "--mem {}M: FVP's first DRAM bank leaves at most {}M for the guest",
@@ -334,7 +361,7 @@ pub fn plan(args: &RunArgs, hypervisor: PathBuf, kernel: PathBuf, initrd: Option
     }
     // The hypervisor's options as the QEMU runner composes them (`--disk`
     // included; QEMU's own disk arguments are dropped).
-    let o = args.run_options(|| Ok(PathBuf::new()))?;
+    let o = run_options()?;
     let mut hv_args = format!("dom0_mem={}M dom0_max_vcpus={}", o.mem_mb, o.vcpus);
     if !o.hv_args.is_empty() {
         hv_args = format!("{hv_args} {}", o.hv_args);
@@ -353,7 +380,7 @@ pub fn plan(args: &RunArgs, hypervisor: PathBuf, kernel: PathBuf, initrd: Option
     let tfa = find_tfa(args.tfa.as_deref());
     let disk = match &args.disk_image {
         Some(d) => d.clone(),
-        None => crate::qemu::sparse_image(out.join("disk.img")).map_err(|e| format!("disk image: {e}"))?,
+        None => crate::run::qemu::sparse_image(out.join("disk.img")).map_err(|e| format!("disk image: {e}"))?,
     };
     Ok(Plan {
         have_fvp: fvp.is_some(),
@@ -500,7 +527,8 @@ mod tests {
         .unwrap();
         let Command::Run(args) = cli.command else { panic!("run") };
         args.check().unwrap();
-        let p = plan(&args, "/out/hv.bin".into(), k.clone(), Some(i.clone()), &dir).unwrap();
+        let o = || args.run_options(|| Ok(PathBuf::new()));
+        let p = plan(&args.fvp_args(), o, "/out/hv.bin".into(), k.clone(), Some(i.clone()), &dir).unwrap();
         assert!(p.have_fvp && p.have_tfa);
         let line = command_line(&p.run).join(" ");
         assert!(line.starts_with("/opt/fvp/FVP_Base_RevC-2xAEMvA "), "{line}");

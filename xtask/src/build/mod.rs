@@ -1,5 +1,10 @@
 //! Builds the hypervisor for the bare-metal target and writes the flat
-//! binary (arm64 Image layout) that QEMU's `-kernel` loads.
+//! binary (arm64 Image layout) that QEMU's `-kernel` loads; the conformance
+//! guest, flat and as an ELF kernel.
+//!
+//! - [`image`]: the guest kernel + initramfs (guest-images/build.sh)
+
+pub mod image;
 
 use crate::{root, Result};
 use std::path::PathBuf;
