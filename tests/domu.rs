@@ -125,7 +125,7 @@ fn a_domu_too_small_for_its_modules_stops_the_boot_with_one_line() {
     assert!(line.ends_with(" MiB but its memory is 64 MiB"), "{line}");
     assert_eq!(r.console.matches("(HV) fatal:").count(), 1);
     assert!(!r.console.contains("Booting Linux"));
-    assert!(xtask::run::qemu::exit_code(&o, &r).unwrap_err().contains(&line));
+    assert!(xtask::run::qemu::exit_code(&o, &r).unwrap_err().to_string().contains(&line));
 }
 
 #[test]

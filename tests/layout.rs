@@ -38,7 +38,7 @@ fn assert_fatal(o: &RunOptions, r: &RunResult, line: &str) {
     assert!(!r.timed_out);
     // QEMU exits cleanly (PSCI SYSTEM_OFF), the run fails.
     assert_eq!(r.qemu_status, Some(0));
-    let e = xtask::run::qemu::exit_code(o, r).unwrap_err();
+    let e = format!("{:#}", xtask::run::qemu::exit_code(o, r).unwrap_err());
     assert!(e.contains(line), "{e}");
 }
 
@@ -165,7 +165,7 @@ fn moved(addr: u64, entry: xtask::run::hvload::HvEntry) -> RunResult {
     };
     let r = run(&o);
     assert_eq!(r.hv_fatal, None, "{}", tail(&r.console, 30));
-    assert_eq!(xtask::run::qemu::exit_code(&o, &r), Ok(0), "{}", tail(&r.console, 30));
+    assert_eq!(xtask::run::qemu::exit_code(&o, &r).map_err(|e| format!("{e:#}")), Ok(0), "{}", tail(&r.console, 30));
     assert_console(&r, "CPU: All CPU(s) started at EL1");
     assert_console(&r, "aarch64");
     r

@@ -11,6 +11,8 @@ pub use crate::platform::PlatformKind;
 use crate::run::hvload::{HvBoot, HvEntry};
 pub use crate::run::qemu::DiskKind;
 use crate::run::qemu::RunOptions;
+use crate::Result;
+use anyhow::{anyhow, bail, Context};
 use clap::builder::TypedValueParser as _;
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
@@ -199,54 +201,55 @@ fn gic_parser() -> impl clap::builder::TypedValueParser<Value = u8> {
 }
 
 /// A size in MiB: `1G`, `768M`, or a bare number of MiB.
-pub fn parse_size_mb(s: &str) -> Result<u64, String> {
+pub fn parse_size_mb(s: &str) -> Result<u64> {
     let (n, mul) = match s.chars().last() {
         Some('G' | 'g') => (&s[..s.len() - 1], 1024),
         Some('M' | 'm') => (&s[..s.len() - 1], 1),
         _ => (s, 1),
     };
-    n.parse::<u64>().ok().and_then(|v| v.checked_mul(mul)).ok_or_else(|| format!("bad size {s}"))
+    n.parse::<u64>().ok().and_then(|v| v.checked_mul(mul)).ok_or_else(|| anyhow!("bad size {s}"))
 }
 
 /// An address: hex with `0x`, or decimal.
-pub fn parse_addr(s: &str) -> Result<u64, String> {
+pub fn parse_addr(s: &str) -> Result<u64> {
     match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
         Some(h) => u64::from_str_radix(&h.replace('_', ""), 16),
         None => s.parse(),
     }
-    .map_err(|_| format!("bad address {s}"))
+    .map_err(|_| anyhow!("bad address {s}"))
 }
 
 /// `--mem`: a size of at least 128 MiB.
-fn parse_mem(s: &str) -> Result<u64, String> {
+fn parse_mem(s: &str) -> Result<u64> {
     let mb = parse_size_mb(s)?;
     if mb < 128 {
-        return Err("must be at least 128M".into());
+        bail!("must be at least 128M");
     }
     Ok(mb)
 }
 
 impl RunArgs {
     /// The checks between options that clap does not express.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<()> {
         let hv_boot = HvBoot { addr: self.hv_addr, entry: self.hv_entry };
         hv_boot.check()?;
         let graviton = self.platform == PlatformKind::Graviton;
         if graviton && self.firmware == Some(crate::firmware::Firmware::TfA) {
-            return Err("--platform graviton boots through UEFI (--firmware uefi is implied)".into());
+            bail!("--platform graviton boots through UEFI (--firmware uefi is implied)");
         }
         if hv_boot != HvBoot::default()
             && (self.firmware.is_some() || graviton || self.platform == PlatformKind::FvpBaseRevc)
         {
-            return Err("--hv-addr and --hv-entry are for QEMU's direct boot (TF-A and FVP load the hypervisor as \
-                        BL33, EDK2 as an EFI application)"
-                .into());
+            bail!(
+                "--hv-addr and --hv-entry are for QEMU's direct boot (TF-A and FVP load the hypervisor as \
+                 BL33, EDK2 as an EFI application)"
+            );
         }
         if self.kernel.is_some() && self.kernel_flavour != crate::build::image::Flavour::default() {
-            return Err("--kernel-flavour picks the built guest image's kernel; not with --kernel".into());
+            bail!("--kernel-flavour picks the built guest image's kernel; not with --kernel");
         }
         if self.disk_latency_us.is_some() && self.disk != Some(DiskKind::Ram) {
-            return Err("--disk-latency-us goes with --disk ram".into());
+            bail!("--disk-latency-us goes with --disk ram");
         }
         let fvp = self.platform == PlatformKind::FvpBaseRevc;
         if self.domu == 0
@@ -256,7 +259,7 @@ impl RunArgs {
                 || !self.domu_weight.is_empty()
                 || !self.domu_cap.is_empty())
         {
-            return Err("--domu-cmd, --domu-mem, --domu-vcpus, --domu-weight and --domu-cap go with --domu N".into());
+            bail!("--domu-cmd, --domu-mem, --domu-vcpus, --domu-weight and --domu-cap go with --domu N");
         }
         let lists = crate::run::domu::DomuOptions {
             count: self.domu,
@@ -266,10 +269,10 @@ impl RunArgs {
         };
         lists.check()?;
         if self.domu > 0 && (fvp || self.firmware == Some(crate::firmware::Firmware::Uefi)) {
-            return Err("--domu is for QEMU with a device tree (not --platform fvp or --firmware uefi)".into());
+            bail!("--domu is for QEMU with a device tree (not --platform fvp or --firmware uefi)");
         }
         if !fvp && (self.dry_run || self.fvp.is_some() || self.tfa.is_some() || self.disk_image.is_some()) {
-            return Err("--dry-run, --fvp, --tf-a and --disk-image go with --platform fvp".into());
+            bail!("--dry-run, --fvp, --tf-a and --disk-image go with --platform fvp");
         }
         if fvp
             && (self.cmd.is_some()
@@ -280,9 +283,10 @@ impl RunArgs {
                 || self.kernel_load_addr.is_some()
                 || self.firmware.is_some())
         {
-            return Err("--cmd, --icount, --gic, --kernel-addr, --initrd-addr, --kernel-load-addr and --firmware are QEMU options (FVP: \
-                        GICv4.1, modules at fixed addresses, your TF-A build with --tf-a)"
-                .into());
+            bail!(
+                "--cmd, --icount, --gic, --kernel-addr, --initrd-addr, --kernel-load-addr and --firmware are QEMU \
+                 options (FVP: GICv4.1, modules at fixed addresses, your TF-A build with --tf-a)"
+            );
         }
         Ok(())
     }
@@ -304,7 +308,7 @@ impl RunArgs {
     /// [`crate::run::qemu::scratch_disk`]).
     /// `--platform graviton` adds the platform's firmware, CPU model and
     /// default disk ([`crate::platform::graviton`]).
-    pub fn run_options(&self, scratch_disk: impl FnOnce() -> std::io::Result<PathBuf>) -> Result<RunOptions, String> {
+    pub fn run_options(&self, scratch_disk: impl FnOnce() -> std::io::Result<PathBuf>) -> Result<RunOptions> {
         self.check()?;
         let graviton = self.platform == PlatformKind::Graviton;
         // Graviton's acceptance runs are SMP: 2 pCPUs and 2 vCPUs unless told.
@@ -352,7 +356,7 @@ impl RunArgs {
             if let Some(device) = d.qemu_device() {
                 // A QEMU disk with a scratch image: virtio-mmio, or on the
                 // PCIe root bus.
-                let img = scratch_disk().map_err(|e| format!("disk image: {e}"))?;
+                let img = scratch_disk().context("disk image")?;
                 o.extra.extend([
                     "-drive".into(),
                     format!("if=none,file={},format=raw,id=d0", img.display()),
@@ -437,11 +441,11 @@ pub struct SimWakeupArgs {
 }
 
 /// `--seconds`, `--submit-us`: a number > 0.
-fn parse_positive(s: &str) -> Result<u64, String> {
+fn parse_positive(s: &str) -> Result<u64> {
     match s.parse::<u64>() {
-        Ok(0) => Err("must be > 0".into()),
+        Ok(0) => Err(anyhow!("must be > 0")),
         Ok(v) => Ok(v),
-        Err(e) => Err(e.to_string()),
+        Err(e) => Err(e.into()),
     }
 }
 

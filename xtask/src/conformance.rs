@@ -4,6 +4,7 @@
 
 use crate::run::qemu::RunOptions;
 use crate::Result;
+use anyhow::{anyhow, bail, Context};
 use std::time::Duration;
 
 /// Where the guest runs.
@@ -56,7 +57,7 @@ pub fn prefix(at: Placement) -> &'static str {
 /// bare QEMU).
 pub fn options(at: Placement, gic: u8, pcpus: u32, format: KernelFormat) -> Result<RunOptions> {
     if at == Placement::Bare && format != KernelFormat::Image {
-        return Err("--kernel-format elf|raw needs the hypervisor: not with --at bare".into());
+        bail!("--kernel-format elf|raw needs the hypervisor: not with --at bare");
     }
     let dom0_kernel = match format {
         KernelFormat::Elf => crate::build::conformance_elf(DOM0_LOAD_ADDR)?,
@@ -76,7 +77,7 @@ pub fn options(at: Placement, gic: u8, pcpus: u32, format: KernelFormat) -> Resu
     match at {
         Placement::Bare => o.bare = true,
         Placement::Dom0 => {
-            let img = crate::run::qemu::scratch_disk().map_err(|e| format!("scratch disk: {e}"))?;
+            let img = crate::run::qemu::scratch_disk().context("scratch disk")?;
             o.hv_args = "dom0_disk=nvme".into();
             o.extra = vec![
                 "-drive".into(),
@@ -153,7 +154,7 @@ pub fn run(at: Placement, gic: u8, pcpus: u32, format: KernelFormat) -> Result<i
     let o = options(at, gic, pcpus, format)?;
     let r = crate::run::qemu::run(&o)?;
     if r.timed_out {
-        return Err("QEMU timed out".into());
+        bail!("QEMU timed out");
     }
     let p = prefix(at);
     match summary(&r.console, p) {
@@ -161,7 +162,7 @@ pub fn run(at: Placement, gic: u8, pcpus: u32, format: KernelFormat) -> Result<i
             eprintln!("xtask: conformance: {passed} passed, {failed} failed, {skipped} skipped");
             Ok(i32::from(failed > 0))
         }
-        None => Err("the guest printed no summary line (see the console above)".into()),
+        None => Err(anyhow!("the guest printed no summary line (see the console above)")),
     }
 }
 

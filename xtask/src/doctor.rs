@@ -3,6 +3,7 @@
 
 use crate::toolchain::{self, Bundle};
 use crate::Result;
+use anyhow::{anyhow, Context};
 use std::path::{Path, PathBuf};
 
 /// Bytes under `p` (files and symlinks themselves, not what they point at).
@@ -36,7 +37,7 @@ fn bundle_line(b: &Bundle, cache: &Path) -> String {
         None => format!("not fetched yet (fetched on first use into {})", cache.join(b.name).display()),
         Some(pkgs) => match toolchain::check(b, &cache.join(b.name)) {
             Ok(c) => format!("ready: {c}, {} packages, {}", pkgs.len(), cache.join(b.name).display()),
-            Err(e) => format!("cached but failing its check ({e}): fetched again on first use"),
+            Err(e) => format!("cached but failing its check ({e:#}): fetched again on first use"),
         },
     }
 }
@@ -59,7 +60,7 @@ pub fn doctor() -> Result<()> {
     match std::env::var_os(toolchain::QEMU_ENV).filter(|v| !v.is_empty()) {
         Some(p) => match toolchain::Qemu::user(Path::new(&p), "--qemu (XTASK_QEMU)") {
             Ok(q) => println!("qemu:          {} ({}), the user's", q.version, q.origin),
-            Err(e) => println!("qemu:          UNUSABLE: {e}"),
+            Err(e) => println!("qemu:          UNUSABLE: {e:#}"),
         },
         None => {
             println!("qemu:          the project's {}: {}", toolchain::QEMU.name, bundle_line(&toolchain::QEMU, &cache))
@@ -110,7 +111,7 @@ pub fn clean(caches_too: bool) -> Result<()> {
         for (p, what) in caches() {
             if p.exists() {
                 let b = disk_usage(&p);
-                std::fs::remove_dir_all(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+                std::fs::remove_dir_all(&p).with_context(|| p.display().to_string())?;
                 println!("removed {} ({what}, {})", p.display(), mib(b));
             }
         }
@@ -119,10 +120,10 @@ pub fn clean(caches_too: bool) -> Result<()> {
         .current_dir(crate::root())
         .arg("clean")
         .status()
-        .map_err(|e| format!("cargo clean: {e}"))?;
+        .context("cargo clean")?;
     if st.success() {
         Ok(())
     } else {
-        Err("cargo clean failed".into())
+        Err(anyhow!("cargo clean failed"))
     }
 }

@@ -47,4 +47,6 @@ pub fn out_dir() -> PathBuf {
     root().join("target").join("xtask")
 }
 
-pub type Result<T> = std::result::Result<T, String>;
+/// xtask's result: an [`anyhow::Error`], what failed with what xtask was
+/// doing as its context.
+pub type Result<T> = anyhow::Result<T>;

@@ -17,13 +17,14 @@
 
 mod sim;
 
+use anyhow::{anyhow, bail, Context};
 use clap::error::ErrorKind;
 use clap::{CommandFactory, Parser};
 use std::process::exit;
 use xtask::cli::{BenchCommand, Cli, Command, PlatformKind, RunArgs, SimCommand, TestArgs};
 use xtask::platform::fvp::{self, FVP_NAME, GET_FVP, TFA_ENV, TFA_HOWTO};
 
-fn cmd_run(args: &RunArgs) -> Result<i32, String> {
+fn cmd_run(args: &RunArgs) -> anyhow::Result<i32> {
     if args.platform == PlatformKind::FvpBaseRevc {
         return cmd_run_fvp(args);
     }
@@ -37,7 +38,7 @@ fn cmd_run(args: &RunArgs) -> Result<i32, String> {
 /// prints the model's command line and the `shrinkwrap run` line
 /// (`--dry-run`) or runs the model with the console here. It lives here, above
 /// both [`fvp`] and [`xtask::platform::shrinkwrap`], which builds on `fvp`'s layout.
-fn cmd_run_fvp(args: &RunArgs) -> Result<i32, String> {
+fn cmd_run_fvp(args: &RunArgs) -> anyhow::Result<i32> {
     let hv = xtask::build::hypervisor(hypervisor::platform_desc::known::fvp_base_revc::PLATFORM.name)?;
     let (kernel, initrd) = match &args.kernel {
         Some(k) => (k.clone(), args.initrd.clone()),
@@ -62,22 +63,22 @@ fn cmd_run_fvp(args: &RunArgs) -> Result<i32, String> {
         return Ok(0);
     }
     if !p.have_fvp {
-        return Err(format!("{FVP_NAME} not found: {GET_FVP} (`--dry-run` prints the command line without it)"));
+        bail!("{FVP_NAME} not found: {GET_FVP} (`--dry-run` prints the command line without it)");
     }
     if !p.have_tfa {
-        return Err(format!("no TF-A build: pass --tf-a DIR or set {TFA_ENV}; {TFA_HOWTO}"));
+        bail!("no TF-A build: pass --tf-a DIR or set {TFA_ENV}; {TFA_HOWTO}");
     }
     for f in ["bl1.bin", "fip.bin"] {
         if !p.run.tfa.join(f).is_file() {
-            return Err(format!("{}: no {f} there; {TFA_HOWTO}", p.run.tfa.display()));
+            bail!("{}: no {f} there; {TFA_HOWTO}", p.run.tfa.display());
         }
     }
     eprintln!("xtask: {}", line.join(" "));
-    let st = std::process::Command::new(&line[0]).args(&line[1..]).status().map_err(|e| format!("{}: {e}", line[0]))?;
+    let st = std::process::Command::new(&line[0]).args(&line[1..]).status().with_context(|| line[0].clone())?;
     Ok(st.code().unwrap_or(1))
 }
 
-fn cmd_test(args: &TestArgs) -> Result<i32, String> {
+fn cmd_test(args: &TestArgs) -> anyhow::Result<i32> {
     // Prepare everything the integration tests need, so their output is
     // about the tests, not about installs.
     xtask::toolchain::qemu()?;
@@ -99,8 +100,7 @@ fn cmd_test(args: &TestArgs) -> Result<i32, String> {
         .current_dir(xtask::root())
         .args(args.cargo_test_args())
         .stdout(std::process::Stdio::piped())
-        .spawn()
-        .map_err(|e| e.to_string())?;
+        .spawn()?;
     // Echo the output and add up the per-binary results into one closing line.
     let (mut passed, mut failed) = (0u64, 0u64);
     let out = child.stdout.take().unwrap();
@@ -116,7 +116,7 @@ fn cmd_test(args: &TestArgs) -> Result<i32, String> {
             failed += num(" failed").unwrap_or(0);
         }
     }
-    let st = child.wait().map_err(|e| e.to_string())?;
+    let st = child.wait()?;
     let mut code = st.code().unwrap_or(1);
     // The fuzz targets (virtqueue parser, vITS), each for a bounded time, when
     // cargo-fuzz and a nightly toolchain are installed.
@@ -145,7 +145,7 @@ fn cmd_test(args: &TestArgs) -> Result<i32, String> {
         Ok(Some(())) => passed += 1,
         Ok(None) => {}
         Err(e) => {
-            println!("shrinkwrap: FAILED: {e}");
+            println!("shrinkwrap: FAILED: {e:#}");
             failed += 1;
             code = if code == 0 { 1 } else { code };
         }
@@ -211,7 +211,7 @@ fn main() {
             let mut cmd = Cli::command();
             cmd.build();
             let run = cmd.find_subcommand_mut("run").expect("the run command");
-            run.error(ErrorKind::ArgumentConflict, e).exit();
+            run.error(ErrorKind::ArgumentConflict, format!("{e:#}")).exit();
         }
     }
     let result = match &cli.command {
@@ -231,7 +231,7 @@ fn main() {
         Command::Bench(BenchCommand::Exits) => xtask::bench::exits::run().map(|_| 0),
         Command::Conformance(a) => {
             if a.at == xtask::conformance::Placement::Bare && a.gic == 4 {
-                Err("--gic 4 needs EL2 (virtualization=on): not with --at bare".into())
+                Err(anyhow!("--gic 4 needs EL2 (virtualization=on): not with --at bare"))
             } else {
                 xtask::conformance::run(a.at, a.gic, a.pcpus, a.kernel_format)
             }
@@ -246,7 +246,7 @@ fn main() {
     match result {
         Ok(code) => exit(code),
         Err(e) => {
-            eprintln!("xtask: error: {e}");
+            eprintln!("xtask: error: {e:#}");
             exit(1);
         }
     }

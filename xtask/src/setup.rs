@@ -4,6 +4,7 @@
 //! installs system packages.
 
 use crate::Result;
+use anyhow::{anyhow, bail, Context};
 use std::process::Command;
 
 pub const TARGET: &str = "aarch64-unknown-none-softfloat";
@@ -22,9 +23,9 @@ pub fn ensure_target() -> Result<()> {
         }
     }
     eprintln!("xtask: installing Rust target {TARGET}");
-    let st = Command::new("rustup").args(["target", "add", TARGET]).status().map_err(|e| format!("rustup: {e}"))?;
+    let st = Command::new("rustup").args(["target", "add", TARGET]).status().context("rustup")?;
     if !st.success() {
-        return Err(format!("`rustup target add {TARGET}` failed"));
+        bail!("`rustup target add {TARGET}` failed");
     }
     Ok(())
 }
@@ -40,6 +41,6 @@ pub fn ensure_image_tools() -> Result<()> {
     if missing.is_empty() {
         Ok(())
     } else {
-        Err(format!("building the guest image needs {} (Debian packages); this machine lacks them", missing.join(" ")))
+        Err(anyhow!("building the guest image needs {} (Debian packages); this machine lacks them", missing.join(" ")))
     }
 }

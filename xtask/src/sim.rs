@@ -16,6 +16,7 @@
 //! the capped domain's least and most in any 10 ms period).
 //! The options and their defaults are in [`xtask::cli::SimWakeupArgs`].
 
+use anyhow::{anyhow, Context};
 use hypervisor::sched::sim::{self, Scenario, SimParams, SimResult, Topology};
 use hypervisor::sched::{CritEvidence, DomainParams, SchedConfig, VcpuId, CAP_PERIOD_NS};
 use std::fmt::Write as _;
@@ -58,7 +59,7 @@ fn us(ns: u64) -> f64 {
     ns as f64 / 1000.0
 }
 
-pub fn main(o: &Opts) -> Result<(), String> {
+pub fn main(o: &Opts) -> anyhow::Result<()> {
     let mut modes: Vec<(&'static str, u64, SchedConfig)> =
         [1000, 100, 0].into_iter().map(|rl| ("xen-compat", rl, SchedConfig::xen_compat(rl))).collect();
     let pc = preempt_cfg(o);
@@ -77,11 +78,11 @@ pub fn main(o: &Opts) -> Result<(), String> {
 }
 
 /// The seed workload in every mode and topology.
-fn wakeup_cases(o: &Opts, modes: &[(&'static str, u64, SchedConfig)]) -> Result<Vec<Case>, String> {
+fn wakeup_cases(o: &Opts, modes: &[(&'static str, u64, SchedConfig)]) -> anyhow::Result<Vec<Case>> {
     let mut cases = Vec::new();
     for &(mode, rl, cfg) in modes {
         for topology in [Topology::OneP2V, Topology::TwoP2V] {
-            let res = sim::run(&params(o, cfg, topology, Scenario::Wakeup)).map_err(|e| e.to_string())?;
+            let res = sim::run(&params(o, cfg, topology, Scenario::Wakeup)).map_err(|e| anyhow!("{e}"))?;
             cases.push(Case { mode, ratelimit_us: rl, topology, res });
         }
     }
@@ -118,7 +119,7 @@ fn print_wakeup(o: &Opts, cases: &[Case]) {
 
 /// Lock-holder preemption: completion IRQ on the hog vCPU, whose handler
 /// holds the queue lock around the SGI that wakes the I/O vCPU.
-fn lock_holder(o: &Opts, pc: SchedConfig) -> Result<(), String> {
+fn lock_holder(o: &Opts, pc: SchedConfig) -> anyhow::Result<()> {
     println!();
     println!("lock-holder (1p2v): IRQ on the hog, lock held 5 us before and 5 us after the waking SGI; slat = lock attempt -> submitted");
     println!("{:<34} {:>9} {:>9} {:>9} {:>10} {:>10}", "case", "iops", "p99_us", "p999_us", "slat_p99", "slat_max");
@@ -133,7 +134,7 @@ fn lock_holder(o: &Opts, pc: SchedConfig) -> Result<(), String> {
         ("wake-preempt grace, wfe yield", pc, lhp(Some(2_000))),
     ];
     for (name, cfg, sc) in lhp_cases {
-        let r = sim::run(&params(o, cfg, Topology::OneP2V, sc)).map_err(|e| e.to_string())?;
+        let r = sim::run(&params(o, cfg, Topology::OneP2V, sc)).map_err(|e| anyhow!("{e}"))?;
         println!(
             "{:<34} {:>9.0} {:>9.1} {:>9.1} {:>10.1} {:>10.1}",
             name,
@@ -149,7 +150,7 @@ fn lock_holder(o: &Opts, pc: SchedConfig) -> Result<(), String> {
 
 /// Preemption-rate bound: a waker that wakes 50 µs after it blocks and
 /// runs 5 µs, against the hog.
-fn fast_waker(o: &Opts, pc: SchedConfig) -> Result<(), String> {
+fn fast_waker(o: &Opts, pc: SchedConfig) -> anyhow::Result<()> {
     println!();
     println!(
         "fast waker (1p2v): wakes 50 us after it blocks, runs 5 us, context switch {} us; hog% = hog's guest progress",
@@ -164,7 +165,7 @@ fn fast_waker(o: &Opts, pc: SchedConfig) -> Result<(), String> {
     for (name, cfg) in fast_cases {
         let p =
             SimParams { service_ns: 50_000, submit_ns: 5_000, ..params(o, cfg, Topology::OneP2V, Scenario::Wakeup) };
-        let r = sim::run(&p).map_err(|e| e.to_string())?;
+        let r = sim::run(&p).map_err(|e| anyhow!("{e}"))?;
         println!(
             "{:<34} {:>9.0} {:>6.1} {:>9.0} {:>9.1} {:>9.1}",
             name,
@@ -180,7 +181,7 @@ fn fast_waker(o: &Opts, pc: SchedConfig) -> Result<(), String> {
 
 /// Bounded lock-holder grace: the hog writes the SGI register every 30 µs
 /// (empty target list); the other vCPU wakes every 1 ms and runs 50 µs.
-fn sgi_flood(o: &Opts, pc: SchedConfig) -> Result<(), String> {
+fn sgi_flood(o: &Opts, pc: SchedConfig) -> anyhow::Result<()> {
     println!();
     println!("SGI flood (1p2v): hog writes ICC_SGI1R_EL1 every 30 us; vCPU B wakes every 1 ms, runs 50 us");
     println!("{:<34} {:>9} {:>9} {:>9}", "case", "B_ms/s", "p99_us", "max_us");
@@ -191,7 +192,7 @@ fn sgi_flood(o: &Opts, pc: SchedConfig) -> Result<(), String> {
     ];
     for (name, sc) in flood_cases {
         let p = SimParams { submit_ns: 50_000, ..params(o, pc, Topology::OneP2V, sc) };
-        let r = sim::run(&p).map_err(|e| e.to_string())?;
+        let r = sim::run(&p).map_err(|e| anyhow!("{e}"))?;
         println!(
             "{:<34} {:>9.1} {:>9.1} {:>9.1}",
             name,
@@ -204,7 +205,7 @@ fn sgi_flood(o: &Opts, pc: SchedConfig) -> Result<(), String> {
 }
 
 /// The wakeup cases as the JSON the benchmark harness reads.
-fn write_json(path: &std::path::Path, cases: &[Case]) -> Result<(), String> {
+fn write_json(path: &std::path::Path, cases: &[Case]) -> anyhow::Result<()> {
     let mut s = String::from("{\"cases\":[");
     for (i, c) in cases.iter().enumerate() {
         if i > 0 {
@@ -224,14 +225,14 @@ fn write_json(path: &std::path::Path, cases: &[Case]) -> Result<(), String> {
         );
     }
     s.push_str("]}\n");
-    std::fs::write(path, s).map_err(|e| format!("writing {}: {e}", path.display()))?;
+    std::fs::write(path, s).with_context(|| format!("writing {}", path.display()))?;
     println!("\nwrote {}", path.display());
     Ok(())
 }
 
 /// CPU hogs in domains on 2 pCPUs (`sched::sim::run_fleet`): each domain's
 /// share of a pCPU, and the capped one's least/most in a 10 ms period.
-fn domains(o: &Opts, cfg: SchedConfig) -> Result<(), String> {
+fn domains(o: &Opts, cfg: SchedConfig) -> anyhow::Result<()> {
     println!();
     println!("domains (2 pCPUs, one CPU hog per domain): share of a pCPU per domain");
     println!("{:<34} shares", "case");
@@ -257,7 +258,7 @@ fn domains(o: &Opts, cfg: SchedConfig) -> Result<(), String> {
             period_ns: CAP_PERIOD_NS,
             changes: Vec::new(),
         };
-        let r = sim::run_fleet(&p).map_err(|e| e.to_string())?;
+        let r = sim::run_fleet(&p).map_err(|e| anyhow!("{e}"))?;
         let mut line: String = (0..doms.len()).map(|i| format!(" d{}={:.3}", i + 1, r.share(i))).collect();
         if doms[0].1.is_some() {
             let per = &r.domain_periods[0];

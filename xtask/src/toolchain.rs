@@ -27,6 +27,7 @@
 //! fake archive of real `.deb` files.
 
 use crate::Result;
+use anyhow::{anyhow, bail, Context};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -199,7 +200,7 @@ pub fn choose_version(pin: &Pin, available: &[String]) -> Result<(String, Option
                 pin.package, pin.version
             )),
         )),
-        None => Err(format!(
+        None => Err(anyhow!(
             "{} {} is not in the archive, nor any {}* (available: {})",
             pin.package,
             pin.version,
@@ -309,7 +310,7 @@ fn run_with(root: &Path, prog: &Path, args: &[&str]) -> Result<std::process::Out
         .env("LC_ALL", "C")
         .stdin(Stdio::null())
         .output()
-        .map_err(|e| format!("{}: {e}", prog.display()))
+        .with_context(|| prog.display().to_string())
 }
 
 /// `ldd` on `bin` with the bundle's libraries: an error naming the ones
@@ -320,7 +321,7 @@ fn check_libraries(root: &Path, bin: &Path) -> Result<()> {
     if missing.is_empty() {
         Ok(())
     } else {
-        Err(format!("{} needs libraries neither the machine nor the bundle has: {}", bin.display(), missing.join(", ")))
+        Err(anyhow!("{} needs libraries neither the machine nor the bundle has: {}", bin.display(), missing.join(", ")))
     }
 }
 
@@ -330,11 +331,11 @@ pub fn probe_qemu(bin: &Path, env: &[(String, OsString)]) -> Result<Version> {
         .arg("--version")
         .stdin(Stdio::null())
         .output()
-        .map_err(|e| format!("{}: cannot run it: {e}", bin.display()))?;
+        .with_context(|| format!("{}: cannot run it", bin.display()))?;
     let text = String::from_utf8_lossy(&out.stdout);
     match parse_qemu_version(&text) {
         Some(v) if out.status.success() => Ok(v),
-        _ => Err(format!(
+        _ => Err(anyhow!(
             "{} is not QEMU: `--version` printed {:?}{}",
             bin.display(),
             text.lines().next().unwrap_or(""),
@@ -349,7 +350,7 @@ pub fn check(bundle: &Bundle, root: &Path) -> Result<String> {
         Check::Qemu => {
             let bin = root.join("usr/bin/qemu-system-aarch64");
             if !bin.is_file() {
-                return Err(format!("{} is missing", bin.display()));
+                bail!("{} is missing", bin.display());
             }
             check_libraries(root, &bin)?;
             let v = probe_qemu(&bin, &env_for(root))?;
@@ -359,7 +360,7 @@ pub fn check(bundle: &Bundle, root: &Path) -> Result<String> {
             let p = root.join(f);
             match std::fs::metadata(&p) {
                 Ok(m) if m.len() > 0 => Ok(format!("{f} ({} KiB)", m.len() >> 10)),
-                _ => Err(format!("{} is missing or empty", p.display())),
+                _ => Err(anyhow!("{} is missing or empty", p.display())),
             }
         }
         Check::CrossTools => {
@@ -367,21 +368,18 @@ pub fn check(bundle: &Bundle, root: &Path) -> Result<String> {
             let fdtput = root.join("usr/bin/fdtput");
             for b in [&gcc, &fdtput] {
                 if !b.exists() {
-                    return Err(format!("{} is missing", b.display()));
+                    bail!("{} is missing", b.display());
                 }
             }
             check_libraries(root, &fdtput)?;
             let src = root.join(".check.c");
-            std::fs::write(&src, "int check(int x) { return x + 1; }\n").map_err(|e| e.to_string())?;
+            std::fs::write(&src, "int check(int x) { return x + 1; }\n").with_context(|| src.display().to_string())?;
             let obj = root.join(".check.o");
             let out = run_with(root, &gcc, &["-c", &src.display().to_string(), "-o", &obj.display().to_string()])?;
             let _ = std::fs::remove_file(&src);
             let _ = std::fs::remove_file(&obj);
             if !out.status.success() {
-                return Err(format!(
-                    "the cross compiler does not compile: {}",
-                    String::from_utf8_lossy(&out.stderr).trim()
-                ));
+                bail!("the cross compiler does not compile: {}", String::from_utf8_lossy(&out.stderr).trim());
             }
             let v = run_with(root, &gcc, &["-dumpfullversion"])?;
             Ok(format!("aarch64-linux-gnu-gcc {}, fdtput", String::from_utf8_lossy(&v.stdout).trim()))
@@ -409,13 +407,13 @@ fn deb_prefix(name: &str, version: &str) -> String {
 }
 
 fn sha256_of(file: &Path) -> Result<String> {
-    let out = Command::new("sha256sum").arg(file).output().map_err(|e| format!("sha256sum: {e}"))?;
+    let out = Command::new("sha256sum").arg(file).output().context("sha256sum")?;
     String::from_utf8_lossy(&out.stdout)
         .split_whitespace()
         .next()
         .map(String::from)
         .filter(|_| out.status.success())
-        .ok_or_else(|| format!("sha256sum {} failed", file.display()))
+        .ok_or_else(|| anyhow!("sha256sum {} failed", file.display()))
 }
 
 /// Whether `deb` is the package `name` `version` the archive lists.
@@ -423,7 +421,7 @@ fn verify_deb(deb: &Path, name: &str, version: &str, sha: Option<&str>) -> Resul
     if let Some(want) = sha {
         let got = sha256_of(deb)?;
         if got != want {
-            return Err(format!("SHA-256 {got}, the archive lists {want}"));
+            bail!("SHA-256 {got}, the archive lists {want}");
         }
     }
     let out = Command::new("dpkg-deb")
@@ -432,14 +430,14 @@ fn verify_deb(deb: &Path, name: &str, version: &str, sha: Option<&str>) -> Resul
         .args(["Package", "Version"])
         .env("LC_ALL", "C")
         .output()
-        .map_err(|e| format!("dpkg-deb: {e}"))?;
+        .context("dpkg-deb")?;
     let text = String::from_utf8_lossy(&out.stdout);
     let field = |k: &str| text.lines().find_map(|l| l.strip_prefix(k)).map(str::trim).unwrap_or("");
     if !out.status.success() {
-        return Err(format!("not a Debian package ({})", String::from_utf8_lossy(&out.stderr).trim()));
+        bail!("not a Debian package ({})", String::from_utf8_lossy(&out.stderr).trim());
     }
     if field("Package:") != name || field("Version:") != version {
-        return Err(format!("it holds {}={}", field("Package:"), field("Version:")));
+        bail!("it holds {}={}", field("Package:"), field("Version:"));
     }
     Ok(())
 }
@@ -464,12 +462,12 @@ fn fetch_deb(archive: &mut dyn Archive, debs: &Path, name: &str, version: &str) 
     }
     let tmp = debs.join(format!(".download-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
+    std::fs::create_dir_all(&tmp).with_context(|| tmp.display().to_string())?;
     let result = archive.download(name, version, &tmp).and_then(|file| {
         verify_deb(&file, name, version, sha.as_deref())
-            .map_err(|e| format!("the downloaded {name}={version} is corrupt ({e}); it was removed: run again"))?;
-        let dest = debs.join(file.file_name().ok_or("download without a file name")?);
-        std::fs::rename(&file, &dest).map_err(|e| format!("{}: {e}", dest.display()))?;
+            .map_err(|e| anyhow!("the downloaded {name}={version} is corrupt ({e:#}); it was removed: run again"))?;
+        let dest = debs.join(file.file_name().context("download without a file name")?);
+        std::fs::rename(&file, &dest).with_context(|| dest.display().to_string())?;
         Ok(dest)
     });
     let _ = std::fs::remove_dir_all(&tmp);
@@ -484,14 +482,14 @@ fn lock(cache: &Path) -> Result<std::fs::File> {
         .truncate(false)
         .write(true)
         .open(cache.join(".lock"))
-        .map_err(|e| format!("{}: {e}", cache.join(".lock").display()))?;
-    f.lock().map_err(|e| format!("locking {}: {e}", cache.join(".lock").display()))?;
+        .with_context(|| cache.join(".lock").display().to_string())?;
+    f.lock().with_context(|| format!("locking {}", cache.join(".lock").display()))?;
     Ok(f)
 }
 
 fn writable_cache(cache: &Path) -> Result<()> {
     std::fs::create_dir_all(cache.join("debs")).map_err(|e| {
-        format!(
+        anyhow!(
             "cannot write the toolchain cache {} ({e}); set XTASK_CACHE_DIR to a writable directory, \
              or pass --qemu with a QEMU of your own",
             cache.display()
@@ -515,7 +513,7 @@ pub fn ensure(
         match check(bundle, &dir) {
             Ok(checked) => return Ok(Installed { root: dir, hit: true, checked, packages, notes }),
             Err(e) => say(&format!(
-                "the cached {} in {} fails its check ({e}); fetching it again",
+                "the cached {} in {} fails its check ({e:#}); fetching it again",
                 bundle.what,
                 dir.display()
             )),
@@ -532,7 +530,7 @@ pub fn ensure(
         }
     }
     if dir.exists() {
-        std::fs::remove_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        std::fs::remove_dir_all(&dir).with_context(|| dir.display().to_string())?;
     }
     say(&format!("fetching {} ({}) into {}", bundle.what, bundle.name, dir.display()));
     archive.update()?;
@@ -548,11 +546,11 @@ pub fn ensure(
     }
     let all = archive.resolve(&wants, bundle.release)?;
     if let Some((n, v)) = all.iter().find(|(n, _)| SYSTEM_ONLY.contains(&n.as_str())) {
-        return Err(format!(
+        bail!(
             "{} needs {n} {v}, newer than this machine's C library; update the machine's packages, \
              or pass --qemu with a QEMU of your own",
             bundle.what
-        ));
+        );
     }
     let debs = cache.join("debs");
     let mut files = Vec::new();
@@ -561,20 +559,19 @@ pub fn ensure(
     }
     let tmp = cache.join(format!("{}.tmp-{}", bundle.name, std::process::id()));
     let result = (|| {
-        std::fs::create_dir_all(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
+        std::fs::create_dir_all(&tmp).with_context(|| tmp.display().to_string())?;
         for f in &files {
-            let out =
-                Command::new("dpkg-deb").arg("-x").arg(f).arg(&tmp).output().map_err(|e| format!("dpkg-deb: {e}"))?;
+            let out = Command::new("dpkg-deb").arg("-x").arg(f).arg(&tmp).output().context("dpkg-deb")?;
             if !out.status.success() {
                 let _ = std::fs::remove_file(f);
-                return Err(format!(
+                bail!(
                     "{} does not unpack ({}); it was removed: run again",
                     f.display(),
                     String::from_utf8_lossy(&out.stderr).trim()
-                ));
+                );
             }
         }
-        let checked = check(bundle, &tmp).map_err(|e| format!("{} does not work after unpacking: {e}", bundle.what))?;
+        let checked = check(bundle, &tmp).with_context(|| format!("{} does not work after unpacking", bundle.what))?;
         let packages: Vec<String> = all.iter().map(|(n, v)| format!("{n}={v}")).collect();
         let mut m =
             format!("# {} for this project, unpacked by cargo xtask (see xtask/src/toolchain.rs)\n", bundle.what);
@@ -585,8 +582,8 @@ pub fn ensure(
         for n in &notes {
             m += &format!("note: {n}\n");
         }
-        std::fs::write(tmp.join(MANIFEST), m).map_err(|e| e.to_string())?;
-        std::fs::rename(&tmp, &dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        std::fs::write(tmp.join(MANIFEST), m).with_context(|| tmp.join(MANIFEST).display().to_string())?;
+        std::fs::rename(&tmp, &dir).with_context(|| dir.display().to_string())?;
         Ok(Installed { root: dir.clone(), hit: false, checked, packages, notes: notes.clone() })
     })();
     if result.is_err() {
@@ -622,9 +619,9 @@ pub fn apt_opts(dir: &Path, status: Option<&Path>) -> Vec<String> {
 /// Makes the private apt directory (`sources` is the sources list's text).
 pub fn apt_dir(dir: &Path, sources: &str) -> Result<()> {
     for d in ["lists/partial", "cache/archives/partial", "sources.list.d", "preferences.d"] {
-        std::fs::create_dir_all(dir.join(d)).map_err(|e| format!("{}: {e}", dir.join(d).display()))?;
+        std::fs::create_dir_all(dir.join(d)).with_context(|| dir.join(d).display().to_string())?;
     }
-    std::fs::write(dir.join("sources.list"), sources).map_err(|e| e.to_string())
+    std::fs::write(dir.join("sources.list"), sources).with_context(|| dir.join("sources.list").display().to_string())
 }
 
 /// Debian's mirrors (overridable as for guest-images/build.sh).
@@ -654,12 +651,12 @@ impl Apt {
     }
 
     fn output(&self, mut c: Command, what: &str) -> Result<String> {
-        let out = c.output().map_err(|e| format!("{what}: {e} (apt is needed to fetch the toolchain)"))?;
+        let out = c.output().map_err(|e| anyhow!("{what}: {e} (apt is needed to fetch the toolchain)"))?;
         let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
         if out.status.success() {
             Ok(text)
         } else {
-            Err(format!("{what} failed:\n{}", text.trim()))
+            Err(anyhow!("{what} failed:\n{}", text.trim()))
         }
     }
 }
@@ -678,11 +675,11 @@ impl Archive for Apt {
         let mut c = self.cmd("apt-get");
         c.args(["-q", "update"]);
         let out = self.output(c, "apt-get update (private lists)").map_err(|e| {
-            format!("{e}\nThe Debian archive could not be reached; the toolchain cannot be fetched. Run again when it can, or pass --qemu")
+            anyhow!("{e:#}\nThe Debian archive could not be reached; the toolchain cannot be fetched. Run again when it can, or pass --qemu")
         })?;
         // apt-get update exits 0 when some index failed: say so.
         if let Some(l) = out.lines().find(|l| l.starts_with("E: ") || l.starts_with("W: Failed to fetch")) {
-            return Err(format!("apt-get update (private lists): {l}; the toolchain cannot be fetched now"));
+            bail!("apt-get update (private lists): {l}; the toolchain cannot be fetched now");
         }
         Ok(())
     }
@@ -700,11 +697,11 @@ impl Archive for Apt {
             c.args(["-t", r]);
         }
         c.args(wants.iter().map(|(n, v)| format!("{n}={v}")));
-        let out = c.output().map_err(|e| format!("apt-get: {e}"))?;
+        let out = c.output().context("apt-get")?;
         let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
         let problems = simulation_problems(&text);
         if !out.status.success() || !problems.is_empty() {
-            return Err(format!("apt cannot resolve {:?} on this machine: {}", wants, problems.join("; ")));
+            bail!("apt cannot resolve {:?} on this machine: {}", wants, problems.join("; "));
         }
         let mut all = parse_simulation(&text);
         // Wanted packages already installed at that version: unpack them too.
@@ -727,12 +724,11 @@ impl Archive for Apt {
         let mut c = self.cmd("apt-get");
         c.current_dir(dir).args(["-q", "download", &format!("{name}={version}")]);
         self.output(c, &format!("apt-get download {name}={version}"))?;
-        std::fs::read_dir(dir)
-            .map_err(|e| e.to_string())?
+        std::fs::read_dir(dir)?
             .filter_map(|e| e.ok())
             .map(|e| e.path())
             .find(|p| p.extension().is_some_and(|x| x == "deb"))
-            .ok_or_else(|| format!("apt-get download {name}={version} left no .deb"))
+            .ok_or_else(|| anyhow!("apt-get download {name}={version} left no .deb"))
     }
 }
 
@@ -780,12 +776,12 @@ impl Qemu {
     /// The user's QEMU at `bin`: it must run, say it is QEMU, and be
     /// [`MIN_QEMU`] or newer.
     pub fn user(bin: &Path, how: &str) -> Result<Qemu> {
-        let version = probe_qemu(bin, &[]).map_err(|e| format!("{how}: {e}"))?;
+        let version = probe_qemu(bin, &[]).with_context(|| how.to_string())?;
         if version < MIN_QEMU {
-            return Err(format!(
+            bail!(
                 "{how} {}: QEMU {version} is too old; the runs need QEMU {MIN_QEMU} or newer (the project's own is 10.0: drop {how})",
                 bin.display()
-            ));
+            );
         }
         Ok(Qemu {
             bin: bin.to_path_buf(),
@@ -841,7 +837,7 @@ impl Qemu {
         if self.cpu_models().iter().any(|m| m == model) {
             return Ok(());
         }
-        Err(format!(
+        Err(anyhow!(
             "QEMU {} ({}) has no CPU model {model}; use the project's QEMU 10.0 (drop --qemu / {QEMU_ENV}) or another --cpu",
             self.version, self.origin
         ))
@@ -881,7 +877,7 @@ pub fn qemu() -> Result<&'static Qemu> {
 pub fn edk2() -> Result<PathBuf> {
     if let Some(p) = std::env::var_os("XTASK_EDK2").filter(|v| !v.is_empty()) {
         let p = PathBuf::from(p);
-        return if p.is_file() { Ok(p) } else { Err(format!("XTASK_EDK2 {}: no such file", p.display())) };
+        return if p.is_file() { Ok(p) } else { Err(anyhow!("XTASK_EDK2 {}: no such file", p.display())) };
     }
     static FD: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     if let Some(p) = FD.get() {

@@ -15,6 +15,7 @@
 
 use crate::conformance::{options, Placement};
 use crate::Result;
+use anyhow::{anyhow, Context};
 use std::fmt::Write as _;
 
 /// One run of the guest.
@@ -100,7 +101,7 @@ pub fn report(results: &[(&str, Vec<(String, f64)>)]) -> String {
 
 pub fn run() -> Result<()> {
     let dir = crate::root().join("target").join("bench").join("exits");
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(&dir).with_context(|| dir.display().to_string())?;
     let mut results = Vec::new();
     let mut failed = Vec::new();
     for c in CASES {
@@ -119,13 +120,13 @@ pub fn run() -> Result<()> {
         results.push((c.label, got));
     }
     let text = report(&results);
-    std::fs::write(dir.join("report.md"), &text).map_err(|e| e.to_string())?;
+    std::fs::write(dir.join("report.md"), &text).with_context(|| dir.join("report.md").display().to_string())?;
     println!("{text}");
     eprintln!("xtask: wrote {}", dir.join("report.md").display());
     if failed.is_empty() {
         Ok(())
     } else {
-        Err(format!("{} case(s) failed: {}", failed.len(), failed.join(" | ")))
+        Err(anyhow!("{} case(s) failed: {}", failed.len(), failed.join(" | ")))
     }
 }
 

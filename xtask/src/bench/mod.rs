@@ -44,6 +44,7 @@ pub use report::{
     check_targets, render_report, results_json, write_report, ReportFiles, ResultCase, ResultsFile, Status, TargetCheck,
 };
 
+use anyhow::{anyhow, bail};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::path::PathBuf;
@@ -79,11 +80,11 @@ macro_rules! spelled_enum {
         }
 
         impl FromStr for $name {
-            type Err = String;
-            fn from_str(s: &str) -> Result<Self, String> {
+            type Err = anyhow::Error;
+            fn from_str(s: &str) -> anyhow::Result<Self> {
                 match s {
                     $($s => Ok($name::$var),)*
-                    _ => Err(format!(
+                    _ => Err(anyhow!(
                         "unknown {} {s:?} (expected one of: {})",
                         stringify!($name).to_lowercase(),
                         [$($s),*].join(", ")
@@ -853,11 +854,11 @@ pub fn last_console_line(console: &str) -> &str {
 
 /// `Err` naming each case with a failed repeat and why, once the report is
 /// written: a benchmark with a failure exits non-zero.
-pub fn check_failures<'a>(failed: impl IntoIterator<Item = (String, &'a str)>) -> crate::Result<()> {
+pub fn check_failures<E: fmt::Display>(failed: impl IntoIterator<Item = (String, E)>) -> crate::Result<()> {
     let lines: Vec<String> = failed.into_iter().map(|(case, e)| format!("  {case}: {e}")).collect();
     if lines.is_empty() {
         Ok(())
     } else {
-        Err(format!("{} failure(s):\n{}", lines.len(), lines.join("\n")))
+        bail!("{} failure(s):\n{}", lines.len(), lines.join("\n"))
     }
 }

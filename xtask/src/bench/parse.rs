@@ -19,6 +19,7 @@
 //! the pCPU it got.
 
 use super::{Topology, FIO_BEGIN, FIO_END, FIO_START_MARK, HOG_MARK, IRQ_MARK};
+use anyhow::{anyhow, bail, Context};
 use hypervisor::stats::{parse_text, ParseError, VcpuStats};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -137,7 +138,7 @@ fn strip_kernel_lines(block: &str) -> String {
 /// The text between the last complete [`FIO_BEGIN`] / [`FIO_END`] pair, with
 /// kernel log lines removed and anything before fio's first `{` and after its
 /// last `}` (e.g. fio's `note:` lines) dropped.
-pub fn extract_fio_json(console: &str) -> Result<String, String> {
+pub fn extract_fio_json(console: &str) -> anyhow::Result<String> {
     // Markers are matched as whole (trimmed) lines, and a marker line may
     // itself be hit by printk; then it is simply missed and we report that.
     let mut begin = None;
@@ -157,17 +158,17 @@ pub fn extract_fio_json(console: &str) -> Result<String, String> {
     let (b, e) = match (block, begin) {
         (Some(be), _) => be,
         (None, Some(_)) => {
-            return Err(format!("fio JSON starts ({FIO_BEGIN}) but never ends ({FIO_END}): run cut short?"))
+            return Err(anyhow!("fio JSON starts ({FIO_BEGIN}) but never ends ({FIO_END}): run cut short?"))
         }
-        (None, None) => return Err(format!("no {FIO_BEGIN} marker on the console (did fio run?)")),
+        (None, None) => bail!("no {FIO_BEGIN} marker on the console (did fio run?)"),
     };
     let text = strip_kernel_lines(&console[b..e]);
-    let start = text.find('{').ok_or("the fio block holds no JSON object (fio failed? see the console)")?;
-    let end = text.rfind('}').filter(|&end| end > start).ok_or("the fio JSON block is truncated")?;
+    let start = text.find('{').context("the fio block holds no JSON object (fio failed? see the console)")?;
+    let end = text.rfind('}').filter(|&end| end > start).context("the fio JSON block is truncated")?;
     Ok(text[start..=end].to_string())
 }
 
-fn num(v: &Value, path: &str) -> Result<f64, String> {
+fn num(v: &Value, path: &str) -> anyhow::Result<f64> {
     let mut cur = v;
     for key in path.split('/') {
         cur = match key.parse::<usize>() {
@@ -175,29 +176,29 @@ fn num(v: &Value, path: &str) -> Result<f64, String> {
             _ => &cur[key],
         };
     }
-    cur.as_f64().ok_or_else(|| format!("fio JSON: no number at {path}"))
+    cur.as_f64().ok_or_else(|| anyhow!("fio JSON: no number at {path}"))
 }
 
 /// Parses fio's JSON output: `jobs[0].read` (IOPS, `clat_ns` percentiles,
 /// `slat_ns.mean`), converted to µs.
-pub fn parse_fio_json(json: &str) -> Result<FioResult, String> {
-    let v: Value = serde_json::from_str(json).map_err(|e| format!("fio JSON: {e}"))?;
+pub fn parse_fio_json(json: &str) -> anyhow::Result<FioResult> {
+    let v: Value = serde_json::from_str(json).context("fio JSON")?;
     if let Some(err) = v["jobs"][0]["error"].as_i64().filter(|&e| e != 0) {
-        return Err(format!("fio reported error {err} for job 0"));
+        bail!("fio reported error {err} for job 0");
     }
     let read = &v["jobs"][0]["read"];
     if read.is_null() {
-        return Err("fio JSON: no jobs[0].read".into());
+        bail!("fio JSON: no jobs[0].read");
     }
-    let pct = read["clat_ns"]["percentile"].as_object().ok_or("fio JSON: no jobs[0].read.clat_ns.percentile")?;
+    let pct = read["clat_ns"]["percentile"].as_object().context("fio JSON: no jobs[0].read.clat_ns.percentile")?;
     let mut clat: Vec<(f64, f64)> =
         pct.iter().filter_map(|(k, v)| Some((k.parse::<f64>().ok()?, v.as_f64()? / 1000.0))).collect();
     clat.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let at = |p: &str| -> Result<f64, String> {
+    let at = |p: &str| -> anyhow::Result<f64> {
         pct.get(p)
             .and_then(Value::as_f64)
             .map(|ns| ns / 1000.0)
-            .ok_or_else(|| format!("fio JSON: no clat percentile {p}"))
+            .ok_or_else(|| anyhow!("fio JSON: no clat percentile {p}"))
     };
     let slat_measured = read["slat_ns"]["N"].as_u64().unwrap_or(0) > 0;
     let clat_mean_us = num(read, "clat_ns/mean")? / 1000.0;
@@ -256,7 +257,7 @@ pub fn parse_irq_lines(console: &str) -> (Option<Vec<u64>>, Vec<String>) {
 
 /// One run's console → [`Sample`]. Fails only when fio's figures are
 /// missing or unreadable.
-pub fn parse_console(console: &str) -> Result<Sample, String> {
+pub fn parse_console(console: &str) -> anyhow::Result<Sample> {
     let fio = parse_fio_json(&extract_fio_json(console)?)?;
     let (stats, stats_error) = match parse_text(console) {
         Ok(s) => (s, None),
@@ -307,31 +308,31 @@ pub const MIN_DOMU_HOG_SHARE: f64 = 0.2;
 /// off (`dom1.stopped=0`), and the hypervisor charged it at least
 /// [`MIN_DOMU_HOG_SHARE`] of the pCPU ([`hog_share`]). Returns that share,
 /// or why the run is a failed case.
-pub fn check_domu_hog(console: &str, s: &Sample) -> Result<f64, String> {
+pub fn check_domu_hog(console: &str, s: &Sample) -> anyhow::Result<f64> {
     let lines: Vec<&str> = console.lines().map(str::trim).collect();
     let hog = lines.iter().position(|l| domu_line(l) == Some(1) && l.ends_with(HOG_MARK));
     let start = lines.iter().position(|l| domu_line(l).is_none() && l.contains(FIO_START_MARK));
     let Some(hog) = hog else {
-        return Err(format!("the DomU's hog never started (no `(d1) {HOG_MARK}` on the console: did d1 boot?)"));
+        bail!("the DomU's hog never started (no `(d1) {HOG_MARK}` on the console: did d1 boot?)");
     };
     let Some(start) = start else {
-        return Err(format!("Dom0 never printed {FIO_START_MARK}"));
+        bail!("Dom0 never printed {FIO_START_MARK}");
     };
     if hog > start {
-        return Err("the DomU's hog started after fio: fio did not share its pCPU all along".into());
+        bail!("the DomU's hog started after fio: fio did not share its pCPU all along");
     }
     match lines.iter().find_map(|l| l.strip_prefix("dom1.stopped=")) {
         Some("0") => {}
-        Some(_) => return Err("d1 stopped before Dom0 powered off: its hog did not run to the end".into()),
-        None => return Err("no dom1 stats on the console (d1 did not exist?)".into()),
+        Some(_) => bail!("d1 stopped before Dom0 powered off: its hog did not run to the end"),
+        None => bail!("no dom1 stats on the console (d1 did not exist?)"),
     }
-    let share = hog_share(Topology::OneP1VD1, s).ok_or("no run time for d1's or Dom0's vCPUs in the stats")?;
+    let share = hog_share(Topology::OneP1VD1, s).context("no run time for d1's or Dom0's vCPUs in the stats")?;
     if share < MIN_DOMU_HOG_SHARE {
-        return Err(format!(
+        bail!(
             "the DomU's hog got {:.1} % of the pCPU (< {:.0} %): it did not run",
             share * 100.0,
             MIN_DOMU_HOG_SHARE * 100.0
-        ));
+        );
     }
     Ok(share)
 }

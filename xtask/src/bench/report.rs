@@ -11,6 +11,7 @@
 
 use super::aggregate::{summarize, Summary};
 use super::{svg, CaseResult, Clock, Delivery, Disk, Idle, Irq, Sched, Topology};
+use anyhow::Context;
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -929,14 +930,14 @@ pub struct ReportFiles {
 /// Writes `report.md`, `results.json` and `latency.svg` into `dir`
 /// (created if missing).
 pub fn write_report(dir: &Path, results: &[CaseResult]) -> crate::Result<ReportFiles> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    std::fs::create_dir_all(dir).with_context(|| dir.display().to_string())?;
     let summaries: Vec<Summary> = results.iter().filter_map(summarize).collect();
     let files = ReportFiles {
         report_md: dir.join("report.md"),
         results_json: dir.join("results.json"),
         latency_svg: dir.join("latency.svg"),
     };
-    let write = |p: &Path, s: String| std::fs::write(p, s).map_err(|e| format!("{}: {e}", p.display()));
+    let write = |p: &Path, s: String| std::fs::write(p, s).with_context(|| p.display().to_string());
     write(&files.report_md, render_report(results))?;
     write(&files.results_json, results_json(&summaries))?;
     write(&files.latency_svg, svg::latency_plot(&summaries))?;

@@ -10,6 +10,7 @@ use super::{check_failures, last_console_line, parse::check_domu_hog, platform_o
 use super::{disk_matrix, matrix, parse_console, quick_matrix_on, run_options, write_report, Case, CaseResult, Disk};
 use crate::platform::PlatformKind;
 use crate::Result;
+use anyhow::{anyhow, bail};
 
 /// What one `cargo xtask bench wakeup` runs, as plain values: the command
 /// line's `bench wakeup` options (`BenchWakeupArgs::options` in
@@ -43,7 +44,7 @@ pub fn cases(args: &WakeupOptions) -> Result<Vec<Case>> {
     match args.platform {
         PlatformKind::Graviton if args.disk.is_empty() => Ok(quick_matrix_on(&[Disk::Nvme])),
         PlatformKind::Graviton => Ok(quick_matrix_on(&args.disk)),
-        PlatformKind::FvpBaseRevc => Err("bench wakeup runs on QEMU: --platform qemu-virt or graviton".into()),
+        PlatformKind::FvpBaseRevc => Err(anyhow!("bench wakeup runs on QEMU: --platform qemu-virt or graviton")),
         PlatformKind::QemuVirt if args.disk.is_empty() => Ok(matrix(args.full, args.quick)),
         PlatformKind::QemuVirt => Ok(disk_matrix(&args.disk, &args.gic)),
     }
@@ -57,7 +58,7 @@ pub fn wakeup(args: &WakeupOptions) -> Result<()> {
         .filter(|c| only.as_ref().is_none_or(|s| c.label().contains(s.as_str()) || c.to_string().contains(s.as_str())))
         .collect();
     if cases.is_empty() {
-        return Err("no case matches".into());
+        bail!("no case matches");
     }
     let mut progress = Progress::new(cases.len());
     let mut results = Vec::new();
@@ -105,18 +106,18 @@ pub fn wakeup(args: &WakeupOptions) -> Result<()> {
                     Err(e) => {
                         let tail: Vec<&str> = run.console.lines().rev().take(15).collect();
                         eprintln!(
-                            "  repeat {}: {e}; console tail:\n{}",
+                            "  repeat {}: {e:#}; console tail:\n{}",
                             rep + 1,
                             tail.into_iter().rev().collect::<Vec<_>>().join("\n")
                         );
                         r.errors.push(format!(
-                            "repeat {}: {e}; last console line: {}",
+                            "repeat {}: {e:#}; last console line: {}",
                             rep + 1,
                             last_console_line(&run.console)
                         ));
                     }
                 },
-                Err(e) => r.errors.push(format!("repeat {}: {e}", rep + 1)),
+                Err(e) => r.errors.push(format!("repeat {}: {e:#}", rep + 1)),
             }
         }
         results.push(r);
@@ -138,7 +139,7 @@ fn keep_console(case: &Case, rep: u32, console: &str) {
     match super::timer::render_dumps(console) {
         Ok(Some(t)) => out = out.and_then(|_| std::fs::write(dir.join(format!("{name}.trace.txt")), t)),
         Ok(None) => {}
-        Err(e) => eprintln!("  flight-recorder dumps: {e}"),
+        Err(e) => eprintln!("  flight-recorder dumps: {e:#}"),
     }
     if let Err(e) = out {
         eprintln!("  keeping the console of {name}: {e}");

@@ -12,6 +12,7 @@
 
 use crate::run::qemu::RunOptions;
 use crate::Result;
+use anyhow::{anyhow, bail, Context};
 use std::fmt::Write as _;
 use std::time::Duration;
 
@@ -134,9 +135,9 @@ pub fn hypervisor_args(c: &TimerCase) -> String {
 /// percentiles come from the guest's `# Percentiles:` line, or else from
 /// `H <µs> <count>` histogram lines.
 pub fn parse(console: &str) -> Result<CyclicResult> {
-    let start = console.rfind(BEGIN).ok_or("no cyclictest output")?;
+    let start = console.rfind(BEGIN).context("no cyclictest output")?;
     let block = &console[start..];
-    let block = &block[..block.find(END).ok_or("cyclictest output not terminated")?];
+    let block = &block[..block.find(END).context("cyclictest output not terminated")?];
     let field = |name: &str| -> Option<u64> {
         block.lines().find_map(|l| l.trim().strip_prefix(name).and_then(|v| v.trim().parse().ok()))
     };
@@ -146,10 +147,10 @@ pub fn parse(console: &str) -> Result<CyclicResult> {
         let mut w = l.split_ascii_whitespace().map(|x| x.parse::<u64>());
         match (w.next(), w.next()) {
             (Some(Ok(us)), Some(Ok(n))) => hist.push((us, n)),
-            _ => return Err(format!("bad histogram line {l:?}")),
+            _ => bail!("bad histogram line {l:?}"),
         }
     }
-    let max_us = field("# Max Latencies:").ok_or("no max")?;
+    let max_us = field("# Max Latencies:").context("no max")?;
     let p = |num, den| percentile(&hist, overflows, max_us, num, den).unwrap_or(0);
     let guest: Option<Vec<u64>> = block
         .lines()
@@ -157,8 +158,8 @@ pub fn parse(console: &str) -> Result<CyclicResult> {
         .map(|v| v.split_ascii_whitespace().filter_map(|x| x.parse().ok()).collect());
     let (p99_us, p999_us, p9999_us) = match guest.as_deref() {
         Some(&[a, b, c]) => (a, b, c),
-        Some(_) => return Err("bad percentiles line".into()),
-        None if hist.is_empty() => return Err("no percentiles".into()),
+        Some(_) => bail!("bad percentiles line"),
+        None if hist.is_empty() => bail!("no percentiles"),
         None => (p(99, 100), p(999, 1000), p(9999, 10000)),
     };
     let over_100us = match field("# Over100:") {
@@ -167,9 +168,9 @@ pub fn parse(console: &str) -> Result<CyclicResult> {
     };
     Ok(CyclicResult {
         // cyclictest's histogram total leaves out the samples beyond it.
-        samples: field("# Total:").ok_or("no total")? + overflows,
-        min_us: field("# Min Latencies:").ok_or("no min")?,
-        avg_us: field("# Avg Latencies:").ok_or("no avg")?,
+        samples: field("# Total:").context("no total")? + overflows,
+        min_us: field("# Min Latencies:").context("no min")?,
+        avg_us: field("# Avg Latencies:").context("no avg")?,
         p99_us,
         p999_us,
         p9999_us,
@@ -180,7 +181,7 @@ pub fn parse(console: &str) -> Result<CyclicResult> {
 
 /// One case's outcome: the result, and the file holding its flight-recorder
 /// dumps (worst first) if the hypervisor made any.
-pub type CaseOutcome = (TimerCase, std::result::Result<CyclicResult, String>, Option<String>);
+pub type CaseOutcome = (TimerCase, Result<CyclicResult>, Option<String>);
 
 pub fn render(results: &[CaseOutcome]) -> String {
     let mut s = String::from(
@@ -208,7 +209,7 @@ pub fn render(results: &[CaseOutcome]) -> String {
                 );
             }
             Err(e) => {
-                let _ = writeln!(s, "| {} | failed: {e} | | | | | | | | {trace} |", c.label());
+                let _ = writeln!(s, "| {} | failed: {e:#} | | | | | | | | {trace} |", c.label());
             }
         }
     }
@@ -216,8 +217,8 @@ pub fn render(results: &[CaseOutcome]) -> String {
 }
 
 /// The case's flight-recorder dumps as timelines, the worst outlier first.
-pub fn render_dumps(console: &str) -> std::result::Result<Option<String>, String> {
-    let mut dumps = crate::trace::parse_dumps(console).map_err(|e| e.to_string())?;
+pub fn render_dumps(console: &str) -> Result<Option<String>> {
+    let mut dumps = crate::trace::parse_dumps(console)?;
     if dumps.is_empty() {
         return Ok(None);
     }
@@ -266,7 +267,7 @@ pub fn run(args: &TimerOptions) -> Result<()> {
     let cases: Vec<TimerCase> =
         cases().into_iter().filter(|c| args.only.as_ref().is_none_or(|o| c.label().contains(o.as_str()))).collect();
     let dir = crate::root().join("target").join("bench").join("timer");
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(&dir).with_context(|| dir.display().to_string())?;
     let mut progress = super::Progress::new(cases.len());
     let mut results = Vec::new();
     for c in cases {
@@ -296,39 +297,43 @@ pub fn run(args: &TimerOptions) -> Result<()> {
         let mut trace = None;
         if let Ok(run) = &run {
             let name = slug(&c.label());
-            std::fs::write(dir.join(format!("{name}.console.txt")), &run.console).map_err(|e| e.to_string())?;
+            std::fs::write(dir.join(format!("{name}.console.txt")), &run.console)
+                .with_context(|| dir.join(format!("{name}.console.txt")).display().to_string())?;
             match render_dumps(&run.console) {
                 Ok(Some(t)) => {
                     let f = format!("{name}.trace.txt");
-                    std::fs::write(dir.join(&f), t).map_err(|e| e.to_string())?;
+                    std::fs::write(dir.join(&f), t).with_context(|| dir.join(&f).display().to_string())?;
                     trace = Some(f);
                 }
                 Ok(None) => {}
-                Err(e) => eprintln!("  flight-recorder dumps: {e}"),
+                Err(e) => eprintln!("  flight-recorder dumps: {e:#}"),
             }
         }
         let r = run.and_then(|run| {
             if run.timed_out {
-                return Err(format!("QEMU timed out; last console line: {}", super::last_console_line(&run.console)));
+                bail!("QEMU timed out; last console line: {}", super::last_console_line(&run.console));
             }
             parse(&run.console)
-                .map_err(|e| format!("{e}; last console line: {}", super::last_console_line(&run.console)))
+                .map_err(|e| anyhow!("{e:#}; last console line: {}", super::last_console_line(&run.console)))
         });
         match &r {
             Ok(r) => eprintln!(
                 "  min {} avg {} p99 {} p99.9 {} p99.99 {} max {} us, {} samples over 100 us",
                 r.min_us, r.avg_us, r.p99_us, r.p999_us, r.p9999_us, r.max_us, r.over_100us
             ),
-            Err(e) => eprintln!("  failed: {e}"),
+            Err(e) => eprintln!("  failed: {e:#}"),
         }
         results.push((c, r, trace));
     }
     let report = render(&results);
-    std::fs::write(dir.join("report.md"), &report).map_err(|e| e.to_string())?;
-    std::fs::write(dir.join("results.json"), results_json(&results)).map_err(|e| e.to_string())?;
+    std::fs::write(dir.join("report.md"), &report).with_context(|| dir.join("report.md").display().to_string())?;
+    std::fs::write(dir.join("results.json"), results_json(&results))
+        .with_context(|| dir.join("results.json").display().to_string())?;
     println!("{report}");
     eprintln!("wrote {}", dir.join("report.md").display());
-    super::check_failures(results.iter().filter_map(|(c, r, _)| r.as_ref().err().map(|e| (c.label(), e.as_str()))))
+    super::check_failures(
+        results.iter().filter_map(|(c, r, _)| r.as_ref().err().map(|e| (c.label(), format!("{e:#}")))),
+    )
 }
 
 #[cfg(test)]
@@ -415,7 +420,7 @@ mod tests {
         assert_eq!(c.len(), 6);
         assert!(c.iter().any(|c| c.slop_ns == 50_000 && c.interval_us == 50));
         assert!(hypervisor_args(&c[1]).contains("timer_slop_ns=50000"));
-        let results = vec![(c[0], parse(CONSOLE), Some("x.trace.txt".into())), (c[1], Err("boom".to_string()), None)];
+        let results = vec![(c[0], parse(CONSOLE), Some("x.trace.txt".into())), (c[1], Err(anyhow!("boom")), None)];
         let md = render(&results);
         assert!(
             md.contains("| 1p2v wake-preempt -i50 timer_slop_ns=0 | 3002 | 4 | 13 | 90 | 9000 | 12500 | 12500 | 12 | [worst dump](x.trace.txt) |"),

@@ -3,6 +3,7 @@
 //! guest-images/out (cloud) and guest-images/out-generic (generic).
 
 use crate::{root, Result};
+use anyhow::{bail, Context};
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -60,9 +61,9 @@ pub fn guest_flavour(flavour: Flavour) -> Result<GuestImage> {
         .arg(&out)
         .arg(flavour.as_str())
         .status()
-        .map_err(|e| format!("guest-images/build.sh: {e}"))?;
+        .context("guest-images/build.sh")?;
     if !st.success() {
-        return Err(format!("guest-images/build.sh ({} kernel) failed", flavour.as_str()));
+        bail!("guest-images/build.sh ({} kernel) failed", flavour.as_str());
     }
     Ok(GuestImage { kernel: out.join("Image"), initrd: out.join("initramfs.cpio"), perf: out.join("perf.cpio") })
 }

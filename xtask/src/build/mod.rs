@@ -7,6 +7,7 @@
 pub mod image;
 
 use crate::{root, Result};
+use anyhow::{anyhow, bail, Context};
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -30,16 +31,16 @@ pub fn hypervisor(platform: &str) -> Result<PathBuf> {
             crate::setup::TARGET,
         ])
         .status()
-        .map_err(|e| format!("cargo: {e}"))?;
+        .context("cargo")?;
     if !st.success() {
-        return Err("building the hypervisor failed".into());
+        bail!("building the hypervisor failed");
     }
     let elf = target_dir.join(crate::setup::TARGET).join("release").join("hypervisor");
     let bin = crate::out_dir().join(format!("hypervisor-{platform}.bin"));
-    std::fs::create_dir_all(crate::out_dir()).map_err(|e| e.to_string())?;
-    let data = std::fs::read(&elf).map_err(|e| format!("{}: {e}", elf.display()))?;
+    std::fs::create_dir_all(crate::out_dir()).with_context(|| crate::out_dir().display().to_string())?;
+    let data = std::fs::read(&elf).with_context(|| elf.display().to_string())?;
     let flat = pe_pad(elf_to_flat(&data)?)?;
-    std::fs::write(&bin, flat).map_err(|e| e.to_string())?;
+    std::fs::write(&bin, flat).with_context(|| bin.display().to_string())?;
     Ok(bin)
 }
 
@@ -48,9 +49,9 @@ pub fn hypervisor(platform: &str) -> Result<PathBuf> {
 pub fn conformance() -> Result<PathBuf> {
     let elf = cargo_build_conformance(&root().join("target").join("hv"), None)?;
     let bin = crate::out_dir().join("conformance.bin");
-    std::fs::create_dir_all(crate::out_dir()).map_err(|e| e.to_string())?;
-    let data = std::fs::read(&elf).map_err(|e| format!("{}: {e}", elf.display()))?;
-    std::fs::write(&bin, elf_to_flat(&data)?).map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(crate::out_dir()).with_context(|| crate::out_dir().display().to_string())?;
+    let data = std::fs::read(&elf).with_context(|| elf.display().to_string())?;
+    std::fs::write(&bin, elf_to_flat(&data)?).with_context(|| bin.display().to_string())?;
     Ok(bin)
 }
 
@@ -63,15 +64,15 @@ pub fn conformance() -> Result<PathBuf> {
 /// `base`, entered there.
 pub fn conformance_elf(base: u64) -> Result<PathBuf> {
     let elf = cargo_build_conformance(&root().join("target").join(format!("hv-conformance-{base:x}")), Some(base))?;
-    let data = std::fs::read(&elf).map_err(|e| format!("{}: {e}", elf.display()))?;
+    let data = std::fs::read(&elf).with_context(|| elf.display().to_string())?;
     match hypervisor::boot::image::read_kernel(&data, None) {
         Ok(hypervisor::boot::image::KernelLoad::Fixed(f))
             if f.entry == base && f.pieces.iter().all(|p| p.at.base >= base) => {}
-        other => return Err(format!("{}: not an ELF kernel at {base:#x}: {other:x?}", elf.display())),
+        other => bail!("{}: not an ELF kernel at {base:#x}: {other:x?}", elf.display()),
     }
     let out = crate::out_dir().join(format!("conformance-{base:x}.elf"));
-    std::fs::create_dir_all(crate::out_dir()).map_err(|e| e.to_string())?;
-    std::fs::copy(&elf, &out).map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(crate::out_dir()).with_context(|| crate::out_dir().display().to_string())?;
+    std::fs::copy(&elf, &out).with_context(|| format!("copying {} to {}", elf.display(), out.display()))?;
     Ok(out)
 }
 
@@ -88,9 +89,9 @@ fn cargo_build_conformance(target_dir: &std::path::Path, link_base: Option<u64>)
     let st = cmd
         .args(["build", "--quiet", "--release", "-p", "conformance", "--target", crate::setup::TARGET])
         .status()
-        .map_err(|e| format!("cargo: {e}"))?;
+        .context("cargo")?;
     if !st.success() {
-        return Err("building the conformance guest failed".into());
+        bail!("building the conformance guest failed");
     }
     Ok(target_dir.join(crate::setup::TARGET).join("release").join("conformance"))
 }
@@ -105,7 +106,7 @@ pub fn elf_to_flat(elf: &[u8]) -> Result<Vec<u8>> {
     let u32_at = |o: usize| u32::from_le_bytes(elf[o..o + 4].try_into().unwrap());
     let u64_at = |o: usize| u64::from_le_bytes(elf[o..o + 8].try_into().unwrap());
     if elf.len() < 64 || &elf[0..4] != b"\x7fELF" || elf[4] != 2 || elf[5] != 1 {
-        return Err("not a little-endian ELF64 file".into());
+        bail!("not a little-endian ELF64 file");
     }
     let phoff = u64_at(0x20) as usize;
     let phentsize = u16_at(0x36) as usize;
@@ -117,12 +118,12 @@ pub fn elf_to_flat(elf: &[u8]) -> Result<Vec<u8>> {
     for i in 0..phnum {
         let p = phoff + i * phentsize;
         if p + 56 > elf.len() {
-            return Err("truncated program headers".into());
+            bail!("truncated program headers");
         }
         let (off, vaddr, paddr, filesz) =
             (u64_at(p + 8) as usize, u64_at(p + 16), u64_at(p + 24), u64_at(p + 32) as usize);
         if off.checked_add(filesz).is_none_or(|e| e > elf.len()) {
-            return Err("a segment lies outside the file".into());
+            bail!("a segment lies outside the file");
         }
         match u32_at(p) {
             1 => loads.push((vaddr, off, filesz, u32_at(p + 4) & 1 != 0)),
@@ -136,7 +137,7 @@ pub fn elf_to_flat(elf: &[u8]) -> Result<Vec<u8>> {
     if let Some((off, size)) = dynamic {
         check_relocations(elf, &elf[off..off + size], &loads)?;
     }
-    let base = segs.iter().map(|s| s.0).min().ok_or("no loadable segments")?;
+    let base = segs.iter().map(|s| s.0).min().context("no loadable segments")?;
     let end = segs.iter().map(|s| s.0 + s.1.len() as u64).max().unwrap();
     let mut out = vec![0u8; (end - base) as usize];
     for (addr, bytes) in segs {
@@ -144,7 +145,7 @@ pub fn elf_to_flat(elf: &[u8]) -> Result<Vec<u8>> {
         out[o..o + bytes.len()].copy_from_slice(bytes);
     }
     if out.len() < 64 || &out[0x38..0x3c] != b"ARM\x64" {
-        return Err("the image lacks the arm64 Image header".into());
+        bail!("the image lacks the arm64 Image header");
     }
     Ok(out)
 }
@@ -158,7 +159,7 @@ pub fn elf_to_flat(elf: &[u8]) -> Result<Vec<u8>> {
 pub fn pe_pad(mut flat: Vec<u8>) -> Result<Vec<u8>> {
     let u16_at = |b: &[u8], o: usize| b.get(o..o + 2).map(|s| u16::from_le_bytes(s.try_into().unwrap()));
     let u32_at = |b: &[u8], o: usize| b.get(o..o + 4).map(|s| u32::from_le_bytes(s.try_into().unwrap()));
-    let bad = |what: &str| format!("PE/COFF header: {what}");
+    let bad = |what: &str| anyhow!("PE/COFF header: {what}");
     if flat.get(0..2) != Some(b"MZ") {
         return Err(bad("no MZ signature at offset 0"));
     }
@@ -227,27 +228,27 @@ fn check_relocations(elf: &[u8], dynamic: &[u8], loads: &[(u64, usize, usize, bo
             9 => relaent = u64_at(e, 8),
             // DT_REL, DT_JMPREL, DT_RELR: nothing applies them. (DT_TEXTREL
             // is expected: `-z notext` lets .rodata be patched.)
-            17 | 23 | 36 => return Err(format!("unsupported dynamic tag {}", u64_at(e, 0))),
+            17 | 23 | 36 => bail!("unsupported dynamic tag {}", u64_at(e, 0)),
             _ => {}
         }
     }
     let Some(rela) = rela else { return Ok(()) };
     if relaent != 24 {
-        return Err(format!("unexpected RELA entry size {relaent}"));
+        bail!("unexpected RELA entry size {relaent}");
     }
-    let (off, exec) = find(rela, relasz).ok_or("the relocation table is not in the image")?;
+    let (off, exec) = find(rela, relasz).context("the relocation table is not in the image")?;
     if exec {
-        return Err("the relocation table is in the code segment".into());
+        bail!("the relocation table is in the code segment");
     }
     for r in elf[off..off + relasz as usize].chunks_exact(24) {
         let (place, info) = (u64_at(r, 0), u64_at(r, 8));
         if info != R_AARCH64_RELATIVE {
-            return Err(format!("relocation at {place:#x}: type {info:#x} (only R_AARCH64_RELATIVE is applied)"));
+            bail!("relocation at {place:#x}: type {info:#x} (only R_AARCH64_RELATIVE is applied)");
         }
         match find(place, 8) {
-            None => return Err(format!("relocation at {place:#x} outside the image's loaded data")),
-            Some((_, true)) => return Err(format!("relocation at {place:#x} patches code")),
-            Some(_) if place % 8 != 0 => return Err(format!("relocation at {place:#x} is misaligned")),
+            None => bail!("relocation at {place:#x} outside the image's loaded data"),
+            Some((_, true)) => bail!("relocation at {place:#x} patches code"),
+            Some(_) if place % 8 != 0 => bail!("relocation at {place:#x} is misaligned"),
             Some(_) => {}
         }
     }
@@ -298,18 +299,18 @@ mod tests {
     fn refuses_broken_headers() {
         let mut b = image();
         b[0] = b'X';
-        assert!(pe_pad(b).unwrap_err().contains("MZ"));
+        assert!(pe_pad(b).unwrap_err().to_string().contains("MZ"));
         let mut b = image();
         b.resize(0x3000, 1);
-        assert!(pe_pad(b).unwrap_err().contains("beyond"));
+        assert!(pe_pad(b).unwrap_err().to_string().contains("beyond"));
         let mut b = image();
         b[0x58 + 16..0x58 + 20].copy_from_slice(&0x2100u32.to_le_bytes());
-        assert!(pe_pad(b).unwrap_err().contains("entry point"));
+        assert!(pe_pad(b).unwrap_err().to_string().contains("entry point"));
         let mut b = image();
         b[0x58 + 160 + 40 + 16..0x58 + 160 + 40 + 20].copy_from_slice(&0x3000u32.to_le_bytes());
-        assert!(pe_pad(b).unwrap_err().contains("does not fit"));
+        assert!(pe_pad(b).unwrap_err().to_string().contains("does not fit"));
         let mut b = image();
         b[0x58 + 68] = 3;
-        assert!(pe_pad(b).unwrap_err().contains("EFI application"));
+        assert!(pe_pad(b).unwrap_err().to_string().contains("EFI application"));
     }
 }

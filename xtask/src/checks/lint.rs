@@ -5,6 +5,7 @@
 //! is a stub); and rustdoc's warnings (broken links, stray HTML) as errors.
 
 use crate::setup::TARGET;
+use anyhow::{anyhow, Context};
 use std::process::Command;
 
 /// Each lint: a name for the summary and its `cargo` arguments.
@@ -54,11 +55,11 @@ pub fn ensure_components() -> crate::Result<()> {
         .args(["component", "add", "clippy", "rustfmt"])
         .stderr(std::process::Stdio::null())
         .status()
-        .map_err(|e| format!("rustup: {e}"))?;
+        .context("rustup")?;
     if st.success() {
         Ok(())
     } else {
-        Err("`rustup component add clippy rustfmt` failed".into())
+        Err(anyhow!("`rustup component add clippy rustfmt` failed"))
     }
 }
 

@@ -37,7 +37,7 @@ fn words(line: &str) -> Vec<String> {
 }
 
 /// Parses `cargo xtask <line>`.
-fn parse(line: &str) -> Result<Cli, clap::Error> {
+fn parse(line: &str) -> std::result::Result<Cli, clap::Error> {
     let mut argv = vec!["cargo-xtask".to_string()];
     argv.extend(words(line));
     Cli::try_parse_from(argv)
@@ -65,7 +65,7 @@ fn run_args(line: &str) -> RunArgs {
 }
 
 /// `RunArgs::run_options` with a fixed image path for the QEMU disk.
-fn run_options(line: &str) -> Result<RunOptions, String> {
+fn run_options(line: &str) -> Result<RunOptions> {
     run_args(line).run_options(|| Ok(PathBuf::from("/scratch/disk.img")))
 }
 
@@ -184,7 +184,7 @@ fn run_kernel_flavour_picks_the_guest_image() {
     assert!(e.contains("[possible values: cloud, generic]"), "{e}");
     // Your own kernel has no flavour: the built image's would be ignored.
     assert_eq!(
-        run_args("run --kernel K --kernel-flavour generic").check().unwrap_err(),
+        run_args("run --kernel K --kernel-flavour generic").check().unwrap_err().to_string(),
         "--kernel-flavour picks the built guest image's kernel; not with --kernel"
     );
     assert!(run_args("run --kernel K --kernel-flavour cloud").check().is_ok());
@@ -214,7 +214,8 @@ fn run_disk_options_become_boot_arguments() {
     // Only the QEMU-device kinds make a disk image.
     let o = run_args("run --disk ram").run_options(|| panic!("no image for the RAM disk")).unwrap();
     assert!(o.extra.is_empty());
-    let e = run_args("run --disk backend").run_options(|| Err(std::io::Error::other("full"))).unwrap_err();
+    let e =
+        format!("{:#}", run_args("run --disk backend").run_options(|| Err(std::io::Error::other("full"))).unwrap_err());
     assert_eq!(e, "disk image: full");
 }
 
@@ -230,17 +231,24 @@ fn run_domu_options() {
         ["run --domu-cmd true", "run --domu-mem 512M", "run --domu-vcpus 2", "run --domu-weight 5", "run --domu-cap 5"]
     {
         assert_eq!(
-            run_args(line).check().unwrap_err(),
+            run_args(line).check().unwrap_err().to_string(),
             "--domu-cmd, --domu-mem, --domu-vcpus, --domu-weight and --domu-cap go with --domu N"
         );
     }
     // Weights and caps: one per DomU, in order, or one for all.
     let d = run_options("run --domu 3 --domu-weight 512,256,128 --domu-cap 25").unwrap().domus.unwrap();
     assert_eq!((d.weights, d.caps), (vec![512, 256, 128], vec![25]));
-    assert!(run_args("run --domu 3 --domu-weight 1,2").check().unwrap_err().starts_with("--domu-weight: 2 values"));
+    assert!(run_args("run --domu 3 --domu-weight 1,2")
+        .check()
+        .unwrap_err()
+        .to_string()
+        .starts_with("--domu-weight: 2 values"));
     assert!(err("run --domu 1 --domu-cap x").to_string().contains("--domu-cap"));
     for line in ["run --domu 1 --firmware uefi", "run --domu 1 --platform fvp"] {
-        assert!(run_args(line).check().unwrap_err().starts_with("--domu is for QEMU with a device tree"), "{line}");
+        assert!(
+            run_args(line).check().unwrap_err().to_string().starts_with("--domu is for QEMU with a device tree"),
+            "{line}"
+        );
     }
     assert!(run_args("run --domu 1 --firmware tf-a").check().is_ok());
     assert!(err("run --domu 1 --domu-mem 64M").to_string().contains("must be at least 128M"));
@@ -263,8 +271,8 @@ fn run_rejects_bad_values() {
     assert_eq!(err("run extra").kind(), ErrorKind::UnknownArgument);
     // The RAM disk's service time needs the RAM disk.
     for line in ["run --disk-latency-us 5", "run --disk backend --disk-latency-us 5"] {
-        assert_eq!(run_args(line).check().unwrap_err(), "--disk-latency-us goes with --disk ram");
-        assert_eq!(run_options(line).unwrap_err(), "--disk-latency-us goes with --disk ram");
+        assert_eq!(run_args(line).check().unwrap_err().to_string(), "--disk-latency-us goes with --disk ram");
+        assert_eq!(run_options(line).unwrap_err().to_string(), "--disk-latency-us goes with --disk ram");
     }
     assert!(run_args("run --disk ram --disk-latency-us 5").check().is_ok());
     // The UEFI path boots Dom0 (with ACPI): it takes a command.
@@ -293,7 +301,7 @@ fn graviton_platform_is_uefi_neoverse_and_nvme() {
     assert_eq!(run_options("run --platform graviton --disk none").unwrap().hv_args, "dom0_disk=none");
     // UEFI only; EDK2 loads the image where it likes.
     assert!(run_args("run --platform graviton --firmware uefi").check().is_ok());
-    let e = run_args("run --platform graviton --firmware tf-a").check().unwrap_err();
+    let e = format!("{:#}", run_args("run --platform graviton --firmware tf-a").check().unwrap_err());
     assert!(e.contains("boots through UEFI"), "{e}");
     assert!(run_args("run --platform graviton --hv-addr 0x48000000").check().is_err());
     assert!(run_args("run --platform graviton --dry-run").check().is_err());

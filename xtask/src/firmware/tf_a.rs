@@ -21,6 +21,7 @@
 //! the file with `-dtb`.
 
 use crate::Result;
+use anyhow::{anyhow, bail, Context};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -81,7 +82,7 @@ pub fn build_key(src: &str, gic: u8) -> String {
 /// The flash image: `bl1` at 0 and `fip` at 256 KiB.
 pub fn flash_image(bl1: &[u8], fip: &[u8]) -> Result<Vec<u8>> {
     if bl1.len() > FIP_OFFSET {
-        return Err(format!("bl1.bin is {} bytes, more than the {FIP_OFFSET} before the FIP", bl1.len()));
+        bail!("bl1.bin is {} bytes, more than the {FIP_OFFSET} before the FIP", bl1.len());
     }
     let mut f = bl1.to_vec();
     f.resize(FIP_OFFSET, 0);
@@ -108,11 +109,11 @@ pub fn ensure_tools() -> Result<PathBuf> {
         missing.push("libssl-dev");
     }
     if !missing.is_empty() {
-        return Err(format!(
+        bail!(
             "building TF-A needs host tools this machine lacks: Debian packages {} (ask whoever administers \
              the machine to install them; the rest of the project runs without them)",
             missing.join(" ")
-        ));
+        );
     }
     crate::toolchain::tfa_tools()
 }
@@ -126,14 +127,14 @@ fn apt_opts(dir: &Path) -> Vec<String> {
 }
 
 fn run_logged(cmd: &mut Command, what: &str, log: &Path) -> Result<()> {
-    let f = std::fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
-    let f2 = f.try_clone().map_err(|e| e.to_string())?;
-    let st = cmd.stdin(Stdio::null()).stdout(f).stderr(f2).status().map_err(|e| format!("{what}: {e}"))?;
+    let f = std::fs::File::create(log).with_context(|| log.display().to_string())?;
+    let f2 = f.try_clone()?;
+    let st = cmd.stdin(Stdio::null()).stdout(f).stderr(f2).status().with_context(|| what.to_string())?;
     if st.success() {
         return Ok(());
     }
     let out = std::fs::read_to_string(log).unwrap_or_default();
-    Err(format!("{what} failed (log {}):\n{}", log.display(), tail(&out, 30)))
+    Err(anyhow!("{what} failed (log {}):\n{}", log.display(), tail(&out, 30)))
 }
 
 fn tail(s: &str, n: usize) -> String {
@@ -154,7 +155,7 @@ fn source_tree(cache: &Path) -> Result<PathBuf> {
         &apt,
         &format!("deb-src [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] {mirror} bookworm main\n"),
     )?;
-    std::fs::write(apt.join("status"), "").map_err(|e| e.to_string())?;
+    std::fs::write(apt.join("status"), "").with_context(|| apt.join("status").display().to_string())?;
     let opts = apt_opts(&apt);
     eprintln!("xtask: downloading Debian's {SOURCE_PACKAGE} source package into {}", src.display());
     let start = std::time::Instant::now();
@@ -163,16 +164,16 @@ fn source_tree(cache: &Path) -> Result<PathBuf> {
     // leaves no half tree behind.
     let tmp = cache.join(format!("src.tmp{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(&tmp).map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(&tmp).with_context(|| tmp.display().to_string())?;
     run_logged(
         Command::new("apt-get").current_dir(&tmp).args(&opts).args(["-q", "source", "--only-source", SOURCE_PACKAGE]),
         "apt-get source",
         &cache.join("source.log"),
     )?;
     let _ = std::fs::remove_dir_all(&src);
-    std::fs::rename(&tmp, &src).map_err(|e| e.to_string())?;
+    std::fs::rename(&tmp, &src).with_context(|| format!("renaming {} to {}", tmp.display(), src.display()))?;
     eprintln!("xtask: downloaded and unpacked in {:.0} s", start.elapsed().as_secs_f64());
-    find_tree(&src).ok_or_else(|| format!("apt-get source left no {SOURCE_PACKAGE}-* directory in {}", src.display()))
+    find_tree(&src).ok_or_else(|| anyhow!("apt-get source left no {SOURCE_PACKAGE}-* directory in {}", src.display()))
 }
 
 fn find_tree(src: &Path) -> Option<PathBuf> {
@@ -188,7 +189,7 @@ fn find_tree(src: &Path) -> Option<PathBuf> {
 /// cached. Installs the tools and downloads the source when needed.
 pub fn tf_a(gic: u8) -> Result<PathBuf> {
     let cache = cache_dir();
-    std::fs::create_dir_all(&cache).map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(&cache).with_context(|| cache.display().to_string())?;
     // fdtput is needed by every run; a cached image needs no network.
     let tools = ensure_tools()?;
     if let Some(tree) = find_tree(&cache.join("src")) {
@@ -201,7 +202,7 @@ pub fn tf_a(gic: u8) -> Result<PathBuf> {
     let dir = cache.join(build_key(&tree_name(&tree), gic));
     let flash = dir.join("flash.bin");
     let build = dir.join("build");
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(&dir).with_context(|| dir.display().to_string())?;
     eprintln!("xtask: building TF-A ({}) for gic-version={gic} in {}", tree_name(&tree), dir.display());
     let start = std::time::Instant::now();
     let jobs = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
@@ -216,11 +217,11 @@ pub fn tf_a(gic: u8) -> Result<PathBuf> {
         &dir.join("build.log"),
     )?;
     let out = build.join("qemu").join("release");
-    let read = |f: &str| std::fs::read(out.join(f)).map_err(|e| format!("{}: {e}", out.join(f).display()));
+    let read = |f: &str| std::fs::read(out.join(f)).with_context(|| out.join(f).display().to_string());
     let image = flash_image(&read("bl1.bin")?, &read("fip.bin")?)?;
     let tmp = dir.join("flash.bin.tmp");
-    std::fs::write(&tmp, image).map_err(|e| e.to_string())?;
-    std::fs::rename(&tmp, &flash).map_err(|e| e.to_string())?;
+    std::fs::write(&tmp, image).with_context(|| tmp.display().to_string())?;
+    std::fs::rename(&tmp, &flash).with_context(|| format!("renaming {} to {}", tmp.display(), flash.display()))?;
     eprintln!("xtask: TF-A built in {:.0} s: {}", start.elapsed().as_secs_f64(), flash.display());
     Ok(flash)
 }
@@ -259,7 +260,7 @@ pub fn boot_args(args: &[String], flash: &Path, dtb: &Path) -> Result<(Vec<Strin
         }
     }
     if !kernel {
-        return Err("no -kernel (the hypervisor) in the QEMU arguments".into());
+        bail!("no -kernel (the hypervisor) in the QEMU arguments");
     }
     out.extend(["-bios".into(), flash.display().to_string(), "-dtb".into(), dtb.display().to_string()]);
     Ok((out, hv_args))
@@ -287,7 +288,7 @@ pub fn dump_args(run_args: &[String], dtb: &Path) -> Vec<String> {
 /// machine, with `/chosen/xen,xen-bootargs` = `hv_args`.
 pub fn write_dtb(run_args: &[String], dtb: &Path, hv_args: &str) -> Result<()> {
     if let Some(d) = dtb.parent() {
-        std::fs::create_dir_all(d).map_err(|e| e.to_string())?;
+        std::fs::create_dir_all(d).with_context(|| d.display().to_string())?;
     }
     let qemu = crate::toolchain::qemu()?;
     let out = qemu
@@ -295,9 +296,9 @@ pub fn write_dtb(run_args: &[String], dtb: &Path, hv_args: &str) -> Result<()> {
         .args(dump_args(run_args, dtb))
         .stdin(Stdio::null())
         .output()
-        .map_err(|e| format!("{}: {e}", qemu.bin.display()))?;
+        .with_context(|| qemu.bin.display().to_string())?;
     if !out.status.success() || !dtb.is_file() {
-        return Err(format!("QEMU did not dump its DTB: {}", String::from_utf8_lossy(&out.stderr).trim()));
+        bail!("QEMU did not dump its DTB: {}", String::from_utf8_lossy(&out.stderr).trim());
     }
     let tools = crate::toolchain::tfa_tools()?;
     let out = crate::toolchain::apply_env(
@@ -309,9 +310,9 @@ pub fn write_dtb(run_args: &[String], dtb: &Path, hv_args: &str) -> Result<()> {
     .arg(dtb)
     .args(["/chosen", "xen,xen-bootargs", hv_args])
     .output()
-    .map_err(|e| format!("fdtput: {e}"))?;
+    .context("fdtput")?;
     if !out.status.success() {
-        return Err(format!("fdtput: {}", String::from_utf8_lossy(&out.stderr).trim()));
+        bail!("fdtput: {}", String::from_utf8_lossy(&out.stderr).trim());
     }
     Ok(())
 }

@@ -12,6 +12,7 @@
 //! file yet (see README).
 
 use crate::Result;
+use anyhow::{bail, Context};
 use std::path::{Path, PathBuf};
 
 /// The configuration file's name (hypervisor/machine/src/firmware/uefi.rs
@@ -62,7 +63,7 @@ pub fn boot_args(args: &[String], esp: &Path, edk2: &Path) -> Result<(Vec<String
         }
     }
     if !kernel {
-        return Err("no -kernel (the hypervisor) in the QEMU arguments".into());
+        bail!("no -kernel (the hypervisor) in the QEMU arguments");
     }
     out.extend([
         "-bios".into(),
@@ -81,20 +82,20 @@ pub fn boot_args(args: &[String], esp: &Path, edk2: &Path) -> Result<(Vec<String
 pub fn make_esp(esp: &Path, hv: &Path, kernel: &Path, initrd: Option<&PathBuf>, cfg: &str) -> Result<()> {
     let boot = esp.join("EFI").join("BOOT");
     let _ = std::fs::remove_dir_all(esp);
-    std::fs::create_dir_all(&boot).map_err(|e| format!("{}: {e}", boot.display()))?;
+    std::fs::create_dir_all(&boot).with_context(|| boot.display().to_string())?;
     let put = |from: &Path, name: &str| -> Result<()> {
         let to = boot.join(name);
         std::fs::hard_link(from, &to)
             .or_else(|_| std::fs::copy(from, &to).map(|_| ()))
-            .map_err(|e| format!("{} -> {}: {e}", from.display(), to.display()))
+            .with_context(|| format!("{} -> {}", from.display(), to.display()))
     };
     // A copy, not a link: QEMU's vvfat may write the ESP back.
-    std::fs::copy(hv, boot.join("BOOTAA64.EFI")).map_err(|e| format!("{}: {e}", hv.display()))?;
+    std::fs::copy(hv, boot.join("BOOTAA64.EFI")).with_context(|| hv.display().to_string())?;
     put(kernel, "vmlinuz")?;
     if let Some(i) = initrd {
         put(i, "initrd")?;
     }
-    std::fs::write(boot.join(CONFIG_FILE), cfg).map_err(|e| e.to_string())
+    std::fs::write(boot.join(CONFIG_FILE), cfg).with_context(|| boot.join(CONFIG_FILE).display().to_string())
 }
 
 #[cfg(test)]

@@ -20,6 +20,7 @@
 
 use crate::run::qemu::RunOptions;
 use crate::Result;
+use anyhow::{anyhow, bail, Context};
 use hypervisor::platform_desc::known::fvp_base_revc::PLATFORM;
 use std::path::{Path, PathBuf};
 use vm_fdt::{FdtReserveEntry, FdtWriter};
@@ -146,7 +147,7 @@ pub struct DtbSpec {
 /// the root with 3-cell GIC interrupts (the real FVP trees nest them under
 /// `ranges` buses with an `interrupt-map`; the hypervisor reads both).
 pub fn make_dtb(s: &DtbSpec) -> Result<Vec<u8>> {
-    let e = |e: vm_fdt::Error| format!("dtb: {e}");
+    let e = |e: vm_fdt::Error| anyhow!("dtb: {e}");
     let cpus = s.cpus.clamp(1, MAX_CPUS);
     // The first 64 KiB of DRAM: TF-A's secondary-CPU mailbox.
     let reserve = [FdtReserveEntry::new(DRAM0.0, 0x1_0000).map_err(e)?];
@@ -341,22 +342,18 @@ pub fn plan(
     out: &Path,
 ) -> Result<Plan> {
     if args.mem_mb > max_guest_mb() {
-        return Err(format!(
-            "--mem {}M: FVP's first DRAM bank leaves at most {}M for the guest",
-            args.mem_mb,
-            max_guest_mb()
-        ));
+        bail!("--mem {}M: FVP's first DRAM bank leaves at most {}M for the guest", args.mem_mb, max_guest_mb());
     }
     if let Some(n) = args.pcpus.filter(|&n| n > MAX_CPUS) {
-        return Err(format!("--pcpus {n}: FVP Base RevC has {MAX_CPUS} CPUs"));
+        bail!("--pcpus {n}: FVP Base RevC has {MAX_CPUS} CPUs");
     }
-    let size = |p: &Path| std::fs::metadata(p).map(|m| m.len()).map_err(|e| format!("{}: {e}", p.display()));
+    let size = |p: &Path| std::fs::metadata(p).map(|m| m.len()).with_context(|| p.display().to_string());
     let kernel_size = size(&kernel)?;
     let initrd_at = initrd_addr(kernel_size);
     let initrd_size = initrd.as_deref().map(size).transpose()?;
     if let Some(n) = initrd_size {
         if initrd_at + n > DRAM0.0 + DRAM0.1 {
-            return Err("the initrd does not fit in FVP's first DRAM bank".into());
+            bail!("the initrd does not fit in FVP's first DRAM bank");
         }
     }
     // The hypervisor's options as the QEMU runner composes them (`--disk`
@@ -373,14 +370,14 @@ pub fn plan(
         initrd: initrd_size.map(|n| (initrd_at, n)),
         guest_args: args.append.clone().unwrap_or_else(|| DEFAULT_GUEST_ARGS.into()),
     };
-    std::fs::create_dir_all(out).map_err(|e| format!("{}: {e}", out.display()))?;
+    std::fs::create_dir_all(out).with_context(|| out.display().to_string())?;
     let dtb = out.join("fvp.dtb");
-    std::fs::write(&dtb, make_dtb(&spec)?).map_err(|e| format!("{}: {e}", dtb.display()))?;
+    std::fs::write(&dtb, make_dtb(&spec)?).with_context(|| dtb.display().to_string())?;
     let fvp = find_fvp(args.fvp.as_deref());
     let tfa = find_tfa(args.tfa.as_deref());
     let disk = match &args.disk_image {
         Some(d) => d.clone(),
-        None => crate::run::qemu::sparse_image(out.join("disk.img")).map_err(|e| format!("disk image: {e}"))?,
+        None => crate::run::qemu::sparse_image(out.join("disk.img")).context("disk image")?,
     };
     Ok(Plan {
         have_fvp: fvp.is_some(),

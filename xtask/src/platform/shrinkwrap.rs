@@ -7,6 +7,7 @@
 //! check is skipped with a line saying so.
 
 use crate::{root, Result};
+use anyhow::{anyhow, bail, Context};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
@@ -23,23 +24,23 @@ pub fn venv() -> PathBuf {
 
 /// The `shrinkwrap` executable, installed into the venv if missing; `None`
 /// (with the reason) when it cannot be installed here.
-pub fn ensure() -> std::result::Result<PathBuf, String> {
+pub fn ensure() -> Result<PathBuf> {
     let bin = venv().join("bin").join("shrinkwrap");
     if bin.is_file() {
         return Ok(bin);
     }
     let quiet = |c: &mut Command| c.stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success());
     if !venv().join("bin").join("pip").is_file() && !quiet(Command::new("python3").arg("-m").arg("venv").arg(venv())) {
-        return Err("python3 -m venv failed (python3-venv missing?)".into());
+        bail!("python3 -m venv failed (python3-venv missing?)");
     }
     let pip = venv().join("bin").join("pip");
     if !quiet(Command::new("timeout").args([LIMIT_S]).arg(&pip).args(["install", "-q", "shrinkwraptool"])) {
-        return Err("pip install shrinkwraptool failed (PyPI unreachable?)".into());
+        bail!("pip install shrinkwraptool failed (PyPI unreachable?)");
     }
     if bin.is_file() {
         Ok(bin)
     } else {
-        Err("shrinkwraptool installed no shrinkwrap executable".into())
+        Err(anyhow!("shrinkwraptool installed no shrinkwrap executable"))
     }
 }
 
@@ -78,9 +79,9 @@ fn shrinkwrap(bin: &PathBuf, args: &[&str]) -> Result<String> {
         .env("SHRINKWRAP_BUILD", dir.join("build"))
         .env("SHRINKWRAP_PACKAGE", dir.join("package"))
         .output()
-        .map_err(|e| format!("shrinkwrap: {e}"))?;
+        .context("shrinkwrap")?;
     if !out.status.success() {
-        return Err(format!("shrinkwrap {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()));
+        bail!("shrinkwrap {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
@@ -93,7 +94,7 @@ pub fn check() -> Result<Option<()>> {
     let bin = match ensure() {
         Ok(b) => b,
         Err(why) => {
-            println!("shrinkwrap: skipped ({why})");
+            println!("shrinkwrap: skipped ({why:#})");
             return Ok(None);
         }
     };
@@ -132,13 +133,13 @@ pub fn check() -> Result<Option<()>> {
     let flat = resolved.split_whitespace().collect::<Vec<_>>().join(" ");
     for w in &want_process {
         if !flat.contains(w.as_str()) {
-            return Err(format!("shrinkwrap process: the FVP command lacks {w}"));
+            bail!("shrinkwrap process: the FVP command lacks {w}");
         }
     }
     let built = shrinkwrap(&bin, &["build", "--dry-run", BASE_CONFIG, "-o", OVERLAY])?;
     let want = format!("PRELOADED_BL33_BASE={hv}");
     if !built.contains(&want) {
-        return Err(format!("shrinkwrap build --dry-run: TF-A is not built with {want}"));
+        bail!("shrinkwrap build --dry-run: TF-A is not built with {want}");
     }
     println!("shrinkwrap: {OVERLAY} ok (process: hypervisor at {hv:#x}, GICv4.1; build --dry-run: {want})");
     Ok(Some(()))

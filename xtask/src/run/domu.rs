@@ -21,6 +21,7 @@
 //!   the same initramfs runs Dom0's `--cmd` and the DomUs' `--domu-cmd`.
 
 use crate::Result;
+use anyhow::{anyhow, bail, Context};
 use std::path::Path;
 
 /// Each DomU's RAM disk (`hv,disk-size`).
@@ -83,7 +84,7 @@ impl DomuOptions {
     pub fn check(&self) -> Result<()> {
         for (name, l) in [("--domu-weight", &self.weights), ("--domu-cap", &self.caps)] {
             if l.len() > 1 && l.len() != self.count as usize {
-                return Err(format!("{name}: {} values for {} DomUs (give one, or one per DomU)", l.len(), self.count));
+                bail!("{name}: {} values for {} DomUs (give one, or one per DomU)", l.len(), self.count);
             }
         }
         Ok(())
@@ -177,57 +178,57 @@ pub fn layout(
 /// reservations included.
 pub fn add_domus(dtb: &[u8], domus: &[DomuNode]) -> Result<Vec<u8>> {
     use vm_fdt::{FdtReserveEntry, FdtWriter};
-    let f = fdt::Fdt::new(dtb).map_err(|e| format!("QEMU's DTB: {e:?}"))?;
+    let f = fdt::Fdt::new(dtb).map_err(|e| anyhow!("QEMU's DTB: {e:?}"))?;
     let rsv: Vec<FdtReserveEntry> = f
         .memory_reservations()
         .map(|r| FdtReserveEntry::new(r.address() as u64, r.size() as u64))
         .collect::<std::result::Result<_, _>>()
-        .map_err(|e| format!("memory reservation: {e}"))?;
-    let mut w = FdtWriter::new_with_mem_reserv(&rsv).map_err(|e| e.to_string())?;
-    let root = f.all_nodes().next().ok_or("QEMU's DTB has no root node")?;
-    let top = w.begin_node("").map_err(|e| e.to_string())?;
+        .context("memory reservation")?;
+    let mut w = FdtWriter::new_with_mem_reserv(&rsv)?;
+    let root = f.all_nodes().next().context("QEMU's DTB has no root node")?;
+    let top = w.begin_node("")?;
     for p in root.properties() {
-        w.property(p.name, p.value).map_err(|e| e.to_string())?;
+        w.property(p.name, p.value)?;
     }
     let mut chosen_seen = false;
     for c in root.children() {
         if c.name == "chosen" {
             chosen_seen = true;
-            let n = w.begin_node(c.name).map_err(|e| e.to_string())?;
+            let n = w.begin_node(c.name)?;
             for p in c.properties() {
-                w.property(p.name, p.value).map_err(|e| e.to_string())?;
+                w.property(p.name, p.value)?;
             }
             for cc in c.children() {
                 copy(&mut w, cc)?;
             }
             write_domus(&mut w, domus)?;
-            w.end_node(n).map_err(|e| e.to_string())?;
+            w.end_node(n)?;
         } else {
             copy(&mut w, c)?;
         }
     }
     if !chosen_seen {
-        let n = w.begin_node("chosen").map_err(|e| e.to_string())?;
+        let n = w.begin_node("chosen")?;
         write_domus(&mut w, domus)?;
-        w.end_node(n).map_err(|e| e.to_string())?;
+        w.end_node(n)?;
     }
-    w.end_node(top).map_err(|e| e.to_string())?;
-    w.finish().map_err(|e| e.to_string())
+    w.end_node(top)?;
+    Ok(w.finish()?)
 }
 
 fn copy(w: &mut vm_fdt::FdtWriter, n: fdt::node::FdtNode<'_, '_>) -> Result<()> {
-    let node = w.begin_node(n.name).map_err(|e| e.to_string())?;
+    let node = w.begin_node(n.name)?;
     for p in n.properties() {
-        w.property(p.name, p.value).map_err(|e| e.to_string())?;
+        w.property(p.name, p.value)?;
     }
     for c in n.children() {
         copy(w, c)?;
     }
-    w.end_node(node).map_err(|e| e.to_string())
+    Ok(w.end_node(node)?)
 }
 
 fn write_domus(w: &mut vm_fdt::FdtWriter, domus: &[DomuNode]) -> Result<()> {
-    let e = |e: vm_fdt::Error| e.to_string();
+    let e = anyhow::Error::new::<vm_fdt::Error>;
     for d in domus {
         let n = w.begin_node(&d.name).map_err(e)?;
         w.property_string("compatible", "xen,domain").map_err(e)?;
@@ -266,7 +267,7 @@ fn write_domus(w: &mut vm_fdt::FdtWriter, domus: &[DomuNode]) -> Result<()> {
 /// `-machine dumpdtb=`) plus the DomU nodes.
 pub fn write_dtb(run_args: &[String], dtb: &Path, domus: &[DomuNode]) -> Result<()> {
     if let Some(d) = dtb.parent() {
-        std::fs::create_dir_all(d).map_err(|e| e.to_string())?;
+        std::fs::create_dir_all(d).with_context(|| d.display().to_string())?;
     }
     let qemu = crate::toolchain::qemu()?;
     let out = qemu
@@ -274,18 +275,18 @@ pub fn write_dtb(run_args: &[String], dtb: &Path, domus: &[DomuNode]) -> Result<
         .args(crate::firmware::tf_a::dump_args(run_args, dtb))
         .stdin(std::process::Stdio::null())
         .output()
-        .map_err(|e| format!("{}: {e}", qemu.bin.display()))?;
+        .with_context(|| qemu.bin.display().to_string())?;
     if !out.status.success() || !dtb.is_file() {
-        return Err(format!("QEMU did not dump its DTB: {}", String::from_utf8_lossy(&out.stderr).trim()));
+        bail!("QEMU did not dump its DTB: {}", String::from_utf8_lossy(&out.stderr).trim());
     }
     add_to_file(dtb, domus)
 }
 
 /// Adds the DomU nodes to the DTB file `dtb` in place.
 pub fn add_to_file(dtb: &Path, domus: &[DomuNode]) -> Result<()> {
-    let blob = std::fs::read(dtb).map_err(|e| format!("{}: {e}", dtb.display()))?;
+    let blob = std::fs::read(dtb).with_context(|| dtb.display().to_string())?;
     let out = add_domus(&blob, domus)?;
-    std::fs::write(dtb, out).map_err(|e| format!("{}: {e}", dtb.display()))
+    std::fs::write(dtb, out).with_context(|| dtb.display().to_string())
 }
 
 #[cfg(test)]
@@ -386,9 +387,9 @@ mod tests {
         assert_eq!(n.property("hv,sched-weight").unwrap().value, 512u32.to_be_bytes());
         assert_eq!(n.property("hv,sched-cap").unwrap().value, 25u32.to_be_bytes());
         // Neither one nor one per DomU.
-        let e = with(vec![1, 2], vec![]).unwrap_err();
+        let e = format!("{:#}", with(vec![1, 2], vec![]).unwrap_err());
         assert!(e.contains("--domu-weight: 2 values for 3 DomUs"), "{e}");
-        assert!(with(vec![], vec![1, 2, 3, 4]).unwrap_err().starts_with("--domu-cap: 4 values"));
+        assert!(with(vec![], vec![1, 2, 3, 4]).unwrap_err().to_string().starts_with("--domu-cap: 4 values"));
     }
 
     #[test]

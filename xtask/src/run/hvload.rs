@@ -17,6 +17,7 @@
 //!   options.
 
 use crate::Result;
+use anyhow::{bail, Context};
 use std::path::{Path, PathBuf};
 
 /// QEMU virt's RAM base.
@@ -57,7 +58,7 @@ impl HvBoot {
     pub fn check(&self) -> Result<()> {
         let a = self.addr();
         if !a.is_multiple_of(ALIGN) || a < DEFAULT_ADDR {
-            return Err(format!("--hv-addr {a:#x}: must be a multiple of 2 MiB, at least {DEFAULT_ADDR:#x}"));
+            bail!("--hv-addr {a:#x}: must be a multiple of 2 MiB, at least {DEFAULT_ADDR:#x}");
         }
         Ok(())
     }
@@ -71,7 +72,7 @@ pub fn prepare(built: &Path, boot: HvBoot) -> Result<PathBuf> {
     if boot == HvBoot::default() {
         return Ok(built.to_path_buf());
     }
-    let mut image = std::fs::read(built).map_err(|e| format!("{}: {e}", built.display()))?;
+    let mut image = std::fs::read(built).with_context(|| built.display().to_string())?;
     let tag = match boot.entry {
         HvEntry::Linux => "linux",
         HvEntry::TfaMpidr => "tf-a",
@@ -92,14 +93,14 @@ fn stub_path(image: &Path) -> PathBuf {
 /// Writes through a temporary file, so a parallel run never reads half.
 fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::write(&tmp, data).map_err(|e| format!("{}: {e}", tmp.display()))?;
-    std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
+    std::fs::write(&tmp, data).with_context(|| tmp.display().to_string())?;
+    std::fs::rename(&tmp, path).with_context(|| path.display().to_string())
 }
 
 /// Sets the arm64 Image header's `text_offset` (bytes 8..16).
 pub fn set_text_offset(image: &mut [u8], offset: u64) -> Result<()> {
     if image.len() < 64 || &image[0x38..0x3c] != b"ARM\x64" {
-        return Err("the hypervisor image lacks the arm64 Image header".into());
+        bail!("the hypervisor image lacks the arm64 Image header");
     }
     image[8..16].copy_from_slice(&offset.to_le_bytes());
     Ok(())

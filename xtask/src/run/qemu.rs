@@ -5,6 +5,7 @@
 
 pub use crate::text::{base64, printable_args};
 use crate::Result;
+use anyhow::{bail, Context};
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -146,15 +147,15 @@ pub fn fatal_line(console: &str) -> Option<String> {
 /// on a fatal error, the run timed out, or the guest never reported.
 pub fn exit_code(o: &RunOptions, r: &RunResult) -> Result<i32> {
     if let Some(line) = &r.hv_fatal {
-        return Err(format!("the hypervisor stopped: {line}"));
+        bail!("the hypervisor stopped: {line}");
     }
     if o.cmd.is_none() {
         return Ok(r.qemu_status.unwrap_or(1));
     }
     if r.timed_out {
-        return Err("timed out".into());
+        bail!("timed out");
     }
-    r.guest_exit.ok_or_else(|| "the guest did not report its command's exit status (see the console above)".into())
+    r.guest_exit.context("the guest did not report its command's exit status (see the console above)")
 }
 
 /// The guest's disk (`--disk`).
@@ -333,7 +334,7 @@ pub fn run(o: &RunOptions) -> Result<RunResult> {
     let qemu = crate::toolchain::qemu()?;
     qemu.require_cpu(&o.cpu)?;
     if o.bare {
-        let kernel = o.kernel.as_ref().ok_or("a run without the hypervisor needs a kernel")?;
+        let kernel = o.kernel.as_ref().context("a run without the hypervisor needs a kernel")?;
         return run_args(bare_command_line(kernel, o), o);
     }
     let hv = crate::run::hvload::prepare(&crate::build::hypervisor("qemu-virt")?, o.hv_boot)?;
@@ -362,7 +363,7 @@ pub fn run(o: &RunOptions) -> Result<RunResult> {
     } else if let Some(nodes) = &domu_nodes {
         // DomUs: QEMU's own DTB with the dom0less nodes, passed with -dtb.
         if o.firmware.is_some() {
-            return Err("--domu needs a device tree: not with --firmware uefi".into());
+            bail!("--domu needs a device tree: not with --firmware uefi");
         }
         let file = crate::out_dir().join(format!("domu-{}.dtb", std::process::id()));
         crate::run::domu::write_dtb(&args, &file, nodes)?;
@@ -403,11 +404,11 @@ fn run_args(mut args: Vec<String>, o: &RunOptions) -> Result<RunResult> {
         // Interactive: the console is this terminal (Ctrl-A x quits QEMU),
         // and a copy goes to a log so the run can tell a fatal hypervisor
         // error from a clean power-off.
-        std::fs::create_dir_all(crate::out_dir()).map_err(|e| e.to_string())?;
+        std::fs::create_dir_all(crate::out_dir()).with_context(|| crate::out_dir().display().to_string())?;
         let log = crate::out_dir().join(format!("console-{}.log", std::process::id()));
         args.extend(interactive_console(&log));
         eprintln!("xtask: {}", qemu.printable(&args));
-        let st = qemu.command().args(&args).status().map_err(|e| format!("{}: {e}", qemu.bin.display()))?;
+        let st = qemu.command().args(&args).status().with_context(|| qemu.bin.display().to_string())?;
         let console = std::fs::read(&log).map(|b| String::from_utf8_lossy(&b).replace('\r', "")).unwrap_or_default();
         let _ = std::fs::remove_file(&log);
         return Ok(RunResult {
@@ -456,7 +457,7 @@ pub fn run_captured(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| format!("{}: {e}", qemu.bin.display()))?;
+        .with_context(|| qemu.bin.display().to_string())?;
     let stdout = child.stdout.take().unwrap();
     let mut stderr = child.stderr.take().unwrap();
     let console = Arc::new(Mutex::new(String::new()));
@@ -494,7 +495,7 @@ pub fn run_captured(
     let start = Instant::now();
     let mut timed_out = false;
     let status = loop {
-        if let Some(st) = child.try_wait().map_err(|e| e.to_string())? {
+        if let Some(st) = child.try_wait()? {
             break Some(st);
         }
         if start.elapsed() > timeout {
@@ -634,14 +635,14 @@ mod tests {
         );
         // Interactive: QEMU exits 0 after PSCI SYSTEM_OFF, the run must not.
         let interactive = RunOptions::default();
-        let e = exit_code(&interactive, &result(bad, None)).unwrap_err();
+        let e = format!("{:#}", exit_code(&interactive, &result(bad, None)).unwrap_err());
         assert!(e.contains("dom0_mem (4096 MiB) is larger than RAM"), "{e}");
-        assert_eq!(exit_code(&interactive, &result("(HV) INFO  dom0 powered off\n", None)), Ok(0));
+        assert_eq!(exit_code(&interactive, &result("(HV) INFO  dom0 powered off\n", None)).unwrap(), 0);
         // With a command: a fatal line wins even over a reported status.
         let cmd = RunOptions { cmd: Some("true".into()), ..Default::default() };
         assert!(exit_code(&cmd, &result(bad, None)).is_err());
         assert!(exit_code(&cmd, &result(&format!("@@GUEST-EXIT 0@@\n{bad}"), Some(0))).is_err());
-        assert_eq!(exit_code(&cmd, &result("@@GUEST-EXIT 3@@\n", Some(3))), Ok(3));
+        assert_eq!(exit_code(&cmd, &result("@@GUEST-EXIT 3@@\n", Some(3))).unwrap(), 3);
         assert!(exit_code(&cmd, &result("", None)).is_err());
         // The guest printing the words is not the hypervisor's line.
         assert_eq!(fatal_line("guest: echo (HV) fatal: x\n"), None);

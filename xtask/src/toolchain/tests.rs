@@ -56,7 +56,7 @@ fn apt_simulation_madison_and_pins_are_read() {
     assert!(note.unwrap().contains("has left the archive"));
     let exact = [QEMU_VERSION.to_string()];
     assert_eq!(choose_version(&QEMU.pins[0], &exact).unwrap(), (QEMU_VERSION.to_string(), None));
-    let e = choose_version(&QEMU.pins[0], &v[1..]).unwrap_err();
+    let e = format!("{:#}", choose_version(&QEMU.pins[0], &v[1..]).unwrap_err());
     assert!(e.contains("1:10.0.*") && e.contains("1:7.2"), "{e}");
 }
 
@@ -83,7 +83,7 @@ impl Archive for Fake {
         let mut all = wants.to_vec();
         for (n, _) in wants {
             for d in self.deps.get(n).cloned().unwrap_or_default() {
-                let v = self.versions(&d)?.first().cloned().ok_or(format!("no {d}"))?;
+                let v = self.versions(&d)?.first().cloned().with_context(|| format!("no {d}"))?;
                 all.push((d.clone(), v));
             }
         }
@@ -95,11 +95,11 @@ impl Archive for Fake {
     fn download(&mut self, name: &str, version: &str, dir: &Path) -> Result<PathBuf> {
         self.downloads += 1;
         if self.fail_downloads {
-            return Err(format!("apt-get download {name}={version} failed: Could not resolve 'deb.debian.org'"));
+            bail!("apt-get download {name}={version} failed: Could not resolve 'deb.debian.org'");
         }
         let src = &self.debs[&(name.to_string(), version.to_string())];
         let dest = dir.join(src.file_name().unwrap());
-        std::fs::copy(src, &dest).map_err(|e| e.to_string())?;
+        std::fs::copy(src, &dest)?;
         Ok(dest)
     }
 }
@@ -231,7 +231,7 @@ fn a_corrupt_package_a_missing_library_and_a_failed_download_install_nothing() {
     let q = a.debs[&("qemu-system-arm".to_string(), "1:10.0.2".to_string())].clone();
     let good = std::fs::read(&q).unwrap();
     std::fs::write(&q, &good[..good.len() / 2]).unwrap();
-    let e = ensure(&TEST_BUNDLE, &cache, &mut a, &mut say).unwrap_err();
+    let e = format!("{:#}", ensure(&TEST_BUNDLE, &cache, &mut a, &mut say).unwrap_err());
     assert!(e.contains("qemu-system-arm=1:10.0.2 is corrupt") && e.contains("SHA-256"), "{e}");
     assert!(!cache.join("qemu-test").exists());
     let left: Vec<_> =
@@ -249,7 +249,7 @@ fn a_corrupt_package_a_missing_library_and_a_failed_download_install_nothing() {
     // A missing library (the resolution forgot it): the check names it and
     // nothing is left half-installed.
     a.deps.clear();
-    let e = ensure(&TEST_BUNDLE, &cache, &mut a, &mut say).unwrap_err();
+    let e = format!("{:#}", ensure(&TEST_BUNDLE, &cache, &mut a, &mut say).unwrap_err());
     assert!(e.contains("libhvfake.so.1") && e.contains("needs libraries"), "{e}");
     assert!(!cache.join("qemu-test").exists());
     assert!(std::fs::read_dir(&cache).unwrap().all(|e| !e.unwrap().file_name().to_string_lossy().contains(".tmp-")));
@@ -258,36 +258,36 @@ fn a_corrupt_package_a_missing_library_and_a_failed_download_install_nothing() {
     std::fs::remove_dir_all(&cache).unwrap();
     a.deps.insert("qemu-system-arm".into(), vec!["libhvfake1".into()]);
     a.fail_downloads = true;
-    let e = ensure(&TEST_BUNDLE, &cache, &mut a, &mut say).unwrap_err();
+    let e = format!("{:#}", ensure(&TEST_BUNDLE, &cache, &mut a, &mut say).unwrap_err());
     assert!(e.contains("Could not resolve"), "{e}");
     assert!(!cache.join("qemu-test").exists());
 
     // A cache that cannot be written: one line saying what to do.
     let file = d.join("a-file");
     std::fs::write(&file, "").unwrap();
-    let e = ensure(&TEST_BUNDLE, &file.join("cache"), &mut a, &mut say).unwrap_err();
+    let e = format!("{:#}", ensure(&TEST_BUNDLE, &file.join("cache"), &mut a, &mut say).unwrap_err());
     assert!(e.contains("cannot write the toolchain cache") && e.contains("XTASK_CACHE_DIR"), "{e}");
 
     // A pin with no version of its line in the archive.
     a.fail_downloads = false;
     a.debs.retain(|(n, _), _| n != "qemu-system-arm");
-    let e = ensure(&TEST_BUNDLE, &cache, &mut a, &mut say).unwrap_err();
+    let e = format!("{:#}", ensure(&TEST_BUNDLE, &cache, &mut a, &mut say).unwrap_err());
     assert!(e.contains("is not in the archive"), "{e}");
     std::fs::remove_dir_all(&d).unwrap();
 }
 
 #[test]
 fn a_user_qemu_that_is_not_qemu_or_too_old_is_refused() {
-    let e = Qemu::user(Path::new("/bin/true"), "--qemu").unwrap_err();
+    let e = format!("{:#}", Qemu::user(Path::new("/bin/true"), "--qemu").unwrap_err());
     assert!(e.contains("is not QEMU"), "{e}");
-    let e = Qemu::user(Path::new("/nonexistent/qemu"), "--qemu").unwrap_err();
+    let e = format!("{:#}", Qemu::user(Path::new("/nonexistent/qemu"), "--qemu").unwrap_err());
     assert!(e.contains("cannot run it"), "{e}");
     let d = scratch("old");
     std::fs::create_dir_all(&d).unwrap();
     let old = d.join("qemu-system-aarch64");
     std::fs::write(&old, "#!/bin/sh\necho 'QEMU emulator version 6.2.0 (Debian 1:6.2+dfsg-2ubuntu6)'\n").unwrap();
     sh(Command::new("chmod").arg("+x").arg(&old));
-    let e = Qemu::user(&old, "--qemu").unwrap_err();
+    let e = format!("{:#}", Qemu::user(&old, "--qemu").unwrap_err());
     assert!(e.contains("QEMU 6.2.0 is too old") && e.contains("7.2.0 or newer"), "{e}");
     std::fs::remove_dir_all(&d).unwrap();
 }
