@@ -2,7 +2,7 @@
 //! device behind the virtio-mmio transport (version 2, "modern"), with one
 //! split virtqueue and asynchronous backends.
 //!
-//! # Layers, one file each
+//! # Layers, one module each
 //!
 //! * this file: the [`GuestMemory`] trait through which every guest byte is
 //!   read or written, little-endian helpers, feature and status constants;

@@ -1,0 +1,89 @@
+//! Planning a DomU ([`plan_domu`]): its RAM at `DOMU_RAM_BASE` and nothing
+//! else in stage 2, the emulated devices of its MMIO bus and its layout
+//! inside its RAM.
+
+use super::common::{bus_of, check_ipa};
+use super::error::PlanError;
+use super::{DiskBacking, DiskPlan, HwFacts, MapWhy, Mapping, VgicPlan, VmPlan, DOMU_SPIS};
+use crate::boot::image::KernelLoad;
+use crate::domain::layout::{self, DomuLayout, DOMU_GICD, DOMU_GICR, DOMU_UART, DOMU_UART_SPI};
+use crate::domain::{DomuPlacement, VmSpec};
+use crate::dtb::Platform;
+use crate::intid::IntId;
+use crate::region::Region;
+use crate::stage2::{IpaSize, MemType};
+use alloc::vec::Vec;
+
+/// Plans DomU `spec` in `placement`: its RAM at `DOMU_RAM_BASE` (not
+/// identity-mapped) and nothing else in stage 2, a vGICv3 with one
+/// redistributor per vCPU, a vPL011 when asked, the hypervisor's virtio-blk
+/// over its RAM disk. `load` is how its kernel loads
+/// (`boot::image::read_kernel`). Also returns the
+/// layout inside its RAM (kernel, initrd, DTB).
+pub fn plan_domu(
+    spec: &VmSpec,
+    placement: &DomuPlacement,
+    load: &KernelLoad,
+    plat: &Platform,
+    hw: &HwFacts,
+) -> Result<(VmPlan, DomuLayout), PlanError> {
+    let l = layout::layout_domu(spec, placement, load)?;
+    let nr_vcpus = spec.vcpus as usize;
+    let spi = |n: u32| IntId::spi(n).map_err(|_| PlanError::BadSpi(n));
+    let disk = match l.disk {
+        Some(image) => Some(DiskPlan {
+            base: layout::DOMU_VIRTIO,
+            intid: spi(layout::DOMU_VIRTIO_SPI)?,
+            backing: DiskBacking::Ram { image, latency_us: 0 },
+        }),
+        None => None,
+    };
+    let uart = spec.vpl011.then_some(Region { base: DOMU_UART, size: 0x1000 });
+    let vgic = VgicPlan { gicd_base: DOMU_GICD, gicr_base: DOMU_GICR, nr_spis: DOMU_SPIS, lpis: false };
+    let ipa = IpaSize::DEFAULT;
+    let mappings = Vec::from([Mapping {
+        ipa: l.ram.ipa.base,
+        pa: l.ram.host,
+        size: l.ram.ipa.size,
+        mem: MemType::Normal,
+        why: MapWhy::Ram,
+    }]);
+    check_ipa(&mappings, ipa)?;
+    let bus = bus_of(&vgic, nr_vcpus, disk.as_ref(), uart, None);
+    let p = VmPlan {
+        spec: spec.clone(),
+        nr_vcpus,
+        ipa,
+        ram: l.ram.ipa,
+        ram_host: l.ram.host,
+        mappings,
+        passthrough: Vec::new(),
+        bridges: Vec::new(),
+        mmio: Vec::new(),
+        hidden_paths: Vec::new(),
+        disk,
+        uart,
+        uart_intid: spi(DOMU_UART_SPI)?,
+        vgic,
+        // The virtual timer is the one physical interrupt a DomU gets: the
+        // PPI of the pCPU its vCPU runs on, forwarded as for Dom0.
+        virt_timer_intid: plat.timer.virt_intid,
+        phys_timer_intid: plat.timer.phys_intid,
+        pmu_intid: hw.pmu_intid,
+        hyp_timer_intid: plat.timer.hyp_intid,
+        maintenance_intid: plat.gic.maintenance_intid.unwrap_or(hw.maintenance_intid),
+        // Not consulted (physical interrupts go by Dom0's table); kept so
+        // every VM has the same shape.
+        console_intid: plat.uart.as_ref().map_or(hw.uart_intid, |u| u.intid),
+        kick_intid: hw.kick,
+        its: None,
+        forwarded: Vec::new(),
+        bus,
+        iomem: None,
+        lpi_routes: 0,
+    };
+    p.check_quota()?;
+    p.routes()?;
+    p.mmio_bus()?;
+    Ok((p, l))
+}

@@ -1,0 +1,98 @@
+//! [`PlanError`], every reason a VM cannot be made as asked, one line each
+//! when displayed, with the conversions from the layout, route, bus and
+//! domain errors the planner passes on.
+
+use super::MapWhy;
+use crate::boot::plan::LayoutError;
+use crate::domain::layout::DomainError;
+use crate::domain::DomainId;
+use crate::irq::RouteError;
+use crate::mmio_bus::BusError;
+use core::fmt;
+
+/// Why a VM cannot be made as asked. `Display` is one line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PlanError {
+    /// No kernel module to boot Dom0 from.
+    NoKernel,
+    /// The VM's heap quota cannot hold its disk's largest request.
+    HeapQuotaTooSmall { domid: DomainId, quota: u64, needed: u64 },
+    /// `dom0_disk=virtio-pci|nvme` on a machine without a PCIe host bridge.
+    NoPcieBridge,
+    /// `dom0_disk=ram|backend` for an ACPI Dom0 (its frame would need a DSDT entry).
+    EmulatedDiskOnAcpi,
+    /// `dom0_disk=backend` without a physical virtio-blk device.
+    NoPhysDisk,
+    /// `dom0_disk=ram` but the boot plan placed no RAM disk.
+    NoRamDisk,
+    /// An emulated disk on a machine without a virtio-mmio slot to put it in.
+    NoDiskSlot,
+    /// A passthrough range over RAM or the hypervisor's own ranges (or wrapping).
+    Layout(LayoutError),
+    /// A mapping that ends beyond the IPA space.
+    OutsideIpa { why: MapWhy, base: u64, size: u64, limit: u64 },
+    /// Two of the VM's physical interrupt sources share an INTID.
+    Routes(RouteError),
+    /// Two emulated devices claim one guest-physical address.
+    Bus(BusError),
+    /// A DomU that cannot be laid out.
+    Domain(DomainError),
+    /// Zero vCPUs asked.
+    NoVcpus,
+    /// An SPI number with no INTID.
+    BadSpi(u32),
+}
+
+impl fmt::Display for PlanError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PlanError::NoKernel => write!(f, "no kernel module (/chosen/module@… multiboot,kernel)"),
+            PlanError::NoPcieBridge => {
+                write!(f, "a PCIe disk needs a PCIe host bridge (pci-host-ecam-generic) on the machine")
+            }
+            PlanError::EmulatedDiskOnAcpi => {
+                write!(f, "dom0_disk=ram|backend is not available to an ACPI Dom0 (use nvme, virtio-pci or none)")
+            }
+            PlanError::NoPhysDisk => {
+                write!(f, "dom0_disk=backend needs a virtio-blk device on the machine (QEMU -device virtio-blk-device)")
+            }
+            PlanError::NoRamDisk => write!(f, "dom0_disk=ram without a planned RAM disk"),
+            PlanError::NoDiskSlot => write!(f, "an emulated disk needs a virtio-mmio slot on the machine"),
+            PlanError::Layout(e) => write!(f, "{e}"),
+            PlanError::OutsideIpa { why, base, size, limit } => {
+                write!(f, "{why:?} mapping {base:#x}+{size:#x} ends beyond the IPA space ({limit:#x})")
+            }
+            PlanError::Routes(e) => write!(f, "IRQ routes: {e}"),
+            PlanError::Bus(e) => write!(f, "MMIO bus: {e}"),
+            PlanError::Domain(e) => write!(f, "{e}"),
+            PlanError::NoVcpus => write!(f, "a VM needs at least one vCPU"),
+            PlanError::HeapQuotaTooSmall { domid, quota, needed } => write!(
+                f,
+                "d{domid}'s heap quota of {quota} bytes cannot hold its disk's largest request ({needed} bytes): \
+                 raise dom0_heap_quota= (Dom0) or hv,heap-quota (a DomU)"
+            ),
+            PlanError::BadSpi(n) => write!(f, "SPI {n} out of range"),
+        }
+    }
+}
+
+impl From<LayoutError> for PlanError {
+    fn from(e: LayoutError) -> Self {
+        PlanError::Layout(e)
+    }
+}
+impl From<RouteError> for PlanError {
+    fn from(e: RouteError) -> Self {
+        PlanError::Routes(e)
+    }
+}
+impl From<BusError> for PlanError {
+    fn from(e: BusError) -> Self {
+        PlanError::Bus(e)
+    }
+}
+impl From<DomainError> for PlanError {
+    fn from(e: DomainError) -> Self {
+        PlanError::Domain(e)
+    }
+}
