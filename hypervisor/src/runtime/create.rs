@@ -98,11 +98,11 @@ pub(super) fn apply_vgic(vp: &VmPlan) -> Result<Vgic, VmError> {
         gicd_base: vp.vgic.gicd_base,
         gicr_base: vp.vgic.gicr_base,
         nr_spis: vp.vgic.nr_spis,
-        vcpu_mpidrs: (0..vp.nr_vcpus).map(vcpu_mpidr).collect(),
+        vcpu_mpidrs: (0..vp.nr_vcpus()).map(vcpu_mpidr).collect(),
         lpis: vp.vgic.lpis,
     })?;
     let vt = vp.virt_timer_intid;
-    for v in 0..vp.nr_vcpus {
+    for v in 0..vp.nr_vcpus() {
         vgic.set_hw_private(v, vt, Some(vt))?;
         if let Some(p) = vp.pmu_intid {
             vgic.set_hw_private(v, p, Some(p))?;
@@ -213,7 +213,7 @@ pub(super) fn start_vcpus(
     sched
         .add_domain(spec.id, DomainParams { weight: spec.weight, cap_percent: spec.cap_percent })
         .map_err(VmError::Sched)?;
-    for i in 0..vp.nr_vcpus {
+    for i in 0..vp.nr_vcpus() {
         let pin = spec.pin_vcpus.then(|| i % s.nr_pcpus.max(1));
         sched.add_vcpu(VcpuId(s.vcpu_base + i as u32), spec.id, pin).map_err(VmError::Sched)?;
     }
@@ -224,12 +224,12 @@ pub(super) fn start_vcpus(
             // A vCPU Dom0 does not have: Xen's way with a boot option that
             // does not apply, a warning.
             Err(crate::sched::SchedError::UnknownVcpu(_)) => {
-                warn!("sched_vcpu_weight={}:{w}: Dom0 has {} vCPU(s), no vCPU {}; ignored", v.0, vp.nr_vcpus, v.0)
+                warn!("sched_vcpu_weight={}:{w}: Dom0 has {} vCPU(s), no vCPU {}; ignored", v.0, vp.nr_vcpus(), v.0)
             }
             Err(e) => return Err(VmError::Sched(e)),
         }
     }
-    let (vcpus, shared) = new_vcpus(vp.nr_vcpus);
+    let (vcpus, shared) = new_vcpus(vp.nr_vcpus());
     {
         let mut v0 = vcpus[0].lock();
         v0.regs.x[0] = s.dtb;
@@ -289,7 +289,7 @@ impl Vm {
         // Tables from now on are mapped on the guest's behalf (on-demand
         // device memory): charged to it.
         frames.charge_to(quota.clone());
-        let nr_vcpus = vp.nr_vcpus;
+        let nr_vcpus = vp.nr_vcpus();
         let nr_lrs = crate::vgic::usable_lrs(gic::nr_lrs())?;
         let mut routes = vp.routes()?;
         let bus = vp.mmio_bus()?;

@@ -44,7 +44,7 @@ pub struct AcpiDom0<'a> {
 /// Dom0's tables, EFI system table and memory map.
 fn write_dom0_firmware(plat: &Platform, plan: &Plan, vp: &VmPlan, firmware: &GuestFirmware<'_>) -> Result<(), VmError> {
     let kernel_mod = plat.kernel.as_ref().ok_or(VmError::NoKernel)?;
-    let (ram, nr_vcpus) = (vp.ram, vp.nr_vcpus);
+    let (ram, nr_vcpus) = (vp.ram, vp.nr_vcpus());
     let initrd = plan.initrd.map(|c| c.dst);
     let bootargs = kernel_mod.bootargs.clone().unwrap_or_else(|| String::from("console=ttyAMA0"));
     let vcpu_mpidrs: Vec<u64> = (0..nr_vcpus).map(vcpu_mpidr).collect();
@@ -121,7 +121,7 @@ impl Vm {
         };
         let vp = vmplan::plan_dom0(plat, plan, cfg, fw, &hw).map_err(VmError::Plan)?;
         info!("dom0 stage 2: {}-bit IPA ({}-bit PA)", vp.ipa.bits(), hw.pa_bits);
-        let nr_vcpus = vp.nr_vcpus;
+        let nr_vcpus = vp.nr_vcpus();
         // The kernel (an Image at the bottom of guest RAM with image_size
         // reserved, or its pieces at their fixed addresses), the initrd
         // and the DTB around it: see `boot::plan`.

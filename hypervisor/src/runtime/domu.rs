@@ -97,7 +97,7 @@ impl Vm {
         info!(
             "d{}: {} vCPU(s), RAM {:#x}+{:#x} at host {:#x}, kernel entry {:#x} ({} KiB), initrd {:?}, disk {} MiB, vpl011 {}, VMID {vmid}",
             spec.id,
-            vp.nr_vcpus,
+            vp.nr_vcpus(),
             l.ram.ipa.base,
             l.ram.ipa.size,
             l.ram.host,

@@ -96,7 +96,7 @@ fn check_mappings(p: &VmPlan) {
 fn passthrough_maps_every_virtio_page_and_forwards_their_spis() {
     let p = dom0(V3_SMP2, "dom0_disk=passthrough dom0_max_vcpus=2").unwrap();
     check_mappings(&p);
-    assert_eq!(p.nr_vcpus, 2);
+    assert_eq!(p.nr_vcpus(), 2);
     assert_eq!(p.passthrough.len(), 32);
     assert_eq!(
         p.mappings[0],
@@ -396,7 +396,7 @@ fn dom0s_spec_comes_from_the_options_the_modules_and_the_boot_plan() {
     assert_eq!(spec.bootargs, "console=ttyAMA0");
     let p = plan_dom0(&plat, &boot_plan(), &cfg(args), Dom0Firmware::Dt, &hw(true)).unwrap();
     assert_eq!(p.spec, spec);
-    assert_eq!(p.nr_vcpus, 2);
+    assert_eq!(p.nr_vcpus(), 2);
 
     // The defaults: one vCPU, Credit2's weight, uncapped, floating, no RAM disk.
     let d = dom0_spec(&platform(V3_SMP2), &boot_plan(), &cfg("")).unwrap();

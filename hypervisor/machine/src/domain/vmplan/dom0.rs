@@ -107,7 +107,6 @@ pub fn plan_dom0(
     };
     let p = VmPlan {
         spec,
-        nr_vcpus,
         ipa,
         ram,
         ram_host: ram.base,

@@ -52,7 +52,6 @@ pub fn plan_domu(
     let bus = bus_of(&vgic, nr_vcpus, disk.as_ref(), uart, None);
     let p = VmPlan {
         spec: spec.clone(),
-        nr_vcpus,
         ipa,
         ram: l.ram.ipa,
         ram_host: l.ram.host,

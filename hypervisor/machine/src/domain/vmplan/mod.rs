@@ -166,9 +166,8 @@ pub struct VgicPlan {
 #[derive(Clone, Debug)]
 pub struct VmPlan {
     /// What the VM was asked to be (Dom0's from [`dom0_spec`]): its id,
-    /// scheduling parameters and heap quota are read from here.
+    /// scheduling parameters, vCPU count and heap quota are read from here.
     pub spec: VmSpec,
-    pub nr_vcpus: usize,
     pub ipa: IpaSize,
     /// Guest-physical RAM, and the host address behind its base.
     pub ram: Region,
@@ -214,6 +213,11 @@ pub struct VmPlan {
 }
 
 impl VmPlan {
+    /// Its vCPUs (the spec's count).
+    pub fn nr_vcpus(&self) -> usize {
+        self.spec.vcpus as usize
+    }
+
     /// The quota holds what the VM's devices charge up front: the disk's
     /// largest request.
     pub fn check_quota(&self) -> Result<(), PlanError> {
