@@ -18,11 +18,19 @@ fn outlier_dumps_name_the_vcpu_and_hold_its_wake_and_schedule_in() {
     assert_eq!(r.guest_exit, Some(0));
     let dumps = parse_dumps(&r.console).expect("the dumps parse");
     assert!(!dumps.is_empty() && dumps.len() <= MAX_DUMPS as usize, "{} dumps:\n{}", dumps.len(), tail(&r.console, 60));
+    // Exits are recorded as well. Not necessarily in every dump: a dump's
+    // window is time-bounded (`outlier_window_start`), and the guest's
+    // clock runs on while the host deschedules QEMU, so a window may hold
+    // nothing but the wake and the switch it is about.
+    assert!(
+        dumps.iter().any(|d| d.events.iter().any(|(_, r)| matches!(r.ev, Event::Exit { .. }))),
+        "no exit in any of {} dumps:\n{}",
+        dumps.len(),
+        tail(&r.console, 60)
+    );
     let mut outliers = 0;
     for d in &dumps {
         assert_eq!(d.rings.len(), 1, "one ring per pCPU");
-        // Exits are recorded as well.
-        assert!(d.events.iter().any(|(_, r)| matches!(r.ev, Event::Exit { .. })), "{}", d.timeline());
         let (vcpu, latency_ns) = match d.reason {
             Reason::Outlier { vcpu, latency_ns } => (vcpu as u16, latency_ns),
             Reason::TimerLate { vcpu, late_ns } => {

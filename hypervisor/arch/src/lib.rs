@@ -8,7 +8,8 @@
 //! - `exception`: EL2 vector table, guest entry/exit (trap frame)
 //! - `mmu`: EL2 stage-1 identity map
 //! - `sysreg`: typed accessors for the system registers `aarch64-cpu` lacks
-//!   (layouts in `crate::regs`), barriers, ID registers by encoding
+//!   (layouts in `crate::regs`), barriers and hints (the locks' YIELD), ID
+//!   registers by encoding
 //! - `el2`: this pCPU's EL2 controls for guests (trap configuration from
 //!   `crate::traps`, stage 2, exit syndrome, virtual SError)
 //! - `cache`: data cache maintenance by address

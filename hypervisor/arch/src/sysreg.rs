@@ -197,6 +197,24 @@ pub fn isb() {
     unsafe { core::arch::asm!("isb", options(nostack, preserves_flags)) };
 }
 
+/// One spin-wait step: YIELD, the hint Linux's `cpu_relax` gives. Under
+/// QEMU's single-threaded TCG a YIELD also hands the turn to the next
+/// emulated CPU, so a pCPU spinning on a lock lets its holder run (see
+/// `hv_core::sync`, whose locks call this through
+/// [`hv_core::sync::set_relax`]). On the host: `spin_loop`.
+#[cfg(not(target_os = "none"))]
+#[inline(always)]
+pub fn cpu_relax() {
+    core::hint::spin_loop();
+}
+
+#[cfg(target_os = "none")]
+#[inline(always)]
+pub fn cpu_relax() {
+    // SAFETY: a hint instruction: no memory, register or flag effects.
+    unsafe { core::arch::asm!("yield", options(nomem, nostack, preserves_flags)) };
+}
+
 #[cfg(target_os = "none")]
 #[inline(always)]
 pub fn dsb_sy() {

@@ -28,15 +28,16 @@
 //! - `quota`: per-VM heap quotas (what a guest's actions may allocate)
 //! - `sched`: the Credit2-compatible scheduler and its simulator
 //! - `stats`: per-vCPU counters and histograms in a stable text format
-//! - `sync`: the hypervisor's locks (`spin`'s, waiting with YIELD)
+//! - `sync`: the hypervisor's locks (`spin`'s, waiting with the EL2
+//!   layer's YIELD once it is registered)
 //! - `trace`: the scheduling flight recorder (per-pCPU event rings, dump format)
 //! - `testrng` (tests, or the `testrng` feature): a deterministic generator
 //!   for randomized host tests
 //!
-//! `unsafe` is denied here but for two modules, each block with its
-//! `// SAFETY:`: `sync` (the YIELD hint its locks spin with) and `virtio`
-//! (guest RAM read at VA == PA by `IdentityMappedRam`, and the physical
-//! virtio-blk backend's driver queue).
+//! `unsafe` is denied here but for one module, each block with its
+//! `// SAFETY:`: `virtio` (guest RAM read at VA == PA by
+//! `IdentityMappedRam`, and the physical virtio-blk backend's driver
+//! queue). Instructions (the locks' YIELD included) belong to the EL2 layer.
 #![cfg_attr(not(test), no_std)]
 #![deny(unsafe_code)]
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -61,7 +62,6 @@ pub mod regs;
 pub mod sched;
 pub mod stage2;
 pub mod stats;
-#[allow(unsafe_code)]
 pub mod sync;
 #[cfg(any(test, feature = "testrng"))]
 pub mod testrng;

@@ -17,9 +17,24 @@
 //! is the same hint Linux's `cpu_relax` gives.
 //!
 //! Every lock in the hypervisor is one of these (and the heap's, see
-//! `runtime::heap`); the host build (unit tests) relaxes with `spin_loop`.
+//! `runtime::heap`). The instruction itself belongs to the EL2 layer, which
+//! sits above this crate: it registers it once with [`set_relax`] as the
+//! boot CPU's first step, before any other CPU runs. Until then (and on the
+//! host, in the unit tests) a waiter relaxes with `spin_loop`, which is
+//! correct everywhere, only slower to hand over under single-threaded TCG.
 
-/// How a waiting pCPU spins: YIELD on the EL2 build, `spin_loop` on the host.
+/// The registered spin-wait step ([`set_relax`]). Its own waits (only
+/// while `set_relax` runs, on one CPU) use `spin`'s default strategy.
+static RELAX: spin::once::Once<fn()> = spin::once::Once::new();
+
+/// Registers `step` as the locks' spin-wait step (the EL2 layer's YIELD).
+/// The first registration wins; later ones are ignored.
+pub fn set_relax(step: fn()) {
+    RELAX.call_once(|| step);
+}
+
+/// How a waiting pCPU spins: the registered step ([`set_relax`]), else
+/// `spin_loop`.
 pub struct Relax;
 
 impl spin::RelaxStrategy for Relax {
@@ -29,19 +44,14 @@ impl spin::RelaxStrategy for Relax {
     }
 }
 
-/// One spin-wait step, for hand-written waits: YIELD on the EL2 build (a
-/// hint on hardware, Linux's `cpu_relax`; QEMU's single-threaded TCG
-/// switches to its next vCPU on it, see above). The locks sit below `arch`,
-/// whose drivers use them, so the one instruction is written here.
+/// One spin-wait step, for hand-written waits above the EL2 layer: the
+/// registered step ([`set_relax`]), else `spin_loop`.
 #[inline(always)]
 pub fn cpu_relax() {
-    #[cfg(all(target_arch = "aarch64", target_os = "none"))]
-    // SAFETY: a hint instruction: no memory, register or flag effects.
-    unsafe {
-        core::arch::asm!("yield", options(nomem, nostack, preserves_flags))
-    };
-    #[cfg(not(all(target_arch = "aarch64", target_os = "none")))]
-    core::hint::spin_loop();
+    match RELAX.get() {
+        Some(step) => step(),
+        None => core::hint::spin_loop(),
+    }
 }
 
 pub type Mutex<T> = spin::mutex::Mutex<T, Relax>;
@@ -77,5 +87,20 @@ mod tests {
             .collect();
         hs.into_iter().for_each(|h| h.join().unwrap());
         assert_eq!(*m.lock(), 20_000);
+    }
+
+    #[test]
+    fn the_registered_relax_step_is_what_waiters_run() {
+        use core::sync::atomic::{AtomicU32, Ordering};
+        static STEPS: AtomicU32 = AtomicU32::new(0);
+        fn step() {
+            STEPS.fetch_add(1, Ordering::Relaxed);
+        }
+        set_relax(step);
+        // The first registration wins.
+        set_relax(|| {});
+        cpu_relax();
+        <Relax as spin::RelaxStrategy>::relax();
+        assert!(STEPS.load(Ordering::Relaxed) >= 2);
     }
 }

@@ -90,6 +90,9 @@ pub(super) fn plan_layout(
 /// .bss) serves discovery and planning; then the planned main heap is added
 /// and the guest built where the plan says.
 pub fn early_init() {
+    // The locks' spin-wait step is the EL2 layer's YIELD from here on,
+    // before any other CPU runs.
+    crate::sync::set_relax(crate::arch::sysreg::cpu_relax);
     // SAFETY: the primary CPU, once, MMU off, before any secondary starts.
     unsafe { mmu::enable(platform::is_device_gib) };
     // SAFETY: the platform's early console is a PL011 only the console
@@ -242,7 +245,7 @@ pub(super) fn bring_up(plat: &Platform, cfg: &Config, plan: &Plan) -> usize {
         }
         stack = None;
         while !pcpu(nr_pcpus).online.load(Ordering::Acquire) {
-            crate::sync::cpu_relax();
+            crate::arch::sysreg::cpu_relax();
         }
         info!("pCPU{nr_pcpus} online (MPIDR {mpidr:#x})");
         nr_pcpus += 1;

@@ -180,7 +180,7 @@ pub(super) fn wait_for(lpi: IntId) -> bool {
             super::super::deactivate(id);
             log::warn!("ITS self-test: unexpected interrupt {}", u32::from(id));
         }
-        crate::sync::cpu_relax();
+        crate::sysreg::cpu_relax();
     }
     false
 }

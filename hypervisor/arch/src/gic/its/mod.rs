@@ -306,7 +306,7 @@ fn disable(base: u64) -> Result<(), ItsError> {
         if LocalRegisterCopy::<u64, GITS_CTLR::Register>::new(u64::from(read32(reg))).is_set(GITS_CTLR::Quiescent) {
             return Ok(());
         }
-        crate::sync::cpu_relax();
+        crate::sysreg::cpu_relax();
     }
     Err(ItsError::Table("the ITS never became quiescent"))
 }

@@ -107,7 +107,7 @@ impl Its {
                     self.wedged = true;
                     return Err(ItsError::Stalled { creadr });
                 }
-                QueueProgress::Busy => crate::sync::cpu_relax(),
+                QueueProgress::Busy => crate::sysreg::cpu_relax(),
             }
         }
         self.wedged = true;

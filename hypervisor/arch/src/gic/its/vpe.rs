@@ -117,7 +117,7 @@ pub fn vpe_nonresident(pcpu: usize, vpt: u64) -> Result<bool, ItsError> {
         if let v4::Residency::Settled { pending_last, .. } = v4::residency(read64(rd + gicr::GICR_VPENDBASER)) {
             return Ok(pending_last);
         }
-        crate::sync::cpu_relax();
+        crate::sysreg::cpu_relax();
     }
     ERRORS.fetch_add(1, Ordering::Relaxed);
     Err(ItsError::VpeDirty { pcpu })
