@@ -10,7 +10,7 @@
 //! - `spec`: a domain as data (`VmSpec`) and where the plan put it
 //! - `domain`: the DomU layout, VM plans and DomU device tree, the console
 //! - `firmware`: the machine from ACPI (`firmware::acpi`: table parser, the
-//!   `Platform` it yields, Dom0's rewritten tables)
+//!   `Machine` it yields, Dom0's rewritten tables)
 //! - `config`: hypervisor options from `/chosen/xen,xen-bootargs` or `/chosen/bootargs`
 //! - `iomem`: which unmapped addresses an ACPI Dom0 gets mapped on demand
 //! - `platform_desc`: the typed platform descriptor each `platforms/*/platform.rs`

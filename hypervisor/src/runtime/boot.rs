@@ -12,7 +12,7 @@ use crate::boot::image::{self as boot_image, KernelLoad};
 use crate::boot::pcpus;
 use crate::boot::plan::{self, LayoutError, Plan};
 use crate::config::{Config, DiskMode};
-use crate::dtb::{self, BootModule, Platform};
+use crate::dtb::{self, BootInfo, BootModule, Machine};
 use crate::hv_fatal;
 use crate::its::v4::LpiPath;
 use crate::platform;
@@ -48,29 +48,30 @@ fn find_dtb(regs: [u64; 4]) -> Result<(&'static [u8], Convention), NoDtb> {
 /// lie in RAM and overlap nothing: an arm64 Image, an ELF file, or a raw
 /// binary at `dom0_kernel_load_addr=`) and plans the layout.
 pub(super) fn plan_layout(
-    plat: &Platform,
+    machine: &Machine,
+    boot: &BootInfo,
     kernel: &BootModule,
     cfg: &Config,
     image: Region,
     dtb: &[u8],
 ) -> Result<Plan, LayoutError> {
     let mut inputs = plan::Inputs {
-        ram: &plat.memory,
+        ram: &machine.memory,
         image,
         dtb: Region { base: dtb.as_ptr() as u64, size: dtb.len() as u64 },
-        reserved: &plat.reserved,
+        reserved: &machine.reserved,
         kernel: plan::Kernel { module: Region { base: kernel.base, size: kernel.size }, image_size: 0, fixed: None },
-        initrd: plat.ramdisk.as_ref().map(|r| Region { base: r.base, size: r.size }),
+        initrd: boot.initrd(),
         dom0_mem: cfg.dom0_mem,
         ram_disk: if cfg.disk == DiskMode::Ram { cfg.disk_size } else { 0 },
         // Grows with the pCPUs (their stacks, rings, LPI tables) and holds
         // every VM's heap quota, so no guest can exhaust it.
         heap_size: crate::quota::heap_size(
-            pcpus::heap_size(plat.cpus.len()),
-            core::iter::once(cfg.dom0_heap_quota).chain(plat.domus.iter().map(|d| d.heap_quota)),
+            pcpus::heap_size(machine.cpus.len()),
+            core::iter::once(cfg.dom0_heap_quota).chain(boot.domus.iter().map(|d| d.heap_quota)),
         ),
         keep_low: platform::PLATFORM.hyp_reserved,
-        domus: &plat.domus,
+        domus: &boot.domus,
     };
     plan::check(&inputs)?;
     // SAFETY: the module lies in RAM (checked just above), identity-mapped
@@ -123,11 +124,11 @@ pub fn primary_main(regs: [u64; 4]) -> ! {
         dtb.as_ptr() as usize,
     );
 
-    let plat = match dtb::discover(dtb) {
+    let (machine, boot) = match dtb::discover(dtb) {
         Ok(p) => p,
         Err(e) => hv_fatal!("device tree: {e}"),
     };
-    let cfg = match Config::parse(plat.bootargs.as_deref().unwrap_or("")) {
+    let cfg = match Config::parse(boot.options()) {
         Ok(c) => c,
         Err(e) => {
             error!("bad hypervisor option: {e:?}; using defaults");
@@ -135,28 +136,28 @@ pub fn primary_main(regs: [u64; 4]) -> ! {
         }
     };
     console::init_log(cfg.loglvl);
-    if let Some(u) = &plat.uart {
+    if let Some(u) = &machine.uart {
         // SAFETY: the DTB's console UART (the same device as the early
         // console on the platforms we support), driven only by `console`.
         unsafe { console::init(u.base as usize) };
     }
-    info!("options: {}", plat.bootargs.as_deref().unwrap_or(""));
+    info!("options: {}", boot.options());
     info!(
         "{} CPUs, RAM {:#x?}, GICv{} GICD {:#x} GICR {:#x}",
-        plat.cpus.len(),
-        plat.memory.iter().map(|r| (r.base, r.size)).collect::<alloc::vec::Vec<_>>(),
-        plat.gic.version,
-        plat.gic.gicd.base,
-        plat.gic.gicr.first().map_or(0, |r| r.base)
+        machine.cpus.len(),
+        machine.memory.iter().map(|r| (r.base, r.size)).collect::<alloc::vec::Vec<_>>(),
+        machine.gic.version,
+        machine.gic.gicd.base,
+        machine.gic.gicr.first().map_or(0, |r| r.base)
     );
-    for d in &plat.domus {
+    for d in &boot.domus {
         info!("{d}");
     }
-    let Some(kernel) = &plat.kernel else {
+    let Some(kernel) = &boot.kernel else {
         hv_fatal!("no guest kernel: the device tree has no /chosen/module@... (multiboot,kernel)");
     };
     let image = Region { base: img_start as u64, size: (img_end - img_start) as u64 };
-    let plan = match plan_layout(&plat, kernel, &cfg, image, dtb) {
+    let plan = match plan_layout(&machine, &boot, kernel, &cfg, image, dtb) {
         Ok(p) => p,
         Err(e) => hv_fatal!("boot layout: {e}"),
     };
@@ -171,17 +172,17 @@ pub fn primary_main(regs: [u64; 4]) -> ! {
     for d in &plan.domus {
         info!("layout: {d}");
     }
-    let nr_pcpus = bring_up(&plat, &cfg, &plan);
+    let nr_pcpus = bring_up(&machine, &cfg, &plan);
     // Keep a copy, though the plan keeps guest memory off the original.
     let host_dtb: &'static [u8] = Box::leak(dtb.to_vec().into_boxed_slice());
-    run_dom0(&plat, &cfg, &plan, &super::dom0::GuestFirmware::Dtb(host_dtb), nr_pcpus)
+    run_dom0(&machine, &boot, &cfg, &plan, &super::dom0::GuestFirmware::Dtb(host_dtb), nr_pcpus)
 }
 
 /// Once the layout is planned, on either boot path (DT, EFI): the main
 /// heap, the per-pCPU state for every CPU the machine describes (up to
 /// `pcpus::MAX_PCPUS`), the physical GIC and ITS, the secondary pCPUs.
 /// Returns how many pCPUs are online.
-pub(super) fn bring_up(plat: &Platform, cfg: &Config, plan: &Plan) -> usize {
+pub(super) fn bring_up(machine: &Machine, cfg: &Config, plan: &Plan) -> usize {
     // SAFETY: the plan put the heap in RAM that holds nothing the
     // hypervisor keeps (image, DTB, modules, reserved regions) and that is
     // identity-mapped normal memory; it is added once.
@@ -189,19 +190,19 @@ pub(super) fn bring_up(plat: &Platform, cfg: &Config, plan: &Plan) -> usize {
 
     // Redistributor regions outside the platform's device windows are not
     // mapped as device memory: left out, with their CPUs.
-    let regions: Vec<Region> = plat.gic.gicr.iter().copied().filter(|r| device_mapped(*r)).collect();
-    for r in plat.gic.gicr.iter().filter(|r| !device_mapped(**r)) {
+    let regions: Vec<Region> = machine.gic.gicr.iter().copied().filter(|r| device_mapped(*r)).collect();
+    for r in machine.gic.gicr.iter().filter(|r| !device_mapped(**r)) {
         warn!("GICR region {:#x}+{:#x} is outside the platform's device windows; its CPUs stay off", r.base, r.size);
     }
-    let described = plat.cpus.len().min(pcpus::MAX_PCPUS);
+    let described = machine.cpus.len().min(pcpus::MAX_PCPUS);
     // SAFETY: the GIC frames the firmware names, inside the platform's
     // device windows (mapped as device memory, checked above); from here
     // only `gic` touches them.
-    let frames = match unsafe { gic::init(plat.gic.gicd.base, &regions, described) } {
+    let frames = match unsafe { gic::init(machine.gic.gicd.base, &regions, described) } {
         Ok(n) => n,
         Err(e) => hv_fatal!("GIC: {e:?}"),
     };
-    let count = match pcpus::count(plat.cpus.len(), gic::served(&plat.cpus)) {
+    let count = match pcpus::count(machine.cpus.len(), gic::served(&machine.cpus)) {
         Ok(c) => c,
         Err(e) => hv_fatal!("{e}"),
     };
@@ -209,15 +210,15 @@ pub(super) fn bring_up(plat: &Platform, cfg: &Config, plan: &Plan) -> usize {
     if count.ignored > 0 {
         warn!(
             "{} CPUs described, {} with a redistributor; bringing up {} (bound {})",
-            plat.cpus.len(),
-            gic::served(&plat.cpus),
+            machine.cpus.len(),
+            gic::served(&machine.cpus),
             count.used,
             pcpus::MAX_PCPUS
         );
     }
     percpu::init(count.used);
 
-    init_its(plat, cfg, count.used);
+    init_its(machine, cfg, count.used);
     gic::init_cpu(0);
     if let Err(e) = crate::vgic::usable_lrs(gic::nr_lrs()) {
         hv_fatal!("GIC: {e}; cannot run guests");
@@ -229,7 +230,7 @@ pub(super) fn bring_up(plat: &Platform, cfg: &Config, plan: &Plan) -> usize {
     let mut nr_pcpus = 1;
     // A stack a CPU did not take (CPU_ON failed) goes to the next one.
     let mut stack = None;
-    for &mpidr in plat.cpus.iter().filter(|&&m| m & 0xff_00ff_ffff != me) {
+    for &mpidr in machine.cpus.iter().filter(|&&m| m & 0xff_00ff_ffff != me) {
         if nr_pcpus >= count.used {
             break;
         }
@@ -294,27 +295,28 @@ fn start_secondary(mpidr: u64, top: u64, index: usize) -> i64 {
 
 /// Creates Dom0 and runs pCPU 0's loop.
 pub(super) fn run_dom0(
-    plat: &Platform,
+    machine: &Machine,
+    boot: &BootInfo,
     cfg: &Config,
     plan: &Plan,
     firmware: &super::dom0::GuestFirmware<'_>,
     nr_pcpus: usize,
 ) -> ! {
-    let host = match vm::Host::init(plat.bootargs.as_deref().unwrap_or(""), cfg, nr_pcpus) {
+    let host = match vm::Host::init(boot.options(), cfg, nr_pcpus) {
         Ok(h) => h,
         Err(e) => hv_fatal!("scheduler: {e}"),
     };
-    // DomUs: the dom0less ones (`Platform::domus`, placed in `Plan::domus`),
+    // DomUs: the dom0less ones (`BootInfo::domus`, placed in `Plan::domus`),
     // or the `domu_selftest=N` test aid, carved from Dom0's RAM before Dom0
     // is built.
     let (plan, domus) = match cfg.domu_selftest {
-        0 => (plan.clone(), plat.domus.iter().cloned().zip(plan.domus.iter().copied()).collect()),
-        _ => match super::domu::selftest(plat, cfg, plan) {
+        0 => (plan.clone(), boot.domus.iter().cloned().zip(plan.domus.iter().copied()).collect()),
+        _ => match super::domu::selftest(boot, cfg, plan) {
             Ok(p) => p,
             Err(e) => hv_fatal!("domu_selftest: {e}"),
         },
     };
-    let dom0: &'static vm::Vm = match vm::Vm::create_dom0(plat, cfg, &plan, firmware, nr_pcpus, host) {
+    let dom0: &'static vm::Vm = match vm::Vm::create_dom0(machine, boot, cfg, &plan, firmware, nr_pcpus, host) {
         Ok(mut vm) => {
             // WFE traps (a spinning vCPU yields) when the vCPUs of all VMs
             // together outnumber the pCPUs: a sibling holding the lock may
@@ -329,7 +331,7 @@ pub(super) fn run_dom0(
     let mut vcpu_base = dom0.vcpus.len() as u32;
     for (spec, placement) in &domus {
         // VMID 1 is Dom0's; DomU N gets N + 1.
-        match vm::Vm::create_domu(spec, placement, plat, nr_pcpus, host, vcpu_base, spec.id + 1) {
+        match vm::Vm::create_domu(spec, placement, machine, nr_pcpus, host, vcpu_base, spec.id + 1) {
             Ok(mut vm) => {
                 vm.overcommitted |= dom0.overcommitted;
                 vcpu_base += vm.vcpus.len() as u32;
@@ -344,8 +346,8 @@ pub(super) fn run_dom0(
 
 /// Sets up the physical ITS, if the DTB names one; without it (or when
 /// its setup fails) the hypervisor runs as before, without host LPIs.
-fn init_its(plat: &Platform, cfg: &Config, pcpus: usize) {
-    let Some(its) = plat.gic.its else {
+fn init_its(machine: &Machine, cfg: &Config, pcpus: usize) {
+    let Some(its) = machine.gic.its else {
         info!("ITS: none in the device tree; no host LPIs");
         return;
     };

@@ -10,7 +10,7 @@ use crate::arch::cache;
 use crate::arch::gic;
 use crate::boot::plan::ModuleCopy;
 use crate::domain::vmplan::{DiskBacking, DiskPlan, HwFacts, VmPlan};
-use crate::dtb::Platform;
+use crate::dtb::Machine;
 use crate::irq::IrqCounters;
 use crate::its::v4::LpiPath;
 use crate::platform;
@@ -62,21 +62,21 @@ pub(super) fn copy_module(c: &ModuleCopy) {
 /// which virtio-mmio slots hold a device (read only when `probe_virtio`:
 /// a DomU gets none), the platform's fallback INTIDs, the PMU interrupt
 /// when guests get a vPMU (`vpmu`, and the CPU's PMU allows it).
-pub(super) fn hw_facts(plat: &Platform, probe_virtio: bool, vpmu: bool) -> HwFacts {
+pub(super) fn hw_facts(machine: &Machine, probe_virtio: bool, vpmu: bool) -> HwFacts {
     let pmu_ok = vpmu && crate::vpmu::supported(crate::arch::el2::cpu_features().pmu);
     HwFacts {
         pa_bits: crate::stage2::pa_bits(crate::arch::el2::parange()),
         nr_spis: gic::nr_spis(),
         its_present: gic::its::its_present(),
         present: if probe_virtio {
-            plat.virtio_mmio.iter().filter(|d| virtio_mmio_present(d.base)).map(|d| d.base).collect()
+            machine.virtio_mmio.iter().filter(|d| virtio_mmio_present(d.base)).map(|d| d.base).collect()
         } else {
             Vec::new()
         },
         uart_intid: platform::PLATFORM.uart_intid,
         maintenance_intid: platform::PLATFORM.maintenance_intid,
         kick: super::percpu::SGI_KICK,
-        pmu_intid: plat.pmu_intid.filter(|_| pmu_ok),
+        pmu_intid: machine.pmu_intid.filter(|_| pmu_ok),
     }
 }
 

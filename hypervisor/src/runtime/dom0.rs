@@ -8,7 +8,7 @@ use super::vm::*;
 use crate::boot::plan::Plan;
 use crate::config::Config;
 use crate::domain::vmplan::{self, Dom0Firmware, VmPlan};
-use crate::dtb::{self, GuestDtbConfig, Platform};
+use crate::dtb::{self, BootInfo, GuestDtbConfig, Machine};
 use crate::quota::Quota;
 use crate::region::Region;
 use crate::sched::SchedConfig;
@@ -42,8 +42,8 @@ pub struct AcpiDom0<'a> {
 /// Writes Dom0's firmware view into the plan's guest DTB slot: a DT
 /// derived from the host's without the nodes the plan hides, or an ACPI
 /// Dom0's tables, EFI system table and memory map.
-fn write_dom0_firmware(plat: &Platform, plan: &Plan, vp: &VmPlan, firmware: &GuestFirmware<'_>) -> Result<(), VmError> {
-    let kernel_mod = plat.kernel.as_ref().ok_or(VmError::NoKernel)?;
+fn write_dom0_firmware(boot: &BootInfo, plan: &Plan, vp: &VmPlan, firmware: &GuestFirmware<'_>) -> Result<(), VmError> {
+    let kernel_mod = boot.kernel.as_ref().ok_or(VmError::NoKernel)?;
     let (ram, nr_vcpus) = (vp.ram, vp.nr_vcpus());
     let initrd = plan.initrd.map(|c| c.dst);
     let bootargs = kernel_mod.bootargs.clone().unwrap_or_else(|| String::from("console=ttyAMA0"));
@@ -103,14 +103,15 @@ impl Vm {
     /// (`Vm::from_plan`). Dom0's vCPUs are host-wide ids 0..nr_vcpus (made
     /// first), in scheduler domain 0; its VMID is 1.
     pub fn create_dom0(
-        plat: &Platform,
+        machine: &Machine,
+        boot: &BootInfo,
         cfg: &Config,
         plan: &Plan,
         firmware: &GuestFirmware<'_>,
         nr_pcpus: usize,
         host: &'static Host,
     ) -> Result<Box<Vm>, VmError> {
-        let hw = hw_facts(plat, true, host.vpmu);
+        let hw = hw_facts(machine, true, host.vpmu);
         let fw_regions: Vec<Region> = match firmware {
             GuestFirmware::Acpi(a) => a.firmware.iter().filter_map(|d| d.region()).collect(),
             GuestFirmware::Dtb(_) => Vec::new(),
@@ -119,7 +120,7 @@ impl Vm {
             GuestFirmware::Acpi(a) => Dom0Firmware::Acpi { firmware: &fw_regions, memory: &a.memory },
             GuestFirmware::Dtb(_) => Dom0Firmware::Dt,
         };
-        let vp = vmplan::plan_dom0(plat, plan, cfg, fw, &hw).map_err(VmError::Plan)?;
+        let vp = vmplan::plan_dom0(machine, boot, plan, cfg, fw, &hw).map_err(VmError::Plan)?;
         info!("dom0 stage 2: {}-bit IPA ({}-bit PA)", vp.ipa.bits(), hw.pa_bits);
         let nr_vcpus = vp.nr_vcpus();
         // The kernel (an Image at the bottom of guest RAM with image_size
@@ -131,13 +132,12 @@ impl Vm {
         if let Some(c) = &plan.initrd {
             copy_module(c);
         }
-        write_dom0_firmware(plat, plan, &vp, firmware)?;
+        write_dom0_firmware(boot, plan, &vp, firmware)?;
         let stage2 = apply_stage2(&vp)?;
         let vgic = apply_vgic(&vp)?;
         log_dom0_devices(&vp, firmware);
 
-        let weights =
-            SchedConfig::vcpu_weights_from_bootargs(plat.bootargs.as_deref().unwrap_or("")).map_err(VmError::Sched)?;
+        let weights = SchedConfig::vcpu_weights_from_bootargs(boot.options()).map_err(VmError::Sched)?;
         let vcpus = start_vcpus(
             &vp,
             host,

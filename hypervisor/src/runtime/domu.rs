@@ -22,7 +22,7 @@ use crate::domain::domu_dt::{build_domu_dtb, DomuDtConfig};
 use crate::domain::layout::{self, DomainError};
 use crate::domain::vmplan;
 use crate::domain::{DomuPlacement, VmSpec};
-use crate::dtb::Platform;
+use crate::dtb::{BootInfo, Machine};
 use crate::region::Region;
 use alloc::boxed::Box;
 use alloc::vec::Vec;
@@ -43,7 +43,7 @@ impl Vm {
     pub fn create_domu(
         spec: &VmSpec,
         placement: &DomuPlacement,
-        plat: &Platform,
+        machine: &Machine,
         nr_pcpus: usize,
         host: &'static Host,
         vcpu_base: u32,
@@ -53,7 +53,7 @@ impl Vm {
         // written), identity-mapped as normal memory.
         let file = unsafe { core::slice::from_raw_parts(spec.kernel.base as *const u8, spec.kernel.size as usize) };
         let load = boot_image::read_kernel(file, spec.kernel_load_addr).map_err(|e| VmError::Layout(e.into()))?;
-        let (vp, l) = vmplan::plan_domu(spec, placement, &load, plat, &hw_facts(plat, false, host.vpmu))
+        let (vp, l) = vmplan::plan_domu(spec, placement, &load, machine, &hw_facts(machine, false, host.vpmu))
             .map_err(VmError::Plan)?;
 
         // SAFETY: the placement's RAM is host RAM nothing else uses (the
@@ -116,8 +116,8 @@ impl Vm {
 /// `domu_selftest=N`: Dom0's plan with its RAM shrunk from the top (the
 /// guest DTB moved to the new top), and the N DomUs' specs and placements
 /// in what was cut off. Dom0 keeps at least 256 MiB.
-pub fn selftest(plat: &Platform, cfg: &Config, plan: &Plan) -> Result<(Plan, Vec<(VmSpec, DomuPlacement)>), VmError> {
-    let Some(kernel) = &plat.kernel else { return Err(VmError::NoKernel) };
+pub fn selftest(boot: &BootInfo, cfg: &Config, plan: &Plan) -> Result<(Plan, Vec<(VmSpec, DomuPlacement)>), VmError> {
+    let Some(kernel) = &boot.kernel else { return Err(VmError::NoKernel) };
     let (left, placements) = layout::selftest_carve(
         plan.guest_ram,
         cfg.domu_selftest,
@@ -135,7 +135,7 @@ pub fn selftest(plat: &Platform, cfg: &Config, plan: &Plan) -> Result<(Plan, Vec
     let specs = layout::selftest_specs(
         cfg.domu_selftest,
         Region { base: kernel.base, size: kernel.size },
-        plat.ramdisk.as_ref().map(|r| Region { base: r.base, size: r.size }),
+        boot.initrd(),
         (cfg.domu_selftest_mem, cfg.domu_selftest_vcpus, cfg.domu_selftest_disk),
         cfg.domu_selftest_cmd.as_deref(),
     );

@@ -478,17 +478,17 @@ mod tests {
             guest_args: DEFAULT_GUEST_ARGS.into(),
         };
         let blob = make_dtb(&spec).unwrap();
-        let p = hypervisor::dtb::discover(&blob).unwrap();
-        assert_eq!(p.bootargs.as_deref(), Some("loglvl=debug"));
+        let (p, boot) = hypervisor::dtb::discover(&blob).unwrap();
+        assert_eq!(boot.bootargs.as_deref(), Some("loglvl=debug"));
         assert_eq!(p.uart.as_ref().map(|u| (u.base, u32::from(u.intid))), Some((0x1C09_0000, 37)));
         assert_eq!(p.virtio_mmio.len(), 1);
         assert_eq!(p.virtio_mmio[0].base, 0x1C13_0000);
         assert_eq!(u32::from(p.virtio_mmio[0].intid), 74);
         assert_eq!(p.cpus.len(), 8);
         assert_eq!(p.cpus.last().copied(), Some(0x10300));
-        let k = p.kernel.as_ref().unwrap();
+        let k = boot.kernel.as_ref().unwrap();
         assert_eq!((k.base, k.size, k.bootargs.as_deref()), (KERNEL_ADDR, 27 << 20, Some(DEFAULT_GUEST_ARGS)));
-        assert_eq!(p.ramdisk.as_ref().map(|r| r.base), Some(0x91e0_0000));
+        assert_eq!(boot.ramdisk.as_ref().map(|r| r.base), Some(0x91e0_0000));
         assert_eq!(p.memory.len(), 1);
         assert_eq!(u32::from(p.gic.maintenance_intid.unwrap()), 25);
     }
@@ -540,10 +540,10 @@ mod tests {
             assert!(line.contains(&want), "missing {want:?} in {line}");
         }
         let dtb = std::fs::read(dir.join("fvp.dtb")).unwrap();
-        let m = hypervisor::dtb::discover(&dtb).unwrap();
-        assert_eq!(m.bootargs.as_deref(), Some("dom0_mem=1024M dom0_max_vcpus=2 loglvl=debug"));
+        let (m, boot) = hypervisor::dtb::discover(&dtb).unwrap();
+        assert_eq!(boot.bootargs.as_deref(), Some("dom0_mem=1024M dom0_max_vcpus=2 loglvl=debug"));
         assert_eq!(m.cpus, vec![0, 0x100]);
-        assert_eq!(m.ramdisk.as_ref().map(|r| (r.base, r.size)), Some((0x9060_0000, 1 << 20)));
+        assert_eq!(boot.ramdisk.as_ref().map(|r| (r.base, r.size)), Some((0x9060_0000, 1 << 20)));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

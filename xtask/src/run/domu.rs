@@ -341,8 +341,9 @@ mod tests {
             assert_eq!((d.weight, d.cap_percent), (256, None));
         }
         // The rest of the machine is what QEMU described.
-        let before = discover(QEMU_DTB).unwrap();
-        let after = discover(&dtb).unwrap();
+        let (machine_before, before) = discover(QEMU_DTB).unwrap();
+        let (machine_after, after) = discover(&dtb).unwrap();
+        assert_eq!(machine_after, machine_before);
         assert_eq!(after.domus, d);
         assert!(d.iter().all(|d| d.kernel_load_addr.is_none()));
         // A raw DomU kernel: hv,kernel-load-addr reaches the parser.
@@ -350,9 +351,9 @@ mod tests {
         let l = layout(&o, 0x4000_0000, 1536, (Path::new("/g/conformance.bin"), 80_000), None);
         let d = dom0less::parse(&add_domus(QEMU_DTB, &l.nodes).unwrap()).unwrap();
         assert_eq!(d[0].kernel_load_addr, Some(0x4000_0000));
-        assert_eq!(hypervisor::dtb::Platform { domus: Vec::new(), ..after }, before);
+        assert_eq!(hypervisor::dtb::BootInfo { domus: Vec::new(), ..after }, before);
         // No DomU: the same tree.
-        assert_eq!(discover(&add_domus(QEMU_DTB, &[]).unwrap()).unwrap(), before);
+        assert_eq!(discover(&add_domus(QEMU_DTB, &[]).unwrap()).unwrap(), (machine_before, before));
     }
 
     #[test]

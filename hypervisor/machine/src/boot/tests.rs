@@ -353,7 +353,7 @@ fn passthrough_devices_must_not_touch_ram_or_the_hypervisor() {
 /// moved onto RAM or the GIC are refused.
 #[test]
 fn pcie_bridge_frames_are_checked_like_devices() {
-    let plat = crate::dtb::discover(include_bytes!("../dtb/testdata/qemu-virt-gicv3-smp2.dtb")).unwrap();
+    let (plat, _) = crate::dtb::discover(include_bytes!("../dtb/testdata/qemu-virt-gicv3-smp2.dtb")).unwrap();
     let frames = plat.pcie[0].passthrough_frames(crate::stage2::IpaSize::DEFAULT.limit());
     assert_eq!(frames, [r(0x40_1000_0000, 0x1000_0000), r(0x3eff_0000, 0x1_0000), r(0x1000_0000, 0x2eff_0000)]);
     let hyp = [

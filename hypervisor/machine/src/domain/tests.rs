@@ -35,7 +35,7 @@ fn domu_dtb_reads_back_with_the_crates_parser() {
         pmu_intid: crate::intid::IntId::try_from(23).ok(),
     };
     let blob = build_domu_dtb(&cfg).expect("builds");
-    let p = crate::dtb::discover(&blob).expect("parses");
+    let (p, boot) = crate::dtb::discover(&blob).expect("parses");
     assert_eq!(p.memory, [ram]);
     assert_eq!(p.cpus, [0, 1]);
     assert_eq!(p.gic.version, 3);
@@ -52,7 +52,7 @@ fn domu_dtb_reads_back_with_the_crates_parser() {
     assert_eq!(u32::from(p.timer.hyp_intid), 26);
     assert_eq!(p.pmu_intid.map(u32::from), Some(23), "the vPMU's overflow PPI");
     assert_eq!(p.psci_method.as_deref(), Some("hvc"));
-    assert_eq!(p.bootargs.as_deref(), Some(cfg.bootargs));
+    assert_eq!(boot.bootargs.as_deref(), Some(cfg.bootargs));
     assert!(p.pcie.is_empty());
     let fdt = fdt::Fdt::new(&blob).expect("fdt");
     let chosen = fdt.find_node("/chosen").expect("chosen");
@@ -73,7 +73,7 @@ fn domu_dtb_without_uart_or_disk_has_neither() {
         disk: false,
         pmu_intid: None,
     };
-    let p = crate::dtb::discover(&build_domu_dtb(&cfg).unwrap()).unwrap();
+    let (p, _) = crate::dtb::discover(&build_domu_dtb(&cfg).unwrap()).unwrap();
     assert!(p.uart.is_none());
     assert!(p.pmu_intid.is_none(), "no vPMU, no PMU node");
     assert!(p.virtio_mmio.is_empty());

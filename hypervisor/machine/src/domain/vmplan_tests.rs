@@ -7,7 +7,7 @@ use super::vmplan::*;
 use crate::boot::image::KernelLoad;
 use crate::boot::plan::{ModuleCopy, Plan, GUEST_DTB_SIZE};
 use crate::config::Config;
-use crate::dtb::{self, BootModule, MmioDevice, Platform};
+use crate::dtb::{self, BootInfo, BootModule, Machine, MmioDevice};
 use crate::intid::IntId;
 use crate::iomem::IoMemDecision;
 use crate::irq::{Route, RouteError};
@@ -31,11 +31,14 @@ fn r(base: u64, size: u64) -> Region {
     Region { base, size }
 }
 
-/// QEMU virt's machine with a kernel module loaded.
-fn platform(dtb: &[u8]) -> Platform {
-    let mut p = dtb::discover(dtb).unwrap();
-    p.kernel = Some(BootModule { base: 0x4800_0000, size: 27 * MIB, bootargs: None });
-    p
+/// QEMU virt's machine.
+fn platform(dtb: &[u8]) -> Machine {
+    dtb::discover(dtb).unwrap().0
+}
+
+/// A kernel module loaded, nothing else.
+fn with_kernel() -> BootInfo {
+    BootInfo { kernel: Some(BootModule { base: 0x4800_0000, size: 27 * MIB, bootargs: None }), ..BootInfo::default() }
 }
 
 /// A boot plan in QEMU virt's 1 GiB at 0x4000_0000: image, heap, Dom0's
@@ -75,7 +78,7 @@ fn cfg(args: &str) -> Config {
 }
 
 fn dom0(dtb: &[u8], args: &str) -> Result<VmPlan, PlanError> {
-    plan_dom0(&platform(dtb), &boot_plan(), &cfg(args), Dom0Firmware::Dt, &hw(true))
+    plan_dom0(&platform(dtb), &with_kernel(), &boot_plan(), &cfg(args), Dom0Firmware::Dt, &hw(true))
 }
 
 fn devices(p: &VmPlan) -> Vec<Device> {
@@ -149,7 +152,7 @@ fn ram_disk_takes_the_last_present_slot_and_hides_its_page() {
     // No RAM disk in the boot plan: refused.
     let mut plan = boot_plan();
     plan.ram_disk = None;
-    let e = plan_dom0(&platform(V3_SMP2), &plan, &cfg("dom0_disk=ram"), Dom0Firmware::Dt, &hw(false));
+    let e = plan_dom0(&platform(V3_SMP2), &with_kernel(), &plan, &cfg("dom0_disk=ram"), Dom0Firmware::Dt, &hw(false));
     assert_eq!(e.unwrap_err(), PlanError::NoRamDisk);
 }
 
@@ -161,7 +164,14 @@ fn backend_disk_routes_the_physical_spi_and_needs_a_device() {
     assert_eq!(p.routes().unwrap().lookup(id(79)), Some(Route::PhysDisk));
     let mut empty = hw(false);
     empty.present.clear();
-    let e = plan_dom0(&platform(V3_SMP2), &boot_plan(), &cfg("dom0_disk=backend"), Dom0Firmware::Dt, &empty);
+    let e = plan_dom0(
+        &platform(V3_SMP2),
+        &with_kernel(),
+        &boot_plan(),
+        &cfg("dom0_disk=backend"),
+        Dom0Firmware::Dt,
+        &empty,
+    );
     assert_eq!(e.unwrap_err(), PlanError::NoPhysDisk);
 }
 
@@ -191,12 +201,20 @@ fn pcie_modes_pass_the_bridge_through_with_intx_and_the_vits() {
         assert!(!p.hidden_paths.iter().any(|h| h.starts_with("/pcie")));
     }
     // Without a working physical ITS: INTx only.
-    let p = plan_dom0(&platform(V4_SMP4), &boot_plan(), &cfg("dom0_disk=nvme"), Dom0Firmware::Dt, &hw(false)).unwrap();
+    let p = plan_dom0(
+        &platform(V4_SMP4),
+        &with_kernel(),
+        &boot_plan(),
+        &cfg("dom0_disk=nvme"),
+        Dom0Firmware::Dt,
+        &hw(false),
+    )
+    .unwrap();
     assert!(p.its.is_none() && !p.vgic.lpis && !devices(&p).contains(&Device::Vits));
     // No bridge on the machine: refused.
     let mut plat = platform(V4_SMP4);
     plat.pcie.clear();
-    let e = plan_dom0(&plat, &boot_plan(), &cfg("dom0_disk=nvme"), Dom0Firmware::Dt, &hw(true));
+    let e = plan_dom0(&plat, &with_kernel(), &boot_plan(), &cfg("dom0_disk=nvme"), Dom0Firmware::Dt, &hw(true));
     assert_eq!(e.unwrap_err(), PlanError::NoPcieBridge);
 }
 
@@ -214,7 +232,7 @@ fn acpi_dom0_gets_all_spis_but_the_uart_and_iomem_on_demand() {
     let memory = [r(0x4000_0000, 0x4000_0000), r(0x0400_0000, 0x0400_0000)];
     let fw = Dom0Firmware::Acpi { firmware: &firmware, memory: &memory };
     let h = HwFacts { pa_bits: 44, ..hw(true) };
-    let p = plan_dom0(&platform(V4_SMP4), &boot_plan(), &cfg("dom0_disk=nvme"), fw, &h).unwrap();
+    let p = plan_dom0(&platform(V4_SMP4), &with_kernel(), &boot_plan(), &cfg("dom0_disk=nvme"), fw, &h).unwrap();
     check_mappings(&p);
     // The whole PA space, the bridge always passed through, no DT hiding.
     assert_eq!(p.ipa.limit(), 1 << 44);
@@ -233,7 +251,7 @@ fn acpi_dom0_gets_all_spis_but_the_uart_and_iomem_on_demand() {
     }
     assert!(matches!(io.decide(1 << 44), IoMemDecision::Deny(_)));
     // An emulated disk has no DSDT entry: refused.
-    let e = plan_dom0(&platform(V4_SMP4), &boot_plan(), &cfg("dom0_disk=ram"), fw, &hw(true));
+    let e = plan_dom0(&platform(V4_SMP4), &with_kernel(), &boot_plan(), &cfg("dom0_disk=ram"), fw, &hw(true));
     assert_eq!(e.unwrap_err(), PlanError::EmulatedDiskOnAcpi);
 }
 
@@ -247,7 +265,7 @@ fn impossible_dom0_requests_are_typed_errors() {
     let try_with = |d: MmioDevice, hw: &HwFacts| {
         let mut plat = platform(V3_SMP2);
         plat.virtio_mmio.push(d);
-        plan_dom0(&plat, &plan, &cfg("dom0_disk=passthrough"), Dom0Firmware::Dt, hw)
+        plan_dom0(&plat, &with_kernel(), &plan, &cfg("dom0_disk=passthrough"), Dom0Firmware::Dt, hw)
     };
     let h = hw(false);
     // Passthrough over RAM, the hypervisor's UART, the GIC, its heap.
@@ -269,9 +287,11 @@ fn impossible_dom0_requests_are_typed_errors() {
     let p = try_with(virtio(0x0b00_0000, 26), &h).unwrap();
     assert!(!p.forwarded.iter().any(|f| f.intid == id(26)));
     // No kernel module, no vCPU.
-    let mut plat = platform(V3_SMP2);
-    plat.kernel = None;
-    assert_eq!(plan_dom0(&plat, &plan, &cfg(""), Dom0Firmware::Dt, &h).unwrap_err(), PlanError::NoKernel);
+    let no_kernel = BootInfo::default();
+    assert_eq!(
+        plan_dom0(&platform(V3_SMP2), &no_kernel, &plan, &cfg(""), Dom0Firmware::Dt, &h).unwrap_err(),
+        PlanError::NoKernel
+    );
 }
 
 #[test]
@@ -344,8 +364,7 @@ fn acpi_dom0_on_qemu_edk2_tables() {
     use crate::firmware::acpi::{AcpiMachine, MemImage, Tables};
     const MEM: &[u8] = include_bytes!("../firmware/acpi/testdata/qemu-virt-mem-77130000.bin");
     let tables = Tables::from_rsdp(&MemImage { base: 0x7713_0000, bytes: MEM }, 0x7713_0018).unwrap();
-    let mut plat = AcpiMachine::parse(&tables).unwrap().to_platform(Vec::from([r(0x4000_0000, 0x4000_0000)])).unwrap();
-    plat.kernel = Some(BootModule { base: 0x4800_0000, size: 27 * MIB, bootargs: None });
+    let mut plat = AcpiMachine::parse(&tables).unwrap().to_machine(Vec::from([r(0x4000_0000, 0x4000_0000)])).unwrap();
     // A second ITS (a machine with one per socket): never Dom0's either.
     let second_its = r(0x0a10_0000, 0x2_0000);
     plat.gic.other_its.push(second_its);
@@ -354,7 +373,7 @@ fn acpi_dom0_on_qemu_edk2_tables() {
     let fw = Dom0Firmware::Acpi { firmware: &firmware, memory: &memory };
     let h = HwFacts { present: Vec::new(), ..hw(true) };
     for (mode, its) in [("dom0_disk=nvme", true), ("dom0_disk=virtio-pci", true), ("dom0_disk=none", false)] {
-        let p = plan_dom0(&plat, &boot_plan(), &cfg(mode), fw, &h).unwrap();
+        let p = plan_dom0(&plat, &with_kernel(), &boot_plan(), &cfg(mode), fw, &h).unwrap();
         check_mappings(&p);
         // The MCFG's host bridge, always; the ITS only for a PCIe disk.
         assert_eq!(p.bridges.len(), 1);
@@ -373,7 +392,7 @@ fn acpi_dom0_on_qemu_edk2_tables() {
         assert!(matches!(io.decide(0x0a00_0000), IoMemDecision::Map(_)));
     }
     for mode in ["dom0_disk=ram", "dom0_disk=backend"] {
-        let e = plan_dom0(&plat, &boot_plan(), &cfg(mode), fw, &h).unwrap_err();
+        let e = plan_dom0(&plat, &with_kernel(), &boot_plan(), &cfg(mode), fw, &h).unwrap_err();
         assert_eq!(e, PlanError::EmulatedDiskOnAcpi);
     }
 }
@@ -384,25 +403,25 @@ fn acpi_dom0_on_qemu_edk2_tables() {
 fn dom0s_spec_comes_from_the_options_the_modules_and_the_boot_plan() {
     let args = "dom0_max_vcpus=2 dom0_weight=512 dom0_cap=50 dom0_vcpus_pin dom0_heap_quota=8M dom0_disk=ram \
                 dom0_disk_size=64M";
-    let mut plat = platform(V3_SMP2);
-    plat.ramdisk = Some(BootModule { base: 0x4a00_0000, size: 3 * MIB, bootargs: None });
-    plat.bootargs = Some(String::from("console=ttyAMA0"));
-    let spec = dom0_spec(&plat, &boot_plan(), &cfg(args)).unwrap();
+    let plat = platform(V3_SMP2);
+    let mut boot = with_kernel();
+    boot.ramdisk = Some(BootModule { base: 0x4a00_0000, size: 3 * MIB, bootargs: None });
+    boot.bootargs = Some(String::from("console=ttyAMA0"));
+    let spec = dom0_spec(&plat, &boot, &boot_plan(), &cfg(args)).unwrap();
     assert_eq!((spec.id, spec.name.as_str()), (0, "Dom0"));
     assert_eq!((spec.memory, spec.vcpus), (512 * MIB, 2));
     assert_eq!((spec.weight, spec.cap_percent, spec.pin_vcpus), (512, Some(50), true));
     assert_eq!((spec.heap_quota, spec.disk_size), (8 * MIB, 64 * MIB));
     assert_eq!((spec.kernel, spec.ramdisk), (r(0x4800_0000, 27 * MIB), Some(r(0x4a00_0000, 3 * MIB))));
     assert_eq!(spec.bootargs, "console=ttyAMA0");
-    let p = plan_dom0(&plat, &boot_plan(), &cfg(args), Dom0Firmware::Dt, &hw(true)).unwrap();
+    let p = plan_dom0(&plat, &boot, &boot_plan(), &cfg(args), Dom0Firmware::Dt, &hw(true)).unwrap();
     assert_eq!(p.spec, spec);
     assert_eq!(p.nr_vcpus(), 2);
 
     // The defaults: one vCPU, Credit2's weight, uncapped, floating, no RAM disk.
-    let d = dom0_spec(&platform(V3_SMP2), &boot_plan(), &cfg("")).unwrap();
+    let d = dom0_spec(&platform(V3_SMP2), &with_kernel(), &boot_plan(), &cfg("")).unwrap();
     assert_eq!((d.vcpus, d.weight, d.cap_percent, d.pin_vcpus, d.disk_size), (1, 256, None, false, 0));
 
-    let mut none = platform(V3_SMP2);
-    none.kernel = None;
-    assert!(matches!(dom0_spec(&none, &boot_plan(), &cfg("")), Err(PlanError::NoKernel)));
+    let none = BootInfo::default();
+    assert!(matches!(dom0_spec(&platform(V3_SMP2), &none, &boot_plan(), &cfg("")), Err(PlanError::NoKernel)));
 }

@@ -1,4 +1,4 @@
-//! [`discover`]: the boot DTB → a [`Platform`] value.
+//! [`discover`]: the boot DTB → the [`Machine`] and the [`BootInfo`].
 //!
 //! Each piece is found by binding (compatible string, `device_type`, or the
 //! standard `/chosen`, `/cpus`, `/aliases` paths), never by address, so the
@@ -15,12 +15,12 @@ use fdt::Fdt;
 use super::blob;
 use super::tree::{self, gic_irq, is_compatible, is_enabled, prop, prop_str, prop_u32, Entry, Index};
 use super::{
-    BootModule, DtbError, GicInfo, MmioDevice, MsiMapEntry, PciSpace, PciWindow, PcieHost, Platform, Region, TimerInfo,
-    UartInfo,
+    BootInfo, BootModule, DtbError, GicInfo, Machine, MmioDevice, MsiMapEntry, PciSpace, PciWindow, PcieHost, Region,
+    TimerInfo, UartInfo,
 };
 
-/// Reads the platform description from the boot DTB.
-pub fn discover(dtb: &[u8]) -> Result<Platform, DtbError> {
+/// Reads the board and what to run on it from the boot DTB.
+pub fn discover(dtb: &[u8]) -> Result<(Machine, BootInfo), DtbError> {
     let checked = blob::check(dtb)?;
     let fdt = Fdt::new(&checked.blob).map_err(|_| DtbError::Parse)?;
     let idx = Index::new(&fdt)?;
@@ -40,7 +40,7 @@ pub fn discover(dtb: &[u8]) -> Result<Platform, DtbError> {
         .find(|e| is_enabled(e.node) && compatible_prefix(e, "arm,psci"))
         .and_then(|e| prop_str(e.node, "method"))
         .map(String::from);
-    let platform = Platform {
+    let machine = Machine {
         memory: memory(&idx)?,
         reserved: reserved(&idx, checked.reserved)?,
         cpus: cpus(&idx)?,
@@ -50,13 +50,15 @@ pub fn discover(dtb: &[u8]) -> Result<Platform, DtbError> {
         virtio_mmio: virtio_mmio(&idx, gic_idx)?,
         pcie: pcie(&idx, gic_idx)?,
         psci_method,
+        gic,
+    };
+    let boot = BootInfo {
         bootargs: chosen.and_then(|c| hypervisor_bootargs(idx.entries[c].node)).map(String::from),
         kernel,
         ramdisk,
         domus,
-        gic,
     };
-    Ok(platform)
+    Ok((machine, boot))
 }
 
 /// The hypervisor's options in `/chosen`: `xen,xen-bootargs` when present

@@ -152,7 +152,7 @@ impl fmt::Display for DomainError {
 
 /// Reads the DomUs of a boot DTB (checked first, like [`crate::dtb::discover`],
 /// which does the same as part of discovery and keeps the result in
-/// `Platform::domus`).
+/// `BootInfo::domus`).
 pub fn parse(dtb: &[u8]) -> Result<Vec<VmSpec>, DtbError> {
     let checked = crate::dtb::blob::check(dtb)?;
     let fdt = Fdt::new(&checked.blob).map_err(|_| DtbError::Parse)?;

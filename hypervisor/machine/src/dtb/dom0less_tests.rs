@@ -340,16 +340,17 @@ fn discovery_carries_the_domus_and_dom0_does_not_see_them() {
         domu(w, "domU1", &p, &m);
         domu(w, "domU2", &p, &m);
     });
-    let plat = discover(&host).unwrap();
-    assert_eq!(plat.domus.len(), 2);
-    assert_eq!(plat.domus, parse(&host).unwrap());
-    assert_eq!(plat.domus[1].id, 2);
+    let (plat, boot) = discover(&host).unwrap();
+    assert_eq!(boot.domus.len(), 2);
+    assert_eq!(boot.domus, parse(&host).unwrap());
+    assert_eq!(boot.domus[1].id, 2);
     // Dom0's own modules are unchanged by the DomU modules beside them.
-    assert_eq!(plat.kernel.as_ref().map(|k| k.base), Some(0x5000_0000));
-    assert_eq!(plat.ramdisk.as_ref().map(|k| k.base), Some(0x5800_0000));
-    let without = discover(V3_SMP2).unwrap();
-    assert_eq!(without.domus, []);
-    assert_eq!(crate::dtb::Platform { domus: Vec::new(), ..plat }, without);
+    assert_eq!(boot.kernel.as_ref().map(|k| k.base), Some(0x5000_0000));
+    assert_eq!(boot.ramdisk.as_ref().map(|k| k.base), Some(0x5800_0000));
+    let (without, without_boot) = discover(V3_SMP2).unwrap();
+    assert_eq!(without_boot.domus, []);
+    assert_eq!(plat, without);
+    assert_eq!(crate::dtb::BootInfo { domus: Vec::new(), ..boot }, without_boot);
     // Dom0's DTB: no xen,domain node left under /chosen.
     let cfg = GuestDtbConfig {
         memory: Region { base: 0x6000_0000, size: 0x2000_0000 },

@@ -7,10 +7,11 @@
 //! and the guest kernel and initrd arrive as `/chosen/module@…` nodes of
 //! Xen's multiboot binding (`multiboot,kernel`, `multiboot,ramdisk`, generic
 //! `multiboot,module`), which QEMU's `-device guest-loader` writes for us.
-//! [`discover`] turns that tree into a plain [`Platform`] value — RAM, CPUs by
-//! MPIDR, the GICv3 frames, console UART, timer PPIs, virtio-mmio slots,
-//! PSCI conduit, our own `/chosen/bootargs` and the boot modules — so the rest
-//! of the hypervisor never touches the DTB.
+//! [`discover`] turns that tree into two plain values — the [`Machine`] (RAM,
+//! CPUs by MPIDR, the GICv3 frames, console UART, timer PPIs, virtio-mmio
+//! slots, PSCI conduit) and the [`BootInfo`] (our own `/chosen/bootargs`, the
+//! boot modules, the dom0less DomUs) — so the rest of the hypervisor never
+//! touches the DTB.
 //!
 //! The guest gets the *host's* tree, edited: it sees the GIC at the same
 //! addresses (we emulate distributor and redistributors there), but only its
@@ -253,10 +254,13 @@ impl PcieHost {
     }
 }
 
-/// Everything the hypervisor learns from the boot DTB.
+/// What the DT or ACPI says the board is: RAM, CPUs, interrupt controller,
+/// console, timer, devices, firmware conduit. Hardware only: what to run on
+/// it is the [`BootInfo`] beside it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Platform {
-    /// RAM from `device_type = "memory"` nodes, in tree order.
+pub struct Machine {
+    /// RAM from `device_type = "memory"` nodes (or the EFI memory map), in
+    /// order.
     pub memory: Vec<Region>,
     /// Memory-reservation block entries and `/reserved-memory/*` `reg`s.
     pub reserved: Vec<Region>,
@@ -275,13 +279,32 @@ pub struct Platform {
     pub pcie: Vec<PcieHost>,
     /// `/psci` `method` ("smc" or "hvc").
     pub psci_method: Option<String>,
-    /// `/chosen/bootargs`: the hypervisor's own options.
+}
+
+/// What the boot loader handed over to run: the hypervisor's own options,
+/// Dom0's modules and the dom0less DomUs (from `/chosen`, or on a UEFI boot
+/// from the configuration file and the files it names).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BootInfo {
+    /// `/chosen/bootargs` (or `xen,xen-bootargs`): the hypervisor's options.
     pub bootargs: Option<String>,
     pub kernel: Option<BootModule>,
     pub ramdisk: Option<BootModule>,
     /// The dom0less DomUs (`/chosen/domU*`, `compatible = "xen,domain"`),
     /// in tree order: see [`dom0less`].
     pub domus: Vec<VmSpec>,
+}
+
+impl BootInfo {
+    /// The hypervisor's options ("" when there are none).
+    pub fn options(&self) -> &str {
+        self.bootargs.as_deref().unwrap_or("")
+    }
+
+    /// Dom0's initrd as a range.
+    pub fn initrd(&self) -> Option<Region> {
+        self.ramdisk.as_ref().map(|r| Region { base: r.base, size: r.size })
+    }
 }
 
 /// How to edit the host tree into the guest's.

@@ -39,7 +39,7 @@ const V4_SMP4: &[u8] = include_bytes!("testdata/qemu-virt-gicv4-smp4.dtb");
 /// (then `dtc -I dtb -O dtb`, as above).
 const SECURE_XEN_BOOTARGS: &[u8] = include_bytes!("testdata/qemu-virt-secure-xen-bootargs.dtb");
 
-fn check_qemu_platform(p: &Platform, ncpus: usize) {
+fn check_qemu_platform((p, boot): &(Machine, BootInfo), ncpus: usize) {
     assert_eq!(p.memory, vec![Region { base: 0x4000_0000, size: 0x4000_0000 }]);
     assert_eq!(p.cpus, (0..ncpus as u64).collect::<Vec<_>>());
     assert_eq!(p.gic.version, 3);
@@ -62,12 +62,12 @@ fn check_qemu_platform(p: &Platform, ncpus: usize) {
     assert_eq!(p.virtio_mmio[0].base, 0x0a00_0000);
     assert_eq!(p.virtio_mmio[0].intid, id(48));
     assert_eq!(p.psci_method.as_deref(), Some("smc"));
-    assert_eq!(p.bootargs, None);
-    let k = p.kernel.as_ref().expect("kernel module");
+    assert_eq!(boot.bootargs, None);
+    let k = boot.kernel.as_ref().expect("kernel module");
     assert_eq!(k.base, 0x5000_0000);
     assert!(k.size > 0);
     assert_eq!(k.bootargs.as_deref(), Some("console=ttyAMA0 root=x"));
-    let rd = p.ramdisk.as_ref().expect("ramdisk module");
+    let rd = boot.ramdisk.as_ref().expect("ramdisk module");
     assert_eq!(rd.base, 0x5800_0000);
     assert_eq!(rd.bootargs, None);
     assert!(p.reserved.is_empty());
@@ -85,17 +85,17 @@ fn discover_qemu_gicv4_smp4() {
 
 #[test]
 fn the_hypervisor_reads_xen_bootargs_first_and_keeps_them_from_dom0() {
-    let p = discover(SECURE_XEN_BOOTARGS).unwrap();
-    assert_eq!(p.bootargs.as_deref(), Some("dom0_mem=512M dom0_max_vcpus=2 loglvl=debug"));
+    let (p, boot) = discover(SECURE_XEN_BOOTARGS).unwrap();
+    assert_eq!(boot.bootargs.as_deref(), Some("dom0_mem=512M dom0_max_vcpus=2 loglvl=debug"));
     // secure=on adds a secure-only UART (status "disabled"); the console stays UART0.
     assert_eq!(p.uart.as_ref().map(|u| u.base), Some(0x0900_0000));
-    assert_eq!(p.kernel.as_ref().map(|k| k.base), Some(0x5000_0000));
-    assert_eq!(p.ramdisk.as_ref().map(|r| r.base), Some(0x5800_0000));
+    assert_eq!(boot.kernel.as_ref().map(|k| k.base), Some(0x5000_0000));
+    assert_eq!(boot.ramdisk.as_ref().map(|r| r.base), Some(0x5800_0000));
     assert_eq!(p.cpus, [0, 1]);
     // Without xen,xen-bootargs: /chosen/bootargs.
     let cfg = guest_config(V3_SMP2);
     assert_eq!(
-        discover(&build_guest_dtb(V3_SMP2, &cfg).unwrap()).unwrap().bootargs.as_deref(),
+        discover(&build_guest_dtb(V3_SMP2, &cfg).unwrap()).unwrap().1.bootargs.as_deref(),
         Some(cfg.bootargs.as_str())
     );
     // Dom0's DTB has its own bootargs and not the hypervisor's options.
@@ -234,15 +234,15 @@ fn guest_dtb_round_trip() {
         assert!(v.property("dma-coherent").is_some());
 
         // And our own reader agrees with all of it.
-        let p = discover(&out).unwrap();
+        let (p, boot) = discover(&out).unwrap();
         assert_eq!(p.memory, vec![cfg.memory]);
         assert_eq!(p.cpus, cfg.vcpu_mpidrs);
         assert_eq!(p.gic.gicd.base, 0x0800_0000);
         assert_eq!(p.gic.its, None);
         assert_eq!(p.gic.maintenance_intid, Some(id(25)));
         assert_eq!(p.psci_method.as_deref(), Some("hvc"));
-        assert_eq!(p.bootargs.as_deref(), Some(cfg.bootargs.as_str()));
-        assert_eq!(p.kernel, None);
+        assert_eq!(boot.bootargs.as_deref(), Some(cfg.bootargs.as_str()));
+        assert_eq!(boot.kernel, None);
         assert_eq!(p.virtio_mmio.len(), 33);
         assert_eq!(p.virtio_mmio[32].intid, id(80));
         assert_eq!(p.uart.unwrap().base, 0x0900_0000);
@@ -293,7 +293,7 @@ fn guest_dtb_replaces_host_node_at_same_path() {
     cfg.extra_virtio_mmio[0].intid = id(79);
     cfg.extra_virtio_mmio[0].edge = false;
     let out = build_guest_dtb(V3_SMP2, &cfg).unwrap();
-    let p = discover(&out).unwrap();
+    let (p, _) = discover(&out).unwrap();
     assert_eq!(p.virtio_mmio.len(), 32);
     let d = p.virtio_mmio.iter().find(|d| d.base == 0x0a00_3e00).unwrap();
     assert!(!d.edge);
@@ -333,8 +333,7 @@ fn nop_tokens_are_tolerated() {
     for word in blob[start..end].chunks_exact_mut(4) {
         word.copy_from_slice(&4u32.to_be_bytes());
     }
-    let p = discover(&blob).unwrap();
-    assert_eq!(p, discover(V3_SMP2).unwrap());
+    assert_eq!(discover(&blob).unwrap(), discover(V3_SMP2).unwrap());
     let out = build_guest_dtb(&blob, &GuestDtbConfig { vcpu_mpidrs: vec![0], ..guest_config(&blob) }).unwrap();
     assert!(Fdt::new(&out).is_ok());
 }
@@ -654,7 +653,7 @@ fn fvp_buses(w: &mut vm_fdt::FdtWriter, flavour: Flavour) {
     w.end_node(bus).unwrap();
 }
 
-fn check_fvp_platform(p: &Platform) {
+fn check_fvp_platform(p: &Machine) {
     assert_eq!(p.memory, vec![FVP_BANK0, FVP_BANK1]);
     assert_eq!(p.reserved, vec![FVP_MEMRESERVE, FVP_SECURE]);
     assert_eq!(p.cpus, FVP_MPIDRS.to_vec());
@@ -675,12 +674,12 @@ fn check_fvp_platform(p: &Platform) {
 
 #[test]
 fn discover_fvp_linux_flavour() {
-    check_fvp_platform(&discover(&fvp_dtb(Flavour::Linux)).unwrap());
+    check_fvp_platform(&discover(&fvp_dtb(Flavour::Linux)).unwrap().0);
 }
 
 #[test]
 fn discover_fvp_tfa_flavour() {
-    check_fvp_platform(&discover(&fvp_dtb(Flavour::TfA)).unwrap());
+    check_fvp_platform(&discover(&fvp_dtb(Flavour::TfA)).unwrap().0);
 }
 
 #[test]
@@ -697,7 +696,7 @@ fn fvp_guest_dtb_reads_back() {
             keep_its: false,
             ipa_size: None,
         };
-        let p = discover(&build_guest_dtb(&host, &cfg).unwrap()).unwrap();
+        let (p, _) = discover(&build_guest_dtb(&host, &cfg).unwrap()).unwrap();
         assert_eq!(p.memory, vec![cfg.memory]);
         assert_eq!(p.cpus, vec![0, 1]);
         assert_eq!(p.gic.its, None);
@@ -712,7 +711,7 @@ fn fvp_guest_dtb_reads_back() {
 #[test]
 fn fvp_reserved_memory_is_never_ram_for_the_heap_or_dom0() {
     use crate::boot::plan::{plan, Inputs, Kernel};
-    let p = discover(&fvp_dtb(Flavour::Linux)).unwrap();
+    let (p, _) = discover(&fvp_dtb(Flavour::Linux)).unwrap();
     let base = Inputs {
         ram: &p.memory,
         // TF-A's BL33 address, its DTB address.
@@ -797,7 +796,7 @@ fn fvp_bad_translations_and_maps_are_errors() {
         // Empty `ranges` on the iofpga bus is the identity: 0x130000 is then
         // <0 0x130000> on the outer bus, i.e. in chip select 0's window.
         let t = fvp_with(flavour, FVP_IOFPGA, "ranges", Some(&[]));
-        assert_eq!(discover(&t).unwrap().virtio_mmio[0].base, 0x0813_0000);
+        assert_eq!(discover(&t).unwrap().0.virtio_mmio[0].base, 0x0813_0000);
         // A bus address no window covers.
         let t = fvp_with(flavour, FVP_IOFPGA, "ranges", Some(&be(&[0, 7, 0, 0x20_0000])));
         assert_eq!(discover(&t), Err(DtbError::BadValue("reg outside its bus's ranges")));
@@ -858,14 +857,14 @@ fn interrupts_extended_goes_through_the_named_parent() {
     for flavour in [Flavour::Linux, Flavour::TfA] {
         // Straight to the GIC (three cells), overriding `interrupts`.
         let t = fvp_with(flavour, UART, "interrupts-extended", Some(&be(&[FVP_GIC_PHANDLE, 0, 40, 4])));
-        assert_eq!(discover(&t).unwrap().uart.map(|u| u.intid), Some(id(72)));
+        assert_eq!(discover(&t).unwrap().0.uart.map(|u| u.intid), Some(id(72)));
         // Through the bus nexus (one cell).
         let t = fvp_with(flavour, UART, "interrupts-extended", Some(&be(&[FVP_BUS_PHANDLE, 41])));
-        assert_eq!(discover(&t).unwrap().uart.map(|u| u.intid), Some(id(73)));
+        assert_eq!(discover(&t).unwrap().0.uart.map(|u| u.intid), Some(id(73)));
         // Cut short, or naming no node: no console rather than a wrong one.
         for bad in [&[FVP_GIC_PHANDLE, 0, 40][..], &[99, 5], &[]] {
             let t = fvp_with(flavour, UART, "interrupts-extended", Some(&be(bad)));
-            assert_eq!(discover(&t).unwrap().uart.map(|u| u.base), Some(0x1c0a_0000), "{bad:?}");
+            assert_eq!(discover(&t).unwrap().0.uart.map(|u| u.base), Some(0x1c0a_0000), "{bad:?}");
         }
     }
 }
@@ -891,7 +890,7 @@ fn corrupted_fvp_trees_never_panic() {
 #[test]
 fn discover_pcie_host_on_qemu_virt() {
     for host in [V3_SMP2, V4_SMP4] {
-        let p = discover(host).unwrap();
+        let (p, _) = discover(host).unwrap();
         assert_eq!(p.pcie.len(), 1);
         let b = &p.pcie[0];
         assert_eq!(b.path, "/pcie@10000000");
@@ -946,9 +945,9 @@ fn guest_pcie_bridge_is_trimmed_to_the_ipa_space() {
     assert!(node.property("msi-map").is_none());
     assert!(node.property("interrupt-map").is_some());
     assert!(f.find_node("/intc@8000000/its@8080000").is_none());
-    let p = discover(&out).unwrap();
+    let (p, _) = discover(&out).unwrap();
     assert_eq!(p.gic.its, None);
-    let host = &discover(V3_SMP2).unwrap().pcie[0];
+    let host = &discover(V3_SMP2).unwrap().0.pcie[0];
     let b = &p.pcie[0];
     assert_eq!(b.windows, host.windows[..2]);
     assert_eq!((b.ecam, b.bus_range, &b.intx), (host.ecam, host.bus_range, &host.intx));
@@ -957,14 +956,14 @@ fn guest_pcie_bridge_is_trimmed_to_the_ipa_space() {
     // A larger IPA space keeps the 64-bit window; the ITS switch keeps the
     // MSI properties byte for byte.
     let cfg = GuestDtbConfig { keep_its: true, ipa_size: Some(1 << 40), ..guest_config(V3_SMP2) };
-    let p = discover(&build_guest_dtb(V3_SMP2, &cfg).unwrap()).unwrap();
+    let (p, _) = discover(&build_guest_dtb(V3_SMP2, &cfg).unwrap()).unwrap();
     assert_eq!(p.pcie[0].windows, host.windows);
     assert_eq!(p.pcie[0].msi_map, host.msi_map);
     assert_eq!(p.gic.its, Some(Region { base: 0x0808_0000, size: 0x2_0000 }));
     // A bridge removed by path is gone whole.
     let mut cfg = guest_config(V3_SMP2);
     cfg.remove_paths.push(host.path.clone());
-    assert!(discover(&build_guest_dtb(V3_SMP2, &cfg).unwrap()).unwrap().pcie.is_empty());
+    assert!(discover(&build_guest_dtb(V3_SMP2, &cfg).unwrap()).unwrap().0.pcie.is_empty());
 }
 
 /// Bad bridge properties are errors naming them, never panics.
@@ -1020,7 +1019,7 @@ fn qemu_two_gicr_regions() -> Vec<u8> {
 
 #[test]
 fn discover_two_redistributor_regions() {
-    let p = discover(&qemu_two_gicr_regions()).unwrap();
+    let (p, _) = discover(&qemu_two_gicr_regions()).unwrap();
     assert_eq!(p.gic.gicd, Region { base: 0x0800_0000, size: 0x1_0000 });
     assert_eq!(
         p.gic.gicr,
@@ -1044,7 +1043,7 @@ fn dom0_sees_one_redistributor_region() {
     let reg: Vec<u8> =
         [0x0800_0000u64, 0x1_0000, 0x080a_0000, 0xf6_0000].iter().flat_map(|c| c.to_be_bytes()).collect();
     assert_eq!(gic.property("reg").unwrap().value, &reg[..]);
-    let p = discover(&guest).unwrap();
+    let (p, _) = discover(&guest).unwrap();
     assert_eq!(p.gic.gicr, vec![Region { base: 0x080a_0000, size: 0xf6_0000 }]);
     // The ITS child and the rest of the node are kept as they were.
     assert_eq!(p.gic.maintenance_intid, Some(id(25)));

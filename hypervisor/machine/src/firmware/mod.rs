@@ -3,7 +3,7 @@
 //! Two sources describe the same machine: a device tree (QEMU `-kernel`,
 //! TF-A; today still in [`crate::dtb`]) and ACPI ([`acpi`]: UEFI firmware,
 //! EDK2 on QEMU, AWS Graviton). Both end in the same
-//! [`crate::dtb::Platform`] value, so the rest of the hypervisor does not
+//! [`crate::dtb::Machine`] value, so the rest of the hypervisor does not
 //! care which firmware booted it.
 
 pub mod acpi;

@@ -20,7 +20,7 @@ use alloc::string::{String, ToString};
 use alloc::vec::Vec;
 use core::fmt;
 
-use crate::dtb::Platform;
+use crate::dtb::Machine;
 use crate::region::Region;
 
 /// An `EFI_GUID` as it lies in memory (Data1..Data3 little-endian).
@@ -366,7 +366,7 @@ pub fn kernel_file(value: &str) -> &str {
 
 /// One line describing the machine: CPUs, GIC, ITS, console UART, PCIe
 /// ECAM, PSCI conduit and RAM.
-pub fn machine_line(p: &Platform) -> String {
+pub fn machine_line(p: &Machine) -> String {
     let mut s = format!(
         "{} CPUs, GICv{} GICD {:#x} GICR {:#x}",
         p.cpus.len(),
@@ -526,7 +526,7 @@ mod tests {
         let mem = MemImage { base: 0x7713_0000, bytes: include_bytes!("acpi/testdata/qemu-virt-mem-77130000.bin") };
         let tables = Tables::from_rsdp(&mem, 0x7713_0018).unwrap();
         let m = AcpiMachine::parse(&tables).unwrap();
-        let p = m.to_platform(vec![Region { base: 0x4000_0000, size: 1 << 30 }]).unwrap();
+        let p = m.to_machine(vec![Region { base: 0x4000_0000, size: 1 << 30 }]).unwrap();
         let line = machine_line(&p);
         for want in [
             "2 CPUs",

@@ -23,12 +23,12 @@ pub fn acpi_main(h: &'static Handoff) -> ! {
         ram.len()
     );
     let mem = EfiMem(map);
-    let mut plat: Platform =
-        match Tables::from_rsdp(&mem, h.rsdp).and_then(|t| AcpiMachine::parse(&t)).and_then(|m| m.to_platform(ram)) {
+    let machine: Machine =
+        match Tables::from_rsdp(&mem, h.rsdp).and_then(|t| AcpiMachine::parse(&t)).and_then(|m| m.to_machine(ram)) {
             Ok(p) => p,
             Err(e) => hv_fatal!("{e}"),
         };
-    info!("ACPI machine: {}", machine_line(&plat));
+    info!("ACPI machine: {}", machine_line(&machine));
     let efi_cfg = match h.config().map(EfiConfig::parse) {
         None => {
             info!("EFI boot: no configuration file");
@@ -58,13 +58,16 @@ pub fn acpi_main(h: &'static Handoff) -> ! {
     // Dom0 boots with ACPI from the tables of `firmware::dom0_efi`, and
     // never calls the fake system table's (absent) runtime services.
     let dom0_args = alloc::format!("{} efi=noruntime acpi=force", efi_cfg.kernel_args);
-    plat.kernel = module(h.kernel, Some(dom0_args));
-    plat.ramdisk = module(h.ramdisk, None);
-    plat.bootargs = Some(efi_cfg.options.clone());
+    let boot = BootInfo {
+        bootargs: Some(efi_cfg.options.clone()),
+        kernel: module(h.kernel, Some(dom0_args)),
+        ramdisk: module(h.ramdisk, None),
+        domus: alloc::vec::Vec::new(),
+    };
     // Where Dom0 would go: the same boot-layout plan as the DTB path, on
     // the RAM of the EFI memory map. The RSDP stands where the DTB would
     // (the firmware's description of the machine, kept).
-    let Some(kernel) = plat.kernel.clone() else {
+    let Some(kernel) = boot.kernel.clone() else {
         info!("EFI boot: no Dom0 kernel in the configuration file; powering off");
         crate::runtime::console::flush();
         smc::psci_system_off()
@@ -75,7 +78,7 @@ pub fn acpi_main(h: &'static Handoff) -> ! {
             base: core::ptr::addr_of!(__image_start) as u64,
             size: core::ptr::addr_of!(__image_end) as u64 - core::ptr::addr_of!(__image_start) as u64,
         };
-        let plan = match crate::runtime::boot::plan_layout(&plat, &kernel, &cfg, image, rsdp) {
+        let plan = match crate::runtime::boot::plan_layout(&machine, &boot, &kernel, &cfg, image, rsdp) {
             Ok(plan) => plan,
             Err(e) => hv_fatal!("boot layout: {e}"),
         };
@@ -94,7 +97,7 @@ pub fn acpi_main(h: &'static Handoff) -> ! {
     };
     // Dom0 with ACPI: the same bring-up as the DT path, then Dom0 with the
     // firmware view of `firmware::dom0_efi`.
-    let nr_pcpus = crate::runtime::boot::bring_up(&plat, &cfg, &plan);
+    let nr_pcpus = crate::runtime::boot::bring_up(&machine, &cfg, &plan);
     let tables = match Tables::from_rsdp(&mem, h.rsdp) {
         Ok(t) => t,
         Err(e) => hv_fatal!("{e}"),
@@ -109,5 +112,5 @@ pub fn acpi_main(h: &'static Handoff) -> ! {
     // SPI but the hypervisor's is Dom0's (`runtime::vm`).
     let memory = mem.0.iter().filter(|d| !matches!(d.ty, uefi::memory_type::MMIO | uefi::memory_type::MMIO_PORT_SPACE));
     let acpi = AcpiDom0 { tables: &tables, firmware, memory: memory.filter_map(|d| d.region()).collect() };
-    crate::runtime::boot::run_dom0(&plat, &cfg, &plan, &GuestFirmware::Acpi(acpi), nr_pcpus)
+    crate::runtime::boot::run_dom0(&machine, &boot, &cfg, &plan, &GuestFirmware::Acpi(acpi), nr_pcpus)
 }

@@ -121,7 +121,7 @@ pub struct Inputs<'a> {
     /// Without `dom0_mem`, guest RAM starts at least this far above the
     /// lowest RAM (at most half of the lowest bank).
     pub keep_low: u64,
-    /// The dom0less DomUs (`Platform::domus`): their modules are kept,
+    /// The dom0less DomUs (`BootInfo::domus`): their modules are kept,
     /// their RAM and disks placed.
     pub domus: &'a [VmSpec],
 }

@@ -6,7 +6,7 @@
 use super::error::PlanError;
 use super::{DiskPlan, Forward, Mapping, VgicPlan, PAGE};
 use crate::boot::plan::{self, LayoutError, Plan};
-use crate::dtb::{MmioDevice, PcieHost, Platform};
+use crate::dtb::{Machine, MmioDevice, PcieHost};
 use crate::intid::IntId;
 use crate::iomem::IoMemPolicy;
 use crate::mmio_bus::{Device, MmioRange};
@@ -46,7 +46,7 @@ pub(super) fn needed_ipa_top(ram: Region, passthrough: &[MmioDevice], bridges: &
 /// owns (its memory, the GIC, its UART and virtio-blk slot): the guest would
 /// map them through stage 2.
 pub(super) fn check_passthrough(
-    plat: &Platform,
+    machine: &Machine,
     plan: &Plan,
     ranges: &[Region],
     own_disk: Option<&MmioDevice>,
@@ -54,18 +54,18 @@ pub(super) fn check_passthrough(
     let mut hyp: Vec<(&'static str, Region)> = Vec::from([
         ("hypervisor image", plan.image),
         ("hypervisor heap", plan.heap),
-        ("GIC distributor", plat.gic.gicd),
+        ("GIC distributor", machine.gic.gicd),
     ]);
     hyp.extend(plan.ram_disk.map(|r| ("RAM disk", r)));
-    hyp.extend(plat.gic.gicr.iter().map(|r| ("GIC redistributors", *r)));
-    hyp.extend(plat.gic.its.iter().chain(&plat.gic.other_its).map(|r| ("GIC ITS", *r)));
-    hyp.extend(plat.uart.as_ref().map(|u| ("hypervisor UART", Region { base: u.base, size: u.size })));
+    hyp.extend(machine.gic.gicr.iter().map(|r| ("GIC redistributors", *r)));
+    hyp.extend(machine.gic.its.iter().chain(&machine.gic.other_its).map(|r| ("GIC ITS", *r)));
+    hyp.extend(machine.uart.as_ref().map(|u| ("hypervisor UART", Region { base: u.base, size: u.size })));
     hyp.extend(own_disk.map(|d| ("hypervisor virtio-blk", Region { base: d.base, size: d.size })));
     for d in plan.domus.iter() {
         hyp.push(("DomU RAM", d.ram));
         hyp.extend(d.disk.map(|r| ("DomU RAM disk", r)));
     }
-    plan::check_passthrough(&plat.memory, &hyp, ranges)
+    plan::check_passthrough(&machine.memory, &hyp, ranges)
 }
 
 /// What an ACPI Dom0 may get mapped on demand: everything in the IPA space
@@ -73,7 +73,7 @@ pub(super) fn check_passthrough(
 /// machine description lists, the hypervisor's image, heap and RAM disk),
 /// the GIC's frames, the hypervisor's UART and the emulated devices.
 pub(super) fn iomem_policy(
-    plat: &Platform,
+    machine: &Machine,
     plan: &Plan,
     memory: &[Region],
     bus: &[(MmioRange, Device)],
@@ -83,21 +83,21 @@ pub(super) fn iomem_policy(
     for r in memory {
         p.deny("firmware memory", *r);
     }
-    for r in &plat.memory {
+    for r in &machine.memory {
         p.deny("RAM", *r);
     }
     for r in [plan.image, plan.heap].into_iter().chain(plan.ram_disk) {
         p.deny("hypervisor memory", r);
     }
-    p.deny("GIC distributor", plat.gic.gicd);
-    for r in &plat.gic.gicr {
+    p.deny("GIC distributor", machine.gic.gicd);
+    for r in &machine.gic.gicr {
         p.deny("GIC redistributors", *r);
     }
-    for r in plat.gic.its.iter().chain(&plat.gic.other_its) {
+    for r in machine.gic.its.iter().chain(&machine.gic.other_its) {
         // The control frame and the translation frame after it.
         p.deny("GIC ITS", Region { base: r.base, size: r.size.max(2 * crate::its::CONTROL_FRAME_SIZE) });
     }
-    if let Some(u) = &plat.uart {
+    if let Some(u) = &machine.uart {
         p.deny("hypervisor UART", Region { base: u.base, size: u.size.max(PAGE) });
     }
     for (r, _) in bus {

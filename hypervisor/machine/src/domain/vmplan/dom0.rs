@@ -12,7 +12,7 @@ use super::{
 use crate::boot::plan::Plan;
 use crate::config::{Config, DiskMode};
 use crate::domain::VmSpec;
-use crate::dtb::{MmioDevice, PcieHost, Platform};
+use crate::dtb::{BootInfo, Machine, MmioDevice, PcieHost};
 use crate::intid::IntId;
 use crate::region::Region;
 use crate::stage2::{IpaSize, MemType};
@@ -23,8 +23,8 @@ use alloc::vec::Vec;
 /// (`dom0_max_vcpus`, `dom0_weight`, `dom0_cap`, `dom0_vcpus_pin`,
 /// `dom0_heap_quota`, `dom0_kernel_load_addr`, the RAM disk's size), the
 /// boot modules, and the RAM the boot plan gave it.
-pub fn dom0_spec(plat: &Platform, plan: &Plan, cfg: &Config) -> Result<VmSpec, PlanError> {
-    let Some(kernel) = &plat.kernel else {
+pub fn dom0_spec(machine: &Machine, boot: &BootInfo, plan: &Plan, cfg: &Config) -> Result<VmSpec, PlanError> {
+    let Some(kernel) = &boot.kernel else {
         return Err(PlanError::NoKernel);
     };
     Ok(VmSpec {
@@ -32,10 +32,10 @@ pub fn dom0_spec(plat: &Platform, plan: &Plan, cfg: &Config) -> Result<VmSpec, P
         name: String::from("Dom0"),
         memory: plan.guest_ram.size,
         vcpus: cfg.dom0_max_vcpus.unwrap_or(1),
-        vpl011: plat.uart.is_some(),
+        vpl011: machine.uart.is_some(),
         kernel: Region { base: kernel.base, size: kernel.size },
-        ramdisk: plat.ramdisk.as_ref().map(|r| Region { base: r.base, size: r.size }),
-        bootargs: plat.bootargs.clone().unwrap_or_default(),
+        ramdisk: boot.initrd(),
+        bootargs: String::from(boot.options()),
         weight: cfg.dom0_weight,
         cap_percent: cfg.dom0_cap,
         disk_size: if cfg.disk == DiskMode::Ram { cfg.disk_size } else { 0 },
@@ -48,13 +48,14 @@ pub fn dom0_spec(plat: &Platform, plan: &Plan, cfg: &Config) -> Result<VmSpec, P
 /// Plans Dom0: identity-mapped RAM where the boot plan put it, the devices
 /// `cfg.disk` asks for, and everything its firmware view implies.
 pub fn plan_dom0(
-    plat: &Platform,
+    machine: &Machine,
+    boot: &BootInfo,
     plan: &Plan,
     cfg: &Config,
     firmware: Dom0Firmware<'_>,
     hw: &HwFacts,
 ) -> Result<VmPlan, PlanError> {
-    let spec = dom0_spec(plat, plan, cfg)?;
+    let spec = dom0_spec(machine, boot, plan, cfg)?;
     let nr_vcpus = spec.vcpus as usize;
     if nr_vcpus == 0 {
         return Err(PlanError::NoVcpus);
@@ -67,7 +68,7 @@ pub fn plan_dom0(
         return Err(PlanError::EmulatedDiskOnAcpi);
     }
 
-    let Dom0Devices { disk_slot, passthrough, bridges } = dom0_devices(plat, cfg, hw, acpi)?;
+    let Dom0Devices { disk_slot, passthrough, bridges } = dom0_devices(machine, cfg, hw, acpi)?;
     // The IPA space: all of the physical address space for an ACPI Dom0
     // (its devices are found on demand, anywhere), else what the DT
     // describes for it; at most what the CPU implements (`stage2`).
@@ -76,33 +77,33 @@ pub fn plan_dom0(
     let pcie_frames: Vec<Region> = bridges.iter().flat_map(|b| b.passthrough_frames(ipa.limit())).collect();
     let mut ranges: Vec<Region> = passthrough.iter().map(|d| Region { base: d.base, size: d.size }).collect();
     ranges.extend(&pcie_frames);
-    check_passthrough(plat, plan, &ranges, disk_slot.as_ref())?;
+    check_passthrough(machine, plan, &ranges, disk_slot.as_ref())?;
 
     let disk = dom0_disk(disk_slot.as_ref(), plan, cfg, hw)?;
 
-    let hidden_paths = if acpi { Vec::new() } else { dom0_hidden_paths(plat, cfg, disk.as_ref(), &passthrough) };
+    let hidden_paths = if acpi { Vec::new() } else { dom0_hidden_paths(machine, cfg, disk.as_ref(), &passthrough) };
 
     let mappings = dom0_mappings(ram, &passthrough, &firmware, &pcie_frames);
     check_ipa(&mappings, ipa)?;
 
     // The guest's ITS, at the host's address, when it has PCIe devices to
     // give MSIs to and the physical ITS backs them.
-    let its = plat.gic.its.filter(|_| cfg.disk.pcie() && hw.its_present);
+    let its = machine.gic.its.filter(|_| cfg.disk.pcie() && hw.its_present);
     // vGIC at the host's addresses, with as many SPIs as the hardware.
     let nr_spis = hw.nr_spis.min(DOM0_MAX_SPIS);
     let vgic = VgicPlan {
-        gicd_base: plat.gic.gicd.base,
-        gicr_base: plat.gic.gicr.first().map_or(0, |r| r.base),
+        gicd_base: machine.gic.gicd.base,
+        gicr_base: machine.gic.gicr.first().map_or(0, |r| r.base),
         nr_spis,
         lpis: its.is_some(),
     };
-    let console_intid = plat.uart.as_ref().map_or(hw.uart_intid, |u| u.intid);
+    let console_intid = machine.uart.as_ref().map_or(hw.uart_intid, |u| u.intid);
     let forwarded = dom0_forwarded(nr_spis, &passthrough, &bridges, acpi, console_intid);
 
-    let uart = plat.uart.as_ref().map(|u| Region { base: u.base, size: u.size.max(0x1000) });
+    let uart = machine.uart.as_ref().map(|u| Region { base: u.base, size: u.size.max(0x1000) });
     let bus = bus_of(&vgic, nr_vcpus, disk.as_ref(), uart, its);
     let iomem = match firmware {
-        Dom0Firmware::Acpi { memory, .. } => Some(iomem_policy(plat, plan, memory, &bus, ipa)),
+        Dom0Firmware::Acpi { memory, .. } => Some(iomem_policy(machine, plan, memory, &bus, ipa)),
         Dom0Firmware::Dt => None,
     };
     let p = VmPlan {
@@ -119,11 +120,11 @@ pub fn plan_dom0(
         uart,
         uart_intid: console_intid,
         vgic,
-        virt_timer_intid: plat.timer.virt_intid,
-        phys_timer_intid: plat.timer.phys_intid,
+        virt_timer_intid: machine.timer.virt_intid,
+        phys_timer_intid: machine.timer.phys_intid,
         pmu_intid: hw.pmu_intid,
-        hyp_timer_intid: plat.timer.hyp_intid,
-        maintenance_intid: plat.gic.maintenance_intid.unwrap_or(hw.maintenance_intid),
+        hyp_timer_intid: machine.timer.hyp_intid,
+        maintenance_intid: machine.gic.maintenance_intid.unwrap_or(hw.maintenance_intid),
         console_intid,
         kick_intid: hw.kick,
         its,
@@ -148,7 +149,7 @@ struct Dom0Devices {
     bridges: Vec<PcieHost>,
 }
 
-fn dom0_devices(plat: &Platform, cfg: &Config, hw: &HwFacts, acpi: bool) -> Result<Dom0Devices, PlanError> {
+fn dom0_devices(machine: &Machine, cfg: &Config, hw: &HwFacts, acpi: bool) -> Result<Dom0Devices, PlanError> {
     // Disks. Passthrough: the virtio-mmio devices QEMU gives us, mapped
     // into the guest (Dom0-style). Emulated: our virtio-blk device takes
     // the slot of the last present device (or the last slot), so the guest
@@ -156,11 +157,12 @@ fn dom0_devices(plat: &Platform, cfg: &Config, hw: &HwFacts, acpi: bool) -> Resu
     // through (stage 2 maps pages) and are hidden from the guest.
     let present = |d: &&MmioDevice| hw.present.contains(&d.base);
     let disk_slot: Option<MmioDevice> = if cfg.disk.emulated() {
-        plat.virtio_mmio
+        machine
+            .virtio_mmio
             .iter()
             .filter(present)
             .max_by_key(|d| d.base)
-            .or_else(|| plat.virtio_mmio.iter().max_by_key(|d| d.base))
+            .or_else(|| machine.virtio_mmio.iter().max_by_key(|d| d.base))
             .cloned()
     } else {
         None
@@ -171,16 +173,16 @@ fn dom0_devices(plat: &Platform, cfg: &Config, hw: &HwFacts, acpi: bool) -> Resu
         // mapped when Dom0 touches them (`crate::iomem`), their SPIs
         // forwarded below: nothing to pass through by name.
         _ if acpi => Vec::new(),
-        DiskMode::Passthrough => plat.virtio_mmio.clone(),
+        DiskMode::Passthrough => machine.virtio_mmio.clone(),
         DiskMode::None | DiskMode::VirtioPci | DiskMode::Nvme => Vec::new(),
-        DiskMode::Ram | DiskMode::Backend => plat.virtio_mmio.iter().filter(|d| !same_page(d)).cloned().collect(),
+        DiskMode::Ram | DiskMode::Backend => machine.virtio_mmio.iter().filter(|d| !same_page(d)).cloned().collect(),
     };
     // PCIe (dom0_disk=virtio-pci|nvme): the host bridges, Dom0-style, with
     // INTx; other modes hide them (their QEMU command lines put no device
     // behind them, and the guest boots without a bus scan). ACPI: the
     // DSDT's host bridge cannot be hidden (Linux finds its ECAM even without
     // an MCFG), so it is always passed through.
-    let bridges: Vec<PcieHost> = if cfg.disk.pcie() || acpi { plat.pcie.clone() } else { Vec::new() };
+    let bridges: Vec<PcieHost> = if cfg.disk.pcie() || acpi { machine.pcie.clone() } else { Vec::new() };
     if cfg.disk.pcie() && bridges.is_empty() {
         return Err(PlanError::NoPcieBridge);
     }
@@ -222,16 +224,16 @@ fn dom0_disk(
 /// PCIe bridges unless its disk is behind one, and every virtio-mmio slot
 /// neither passed through nor its emulated disk's.
 fn dom0_hidden_paths(
-    plat: &Platform,
+    machine: &Machine,
     cfg: &Config,
     disk: Option<&DiskPlan>,
     passthrough: &[MmioDevice],
 ) -> Vec<String> {
     let mut hidden_paths = Vec::new();
     if !cfg.disk.pcie() {
-        hidden_paths.extend(plat.pcie.iter().map(|b| b.path.clone()));
+        hidden_paths.extend(machine.pcie.iter().map(|b| b.path.clone()));
     }
-    for d in &plat.virtio_mmio {
+    for d in &machine.virtio_mmio {
         let ours = disk.is_some_and(|s| s.base == d.base);
         if !ours && !passthrough.iter().any(|p| p.base == d.base) {
             hidden_paths.push(d.path.clone());

@@ -8,7 +8,7 @@ use super::{DiskBacking, DiskPlan, HwFacts, MapWhy, Mapping, VgicPlan, VmPlan, D
 use crate::boot::image::KernelLoad;
 use crate::domain::layout::{self, DomuLayout, DOMU_GICD, DOMU_GICR, DOMU_UART, DOMU_UART_SPI};
 use crate::domain::{DomuPlacement, VmSpec};
-use crate::dtb::Platform;
+use crate::dtb::Machine;
 use crate::intid::IntId;
 use crate::region::Region;
 use crate::stage2::{IpaSize, MemType};
@@ -24,7 +24,7 @@ pub fn plan_domu(
     spec: &VmSpec,
     placement: &DomuPlacement,
     load: &KernelLoad,
-    plat: &Platform,
+    machine: &Machine,
     hw: &HwFacts,
 ) -> Result<(VmPlan, DomuLayout), PlanError> {
     let l = layout::layout_domu(spec, placement, load)?;
@@ -66,14 +66,14 @@ pub fn plan_domu(
         vgic,
         // The virtual timer is the one physical interrupt a DomU gets: the
         // PPI of the pCPU its vCPU runs on, forwarded as for Dom0.
-        virt_timer_intid: plat.timer.virt_intid,
-        phys_timer_intid: plat.timer.phys_intid,
+        virt_timer_intid: machine.timer.virt_intid,
+        phys_timer_intid: machine.timer.phys_intid,
         pmu_intid: hw.pmu_intid,
-        hyp_timer_intid: plat.timer.hyp_intid,
-        maintenance_intid: plat.gic.maintenance_intid.unwrap_or(hw.maintenance_intid),
+        hyp_timer_intid: machine.timer.hyp_intid,
+        maintenance_intid: machine.gic.maintenance_intid.unwrap_or(hw.maintenance_intid),
         // Not consulted (physical interrupts go by Dom0's table); kept so
         // every VM has the same shape.
-        console_intid: plat.uart.as_ref().map_or(hw.uart_intid, |u| u.intid),
+        console_intid: machine.uart.as_ref().map_or(hw.uart_intid, |u| u.intid),
         kick_intid: hw.kick,
         its: None,
         forwarded: Vec::new(),

@@ -9,8 +9,8 @@
 //! length, and keeps checked byte slices. The `parse_*` functions in
 //! [`tables`] decode the tables the hypervisor needs — MADT (GICD, GICR,
 //! GICC, GIC ITS), GTDT, SPCR, MCFG, IORT, FADT — into plain values
-//! ([`AcpiMachine`]), and [`AcpiMachine::to_platform`] turns those into the
-//! same [`Platform`](crate::dtb::Platform) the DTB path produces. [`dom0`]
+//! ([`AcpiMachine`]), and [`AcpiMachine::to_machine`] turns those into the
+//! same [`Machine`](crate::dtb::Machine) the DTB path produces. [`dom0`]
 //! writes the tables a Dom0 kernel boots with: a new FADT (PSCI over HVC), a
 //! MADT with one GICC per vCPU, an STAO hiding the hypervisor's UART, a new
 //! XSDT and RSDP; every other host table is passed on by address.

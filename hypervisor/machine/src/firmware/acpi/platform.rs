@@ -1,7 +1,7 @@
 //! The decoded tables ([`AcpiMachine`]) and their translation into the
-//! firmware-neutral [`Platform`] the DTB path also produces.
+//! firmware-neutral [`Machine`] the DTB path also produces.
 //!
-//! What does not fit `Platform` (yet): RAM comes from the EFI memory map,
+//! What does not fit `Machine` (yet): RAM comes from the EFI memory map,
 //! not from ACPI (a parameter here); PCIe windows and INTx routing live in
 //! the DSDT's AML (`_CRS`, `_PRT` of the PNP0A08 host bridge), which we do
 //! not interpret, so [`PcieHost::windows`] and [`PcieHost::intx`] stay empty
@@ -15,7 +15,7 @@ use alloc::vec::Vec;
 
 use super::tables::{self, Fadt, Gtdt, Iort, Madt, McfgEntry, Spcr, GICR_V3_STRIDE, GICR_V4_STRIDE};
 use super::{AcpiError, Signature, Tables};
-use crate::dtb::{GicInfo, MsiMapEntry, PcieHost, Platform, TimerInfo, UartInfo};
+use crate::dtb::{GicInfo, Machine, MsiMapEntry, PcieHost, TimerInfo, UartInfo};
 use crate::intid::IntId;
 use crate::region::Region;
 
@@ -58,9 +58,9 @@ impl AcpiMachine {
         })
     }
 
-    /// The machine as a [`Platform`]; `memory` comes from the EFI memory map.
-    pub fn to_platform(&self, memory: Vec<Region>) -> Result<Platform, AcpiError> {
-        Ok(Platform {
+    /// The machine as a [`Machine`]; `memory` comes from the EFI memory map.
+    pub fn to_machine(&self, memory: Vec<Region>) -> Result<Machine, AcpiError> {
+        Ok(Machine {
             memory,
             reserved: Vec::new(),
             cpus: self.madt.giccs.iter().filter(|g| g.usable()).map(|g| g.mpidr).collect(),
@@ -71,10 +71,6 @@ impl AcpiMachine {
             virtio_mmio: Vec::new(),
             pcie: self.pcie(),
             psci_method: self.fadt.psci_method().map(String::from),
-            bootargs: None,
-            kernel: None,
-            ramdisk: None,
-            domus: Vec::new(),
         })
     }
 

@@ -154,8 +154,8 @@ fn qemu_tables_decode() {
 fn qemu_platform_matches_dtb() {
     let m = AcpiMachine::parse(&host()).unwrap();
     let ram = vec![Region { base: 0x4000_0000, size: 0x4000_0000 }];
-    let p = m.to_platform(ram.clone()).unwrap();
-    let dt = crate::dtb::discover(include_bytes!("../../dtb/testdata/qemu-virt-gicv3-smp2.dtb")).unwrap();
+    let p = m.to_machine(ram.clone()).unwrap();
+    let (dt, _) = crate::dtb::discover(include_bytes!("../../dtb/testdata/qemu-virt-gicv3-smp2.dtb")).unwrap();
     assert_eq!(p.memory, ram);
     assert_eq!(p.cpus, dt.cpus);
     assert_eq!(p.timer, dt.timer);
@@ -325,7 +325,7 @@ fn many_cpus_with_gicc_gicr_bases() {
     let madt_bytes = madt(&entries);
     let m = machine_with_madt(&madt_bytes);
     assert_eq!(m.madt.giccs.len(), 192);
-    let p = m.to_platform(vec![]).unwrap();
+    let p = m.to_machine(vec![]).unwrap();
     assert_eq!(p.cpus.len(), 192);
     assert_eq!(p.cpus[191], mpidr(191));
     assert_eq!(p.gic.gicr[5], Region { base: 0x2000_0000 + 5 * 0x4_0000, size: 0x4_0000 });
@@ -346,7 +346,7 @@ fn qemu_192_cpus_two_gicr_structures() {
     entries.push(its(1, 0x40_1000_0000));
     let madt_bytes = madt(&entries);
     let m = machine_with_madt(&madt_bytes);
-    let p = m.to_platform(vec![]).unwrap();
+    let p = m.to_machine(vec![]).unwrap();
     assert_eq!(p.cpus.len(), 192);
     // The first ITS is the one the hypervisor drives; the others are
     // listed so that no guest can map them.
@@ -370,7 +370,7 @@ fn qemu_192_cpus_two_gicr_structures() {
     per_cpu.extend((0..192).map(|i| gicc(mpidr(i), 1, frame(i))));
     let madt_bytes = madt(&per_cpu);
     let m = machine_with_madt(&madt_bytes);
-    let p = m.to_platform(vec![]).unwrap();
+    let p = m.to_machine(vec![]).unwrap();
     assert_eq!(p.gic.gicr.len(), 192);
     let frames = crate::gicr::walk(&p.gic.gicr, typer);
     assert_eq!(crate::gicr::served(&frames, &p.cpus), 192);
@@ -500,7 +500,7 @@ fn spcr_and_gtdt_values() {
     let mut m = AcpiMachine::parse(&host()).unwrap();
     for gsiv in [1030, 33] {
         m.gtdt.virtual_el1.gsiv = gsiv; // reserved; an SPI
-        assert!(matches!(m.to_platform(vec![]), Err(AcpiError::BadValue { table: Signature::GTDT, .. })));
+        assert!(matches!(m.to_machine(vec![]), Err(AcpiError::BadValue { table: Signature::GTDT, .. })));
     }
 }
 
@@ -531,7 +531,7 @@ fn randomly_corrupted_tables() {
             m[i] ^= 1 << rng.index(8);
         }
         if let Ok(t) = Tables::from_rsdp(&mem(&m), RSDP_ADDR) {
-            let _ = AcpiMachine::parse(&t).map(|a| a.to_platform(vec![]));
+            let _ = AcpiMachine::parse(&t).map(|a| a.to_machine(vec![]));
         }
     }
 }
@@ -577,7 +577,7 @@ fn dom0_tables_parse_back() {
     let hm = AcpiMachine::parse(&host).unwrap();
     assert_eq!((m.madt.gicd, &m.madt.gicr_ranges, &m.madt.its), (hm.madt.gicd, &hm.madt.gicr_ranges, &hm.madt.its));
     assert_eq!(m.madt.gic_version, hm.madt.gic_version);
-    assert_eq!(m.to_platform(vec![]).unwrap().cpus, vcpus);
+    assert_eq!(m.to_machine(vec![]).unwrap().cpus, vcpus);
 }
 
 #[test]
