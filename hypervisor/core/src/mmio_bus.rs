@@ -1,21 +1,22 @@
 //! A VM's MMIO bus: which emulated device answers a trapped guest access.
 //!
 //! Why a table and not a chain that asks each device in turn whether an
-//! address is its own: each device (vGIC, virtio-blk, vPL011, the vITS
-//! control frame) is one registration here and one arm in
-//! `runtime::vcpu::mmio`'s `match`, and registrations are checked against
-//! each other, so two devices can never claim one address (a chain would
-//! silently let the first win).
+//! address is its own: registrations are checked against each other, so two
+//! devices can never claim one address (a chain would silently let the first
+//! win), and a lookup is a binary search whatever the number of devices.
 //!
 //! Like Bao's `vm_emul_add_mem`: a sorted list of non-overlapping
-//! guest-physical ranges, each naming a [`Device`]; a lookup is a binary
-//! search that returns the device and the offset of the access inside the
-//! range. The bus is built when the VM is created and read-only afterwards,
-//! so the run loop reads it without a lock.
+//! guest-physical ranges, each mapped to an entry `H`; a lookup returns the
+//! entry and the offset of the access inside the range. The bus is built
+//! when the VM is created and read-only afterwards, so the run loop reads it
+//! without a lock.
 //!
-//! Why here and not `devices/bus.rs`: the emulated devices do not live under
-//! a `devices/` directory yet (`vpl011.rs`, `virtio/`, `vgic/` are top-level
-//! modules); the bus moves with them when they move.
+//! `H` is generic so that one validated structure serves both layers: the
+//! VM plan (hv-machine) builds an `MmioBus<Device>` to refuse overlaps
+//! before anything is applied, and the EL2 runtime builds one whose entries
+//! are the devices' own handlers (`runtime::devices`), each device
+//! registering its ranges, so a trapped access is a lookup and one call.
+//! Every entry names its [`Device`] ([`BusEntry`]), which errors report.
 
 use core::fmt;
 
@@ -59,6 +60,18 @@ impl fmt::Display for MmioRange {
     }
 }
 
+/// What a bus range maps to: anything small and `Copy` that says which
+/// device it belongs to (the errors name it).
+pub trait BusEntry: Copy {
+    fn device(&self) -> Device;
+}
+
+impl BusEntry for Device {
+    fn device(&self) -> Device {
+        *self
+    }
+}
+
 /// Why a range was not registered.
 #[derive(thiserror::Error, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BusError {
@@ -68,25 +81,35 @@ pub enum BusError {
     /// Size 0, or the range runs past the top of the address space.
     #[error("MMIO range {0} is empty or wraps")]
     BadRange(MmioRange),
+    /// A planned range of `device` that no handler was registered for.
+    #[error("MMIO range {range} ({device:?}) has no handler")]
+    Unclaimed { range: MmioRange, device: Device },
 }
 
-/// Sorted, non-overlapping guest-physical ranges → [`Device`].
-#[derive(Default)]
-pub struct MmioBus {
-    ranges: alloc::vec::Vec<(MmioRange, Device)>,
+/// Sorted, non-overlapping guest-physical ranges → `H` (a [`Device`] by
+/// default).
+pub struct MmioBus<H: BusEntry = Device> {
+    ranges: alloc::vec::Vec<(MmioRange, H)>,
 }
 
-impl MmioBus {
+impl<H: BusEntry> Default for MmioBus<H> {
+    fn default() -> Self {
+        Self { ranges: alloc::vec::Vec::new() }
+    }
+}
+
+impl<H: BusEntry> MmioBus<H> {
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// Adds `range` for `device`; refused when it overlaps a registered one.
-    pub fn register(&mut self, range: MmioRange, device: Device) -> Result<(), BusError> {
+    /// Adds `range` for `entry`; refused when it overlaps a registered one.
+    pub fn register(&mut self, range: MmioRange, entry: H) -> Result<(), BusError> {
         let last = range.last().ok_or(BusError::BadRange(range))?;
         // The first registered range that starts after `range`'s base.
         let i = self.ranges.partition_point(|(r, _)| r.base <= range.base);
-        let clash = |(r, d): &(MmioRange, Device)| BusError::Overlap { new: range, device, existing: *r, owner: *d };
+        let device = entry.device();
+        let clash = |(r, d): &(MmioRange, H)| BusError::Overlap { new: range, device, existing: *r, owner: d.device() };
         if let Some(prev) = i.checked_sub(1).map(|p| &self.ranges[p]) {
             if prev.0.last().is_some_and(|l| l >= range.base) {
                 return Err(clash(prev));
@@ -97,12 +120,13 @@ impl MmioBus {
                 return Err(clash(next));
             }
         }
-        self.ranges.insert(i, (range, device));
+        self.ranges.insert(i, (range, entry));
         Ok(())
     }
 
-    /// The device at `ipa` and the offset of `ipa` inside its range.
-    pub fn lookup(&self, ipa: u64) -> Option<(Device, u64)> {
+    /// The entry at `ipa` and the offset of `ipa` inside its range.
+    #[inline]
+    pub fn lookup(&self, ipa: u64) -> Option<(H, u64)> {
         let i = self.ranges.partition_point(|(r, _)| r.base <= ipa).checked_sub(1)?;
         let (r, d) = self.ranges[i];
         let off = ipa - r.base;
@@ -110,7 +134,7 @@ impl MmioBus {
     }
 
     /// The registered ranges, lowest first.
-    pub fn ranges(&self) -> impl Iterator<Item = (MmioRange, Device)> + '_ {
+    pub fn ranges(&self) -> impl Iterator<Item = (MmioRange, H)> + '_ {
         self.ranges.iter().copied()
     }
 }
@@ -164,7 +188,7 @@ mod tests {
         for ipa in [0, 0x07ff_ffff, 0x0801_0000, 0x0809_0000, 0x0900_1000, 0x4000_0000, u64::MAX] {
             assert_eq!(b.lookup(ipa), None, "{ipa:#x}");
         }
-        assert_eq!(MmioBus::new().lookup(0), None);
+        assert_eq!(MmioBus::<Device>::new().lookup(0), None);
     }
 
     #[test]
@@ -215,6 +239,42 @@ mod tests {
         let top = MmioRange::new(u64::MAX - 0xfff, 0x1000);
         b.register(top, Device::Vits).unwrap();
         assert_eq!(b.lookup(u64::MAX), Some((Device::Vits, 0xfff)));
+    }
+
+    /// An entry like the runtime's: a function pointer and its device.
+    #[derive(Clone, Copy)]
+    struct Handler {
+        device: Device,
+        call: fn(u64) -> u64,
+    }
+
+    impl BusEntry for Handler {
+        fn device(&self) -> Device {
+            self.device
+        }
+    }
+
+    #[test]
+    fn handler_entries_are_found_and_overlaps_name_their_devices() {
+        let mut b: MmioBus<Handler> = MmioBus::new();
+        b.register(GICD, Handler { device: Device::Vgic, call: |off| off + 1 }).unwrap();
+        b.register(UART, Handler { device: Device::Vpl011, call: |off| off * 2 }).unwrap();
+        let (h, off) = b.lookup(UART.base + 0x18).unwrap();
+        assert_eq!((h.device, (h.call)(off)), (Device::Vpl011, 0x30));
+        let (h, off) = b.lookup(GICD.base + 8).unwrap();
+        assert_eq!((h.device, (h.call)(off)), (Device::Vgic, 9));
+        let e = b.register(MmioRange::new(UART.base, 4), Handler { device: Device::Vits, call: |o| o }).unwrap_err();
+        assert_eq!(
+            e,
+            BusError::Overlap {
+                new: MmioRange::new(UART.base, 4),
+                device: Device::Vits,
+                existing: UART,
+                owner: Device::Vpl011
+            }
+        );
+        let e = BusError::Unclaimed { range: UART, device: Device::Vpl011 };
+        assert_eq!(format!("{e}"), "MMIO range 0x9000000-0x9000fff (Vpl011) has no handler");
     }
 
     #[test]

@@ -292,7 +292,7 @@ impl Vm {
         let nr_vcpus = vp.nr_vcpus();
         let nr_lrs = crate::vgic::usable_lrs(gic::nr_lrs())?;
         let mut routes = vp.routes()?;
-        let bus = vp.mmio_bus()?;
+        let bus = super::devices::attach(vp)?;
         let vlpi = match vp.its {
             Some(_) if gic::its::lpi_path() == LpiPath::Direct => {
                 super::vlpi::VlpiVm::create(nr_vcpus, nr_pcpus, &mut routes)

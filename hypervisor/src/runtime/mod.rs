@@ -10,9 +10,10 @@
 //! - `domu`: a DomU's creation from its spec and placement; `domu_selftest`
 //! - `vcpu`: the per-pCPU scheduling loop and every trap and interrupt
 //! - `wake`: waking a vCPU (scheduler, kick, reschedule) for every injector
-//! - `its`: the guest's virtual ITS backed by host LPIs of the physical ITS
 //! - `vlpi`: GICv4 direct injection: the VM's vPEs and their vITS backend
 //! - `vpe`: vPE residency on vCPU load/put, doorbells
+//! - `devices`: the emulated devices' EL2 glue (vGIC, vITS, virtio-blk,
+//!   vPL011), each registering its MMIO handlers on the VM's bus
 //! - `vblk`: the guest's virtio-blk wired to traps, timer and vGIC
 //! - `physblk`: the physical virtio-blk as that device's backend
 //! - `uefi`: the EFI application (UEFI boot) and the ACPI boot after it
@@ -20,10 +21,10 @@
 pub mod boot;
 pub mod console;
 pub mod create;
+pub mod devices;
 pub mod dom0;
 pub mod domu;
 pub mod heap;
-pub mod its;
 pub mod mitigations;
 pub mod percpu;
 pub mod physblk;

@@ -28,16 +28,17 @@ use crate::config::Config;
 use crate::domain::vmplan::PlanError;
 use crate::domain::DomainId;
 use crate::dtb::{self};
+use crate::esr::MmioAccess;
 use crate::intid::IntId;
 use crate::iomem::IoMemPolicy;
 use crate::irq::{IrqCounters, IrqRoutes, RouteError};
-use crate::mmio_bus::{BusError, MmioBus};
+use crate::mmio_bus::{BusEntry, BusError, Device, MmioBus};
 use crate::quota::Quota;
 use crate::region::Region;
 use crate::sched::{SchedConfig, SchedError, Scheduler, VcpuId};
 use crate::stage2::{IpaSize, Stage2, Stage2Error};
 use crate::sync::{Mutex, Once, RwLock};
-use crate::trace::{Ring, Trigger, RING_EVENTS};
+use crate::trace::{DumpReason, Ring, Trigger, RING_EVENTS};
 use crate::vgic::its::Vits;
 use crate::vgic::{Vgic, VgicError};
 use crate::vpl011::VPl011;
@@ -108,6 +109,44 @@ impl From<VgicError> for VmError {
         VmError::Vgic(e)
     }
 }
+
+/// Why an emulated MMIO access was refused: the guest gets an external
+/// abort, and the log line says which device said no and why.
+#[derive(thiserror::Error, Debug)]
+pub enum MmioFault {
+    #[error("no emulated device there")]
+    NoDevice,
+    #[error("vGIC: {0}")]
+    Vgic(#[from] VgicError),
+    #[error("{0}")]
+    Disk(#[from] crate::virtio::mmio::MmioError),
+    #[error("vPL011: {0}")]
+    Uart(#[from] crate::vpl011::Pl011Error),
+}
+
+/// A device's answer to a trapped access (`runtime::devices`): `(vm, pcpu,
+/// vcpu, access, offset inside the range, value a store writes)`. Ok: the
+/// access is done (a load's register written); Err: abort the guest.
+pub type MmioFn = fn(&Vm, usize, &mut Vcpu, &MmioAccess, u64, u64) -> Result<(), MmioFault>;
+
+/// What a range of `Vm::bus` maps to: a plain function pointer (no
+/// allocation, one indirect call per access) and the device it belongs
+/// to, which overlap errors name. Here and not in `runtime::devices`: the
+/// type names `Vm`, and `Vm` holds the bus.
+#[derive(Clone, Copy)]
+pub struct Handler {
+    pub device: Device,
+    pub call: MmioFn,
+}
+
+impl BusEntry for Handler {
+    fn device(&self) -> Device {
+        self.device
+    }
+}
+
+/// A VM's MMIO bus at run time: guest-physical range → its handler.
+pub type Bus = MmioBus<Handler>;
 
 /// Per-vCPU trap counters, updated by whichever pCPU runs the vCPU and read
 /// at power-off while other pCPUs may still run: atomics.
@@ -237,6 +276,22 @@ impl Vm {
     pub fn gid(&self, local: usize) -> VcpuId {
         VcpuId(self.vcpu_base + local as u32)
     }
+
+    /// Prints the flight recorder's rings (`crate::trace`): each pCPU's
+    /// copied under its lock, one after another, events from `from` (ns) on.
+    pub fn dump_trace(&self, why: DumpReason, from: u64) {
+        let rings: Vec<_> = self
+            .trace
+            .iter()
+            .enumerate()
+            .map(|(p, r)| {
+                let r = r.lock();
+                (p, r.snapshot(), r.overwritten())
+            })
+            .collect();
+        let _ = crate::trace::write_dump(&mut super::console::LineWriter::default(), why, &rings, from);
+        self.trace_trigger.dumped(super::percpu::now_ns());
+    }
 }
 
 static HOST: Once<Host> = Once::new();
@@ -335,16 +390,17 @@ pub struct Vm {
     pub routes: RwLock<IrqRoutes>,
     /// Physical interrupts taken, per route kind.
     pub irq_counters: IrqCounters,
-    /// The guest's virtual ITS (`runtime::its`), when it has one.
+    /// The guest's virtual ITS (`runtime::devices::vits`), when it has one.
     pub vits: Option<Mutex<Vits>>,
     /// Host LPIs whose guest mapping was gone (or refused) when they fired.
     pub lpis_dropped: AtomicU64,
     /// GICv4 direct injection (`runtime::vlpi`): the guest's MSIs are vLPIs
-    /// of these vPEs. `None`: host LPIs through list registers (`runtime::its`).
+    /// of these vPEs. `None`: host LPIs through list registers (`runtime::devices::vits`).
     pub vlpi: Option<super::vlpi::VlpiVm>,
-    /// Which emulated device answers a trapped access (`runtime::vcpu::mmio`);
+    /// The handler each emulated device registered for its ranges
+    /// (`runtime::devices::attach`), called by `runtime::vcpu::mmio`;
     /// read-only once the VM is made.
-    pub bus: MmioBus,
+    pub bus: Bus,
     pub vcpus: Vec<Mutex<Vcpu>>,
     pub shared: Vec<VcpuShared>,
     /// The host-wide scheduler (`Host::sched`), keyed by `Vm::gid`.

@@ -47,6 +47,7 @@ const MODULE_INDEXES: &[&str] = &[
     "hypervisor/machine/src/lib.rs",
     "hypervisor/src/runtime/mod.rs",
     "hypervisor/src/runtime/vcpu/mod.rs",
+    "hypervisor/src/runtime/devices/mod.rs",
     "hypervisor/arch/src/lib.rs",
     "hypervisor/arch/src/gic/mod.rs",
     "hypervisor/machine/src/boot/mod.rs",

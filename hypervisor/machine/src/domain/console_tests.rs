@@ -152,7 +152,8 @@ impl Machine {
             }
         }
     }
-    /// The guest reads its FIFO empty (`uart_mmio` pumps while held).
+    /// The guest reads its FIFO empty (the vPL011's MMIO handler,
+    /// `runtime::devices::uart`, pumps while held).
     fn guest_reads(&mut self, d: DomainId) -> Vec<u8> {
         let mut got = Vec::new();
         loop {

@@ -3,10 +3,9 @@
 //! MMIO devices (vGIC, vITS, virtio-blk, vPL011).
 
 use super::inject::{inject_abort, inject_undef};
-use super::irq::disk_irq;
 use super::psci::psci_call;
-use super::report::dump_trace;
 use super::*;
+use crate::runtime::vm::MmioFault;
 
 /// A trapped CNTP_CTL/CVAL/TVAL access: the emulated timer's registers.
 pub(super) fn ptimer_access(vm: &Vm, me: usize, v: &mut Vcpu, s: &esr::SysRegAccess, reg: crate::ptimer::PtimerReg) {
@@ -225,115 +224,13 @@ pub(super) fn report_bad_access(vm: &Vm, v: &Vcpu, ipa: u64, what: &str, why: Op
     }
 }
 
-/// Why an emulated MMIO access was refused: the guest gets an external
-/// abort, and the log line says which device said no and why.
-#[derive(thiserror::Error, Debug)]
-pub(super) enum MmioFault {
-    #[error("no emulated device there")]
-    NoDevice,
-    #[error("vGIC: {0}")]
-    Vgic(#[from] crate::vgic::VgicError),
-    #[error("{0}")]
-    Disk(#[from] crate::virtio::mmio::MmioError),
-    #[error("vPL011: {0}")]
-    Uart(#[from] crate::vpl011::Pl011Error),
-}
-
-/// Emulated device access, to the device `Vm::bus` names. Err: the access
-/// is not valid (abort the guest).
+/// Emulated device access: the handler `Vm::bus` registered for the
+/// address (`runtime::devices`). Err: the access is not valid (abort the
+/// guest).
 pub(super) fn mmio(vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess) -> Result<(), MmioFault> {
+    let (h, off) = vm.bus.lookup(a.ipa).ok_or(MmioFault::NoDevice)?;
     let value = esr::store_value(a, v.regs.reg(a.reg));
-    match vm.bus.lookup(a.ipa) {
-        Some((Device::Vgic, _)) => vgic_mmio(vm, me, v, a, value),
-        Some((Device::VirtioBlk, _)) => disk_mmio(vm, me, v, a, value),
-        Some((Device::Vpl011, off)) => uart_mmio(vm, me, v, a, off, value),
-        Some((Device::Vits, _)) => Ok(crate::runtime::its::vits_mmio(vm, me, &mut v.regs, a, value)?),
-        None => Err(MmioFault::NoDevice),
-    }
-}
-
-/// The vGIC's distributor and redistributor frames.
-pub(super) fn vgic_mmio(vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess, value: u64) -> Result<(), MmioFault> {
-    let mut vgic = vm.vgic.lock();
-    if a.write {
-        let kicks = vgic.mmio_write(v.id, a.ipa, a.size, value)?;
-        let hw = vgic.take_hw_deactivations();
-        let triggers = vgic.take_hw_triggers();
-        let lpis_on = vgic.take_lpi_enable_events();
-        drop(vgic);
-        deactivate_hw(vm, me, v.id, &hw);
-        for (pintid, edge) in triggers {
-            gic::set_spi_trigger(pintid, edge);
-        }
-        process_kicks(vm, me, kicks, WakeCause::Interrupt);
-        crate::runtime::its::lpis_enabled(vm, me, lpis_on);
-    } else {
-        let r = vgic.mmio_read(v.id, a.ipa, a.size)?;
-        v.regs.set_reg(a.reg, esr::load_value(a, r));
-    }
-    Ok(())
-}
-
-/// The hypervisor's virtio-blk frame.
-pub(super) fn disk_mmio(vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess, value: u64) -> Result<(), MmioFault> {
-    let disk = vm.disk.as_ref().ok_or(MmioFault::NoDevice)?;
-    let level = if a.write {
-        disk.write(a.ipa, a.size, value, now_ns(), me)?
-    } else {
-        let r = disk.read(a.ipa, a.size)?;
-        v.regs.set_reg(a.reg, esr::load_value(a, r));
-        None
-    };
-    if let Some(l) = level {
-        disk_irq(vm, me, disk, l);
-    }
-    Ok(())
-}
-
-/// The vPL011 at offset `off` of its frame.
-pub(super) fn uart_mmio(
-    vm: &Vm,
-    me: usize,
-    v: &mut Vcpu,
-    a: &MmioAccess,
-    off: u64,
-    value: u64,
-) -> Result<(), MmioFault> {
-    let mut guest_key = false;
-    let dom = vm.domid;
-    let level = {
-        let mut uart = vm.uart.lock();
-        if a.write {
-            // With `sched_trace_dom0_key`, Dom0 writing Ctrl-\ dumps the
-            // trace rings, as typing it does: a benchmark's guest asks right
-            // after the sample it wants explained (cyclictest's breaktrace).
-            // DomUs' bytes, and Dom0's without the option, go out as they are.
-            let mut tx = |b: u8| {
-                if dom == 0 && b == STATS_KEY && vm.trace_trigger.dom0_key_on() {
-                    guest_key |= vm.trace_trigger.dom0_key();
-                } else {
-                    console::domain_putc(dom, b);
-                }
-            };
-            uart.write(off, a.size, value as u32, &mut tx)?;
-        } else {
-            let r = uart.read(off, a.size)? as u64;
-            v.regs.set_reg(a.reg, esr::load_value(a, r));
-            // Input waiting in the ring while the FIFO was full: the read
-            // made room, take more if the input is still ours.
-            if uart.rx_held() {
-                uart.pump_rx(&mut console::RingRx { dom });
-            }
-        }
-        uart.irq_level()
-    };
-    if guest_key {
-        dump_trace(vm, DumpReason::Key, 0);
-    }
-    if let Ok(k) = vm.vgic.lock().set_level(vm.uart_intid, v.id, level) {
-        process_kicks(vm, me, k, WakeCause::Interrupt);
-    }
-    Ok(())
+    (h.call)(vm, me, v, a, off, value)
 }
 
 /// A trapped debug-register access (MDCR_EL2.TDA/TDOSA/TDRA), emulated as

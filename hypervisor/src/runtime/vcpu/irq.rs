@@ -2,8 +2,9 @@
 //! says (`crate::irq::Route`); the EL2 timer, the console's input, the
 //! emulated disks' completions.
 
-use super::report::{dump_trace, print_stats};
+use super::report::print_stats;
 use super::*;
+use crate::runtime::devices::disk::disk_irq;
 
 /// Takes every pending physical interrupt. `cur` is the VM and vCPU on this
 /// pCPU. Physical interrupts belong to Dom0 or to the hypervisor (DomUs get
@@ -31,7 +32,9 @@ pub(super) fn handle_irqs(me: usize, cur: Option<(&Vm, usize)>, deadline: &mut O
                 eoi_deactivate(id);
             }
             Some(Route::HypTimer) => hyp_timer_irq(me, id, deadline),
-            Some(Route::GuestLpi { devid, eventid }) => crate::runtime::its::guest_lpi(vm, me, id, devid, eventid),
+            Some(Route::GuestLpi { devid, eventid }) => {
+                crate::runtime::devices::vits::guest_lpi(vm, me, id, devid, eventid)
+            }
             Some(Route::Doorbell { vcpu }) => crate::runtime::vpe::doorbell(vm, me, id, vcpu),
             // SGI_KICK, maintenance: the exit itself was the point; requests
             // are in pcpu(me), list registers are refilled at entry.
@@ -99,8 +102,8 @@ pub(super) const CONSOLE_RX_BATCH: usize = 1024;
 /// Physical console input: the UART is read into the hypervisor's input
 /// ring whatever the domains do (`console::receive`), the focused domain's
 /// emulated UART takes what fits in its FIFO (the rest waits in the ring
-/// until the guest reads, see `uart_mmio`) and its interrupt line is
-/// mirrored. Ctrl-\ prints the statistics and dumps the flight recorder;
+/// until the guest reads, see `runtime::devices::uart`) and its interrupt
+/// line is mirrored. Ctrl-\ prints the statistics and dumps the flight recorder;
 /// Ctrl-A three times moves the focus to the next domain with a console and
 /// the rest of the input goes there. Neither waits for any guest.
 pub(super) fn console_input(me: usize) {
@@ -112,7 +115,7 @@ pub(super) fn console_input(me: usize) {
             None => break,
             Some(Key::Dump) => {
                 print_stats();
-                dump_trace(vm, DumpReason::Key, 0);
+                vm.dump_trace(DumpReason::Key, 0);
             }
             Some(Key::Switch) => switch_input(focus),
         }
@@ -148,13 +151,6 @@ pub(super) fn switch_input(from: crate::domain::DomainId) {
     let to = crate::domain::console::next_domain(from, &crate::domain::console::input_targets(&doms));
     crate::hvprintln!("(HV) input to d{to}");
     console::set_input_focus(to);
-}
-
-/// Mirrors the disk's interrupt line into the vGIC (and wakes its target).
-pub(super) fn disk_irq(vm: &Vm, me: usize, disk: &crate::runtime::vblk::VDisk, level: bool) {
-    if let Ok(k) = vm.vgic.lock().set_level(disk.intid, 0, level) {
-        process_kicks(vm, me, k, WakeCause::Interrupt);
-    }
 }
 
 /// The EL2 timer fired: in every VM, virtual timers of saved vCPUs and disk

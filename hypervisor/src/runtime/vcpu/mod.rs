@@ -3,9 +3,9 @@
 //! aborts, physical interrupts).
 //!
 //! Two tables dispatch: a physical interrupt goes where the VM's IRQ route
-//! table (`Vm::routes`, `crate::irq`) says, a trapped MMIO access to the
-//! device the VM's MMIO bus (`Vm::bus`, `crate::mmio_bus`) names; each arm of
-//! those `match`es is one small handler below.
+//! table (`Vm::routes`, `crate::irq`) says, each arm of that `match` one
+//! small handler below; a trapped MMIO access goes to the handler its device
+//! registered on the VM's MMIO bus (`Vm::bus`, `runtime::devices`).
 //!
 //! Locking: a pCPU holds a vCPU's context lock from load to save. The vGIC
 //! lock is taken before the scheduler lock when both are needed (a WFI check
@@ -41,7 +41,6 @@ use crate::esr::{self, Exit, MmioAccess};
 use crate::intid::IntId;
 use crate::iomem::IoMemDecision;
 use crate::irq::Route;
-use crate::mmio_bus::Device;
 use crate::psci::Call;
 use crate::regs::ISS_ABORT;
 use crate::sched::spin::{self, SpinDetector};
@@ -385,28 +384,6 @@ fn block(vm: &Vm, me: usize, v: &mut Vcpu, limit: u64) -> Next {
                 v.vpe_resident = crate::runtime::vpe::load(vm, me, id);
             }
             Next::Enter
-        }
-    }
-}
-
-/// Deactivates the physical side of forwarded interrupts whose virtual state
-/// the guest ended by ICPENDR/ICACTIVER (`Vgic::take_hw_deactivations`);
-/// `cur` is the vCPU running on this pCPU. An SPI is deactivated in the
-/// distributor. A private interrupt (the virtual timer) is active on the
-/// pCPU that runs its vCPU: here, or that pCPU re-derives it at its next
-/// exit; a vCPU that is not running gets it derived when it is loaded.
-fn deactivate_hw(vm: &Vm, me: usize, cur: usize, list: &[crate::vgic::HwDeactivation]) {
-    for d in list {
-        if d.intid.is_spi() {
-            gic::clear_spi_active(d.pintid);
-        } else if d.vcpu == cur {
-            gic::set_private_active(me, d.pintid, false);
-        } else if let Some(s) = vm.shared.get(d.vcpu) {
-            s.ppi_resync.fetch_or(1 << u32::from(d.intid), Ordering::AcqRel);
-            let p = s.running_on.load(Ordering::Acquire);
-            if p != usize::MAX && p != me {
-                percpu::kick(p);
-            }
         }
     }
 }

@@ -25,23 +25,7 @@ pub(super) fn dump_if_outlier(me: usize, now: u64, d: &crate::sched::Decision) {
         DumpReason::TimerLate { late_ns, .. } => late_ns,
         DumpReason::Key => 0,
     };
-    dump_trace(vm, why, crate::trace::outlier_window_start(now, span));
-}
-
-/// Prints the flight recorder's rings (`crate::trace`): each pCPU's copied
-/// under its lock, one after another, events from `from` (ns) on.
-pub fn dump_trace(vm: &Vm, why: DumpReason, from: u64) {
-    let rings: alloc::vec::Vec<_> = vm
-        .trace
-        .iter()
-        .enumerate()
-        .map(|(p, r)| {
-            let r = r.lock();
-            (p, r.snapshot(), r.overwritten())
-        })
-        .collect();
-    let _ = crate::trace::write_dump(&mut console::LineWriter::default(), why, &rings, from);
-    vm.trace_trigger.dumped(now_ns());
+    vm.dump_trace(why, crate::trace::outlier_window_start(now, span));
 }
 
 /// Prints every VM's statistics: Dom0's as they always were (`vcpuN.`,

@@ -6,6 +6,7 @@ use super::inject::serror_from_guest;
 use super::irq::handle_irqs;
 use super::*;
 use crate::runloop::lrs;
+use crate::runtime::devices::vgic::deactivate_hw;
 
 pub(super) fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Option<u64>) {
     if vm.stopped.load(Ordering::Acquire) {

@@ -9,7 +9,8 @@
 //!   into the physical GITS_TRANSLATER (Dom0 is identity-mapped, the
 //!   guest-visible DeviceIDs are the requester IDs), so the host LPI fires
 //!   at EL2 and [`guest_lpi`] turns it into the guest's LPI.
-//! * [`vits_mmio`] is the trapped GITS control frame.
+//! * `vits_mmio` is the trapped GITS control frame, registered on the
+//!   VM's bus by [`register`].
 //! * [`Backend`] picks, per VM, that backend or GICv4's
 //!   (`runtime::vlpi::DirectBackend`).
 //!
@@ -21,15 +22,17 @@
 //! pCPU `v % nr_pcpus`, where the scheduler starts it); the injection
 //! itself kicks the vCPU wherever it runs.
 
-use super::vlpi::{DirectBackend, PhysIts};
-use super::vm::{inc, Vm};
-use super::wake::process_kicks;
-use crate::arch::exception::GuestRegs;
+use super::claim;
 use crate::arch::gic;
+use crate::domain::vmplan::VmPlan;
 use crate::esr::{self, MmioAccess};
 use crate::intid::IntId;
 use crate::irq::Route;
 use crate::its::host::ItsError;
+use crate::mmio_bus::{BusError, Device};
+use crate::runtime::vlpi::{DirectBackend, PhysIts};
+use crate::runtime::vm::{inc, Bus, MmioFault, Vcpu, Vm};
+use crate::runtime::wake::process_kicks;
 use crate::sched::WakeCause;
 use crate::vgic::its::{BackendError, ItsBackend};
 use crate::vgic::VgicError;
@@ -202,9 +205,14 @@ pub fn guest_lpi(vm: &Vm, me: usize, id: IntId, device: u32, event: u32) {
     }
 }
 
+/// Claims the GITS control frame.
+pub fn register(bus: &mut Bus, vp: &VmPlan) -> Result<(), BusError> {
+    claim(bus, vp, Device::Vits, vits_mmio)
+}
+
 /// A trapped access to the GITS control frame. Err: not a valid access
 /// (the caller injects an abort).
-pub fn vits_mmio(vm: &Vm, me: usize, regs: &mut GuestRegs, a: &MmioAccess, value: u64) -> Result<(), VgicError> {
+fn vits_mmio(vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess, _off: u64, value: u64) -> Result<(), MmioFault> {
     let vits = vm.vits.as_ref().ok_or(VgicError::OutOfRange)?;
     let mem = guest_ram(vm);
     let mut backend = Backend::of(vm);
@@ -215,7 +223,7 @@ pub fn vits_mmio(vm: &Vm, me: usize, regs: &mut GuestRegs, a: &MmioAccess, value
             its.mmio_write(a.ipa, a.size, value, &mem, &mut *vgic, &mut backend)?
         } else {
             let (r, k) = its.mmio_read(a.ipa, a.size, &mem, &mut *vgic, &mut backend)?;
-            regs.set_reg(a.reg, esr::load_value(a, r));
+            v.regs.set_reg(a.reg, esr::load_value(a, r));
             k
         }
     };
