@@ -6,7 +6,7 @@
 use super::pcpu::{self, PcpuShared};
 use crate::sched::{Deferral, RunState, Scheduler, VcpuId, WakeAction, WakeCause};
 use crate::sync::Mutex;
-use crate::vgic::{Kicks, MAX_VCPUS};
+use crate::vgic::Kicks;
 
 /// One wake as the scheduler answered it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,5 +49,5 @@ pub fn act(pcpus: &[PcpuShared], me: usize, action: WakeAction) {
 /// `me`: all but those running on `me`, which see it at their next entry.
 /// `running_on(v)` is the pCPU vCPU `v` runs on (`usize::MAX`: none).
 pub fn to_wake(kicks: Kicks, me: usize, running_on: impl Fn(usize) -> usize) -> impl Iterator<Item = usize> {
-    (0..MAX_VCPUS).filter(move |&k| kicks.contains(k) && running_on(k) != me)
+    kicks.iter().filter(move |&k| running_on(k) != me)
 }

@@ -39,14 +39,68 @@ impl Kicks {
             *a |= b;
         }
     }
-    /// The members, in increasing order.
-    pub fn iter(&self) -> impl Iterator<Item = usize> + '_ {
-        (0..MAX_VCPUS).filter(move |&v| self.contains(v))
+    /// The members, in increasing order. Visits set bits only (one
+    /// trailing-zero count each): the set is on every injection's path, and
+    /// testing all [`MAX_VCPUS`] positions cost ~1 500 instructions per
+    /// SGI to a vCPU's own pCPU.
+    pub fn iter(&self) -> KicksIter {
+        KicksIter { bits: self.bits, word: 0 }
+    }
+}
+
+/// The members of a [`Kicks`] (a copy: the set is 32 bytes), lowest first.
+#[derive(Clone, Debug)]
+pub struct KicksIter {
+    bits: [u64; MAX_VCPUS / 64],
+    word: usize,
+}
+
+impl Iterator for KicksIter {
+    type Item = usize;
+
+    fn next(&mut self) -> Option<usize> {
+        while let Some(w) = self.bits.get_mut(self.word) {
+            if *w != 0 {
+                let bit = w.trailing_zeros() as usize;
+                *w &= *w - 1;
+                return Some(self.word * 64 + bit);
+            }
+            self.word += 1;
+        }
+        None
     }
 }
 
 impl fmt::Debug for Kicks {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_set().entries(self.iter()).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alloc::vec::Vec;
+
+    #[test]
+    fn iter_yields_every_member_once_in_order() {
+        assert_eq!(Kicks::none().iter().next(), None);
+        let members = [0, 1, 63, 64, 65, 127, 128, 200, MAX_VCPUS - 1];
+        let mut k = Kicks::none();
+        for &m in members.iter().rev() {
+            k.add(m);
+        }
+        k.add(MAX_VCPUS); // out of range: ignored
+        assert_eq!(k.iter().collect::<Vec<_>>(), members);
+        // Every single member, and the positions tested one by one agree.
+        let mut rng = crate::testrng::Rng(7);
+        for _ in 0..200 {
+            let mut k = Kicks::none();
+            for _ in 0..rng.below(20) {
+                k.add(rng.index(MAX_VCPUS));
+            }
+            let want: Vec<usize> = (0..MAX_VCPUS).filter(|&v| k.contains(v)).collect();
+            assert_eq!(k.iter().collect::<Vec<_>>(), want);
+        }
     }
 }

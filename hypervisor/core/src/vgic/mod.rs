@@ -133,7 +133,7 @@ use alloc::vec::Vec;
 pub use dump::Dump;
 pub use hw::HwDeactivation;
 use irq::{set_bits, Irq, NO_INTID, NO_VCPU};
-pub use kicks::{Kicks, MAX_VCPUS};
+pub use kicks::{Kicks, KicksIter, MAX_VCPUS};
 pub use lpi::{LPI_BASE, LPI_CONFIG_ENABLE, LPI_CONFIG_PRIORITY, LPI_ID_BITS, NR_LPIS};
 pub use lr::{encode_lr, FlushResult};
 use regs::*;
