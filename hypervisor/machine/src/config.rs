@@ -1,15 +1,25 @@
 //! Hypervisor options from `/chosen/bootargs`, named like Xen's.
 //!
 //! Example: `console=dtuart loglvl=info dom0_mem=512M dom0_max_vcpus=2`.
-//! Unknown options are kept so later subsystems (the scheduler reads
-//! `sched_*`) can parse their own; a malformed value is an error naming it.
+//! The one parser of the hypervisor's command line: the scheduler's
+//! options (`sched*`, `credit2_runqueue`, `sched_vcpu_weight`) are handed
+//! to [`SchedConfig::set`] word by word, so every option is read here, once.
+//! Unknown options are kept in [`Config::raw`]; a malformed value is an error
+//! naming it.
 
+use crate::sched::{SchedConfig, SchedError, VcpuId};
 use alloc::string::String;
 use alloc::vec::Vec;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ConfigError {
-    BadValue { key: String, value: String },
+    BadValue {
+        key: String,
+        value: String,
+    },
+    /// A scheduler option's value, or the scheduler options together
+    /// (`SchedConfig::validate`).
+    Sched(SchedError),
 }
 
 /// Where the guest's disk comes from.
@@ -120,6 +130,12 @@ pub struct Config {
     /// Base64 of the shell command each self-test DomU runs
     /// (`domu_selftest_cmd=`, passed on as the guest image's `guestcmd=`).
     pub domu_selftest_cmd: Option<String>,
+    /// The scheduler's tunables (`sched=credit2`, `sched_ratelimit_us=`,
+    /// `sched_wake_preempt=`, ...: see [`SchedConfig::set`]).
+    pub sched: SchedConfig,
+    /// Per-vCPU weights of Dom0 (`sched_vcpu_weight=<vcpu>:<weight>`,
+    /// repeatable), in order.
+    pub sched_vcpu_weights: Vec<(VcpuId, u32)>,
     /// All `key=value` pairs in order, for other subsystems.
     pub raw: Vec<(String, String)>,
 }
@@ -150,6 +166,8 @@ impl Default for Config {
             domu_selftest_vcpus: 1,
             domu_selftest_disk: 32 << 20,
             domu_selftest_cmd: None,
+            sched: SchedConfig::default(),
+            sched_vcpu_weights: Vec::new(),
             raw: Vec::new(),
         }
     }
@@ -281,10 +299,16 @@ impl Config {
                 "dom0_disk_latency_us" => {
                     c.disk_latency_us = v.parse().ok().filter(|&l: &u64| l <= 10_000_000).ok_or_else(bad)?
                 }
-                _ => {}
+                "sched_vcpu_weight" => {
+                    c.sched_vcpu_weights.push(SchedConfig::parse_vcpu_weight(v).map_err(ConfigError::Sched)?)
+                }
+                _ => {
+                    c.sched.set(k, v).map_err(ConfigError::Sched)?;
+                }
             }
             c.raw.push((k.into(), v.into()));
         }
+        c.sched.validate().map_err(ConfigError::Sched)?;
         Ok(c)
     }
 }
@@ -372,5 +396,32 @@ mod tests {
         assert!(Config::parse("domu_selftest_mem=63M").is_err());
         assert!(Config::parse("domu_selftest_cmd=a,b").is_err());
         assert!(Config::parse("domu_selftest_disk=0").unwrap().domu_selftest_disk == 0);
+    }
+
+    /// The scheduler's options are read by the same parser, with the
+    /// scheduler's own checks.
+    #[test]
+    fn scheduler_options() {
+        use crate::sched::WakeMode;
+        let c = Config::parse(
+            "dom0_mem=512M sched=credit2 sched_ratelimit_us=0 sched_wake_preempt=off credit2_runqueue=cpu \
+             sched_vcpu_weight=1:1024 sched_vcpu_weight=0:128 console=ttyAMA0",
+        )
+        .unwrap();
+        assert_eq!(c.sched.ratelimit_ns, 0);
+        assert_eq!(c.sched.wake_mode, WakeMode::XenCompat);
+        assert_eq!(c.sched.runqueue, crate::sched::RunqueueLayout::PerCpu);
+        assert_eq!(c.sched_vcpu_weights, [(VcpuId(1), 1024), (VcpuId(0), 128)]);
+        assert_eq!(
+            c.sched,
+            SchedConfig::from_bootargs("sched_ratelimit_us=0 sched_wake_preempt=off credit2_runqueue=cpu").unwrap()
+        );
+        assert_eq!(Config::parse("").unwrap().sched, SchedConfig::default());
+        let bad = |args: &str| Config::parse(args).unwrap_err();
+        assert_eq!(bad("sched=credit"), ConfigError::Sched(SchedError::BadBootArg("sched")));
+        assert_eq!(bad("sched_ratelimit_us=50"), ConfigError::Sched(SchedError::BadBootArg("sched_ratelimit_us")));
+        assert_eq!(bad("sched_min_slice_us=0"), ConfigError::Sched(SchedError::BadConfig));
+        assert_eq!(bad("sched_vcpu_weight=1:0"), ConfigError::Sched(SchedError::BadWeight(0)));
+        assert_eq!(bad("sched_vcpu_weight=1"), ConfigError::Sched(SchedError::BadBootArg("sched_vcpu_weight")));
     }
 }

@@ -11,7 +11,7 @@ use crate::boot::handoff::{self, Convention, NoDtb};
 use crate::boot::image::{self as boot_image, KernelLoad};
 use crate::boot::pcpus;
 use crate::boot::plan::{self, LayoutError, Plan};
-use crate::config::{Config, DiskMode};
+use crate::config::{Config, ConfigError, DiskMode};
 use crate::dtb::{self, BootInfo, BootModule, Machine};
 use crate::hv_fatal;
 use crate::its::v4::LpiPath;
@@ -85,6 +85,20 @@ pub(super) fn plan_layout(
     plan::plan(&inputs)
 }
 
+/// The hypervisor's options. A malformed one is reported and the defaults
+/// used (the machine still boots, as Xen's does); a bad scheduler option
+/// stops the boot, as the scheduler would run otherwise than asked.
+pub(super) fn parse_options(args: &str) -> Config {
+    match Config::parse(args) {
+        Ok(c) => c,
+        Err(ConfigError::Sched(e)) => hv_fatal!("scheduler: {e}"),
+        Err(e) => {
+            error!("bad hypervisor option: {e:?}; using defaults");
+            Config::default()
+        }
+    }
+}
+
 /// The primary pCPU's first steps, however it was started: MMU, early
 /// console, bootstrap heap, its run block and mitigations. Nothing outside
 /// the image is written until the layout is planned: the bootstrap heap (in
@@ -128,13 +142,7 @@ pub fn primary_main(regs: [u64; 4]) -> ! {
         Ok(p) => p,
         Err(e) => hv_fatal!("device tree: {e}"),
     };
-    let cfg = match Config::parse(boot.options()) {
-        Ok(c) => c,
-        Err(e) => {
-            error!("bad hypervisor option: {e:?}; using defaults");
-            Config::default()
-        }
-    };
+    let cfg = parse_options(boot.options());
     console::init_log(cfg.loglvl);
     if let Some(u) = &machine.uart {
         // SAFETY: the DTB's console UART (the same device as the early
@@ -302,7 +310,7 @@ pub(super) fn run_dom0(
     firmware: &super::dom0::GuestFirmware<'_>,
     nr_pcpus: usize,
 ) -> ! {
-    let host = match vm::Host::init(boot.options(), cfg, nr_pcpus) {
+    let host = match vm::Host::init(cfg, nr_pcpus) {
         Ok(h) => h,
         Err(e) => hv_fatal!("scheduler: {e}"),
     };

@@ -11,7 +11,6 @@ use crate::domain::vmplan::{self, Dom0Firmware, VmPlan};
 use crate::dtb::{self, BootInfo, GuestDtbConfig, Machine};
 use crate::quota::Quota;
 use crate::region::Region;
-use crate::sched::SchedConfig;
 use crate::sync::Mutex;
 use crate::vgic::its::{Vits, VitsConfig};
 use alloc::boxed::Box;
@@ -137,11 +136,16 @@ impl Vm {
         let vgic = apply_vgic(&vp)?;
         log_dom0_devices(&vp, firmware);
 
-        let weights = SchedConfig::vcpu_weights_from_bootargs(boot.options()).map_err(VmError::Sched)?;
         let vcpus = start_vcpus(
             &vp,
             host,
-            &VcpuStart { vcpu_base: 0, nr_pcpus, weights: &weights, dtb: plan.guest_dtb.base, kernel: plan.entry },
+            &VcpuStart {
+                vcpu_base: 0,
+                nr_pcpus,
+                weights: &cfg.sched_vcpu_weights,
+                dtb: plan.guest_dtb.base,
+                kernel: plan.entry,
+            },
         )?;
         let quota = Arc::new(Quota::new(vp.spec.heap_quota));
         let disk = apply_disk(&vp, &quota)?;

@@ -35,7 +35,7 @@ use crate::irq::{IrqCounters, IrqRoutes, RouteError};
 use crate::mmio_bus::{BusEntry, BusError, Device, MmioBus};
 use crate::quota::Quota;
 use crate::region::Region;
-use crate::sched::{SchedConfig, SchedError, Scheduler, VcpuId};
+use crate::sched::{SchedError, Scheduler, VcpuId};
 use crate::stage2::{IpaSize, Stage2, Stage2Error};
 use crate::sync::{Mutex, Once, RwLock};
 use crate::trace::{DumpReason, Ring, Trigger, RING_EVENTS};
@@ -298,12 +298,11 @@ static HOST: Once<Host> = Once::new();
 
 impl Host {
     /// Makes the host-wide state once; later calls return the first.
-    pub fn init(bootargs: &str, cfg: &Config, nr_pcpus: usize) -> Result<&'static Host, VmError> {
+    pub fn init(cfg: &Config, nr_pcpus: usize) -> Result<&'static Host, VmError> {
         if let Some(h) = HOST.get() {
             return Ok(h);
         }
-        let sched_cfg = SchedConfig::from_bootargs(bootargs).map_err(VmError::Sched)?;
-        let sched = Scheduler::new(sched_cfg, nr_pcpus).map_err(VmError::Sched)?;
+        let sched = Scheduler::new(cfg.sched, nr_pcpus).map_err(VmError::Sched)?;
         Ok(HOST.call_once(|| Host {
             sched: Mutex::new(sched),
             trace: (0..nr_pcpus).map(|_| Mutex::new(Ring::new(RING_EVENTS))).collect(),

@@ -8,8 +8,6 @@
 //! parsers ignore words that are not theirs and answer a malformed value of
 //! one of theirs with an error naming the key; nothing is half-applied.
 
-use alloc::vec::Vec;
-
 use super::{domain, SchedError, VcpuId, MIN_TIMER_NS};
 
 /// What happens when a blocked vCPU wakes while another one runs.
@@ -85,80 +83,88 @@ impl SchedConfig {
         Self { ratelimit_ns: ratelimit_us * 1000, wake_mode: WakeMode::XenCompat, ..Self::default() }
     }
 
-    /// Parse the scheduler's options out of `/chosen/bootargs`. Unrelated
-    /// words are ignored; a malformed value of one of ours is an error.
-    /// Keys: `sched=credit2`, `sched_ratelimit_us=N` (0, or 100..=500000 as
-    /// in Xen), `sched_wake_preempt=on|off`, `sched_wake_granularity_us=N`,
-    /// `sched_lhp_grace_us=N`, `sched_wake_min_run_us=N`, `sched_min_slice_us=N`,
-    /// `sched_max_slice_us=N`, `credit2_runqueue=all|cpu` (Xen's `socket`
-    /// and `node` mean `all` here: one socket).
+    /// The scheduler's options alone out of a command line (tests and the
+    /// simulator; the hypervisor's one parser, `config::Config::parse` in
+    /// hv-machine, hands each word to [`SchedConfig::set`] and checks the
+    /// result with [`SchedConfig::validate`]). Unrelated words are ignored;
+    /// a malformed value of one of ours is an error.
     pub fn from_bootargs(args: &str) -> Result<Self, SchedError> {
         let mut cfg = Self::default();
         for word in args.split_ascii_whitespace() {
-            let Some((key, val)) = word.split_once('=') else { continue };
-            let us = |key: &'static str| -> Result<u64, SchedError> {
-                val.parse::<u64>().ok().and_then(|v| v.checked_mul(1000)).ok_or(SchedError::BadBootArg(key))
-            };
-            match key {
-                "sched" if val != "credit2" => {
-                    return Err(SchedError::BadBootArg("sched"));
-                }
-                "sched_ratelimit_us" => {
-                    let v = us("sched_ratelimit_us")?;
-                    if v != 0 && !(100_000..=500_000_000).contains(&v) {
-                        return Err(SchedError::BadBootArg("sched_ratelimit_us"));
-                    }
-                    cfg.ratelimit_ns = v;
-                }
-                "sched_wake_preempt" => {
-                    cfg.wake_mode = match val {
-                        "on" | "1" | "true" | "yes" => WakeMode::Preempt,
-                        "off" | "0" | "false" | "no" => WakeMode::XenCompat,
-                        _ => return Err(SchedError::BadBootArg("sched_wake_preempt")),
-                    }
-                }
-                "sched_wake_granularity_us" => cfg.wake_granularity_ns = us("sched_wake_granularity_us")?,
-                "sched_lhp_grace_us" => cfg.lhp_grace_ns = us("sched_lhp_grace_us")?,
-                "sched_wake_min_run_us" => cfg.wake_min_run_ns = us("sched_wake_min_run_us")?,
-                "sched_min_slice_us" => cfg.min_slice_ns = us("sched_min_slice_us")?,
-                "sched_max_slice_us" => cfg.max_slice_ns = us("sched_max_slice_us")?,
-                "credit2_runqueue" => {
-                    cfg.runqueue = match val {
-                        "all" | "socket" | "node" => RunqueueLayout::All,
-                        "cpu" => RunqueueLayout::PerCpu,
-                        _ => return Err(SchedError::BadBootArg("credit2_runqueue")),
-                    }
-                }
-                _ => {}
+            if let Some((key, val)) = word.split_once('=') {
+                cfg.set(key, val)?;
             }
         }
         cfg.validate()?;
         Ok(cfg)
     }
 
-    /// The per-vCPU weights of `/chosen/bootargs`: every
-    /// `sched_vcpu_weight=<vcpu>:<weight>` word (repeatable; weight 1..=65535),
-    /// in order. Our extension of Credit2, whose weights are per domain: the
-    /// vCPU burns credit, and bounds the protected run of a vCPU it
-    /// wake-preempts, as if its domain had that weight (see
-    /// [`Scheduler::set_vcpu_weight`](super::Scheduler::set_vcpu_weight)). A malformed word is an error.
-    pub fn vcpu_weights_from_bootargs(args: &str) -> Result<Vec<(VcpuId, u32)>, SchedError> {
-        let mut out = Vec::new();
-        for word in args.split_ascii_whitespace() {
-            let Some(val) = word.strip_prefix("sched_vcpu_weight=") else { continue };
-            let bad = SchedError::BadBootArg("sched_vcpu_weight");
-            let (v, w) = val.split_once(':').ok_or(bad)?;
-            let v = v.parse::<u32>().map_err(|_| bad)?;
-            let w = w.parse::<u32>().map_err(|_| bad)?;
-            if w == 0 || w > domain::MAX_WEIGHT {
-                return Err(SchedError::BadWeight(w));
+    /// One `key=value` option: `Ok(true)` when `key` is the scheduler's
+    /// and `val` is valid, `Ok(false)` when `key` is not the scheduler's.
+    /// Keys: `sched=credit2`, `sched_ratelimit_us=N` (0, or 100..=500000 as
+    /// in Xen), `sched_wake_preempt=on|off`, `sched_wake_granularity_us=N`,
+    /// `sched_lhp_grace_us=N`, `sched_wake_min_run_us=N`, `sched_min_slice_us=N`,
+    /// `sched_max_slice_us=N`, `credit2_runqueue=all|cpu` (Xen's `socket`
+    /// and `node` mean `all` here: one socket). The values' combination is
+    /// checked by [`SchedConfig::validate`] once all are set.
+    pub fn set(&mut self, key: &str, val: &str) -> Result<bool, SchedError> {
+        let us = |key: &'static str| -> Result<u64, SchedError> {
+            val.parse::<u64>().ok().and_then(|v| v.checked_mul(1000)).ok_or(SchedError::BadBootArg(key))
+        };
+        match key {
+            "sched" if val != "credit2" => return Err(SchedError::BadBootArg("sched")),
+            "sched" => {}
+            "sched_ratelimit_us" => {
+                let v = us("sched_ratelimit_us")?;
+                if v != 0 && !(100_000..=500_000_000).contains(&v) {
+                    return Err(SchedError::BadBootArg("sched_ratelimit_us"));
+                }
+                self.ratelimit_ns = v;
             }
-            out.push((VcpuId(v), w));
+            "sched_wake_preempt" => {
+                self.wake_mode = match val {
+                    "on" | "1" | "true" | "yes" => WakeMode::Preempt,
+                    "off" | "0" | "false" | "no" => WakeMode::XenCompat,
+                    _ => return Err(SchedError::BadBootArg("sched_wake_preempt")),
+                }
+            }
+            "sched_wake_granularity_us" => self.wake_granularity_ns = us("sched_wake_granularity_us")?,
+            "sched_lhp_grace_us" => self.lhp_grace_ns = us("sched_lhp_grace_us")?,
+            "sched_wake_min_run_us" => self.wake_min_run_ns = us("sched_wake_min_run_us")?,
+            "sched_min_slice_us" => self.min_slice_ns = us("sched_min_slice_us")?,
+            "sched_max_slice_us" => self.max_slice_ns = us("sched_max_slice_us")?,
+            "credit2_runqueue" => {
+                self.runqueue = match val {
+                    "all" | "socket" | "node" => RunqueueLayout::All,
+                    "cpu" => RunqueueLayout::PerCpu,
+                    _ => return Err(SchedError::BadBootArg("credit2_runqueue")),
+                }
+            }
+            _ => return Ok(false),
         }
-        Ok(out)
+        Ok(true)
     }
 
-    pub(super) fn validate(&self) -> Result<(), SchedError> {
+    /// The value of one `sched_vcpu_weight=<vcpu>:<weight>` option (weight
+    /// 1..=65535; the option repeats, one vCPU each). Our extension of
+    /// Credit2, whose weights are per domain: the vCPU burns credit, and
+    /// bounds the protected run of a vCPU it wake-preempts, as if its
+    /// domain had that weight (see
+    /// [`Scheduler::set_vcpu_weight`](super::Scheduler::set_vcpu_weight)).
+    pub fn parse_vcpu_weight(val: &str) -> Result<(VcpuId, u32), SchedError> {
+        let bad = SchedError::BadBootArg("sched_vcpu_weight");
+        let (v, w) = val.split_once(':').ok_or(bad)?;
+        let v = v.parse::<u32>().map_err(|_| bad)?;
+        let w = w.parse::<u32>().map_err(|_| bad)?;
+        if w == 0 || w > domain::MAX_WEIGHT {
+            return Err(SchedError::BadWeight(w));
+        }
+        Ok((VcpuId(v), w))
+    }
+
+    /// Whether the options set agree with each other (slice bounds, the
+    /// wake granularity's range).
+    pub fn validate(&self) -> Result<(), SchedError> {
         if self.min_slice_ns < MIN_TIMER_NS || self.max_slice_ns < self.min_slice_ns {
             return Err(SchedError::BadConfig);
         }

@@ -481,15 +481,26 @@ fn vcpu_weight_overrides_the_domain_weight() {
 }
 
 #[test]
-fn vcpu_weights_from_bootargs() {
-    let f = SchedConfig::vcpu_weights_from_bootargs;
-    assert_eq!(f("quiet sched_vcpu_weight=1:1024 sched_vcpu_weight=0:128"), Ok(vec![(v(1), 1024), (v(0), 128)]));
-    assert_eq!(f("console=ttyAMA0"), Ok(vec![]));
-    assert_eq!(f("sched_vcpu_weight=1"), Err(SchedError::BadBootArg("sched_vcpu_weight")));
-    assert_eq!(f("sched_vcpu_weight=x:5"), Err(SchedError::BadBootArg("sched_vcpu_weight")));
-    assert_eq!(f("sched_vcpu_weight=1:"), Err(SchedError::BadBootArg("sched_vcpu_weight")));
-    assert_eq!(f("sched_vcpu_weight=1:0"), Err(SchedError::BadWeight(0)));
-    assert_eq!(f("sched_vcpu_weight=1:70000"), Err(SchedError::BadWeight(70000)));
+fn vcpu_weight_options() {
+    let f = SchedConfig::parse_vcpu_weight;
+    assert_eq!(f("1:1024"), Ok((v(1), 1024)));
+    assert_eq!(f("0:128"), Ok((v(0), 128)));
+    assert_eq!(f("1"), Err(SchedError::BadBootArg("sched_vcpu_weight")));
+    assert_eq!(f("x:5"), Err(SchedError::BadBootArg("sched_vcpu_weight")));
+    assert_eq!(f("1:"), Err(SchedError::BadBootArg("sched_vcpu_weight")));
+    assert_eq!(f("1:0"), Err(SchedError::BadWeight(0)));
+    assert_eq!(f("1:70000"), Err(SchedError::BadWeight(70000)));
+}
+
+#[test]
+fn set_claims_only_the_schedulers_keys() {
+    let mut c = SchedConfig::default();
+    assert_eq!(c.set("sched_ratelimit_us", "0"), Ok(true));
+    assert_eq!(c.ratelimit_ns, 0);
+    assert_eq!(c.set("sched", "credit2"), Ok(true));
+    assert_eq!(c.set("dom0_mem", "512M"), Ok(false));
+    assert_eq!(c.set("sched_trace_threshold_us", "5"), Ok(false));
+    assert_eq!(c.set("sched_wake_preempt", "maybe"), Err(SchedError::BadBootArg("sched_wake_preempt")));
 }
 
 #[test]

@@ -45,13 +45,7 @@ pub fn acpi_main(h: &'static Handoff) -> ! {
         efi_cfg.kernel_args,
         efi_cfg.ramdisk.as_deref().unwrap_or("(none)")
     );
-    let cfg = match Config::parse(&efi_cfg.options) {
-        Ok(c) => c,
-        Err(e) => {
-            error!("bad hypervisor option: {e:?}; using defaults");
-            Config::default()
-        }
-    };
+    let cfg = crate::runtime::boot::parse_options(&efi_cfg.options);
     let module = |r: Region, args: Option<String>| {
         (r.size > 0).then_some(BootModule { base: r.base, size: r.size, bootargs: args })
     };

@@ -34,13 +34,12 @@ use core::fmt::{self, Write};
 
 use super::dom0::{AcpiDom0, GuestFirmware};
 use crate::arch::{cache, smc};
-use crate::config::Config;
 use crate::dtb::{BootInfo, BootModule, Machine};
 use crate::firmware::acpi::{AcpiMachine, PhysMem, Tables};
 use crate::firmware::uefi::{self, find_config_table, machine_line, EfiConfig, Guid, MemoryMap, ACPI_20_TABLE_GUID};
 use crate::hv_fatal;
 use crate::region::Region;
-use log::{error, info};
+use log::info;
 
 mod abi;
 mod acpi_boot;
