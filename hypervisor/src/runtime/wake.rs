@@ -6,6 +6,7 @@
 
 use super::percpu::{self, now_ns};
 use super::vm::{inc, Vm};
+use crate::intid::IntId;
 use crate::runloop::wake;
 use crate::sched::{WakeAction, WakeCause};
 use crate::trace::Event;
@@ -20,6 +21,17 @@ pub(super) fn rec(vm: &Vm, me: usize, ev: Event) {
 /// Acts on the scheduler's answer to a wake.
 pub(super) fn do_wake_action(me: usize, a: WakeAction) {
     crate::runloop::wake::act(percpu::all(), me, a);
+}
+
+/// Drives input line `intid` of the vGIC (a PPI's of vCPU `vcpu`, or an
+/// SPI) to `level` and wakes whom that made an interrupt deliverable to; the
+/// vGIC's lock is released before the wakes. An INTID the vGIC refuses
+/// changes nothing.
+pub(super) fn set_line(vm: &Vm, me: usize, intid: IntId, vcpu: usize, level: bool, cause: WakeCause) {
+    let kicks = vm.vgic.lock().set_level(intid, vcpu, level);
+    if let Ok(k) = kicks {
+        process_kicks(vm, me, k, cause);
+    }
 }
 
 /// Makes every kicked vCPU notice its new interrupt: wake it if blocked,

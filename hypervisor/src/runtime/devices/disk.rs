@@ -10,7 +10,7 @@ use crate::mmio_bus::{BusError, Device};
 use crate::runtime::percpu::now_ns;
 use crate::runtime::vblk::VDisk;
 use crate::runtime::vm::{Bus, MmioFault, Vcpu, Vm};
-use crate::runtime::wake::process_kicks;
+use crate::runtime::wake::set_line;
 use crate::sched::WakeCause;
 
 /// Claims the virtio-mmio frame.
@@ -36,7 +36,5 @@ fn mmio(vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess, _off: u64, value: u64)
 
 /// Mirrors the disk's interrupt line into the vGIC (and wakes its target).
 pub fn disk_irq(vm: &Vm, me: usize, disk: &VDisk, level: bool) {
-    if let Ok(k) = vm.vgic.lock().set_level(disk.intid, 0, level) {
-        process_kicks(vm, me, k, WakeCause::Interrupt);
-    }
+    set_line(vm, me, disk.intid, 0, level, WakeCause::Interrupt);
 }

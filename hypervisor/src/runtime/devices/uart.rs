@@ -9,7 +9,7 @@ use crate::esr::{self, MmioAccess};
 use crate::mmio_bus::{BusError, Device};
 use crate::runtime::console;
 use crate::runtime::vm::{Bus, MmioFault, Vcpu, Vm};
-use crate::runtime::wake::process_kicks;
+use crate::runtime::wake::set_line;
 use crate::sched::WakeCause;
 use crate::trace::DumpReason;
 
@@ -51,8 +51,6 @@ fn mmio(vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess, off: u64, value: u64) 
     if guest_key {
         vm.dump_trace(DumpReason::Key, 0);
     }
-    if let Ok(k) = vm.vgic.lock().set_level(vm.uart_intid, v.id, level) {
-        process_kicks(vm, me, k, WakeCause::Interrupt);
-    }
+    set_line(vm, me, vm.uart_intid, v.id, level, WakeCause::Interrupt);
     Ok(())
 }

@@ -136,9 +136,7 @@ pub(super) fn deliver_input(dom: crate::domain::DomainId, me: usize) -> &'static
         u.pump_rx(&mut console::RingRx { dom });
         u.irq_level()
     };
-    if let Ok(k) = vm.vgic.lock().set_level(vm.uart_intid, 0, level) {
-        process_kicks(vm, me, k, WakeCause::Interrupt);
-    }
+    set_line(vm, me, vm.uart_intid, 0, level, WakeCause::Interrupt);
     vm
 }
 
@@ -191,9 +189,7 @@ pub(super) fn vm_timers_expired(vm: &Vm, me: usize, now: u64) {
         let p = s.ptimer_deadline.load(Ordering::Acquire);
         if p <= now && s.ptimer_deadline.compare_exchange(p, u64::MAX, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
             // Its physical timer's line rose; `load_vcpu` takes it from here.
-            if let Ok(k) = vm.vgic.lock().set_level(vm.phys_timer_intid, v, true) {
-                process_kicks(vm, me, k, WakeCause::Timer);
-            }
+            set_line(vm, me, vm.phys_timer_intid, v, true, WakeCause::Timer);
         }
         // The limit of a WFIT: the vCPU runs again, with nothing injected.
         let w = s.wake_at.load(Ordering::Acquire);

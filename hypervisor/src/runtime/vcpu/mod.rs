@@ -33,7 +33,7 @@ use self::run::run_vcpu;
 use super::console;
 use super::percpu::{self, now_ns, pcpu, SGI_KICK};
 use super::vm::{inc, vcpu_of, vms, Vcpu, Vm, SPSR_EL1H_MASKED};
-use super::wake::{do_wake_action, process_kicks, rec, wake_vcpu};
+use super::wake::{do_wake_action, process_kicks, rec, set_line, wake_vcpu};
 use crate::arch::exception::{run_guest, ExitKind, GuestExit, GuestRegs};
 use crate::arch::{context, el2, gic, pmu, smc, sysreg};
 use crate::domain::console::Key;
@@ -303,10 +303,7 @@ fn ptimer_sync(vm: &Vm, me: usize, v: &mut Vcpu, force: bool) {
         return;
     }
     v.ptimer_level = line;
-    let k = vm.vgic.lock().set_level(vm.phys_timer_intid, v.id, line);
-    if let Ok(k) = k {
-        process_kicks(vm, me, k, WakeCause::Timer);
-    }
+    set_line(vm, me, vm.phys_timer_intid, v.id, line, WakeCause::Timer);
 }
 
 /// Resamples forwarded private interrupt `intid` of vCPU `id`, running
