@@ -27,6 +27,7 @@ pub(super) fn do_wake_action(me: usize, a: WakeAction) {
 /// SPI) to `level` and wakes whom that made an interrupt deliverable to; the
 /// vGIC's lock is released before the wakes. An INTID the vGIC refuses
 /// changes nothing.
+#[inline]
 pub(super) fn set_line(vm: &Vm, me: usize, intid: IntId, vcpu: usize, level: bool, cause: WakeCause) {
     let kicks = vm.vgic.lock().set_level(intid, vcpu, level);
     if let Ok(k) = kicks {
