@@ -55,6 +55,7 @@ pub fn cpu_relax() {
 }
 
 pub type Mutex<T> = spin::mutex::Mutex<T, Relax>;
+pub type MutexGuard<'a, T> = spin::mutex::MutexGuard<'a, T>;
 pub type RwLock<T> = spin::rwlock::RwLock<T, Relax>;
 pub type Once<T> = spin::once::Once<T, Relax>;
 

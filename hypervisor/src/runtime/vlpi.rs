@@ -19,7 +19,13 @@
 //!   doorbell go where VMAPP/VMOVP said, so the vPE follows its vCPU, and a
 //!   VMOVP happens only on migration — then GICR_VPROPBASER = the guest's
 //!   LPI configuration table, GICR_VPENDBASER.Valid = 1. On put: Valid = 0,
-//!   Dirty polled (bounded), PendingLast read.
+//!   Dirty polled (bounded), PendingLast read. The vPE stays resident after
+//!   its vCPU's turn until that pCPU's scheduler picks another vCPU or idles
+//!   (`runtime::vpe::release`, as Xen and KVM switch lazily): a
+//!   continuation that picks the same vCPU costs no register write and no
+//!   ITS command. A pCPU that loads the vCPU meanwhile waits (bounded) for
+//!   that release (`VcpuShared::vpe_on`): a vPE is resident on one
+//!   redistributor at a time and VMOVP moves a vPE resident nowhere.
 //! * `runtime::vpe::doorbell`: GICv4.0 raises the doorbell for every vLPI that arrives
 //!   while the vPE is not resident, so it comes for blocked vCPUs and for
 //!   runnable but descheduled ones alike (`its::v4::doorbell_for`). A
@@ -33,10 +39,12 @@
 //!   non-resident window of a load, put or WFI check, which `vlpi_pending`
 //!   covers.
 //!
-//! WFI: `runtime::vcpu::block` puts the vPE first and blocks only when
-//! PendingLast is clear and no doorbell came since (the `vlpi_pending`
-//! flag, set under the vGIC lock, which `block` holds from its check to
-//! the scheduler's block: a doorbell cannot slip between).
+//! WFI: `runtime::vcpu::block` returns to the guest at once, the vPE left
+//! resident, when the vGIC holds a deliverable interrupt; otherwise it puts
+//! the vPE and blocks only when PendingLast is clear and no doorbell came
+//! since (the `vlpi_pending` flag, set under the vGIC lock, which `block`
+//! holds from its check to the scheduler's block: a doorbell cannot slip
+//! between).
 
 use crate::arch::gic;
 use crate::arch::gic::its::VpeHw;

@@ -249,6 +249,12 @@ pub struct VcpuShared {
     /// doorbell rang, or PendingLast was set when it left): do not block in
     /// WFI. Cleared when the vPE is resident again. Set under the vGIC lock.
     pub vlpi_pending: AtomicBool,
+    /// GICv4: the pCPU whose redistributor holds its vPE resident,
+    /// usize::MAX = none. A vPE stays resident after its vCPU's turn until
+    /// that pCPU picks another vCPU or idles (`runtime::vpe::release`), so
+    /// a continuation that picks the same vCPU costs no residency switch;
+    /// another pCPU loading the vCPU first waits for that release.
+    pub vpe_on: AtomicUsize,
     /// It last left its pCPU with the guest's IRQs masked (at EL1: inside
     /// a critical section, maybe holding a lock a sibling will spin on);
     /// while it is preempted so, siblings are watched closely for spinning
@@ -451,6 +457,7 @@ pub(super) fn new_vcpus(n: usize) -> (Vec<Mutex<Vcpu>>, Vec<VcpuShared>) {
             vtimer_fired: AtomicU64::new(u64::MAX),
             ppi_resync: AtomicU32::new(0),
             vlpi_pending: AtomicBool::new(false),
+            vpe_on: AtomicUsize::new(usize::MAX),
             left_masked: AtomicBool::new(false),
             running_on: AtomicUsize::new(usize::MAX),
             counters: TrapCounters::default(),

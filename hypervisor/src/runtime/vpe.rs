@@ -3,7 +3,7 @@
 //! which builds the vPEs; the VM holds them, so these take the VM and sit
 //! above it).
 
-use super::vm::{inc, Vm};
+use super::vm::{inc, VcpuShared, Vm};
 use super::wake::wake_vcpu;
 use crate::arch::gic;
 use crate::intid::IntId;
@@ -28,12 +28,34 @@ fn vpropbaser(vm: &Vm, id: usize) -> Option<u64> {
     v4::vpropbaser(pa, bits, true)
 }
 
+/// Polls of `vpe_on` while the pCPU that last ran a vCPU releases its vPE
+/// (YIELD between polls: under single-threaded TCG that pCPU then runs).
+const RELEASE_POLLS: u32 = 1 << 20;
+
 /// vCPU `id` is being loaded on `me`: its vPE follows it (VMOVP if mapped
-/// elsewhere) and becomes resident. Returns whether it is resident.
+/// elsewhere) and becomes resident. Returns whether it is resident. A vPE
+/// still resident here from the vCPU's previous turn (a continuation) is
+/// left as it is: no command, no register write.
 pub fn load(vm: &Vm, me: usize, id: usize) -> bool {
     let Some(v4) = vm.vlpi.as_ref() else { return false };
     let Some(hw) = v4.hw.get(id) else { return false };
-    let c = &vm.shared[id].counters;
+    let s = &vm.shared[id];
+    if s.vpe_on.load(Ordering::Acquire) == me {
+        return true;
+    }
+    // GICv4.0: a vPE is resident on one redistributor at a time, and VMOVP
+    // moves a vPE that is resident nowhere. The pCPU that ran this vCPU
+    // last releases it as soon as its scheduler picks another vCPU.
+    if !released(s) {
+        warn!(
+            "vCPU{id}: vPE still resident on pCPU{}: not made resident on pCPU{me}",
+            s.vpe_on.load(Ordering::Relaxed)
+        );
+        // Its vLPIs may be pending where it is: the vCPU must not block.
+        s.vlpi_pending.store(true, Ordering::Release);
+        return false;
+    }
+    let c = &s.counters;
     match gic::its::vmovp(hw.vpe, me) {
         Ok(true) => inc(&c.vmovps),
         Ok(false) => {}
@@ -44,8 +66,9 @@ pub fn load(vm: &Vm, me: usize, id: usize) -> bool {
     match gic::its::vpe_resident(me, prop, hw.vpt) {
         Ok(()) => {
             inc(&c.vpe_residency_switches);
+            s.vpe_on.store(me, Ordering::Release);
             // The redistributor now scans the pending table itself.
-            vm.shared[id].vlpi_pending.store(false, Ordering::Release);
+            s.vlpi_pending.store(false, Ordering::Release);
             true
         }
         Err(e) => {
@@ -55,11 +78,23 @@ pub fn load(vm: &Vm, me: usize, id: usize) -> bool {
     }
 }
 
+/// Waits (bounded) until vCPU `s`'s vPE is resident nowhere.
+fn released(s: &VcpuShared) -> bool {
+    for _ in 0..RELEASE_POLLS {
+        if s.vpe_on.load(Ordering::Acquire) == usize::MAX {
+            return true;
+        }
+        crate::arch::sysreg::cpu_relax();
+    }
+    false
+}
+
 /// vCPU `id`'s vPE leaves `me`'s redistributor. Returns PendingLast (an
 /// enabled vLPI is pending); that is also kept in `vlpi_pending`.
 pub fn put(vm: &Vm, me: usize, id: usize) -> bool {
     let Some(hw) = vm.vlpi.as_ref().and_then(|v| v.hw.get(id)) else { return false };
-    inc(&vm.shared[id].counters.vpe_residency_switches);
+    let s = &vm.shared[id];
+    inc(&s.counters.vpe_residency_switches);
     let pending = match gic::its::vpe_nonresident(me, hw.vpt) {
         Ok(p) => p,
         Err(e) => {
@@ -69,9 +104,19 @@ pub fn put(vm: &Vm, me: usize, id: usize) -> bool {
         }
     };
     if pending {
-        vm.shared[id].vlpi_pending.store(true, Ordering::Release);
+        s.vlpi_pending.store(true, Ordering::Release);
     }
+    // After `vlpi_pending`: whoever loads the vCPU next sees both.
+    s.vpe_on.store(usize::MAX, Ordering::Release);
     pending
+}
+
+/// `me` is done with vCPU `id` (its scheduler picked another vCPU, or
+/// none): the vPE it kept resident after the vCPU's turn leaves.
+pub fn release(vm: &Vm, me: usize, id: usize) {
+    if vm.shared.get(id).is_some_and(|s| s.vpe_on.load(Ordering::Acquire) == me) {
+        put(vm, me, id);
+    }
 }
 
 /// The doorbell of vCPU `vcpu`'s vPE fired on `me`: a vLPI became pending

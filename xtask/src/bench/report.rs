@@ -664,6 +664,30 @@ fn resident(w: &mut String, all: &[Summary]) {
     let _ = writeln!(w);
 }
 
+/// The bound on the fio vCPU's vPE residency switches per switch-in of
+/// it: one load, one put.
+pub const VPE_SWITCHES_PER_SCHEDULE_IN: f64 = 2.0;
+
+/// The fio vCPU's vPE residency switches per schedule-in with a verdict on
+/// v4-direct (`-` on the emulated paths, which have no vPE).
+fn vpe_switches(s: &Summary) -> String {
+    if s.case.delivery.emulated() {
+        return "-".into();
+    }
+    let c = s.fio_vcpu_counters.as_ref();
+    let (Some(sw), Some(ins)) =
+        (c.and_then(|c| c.get("vpe_residency_switches")), c.and_then(|c| c.get("schedule_ins")))
+    else {
+        return "n/a".into();
+    };
+    if ins == 0 {
+        return "n/a".into();
+    }
+    let r = sw as f64 / ins as f64;
+    let verdict = if r <= VPE_SWITCHES_PER_SCHEDULE_IN { Status::Met } else { Status::Missed };
+    format!("{r:.2} ({})", verdict.as_str())
+}
+
 /// The bound on interrupt delivery exits per I/O of a resident fio vCPU.
 pub const RESIDENT_MSI_EXITS_PER_IO: f64 = 0.1;
 
@@ -783,15 +807,17 @@ fn delivery(w: &mut String, all: &[Summary]) {
          doorbell (interrupt delivery's share); all IRQ exits are every vCPU's; LPIs injected are those the \
          hypervisor put in list registers (every vCPU). Doorbell wakes and doorbells are the fio vCPU's: \
          doorbells that woke it from WFI / found it runnable but descheduled (GICv4.0 rings for every vLPI \
-         of a non-resident vPE: expected, no extra wake) / found it running (spurious).\n"
+         of a non-resident vPE: expected, no extra wake) / found it running (spurious). vPE switches / \
+         schedule-in: the fio vCPU's vPE made resident or non-resident per switch-in of it (continuations \
+         that pick it again leave the vPE resident; target ≤ {VPE_SWITCHES_PER_SCHEDULE_IN} on v4-direct).\n"
     );
     let _ = writeln!(
         w,
         "| case | IOPS | clat p99 µs | kick→run p50 / p99 µs | fio vCPU exits / I/O | fio vCPU IRQ exits / I/O | \
          fio vCPU MSI IRQ exits / I/O | all IRQ exits / I/O | LPIs injected / I/O | doorbell wakes | \
-         doorbells: wake / runnable / spurious |"
+         doorbells: wake / runnable / spurious | vPE switches / schedule-in |"
     );
-    let _ = writeln!(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for s in all {
         let k2r = s.kick_to_run.as_ref().filter(|h| h.count() > 0).map_or_else(
             || "n/a".to_string(),
@@ -803,7 +829,7 @@ fn delivery(w: &mut String, all: &[Summary]) {
         let (fc, ac, ios) = (s.fio_vcpu_counters.as_ref(), s.all_vcpu_counters.as_ref(), s.ios_with_stats);
         let _ = writeln!(
             w,
-            "| {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {} / {} / {} |",
+            "| {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {} / {} / {} | {} |",
             s.case.label(),
             s.fio.iops,
             fus(s.fio.clat_p99_us),
@@ -817,6 +843,7 @@ fn delivery(w: &mut String, all: &[Summary]) {
             fcount(fc, "doorbells"),
             fcount(fc, "doorbells_runnable"),
             fcount(fc, "doorbells_spurious"),
+            vpe_switches(s),
         );
     }
     let _ = writeln!(w);

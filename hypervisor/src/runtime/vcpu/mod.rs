@@ -116,6 +116,8 @@ pub fn pcpu_loop(me: usize) -> ! {
     // The VM whose stage 2 is loaded here, and the VMIDs this pCPU has run.
     let mut loaded: Option<u16> = None;
     let mut seen: alloc::vec::Vec<u16> = alloc::vec::Vec::new();
+    // The vCPU that ran here last, whose vPE may still be resident here.
+    let mut last: Option<(&'static Vm, usize)> = None;
     loop {
         pcpu(me).resched.store(false, Ordering::Relaxed);
         let now = now_ns();
@@ -127,6 +129,13 @@ pub fn pcpu_loop(me: usize) -> ! {
                 Default::default()
             }
         };
+        // First, as another pCPU may be waiting to load that vCPU.
+        let next = d.next.and_then(vcpu_of);
+        if let Some((lvm, lid)) = last.take() {
+            if !next.is_some_and(|(g, v)| core::ptr::eq(g, lvm) && v == lid) {
+                super::vpe::release(lvm, me, lid);
+            }
+        }
         log::trace!("pCPU{me}: schedule -> {:?}", d);
         vm.trace[me].lock().decision(now, &d);
         dump_if_outlier(me, now, &d);
@@ -135,7 +144,7 @@ pub fn pcpu_loop(me: usize) -> ! {
             percpu::kick(k);
         }
         deadline = d.timer_at;
-        match d.next.and_then(vcpu_of) {
+        match next {
             Some((guest, v)) => {
                 if loaded != Some(guest.vmid) {
                     let first = !seen.contains(&guest.vmid);
@@ -145,7 +154,8 @@ pub fn pcpu_loop(me: usize) -> ! {
                     }
                     loaded = Some(guest.vmid);
                 }
-                run_vcpu(guest, me, v, &mut deadline)
+                run_vcpu(guest, me, v, &mut deadline);
+                last = Some((guest, v));
             }
             None => {
                 arm_timer(me, &mut deadline, None);
@@ -243,6 +253,23 @@ fn load_vcpu(vm: &Vm, me: usize, v: &mut Vcpu) {
     }
 }
 
+/// The vGIC, locked, with vCPU `v`'s level-driven private interrupts
+/// resampled against their sources (its registers are live here): a
+/// virtual timer interrupt the guest has not taken while its timer is no
+/// longer due (disabled, masked or CVAL moved on) is not pending any more,
+/// nor an overflow interrupt whose flag the guest cleared; ending the
+/// virtual pending state also ends the physical PPI's active state, so it
+/// can fire again.
+fn resampled<'a>(vm: &'a Vm, me: usize, v: &Vcpu) -> crate::sync::MutexGuard<'a, crate::vgic::Vgic> {
+    let mut vgic = vm.vgic.lock();
+    let line = crate::time::vtimer_line(CNTV_CTL_EL0.get(), CNTV_CVAL_EL0.get(), percpu::counter());
+    resample_forwarded_ppi(&mut vgic, me, v.id, vm.virt_timer_intid, line);
+    if let (Some(p), Placement::Loaded) = (vm.pmu_intid, v.pmu.placement) {
+        resample_forwarded_ppi(&mut vgic, me, v.id, p, pmu::line());
+    }
+    vgic
+}
+
 /// Switch-in of forwarded private interrupt `intid` of vCPU `id`, whose
 /// source's output is the level `line`: a pending state the guest has not
 /// acknowledged ends if the line dropped while the vCPU was away; then,
@@ -276,10 +303,9 @@ fn save_vcpu(vm: &Vm, me: usize, v: &mut Vcpu) {
     }
     v.fp.save();
     v.gicif.save();
-    if v.vpe_resident {
-        super::vpe::put(vm, me, v.id);
-        v.vpe_resident = false;
-    }
+    // GICv4: a resident vPE stays so until this pCPU picks another vCPU or
+    // idles (`pcpu_loop`, `vpe::release`).
+    v.vpe_resident = false;
     if v.vserror.is_pending() {
         // Not taken yet: it stays the vCPU's, not the pCPU's.
         el2::set_hcr(VirtualSError::on_switch_out(el2::hcr()));
@@ -333,34 +359,27 @@ fn arm_pmu(v: &Vcpu) {
 /// block happen under the vGIC lock so an injection cannot slip between.
 /// `limit` (ns, u64::MAX = none) ends a WFIT's wait: the pCPU where the vCPU
 /// is saved watches it on the EL2 timer (`arm_timer`, `timer_expired`).
-/// GICv4: the vPE is made non-resident first, and a vLPI pending then
-/// (PendingLast) or a doorbell since (`vlpi_pending`) keeps the vCPU running.
+/// GICv4: an interrupt the vGIC holds ends the wait with the vPE left
+/// resident; otherwise the vPE is made non-resident first, and a vLPI
+/// pending then (PendingLast) or a doorbell since (`vlpi_pending`) keeps
+/// the vCPU running.
 fn block(vm: &Vm, me: usize, v: &mut Vcpu, limit: u64) -> Next {
     let id = v.id;
     let now = now_ns();
     if limit <= now {
         return Next::Enter;
     }
+    // Its physical timer may have come due since the last exit.
+    ptimer_sync(vm, me, v, false);
     let was_resident = v.vpe_resident;
     if was_resident {
+        if resampled(vm, me, v).has_deliverable(id) {
+            return Next::Enter;
+        }
         crate::runtime::vpe::put(vm, me, id);
         v.vpe_resident = false;
     }
-    // Its physical timer may have come due since the last exit.
-    ptimer_sync(vm, me, v, false);
-    let mut vgic = vm.vgic.lock();
-    // A virtual timer interrupt the guest has not taken while its timer is no
-    // longer due (the guest disabled or masked it, or moved CVAL on, before
-    // this WFI) is not pending any more: the timer's output is a level. The
-    // guest's timer registers are live here; ending the virtual pending
-    // state also ends the physical PPI's active state, so it can fire again.
-    let vt = vm.virt_timer_intid;
-    let line = crate::time::vtimer_line(CNTV_CTL_EL0.get(), CNTV_CVAL_EL0.get(), percpu::counter());
-    resample_forwarded_ppi(&mut vgic, me, id, vt, line);
-    // Likewise an overflow interrupt whose flag the guest cleared.
-    if let (Some(p), Placement::Loaded) = (vm.pmu_intid, v.pmu.placement) {
-        resample_forwarded_ppi(&mut vgic, me, id, p, pmu::line());
-    }
+    let vgic = resampled(vm, me, v);
     if vgic.has_deliverable(id) || vm.shared[id].vlpi_pending.load(Ordering::Acquire) {
         drop(vgic);
         if was_resident {
