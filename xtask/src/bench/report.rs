@@ -685,7 +685,7 @@ fn vpe_switches(s: &Summary) -> String {
     }
     let r = sw as f64 / ins as f64;
     let verdict = if r <= VPE_SWITCHES_PER_SCHEDULE_IN { Status::Met } else { Status::Missed };
-    format!("{r:.2} ({})", verdict.as_str())
+    format!("{r:.4} ({})", verdict.as_str())
 }
 
 /// The bound on interrupt delivery exits per I/O of a resident fio vCPU.
