@@ -210,8 +210,8 @@ pub struct Vcpu {
     /// A virtual SError waiting for the guest to take it.
     pub vserror: crate::traps::VirtualSError,
     /// An SGI trap showed critical-section evidence and opened a lock-holder
-    /// grace; the next exit without that evidence closes it.
-    pub lhp_grace: bool,
+    /// grace; the first exit that `GraceWatch::ends` closes it.
+    pub lhp_grace: Option<crate::sched::GraceWatch>,
     /// Its GICv4 vPE is resident on the pCPU running it (`runtime::vlpi`).
     pub vpe_resident: bool,
     /// The emulated EL1 physical timer (`crate::ptimer::PhysTimer`) and the
@@ -442,7 +442,7 @@ pub(super) fn new_vcpus(n: usize) -> (Vec<Mutex<Vcpu>>, Vec<VcpuShared>) {
             gicif: VcpuIfState::default(),
             lrs: [0; crate::vgic::NUM_LRS_MAX],
             vserror: Default::default(),
-            lhp_grace: false,
+            lhp_grace: None,
             vpe_resident: false,
             ptimer: Default::default(),
             ptimer_level: false,

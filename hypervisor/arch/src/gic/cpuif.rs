@@ -142,6 +142,22 @@ fn nr_ap_regs() -> usize {
     crate::vgic::active_priority_regs(ICH_VTR_EL2.get())
 }
 
+/// The running vCPU's active Group 1 priorities (`ICH_AP1R<n>_EL2`, the
+/// implemented ones, R0 in the low 32 bits): bit n set while an interrupt
+/// of priority group n is acknowledged and its priority not dropped.
+pub fn active_group1_priorities() -> u128 {
+    let n = nr_ap_regs();
+    let mut bits = u128::from(ICH_AP1R0_EL2.get() as u32);
+    if n >= 2 {
+        bits |= u128::from(ICH_AP1R1_EL2.get() as u32) << 32;
+    }
+    if n >= 4 {
+        bits |= u128::from(ICH_AP1R2_EL2.get() as u32) << 64;
+        bits |= u128::from(ICH_AP1R3_EL2.get() as u32) << 96;
+    }
+    bits
+}
+
 impl VcpuIfState {
     pub fn save(&mut self) {
         self.vmcr = ICH_VMCR_EL2.get();

@@ -57,7 +57,7 @@ pub use credit::{CARRYOVER_MAX_NS, CREDIT_INIT_NS};
 use domain::Domain;
 pub use domain::{DomainId, DomainParams, DomainStats, CAP_PERIOD_NS};
 pub use runq::MIGRATE_RESIST_NS;
-pub use wake::{CritEvidence, RATELIMIT_TOLERANCE_NS};
+pub use wake::{CritEvidence, GraceWatch, RATELIMIT_TOLERANCE_NS};
 
 use alloc::collections::BTreeMap;
 use alloc::vec::Vec;

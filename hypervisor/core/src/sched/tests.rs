@@ -343,6 +343,29 @@ fn lhp_grace_ends_at_an_exit_without_evidence() {
 }
 
 #[test]
+fn a_grace_opened_in_an_interrupt_handler_ends_at_its_priority_drop() {
+    // Linux's priority 0xa0 with 5 priority bits: group 20; a nested
+    // higher-priority handler (group 4) is running when the SGI is sent.
+    let (outer, inner) = (1u128 << 20, 1u128 << 4);
+    let g = GraceWatch::open(outer | inner);
+    assert!(g.in_handler());
+    // Still masked, the sending handler still active: the grace goes on.
+    assert!(!g.ends(CritEvidence::IrqsMasked, outer | inner));
+    // The sending (inner) handler dropped its priority: its locks are gone,
+    // though IRQs stay masked while the outer one runs.
+    assert!(g.ends(CritEvidence::IrqsMasked, outer));
+    assert!(g.ends(CritEvidence::IrqsMasked, 0));
+    // Unmasked ends it anyway.
+    assert!(g.ends(CritEvidence::None, outer | inner));
+    // Outside a handler (a spin_lock_irqsave section) only unmasking ends it.
+    let g = GraceWatch::open(0);
+    assert!(!g.in_handler());
+    assert!(!g.ends(CritEvidence::IrqsMasked, 0));
+    assert!(!g.ends(CritEvidence::IrqsMasked, outer));
+    assert!(g.ends(CritEvidence::None, 0));
+}
+
+#[test]
 fn lhp_grace_is_capped_per_pending_preemption() {
     let mut s = hog_and_blocked_io(SchedConfig::default());
     let t = T0 + 300 * US;

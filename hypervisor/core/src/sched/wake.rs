@@ -120,6 +120,45 @@ impl CritEvidence {
     }
 }
 
+/// A lock-holder grace opened at an SGI trap with IRQs masked, and what
+/// ends it at a later exit of the same vCPU (the trap code then reports
+/// [`CritEvidence::None`] to [`Scheduler::note_critical_exit`]).
+///
+/// Either the guest unmasked IRQs, or the interrupt handler it was running
+/// when it sent the SGI has dropped its priority. A Linux guest sends the
+/// wake-up IPI of an I/O completion from the disk's interrupt handler,
+/// holding the queue's lock, IRQs masked because it is a handler; it writes
+/// EOI once the handler has returned and released its locks, but stays
+/// masked until it leaves interrupt context, which causes no exit. For a
+/// level-triggered interrupt injected by the hypervisor that EOI is an exit
+/// (its maintenance interrupt), so the grace ends at the handler's end
+/// rather than at its time limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GraceWatch {
+    /// The priority-group bit of the handler running at the trap (the
+    /// highest active priority: the lowest set bit), 0 outside a handler.
+    handler: u128,
+}
+
+impl GraceWatch {
+    /// Opened at an SGI trap; `active`: the vCPU's active Group 1 priority
+    /// bits then (bit n: priority group n acknowledged, not dropped).
+    pub fn open(active: u128) -> Self {
+        GraceWatch { handler: active & active.wrapping_neg() }
+    }
+
+    /// Whether an exit with `evidence` and active priority bits `active`
+    /// ends the grace.
+    pub fn ends(self, evidence: CritEvidence, active: u128) -> bool {
+        evidence == CritEvidence::None || (self.handler != 0 && active & self.handler == 0)
+    }
+
+    /// Whether the SGI was sent from inside an interrupt handler.
+    pub fn in_handler(self) -> bool {
+        self.handler != 0
+    }
+}
+
 impl Scheduler {
     /// Wake `vcpu` (virtual interrupt, vSGI, vtimer, doorbell). A vCPU that is
     /// not blocked gets a no-op (a parked one stays parked until its

@@ -99,6 +99,18 @@ impl Vgic {
         (pend || irq.active).then_some((pend, irq.active))
     }
 
+    /// While `on`, an active software interrupt of `vcpu` (one the guest
+    /// acknowledged, not forwarded hardware) goes into its LR with EOI
+    /// maintenance, so the guest's deactivation is an exit: the trap code
+    /// learns when the handler it interrupted ends (a lock-holder grace
+    /// opened inside that handler, `sched::GraceWatch`). Takes effect at the
+    /// next `flush_lrs`, as LRs are filled afresh after each sync.
+    pub fn watch_active_eoi(&mut self, vcpu: usize, on: bool) {
+        if let Some(vs) = self.vcpus.get_mut(vcpu) {
+            vs.eoi_watch = on;
+        }
+    }
+
     /// Before entering `vcpu`: fills free list registers (state 0 and not
     /// owned by an un-synced interrupt) with the best work for this vCPU:
     /// active interrupts first, then pending ones by priority, then by INTID.
@@ -112,6 +124,7 @@ impl Vgic {
             return res;
         };
         let n = lrs.len().min(NUM_LRS_MAX);
+        let eoi_watch = vs.eoi_watch;
         // No LR held and nothing live: no candidate, nothing to fill or
         // report (the common case of an exit that touched no interrupt).
         if vs.private_live == 0
@@ -192,7 +205,7 @@ impl Vgic {
             let Some(irq) = self.irq_mut(vcpu, intid) else {
                 continue;
             };
-            let eoi = irq.is_sw_level();
+            let eoi = irq.is_sw_level() || (act && irq.hw.is_none() && eoi_watch);
             lrs[slot] = encode_lr(intid, irq.priority, irq.hw.map(u32::from), eoi, pend, act);
             irq.in_lr = vcpu as u16;
             irq.lr_pend = pend;

@@ -152,6 +152,9 @@ struct VcpuState {
     lr_shadow: [u32; NUM_LRS_MAX],
     /// This redistributor's LPI registers and pending LPIs.
     lpi: lpi::LpiRedist,
+    /// Active software interrupts go into LRs with EOI maintenance
+    /// ([`Vgic::watch_active_eoi`]).
+    eoi_watch: bool,
 }
 
 /// The virtual GICv3 of one VM.
@@ -206,6 +209,7 @@ impl Vgic {
                 private,
                 private_live: u32::MAX,
                 lr_shadow: [NO_INTID; NUM_LRS_MAX],
+                eoi_watch: false,
                 lpi: lpi::LpiRedist::new(cfg.lpis),
             })
             .collect();

@@ -509,6 +509,40 @@ fn active_first_and_pending_active() {
 }
 
 #[test]
+fn watched_active_interrupts_get_eoi_maintenance() {
+    let mut g = booted(1, 32);
+    enable(&mut g, 0, 34);
+    w32(&mut g, GICD + ICFGR + 8, 0b10 << 4); // 34 edge
+    g.inject_edge(id(34), 0).unwrap();
+    let mut lrs = [0u64; 4];
+    g.flush_lrs(0, &mut lrs);
+    assert_eq!(lrs[0] & LR_EOI, 0, "an edge interrupt needs no EOI maintenance");
+    // The guest acknowledged it; its handler is running when it exits.
+    lrs[0] = (lrs[0] & !LR_STATE_MASK) | LR_ACTIVE;
+    g.sync_lrs(0, &mut lrs);
+    g.watch_active_eoi(0, true);
+    assert!(g.flush_lrs(0, &mut lrs).eoi_maintenance);
+    assert_eq!(lrs[0] & LR_STATE_MASK, LR_ACTIVE);
+    assert_ne!(lrs[0] & LR_EOI, 0, "its deactivation is an exit now");
+    // A pending (not yet acknowledged) interrupt is not watched.
+    g.inject_edge(id(34), 0).unwrap();
+    g.sync_lrs(0, &mut lrs);
+    g.flush_lrs(0, &mut lrs);
+    assert_eq!(lrs[0] & LR_STATE_MASK, LR_PENDING | LR_ACTIVE);
+    lrs[0] = (lrs[0] & !LR_STATE_MASK) | LR_PENDING; // the active one deactivated
+    g.sync_lrs(0, &mut lrs);
+    g.flush_lrs(0, &mut lrs);
+    assert_eq!(lrs[0] & LR_STATE_MASK, LR_PENDING);
+    assert_eq!(lrs[0] & LR_EOI, 0);
+    // Off again: active interrupts go in as before.
+    lrs[0] = (lrs[0] & !LR_STATE_MASK) | LR_ACTIVE;
+    g.sync_lrs(0, &mut lrs);
+    g.watch_active_eoi(0, false);
+    g.flush_lrs(0, &mut lrs);
+    assert_eq!(lrs[0] & (LR_STATE_MASK | LR_EOI), LR_ACTIVE);
+}
+
+#[test]
 fn level_vs_edge_repend() {
     let mut g = booted(1, 32);
     enable(&mut g, 0, 33); // level (reset)

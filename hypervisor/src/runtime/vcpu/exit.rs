@@ -20,6 +20,26 @@ pub(super) fn ptimer_access(vm: &Vm, me: usize, v: &mut Vcpu, s: &esr::SysRegAcc
     }
 }
 
+/// A trapped ICC_SGI1R_EL1 write of `value` by vCPU `v`.
+fn send_sgi(vm: &Vm, me: usize, v: &mut Vcpu, value: u64) {
+    // A lock holder sends its wake-up IPIs with IRQs masked: only then does
+    // a wake-preemption of this vCPU wait (a grace).
+    let evidence = CritEvidence::from_spsr(v.regs.spsr);
+    let a = vm.sched.lock().note_critical_exit(now_ns(), me, evidence);
+    v.lhp_grace = (evidence == CritEvidence::IrqsMasked).then(|| GraceWatch::open(gic::active_group1_priorities()));
+    do_wake_action(me, a.unwrap_or(WakeAction::None));
+    let kicks = {
+        let mut vgic = vm.vgic.lock();
+        // Sent from an interrupt handler: its EOI will be an exit, where the
+        // grace can end (`GraceWatch`).
+        vgic.watch_active_eoi(v.id, v.lhp_grace.is_some_and(GraceWatch::in_handler));
+        vgic.send_sgi(v.id, value)
+    };
+    if let Ok(k) = kicks {
+        process_kicks(vm, me, k, WakeCause::Sgi);
+    }
+}
+
 pub(super) fn handle_sync(vm: &Vm, me: usize, v: &mut Vcpu) -> Next {
     let el2::ExitSyndrome { esr, far, hpfar } = el2::exit_syndrome();
     let ilen = esr::instruction_length(esr);
@@ -53,16 +73,7 @@ pub(super) fn handle_sync(vm: &Vm, me: usize, v: &mut Vcpu) -> Next {
             if !s.read && s.key() == esr::ICC_SGI1R_EL1 {
                 let value = v.regs.reg(s.reg);
                 inc(&c.sgis_sent);
-                // A lock holder sends its wake-up IPIs with IRQs masked: only
-                // then does a wake-preemption of this vCPU wait (a grace).
-                let evidence = CritEvidence::from_spsr(v.regs.spsr);
-                let a = vm.sched.lock().note_critical_exit(now_ns(), me, evidence);
-                v.lhp_grace = evidence == CritEvidence::IrqsMasked;
-                do_wake_action(me, a.unwrap_or(WakeAction::None));
-                let kicks = vm.vgic.lock().send_sgi(v.id, value);
-                if let Ok(k) = kicks {
-                    process_kicks(vm, me, k, WakeCause::Sgi);
-                }
+                send_sgi(vm, me, v, value);
                 v.regs.elr += ilen;
             } else if s.read && crate::idregs::is_id_space(s.op0, s.op1, s.crn, s.crm) {
                 let reg = crate::idregs::IdReg { crm: s.crm, op2: s.op2 };

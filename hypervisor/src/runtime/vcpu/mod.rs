@@ -44,7 +44,7 @@ use crate::irq::Route;
 use crate::psci::Call;
 use crate::regs::ISS_ABORT;
 use crate::sched::spin::{self, SpinDetector};
-use crate::sched::{CritEvidence, WakeAction, WakeCause};
+use crate::sched::{CritEvidence, GraceWatch, WakeAction, WakeCause};
 use crate::stage2::{MemType, Stage2Error};
 use crate::trace::{DumpReason, Event, ExitClass};
 use crate::traps::{self, VirtualSError};

@@ -121,12 +121,27 @@ fn after_exit(vm: &Vm, me: usize, v: &mut Vcpu, id: usize) {
     if v.ptimer.ctl & 1 != 0 {
         ptimer_sync(vm, me, v, false);
     }
-    if v.lhp_grace && CritEvidence::from_spsr(v.regs.spsr) == CritEvidence::None {
+    if let Some(g) = v.lhp_grace.filter(|&g| grace_ends(g, v.regs.spsr)) {
         // The critical section the SGI trap's grace was for is over.
-        v.lhp_grace = false;
+        v.lhp_grace = None;
+        if g.in_handler() {
+            vm.vgic.lock().watch_active_eoi(id, false);
+        }
         let a = vm.sched.lock().note_critical_exit(now_ns(), me, CritEvidence::None);
         do_wake_action(me, a.unwrap_or(WakeAction::None));
     }
+}
+
+/// Whether this exit ends the lock-holder grace `g` (the guest's active
+/// priorities are read only when its IRQs are still masked and the grace
+/// was opened inside a handler).
+#[inline(always)]
+fn grace_ends(g: GraceWatch, spsr: u64) -> bool {
+    let evidence = CritEvidence::from_spsr(spsr);
+    if evidence == CritEvidence::None || !g.in_handler() {
+        return evidence == CritEvidence::None;
+    }
+    g.ends(evidence, gic::active_group1_priorities())
 }
 
 /// An IRQ exit: the physical interrupts taken, then the spin watch's
