@@ -114,10 +114,11 @@ impl Vgic {
         let n = lrs.len().min(NUM_LRS_MAX);
         // No LR held and nothing live: no candidate, nothing to fill or
         // report (the common case of an exit that touched no interrupt).
+        // Folded, not searched: no branch per word or LR.
         if vs.private_live == 0
-            && self.spi_live.iter().all(|&w| w == 0)
+            && self.spi_live.iter().fold(0, |acc, &w| acc | w) == 0
             && !self.lpis_pending(vcpu)
-            && vs.lr_shadow[..n].iter().all(|&i| i == NO_INTID)
+            && vs.lr_shadow[..n].iter().fold(true, |acc, &i| acc & (i == NO_INTID))
         {
             return res;
         }
