@@ -192,7 +192,7 @@ fn domu_and_dom0_elf_kernels() {
 /// it (docs/benchmarks/exits-qemu10.md). Under `-icount shift=0` guest time
 /// is instructions executed at every exception level, so the figure is a
 /// path length: the same on any host.
-const NULL_HVC_INSNS: f64 = 552.0;
+const NULL_HVC_INSNS: f64 = 487.0;
 
 /// The exit path's length stays pinned: the null hypercall may cost at most
 /// 1.5× [`NULL_HVC_INSNS`]; a change that makes every exit slower fails

@@ -79,6 +79,11 @@ pub enum Call {
 /// convention arguments are truncated to 32 bits as SMC32 requires.
 pub fn decode(x0: u64, x1: u64, x2: u64, x3: u64) -> Call {
     let function = x0 as u32;
+    if !in_known_ranges(function) {
+        // Outside the two small ranges every known function lies in: no
+        // comparison against each of them (the null hypercall's path).
+        return Call::Unknown { function };
+    }
     let smc32 = function & (1 << 30) == 0;
     let arg = |v: u64| if smc32 { v & 0xffff_ffff } else { v };
     match function {
@@ -98,6 +103,13 @@ pub fn decode(x0: u64, x1: u64, x2: u64, x3: u64) -> Call {
         | crate::mitigations::ARCH_WORKAROUND_3 => Call::ArchWorkaround { function },
         _ => Call::Unknown { function },
     }
+}
+
+/// Whether `function` may be one `decode` knows: PSCI's numbers 0-31 (fast
+/// calls, standard secure service, SMC32 or SMC64) or the Arm architecture
+/// service's first 64 Ki numbers (SMC32). Every other value is unknown.
+fn in_known_ranges(function: u32) -> bool {
+    function & 0xbfff_ffe0 == 0x8400_0000 || function & 0xffff_0000 == 0x8000_0000
 }
 
 /// PSCI_FEATURES: which functions this implementation provides.
@@ -173,6 +185,37 @@ mod tests {
             decode(CPU_ON_64 as u64, 0x101, 0x1_4000_0000, 7),
             Call::CpuOn { target: 0x101, entry: 0x1_4000_0000, context: 7 }
         );
+    }
+
+    #[test]
+    fn every_known_function_is_in_the_known_ranges() {
+        let known = [
+            PSCI_VERSION,
+            CPU_SUSPEND_32,
+            CPU_SUSPEND_64,
+            CPU_OFF,
+            CPU_ON_32,
+            CPU_ON_64,
+            AFFINITY_INFO_32,
+            AFFINITY_INFO_64,
+            MIGRATE_INFO_TYPE,
+            SYSTEM_OFF,
+            SYSTEM_RESET,
+            PSCI_FEATURES,
+            SMCCC_VERSION,
+            SMCCC_ARCH_FEATURES,
+            crate::mitigations::ARCH_WORKAROUND_1,
+            crate::mitigations::ARCH_WORKAROUND_2,
+            crate::mitigations::ARCH_WORKAROUND_3,
+        ];
+        for f in known {
+            assert!(in_known_ranges(f), "{f:#x}");
+            assert_ne!(decode(u64::from(f), 0, 0, 0), Call::Unknown { function: f }, "{f:#x}");
+        }
+        for f in [0x8400_00ff, 0x8400_0020, 0xc400_0020, 0x8001_0000, 0xc000_0000, 0x8600_0000, 0x0400_0000] {
+            assert!(!in_known_ranges(f), "{f:#x}");
+            assert_eq!(decode(u64::from(f), 0, 0, 0), Call::Unknown { function: f });
+        }
     }
 
     #[test]

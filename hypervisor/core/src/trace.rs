@@ -293,7 +293,11 @@ impl Ring {
             self.buf[self.next] = r;
             self.overwritten += 1;
         }
-        self.next = (self.next + 1) % self.buf.capacity();
+        // A wrap, not a remainder: no division per event.
+        self.next += 1;
+        if self.next == self.buf.capacity() {
+            self.next = 0;
+        }
     }
 
     /// The events, oldest first.

@@ -25,7 +25,8 @@ pub struct Loaded {
 /// maintenance interrupt when more were pending than fit.
 pub fn load(vgic: &Mutex<Vgic>, id: usize, lrs: &mut [u64], dirty: bool) -> Loaded {
     let fr = vgic.lock().flush_lrs(id, lrs);
-    let used = lrs.iter().any(|&lr| lr != 0);
+    // Folded, not searched: no early exit to branch on for a handful of LRs.
+    let used = lrs.iter().fold(0, |acc, &lr| acc | lr) != 0;
     if used || dirty {
         for (i, &lr) in lrs.iter().enumerate() {
             gic::write_lr(i, lr);

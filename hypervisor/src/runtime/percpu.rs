@@ -62,7 +62,9 @@ impl PcpuShared {
     /// watches; `walk` computes it afresh when one was reported changed
     /// since the last call (on this pCPU only).
     pub fn timers_min(&self, walk: impl FnOnce() -> u64) -> u64 {
-        if self.timers_changed.swap(false, Ordering::AcqRel) {
+        // Loaded before the swap, which only a change pays for (see
+        // `arm_timer`'s `rearm_at`).
+        if self.timers_changed.load(Ordering::Acquire) && self.timers_changed.swap(false, Ordering::AcqRel) {
             self.timers_min.store(walk(), Ordering::Relaxed);
         }
         self.timers_min.load(Ordering::Relaxed)
@@ -81,6 +83,7 @@ pub fn init(n: usize) {
 /// pCPU `cpu`'s shared state. `cpu` is an index the boot code handed out,
 /// below the count [`init`] got; any other is a hypervisor bug and panics
 /// like an out-of-bounds index.
+#[inline]
 pub fn pcpu(cpu: usize) -> &'static PcpuShared {
     &PCPUS.get().expect("percpu::init ran at boot")[cpu]
 }

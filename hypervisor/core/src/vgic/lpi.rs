@@ -549,6 +549,7 @@ impl Vgic {
         vs.lpi.lr_clear &= !(1 << s);
         vs.lpi.lr_moved[s] = NO_VCPU;
         vs.lr_shadow[s] = intid;
+        vs.lr_held |= 1 << s;
         Some(encode_lr(intid, prio, None, false, true, false))
     }
 

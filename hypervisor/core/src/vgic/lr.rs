@@ -127,10 +127,12 @@ impl Vgic {
         let eoi_watch = vs.eoi_watch;
         // No LR held and nothing live: no candidate, nothing to fill or
         // report (the common case of an exit that touched no interrupt).
+        debug_assert_eq!(vs.lr_held, vs.shadow_mask(), "lr_held follows lr_shadow");
+        // Folded, not searched: no branch per word.
         if vs.private_live == 0
-            && self.spi_live.iter().all(|&w| w == 0)
+            && vs.lr_held == 0
+            && self.spi_live.iter().fold(0, |acc, &w| acc | w) == 0
             && !self.lpis_pending(vcpu)
-            && vs.lr_shadow[..n].iter().all(|&i| i == NO_INTID)
         {
             return res;
         }
@@ -218,6 +220,7 @@ impl Vgic {
                 irq.latch = false;
             }
             self.vcpus[vcpu].lr_shadow[slot] = intid;
+            self.vcpus[vcpu].lr_held |= 1 << slot;
             res.filled += 1;
             res.eoi_maintenance |= eoi;
             slot += 1;
@@ -255,6 +258,7 @@ impl Vgic {
                 continue;
             }
             self.vcpus[vcpu].lr_shadow[s] = NO_INTID;
+            self.vcpus[vcpu].lr_held &= !(1 << s);
             let val = match lrs.get_mut(s) {
                 Some(v) => core::mem::take(v),
                 None => 0,

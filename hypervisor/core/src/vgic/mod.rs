@@ -150,11 +150,22 @@ struct VcpuState {
     /// One bit per private interrupt that may not be idle, as `spi_live`.
     private_live: u32,
     lr_shadow: [u32; NUM_LRS_MAX],
+    /// One bit per `lr_shadow` slot that holds an INTID: the entry path's
+    /// "no LR held" test is one load, not a scan of the slots.
+    lr_held: u16,
     /// This redistributor's LPI registers and pending LPIs.
     lpi: lpi::LpiRedist,
     /// Active software interrupts go into LRs with EOI maintenance
     /// ([`Vgic::watch_active_eoi`]).
     eoi_watch: bool,
+}
+
+impl VcpuState {
+    /// The `lr_shadow` slots that hold an INTID, one bit each: what
+    /// `lr_held` must be.
+    fn shadow_mask(&self) -> u16 {
+        (0..NUM_LRS_MAX).filter(|&s| self.lr_shadow[s] != NO_INTID).fold(0, |m, s| m | 1 << s)
+    }
 }
 
 /// The virtual GICv3 of one VM.
@@ -210,6 +221,7 @@ impl Vgic {
                 private_live: u32::MAX,
                 lr_shadow: [NO_INTID; NUM_LRS_MAX],
                 eoi_watch: false,
+                lr_held: 0,
                 lpi: lpi::LpiRedist::new(cfg.lpis),
             })
             .collect();

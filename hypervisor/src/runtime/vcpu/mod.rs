@@ -174,7 +174,13 @@ pub fn pcpu_loop(me: usize) -> ! {
 /// completions it watches.
 fn arm_timer(me: usize, deadline: &mut Option<u64>, sample: Option<u64>) {
     let p = pcpu(me);
-    let req = p.rearm_at.swap(u64::MAX, Ordering::AcqRel);
+    // A plain load first: the swap (an exclusive-access loop) only when a
+    // request is there. One that lands after the load is taken at the next
+    // entry, as it would be had it landed after the swap.
+    let req = match p.rearm_at.load(Ordering::Acquire) {
+        u64::MAX => u64::MAX,
+        _ => p.rearm_at.swap(u64::MAX, Ordering::AcqRel),
+    };
     if req != u64::MAX {
         *deadline = Some(deadline.map_or(req, |d| d.min(req)));
     }

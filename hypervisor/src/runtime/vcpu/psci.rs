@@ -11,8 +11,29 @@ pub(super) fn find_vcpu(vm: &Vm, target: u64) -> Option<usize> {
 
 pub(super) fn psci_call(vm: &Vm, me: usize, v: &mut Vcpu) -> Next {
     let [x0, x1, x2, x3, ..] = v.regs.x;
+    // An unknown function is answered here, the known ones out of line:
+    // this frame stays small for the call that does nothing.
+    match crate::psci::decode(x0, x1, x2, x3) {
+        Call::Unknown { function } => {
+            v.regs.x[0] = unknown_call(vm, v, function) as u64;
+            Next::Enter
+        }
+        call => known_call(vm, me, v, call),
+    }
+}
+
+/// An SMCCC function this hypervisor does not implement: NOT_SUPPORTED.
+#[inline]
+fn unknown_call(vm: &Vm, v: &Vcpu, function: u32) -> i64 {
+    inc(&vm.shared[v.id].counters.unsupported_calls);
+    debug!("vCPU{}: unsupported SMCCC function {function:#x}", v.id);
+    crate::psci::NOT_SUPPORTED
+}
+
+#[inline(never)]
+fn known_call(vm: &Vm, me: usize, v: &mut Vcpu, call: Call) -> Next {
     let mut next = Next::Enter;
-    let ret: i64 = match crate::psci::decode(x0, x1, x2, x3) {
+    let ret: i64 = match call {
         Call::Version => crate::psci::VERSION_1_1 as i64,
         Call::Features { function } => crate::psci::features(function),
         Call::SmcccVersion => crate::psci::SMCCC_VERSION_1_1 as i64,
@@ -60,11 +81,7 @@ pub(super) fn psci_call(vm: &Vm, me: usize, v: &mut Vcpu) -> Next {
             console::flush();
             smc::psci_system_reset()
         }
-        Call::Unknown { function } => {
-            inc(&vm.shared[v.id].counters.unsupported_calls);
-            debug!("vCPU{}: unsupported SMCCC function {function:#x}", v.id);
-            crate::psci::NOT_SUPPORTED
-        }
+        Call::Unknown { function } => unknown_call(vm, v, function),
     };
     v.regs.x[0] = ret as u64;
     next

@@ -200,12 +200,17 @@ pub(super) fn follow_routes(vm: &Vm, me: usize, id: usize) {
 
 /// The `ppi_resync` requests for vCPU `id`, running here: set each forwarded
 /// private interrupt's physical active state to the vGIC's view.
+/// Checked at every exit, inline; the work (rare) is out of line.
+#[inline]
 pub(super) fn resync_private_active(vm: &Vm, me: usize, id: usize) {
-    let s = &vm.shared[id];
-    if s.ppi_resync.load(Ordering::Relaxed) == 0 {
-        return;
+    if vm.shared[id].ppi_resync.load(Ordering::Relaxed) != 0 {
+        resync_private_active_now(vm, me, id);
     }
-    let bits = s.ppi_resync.swap(0, Ordering::AcqRel);
+}
+
+#[inline(never)]
+fn resync_private_active_now(vm: &Vm, me: usize, id: usize) {
+    let bits = vm.shared[id].ppi_resync.swap(0, Ordering::AcqRel);
     let vgic = vm.vgic.lock();
     let private = (0..IntId::PRIVATE_COUNT).filter(|i| bits & (1 << i) != 0);
     for intid in private.filter_map(|i| IntId::try_from(i).ok()) {
