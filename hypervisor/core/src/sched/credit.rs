@@ -10,7 +10,7 @@
 //! * Reset: when the best candidate of a runqueue — the picked vCPU or the
 //!   runqueue's head, whichever has more credit — has credit ≤ 0, every
 //!   online vCPU of that runqueue (only that one) gets [`CREDIT_INIT_NS`]
-//!   (10 ms) added — several times if the picked one is deeper than -10 ms —
+//!   (10 ms) added — twice if the picked one is at the -10 ms floor —
 //!   and is capped at `CREDIT_INIT + CARRYOVER_MAX`: what it had left carries
 //!   over up to 500 µs. Counted per runqueue ([`Scheduler::runqueue_resets`])
 //!   and per domain ([`DomainStats::credit_resets`](super::DomainStats::credit_resets)).
@@ -28,6 +28,14 @@ use super::{domain, RunState, SchedError, Scheduler, VcpuId};
 pub const CREDIT_INIT_NS: i64 = 10_000_000;
 /// Credit a vCPU may carry over a reset (Credit2: the minimum timer).
 pub const CARRYOVER_MAX_NS: i64 = 500_000;
+/// Floor of a vCPU's credit, ns (Credit2's CSCHED2_CREDIT_MIN): burning
+/// never takes credit below it, in both modes. Without a floor a very light
+/// vCPU's debt grows without bound while it runs one slice, and it waits
+/// for as many resets as its debt is deep (1 ms per ~65 s at 65535:1); with
+/// it, a reset (which adds twice CREDIT_INIT at the floor) always brings
+/// the picked vCPU back into the black, so every runnable vCPU runs at
+/// least about one slice per epoch (~4.8 % at 65535:1, as Credit2).
+pub(super) const CREDIT_MIN_NS: i64 = -CREDIT_INIT_NS;
 
 impl Scheduler {
     /// Give one vCPU its own weight (`Some`, 1..=65535) or its domain's
@@ -69,7 +77,8 @@ impl Scheduler {
 
     /// Charge a running vCPU for its time since the last burn: credit
     /// `elapsed × max_weight / weight`, the division's remainder carried to
-    /// the next burn; a capped domain's vCPU also spends budget 1:1.
+    /// the next burn, never below [`CREDIT_MIN_NS`]; a capped domain's vCPU
+    /// also spends budget 1:1.
     pub(super) fn burn(&mut self, s: usize, now: u64) {
         let max_w = u128::from(self.rqs[self.vcpus[s].rq].max_weight);
         let v = &mut self.vcpus[s];
@@ -83,7 +92,7 @@ impl Scheduler {
         let w = u128::from(v.weight.max(1));
         v.residual = (scaled % w) as u64;
         let cost = (scaled / w).min(i64::MAX as u128) as i64;
-        v.credit = v.credit.saturating_sub(cost).max(i64::MIN / 2);
+        v.credit = v.credit.saturating_sub(cost).max(CREDIT_MIN_NS);
         let d = &mut self.domains[v.dom];
         d.stats.run_ns += delta;
         if d.capped() {
@@ -112,8 +121,8 @@ impl Scheduler {
     }
 
     /// Credit2 reset of runqueue `rq`: each of its online vCPUs gets
-    /// CREDIT_INIT (times `m` if the picked vCPU is deeper than
-    /// -CREDIT_INIT, so that it is positive again), capped at
+    /// CREDIT_INIT (twice if the picked vCPU is at the floor
+    /// [`CREDIT_MIN_NS`], so that it is positive again), capped at
     /// `CREDIT_INIT + CARRYOVER_MAX`: what a vCPU had left carries over up
     /// to that cap. vCPUs running on the runqueue's other pCPUs are charged
     /// up to `now` first (as Credit2 does), so that the cap clips what they
@@ -125,7 +134,7 @@ impl Scheduler {
             }
         }
         let mut m: i64 = 1;
-        if picked_credit < -CREDIT_INIT_NS {
+        if picked_credit <= CREDIT_MIN_NS {
             m += (-picked_credit) / CREDIT_INIT_NS;
         }
         let add = m.saturating_mul(CREDIT_INIT_NS);

@@ -150,9 +150,21 @@ fn credit_reset_when_picked_credit_not_positive() {
     let d = s.schedule(10 * MS, 0).unwrap();
     assert_eq!(d.next, Some(v(0)));
     assert_eq!(s.credit(v(0)), Some(CREDIT_INIT_NS));
-    // Deep negative credit: reset adds CREDIT_INIT several times, capped.
-    s.schedule(35 * MS, 0).unwrap(); // credit -15 ms → m = 2
-    assert_eq!(s.credit(v(0)), Some(5 * MS as i64));
+    // Overrun by 25 ms: credit stops at the floor (-10 ms), and the reset
+    // adds CREDIT_INIT twice.
+    s.schedule(35 * MS, 0).unwrap();
+    assert_eq!(s.credit(v(0)), Some(CREDIT_INIT_NS));
+}
+
+#[test]
+fn burn_stops_at_the_credit_floor() {
+    let mut s = sched(SchedConfig::xen_compat(1000), 1, &[(0, 65535, None), (1, 1, None)]);
+    assert_eq!(s.schedule(0, 0).unwrap().next, Some(v(0)));
+    s.block(0, 0).unwrap();
+    assert_eq!(s.schedule(0, 0).unwrap().next, Some(v(1)));
+    // 1 µs at 65535:1 costs ~65 ms of credit: stops at -10 ms.
+    s.set_vcpu_weight(1 * US, v(0), None).unwrap();
+    assert_eq!(s.credit(v(1)), Some(credit::CREDIT_MIN_NS));
 }
 
 #[test]
@@ -1080,4 +1092,17 @@ fn sim_capped_io_vcpu_preempts_with_budget() {
     assert!((io_share - 0.04).abs() <= 0.005, "io share {io_share}");
     assert!(r.iops() < 0.5 * base.iops());
     assert!(r.hog_run_ns as f64 >= 0.95 * p.duration_ns as f64);
+}
+
+#[test]
+fn heavy_and_light_hog_light_gets_the_floor_share() {
+    // Weights 65535:1 on one pCPU: the light vCPU's debt stops at
+    // CREDIT_MIN, so each reset brings it back into the black and it runs
+    // about one slice per epoch (Credit2 gives it ~4.8 %), in both modes.
+    for cfg in [SchedConfig::default(), SchedConfig::xen_compat(1000)] {
+        let mut s = sched(cfg, 1, &[(0, 65535, None), (1, 1, None)]);
+        run_hogs(&mut s, 10_000 * MS);
+        let share = run_ns(&s, 1) as f64 / (10_000 * MS) as f64;
+        assert!(share >= 0.04, "light share {share}");
+    }
 }
