@@ -129,10 +129,12 @@ impl CritEvidence {
 /// wake-up IPI of an I/O completion from the disk's interrupt handler,
 /// holding the queue's lock, IRQs masked because it is a handler; it writes
 /// EOI once the handler has returned and released its locks, but stays
-/// masked until it leaves interrupt context, which causes no exit. For a
-/// level-triggered interrupt injected by the hypervisor that EOI is an exit
-/// (its maintenance interrupt), so the grace ends at the handler's end
-/// rather than at its time limit.
+/// masked until it leaves interrupt context, which causes no exit. While
+/// such a grace is open the vGIC gives the vCPU's active software
+/// interrupts EOI maintenance (`Vgic::watch_active_eoi`), so that EOI is an
+/// exit and the grace ends at the handler's end rather than at its time
+/// limit. A forwarded hardware interrupt's EOI reaches the physical GIC
+/// without an exit: its grace still ends at the limit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GraceWatch {
     /// The priority-group bit of the handler running at the trap (the
