@@ -197,6 +197,19 @@ pub fn isb() {
     unsafe { core::arch::asm!("isb", options(nostack, preserves_flags)) };
 }
 
+/// Waits until this CPU's earlier stores are visible to the other CPUs
+/// (DSB ISHST): before a system-register write that signals them, such as
+/// an SGI, which is not ordered after stores otherwise.
+#[cfg(feature = "fakes")]
+pub fn dsb_ishst() {}
+
+#[cfg(not(feature = "fakes"))]
+#[inline(always)]
+pub fn dsb_ishst() {
+    // SAFETY: a barrier: no memory or register effects beyond ordering.
+    unsafe { core::arch::asm!("dsb ishst", options(nostack, preserves_flags)) };
+}
+
 /// One spin-wait step: YIELD, the hint Linux's `cpu_relax` gives. Under
 /// QEMU's single-threaded TCG a YIELD also hands the turn to the next
 /// emulated CPU, so a pCPU spinning on a lock lets its holder run (see

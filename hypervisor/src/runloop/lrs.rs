@@ -4,8 +4,7 @@
 //! touched no interrupt writes, reads and locks nothing.
 
 use crate::arch::gic;
-use crate::sync::Mutex;
-use crate::vgic::{HwDeactivation, Kicks, Vgic};
+use crate::vgic::{HwDeactivation, Kicks, VgicCell};
 use alloc::vec::Vec;
 
 /// What an entry put in the list registers.
@@ -23,8 +22,14 @@ pub struct Loaded {
 /// (`dirty`: the hardware may hold something, as after another vCPU ran
 /// here); then the virtual CPU interface on, asking for the underflow
 /// maintenance interrupt when more were pending than fit.
-pub fn load(vgic: &Mutex<Vgic>, id: usize, lrs: &mut [u64], dirty: bool) -> Loaded {
-    let fr = vgic.lock().flush_lrs(id, lrs);
+pub fn load(vgic: &VgicCell, id: usize, lrs: &mut [u64], dirty: bool) -> Loaded {
+    if !dirty && vgic.is_idle(id) {
+        // The LRs are zeros and the model has nothing for this vCPU since
+        // its last flush found nothing: no lock, no flush, no LR write.
+        gic::vcpu_if_on(false);
+        return Loaded { used: false, filled: 0 };
+    }
+    let fr = vgic.flush(id, lrs);
     // Folded, not searched: no early exit to branch on for a handful of LRs.
     let used = lrs.iter().fold(0, |acc, &lr| acc | lr) != 0;
     if used || dirty {
@@ -49,7 +54,7 @@ pub struct Saved {
 /// use the model is as `flush_lrs` left it: `sync_lrs` would find no LR to
 /// fold back, queue no deactivation and kick nobody (the vGIC's MMIO
 /// writes take their own deactivations), so the vGIC lock is not taken.
-pub fn save(vgic: &Mutex<Vgic>, id: usize, lrs: &mut [u64], used: bool) -> Option<Saved> {
+pub fn save(vgic: &VgicCell, id: usize, lrs: &mut [u64], used: bool) -> Option<Saved> {
     if used {
         for (i, lr) in lrs.iter_mut().enumerate() {
             *lr = gic::read_lr(i);

@@ -35,6 +35,9 @@ pub struct PcpuShared {
     /// deadline in ns, `HYP_TIMER_OFF`, or [`HYP_TIMER_UNKNOWN`] before
     /// the first programming. Only this pCPU reads or writes it.
     pub(crate) hyp_timer_at: AtomicU64,
+    /// `hyp_timer_at` in counter ticks, when it is a deadline (only this
+    /// pCPU reads or writes it).
+    pub(crate) hyp_timer_cval: AtomicU64,
     /// Set by whoever changes a deadline this pCPU's EL2 timer watches for
     /// saved vCPUs and disks (`note_timers_changed`); the run loop then
     /// recomputes `timers_min` instead of walking every VM at each entry.
@@ -53,6 +56,7 @@ impl PcpuShared {
             rearm_at: AtomicU64::new(u64::MAX),
             running: AtomicUsize::new(usize::MAX),
             hyp_timer_at: AtomicU64::new(HYP_TIMER_UNKNOWN),
+            hyp_timer_cval: AtomicU64::new(0),
             timers_changed: AtomicBool::new(true),
             timers_min: AtomicU64::new(u64::MAX),
         }

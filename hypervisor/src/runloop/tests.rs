@@ -9,7 +9,7 @@ use crate::intid::IntId;
 use crate::sched::{DomainParams, RunState, SchedConfig, Scheduler, VcpuId, WakeAction, WakeCause};
 use crate::sync::Mutex;
 use crate::vgic::regs::{GICD_CTLR, GICR_STRIDE, IGROUPR, ISENABLER, SGI_FRAME};
-use crate::vgic::{Kicks, Vgic, VgicConfig};
+use crate::vgic::{Kicks, Vgic, VgicCell, VgicConfig};
 use alloc::vec::Vec;
 use core::sync::atomic::Ordering;
 
@@ -24,7 +24,7 @@ const LR_VINTID: u64 = 0xffff_ffff;
 
 /// A booted guest's vGIC with `n` vCPUs: distributor on, every private
 /// interrupt Group 1, SPIs `spis` enabled (all routed to vCPU 0).
-fn vgic(n: usize, spis: &[u32]) -> Mutex<Vgic> {
+fn vgic(n: usize, spis: &[u32]) -> VgicCell {
     let mut g = Vgic::new(VgicConfig {
         gicd_base: GICD,
         gicr_base: GICR,
@@ -40,10 +40,10 @@ fn vgic(n: usize, spis: &[u32]) -> Mutex<Vgic> {
         g.mmio_write(0, GICD + IGROUPR + u64::from(i / 32) * 4, 4, 0xffff_ffff).unwrap();
         g.mmio_write(0, GICD + ISENABLER + u64::from(i / 32) * 4, 4, 1 << (i % 32)).unwrap();
     }
-    Mutex::new(g)
+    VgicCell::new(g)
 }
 
-fn spi(g: &Mutex<Vgic>, i: u32) -> Kicks {
+fn spi(g: &VgicCell, i: u32) -> Kicks {
     g.lock().inject_edge(IntId::try_from(i).unwrap(), 0).unwrap()
 }
 
@@ -59,6 +59,25 @@ fn an_entry_with_nothing_pending_and_clean_lrs_writes_no_list_register() {
     let l = lrs::load(&g, 0, &mut lrs, false);
     assert_eq!(l, lrs::Loaded { used: false, filled: 0 });
     assert_eq!(fake::writes(), [("ich_hcr_el2", HCR_EN)]);
+}
+
+#[test]
+fn an_idle_vcpu_enters_without_a_flush_until_the_vgic_changes() {
+    fake::reset();
+    let g = vgic(1, &[40]);
+    let mut lrs = [0u64; 4];
+    assert_eq!(lrs::load(&g, 0, &mut lrs, false), lrs::Loaded { used: false, filled: 0 });
+    assert!(g.is_idle(0), "the flush found nothing");
+    // A later entry with clean LRs trusts the note; one with dirty LRs
+    // still clears them.
+    assert_eq!(lrs::load(&g, 0, &mut lrs, false), lrs::Loaded { used: false, filled: 0 });
+    lrs::load(&g, 0, &mut lrs, true);
+    assert_eq!(lr_writes().len(), 4, "dirty LRs are written: {:?}", lr_writes());
+    // An injection locks the model for a change: the next entry flushes.
+    spi(&g, 40);
+    assert!(!g.is_idle(0));
+    assert_eq!(lrs::load(&g, 0, &mut lrs, false), lrs::Loaded { used: true, filled: 1 });
+    assert_eq!(fake::get("ich_lr0_el2") & LR_VINTID, 40);
 }
 
 #[test]

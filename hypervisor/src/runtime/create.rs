@@ -20,7 +20,7 @@ use crate::sched::{DomainParams, VcpuId};
 use crate::stage2::Stage2;
 use crate::sync::{Mutex, RwLock};
 use crate::vgic::its::Vits;
-use crate::vgic::{Vgic, VgicConfig};
+use crate::vgic::{Vgic, VgicCell, VgicConfig};
 use crate::vpl011::VPl011;
 use alloc::boxed::Box;
 use alloc::string::String;
@@ -319,7 +319,7 @@ impl Vm {
             iomem: vp.iomem.clone(),
             iomem_maps: AtomicU64::new(0),
             iomem_denied: AtomicU64::new(0),
-            vgic: Mutex::new(vgic),
+            vgic: VgicCell::new(vgic),
             uart: Mutex::new(VPl011::new()),
             uart_region: vp.uart,
             uart_intid: vp.uart_intid,

@@ -42,17 +42,25 @@ impl PcpuShared {
     /// `sgi-to-other-cpu`: 11 k instructions become 0.9 M) and the wake
     /// benchmarks on 2 pCPUs measure that instead. Skipping the write is
     /// ~60 instructions per exit, to take when those benchmarks are run
-    /// again beside it.
+    /// again beside it. An unchanged deadline rewrites the compare value
+    /// it already converted (one register write is enough for QEMU; the
+    /// control register keeps its value).
+    #[inline]
     pub fn arm_hyp_timer(&self, at: Option<u64>) -> bool {
         let want = at.unwrap_or(HYP_TIMER_OFF);
         let changed = self.hyp_timer_at.load(Ordering::Relaxed) != want;
-        self.hyp_timer_at.store(want, Ordering::Relaxed);
         match at {
+            Some(_) if !changed => CNTHP_CVAL_EL2.set(self.hyp_timer_cval.load(Ordering::Relaxed)),
             Some(ns) => {
-                CNTHP_CVAL_EL2.set(ns_to_ticks(ns));
+                let cval = ns_to_ticks(ns);
+                self.hyp_timer_cval.store(cval, Ordering::Relaxed);
+                CNTHP_CVAL_EL2.set(cval);
                 CNTHP_CTL_EL2.write(CNTHP_CTL_EL2::ENABLE::SET + CNTHP_CTL_EL2::IMASK::CLEAR);
             }
             None => CNTHP_CTL_EL2.write(CNTHP_CTL_EL2::ENABLE::CLEAR + CNTHP_CTL_EL2::IMASK::SET),
+        }
+        if changed {
+            self.hyp_timer_at.store(want, Ordering::Relaxed);
         }
         crate::arch::sysreg::isb();
         changed
@@ -136,6 +144,14 @@ pub fn cntfrq() -> u64 {
 /// virtual counter).
 pub fn counter() -> u64 {
     CNTPCT_EL0.get()
+}
+
+/// Whether this pCPU's EL2 timer is on and its deadline has passed (it is
+/// armed at or before the scheduler's deadline, `vcpu::arm_timer`: until it
+/// fires, that deadline has not come, and the exit path reads no clock).
+#[inline(always)]
+pub fn hyp_timer_fired() -> bool {
+    CNTHP_CTL_EL2.matches_all(CNTHP_CTL_EL2::ENABLE::SET + CNTHP_CTL_EL2::ISTATUS::SET)
 }
 
 /// The physical counter in nanoseconds (the scheduler's clock).

@@ -40,7 +40,7 @@ use crate::stage2::{IpaSize, Stage2, Stage2Error};
 use crate::sync::{Mutex, Once, RwLock};
 use crate::trace::{DumpReason, Ring, Trigger, RING_EVENTS};
 use crate::vgic::its::Vits;
-use crate::vgic::{Vgic, VgicError};
+use crate::vgic::{VgicCell, VgicError};
 use crate::vpl011::VPl011;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
@@ -371,7 +371,7 @@ pub struct Vm {
     /// Pages or blocks mapped on demand, and accesses the policy refused.
     pub iomem_maps: AtomicU64,
     pub iomem_denied: AtomicU64,
-    pub vgic: Mutex<Vgic>,
+    pub vgic: VgicCell,
     pub uart: Mutex<VPl011>,
     pub uart_region: Option<Region>,
     pub uart_intid: IntId,

@@ -64,7 +64,8 @@ pub fn deactivate(intid: IntId) {
     ICC_DIR_EL1.write(regs::ICC_INTID::INTID.val(u64::from(u32::from(intid))));
 }
 
-/// Sends SGI `intid` to the CPU with affinity `mpidr` (nothing for a non-SGI).
+/// Sends SGI `intid` to the CPU with affinity `mpidr` (nothing for a non-SGI),
+/// after this CPU's earlier stores.
 pub fn send_sgi(intid: IntId, mpidr: u64) {
     use regs::ICC_SGI1R_EL1 as S;
     if !intid.is_sgi() {
@@ -72,6 +73,10 @@ pub fn send_sgi(intid: IntId, mpidr: u64) {
     }
     let m = LocalRegisterCopy::<u64, MPIDR_EL1::Register>::new(mpidr);
     let aff0 = m.read(MPIDR_EL1::Aff0);
+    // What this CPU stored before the SGI is visible to the target when it
+    // takes it (a flag, a cleared note the target reads without a lock):
+    // a system-register write is not ordered after stores otherwise.
+    sysreg::dsb_ishst();
     // TargetList is a bitmap of Aff0 values within the range RS * 16.
     ICC_SGI1R_EL1.write(
         S::Aff3.val(m.read(MPIDR_EL1::Aff3))

@@ -26,6 +26,10 @@ pub struct FlushResult {
     /// its deactivation raises a maintenance interrupt; the caller only needs
     /// that interrupt to cause an exit (then sync resamples the line).
     pub eoi_maintenance: bool,
+    /// Nothing for this vCPU: no LR holds one of its interrupts and none
+    /// is pending or active for it. A later flush finds the same unless the
+    /// vGIC changes in between (`VgicCell` relies on this).
+    pub idle: bool,
 }
 
 /// Decoded state bits of an LR.
@@ -134,6 +138,7 @@ impl Vgic {
             && self.spi_live.iter().fold(0, |acc, &w| acc | w) == 0
             && !self.lpis_pending(vcpu)
         {
+            res.idle = true;
             return res;
         }
         let free = (0..n).filter(|&s| vs.lr_shadow[s] == NO_INTID && lrs[s] & LR_STATE_MASK == 0).count();
@@ -226,6 +231,7 @@ impl Vgic {
             slot += 1;
         }
         res.overflow = total > res.filled;
+        res.idle = total == 0 && self.vcpus[vcpu].lr_held == 0;
         for (s, &lr) in lrs.iter().enumerate().take(n) {
             if self.vcpus[vcpu].lr_shadow[s] != NO_INTID {
                 res.used_mask |= 1 << s;

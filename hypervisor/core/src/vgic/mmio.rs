@@ -94,7 +94,7 @@ fn write64(reg: u64, base: u64, off: u64, size: u8, value: u64) -> Result<u64, V
 
 impl Vgic {
     /// Emulates a guest read of `size` bytes at `ipa` by vCPU `vcpu`.
-    pub fn mmio_read(&mut self, vcpu: usize, ipa: u64, size: u8) -> Result<u64, VgicError> {
+    pub fn mmio_read(&self, vcpu: usize, ipa: u64, size: u8) -> Result<u64, VgicError> {
         self.check_vcpu(vcpu)?;
         let (target, off) = self.decode(ipa).ok_or(VgicError::OutOfRange)?;
         natural(off, size)?;

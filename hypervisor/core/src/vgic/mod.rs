@@ -109,6 +109,7 @@
 //! - `regs`: emulated register offsets and ID values;
 //! - `dump`: [`Dump`], one vCPU's view for the debug console.
 
+mod cell;
 mod dump;
 mod hw;
 mod irq;
@@ -130,6 +131,7 @@ use crate::intid::IntId;
 use alloc::vec;
 use alloc::vec::Vec;
 
+pub use cell::{VgicCell, VgicRead};
 pub use dump::Dump;
 pub use hw::HwDeactivation;
 use irq::{set_bits, Irq, NO_INTID, NO_VCPU};

@@ -22,8 +22,8 @@ pub fn register(bus: &mut Bus, vp: &VmPlan) -> Result<(), BusError> {
 /// A trapped access to either frame; the model decodes it from the
 /// absolute address.
 fn mmio(vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess, _off: u64, value: u64) -> Result<(), MmioFault> {
-    let mut vgic = vm.vgic.lock();
     if a.write {
+        let mut vgic = vm.vgic.lock();
         let kicks = vgic.mmio_write(v.id, a.ipa, a.size, value)?;
         let hw = vgic.take_hw_deactivations();
         let triggers = vgic.take_hw_triggers();
@@ -36,7 +36,8 @@ fn mmio(vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess, _off: u64, value: u64)
         process_kicks(vm, me, kicks, WakeCause::Interrupt);
         super::vits::lpis_enabled(vm, me, lpis_on);
     } else {
-        let r = vgic.mmio_read(v.id, a.ipa, a.size)?;
+        // A read changes no delivery state: the vCPUs' idle notes stay.
+        let r = vm.vgic.read().mmio_read(v.id, a.ipa, a.size)?;
         v.regs.set_reg(a.reg, esr::load_value(a, r));
     }
     Ok(())

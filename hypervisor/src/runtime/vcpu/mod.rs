@@ -31,7 +31,7 @@ use self::irq::{console_input, handle_irqs};
 use self::report::dump_if_outlier;
 use self::run::run_vcpu;
 use super::console;
-use super::percpu::{self, now_ns, pcpu, SGI_KICK};
+use super::percpu::{self, now_ns, pcpu, PcpuShared, SGI_KICK};
 use super::vm::{inc, vcpu_of, vms, Vcpu, Vm, SPSR_EL1H_MASKED};
 use super::wake::{do_wake_action, process_kicks, rec, set_line, wake_vcpu};
 use crate::arch::exception::{run_guest, ExitKind, GuestExit, GuestRegs};
@@ -158,7 +158,7 @@ pub fn pcpu_loop(me: usize) -> ! {
                 last = Some((guest, v));
             }
             None => {
-                arm_timer(me, &mut deadline, None);
+                arm_timer(me, pcpu(me), &mut deadline, None);
                 if !pcpu(me).resched.load(Ordering::Acquire) {
                     sysreg::wfi();
                 }
@@ -172,8 +172,7 @@ pub fn pcpu_loop(me: usize) -> ! {
 /// next spin sample of the running vCPU, see `sched::spin`) and, in every
 /// VM, the virtual timers of vCPUs saved on this pCPU and the disk
 /// completions it watches.
-fn arm_timer(me: usize, deadline: &mut Option<u64>, sample: Option<u64>) {
-    let p = pcpu(me);
+fn arm_timer(me: usize, p: &PcpuShared, deadline: &mut Option<u64>, sample: Option<u64>) {
     // A plain load first: the swap (an exclusive-access loop) only when a
     // request is there. One that lands after the load is taken at the next
     // entry, as it would be had it landed after the swap.

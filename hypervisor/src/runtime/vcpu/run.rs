@@ -42,7 +42,7 @@ pub(super) fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Opt
         // Its physical timer's line rises while it runs: an exit then.
         let pt = v.ptimer.watch_ns(v.ptimer_level, percpu::cntfrq());
         let wake = sample.into_iter().chain((pt != u64::MAX).then_some(pt)).min();
-        arm_timer(me, deadline, wake);
+        arm_timer(me, here, deadline, wake);
         // In counter ticks: converted only for the spin watch, on IRQ exits.
         let entered = percpu::counter();
         let GuestExit { kind, serror } = run_guest(&mut v.regs);
@@ -72,7 +72,10 @@ pub(super) fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Opt
             break;
         }
         if let Some(d) = *deadline {
-            if now_ns() >= d {
+            // The clock is read only once the EL2 timer, armed at or before
+            // `d`, fired. A deadline moved earlier by this exit's handling
+            // is taken at the next entry, whose timer fires at once.
+            if percpu::hyp_timer_fired() && now_ns() >= d {
                 break;
             }
         }
