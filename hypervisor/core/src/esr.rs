@@ -261,15 +261,20 @@ fn decode_dabt(iss: u32, far: u64, hpfar: u64) -> Exit {
 /// Applies sign extension and register width to a value loaded by an MMIO
 /// read, as the load instruction would have.
 pub fn load_value(access: &MmioAccess, raw: u64) -> u64 {
-    let bits = access.size as u32 * 8;
-    let mut v = if bits >= 64 { raw } else { raw & ((1u64 << bits) - 1) };
-    if access.sign_extend && bits < 64 && (v >> (bits - 1)) & 1 == 1 {
-        v |= !0u64 << bits;
+    // The loaded bytes moved to the top and back: zero- or sign-extended
+    // by the shift's kind, with no branch on the size.
+    let unused = 64u32.saturating_sub(u32::from(access.size) * 8);
+    let top = raw.checked_shl(unused).unwrap_or(0);
+    let v = if access.sign_extend {
+        ((top as i64).checked_shr(unused).unwrap_or(0)) as u64
+    } else {
+        top.checked_shr(unused).unwrap_or(0)
+    };
+    if access.reg64 {
+        v
+    } else {
+        v & 0xffff_ffff
     }
-    if !access.reg64 {
-        v &= 0xffff_ffff;
-    }
-    v
 }
 
 /// The value a store writes: the low `size` bytes of the register.

@@ -133,6 +133,28 @@ impl<H: BusEntry> MmioBus<H> {
         (off < r.size).then_some((d, off))
     }
 
+    /// [`lookup`](Self::lookup), trying first the range at index `*hint`
+    /// (the one this caller found last: a guest polls one device at a
+    /// time), and leaving there the index of the range found. Any `hint`
+    /// is correct, only slower when it names another range.
+    #[inline]
+    pub fn lookup_hinted(&self, ipa: u64, hint: &mut usize) -> Option<(H, u64)> {
+        if let Some(&(r, d)) = self.ranges.get(*hint) {
+            // Below the base wraps to an offset no range has.
+            let off = ipa.wrapping_sub(r.base);
+            if off < r.size {
+                return Some((d, off));
+            }
+        }
+        let i = self.ranges.partition_point(|(r, _)| r.base <= ipa).checked_sub(1)?;
+        let (r, d) = self.ranges[i];
+        let off = ipa - r.base;
+        (off < r.size).then(|| {
+            *hint = i;
+            (d, off)
+        })
+    }
+
     /// The registered ranges, lowest first.
     pub fn ranges(&self) -> impl Iterator<Item = (MmioRange, H)> + '_ {
         self.ranges.iter().copied()
@@ -180,6 +202,27 @@ mod tests {
         }
         assert_eq!(b.lookup(BLK.base + 0x50), Some((Device::VirtioBlk, 0x50)));
         assert_eq!(b.lookup(BLK.base + 0x200), None);
+    }
+
+    #[test]
+    fn a_hinted_lookup_answers_as_lookup_whatever_the_hint() {
+        let b = qemu_virt();
+        let ipas = [0, GICD.base + 8, GICD.base - 1, GITS.base, GICR.base + GICR.size - 1, UART.base + 0x18];
+        let ipas = ipas.into_iter().chain([UART.base + UART.size, BLK.base + 0x50, u64::MAX]);
+        for ipa in ipas {
+            for start in [0, 1, 2, 3, 4, 5, usize::MAX] {
+                let mut hint = start;
+                assert_eq!(b.lookup_hinted(ipa, &mut hint), b.lookup(ipa), "{ipa:#x} from hint {start}");
+                if b.lookup(ipa).is_some() {
+                    // The hint now names the range found: the next lookup there
+                    // takes it first.
+                    let (r, _) = b.ranges().nth(hint).unwrap();
+                    assert!(r.base <= ipa && ipa - r.base < r.size, "{ipa:#x}: hint {hint}");
+                } else {
+                    assert_eq!(hint, start, "a miss leaves the hint");
+                }
+            }
+        }
     }
 
     #[test]

@@ -125,7 +125,7 @@ pub enum MmioFault {
 }
 
 /// A device's answer to a trapped access (`runtime::devices`): `(vm, pcpu,
-/// vcpu, access, offset inside the range, value a store writes)`. Ok: the
+/// vcpu, access, offset inside the range, value a store writes, 0 for a load)`. Ok: the
 /// access is done (a load's register written); Err: abort the guest.
 pub type MmioFn = fn(&Vm, usize, &mut Vcpu, &MmioAccess, u64, u64) -> Result<(), MmioFault>;
 
@@ -220,6 +220,9 @@ pub struct Vcpu {
     pub ptimer_level: bool,
     /// Its virtual PMU (`crate::vpmu`), used when the VM has one.
     pub pmu: crate::vpmu::VPmu,
+    /// The index of the MMIO bus range its last trapped access hit
+    /// (`MmioBus::lookup_hinted`).
+    pub mmio_hint: usize,
 }
 
 /// What other pCPUs may look at without the vCPU's lock.
@@ -447,6 +450,7 @@ pub(super) fn new_vcpus(n: usize) -> (Vec<Mutex<Vcpu>>, Vec<VcpuShared>) {
             ptimer: Default::default(),
             ptimer_level: false,
             pmu: Default::default(),
+            mmio_hint: 0,
         }));
         shared.push(VcpuShared {
             online: AtomicBool::new(false),

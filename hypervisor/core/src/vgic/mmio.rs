@@ -57,15 +57,21 @@ fn decode_bank(off: u64) -> Option<BankReg> {
 
 /// Validates the generic size/alignment rules; `Ok` means the size is a
 /// natural, aligned size (register-specific checks come later).
+#[inline(always)]
 fn natural(off: u64, size: u8) -> Result<(), VgicError> {
-    match size {
-        1 | 2 | 4 | 8 if off.is_multiple_of(u64::from(size)) => Ok(()),
-        _ => Err(VgicError::BadAccessSize),
+    // 1, 2, 4 or 8 bytes (a power of two up to 8), aligned to the size.
+    if size.is_power_of_two() && size <= 8 && off & u64::from(size - 1) == 0 {
+        Ok(())
+    } else {
+        Err(VgicError::BadAccessSize)
     }
 }
 
+/// `size` is one of `ok` (a list of one or two: compared one by one, not
+/// searched).
+#[inline(always)]
 fn need(size: u8, ok: &[u8]) -> Result<(), VgicError> {
-    if ok.contains(&size) {
+    if ok.iter().any(|&s| s == size) {
         Ok(())
     } else {
         Err(VgicError::BadAccessSize)

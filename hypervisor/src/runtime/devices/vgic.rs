@@ -20,26 +20,35 @@ pub fn register(bus: &mut Bus, vp: &VmPlan) -> Result<(), BusError> {
 }
 
 /// A trapped access to either frame; the model decodes it from the
-/// absolute address.
+/// absolute address. Reads are answered here, in a small frame; writes, with what they ask
+/// of the hardware and the wakes, out of line.
 fn mmio(vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess, _off: u64, value: u64) -> Result<(), MmioFault> {
     if a.write {
-        let mut vgic = vm.vgic.lock();
-        let kicks = vgic.mmio_write(v.id, a.ipa, a.size, value)?;
-        let hw = vgic.take_hw_deactivations();
-        let triggers = vgic.take_hw_triggers();
-        let lpis_on = vgic.take_lpi_enable_events();
-        drop(vgic);
-        deactivate_hw(vm, me, v.id, &hw);
-        for (pintid, edge) in triggers {
-            gic::set_spi_trigger(pintid, edge);
-        }
-        process_kicks(vm, me, kicks, WakeCause::Interrupt);
-        super::vits::lpis_enabled(vm, me, lpis_on);
+        mmio_write(vm, me, v, a, value)
     } else {
         // A read changes no delivery state: the vCPUs' idle notes stay.
         let r = vm.vgic.read().mmio_read(v.id, a.ipa, a.size)?;
         v.regs.set_reg(a.reg, esr::load_value(a, r));
+        Ok(())
     }
+}
+
+/// A write: the model's answer, then the deactivations, trigger changes,
+/// wakes and LPI enables it asks for, with the vGIC's lock released.
+#[inline(never)]
+fn mmio_write(vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess, value: u64) -> Result<(), MmioFault> {
+    let mut vgic = vm.vgic.lock();
+    let kicks = vgic.mmio_write(v.id, a.ipa, a.size, value)?;
+    let hw = vgic.take_hw_deactivations();
+    let triggers = vgic.take_hw_triggers();
+    let lpis_on = vgic.take_lpi_enable_events();
+    drop(vgic);
+    deactivate_hw(vm, me, v.id, &hw);
+    for (pintid, edge) in triggers {
+        gic::set_spi_trigger(pintid, edge);
+    }
+    process_kicks(vm, me, kicks, WakeCause::Interrupt);
+    super::vits::lpis_enabled(vm, me, lpis_on);
     Ok(())
 }
 

@@ -239,8 +239,9 @@ pub(super) fn report_bad_access(vm: &Vm, v: &Vcpu, ipa: u64, what: &str, why: Op
 /// address (`runtime::devices`). Err: the access is not valid (abort the
 /// guest).
 pub(super) fn mmio(vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess) -> Result<(), MmioFault> {
-    let (h, off) = vm.bus.lookup(a.ipa).ok_or(MmioFault::NoDevice)?;
-    let value = esr::store_value(a, v.regs.reg(a.reg));
+    let (h, off) = vm.bus.lookup_hinted(a.ipa, &mut v.mmio_hint).ok_or(MmioFault::NoDevice)?;
+    // A read's handler gets 0: the register is read for stores only.
+    let value = if a.write { esr::store_value(a, v.regs.reg(a.reg)) } else { 0 };
     (h.call)(vm, me, v, a, off, value)
 }
 
