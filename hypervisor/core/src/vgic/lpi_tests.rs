@@ -93,7 +93,7 @@ fn typer_bits_with_and_without_lpis() {
     assert_eq!(g.inject_lpi(lpi(0), 0), Err(VgicError::BadIntid(lpi(0))));
     assert_eq!(g.set_lpi_config(lpi(0), 0xA3), Err(VgicError::BadIntid(lpi(0))));
 
-    let mut g = Vgic::new(cfg(2, true));
+    let g = Vgic::new(cfg(2, true));
     assert!(g.lpis_supported());
     let t = g.mmio_read(0, GICD + GICD_TYPER, 4).unwrap();
     assert_ne!(t & (1 << 17), 0, "LPIS");

@@ -67,11 +67,10 @@ fn natural(off: u64, size: u8) -> Result<(), VgicError> {
     }
 }
 
-/// `size` is one of `ok` (a list of one or two: compared one by one, not
-/// searched).
+/// `size` is one of `ok` (a list of one or two, inlined into compares).
 #[inline(always)]
 fn need(size: u8, ok: &[u8]) -> Result<(), VgicError> {
-    if ok.iter().any(|&s| s == size) {
+    if ok.contains(&size) {
         Ok(())
     } else {
         Err(VgicError::BadAccessSize)

@@ -104,6 +104,9 @@
 //!   GIC ([`HwDeactivation`]);
 //! - `mmio`: guest accesses to the distributor and redistributor frames;
 //! - `lr`: list-register values, `flush_lrs` and `sync_lrs`;
+//! - `cell`: [`VgicCell`], the model behind its lock with a lock-free note
+//!   of the vCPUs a flush found nothing for (an entry after an exit that
+//!   touched no interrupt takes no lock);
 //! - `lpi`: LPIs and the API the virtual ITS calls;
 //! - `its`: the virtual ITS;
 //! - `regs`: emulated register offsets and ID values;

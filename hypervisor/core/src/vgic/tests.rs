@@ -154,7 +154,6 @@ fn decode_windows() {
         assert!(g.decode(base).is_some() && g.decode(base + size - 1).is_some());
         assert_eq!(g.decode(base + size), None);
     }
-    let mut g = g;
     assert_eq!(g.mmio_read(0, 0x1234, 4), Err(VgicError::OutOfRange));
     assert_eq!(g.mmio_read(7, GICD, 4), Err(VgicError::BadVcpu(7)));
 }
