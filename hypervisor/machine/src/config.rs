@@ -419,7 +419,9 @@ mod tests {
         assert_eq!(Config::parse("").unwrap().sched, SchedConfig::default());
         let bad = |args: &str| Config::parse(args).unwrap_err();
         assert_eq!(bad("sched=credit"), ConfigError::Sched(SchedError::BadBootArg("sched")));
-        assert_eq!(bad("sched_ratelimit_us=50"), ConfigError::Sched(SchedError::BadBootArg("sched_ratelimit_us")));
+        assert_eq!(bad("sched_ratelimit_us=5O"), ConfigError::Sched(SchedError::BadBootArg("sched_ratelimit_us")));
+        // Out of Xen's range: warned about, the default used (as Xen does).
+        assert_eq!(Config::parse("sched_ratelimit_us=50").unwrap().sched, SchedConfig::default());
         assert_eq!(bad("sched_min_slice_us=0"), ConfigError::Sched(SchedError::BadConfig));
         assert_eq!(bad("sched_vcpu_weight=1:0"), ConfigError::Sched(SchedError::BadWeight(0)));
         assert_eq!(bad("sched_vcpu_weight=1"), ConfigError::Sched(SchedError::BadBootArg("sched_vcpu_weight")));

@@ -29,6 +29,23 @@ pub enum RunqueueLayout {
     PerCpu,
 }
 
+/// `sched_ratelimit_us`'s range other than 0 (off), in µs: Xen's
+/// `XEN_SYSCTL_SCHED_RATELIMIT_MIN`/`_MAX`.
+pub const RATELIMIT_US_RANGE: core::ops::RangeInclusive<u64> = 100..=500_000;
+
+/// Credit2 options Xen 4.17 documents (`docs/misc/xen-command-line.pandoc`)
+/// that this scheduler does not implement: named in a warning and ignored,
+/// never taken silently.
+pub const XEN_OPTIONS_NOT_IMPLEMENTED: &[&str] = &[
+    "credit2_balance_over",
+    "credit2_balance_under",
+    "credit2_cap_period_ms",
+    "credit2_load_precision_shift",
+    "credit2_load_window_shift",
+    "sched_credit2_max_cpus_runqueue",
+    "sched_credit2_migrate_resist",
+];
+
 /// Scheduler tunables. All times in ns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SchedConfig {
@@ -101,12 +118,17 @@ impl SchedConfig {
 
     /// One `key=value` option: `Ok(true)` when `key` is the scheduler's
     /// and `val` is valid, `Ok(false)` when `key` is not the scheduler's.
-    /// Keys: `sched=credit2`, `sched_ratelimit_us=N` (0, or 100..=500000 as
-    /// in Xen), `sched_wake_preempt=on|off`, `sched_wake_granularity_us=N`,
-    /// `sched_lhp_grace_us=N`, `sched_wake_min_run_us=N`, `sched_min_slice_us=N`,
-    /// `sched_max_slice_us=N`, `credit2_runqueue=all|cpu` (Xen's `socket`
-    /// and `node` mean `all` here: one socket). The values' combination is
-    /// checked by [`SchedConfig::validate`] once all are set.
+    /// Keys: `sched=credit2`, `sched_ratelimit_us=N` (0, or 100..=500000;
+    /// as in Xen, a number outside that range is warned about and the
+    /// default, 1000, used), `sched_wake_preempt=on|off`,
+    /// `sched_wake_granularity_us=N`, `sched_lhp_grace_us=N`,
+    /// `sched_wake_min_run_us=N`, `sched_min_slice_us=N`,
+    /// `sched_max_slice_us=N`, `credit2_runqueue=all|cpu` (Xen's `core`,
+    /// `socket` and `node` mean `all` here: the machines described have one
+    /// socket and no SMT). Xen's other Credit2 options
+    /// ([`XEN_OPTIONS_NOT_IMPLEMENTED`]) are claimed, warned about and
+    /// ignored. The values' combination is checked by
+    /// [`SchedConfig::validate`] once all are set.
     pub fn set(&mut self, key: &str, val: &str) -> Result<bool, SchedError> {
         let us = |key: &'static str| -> Result<u64, SchedError> {
             val.parse::<u64>().ok().and_then(|v| v.checked_mul(1000)).ok_or(SchedError::BadBootArg(key))
@@ -116,10 +138,18 @@ impl SchedConfig {
             "sched" => {}
             "sched_ratelimit_us" => {
                 let v = us("sched_ratelimit_us")?;
-                if v != 0 && !(100_000..=500_000_000).contains(&v) {
-                    return Err(SchedError::BadBootArg("sched_ratelimit_us"));
-                }
-                self.ratelimit_ns = v;
+                self.ratelimit_ns = if v == 0 || RATELIMIT_US_RANGE.contains(&(v / 1000)) {
+                    v
+                } else {
+                    let default = Self::default().ratelimit_ns;
+                    log::warn!(
+                        "sched_ratelimit_us={val} is outside [{}, {}] (0 turns it off): using the default, {}",
+                        RATELIMIT_US_RANGE.start(),
+                        RATELIMIT_US_RANGE.end(),
+                        default / 1000
+                    );
+                    default
+                };
             }
             "sched_wake_preempt" => {
                 self.wake_mode = match val {
@@ -135,10 +165,13 @@ impl SchedConfig {
             "sched_max_slice_us" => self.max_slice_ns = us("sched_max_slice_us")?,
             "credit2_runqueue" => {
                 self.runqueue = match val {
-                    "all" | "socket" | "node" => RunqueueLayout::All,
+                    "all" | "core" | "socket" | "node" => RunqueueLayout::All,
                     "cpu" => RunqueueLayout::PerCpu,
                     _ => return Err(SchedError::BadBootArg("credit2_runqueue")),
                 }
+            }
+            k if XEN_OPTIONS_NOT_IMPLEMENTED.contains(&k) => {
+                log::warn!("{k}={val}: this Xen Credit2 option is not implemented here; ignored");
             }
             _ => return Ok(false),
         }

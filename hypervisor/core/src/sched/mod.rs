@@ -52,7 +52,7 @@ mod switch;
 mod tests;
 mod wake;
 
-pub use config::{RunqueueLayout, SchedConfig, WakeMode};
+pub use config::{RunqueueLayout, SchedConfig, WakeMode, RATELIMIT_US_RANGE, XEN_OPTIONS_NOT_IMPLEMENTED};
 pub use credit::{CARRYOVER_MAX_NS, CREDIT_INIT_NS};
 use domain::Domain;
 pub use domain::{DomainId, DomainParams, DomainStats, CAP_PERIOD_NS};

@@ -71,7 +71,28 @@ fn bootargs() {
         Err(SchedError::BadBootArg("sched_wake_min_run_us"))
     );
     assert_eq!(SchedConfig::from_bootargs("").unwrap(), SchedConfig::default());
-    assert_eq!(SchedConfig::from_bootargs("sched_ratelimit_us=50"), Err(SchedError::BadBootArg("sched_ratelimit_us")));
+    // Out of Xen's range: the default, as Xen does (with a warning).
+    for bad in ["50", "99", "500001", "18446744073709551"] {
+        let c = SchedConfig::from_bootargs(&alloc::format!("sched_ratelimit_us={bad}")).unwrap();
+        assert_eq!(c.ratelimit_ns, SchedConfig::default().ratelimit_ns, "{bad}");
+    }
+    for edge in [100, 500_000] {
+        let c = SchedConfig::from_bootargs(&alloc::format!("sched_ratelimit_us={edge}")).unwrap();
+        assert_eq!(c.ratelimit_ns, edge * US);
+    }
+    assert_eq!(
+        SchedConfig::from_bootargs("sched_ratelimit_us=1ms"),
+        Err(SchedError::BadBootArg("sched_ratelimit_us")),
+        "a malformed number is still an error"
+    );
+    // Xen's Credit2 options this scheduler lacks are claimed (warned about,
+    // ignored), not passed on as unknown words.
+    let mut c = SchedConfig::default();
+    for k in XEN_OPTIONS_NOT_IMPLEMENTED {
+        assert_eq!(c.set(k, "4"), Ok(true), "{k}");
+    }
+    assert_eq!(c, SchedConfig::default());
+    assert_eq!(SchedConfig::from_bootargs("credit2_runqueue=core").unwrap().runqueue, RunqueueLayout::All);
     assert_eq!(
         SchedConfig::from_bootargs("sched_wake_preempt=maybe"),
         Err(SchedError::BadBootArg("sched_wake_preempt"))
@@ -1053,7 +1074,7 @@ fn credit_resets_are_per_runqueue() {
     // The default: one runqueue for all pCPUs.
     let s = Scheduler::new(SchedConfig::default(), 4).unwrap();
     assert_eq!((s.nr_runqueues(), s.runqueue_of(3)), (1, Some(0)));
-    assert_eq!(SchedConfig::from_bootargs("credit2_runqueue=core"), Err(SchedError::BadBootArg("credit2_runqueue")));
+    assert_eq!(SchedConfig::from_bootargs("credit2_runqueue=rack"), Err(SchedError::BadBootArg("credit2_runqueue")));
 }
 
 #[test]
