@@ -366,8 +366,9 @@ fn arm_pmu(v: &Vcpu) {
 /// is saved watches it on the EL2 timer (`arm_timer`, `timer_expired`).
 /// GICv4: an interrupt the vGIC holds ends the wait with the vPE left
 /// resident; otherwise the vPE is made non-resident first, and a vLPI
-/// pending then (PendingLast) or a doorbell since (`vlpi_pending`) keeps
-/// the vCPU running.
+/// pending then (PendingLast), a doorbell since (`vlpi_pending`) or an
+/// interrupt the vGIC got meanwhile wakes the vCPU as soon as it blocked:
+/// it comes back through the scheduler, like any vCPU whose vPE was put.
 fn block(vm: &Vm, me: usize, v: &mut Vcpu, limit: u64) -> Next {
     let id = v.id;
     let now = now_ns();
@@ -385,11 +386,9 @@ fn block(vm: &Vm, me: usize, v: &mut Vcpu, limit: u64) -> Next {
         v.vpe_resident = false;
     }
     let vgic = resampled(vm, me, v);
-    if vgic.has_deliverable(id) || vm.shared[id].vlpi_pending.load(Ordering::Acquire) {
-        drop(vgic);
-        if was_resident {
-            v.vpe_resident = crate::runtime::vpe::load(vm, me, id);
-        }
+    let vlpi = vm.shared[id].vlpi_pending.load(Ordering::Acquire);
+    let pending = vgic.has_deliverable(id) || vlpi;
+    if pending && !was_resident {
         return Next::Enter;
     }
     vm.shared[id].wake_at.store(limit, Ordering::Release);
@@ -397,6 +396,17 @@ fn block(vm: &Vm, me: usize, v: &mut Vcpu, limit: u64) -> Next {
     let r = vm.sched.lock().block(now_ns(), me);
     drop(vgic);
     match r {
+        Ok(_) if pending => {
+            // The vPE was just put and an interrupt is here already (its
+            // PendingLast: a vLPI that came after the guest's WFI trapped,
+            // or one emulated since the first look). The vCPU blocks and is
+            // woken at once rather than loading the vPE again as it is: its
+            // next turn is a schedule-in, so the vPE goes resident once per
+            // schedule-in, whichever way the vCPU comes back.
+            let cause = if vlpi { WakeCause::Doorbell } else { WakeCause::Interrupt };
+            wake_vcpu(vm, me, id, now_ns(), cause);
+            Next::Schedule
+        }
         Ok(_) => Next::Schedule,
         Err(e) => {
             warn!("vCPU{id}: block: {e}");
