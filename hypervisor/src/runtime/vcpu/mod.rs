@@ -386,8 +386,7 @@ fn block(vm: &Vm, me: usize, v: &mut Vcpu, limit: u64) -> Next {
         v.vpe_resident = false;
     }
     let vgic = resampled(vm, me, v);
-    let vlpi = vm.shared[id].vlpi_pending.load(Ordering::Acquire);
-    let pending = vgic.has_deliverable(id) || vlpi;
+    let pending = vgic.has_deliverable(id) || vm.shared[id].vlpi_pending.load(Ordering::Acquire);
     if pending && !was_resident {
         return Next::Enter;
     }
@@ -402,9 +401,9 @@ fn block(vm: &Vm, me: usize, v: &mut Vcpu, limit: u64) -> Next {
             // or one emulated since the first look). The vCPU blocks and is
             // woken at once rather than loading the vPE again as it is: its
             // next turn is a schedule-in, so the vPE goes resident once per
-            // schedule-in, whichever way the vCPU comes back.
-            let cause = if vlpi { WakeCause::Doorbell } else { WakeCause::Interrupt };
-            wake_vcpu(vm, me, id, now_ns(), cause);
+            // schedule-in, whichever way the vCPU comes back. No doorbell
+            // rang for it: the wake counts as an interrupt's.
+            wake_vcpu(vm, me, id, now_ns(), WakeCause::Interrupt);
             Next::Schedule
         }
         Ok(_) => Next::Schedule,
