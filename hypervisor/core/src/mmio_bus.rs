@@ -127,10 +127,17 @@ impl<H: BusEntry> MmioBus<H> {
     /// The entry at `ipa` and the offset of `ipa` inside its range.
     #[inline]
     pub fn lookup(&self, ipa: u64) -> Option<(H, u64)> {
+        self.search(ipa).map(|(_, d, off)| (d, off))
+    }
+
+    /// The binary search behind both lookups: the index of the range
+    /// holding `ipa`, its entry and the offset.
+    #[inline]
+    fn search(&self, ipa: u64) -> Option<(usize, H, u64)> {
         let i = self.ranges.partition_point(|(r, _)| r.base <= ipa).checked_sub(1)?;
         let (r, d) = self.ranges[i];
         let off = ipa - r.base;
-        (off < r.size).then_some((d, off))
+        (off < r.size).then_some((i, d, off))
     }
 
     /// [`lookup`](Self::lookup), trying first the range at index `*hint`
@@ -146,13 +153,9 @@ impl<H: BusEntry> MmioBus<H> {
                 return Some((d, off));
             }
         }
-        let i = self.ranges.partition_point(|(r, _)| r.base <= ipa).checked_sub(1)?;
-        let (r, d) = self.ranges[i];
-        let off = ipa - r.base;
-        (off < r.size).then(|| {
-            *hint = i;
-            (d, off)
-        })
+        let (i, d, off) = self.search(ipa)?;
+        *hint = i;
+        Some((d, off))
     }
 
     /// The registered ranges, lowest first.
