@@ -13,11 +13,15 @@
 //! - `el2`: this pCPU's EL2 controls for guests (trap configuration from
 //!   `crate::traps`, stage 2, exit syndrome, virtual SError)
 //! - `cache`: data cache maintenance by address
+//! - `frame`: zeroed heap blocks handed to devices that walk them (ITS,
+//!   SMMU)
 //! - `gic`: the physical GIC (distributor, redistributors, CPU interface)
 //!   and the ICH (virtual interface) registers; nothing else touches them
 //! - `context`: EL1 system registers and FP/SIMD state of a vCPU
 //! - `pmu`: a vCPU's PMU registers moved on and off the PMU, the PMU traps
 //! - `smc`: calls to firmware (PSCI)
+//! - `smmu`: the physical SMMUv3s (stream tables, command and event
+//!   queues, faults); nothing else touches them
 //! - `pl011`: the physical console UART
 //! - `fake` (feature `fakes`): the register file behind `sysreg` and the
 //!   GIC CPU interface on the host
@@ -51,6 +55,8 @@ pub mod entry;
 pub mod exception;
 #[cfg(feature = "fakes")]
 pub mod fake;
+#[cfg(target_os = "none")]
+pub mod frame;
 #[cfg(any(target_os = "none", feature = "fakes"))]
 pub mod gic;
 #[cfg(target_os = "none")]
@@ -61,5 +67,7 @@ pub mod pl011;
 pub mod pmu;
 #[cfg(target_os = "none")]
 pub mod smc;
+#[cfg(target_os = "none")]
+pub mod smmu;
 #[cfg(any(target_os = "none", feature = "fakes"))]
 pub mod sysreg;

@@ -51,6 +51,8 @@ pub enum Route {
     /// A GICv4 vPE's doorbell: a vLPI arrived for `vcpu` while its vPE was
     /// not resident (blocked or descheduled); wake it.
     Doorbell { vcpu: usize },
+    /// An SMMU's event queue or global error interrupt.
+    Smmu,
 }
 
 /// The kinds of [`Route`], without their data: what the counters count.
@@ -65,11 +67,12 @@ pub enum RouteKind {
     Kick,
     GuestLpi,
     Doorbell,
+    Smmu,
 }
 
 impl RouteKind {
     /// Every kind, in the order the counters are printed.
-    pub const ALL: [RouteKind; 9] = [
+    pub const ALL: [RouteKind; 10] = [
         RouteKind::VirtualTimer,
         RouteKind::Pmu,
         RouteKind::ForwardedSpi,
@@ -79,6 +82,7 @@ impl RouteKind {
         RouteKind::Kick,
         RouteKind::GuestLpi,
         RouteKind::Doorbell,
+        RouteKind::Smmu,
     ];
 
     /// The counter's name in the statistics text.
@@ -93,6 +97,7 @@ impl RouteKind {
             RouteKind::Kick => "kick",
             RouteKind::GuestLpi => "guest_lpi",
             RouteKind::Doorbell => "doorbell",
+            RouteKind::Smmu => "smmu",
         }
     }
 
@@ -113,6 +118,7 @@ impl Route {
             Route::Kick => RouteKind::Kick,
             Route::GuestLpi { .. } => RouteKind::GuestLpi,
             Route::Doorbell { .. } => RouteKind::Doorbell,
+            Route::Smmu => RouteKind::Smmu,
         }
     }
 }
@@ -227,6 +233,9 @@ impl IrqRoutes {
         t.insert(src.hyp_timer, Route::HypTimer)?;
         t.insert(src.kick, Route::Kick)?;
         t.insert(src.maintenance, Route::Kick)?;
+        for &i in src.smmu {
+            t.insert(i, Route::Smmu)?;
+        }
         Ok(t)
     }
 }
@@ -257,6 +266,8 @@ pub struct HostIrqs<'a> {
     pub phys_disk: Option<IntId>,
     /// Passthrough SPIs, injected under the same INTID.
     pub forwarded: &'a [IntId],
+    /// The SMMUs' event queue and global error SPIs.
+    pub smmu: &'a [IntId],
 }
 
 /// Physical interrupts taken, per route kind and unrouted; updated by every
@@ -331,6 +342,7 @@ mod tests {
             uart: IntId::spi(1).unwrap(),
             phys_disk: None,
             forwarded,
+            smmu: &[],
         }
     }
 
@@ -492,7 +504,7 @@ mod tests {
         assert_eq!(
             s,
             "irq.virtual_timer=0\nirq.pmu=0\nirq.forwarded_spi=0\nirq.phys_disk=0\nirq.console=0\nirq.hyp_timer=0\n\
-             irq.kick=2\nirq.guest_lpi=1\nirq.doorbell=1\nirq.unrouted=1\n"
+             irq.kick=2\nirq.guest_lpi=1\nirq.doorbell=1\nirq.smmu=0\nirq.unrouted=1\n"
         );
         // The vCPU stats parser skips these lines.
         assert!(crate::stats::parse_text(&s).unwrap().is_empty());

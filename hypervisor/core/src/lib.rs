@@ -21,6 +21,9 @@
 //! - `its`: the ITS register layouts, command format and GICv4 planning
 //!   (physical driver and vITS)
 //! - `irq`: the physical IRQ route table (INTID → what the hypervisor does)
+//! - `smmu`: the SMMUv3's register fields, stream table entries, commands,
+//!   queues and event records, and the fault policy (the EL2 driver's
+//!   decisions)
 //! - `mmio_bus`: a VM's emulated MMIO ranges (guest-physical range → device)
 //! - `vgic`: the virtual GICv3 register model, list registers and the vITS
 //! - `virtio`: the hypervisor's virtio-blk device and its backends
@@ -60,6 +63,7 @@ pub mod quota;
 pub mod region;
 pub mod regs;
 pub mod sched;
+pub mod smmu;
 pub mod stage2;
 pub mod stats;
 pub mod sync;

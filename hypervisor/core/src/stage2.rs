@@ -109,7 +109,7 @@ impl IpaSize {
     }
 
     /// The level the walk starts at.
-    const fn start_level(self) -> u32 {
+    pub const fn start_level(self) -> u32 {
         if self.bits <= 39 {
             1
         } else {

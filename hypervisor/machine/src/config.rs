@@ -54,6 +54,21 @@ impl DiskMode {
     }
 }
 
+/// What to do with the machine's SMMUs (`iommu=`, as Xen takes it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IommuMode {
+    /// `iommu=off` (or `no`, `0`, ...): SMMUs left as firmware left them;
+    /// devices' DMA is not confined. Still hidden from Dom0.
+    Off,
+    /// `iommu=on` (default): every SMMU the description names confines
+    /// the DMA behind it; one that cannot be brought up is logged and the
+    /// boot goes on.
+    On,
+    /// `iommu=required` or `iommu=force`: as `On`, but an SMMU that cannot
+    /// be brought up stops the boot (Xen's semantics).
+    Required,
+}
+
 /// Parsed hypervisor options.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
@@ -93,6 +108,9 @@ pub struct Config {
     /// (`gic_vlpi=on|off`, Xen's name; default on). Off: host LPIs injected
     /// through list registers, as on a GICv3.
     pub gic_vlpi: bool,
+    /// Confine devices' DMA with the machine's SMMUv3s (`iommu=`, Xen's
+    /// name and values; default on where the description has an SMMU).
+    pub iommu: IommuMode,
     /// A virtual PMU for every domain when the CPU's PMU allows it
     /// (`vpmu=on|off`, Xen's name; default on): see [`crate::vpmu`]. Off:
     /// the PMU is hidden and its registers are UNDEFINED, as before KVM's
@@ -156,6 +174,7 @@ impl Default for Config {
             disk_latency_us: 0,
             timer_slop_ns: 0,
             gic_vlpi: true,
+            iommu: IommuMode::On,
             vpmu: true,
             dom0_msi_vcpu: None,
             sched_trace_threshold_us: None,
@@ -294,6 +313,12 @@ impl Config {
                 }
                 "sched_trace_dom0_key" => c.sched_trace_dom0_key = on_off(v).ok_or_else(bad)?,
                 "gic_vlpi" => c.gic_vlpi = on_off(v).ok_or_else(bad)?,
+                "iommu" => {
+                    c.iommu = match v {
+                        "force" | "required" => IommuMode::Required,
+                        _ => on_off(v).map(|on| if on { IommuMode::On } else { IommuMode::Off }).ok_or_else(bad)?,
+                    }
+                }
                 "vpmu" => c.vpmu = on_off(v).ok_or_else(bad)?,
                 "dom0_msi_vcpu" => c.dom0_msi_vcpu = Some(v.parse().ok().filter(|&n: &u32| n < 256).ok_or_else(bad)?),
                 "dom0_disk_latency_us" => {
@@ -360,6 +385,12 @@ mod tests {
         assert!(Config::parse("dom0_disk_size=100").is_err());
         assert_eq!(Config::parse("timer_slop_ns=50000").unwrap().timer_slop_ns, 50_000);
         assert!(Config::parse("timer_slop_ns=x").is_err());
+        assert_eq!(Config::default().iommu, IommuMode::On);
+        assert_eq!(Config::parse("iommu=off").unwrap().iommu, IommuMode::Off);
+        assert_eq!(Config::parse("iommu=0").unwrap().iommu, IommuMode::Off);
+        assert_eq!(Config::parse("iommu=required").unwrap().iommu, IommuMode::Required);
+        assert_eq!(Config::parse("iommu=force").unwrap().iommu, IommuMode::Required);
+        assert!(Config::parse("iommu=sharept").is_err());
         assert!(Config::default().gic_vlpi);
         assert!(!Config::parse("gic_vlpi=off").unwrap().gic_vlpi);
         assert!(!Config::parse("gic_vlpi=0").unwrap().gic_vlpi);

@@ -227,6 +227,7 @@ pub(super) fn bring_up(machine: &Machine, cfg: &Config, plan: &Plan) -> usize {
     percpu::init(count.used);
 
     init_its(machine, cfg, count.used);
+    super::smmu::init_smmus(machine, cfg, device_mapped);
     gic::init_cpu(0);
     if let Err(e) = crate::vgic::usable_lrs(gic::nr_lrs()) {
         hv_fatal!("GIC: {e}; cannot run guests");

@@ -133,6 +133,7 @@ impl Vm {
         }
         write_dom0_firmware(boot, plan, &vp, firmware)?;
         let stage2 = apply_stage2(&vp)?;
+        super::smmu::attach_dma(&vp, 1)?;
         let vgic = apply_vgic(&vp)?;
         log_dom0_devices(&vp, firmware);
 

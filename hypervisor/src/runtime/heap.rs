@@ -103,6 +103,14 @@ impl HeapFrames {
         self.quota = Some(quota);
     }
 
+    /// Cleans every frame handed out to the point of coherency, for a
+    /// walker that does not snoop (an SMMU).
+    pub fn clean_to_poc(&self) {
+        for &f in &self.frames {
+            crate::arch::cache::clean_to_poc(f, 4096);
+        }
+    }
+
     /// A zeroed 4 KiB frame, remembered; `None` when the heap has no room.
     fn new_frame(&mut self) -> Option<u64> {
         self.frames.try_reserve(1).ok()?;

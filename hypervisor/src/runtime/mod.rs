@@ -16,6 +16,8 @@
 //!   vPL011), each registering its MMIO handlers on the VM's bus
 //! - `vblk`: the guest's virtio-blk wired to traps, timer and vGIC
 //! - `physblk`: the physical virtio-blk as that device's backend
+//! - `smmu`: the SMMUs brought up, VMs' DMA confined, their interrupts,
+//!   the checksum of the hypervisor's code
 //! - `uefi`: the EFI application (UEFI boot) and the ACPI boot after it
 
 pub mod boot;
@@ -28,6 +30,7 @@ pub mod heap;
 pub mod mitigations;
 pub mod percpu;
 pub mod physblk;
+pub mod smmu;
 pub mod uefi;
 pub mod vblk;
 pub mod vcpu;

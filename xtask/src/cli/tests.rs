@@ -494,6 +494,7 @@ fn option_names_are_the_documented_ones() {
             "--kernel-load-addr",
             "--append",
             "--icount",
+            "--iommu",
             "--disk",
             "--disk-latency-us",
             "--firmware",

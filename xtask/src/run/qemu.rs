@@ -40,6 +40,8 @@ pub struct RunOptions {
     pub initrd: Option<PathBuf>,
     pub append: Option<String>,
     pub icount: bool,
+    /// The PCIe root complex behind an SMMUv3 doing stage 2 (`--iommu`).
+    pub iommu: bool,
     /// Extra QEMU arguments (e.g. a disk).
     pub extra: Vec<String>,
     /// Echo the console to stdout while running.
@@ -103,6 +105,7 @@ impl Default for RunOptions {
             initrd: None,
             append: None,
             icount: false,
+            iommu: false,
             extra: Vec::new(),
             echo: true,
             input: None,
@@ -213,7 +216,7 @@ pub fn command_line(hv_bin: &Path, kernel: &Path, initrd: Option<&PathBuf>, o: &
     let initrd_addr = o.initrd_addr.unwrap_or((kernel_addr + kernel_len + MODULE_GAP) & !(MODULE_GAP - 1));
     let mut a: Vec<String> = vec![
         "-machine".into(),
-        format!("virt,virtualization=on,gic-version={}", o.gic),
+        format!("virt,virtualization=on,gic-version={}{}", o.gic, if o.iommu { ",iommu=smmuv3" } else { "" }),
         "-cpu".into(),
         o.cpu.clone(),
         "-smp".into(),
@@ -245,6 +248,9 @@ pub fn command_line(hv_bin: &Path, kernel: &Path, initrd: Option<&PathBuf>, o: &
     if o.icount {
         a.push("-icount".into());
         a.push("shift=0,sleep=on".into());
+    }
+    if o.iommu {
+        a.extend(["-global".into(), "arm-smmuv3.stage=2".into()]);
     }
     a.extend(o.extra.iter().cloned());
     a

@@ -425,3 +425,51 @@ fn dom0s_spec_comes_from_the_options_the_modules_and_the_boot_plan() {
     let none = BootInfo::default();
     assert!(matches!(dom0_spec(&platform(V3_SMP2), &none, &boot_plan(), &cfg("")), Err(PlanError::NoKernel)));
 }
+
+const V3_SMMUV3: &[u8] = include_bytes!("../dtb/testdata/qemu-virt-gicv3-smmuv3.dtb");
+
+/// QEMU virt with `iommu=smmuv3`: Dom0's NVMe bridge is behind the SMMU.
+/// Its streams are the first `DMA_BUSES` buses' requester IDs, its devices'
+/// stage 2 is its RAM and the ITS doorbell page and nothing else (no ECAM,
+/// no BAR window, no hypervisor memory), and Dom0's route table takes the
+/// SMMU's two interrupts for the hypervisor. `iommu=off` plans no DMA
+/// confinement; a map naming a missing SMMU is a boot error.
+#[test]
+fn dom0_dma_behind_the_smmu() {
+    let p = dom0(V3_SMMUV3, "dom0_disk=nvme").unwrap();
+    let dma = p.dma.as_ref().expect("DMA plan");
+    assert_eq!(dma.streams, [StreamRange { smmu: 0, first: 0, count: DMA_BUSES * 256 }]);
+    let ram: Vec<_> = p.mappings.iter().filter(|m| m.why == MapWhy::Ram).copied().collect();
+    assert_eq!(dma.mappings[..ram.len()], ram[..]);
+    assert_eq!(dma.mappings.len(), ram.len() + 1);
+    let bell = dma.mappings.last().unwrap();
+    assert_eq!(
+        (bell.ipa, bell.pa, bell.size, bell.mem, bell.why),
+        (0x0809_0000, 0x0809_0000, 4096, MemType::Device, MapWhy::Doorbell)
+    );
+    let plan = boot_plan();
+    let apart = |a: Region, b: Region| a.end() <= b.base || b.end() <= a.base;
+    for m in &dma.mappings {
+        let m = r(m.ipa, m.size);
+        assert!(apart(m, plan.image) && apart(m, plan.heap) && apart(m, p.bridges[0].ecam));
+    }
+    assert_eq!(p.smmu_irqs, [id(106), id(109)]);
+    let routes = p.routes().unwrap();
+    assert_eq!(routes.lookup(id(106)), Some(Route::Smmu));
+    assert_eq!(routes.lookup(id(109)), Some(Route::Smmu));
+
+    let off = dom0(V3_SMMUV3, "dom0_disk=nvme iommu=off").unwrap();
+    assert!(off.dma.is_none() && off.smmu_irqs.is_empty());
+    // No bridge given to Dom0 (RAM disk): nothing to confine.
+    assert!(dom0(V3_SMMUV3, "dom0_disk=ram").unwrap().dma.is_none());
+    // No SMMU described: nothing either.
+    assert!(dom0(V3_SMP2, "dom0_disk=nvme").unwrap().dma.is_none());
+
+    // A bridge whose map names a phandle no SMMU has.
+    let mut m = platform(V3_SMMUV3);
+    m.pcie[0].iommu_map[0].iommu = 0xdead;
+    let e =
+        plan_dom0(&m, &with_kernel(), &boot_plan(), &cfg("dom0_disk=nvme"), Dom0Firmware::Dt, &hw(true)).unwrap_err();
+    assert!(matches!(e, PlanError::IommuMapMissing { phandle: 0xdead, .. }), "{e}");
+    assert!(e.to_string().contains("iommu-map"), "{e}");
+}

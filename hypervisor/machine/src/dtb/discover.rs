@@ -15,8 +15,8 @@ use fdt::Fdt;
 use super::blob;
 use super::tree::{self, gic_irq, is_compatible, is_enabled, prop, prop_str, prop_u32, Entry, Index};
 use super::{
-    BootInfo, BootModule, DtbError, GicInfo, Machine, MmioDevice, MsiMapEntry, PciSpace, PciWindow, PcieHost, Region,
-    TimerInfo, UartInfo,
+    BootInfo, BootModule, DtbError, GicInfo, IommuMapEntry, Machine, MmioDevice, MsiMapEntry, PciSpace, PciWindow,
+    PcieHost, Region, SmmuInfo, TimerInfo, UartInfo,
 };
 
 /// Reads the board and what to run on it from the boot DTB.
@@ -49,6 +49,7 @@ pub fn discover(dtb: &[u8]) -> Result<(Machine, BootInfo), DtbError> {
         pmu_intid: pmu(&idx, gic_idx)?,
         virtio_mmio: virtio_mmio(&idx, gic_idx)?,
         pcie: pcie(&idx, gic_idx)?,
+        smmus: smmus(&idx, gic_idx)?,
         psci_method,
         gic,
     };
@@ -239,22 +240,18 @@ fn pcie_host(idx: &Index<'_, '_>, i: usize, gic: usize) -> Result<PcieHost, DtbE
         Some(_) => idx.interrupt_map_targets(i, gic)?,
         None => Vec::new(),
     };
-    let msi_map = match prop(e.node, "msi-map") {
-        None => Vec::new(),
-        Some(v) => {
-            let raw = tree::cells_u32(v, "msi-map")?;
-            if raw.is_empty() || !raw.len().is_multiple_of(4) {
-                return Err(DtbError::BadValue("msi-map (want 4-cell entries)"));
-            }
-            raw.chunks_exact(4)
-                .map(|c| MsiMapEntry { rid_base: c[0], msi_controller: c[1], msi_base: c[2], length: c[3] })
-                .collect()
-        }
-    };
+    let msi_map = id_map(e, "msi-map", "msi-map (want 4-cell entries)")?
+        .into_iter()
+        .map(|c| MsiMapEntry { rid_base: c[0], msi_controller: c[1], msi_base: c[2], length: c[3] })
+        .collect();
     let msi_parent = match prop(e.node, "msi-parent") {
         Some(v) => tree::cells_u32(v, "msi-parent")?,
         None => Vec::new(),
     };
+    let iommu_map = id_map(e, "iommu-map", "iommu-map (want 4-cell entries: #iommu-cells = 1)")?
+        .into_iter()
+        .map(|c| IommuMapEntry { rid_base: c[0], iommu: c[1], sid_base: c[2], length: c[3] })
+        .collect();
     Ok(PcieHost {
         path: idx.path(e).to_string(),
         ecam,
@@ -264,7 +261,52 @@ fn pcie_host(idx: &Index<'_, '_>, i: usize, gic: usize) -> Result<PcieHost, DtbE
         msi_map,
         msi_map_mask: prop_u32(e.node, "msi-map-mask", "msi-map-mask")?,
         msi_parent,
+        iommu_map,
+        iommu_map_mask: prop_u32(e.node, "iommu-map-mask", "iommu-map-mask")?,
     })
+}
+
+/// A PCI ID map (`msi-map`, `iommu-map`: rid-base, phandle, base,
+/// length), as 4-cell entries; empty when absent, `bad` when it is not
+/// whole entries.
+fn id_map(e: &Entry<'_, '_>, name: &str, bad: &'static str) -> Result<Vec<[u32; 4]>, DtbError> {
+    let Some(v) = prop(e.node, name) else {
+        return Ok(Vec::new());
+    };
+    let raw = tree::cells_u32(v, bad)?;
+    if raw.is_empty() || !raw.len().is_multiple_of(4) {
+        return Err(DtbError::BadValue(bad));
+    }
+    Ok(raw.chunks_exact(4).map(|c| [c[0], c[1], c[2], c[3]]).collect())
+}
+
+/// Enabled SMMUv3s: registers, phandle, the "eventq" and "gerror"
+/// interrupts by `interrupt-names` (a node without names gives none: the
+/// driver polls), `dma-coherent`.
+fn smmus(idx: &Index<'_, '_>, gic: usize) -> Result<Vec<SmmuInfo>, DtbError> {
+    let mut out = Vec::new();
+    for (i, e) in idx.iter().enumerate() {
+        if !is_enabled(e.node) || !is_compatible(e.node, "arm,smmu-v3") {
+            continue;
+        }
+        let regs = *idx.mmio_reg(i, "smmu reg")?.first().ok_or(DtbError::BadValue("smmu reg"))?;
+        let names: Vec<&str> = prop(e.node, "interrupt-names").map(|v| tree::strings(v).collect()).unwrap_or_default();
+        let irqs = if names.is_empty() || prop(e.node, "interrupts").is_none() {
+            Vec::new()
+        } else {
+            idx.irqs(i, gic, "smmu interrupts")?
+        };
+        let named = |n: &str| names.iter().position(|&x| x == n).and_then(|k| irqs.get(k)).map(|irq| irq.intid);
+        out.push(SmmuInfo {
+            path: idx.path(e).to_string(),
+            regs,
+            phandle: prop_u32(e.node, "phandle", "smmu phandle")?,
+            eventq: named("eventq"),
+            gerror: named("gerror"),
+            coherent: prop(e.node, "dma-coherent").is_some(),
+        });
+    }
+    Ok(out)
 }
 
 /// A PCI bridge's `ranges`: 3-cell PCI addresses (`phys.hi` space code,

@@ -36,7 +36,9 @@
 //! 512 GiB does not fit a 39-bit stage 2), and, unless
 //! [`GuestDtbConfig::keep_its`], the ITS nodes and every `msi-map`,
 //! `msi-map-mask` and `msi-parent` (which would name the missing ITS) are
-//! left out, so Linux uses INTx. Only bridges at the root are trimmed
+//! left out, so Linux uses INTx. `iommu-map`, `iommu-map-mask` and
+//! `iommus` are always left out, with every SMMU node: the SMMU is the
+//! hypervisor's. Only bridges at the root are trimmed
 //! correctly: the entry's parent-bus address is taken as its CPU address.
 //!
 //! [`default_removals`] lists the QEMU-virt devices the hypervisor does not
@@ -73,11 +75,20 @@ pub const DEFAULT_REMOVE_COMPATIBLES: &[&str] = &[
     "arm,pl031",
     // QEMU's dynamic sysbus (empty on a plain virt machine).
     "qemu,platform",
+    // The SMMU is the hypervisor's (`smmu`): a guest programming it could
+    // point its devices' DMA anywhere. The properties that name it go too
+    // (`IOMMU_PROPS`).
+    "arm,smmu-v3",
     // The PMU, unless the guest gets a vPMU (`crate::vpmu`): then its
     // registers trap and the ID registers hide it (`crate::traps`), so the
     // guest must not look for it.
     PMU_COMPATIBLE,
 ];
+
+/// Properties that name an IOMMU: dropped everywhere, since every SMMU node
+/// is (`DEFAULT_REMOVE_COMPATIBLES`) and the guest's DMA is the hypervisor's
+/// to confine, invisibly.
+const IOMMU_PROPS: &[&str] = &["iommu-map", "iommu-map-mask", "iommus"];
 
 /// The PMU node's compatible string ([`default_removals`] keeps the node
 /// for a guest with a vPMU).
@@ -326,6 +337,9 @@ impl Builder<'_> {
                 }
             }
             if !self.cfg.keep_its && matches!(p.name, "msi-map" | "msi-map-mask" | "msi-parent") {
+                continue;
+            }
+            if IOMMU_PROPS.contains(&p.name) {
                 continue;
             }
             if is_pci && p.name == "ranges" {

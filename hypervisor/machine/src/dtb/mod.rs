@@ -216,6 +216,43 @@ pub struct MsiMapEntry {
     pub length: u32,
 }
 
+/// One `iommu-map` entry (PCI IOMMU binding, `#iommu-cells = 1`): requester
+/// IDs `[rid_base, rid_base + length)` are StreamIDs `[sid_base, …)` of the
+/// IOMMU with phandle `iommu`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IommuMapEntry {
+    pub rid_base: u32,
+    pub iommu: u32,
+    pub sid_base: u32,
+    pub length: u32,
+}
+
+impl IommuMapEntry {
+    /// The StreamID requester ID `rid` (already masked) has through this
+    /// entry, if the entry covers it.
+    pub fn stream_of(&self, rid: u32) -> Option<u32> {
+        let off = rid.checked_sub(self.rid_base)?;
+        (off < self.length).then(|| self.sid_base.wrapping_add(off))
+    }
+}
+
+/// An SMMUv3 (`arm,smmu-v3`): the hypervisor's, never a guest's.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SmmuInfo {
+    /// Full node path, e.g. `/smmuv3@9050000`.
+    pub path: String,
+    /// The register frames (page 0 and page 1: 128 KiB).
+    pub regs: Region,
+    pub phandle: Option<u32>,
+    /// The event queue's and the global error's wired interrupts
+    /// (`interrupt-names` "eventq", "gerror"; absent when the node names
+    /// none: the driver then polls).
+    pub eventq: Option<IntId>,
+    pub gerror: Option<IntId>,
+    /// `dma-coherent`: its table and queue walks snoop the CPU's caches.
+    pub coherent: bool,
+}
+
 /// A generic ECAM PCIe host bridge (`pci-host-ecam-generic`), as QEMU virt
 /// describes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -237,6 +274,11 @@ pub struct PcieHost {
     pub msi_map_mask: Option<u32>,
     /// `msi-parent` cells as written (phandle, then any MSI specifier).
     pub msi_parent: Vec<u32>,
+    /// `iommu-map` entries (empty when absent: the bridge's DMA is not
+    /// behind an IOMMU the description names).
+    pub iommu_map: Vec<IommuMapEntry>,
+    /// `iommu-map-mask`, when present.
+    pub iommu_map_mask: Option<u32>,
 }
 
 impl PcieHost {
@@ -277,6 +319,8 @@ pub struct Machine {
     pub virtio_mmio: Vec<MmioDevice>,
     /// Enabled PCIe host bridges (`pci-host-ecam-generic`), in tree order.
     pub pcie: Vec<PcieHost>,
+    /// Enabled SMMUv3s (`arm,smmu-v3`), in tree order.
+    pub smmus: Vec<SmmuInfo>,
     /// `/psci` `method` ("smc" or "hvc").
     pub psci_method: Option<String>,
 }

@@ -38,6 +38,9 @@ const V4_SMP4: &[u8] = include_bytes!("testdata/qemu-virt-gicv4-smp4.dtb");
 /// and `fdtput -t s F /chosen bootargs "console=hvc0 not-for-the-hypervisor"`
 /// (then `dtc -I dtb -O dtb`, as above).
 const SECURE_XEN_BOOTARGS: &[u8] = include_bytes!("testdata/qemu-virt-secure-xen-bootargs.dtb");
+/// QEMU 10.0 `-machine virt,gic-version=3,virtualization=on,iommu=smmuv3`:
+/// the PCIe root complex behind an SMMUv3.
+const V3_SMMUV3: &[u8] = include_bytes!("testdata/qemu-virt-gicv3-smmuv3.dtb");
 
 fn check_qemu_platform((p, boot): &(Machine, BootInfo), ncpus: usize) {
     assert_eq!(p.memory, vec![Region { base: 0x4000_0000, size: 0x4000_0000 }]);
@@ -964,6 +967,35 @@ fn guest_pcie_bridge_is_trimmed_to_the_ipa_space() {
     let mut cfg = guest_config(V3_SMP2);
     cfg.remove_paths.push(host.path.clone());
     assert!(discover(&build_guest_dtb(V3_SMP2, &cfg).unwrap()).unwrap().0.pcie.is_empty());
+}
+
+/// QEMU virt with `iommu=smmuv3`: the SMMU's frames, its named interrupts
+/// (edge SPIs 74 and 77), coherence; the bridge's `iommu-map` maps every
+/// requester ID 1:1 to a StreamID of that SMMU. The guest's tree has
+/// neither the SMMU nor a property naming it, and keeps the bridge.
+#[test]
+fn smmuv3_and_iommu_map_on_qemu_virt() {
+    let (m, _) = discover(V3_SMMUV3).unwrap();
+    assert_eq!(m.smmus.len(), 1);
+    let s = &m.smmus[0];
+    assert_eq!(s.path, "/smmuv3@9050000");
+    assert_eq!(s.regs, Region { base: 0x0905_0000, size: 0x2_0000 });
+    assert_eq!((s.eventq, s.gerror, s.coherent), (Some(id(106)), Some(id(109)), true));
+    let b = &m.pcie[0];
+    assert_eq!(b.iommu_map, [IommuMapEntry { rid_base: 0, iommu: s.phandle.unwrap(), sid_base: 0, length: 0x1_0000 }]);
+    assert_eq!(b.iommu_map[0].stream_of(0x10), Some(0x10));
+    assert_eq!(b.iommu_map[0].stream_of(0x1_0000), None);
+    // Without the option the other QEMU trees have no SMMU.
+    assert!(discover(V3_SMP2).unwrap().0.smmus.is_empty());
+    assert!(discover(V3_SMP2).unwrap().0.pcie[0].iommu_map.is_empty());
+
+    let out = build_guest_dtb(V3_SMMUV3, &guest_config(V3_SMMUV3)).unwrap();
+    assert!(!all_paths(&out).iter().any(|p| p.contains("smmu")));
+    let f = Fdt::new(&out).unwrap();
+    assert!(f.find_node("/pcie@10000000").unwrap().property("iommu-map").is_none());
+    let (g, _) = discover(&out).unwrap();
+    assert!(g.smmus.is_empty());
+    assert!(g.pcie[0].iommu_map.is_empty());
 }
 
 /// Bad bridge properties are errors naming them, never panics.

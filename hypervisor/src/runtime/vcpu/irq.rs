@@ -36,6 +36,10 @@ pub(super) fn handle_irqs(me: usize, cur: Option<(&Vm, usize)>, deadline: &mut O
                 crate::runtime::devices::vits::guest_lpi(vm, me, id, devid, eventid)
             }
             Some(Route::Doorbell { vcpu }) => crate::runtime::vpe::doorbell(vm, me, id, vcpu),
+            Some(Route::Smmu) => {
+                crate::runtime::smmu::smmu_irq();
+                eoi_deactivate(id);
+            }
             // SGI_KICK, maintenance: the exit itself was the point; requests
             // are in pcpu(me), list registers are refilled at entry.
             // Unrouted: the default.

@@ -98,6 +98,10 @@ fn enable_irqs(vm: &Vm, me: usize) {
         if let Some(i) = vm.disk.as_ref().and_then(|d| d.phys_intid) {
             gic::enable(i, 0, false);
         }
+        // The SMMUs' event-queue and global-error interrupts: edges.
+        for i in crate::arch::smmu::irqs() {
+            gic::enable(i, 0, true);
+        }
         console::enable_rx_irq();
         // Input that arrived before: enabling the interrupt cleared its
         // pending state, and a full physical FIFO never raises it again.

@@ -37,7 +37,15 @@ pub fn print_stats() {
     // One instant for every domain's run time, and the host clock at it, so
     // shares over the time between two prints add up.
     let now = now_ns();
-    crate::hvprintln!("(HV) stats begin host\nhost.now_ns={now}\n(HV) stats end host");
+    let (boot_sum, now_sum) = crate::runtime::smmu::image_checksum();
+    crate::hvprintln!(
+        "(HV) stats begin host\nhost.now_ns={now}\nhost.image_checksum_boot={boot_sum:#018x}\nhost.image_checksum_now={now_sum:#018x}\n(HV) stats end host"
+    );
+    if crate::arch::smmu::present() {
+        let mut text = alloc::string::String::new();
+        let _ = crate::arch::smmu::write_stats(&mut text);
+        crate::hvprintln!("(HV) stats begin smmu\n{text}(HV) stats end smmu");
+    }
     print_vm_stats(all[0]);
     for vm in all {
         print_domain_totals(vm, now);

@@ -35,6 +35,7 @@ mod vpe;
 
 use super::dist::{find_redistributor_frames, rd_base, GIC, GICR_TYPER, GICR_TYPER_OFF};
 use crate::cache;
+use crate::frame::{Frame, NoMemory};
 use crate::intid::IntId;
 use crate::its::cmd::{Command, COMMAND_BYTES};
 pub use crate::its::host::ItsError;
@@ -50,7 +51,6 @@ use crate::its::{
 };
 use crate::sync::Mutex;
 use crate::sysreg;
-use alloc::alloc::{alloc_zeroed, dealloc, Layout};
 use alloc::vec::Vec;
 use core::sync::atomic::{AtomicU64, Ordering};
 pub use lpi::*;
@@ -76,37 +76,9 @@ const SH_INNER: u64 = 0b01;
 /// GITS_PIDR2.ArchRev, bits [7:4].
 const PIDR2_ARCHREV_SHIFT: u32 = 4;
 
-/// A heap allocation handed to the GIC: physical address (VA == PA) and
-/// its layout, for freeing.
-#[derive(Clone, Copy)]
-struct Frame {
-    pa: u64,
-    layout: Layout,
-}
-
-impl Frame {
-    /// A zeroed block of `bytes` aligned to `align`, cleaned to PoC when
-    /// `clean` (a non-snooping reader).
-    fn new(bytes: usize, align: usize, clean: bool) -> Result<Frame, ItsError> {
-        let layout = Layout::from_size_align(bytes, align).map_err(|_| ItsError::OutOfMemory)?;
-        // SAFETY: `layout` has a non-zero size (every caller asks for at
-        // least 256 bytes); the block is only handed to the GIC and freed
-        // with the same layout.
-        let p = unsafe { alloc_zeroed(layout) };
-        if p.is_null() {
-            return Err(ItsError::OutOfMemory);
-        }
-        if clean {
-            cache::clean_to_poc(p as u64, bytes as u64);
-        }
-        Ok(Frame { pa: p as u64, layout })
-    }
-
-    /// Gives the block back. The GIC must no longer use it.
-    fn free(self) {
-        // SAFETY: allocated by `Frame::new` with this layout; the caller has
-        // unmapped it from the ITS (MAPD Valid = 0 has completed).
-        unsafe { dealloc(self.pa as *mut u8, self.layout) };
+impl From<NoMemory> for ItsError {
+    fn from(_: NoMemory) -> ItsError {
+        ItsError::OutOfMemory
     }
 }
 

@@ -5,6 +5,7 @@
 //! SPIs forwarded to it.
 
 use super::common::{bus_of, check_ipa, check_passthrough, forward, iomem_policy, needed_ipa_top, LPI_ROUTES};
+use super::dma::{plan_dma, smmu_irqs};
 use super::error::PlanError;
 use super::{
     DiskBacking, DiskPlan, Dom0Firmware, Forward, HwFacts, MapWhy, Mapping, VgicPlan, VmPlan, DOM0_MAX_SPIS, PAGE,
@@ -100,6 +101,8 @@ pub fn plan_dom0(
     let console_intid = machine.uart.as_ref().map_or(hw.uart_intid, |u| u.intid);
     let forwarded = dom0_forwarded(nr_spis, &passthrough, &bridges, acpi, console_intid);
 
+    let dma = plan_dma(machine, cfg.iommu, &bridges, &mappings, its)?;
+
     let uart = machine.uart.as_ref().map(|u| Region { base: u.base, size: u.size.max(0x1000) });
     let bus = bus_of(&vgic, nr_vcpus, disk.as_ref(), uart, its);
     let iomem = match firmware {
@@ -132,6 +135,8 @@ pub fn plan_dom0(
         bus,
         iomem,
         lpi_routes: LPI_ROUTES,
+        dma,
+        smmu_irqs: smmu_irqs(machine, cfg.iommu),
     };
     p.check_quota()?;
     p.routes()?;

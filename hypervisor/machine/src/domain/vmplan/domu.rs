@@ -80,6 +80,8 @@ pub fn plan_domu(
         bus,
         iomem: None,
         lpi_routes: 0,
+        dma: None,
+        smmu_irqs: Vec::new(),
     };
     p.check_quota()?;
     p.routes()?;

@@ -8,6 +8,7 @@ use crate::domain::layout::DomainError;
 use crate::domain::DomainId;
 use crate::irq::RouteError;
 use crate::mmio_bus::BusError;
+use alloc::string::String;
 use core::fmt;
 
 /// Why a VM cannot be made as asked. `Display` is one line.
@@ -15,6 +16,8 @@ use core::fmt;
 pub enum PlanError {
     /// No kernel module to boot Dom0 from.
     NoKernel,
+    /// A bridge's `iommu-map` names an IOMMU the description lacks.
+    IommuMapMissing { bridge: String, phandle: u32 },
     /// The VM's heap quota cannot hold its disk's largest request.
     HeapQuotaTooSmall { domid: DomainId, quota: u64, needed: u64 },
     /// `dom0_disk=virtio-pci|nvme` on a machine without a PCIe host bridge.
@@ -47,6 +50,10 @@ impl fmt::Display for PlanError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             PlanError::NoKernel => write!(f, "no kernel module (/chosen/module@… multiboot,kernel)"),
+            PlanError::IommuMapMissing { bridge, phandle } => write!(
+                f,
+                "{bridge}: iommu-map names phandle {phandle:#x}, which is no arm,smmu-v3 node (iommu=off boots without confining DMA)"
+            ),
             PlanError::NoPcieBridge => {
                 write!(f, "a PCIe disk needs a PCIe host bridge (pci-host-ecam-generic) on the machine")
             }

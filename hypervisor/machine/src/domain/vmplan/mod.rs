@@ -36,6 +36,8 @@
 //!
 //! - `error`: [`PlanError`];
 //! - `common`: the checks and lists both planners share;
+//! - `dma`: [`plan_dma`], a VM's streams and its devices' stage 2 under
+//!   the SMMU;
 //! - `dom0`: [`dom0_spec`] and [`plan_dom0`];
 //! - `domu`: [`plan_domu`].
 
@@ -51,11 +53,13 @@ use alloc::string::String;
 use alloc::vec::Vec;
 
 mod common;
+mod dma;
 mod dom0;
 mod domu;
 mod error;
 
 pub use common::LPI_ROUTES;
+pub use dma::{plan_dma, smmu_irqs, DmaPlan, StreamRange, DMA_BUSES, ITS_TRANSLATER_OFFSET};
 pub use dom0::{dom0_spec, plan_dom0};
 pub use domu::plan_domu;
 pub use error::PlanError;
@@ -112,6 +116,9 @@ pub enum MapWhy {
     Firmware,
     /// A PCIe host bridge's ECAM or a window (page-rounded).
     PcieBridge,
+    /// The ITS's GITS_TRANSLATER page, in the devices' stage 2 only
+    /// (`dma`): their MSIs are writes to it.
+    Doorbell,
 }
 
 /// One stage-2 mapping: `size` bytes at `ipa` → `pa`.
@@ -210,6 +217,12 @@ pub struct VmPlan {
     pub iomem: Option<IoMemPolicy>,
     /// Host LPIs the route table has room for.
     pub lpi_routes: usize,
+    /// Its devices' streams and stage 2 under the SMMU; `None`: its
+    /// devices (if any) are not behind one, or `iommu=off`.
+    pub dma: Option<DmaPlan>,
+    /// The SMMUs' wired interrupts (Dom0's route table takes the
+    /// hypervisor's interrupts too).
+    pub smmu_irqs: Vec<IntId>,
 }
 
 impl VmPlan {
@@ -246,6 +259,7 @@ impl VmPlan {
             uart: self.console_intid,
             phys_disk,
             forwarded: &forwarded,
+            smmu: &self.smmu_irqs,
         };
         IrqRoutes::build(&h, self.lpi_routes)
     }

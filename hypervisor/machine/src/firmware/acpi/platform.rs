@@ -70,6 +70,7 @@ impl AcpiMachine {
             pmu_intid: self.pmu(),
             virtio_mmio: Vec::new(),
             pcie: self.pcie(),
+            smmus: Vec::new(),
             psci_method: self.fadt.psci_method().map(String::from),
         })
     }
@@ -174,6 +175,8 @@ impl AcpiMachine {
                     msi_map,
                     msi_map_mask: None,
                     msi_parent: Vec::new(),
+                    iommu_map: Vec::new(),
+                    iommu_map_mask: None,
                 }
             })
             .collect()
