@@ -118,7 +118,7 @@ fn cmd_test(args: &TestArgs) -> anyhow::Result<i32> {
     }
     let st = child.wait()?;
     let mut code = st.code().unwrap_or(1);
-    // The fuzz targets (virtqueue parser, vITS), each for a bounded time, when
+    // The fuzz targets (virtqueue parser, vITS, SMMU events), each for a bounded time, when
     // cargo-fuzz and a nightly toolchain are installed.
     for target in FUZZ_TARGETS {
         match fuzz_target(target) {
@@ -155,7 +155,7 @@ fn cmd_test(args: &TestArgs) -> anyhow::Result<i32> {
 }
 
 /// The cargo-fuzz targets in fuzz/fuzz_targets that `cargo xtask test` runs.
-const FUZZ_TARGETS: [&str; 2] = ["virtqueue", "vits"];
+const FUZZ_TARGETS: [&str; 3] = ["virtqueue", "vits", "smmu"];
 
 /// Runs `cargo +nightly fuzz run <target>` for XTASK_FUZZ_SECONDS (default
 /// 30), starting from `fuzz/seeds-<target>.tar.gz` when the repository has
