@@ -151,7 +151,7 @@ fn command(inp: &mut Input) -> Command {
 
 fuzz_target!(|data: &[u8]| {
     let mut inp = Input(data);
-    let mut its = Vits::new(VitsConfig { base: ITS, nr_vcpus: VCPUS }).unwrap();
+    let mut its = Vits::new(VitsConfig { base: ITS, nr_vcpus: VCPUS, msi_vcpu: None, devices: None }).unwrap();
     let mut mem = VecMemory::new(0, RAM_SIZE);
     let mut sink = Sink { lpis: [true; VCPUS], prop: Some((0x8000, 8192)) };
     let mut be = Mirror::default();

@@ -164,9 +164,12 @@ impl Vm {
             vp.passthrough.len()
         );
         let vits = match vp.its {
-            Some(r) => {
-                Some(Mutex::new(Vits::new(VitsConfig { base: r.base, nr_vcpus, msi_vcpu: cfg.msi_vcpu(nr_vcpus) })?))
-            }
+            Some(r) => Some(Mutex::new(Vits::new(VitsConfig {
+                base: r.base,
+                nr_vcpus,
+                msi_vcpu: cfg.msi_vcpu(nr_vcpus),
+                devices: vp.its_devices.clone(),
+            })?)),
             None => None,
         };
         let parts =

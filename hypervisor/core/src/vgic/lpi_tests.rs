@@ -544,7 +544,7 @@ const QUEUE: u64 = RAM + 0x8_0000;
 fn vits_booted() -> (Vgic, VecMemory, super::its::Vits) {
     use super::its::{NoBackend, Vits, VitsConfig};
     let (mut g, mem) = lpi_booted(2);
-    let mut its = Vits::new(VitsConfig { base: ITS, nr_vcpus: 2, msi_vcpu: None }).unwrap();
+    let mut its = Vits::new(VitsConfig { base: ITS, nr_vcpus: 2, msi_vcpu: None, devices: None }).unwrap();
     its.mmio_write(ITS + 0x80, 8, QUEUE | 1 << 63 | 15, &mem, &mut g, &mut NoBackend).unwrap();
     its.mmio_write(ITS, 4, 1, &mem, &mut g, &mut NoBackend).unwrap();
     (g, mem, its)

@@ -194,6 +194,8 @@ fn pcie_modes_pass_the_bridge_through_with_intx_and_the_vits() {
         assert!(!p.forwarded.is_empty() && p.forwarded.iter().all(|f| !f.edge));
         // The ITS backs MSIs: the vITS control frame on the bus, LPIs on.
         assert_eq!(p.its, Some(r(0x0808_0000, 0x2_0000)));
+        // The DeviceIDs its vITS maps: what QEMU's msi-map gives the bus.
+        assert_eq!(p.its_devices, Some(Vec::from([(0, 0x1_0000)])));
         assert!(p.vgic.lpis);
         assert_eq!(p.bus.iter().find(|(_, d)| *d == Device::Vits).unwrap().0.size, crate::its::CONTROL_FRAME_SIZE);
         // Every virtio slot hidden, the bridge kept.

@@ -214,6 +214,9 @@ impl Vits {
         backend: &mut B,
     ) -> Result<Kicks, CommandFault> {
         self.tables.check_map_device(device, size)?;
+        if !self.owns_device(device) {
+            return Err(CommandFault::DeviceNotOwned);
+        }
         if !mem.contains(itt_addr, super::tables::Tables::itt_bytes(size)) {
             return Err(CommandFault::IttOutsideRam);
         }

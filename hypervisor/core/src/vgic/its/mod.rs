@@ -76,6 +76,7 @@ use crate::its::cmd::Icid;
 use crate::its::{offset, COMMAND_SIZE, GITS_BASER, GITS_CBASER, GITS_CQ_OFFSET, GITS_CTLR, GITS_TYPER};
 use crate::vgic::{Kicks, VgicError, MAX_VCPUS};
 use crate::virtio::GuestMemory;
+use alloc::vec::Vec;
 use core::fmt;
 use tables::{Tables, DEVICE_ID_BITS, EVENT_ID_BITS, ITT_ENTRY_SIZE, MIN_COLLECTIONS};
 use tock_registers::fields::FieldValue;
@@ -244,6 +245,9 @@ faults! {
     CwriterOutOfRange = "cwriter_out_of_range",
     /// Stall: a command could not be read from guest memory.
     QueueUnreadable = "queue_unreadable",
+    /// MAPD of a DeviceID that is no device of this VM's
+    /// ([`VitsConfig::devices`]): its MSIs are another domain's, or nobody's.
+    DeviceNotOwned = "device_not_owned",
 }
 
 impl CommandFault {
@@ -346,7 +350,7 @@ pub struct Mapping {
 }
 
 /// Static description of a vITS.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct VitsConfig {
     /// Guest-physical base of the control frame (GITS_TRANSLATER is at +64 KiB + 0x40).
     pub base: u64,
@@ -356,6 +360,12 @@ pub struct VitsConfig {
     /// whatever vCPU the guest mapped the collection to (see
     /// [`Tables::steer_to`](tables::Tables::steer_to)). Must be below `nr_vcpus`.
     pub msi_vcpu: Option<usize>,
+    /// The DeviceIDs the VM's devices have (`(first, count)` ranges, from
+    /// its bridges' `msi-map`): a MAPD of any other is refused
+    /// ([`CommandFault::DeviceNotOwned`]), since the physical ITS would
+    /// turn that device's MSIs into this VM's interrupts. `None`: the
+    /// description maps no IDs, every DeviceID the vITS implements goes.
+    pub devices: Option<Vec<(u32, u32)>>,
 }
 
 /// One VM's virtual ITS.
@@ -375,6 +385,7 @@ pub struct Vits {
     tables: Tables,
     counters: ItsCounters,
     logged: u64,
+    devices: Option<Vec<(u32, u32)>>,
 }
 
 /// Bits of GITS_CBASER the guest can set (the rest is RES0).
@@ -413,6 +424,11 @@ fn write64(reg: u64, base: u64, off: u64, size: u8, value: u64) -> Result<u64, V
 }
 
 impl Vits {
+    /// Whether `device` is one of the VM's (see [`VitsConfig::devices`]).
+    pub(super) fn owns_device(&self, device: u32) -> bool {
+        self.devices.as_ref().is_none_or(|d| d.iter().any(|&(first, count)| device.wrapping_sub(first) < count))
+    }
+
     /// A disabled vITS with nothing mapped; `nr_vcpus` must be 1..=[`MAX_VCPUS`].
     pub fn new(config: VitsConfig) -> Result<Self, VgicError> {
         if config.nr_vcpus == 0 || config.nr_vcpus > MAX_VCPUS || config.msi_vcpu.is_some_and(|v| v >= config.nr_vcpus)
@@ -439,6 +455,7 @@ impl Vits {
             tables: Tables::new(config.nr_vcpus, collections).steer_to(config.msi_vcpu),
             counters: ItsCounters::default(),
             logged: 0,
+            devices: config.devices,
         })
     }
 

@@ -154,7 +154,12 @@ struct Rig {
 
 impl Rig {
     fn new(vcpus: usize) -> Self {
-        let its = Vits::new(VitsConfig { base: ITS, nr_vcpus: vcpus, msi_vcpu: None }).unwrap();
+        Rig::owning(vcpus, None)
+    }
+
+    /// A rig whose VM owns only the DeviceIDs `devices` says.
+    fn owning(vcpus: usize, devices: Option<Vec<(u32, u32)>>) -> Self {
+        let its = Vits::new(VitsConfig { base: ITS, nr_vcpus: vcpus, msi_vcpu: None, devices }).unwrap();
         Rig {
             its,
             mem: VecMemory::new(RAM, RAM_SIZE),
@@ -404,7 +409,7 @@ fn linux_sequence_injects_on_the_right_vcpu() {
 
 #[test]
 fn dom0_msi_vcpu_steers_every_mapped_collection() {
-    let its = Vits::new(VitsConfig { base: ITS, nr_vcpus: 2, msi_vcpu: Some(0) }).unwrap();
+    let its = Vits::new(VitsConfig { base: ITS, nr_vcpus: 2, msi_vcpu: Some(0), devices: None }).unwrap();
     let mut r = Rig { its, ..Rig::new(2) };
     r.write(0x80, 8, QUEUE | (1 << 63) | (QUEUE_PAGES - 1)).unwrap();
     r.write(0x88, 8, 0).unwrap();
@@ -429,7 +434,7 @@ fn dom0_msi_vcpu_steers_every_mapped_collection() {
     assert_eq!(r.its.translate(0x10, 1), None);
     assert_eq!(r.its.counters().total_errors(), 0);
     // A vCPU the VM does not have is refused at creation.
-    assert!(Vits::new(VitsConfig { base: ITS, nr_vcpus: 2, msi_vcpu: Some(2) }).is_err());
+    assert!(Vits::new(VitsConfig { base: ITS, nr_vcpus: 2, msi_vcpu: Some(2), devices: None }).is_err());
 }
 
 #[test]
@@ -532,6 +537,29 @@ fn discard_and_mapd_unmap_tell_the_backend() {
     r.post(&[Command::Mapd { device: 2, size: 4, itt_addr: ITT, valid: true }]);
     assert_eq!(r.be.calls, [BeCall::UnmapEvent(2, 0), BeCall::UnmapDevice(2), BeCall::MapDevice(2, 5)]);
     assert_eq!(r.its.translate(2, 0), None);
+}
+
+/// A VM maps only DeviceIDs of its own devices: a MAPD of another is
+/// refused and counted, never reaches the physical ITS, and the queue
+/// goes on; the VM's own device maps as usual.
+#[test]
+fn mapd_of_a_device_the_vm_does_not_own_is_refused() {
+    let mut r = Rig::owning(2, Some(vec![(0x8, 1), (0x100, 0x100)]));
+    r.write(0x80, 8, QUEUE | (1 << 63) | (QUEUE_PAGES - 1)).unwrap();
+    r.write(0x88, 8, 0).unwrap();
+    r.write(0, 4, 1).unwrap();
+    for device in [0x7, 0x9, 0xff, 0x200, 0xffff] {
+        let before = r.errors(CommandFault::DeviceNotOwned);
+        r.post(&[Command::Mapd { device, size: 1, itt_addr: ITT, valid: true }]);
+        assert_eq!(r.errors(CommandFault::DeviceNotOwned), before + 1, "device {device:#x}");
+        assert!(!r.its.stalled());
+    }
+    assert!(r.be.calls.is_empty(), "the backend saw {:?}", r.be.calls);
+    for device in [0x8, 0x100, 0x1ff] {
+        r.post(&[Command::Mapd { device, size: 1, itt_addr: ITT, valid: true }]);
+    }
+    assert_eq!(r.be.calls, [BeCall::MapDevice(0x8, 2), BeCall::MapDevice(0x100, 2), BeCall::MapDevice(0x1ff, 2)]);
+    assert_eq!(r.its.counters().total_errors(), 5);
 }
 
 #[test]

@@ -102,6 +102,7 @@ pub fn plan_dom0(
     let forwarded = dom0_forwarded(nr_spis, &passthrough, &bridges, acpi, console_intid);
 
     let dma = plan_dma(machine, cfg.iommu, &bridges, &mappings, its)?;
+    let its_devices = its.and_then(|_| its_devices(&bridges));
 
     let uart = machine.uart.as_ref().map(|u| Region { base: u.base, size: u.size.max(0x1000) });
     let bus = bus_of(&vgic, nr_vcpus, disk.as_ref(), uart, its);
@@ -131,6 +132,7 @@ pub fn plan_dom0(
         console_intid,
         kick_intid: hw.kick,
         its,
+        its_devices,
         forwarded,
         bus,
         iomem,
@@ -317,4 +319,14 @@ fn dom0_forwarded(
         }
     }
     forwarded
+}
+
+/// The DeviceIDs Dom0's devices have: every bridge's `msi-map` targets
+/// (the ITS sees the DeviceID the map gives a requester ID). `None` when a
+/// bridge has no map: nothing then says which IDs are its.
+fn its_devices(bridges: &[PcieHost]) -> Option<Vec<(u32, u32)>> {
+    if bridges.iter().any(|b| b.msi_map.is_empty()) {
+        return None;
+    }
+    Some(bridges.iter().flat_map(|b| b.msi_map.iter().map(|m| (m.msi_base, m.length))).collect())
 }

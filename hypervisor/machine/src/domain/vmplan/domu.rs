@@ -81,6 +81,7 @@ pub fn plan_domu(
         iomem: None,
         lpi_routes: 0,
         dma: None,
+        its_devices: None,
         smmu_irqs: Vec::new(),
     };
     p.check_quota()?;

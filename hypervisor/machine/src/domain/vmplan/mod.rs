@@ -210,6 +210,9 @@ pub struct VmPlan {
     pub kick_intid: IntId,
     /// The guest's vITS control frame, when it gets one.
     pub its: Option<Region>,
+    /// The DeviceIDs its vITS lets it map (`vgic::its::VitsConfig::devices`):
+    /// its bridges' `msi-map` targets; `None` when a bridge has no map.
+    pub its_devices: Option<Vec<(u32, u32)>>,
     pub forwarded: Vec<Forward>,
     /// The MMIO bus: guest-physical range → emulated device.
     pub bus: Vec<(MmioRange, Device)>,
