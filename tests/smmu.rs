@@ -115,3 +115,41 @@ fn without_the_smmu_the_same_attack_reaches_the_hypervisor() {
     assert!(boot.is_some() && now.is_some(), "tail:\n{}", tail(&r.console, 60));
     assert_ne!(boot, now, "the attack did not reach the image: the SMMU test above proves nothing");
 }
+
+/// The ACPI path (`--platform graviton --iommu`: EDK2, QEMU's IORT with
+/// RC → SMMUv3 → ITS): the hypervisor drives the SMMU the IORT names,
+/// Dom0's IORT has no SMMU node (its root complex maps straight to the
+/// ITS, so Linux probes no SMMU and makes no IOMMU group), and its NVMe
+/// works through the SMMU with its MSIs.
+#[test]
+fn acpi_dom0_nvme_through_the_smmu_the_iort_names() {
+    use clap::Parser;
+    let argv = [
+        "cargo-xtask",
+        "run",
+        "--platform",
+        "graviton",
+        "--iommu",
+        "--cmd",
+        "dmesg | grep -ci 'smmu' | sed 's/^/smmu-lines=/'; \
+         echo iommu-groups=$(ls /sys/kernel/iommu_groups 2>/dev/null | wc -l); \
+         fio --name=v --filename=/dev/nvme0n1 --rw=randwrite --bs=4k --size=8M --direct=1 --ioengine=libaio \
+             --iodepth=8 --verify=crc32c --do_verify=1 --output-format=terse --terse-version=3 >/tmp/out; \
+         s=$?; echo fio-status=$s; echo terse=$(cut -d';' -f1-5 /tmp/out); exit $s",
+    ];
+    let xtask::cli::Command::Run(args) = xtask::cli::Cli::parse_from(argv).command else { panic!("not a run command") };
+    let mut o = args.run_options(xtask::run::qemu::scratch_disk).expect("run options");
+    o.echo = false;
+    o.timeout = std::time::Duration::from_secs(420);
+    let r = run(&o);
+    assert_console(&r, "SMMU0: SMMUv3 at 0x9050000, stage 2 for DMA");
+    assert_console(&r, "d0: DMA of SMMU0 streams 0x0..0xff confined to its RAM and the ITS doorbell");
+    assert_console(&r, "smmu-lines=0");
+    assert_console(&r, "iommu-groups=0");
+    assert_console(&r, "fio-status=0");
+    assert_console(&r, "terse=3;fio-3.33;v;0;0");
+    assert_eq!(r.guest_exit, Some(0));
+    assert_console(&r, "smmu0.d0.streams=0x0+0x100");
+    assert_eq!(stat_line(&r.console, "smmu0.events"), Some(0));
+    assert!(stat_line(&r.console, "irq.guest_lpi").unwrap() > 100, "MSIs reached the ITS through the SMMU");
+}

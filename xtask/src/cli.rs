@@ -154,7 +154,7 @@ pub struct RunArgs {
     /// The guest's disk [default: QEMU's devices passed through, no disk image; nvme with --platform graviton]
     #[arg(long, value_name = "KIND")]
     pub disk: Option<DiskKind>,
-    /// Put QEMU's PCIe root complex behind an SMMUv3 with stage-2 translation (virt,iommu=smmuv3; arm-smmuv3.stage=2): the hypervisor confines the devices' DMA (iommu=, default on)
+    /// Put QEMU's PCIe root complex behind an SMMUv3 with stage-2 translation (virt,iommu=smmuv3; arm-smmuv3.stage=2; in the IORT with --platform graviton): the hypervisor confines the devices' DMA (iommu=, default on)
     #[arg(long)]
     pub iommu: bool,
     /// Service time of every RAM-disk request, exact on the EL2 timer (guest virtual time under --icount); only with --disk ram
@@ -251,8 +251,8 @@ impl RunArgs {
         if self.kernel.is_some() && self.kernel_flavour != crate::build::image::Flavour::default() {
             bail!("--kernel-flavour picks the built guest image's kernel; not with --kernel");
         }
-        if self.iommu && self.platform != PlatformKind::QemuVirt {
-            bail!("--iommu is QEMU virt's SMMUv3 with a device tree (the ACPI path has no IORT rewrite yet)");
+        if self.iommu && self.platform == PlatformKind::FvpBaseRevc {
+            bail!("--iommu is QEMU's SMMUv3 (qemu-virt, graviton); FVP's is the model's own");
         }
         if self.disk_latency_us.is_some() && self.disk != Some(DiskKind::Ram) {
             bail!("--disk-latency-us goes with --disk ram");

@@ -250,6 +250,9 @@ pub fn command_line(hv_bin: &Path, kernel: &Path, initrd: Option<&PathBuf>, o: &
         a.push("shift=0,sleep=on".into());
     }
     if o.iommu {
+        // Stage-2 only on machine types up to virt-9.1; virt 10.0 makes its
+        // SMMU nested (stage 1 and 2) whatever this says. The hypervisor's
+        // STEs use stage 2 alone either way.
         a.extend(["-global".into(), "arm-smmuv3.stage=2".into()]);
     }
     a.extend(o.extra.iter().cloned());

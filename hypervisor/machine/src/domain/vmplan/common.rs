@@ -100,6 +100,10 @@ pub(super) fn iomem_policy(
     if let Some(u) = &machine.uart {
         p.deny("hypervisor UART", Region { base: u.base, size: u.size.max(PAGE) });
     }
+    // The SMMUs are the hypervisor's, driven or not (`iommu=off`).
+    for s in &machine.smmus {
+        p.deny("SMMU", s.regs);
+    }
     for (r, _) in bus {
         p.deny("emulated device", Region { base: r.base, size: r.size });
     }

@@ -99,7 +99,8 @@ pub fn plan_dom0(
         lpis: its.is_some(),
     };
     let console_intid = machine.uart.as_ref().map_or(hw.uart_intid, |u| u.intid);
-    let forwarded = dom0_forwarded(nr_spis, &passthrough, &bridges, acpi, console_intid);
+    let smmu_irqs = smmu_irqs(machine, cfg.iommu);
+    let forwarded = dom0_forwarded(nr_spis, &passthrough, &bridges, acpi, console_intid, &smmu_irqs);
 
     let dma = plan_dma(machine, cfg.iommu, &bridges, &mappings, its)?;
     let its_devices = its.and_then(|_| its_devices(&bridges));
@@ -138,7 +139,7 @@ pub fn plan_dom0(
         iomem,
         lpi_routes: LPI_ROUTES,
         dma,
-        smmu_irqs: smmu_irqs(machine, cfg.iommu),
+        smmu_irqs,
     };
     p.check_quota()?;
     p.routes()?;
@@ -298,6 +299,7 @@ fn dom0_forwarded(
     bridges: &[PcieHost],
     acpi: bool,
     console_intid: IntId,
+    smmu_irqs: &[IntId],
 ) -> Vec<Forward> {
     let mut forwarded = Vec::new();
     for d in passthrough {
@@ -314,7 +316,8 @@ fn dom0_forwarded(
     // interrupts to Dom0 only. Level until the guest's GICD_ICFGR says
     // otherwise (`Vgic::take_hw_triggers`).
     if acpi {
-        for intid in crate::irq::acpi_dom0_spis(nr_spis, &[console_intid]) {
+        let keep: Vec<IntId> = core::iter::once(console_intid).chain(smmu_irqs.iter().copied()).collect();
+        for intid in crate::irq::acpi_dom0_spis(nr_spis, &keep) {
             forward(&mut forwarded, nr_spis, intid, false);
         }
     }

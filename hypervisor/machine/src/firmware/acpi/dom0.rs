@@ -88,12 +88,25 @@ pub fn build_dom0_tables(host: &Tables<'_>, cfg: &Dom0AcpiConfig) -> Result<Dom0
     let fadt = dom0_fadt(host)?;
     let madt = dom0_madt(host, &cfg.vcpu_mpidrs, cfg.drop_its)?;
     let stao = dom0_stao(host, !cfg.keep_uart)?;
+    // The SMMUs are the hypervisor's: Dom0's IORT has none, its root
+    // complexes map straight to the ITS.
+    let iort = match host.find(Signature::IORT) {
+        Some(t) => match tables::iort_without_smmus(t.data)? {
+            Some(mut iort) => {
+                finish(&mut iort, Signature::IORT)?;
+                Some(iort)
+            }
+            None => None,
+        },
+        None => None,
+    };
 
     let mut blob = Vec::new();
     let rsdp_off = place(&mut blob, &[0u8; RSDP_LEN]);
     let fadt_off = place(&mut blob, &fadt);
     let madt_off = place(&mut blob, &madt);
     let stao_off = place(&mut blob, &stao);
+    let iort_off = iort.as_ref().map(|t| place(&mut blob, t));
     let addr = |off: usize| cfg.base + off as u64;
 
     let mut entries = Vec::new();
@@ -106,6 +119,7 @@ pub fn build_dom0_tables(host: &Tables<'_>, cfg: &Dom0AcpiConfig) -> Result<Dom0
         entries.push(match sig {
             Signature::FADT => addr(fadt_off),
             Signature::MADT => addr(madt_off),
+            Signature::IORT => iort_off.map_or(t.addr, addr),
             _ => t.addr,
         });
     }

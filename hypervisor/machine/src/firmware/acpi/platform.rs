@@ -15,7 +15,7 @@ use alloc::vec::Vec;
 
 use super::tables::{self, Fadt, Gtdt, Iort, Madt, McfgEntry, Spcr, GICR_V3_STRIDE, GICR_V4_STRIDE};
 use super::{AcpiError, Signature, Tables};
-use crate::dtb::{GicInfo, Machine, MsiMapEntry, PcieHost, TimerInfo, UartInfo};
+use crate::dtb::{GicInfo, IommuMapEntry, Machine, MsiMapEntry, PcieHost, SmmuInfo, TimerInfo, UartInfo};
 use crate::intid::IntId;
 use crate::region::Region;
 
@@ -70,7 +70,7 @@ impl AcpiMachine {
             pmu_intid: self.pmu(),
             virtio_mmio: Vec::new(),
             pcie: self.pcie(),
-            smmus: Vec::new(),
+            smmus: self.smmus(),
             psci_method: self.fadt.psci_method().map(String::from),
         })
     }
@@ -148,8 +148,30 @@ impl AcpiMachine {
         intid(Signature::MADT, gsiv).ok().filter(|i| i.is_ppi())
     }
 
+    /// The IORT's SMMUv3s. The node's offset stands for the DT's phandle
+    /// (what a root complex's `iommu_map` names); its registers are the
+    /// architected 128 KiB; a GSIV that is no SPI is no interrupt (the
+    /// driver then sees events only when something else drains them).
+    fn smmus(&self) -> Vec<SmmuInfo> {
+        let spi = |g: u32| intid(Signature::IORT, g).ok().filter(|i| i.is_spi());
+        self.iort
+            .iter()
+            .flat_map(|i| &i.smmus)
+            .map(|s| SmmuInfo {
+                path: format!("IORT SMMUv3 node at {:#x}", s.offset),
+                regs: Region { base: s.base, size: crate::smmu::MMIO_SIZE as u64 },
+                phandle: Some(s.offset),
+                eventq: spi(s.event_gsiv),
+                gerror: spi(s.gerr_gsiv),
+                coherent: s.coherent,
+            })
+            .collect()
+    }
+
     /// One host per MCFG entry, `msi-map` from the IORT root complex of the
-    /// same segment (`msi_controller` = the ITS group's first GIC ITS ID).
+    /// same segment (`msi_controller` = the ITS group's first GIC ITS ID),
+    /// `iommu-map` from its mappings into SMMUv3 nodes (`iommu` = the
+    /// node's offset, as [`Self::smmus`] names them).
     fn pcie(&self) -> Vec<PcieHost> {
         self.mcfg
             .iter()
@@ -175,7 +197,18 @@ impl AcpiMachine {
                     msi_map,
                     msi_map_mask: None,
                     msi_parent: Vec::new(),
-                    iommu_map: Vec::new(),
+                    iommu_map: self
+                        .iort
+                        .iter()
+                        .flat_map(|i| i.root_complexes.iter().filter(|rc| rc.segment == u32::from(e.segment)))
+                        .flat_map(|rc| rc.stream_maps.iter())
+                        .map(|m| IommuMapEntry {
+                            rid_base: m.rid_base,
+                            iommu: m.smmu,
+                            sid_base: m.sid_base,
+                            length: m.count,
+                        })
+                        .collect(),
                     iommu_map_mask: None,
                 }
             })

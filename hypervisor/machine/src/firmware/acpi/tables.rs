@@ -407,17 +407,47 @@ pub struct RcIdMap {
     pub its_group: u32,
 }
 
+/// Requester IDs `[rid_base, rid_base + count)` of a root complex are
+/// StreamIDs `[sid_base, …)` of the SMMUv3 at node offset `smmu`: the
+/// `iommu-map` of the DT binding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RcStreamMap {
+    pub rid_base: u32,
+    pub count: u32,
+    pub sid_base: u32,
+    pub smmu: u32,
+}
+
 /// A PCI root complex node.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RootComplex {
+    /// Its node offset.
+    pub offset: u32,
     pub segment: u32,
     pub id_maps: Vec<RcIdMap>,
+    /// Its ID mappings that end at an SMMUv3 (where its DMA is translated).
+    pub stream_maps: Vec<RcStreamMap>,
+}
+
+/// An SMMUv3 node (DEN 0049E table 13).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IortSmmuV3 {
+    /// Its node offset (what mappings refer to).
+    pub offset: u32,
+    pub base: u64,
+    /// Flags bit 0, COHACC override: its table and queue walks are coherent.
+    pub coherent: bool,
+    /// The event queue's and global error's wired interrupts (GSIV 0: none,
+    /// the SMMU signals by MSI only).
+    pub event_gsiv: u32,
+    pub gerr_gsiv: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Iort {
     pub its_groups: Vec<ItsGroup>,
     pub root_complexes: Vec<RootComplex>,
+    pub smmus: Vec<IortSmmuV3>,
 }
 
 /// One raw ID mapping: inputs `[input, input + count)` → `output` at node
@@ -475,7 +505,7 @@ pub fn parse_iort(data: &[u8]) -> Result<Iort, AcpiError> {
         nodes.push((off as u32, ty, maps));
         off += len;
     }
-    let mut iort = Iort { its_groups: Vec::new(), root_complexes: Vec::new() };
+    let mut iort = Iort { its_groups: Vec::new(), root_complexes: Vec::new(), smmus: Vec::new() };
     for (node_off, ty, maps) in &nodes {
         let node_off = *node_off as usize;
         match *ty {
@@ -489,15 +519,141 @@ pub fn parse_iort(data: &[u8]) -> Result<Iort, AcpiError> {
             }
             IORT_ROOT_COMPLEX => {
                 let mut id_maps = Vec::new();
+                let mut stream_maps = Vec::new();
                 for m in maps {
                     resolve(&nodes, *m, 0, &mut id_maps)?;
+                    if nodes.iter().any(|(off, ty, _)| *off == m.target && *ty == IORT_SMMU_V3) {
+                        stream_maps.push(RcStreamMap {
+                            rid_base: m.input,
+                            count: m.count,
+                            sid_base: m.output,
+                            smmu: m.target,
+                        });
+                    }
                 }
-                iort.root_complexes.push(RootComplex { segment: r.u32(node_off + 28)?, id_maps });
+                iort.root_complexes.push(RootComplex {
+                    offset: node_off as u32,
+                    segment: r.u32(node_off + 28)?,
+                    id_maps,
+                    stream_maps,
+                });
+            }
+            IORT_SMMU_V3 => {
+                iort.smmus.push(IortSmmuV3 {
+                    offset: node_off as u32,
+                    base: r.u64(node_off + 16)?,
+                    coherent: r.u32(node_off + 24)? & 1 != 0,
+                    event_gsiv: r.u32(node_off + 44)?,
+                    gerr_gsiv: r.u32(node_off + 52)?,
+                });
             }
             _ => {}
         }
     }
     Ok(iort)
+}
+
+/// The IORT a guest that must not see the SMMUs gets (an ACPI Dom0: the
+/// SMMUs are the hypervisor's): the same table without SMMU nodes, with
+/// each root complex's and named component's mappings that went through
+/// one composed into mappings straight to the ITS groups (what the
+/// device's MSIs look like to the ITS whatever the SMMU does). ITS groups,
+/// root complexes and named components are kept; PMCG, RMR and other
+/// nodes, which describe SMMUs or what sits on them, go. `None`: the table
+/// has no SMMU node, pass it on as it is. The checksum is the caller's.
+pub fn iort_without_smmus(data: &[u8]) -> Result<Option<Vec<u8>>, AcpiError> {
+    let r = Reader::table(Signature::IORT, data)?;
+    let count = r.u32(HEADER_LEN)? as usize;
+    let first = r.u32(HEADER_LEN + 4)? as usize;
+    if count > data.len() / 16 {
+        return Err(AcpiError::BadCount { table: Signature::IORT, what: "nodes" });
+    }
+    let mut nodes = Vec::with_capacity(count);
+    let mut off = first;
+    for _ in 0..count {
+        let (ty, len, maps) = iort_node(&r, off)?;
+        nodes.push((off as u32, ty, maps, len));
+        off += len;
+    }
+    if !nodes.iter().any(|n| matches!(n.1, IORT_SMMU_V1_V2 | IORT_SMMU_V3)) {
+        return Ok(None);
+    }
+    let walk: Vec<(u32, u8, Vec<IdMapping>)> = nodes.iter().map(|(o, t, m, _)| (*o, *t, m.clone())).collect();
+    // Each kept node: its fixed part and its new mappings (old targets).
+    let mut kept: Vec<(u32, Vec<u8>, Vec<IdMapping>)> = Vec::new();
+    for (node_off, ty, maps, len) in &nodes {
+        let start = *node_off as usize;
+        let fixed = match *ty {
+            IORT_ITS_GROUP => r.bytes(start, *len)?.to_vec(),
+            IORT_ROOT_COMPLEX | IORT_NAMED_COMPONENT => {
+                // The fixed part ends where the mappings start (the whole
+                // node when it has none); never inside the header.
+                let id_off = if maps.is_empty() { *len } else { r.u32(start + 12)? as usize };
+                if !(16..=*len).contains(&id_off) {
+                    return Err(r.bad(start + 12, "ID array offset"));
+                }
+                r.bytes(start, id_off)?.to_vec()
+            }
+            _ => continue,
+        };
+        let mut out = Vec::new();
+        for m in maps {
+            match walk.iter().find(|(o, _, _)| *o == m.target).map(|n| n.1) {
+                Some(IORT_ITS_GROUP) => out.push(*m),
+                _ => {
+                    let mut composed = Vec::new();
+                    resolve(&walk, *m, 0, &mut composed)?;
+                    out.extend(composed.iter().map(|c| IdMapping {
+                        input: c.rid_base,
+                        count: c.count,
+                        output: c.device_id_base,
+                        target: c.its_group,
+                        single: false,
+                    }));
+                }
+            }
+        }
+        if *ty == IORT_ITS_GROUP {
+            out.clear();
+        }
+        kept.push((*node_off, fixed, out));
+    }
+    // New offsets: the nodes follow the IORT header back to back.
+    let nodes_at = HEADER_LEN + 12;
+    let mut new_off = Vec::with_capacity(kept.len());
+    let mut at = nodes_at;
+    for (old, fixed, maps) in &kept {
+        new_off.push((*old, at as u32));
+        at += fixed.len() + 20 * maps.len();
+    }
+    let retarget = |old: u32| new_off.iter().find(|(o, _)| *o == old).map(|(_, n)| *n);
+    let mut t = r.bytes(0, HEADER_LEN)?.to_vec();
+    t.extend_from_slice(&(kept.len() as u32).to_le_bytes());
+    t.extend_from_slice(&(nodes_at as u32).to_le_bytes());
+    t.extend_from_slice(&0u32.to_le_bytes());
+    for (_, fixed, maps) in &kept {
+        let mut node = fixed.clone();
+        // An ITS group is copied whole; the others get their new mappings
+        // right after their fixed part.
+        if node[0] != IORT_ITS_GROUP {
+            let len = u16::try_from(node.len() + 20 * maps.len()).map_err(|_| AcpiError::TooLarge(Signature::IORT))?;
+            node[1..3].copy_from_slice(&len.to_le_bytes());
+            node[8..12].copy_from_slice(&(maps.len() as u32).to_le_bytes());
+            node[12..16].copy_from_slice(&(fixed.len() as u32).to_le_bytes());
+            for m in maps {
+                let target = retarget(m.target).ok_or(AcpiError::BadValue {
+                    table: Signature::IORT,
+                    offset: m.target as usize,
+                    what: "ID mapping target",
+                })?;
+                for v in [m.input, m.count - 1, m.output, target, u32::from(m.single)] {
+                    node.extend_from_slice(&v.to_le_bytes());
+                }
+            }
+        }
+        t.extend_from_slice(&node);
+    }
+    Ok(Some(t))
 }
 
 /// Follows mapping `m` (whose inputs are the root complex's requester IDs,

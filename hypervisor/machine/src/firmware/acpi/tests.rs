@@ -140,13 +140,14 @@ fn qemu_tables_decode() {
     assert_eq!(m.mcfg, [McfgEntry { base: 0x40_1000_0000, segment: 0, start_bus: 0, end_bus: 255 }]);
     let iort = m.iort.clone().unwrap();
     assert_eq!(iort.its_groups, [ItsGroup { offset: 0x30, its_ids: vec![0] }]);
+    assert_eq!(iort.root_complexes.len(), 1);
+    assert_eq!(iort.root_complexes[0].segment, 0);
     assert_eq!(
-        iort.root_complexes,
-        [RootComplex {
-            segment: 0,
-            id_maps: vec![RcIdMap { rid_base: 0, count: 0x1_0000, device_id_base: 0, its_group: 0x30 }]
-        }]
+        iort.root_complexes[0].id_maps,
+        [RcIdMap { rid_base: 0, count: 0x1_0000, device_id_base: 0, its_group: 0x30 }]
     );
+    // No SMMU on this machine (`iommu=smmuv3` adds one).
+    assert!(iort.smmus.is_empty() && iort.root_complexes[0].stream_maps.is_empty());
 }
 
 /// The ACPI path describes QEMU virt as the DTB path does.
@@ -424,29 +425,74 @@ fn iort(nodes: &[Vec<u8>]) -> Vec<u8> {
     table(b"IORT", &body)
 }
 
-/// RC → SMMUv3 → ITS: the requester IDs are composed through the SMMU.
-#[test]
-fn iort_through_smmu() {
+/// RC → SMMUv3 → ITS with a real-looking SMMUv3 node (base, COHACC,
+/// event and GERR GSIVs) and its own MSI as a single mapping.
+fn iort_with_smmu() -> (Vec<u8>, u32) {
     let its_group = iort_node(IORT_ITS_GROUP, &[1, 0, 0, 0, 7, 0, 0, 0], &[]); // at 48, 24 bytes
     let smmu_off = 48 + its_group.len() as u32;
-    // The SMMU's own MSI (single mapping) and its stream IDs 0x1000.. → DeviceIDs 0x20000..
-    let smmu = iort_node(IORT_SMMU_V3, &[0; 52], &[[0, 0, 0x9999, 48, 1], [0x1000, 0xfff, 0x2_0000, 48, 0]]);
+    let mut smmu_data = vec![0u8; 52];
+    smmu_data[0..8].copy_from_slice(&0x0905_0000u64.to_le_bytes());
+    smmu_data[8..12].copy_from_slice(&1u32.to_le_bytes()); // COHACC
+    smmu_data[28..32].copy_from_slice(&106u32.to_le_bytes()); // event GSIV
+    smmu_data[36..40].copy_from_slice(&109u32.to_le_bytes()); // GERR GSIV
+                                                              // The SMMU's own MSI (single mapping) and its stream IDs 0x1000.. → DeviceIDs 0x20000..
+    let smmu = iort_node(IORT_SMMU_V3, &smmu_data, &[[0, 0, 0x9999, 48, 1], [0x1000, 0xfff, 0x2_0000, 48, 0]]);
     let rc_off = smmu_off + smmu.len() as u32;
     let mut rc_data = vec![0u8; 20];
     rc_data[12..16].copy_from_slice(&3u32.to_le_bytes()); // segment 3
                                                           // RIDs 0x100..0x1ff → stream IDs 0x1f80.. : half falls outside the SMMU's range.
     let rc = iort_node(IORT_ROOT_COMPLEX, &rc_data, &[[0x100, 0xff, 0x1f80, smmu_off, 0]]);
-    let t = iort(&[its_group, smmu, rc]);
+    (iort(&[its_group, smmu, rc]), rc_off)
+}
+
+/// RC → SMMUv3 → ITS: the requester IDs are composed through the SMMU; the
+/// SMMU node and the RC's stream mapping into it are read.
+#[test]
+fn iort_through_smmu() {
+    let (t, rc_off) = iort_with_smmu();
     let parsed = parse_iort(&t).unwrap();
     assert_eq!(parsed.its_groups, [ItsGroup { offset: 48, its_ids: vec![7] }]);
     assert_eq!(
         parsed.root_complexes,
         [RootComplex {
+            offset: rc_off,
             segment: 3,
-            id_maps: vec![RcIdMap { rid_base: 0x100, count: 0x80, device_id_base: 0x2_0f80, its_group: 48 }]
+            id_maps: vec![RcIdMap { rid_base: 0x100, count: 0x80, device_id_base: 0x2_0f80, its_group: 48 }],
+            stream_maps: vec![RcStreamMap { rid_base: 0x100, count: 0x100, sid_base: 0x1f80, smmu: 72 }],
         }]
     );
-    let _ = rc_off;
+    assert_eq!(
+        parsed.smmus,
+        [IortSmmuV3 { offset: 72, base: 0x0905_0000, coherent: true, event_gsiv: 106, gerr_gsiv: 109 }]
+    );
+}
+
+/// Dom0's IORT: no SMMU node, the root complex's mapping composed straight
+/// to the ITS group (at its new offset), which keeps its ITS IDs; parsed
+/// back, the MSI view is what the host's was. A table without SMMUs is
+/// passed on as it is.
+#[test]
+fn dom0_iort_hides_the_smmu() {
+    let (t, _) = iort_with_smmu();
+    let host = parse_iort(&t).unwrap();
+    let mut out = iort_without_smmus(&t).unwrap().expect("a new IORT");
+    fix(&mut out);
+    let dom0 = parse_iort(&out).unwrap();
+    assert!(dom0.smmus.is_empty());
+    assert_eq!(dom0.its_groups, host.its_groups);
+    assert_eq!(dom0.root_complexes.len(), 1);
+    assert_eq!(dom0.root_complexes[0].id_maps, host.root_complexes[0].id_maps);
+    assert!(dom0.root_complexes[0].stream_maps.is_empty());
+    assert_eq!(dom0.root_complexes[0].segment, 3);
+    let group = iort_node(IORT_ITS_GROUP, &[1, 0, 0, 0, 7, 0, 0, 0], &[]);
+    let plain = iort(&[group.clone(), iort_node(IORT_ROOT_COMPLEX, &[0; 20], &[[0, 0xff, 0, 48, 0]])]);
+    assert_eq!(iort_without_smmus(&plain), Ok(None));
+    // A root complex with no mappings at all keeps its node.
+    let bare = iort(&[group, iort_node(IORT_SMMU_V3, &[0; 52], &[]), iort_node(IORT_ROOT_COMPLEX, &[0; 20], &[])]);
+    let mut out = iort_without_smmus(&bare).unwrap().unwrap();
+    fix(&mut out);
+    let p = parse_iort(&out).unwrap();
+    assert_eq!((p.its_groups.len(), p.root_complexes.len(), p.smmus.len()), (1, 1, 0));
 }
 
 #[test]
