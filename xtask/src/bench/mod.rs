@@ -154,6 +154,11 @@ spelled_enum! {
         /// QEMU's NVMe controller behind the PCIe bridge: MSI-X, one vector
         /// per queue (INTx before the virtual ITS).
         Nvme = "nvme",
+        /// The same NVMe with QEMU's PCIe root complex behind an SMMUv3
+        /// (`cargo xtask run --iommu`): every DMA and MSI translated by
+        /// Dom0's SMMU stage 2; beside `nvme` in one run it shows what the
+        /// SMMU (its IOTLB misses and walks) costs.
+        NvmeSmmu = "nvme-smmu",
     }
 }
 
@@ -252,7 +257,12 @@ impl Disk {
 
     /// A disk on QEMU's PCIe bus (MSI-capable), as opposed to virtio-mmio.
     pub fn is_pcie(self) -> bool {
-        matches!(self, Disk::VirtioPci | Disk::Nvme)
+        matches!(self, Disk::VirtioPci | Disk::Nvme | Disk::NvmeSmmu)
+    }
+
+    /// The PCIe root complex sits behind QEMU's SMMUv3.
+    pub fn behind_smmu(self) -> bool {
+        self == Disk::NvmeSmmu
     }
 
     /// The `cargo xtask run --disk` kind that boots this disk (the same
@@ -264,7 +274,7 @@ impl Disk {
             Disk::Backend => DiskKind::Backend,
             Disk::Ram => DiskKind::Ram,
             Disk::VirtioPci => DiskKind::VirtioPci,
-            Disk::Nvme => DiskKind::Nvme,
+            Disk::Nvme | Disk::NvmeSmmu => DiskKind::Nvme,
         }
     }
 
@@ -272,7 +282,7 @@ impl Disk {
     /// only virtio disk, so `/dev/vda`; NVMe namespace 1 is `/dev/nvme0n1`.
     pub fn device_path(self) -> &'static str {
         match self {
-            Disk::Nvme => "/dev/nvme0n1",
+            Disk::Nvme | Disk::NvmeSmmu => "/dev/nvme0n1",
             _ => "/dev/vda",
         }
     }
@@ -285,7 +295,7 @@ impl Disk {
     /// are all reported and summed per CPU.
     pub fn irq_name(self) -> &'static str {
         match self {
-            Disk::Nvme => "nvme0q",
+            Disk::Nvme | Disk::NvmeSmmu => "nvme0q",
             _ => DISK_IRQ_NAME,
         }
     }
@@ -782,6 +792,7 @@ pub fn run_options(case: &Case, runtime_s: u32) -> crate::run::qemu::RunOptions 
         gic: case.delivery.gic(),
         append: (case.idle == Idle::Poll).then(|| format!("{} nohlt", crate::run::qemu::DEFAULT_GUEST_ARGS)),
         extra: qemu_disk_args(case.disk),
+        iommu: case.disk.behind_smmu(),
         echo: false,
         domus: case.topology.domu_hog().then(|| crate::run::domu::DomuOptions {
             cmd: Some(domu_hog_command()),

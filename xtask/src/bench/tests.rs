@@ -318,6 +318,7 @@ fn per_disk_configuration() {
         (Disk::Ram, DiskMode::Ram, "virtio-blk-device,drive=d0", "/dev/vda", "virtio0"),
         (Disk::VirtioPci, DiskMode::VirtioPci, "virtio-blk-pci,drive=d0", "/dev/vda", "virtio0"),
         (Disk::Nvme, DiskMode::Nvme, "nvme,drive=d0,serial=hvdisk0", "/dev/nvme0n1", "nvme0q"),
+        (Disk::NvmeSmmu, DiskMode::Nvme, "nvme,drive=d0,serial=hvdisk0", "/dev/nvme0n1", "nvme0q"),
     ];
     assert_eq!(want.len(), Disk::ALL.len());
     for (disk, mode, device, path, irq) in want {
@@ -328,7 +329,9 @@ fn per_disk_configuration() {
         assert_eq!(o.extra[1], "driver=null-co,read-zeroes=on,latency-ns=200000,size=256M,if=none,id=d0");
         assert_eq!(o.extra[3], device, "{disk}");
         assert_eq!((disk.device_path(), disk.irq_name()), (path, irq));
-        assert_eq!(disk.is_pcie(), matches!(disk, Disk::VirtioPci | Disk::Nvme));
+        assert_eq!(disk.is_pcie(), matches!(disk, Disk::VirtioPci | Disk::Nvme | Disk::NvmeSmmu));
+        // Only nvme-smmu puts the root complex behind the SMMU.
+        assert_eq!(o.iommu, disk == Disk::NvmeSmmu, "{disk}");
         assert!(o.cmd.unwrap().contains(&format!("--filename={path} ")));
     }
     assert_eq!(Disk::SPI, [Disk::Passthrough, Disk::Backend, Disk::Ram]);
