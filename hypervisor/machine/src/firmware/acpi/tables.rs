@@ -491,8 +491,17 @@ fn iort_node(r: &Reader<'_>, off: usize) -> Result<(u8, usize, Vec<IdMapping>), 
     Ok((ty, len, maps))
 }
 
-pub fn parse_iort(data: &[u8]) -> Result<Iort, AcpiError> {
-    let r = Reader::table(Signature::IORT, data)?;
+/// One node as [`iort_node`] read it, at byte offset `off`.
+struct RawNode {
+    off: u32,
+    ty: u8,
+    len: usize,
+    maps: Vec<IdMapping>,
+}
+
+/// Every node of the IORT `r` (over `data`), in table order (count and
+/// lengths checked).
+fn iort_nodes(r: &Reader<'_>, data: &[u8]) -> Result<Vec<RawNode>, AcpiError> {
     let count = r.u32(HEADER_LEN)? as usize;
     let first = r.u32(HEADER_LEN + 4)? as usize;
     if count > data.len() / 16 {
@@ -501,12 +510,18 @@ pub fn parse_iort(data: &[u8]) -> Result<Iort, AcpiError> {
     let mut nodes = Vec::with_capacity(count);
     let mut off = first;
     for _ in 0..count {
-        let (ty, len, maps) = iort_node(&r, off)?;
-        nodes.push((off as u32, ty, maps));
+        let (ty, len, maps) = iort_node(r, off)?;
+        nodes.push(RawNode { off: off as u32, ty, len, maps });
         off += len;
     }
+    Ok(nodes)
+}
+
+pub fn parse_iort(data: &[u8]) -> Result<Iort, AcpiError> {
+    let r = Reader::table(Signature::IORT, data)?;
+    let nodes = iort_nodes(&r, data)?;
     let mut iort = Iort { its_groups: Vec::new(), root_complexes: Vec::new(), smmus: Vec::new() };
-    for (node_off, ty, maps) in &nodes {
+    for RawNode { off: node_off, ty, maps, .. } in &nodes {
         let node_off = *node_off as usize;
         match *ty {
             IORT_ITS_GROUP => {
@@ -522,7 +537,7 @@ pub fn parse_iort(data: &[u8]) -> Result<Iort, AcpiError> {
                 let mut stream_maps = Vec::new();
                 for m in maps {
                     resolve(&nodes, *m, 0, &mut id_maps)?;
-                    if nodes.iter().any(|(off, ty, _)| *off == m.target && *ty == IORT_SMMU_V3) {
+                    if nodes.iter().any(|n| n.off == m.target && n.ty == IORT_SMMU_V3) {
                         stream_maps.push(RcStreamMap {
                             rid_base: m.input,
                             count: m.count,
@@ -563,25 +578,13 @@ pub fn parse_iort(data: &[u8]) -> Result<Iort, AcpiError> {
 /// has no SMMU node, pass it on as it is. The checksum is the caller's.
 pub fn iort_without_smmus(data: &[u8]) -> Result<Option<Vec<u8>>, AcpiError> {
     let r = Reader::table(Signature::IORT, data)?;
-    let count = r.u32(HEADER_LEN)? as usize;
-    let first = r.u32(HEADER_LEN + 4)? as usize;
-    if count > data.len() / 16 {
-        return Err(AcpiError::BadCount { table: Signature::IORT, what: "nodes" });
-    }
-    let mut nodes = Vec::with_capacity(count);
-    let mut off = first;
-    for _ in 0..count {
-        let (ty, len, maps) = iort_node(&r, off)?;
-        nodes.push((off as u32, ty, maps, len));
-        off += len;
-    }
-    if !nodes.iter().any(|n| matches!(n.1, IORT_SMMU_V1_V2 | IORT_SMMU_V3)) {
+    let nodes = iort_nodes(&r, data)?;
+    if !nodes.iter().any(|n| matches!(n.ty, IORT_SMMU_V1_V2 | IORT_SMMU_V3)) {
         return Ok(None);
     }
-    let walk: Vec<(u32, u8, Vec<IdMapping>)> = nodes.iter().map(|(o, t, m, _)| (*o, *t, m.clone())).collect();
     // Each kept node: its fixed part and its new mappings (old targets).
     let mut kept: Vec<(u32, Vec<u8>, Vec<IdMapping>)> = Vec::new();
-    for (node_off, ty, maps, len) in &nodes {
+    for RawNode { off: node_off, ty, maps, len } in &nodes {
         let start = *node_off as usize;
         let fixed = match *ty {
             IORT_ITS_GROUP => r.bytes(start, *len)?.to_vec(),
@@ -598,11 +601,11 @@ pub fn iort_without_smmus(data: &[u8]) -> Result<Option<Vec<u8>>, AcpiError> {
         };
         let mut out = Vec::new();
         for m in maps {
-            match walk.iter().find(|(o, _, _)| *o == m.target).map(|n| n.1) {
+            match nodes.iter().find(|n| n.off == m.target).map(|n| n.ty) {
                 Some(IORT_ITS_GROUP) => out.push(*m),
                 _ => {
                     let mut composed = Vec::new();
-                    resolve(&walk, *m, 0, &mut composed)?;
+                    resolve(&nodes, *m, 0, &mut composed)?;
                     out.extend(composed.iter().map(|c| IdMapping {
                         input: c.rid_base,
                         count: c.count,
@@ -658,13 +661,8 @@ pub fn iort_without_smmus(data: &[u8]) -> Result<Option<Vec<u8>>, AcpiError> {
 
 /// Follows mapping `m` (whose inputs are the root complex's requester IDs,
 /// shifted by the hops so far) to ITS groups, clipping at every hop.
-fn resolve(
-    nodes: &[(u32, u8, Vec<IdMapping>)],
-    m: IdMapping,
-    hops: usize,
-    out: &mut Vec<RcIdMap>,
-) -> Result<(), AcpiError> {
-    let Some((_, ty, next)) = nodes.iter().find(|(off, _, _)| *off == m.target) else {
+fn resolve(nodes: &[RawNode], m: IdMapping, hops: usize, out: &mut Vec<RcIdMap>) -> Result<(), AcpiError> {
+    let Some(RawNode { ty, maps: next, .. }) = nodes.iter().find(|n| n.off == m.target) else {
         return Err(AcpiError::BadValue {
             table: Signature::IORT,
             offset: m.target as usize,
