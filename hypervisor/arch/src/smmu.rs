@@ -177,7 +177,7 @@ impl Smmu {
             let cons_reg = self.reg(model::CMDQ_CONS);
             let (ptrs, prod) = (self.cmdq.ptrs, self.cmdq.mine);
             if ptrs.is_full(prod, read32(cons_reg)) {
-                self.kick()?;
+                self.kick();
                 poll(cons_reg, |c| !ptrs.is_full(prod, c))?;
             }
             let slot = self.cmdq.frame.pa + (ptrs.index(prod) as usize * CMD_BYTES) as u64;
@@ -186,7 +186,7 @@ impl Smmu {
             self.cmdq.mine = ptrs.next(prod);
             self.counters.commands += 1;
         }
-        self.kick()?;
+        self.kick();
         let target = self.cmdq.mine;
         let ptrs = self.cmdq.ptrs;
         for _ in 0..POLL_LIMIT {
@@ -205,10 +205,9 @@ impl Smmu {
     }
 
     /// CMDQ_PROD := the driver's producer index, after the entries.
-    fn kick(&mut self) -> Result<(), SmmuError> {
+    fn kick(&mut self) {
         sysreg::dsb_sy();
         write32(self.reg(model::CMDQ_PROD), self.cmdq.mine);
-        Ok(())
     }
 
     /// The command at `cons` was refused: it becomes a CMD_SYNC, the error
@@ -317,6 +316,10 @@ impl Smmu {
         match self.faults.record(ev.sid) {
             FaultAction::Log => log(ev, owner, false),
             FaultAction::Count => {}
+            // A stream no domain owns aborts already (no valid STE); only
+            // an attached one is switched, so a device faulting on many
+            // unknown StreamIDs makes no level-2 table be allocated.
+            FaultAction::Abort if owner.is_none() => log(ev, owner, false),
             FaultAction::Abort => {
                 log(ev, owner, true);
                 // The stream keeps faulting: it gets nothing any more.
