@@ -20,17 +20,6 @@ fn fio_verify(size: &str) -> String {
     )
 }
 
-/// fio's error count from its job line (`v: (groupid=0, jobs=1): err= 0: pid=…`)
-/// among the lines that start with `prefix` (`""` for Dom0, `"(dN) "`).
-fn fio_errs(console: &str, prefix: &str) -> Vec<u64> {
-    console
-        .lines()
-        .filter_map(|l| l.strip_prefix(prefix))
-        .filter(|l| l.starts_with("v: (groupid="))
-        .filter_map(|l| l.split_once("err=")?.1.split(':').next()?.trim().parse().ok())
-        .collect()
-}
-
 /// `0x…-0x…` in a log line, as numbers.
 fn range(s: &str) -> (u64, u64) {
     let (a, b) = s.split_once('-').expect("a range");

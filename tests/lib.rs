@@ -306,6 +306,37 @@ pub fn perf_stat_count(console: &str, event: &str) -> Option<PerfCount> {
     })
 }
 
+/// fio's error counts from its job lines (`v: (groupid=0, jobs=1): err= 0:
+/// pid=…`) among the console lines that start with `prefix` (`""` for
+/// Dom0, `"(dN) "` for a DomU).
+pub fn fio_errs(console: &str, prefix: &str) -> Vec<u64> {
+    console
+        .lines()
+        .filter_map(|l| l.strip_prefix(prefix))
+        .filter(|l| l.starts_with("v: (groupid="))
+        .filter_map(|l| l.split_once("err=")?.1.split(':').next()?.trim().parse().ok())
+        .collect()
+}
+
+/// A guest's shell command that takes the NVMe controller at `bdf` from
+/// its driver, points both admin queues at `target` (a bus address) and
+/// rings the doorbell: the controller reads its first command from there
+/// (and writes a completion there, if it gets that far). Ends with
+/// `attack-done`.
+pub fn nvme_admin_queue_attack(bdf: &str, target: u64) -> String {
+    format!(
+        "D=/sys/bus/pci/devices/{bdf}; B=$(cut -d' ' -f1 $D/resource | head -1); \
+         echo {bdf} > /sys/bus/pci/drivers/nvme/unbind; \
+         printf '\\006\\000' | dd of=$D/config bs=1 seek=4 count=2 conv=notrunc 2>/dev/null; \
+         devmem $((B+0x14)) 32 0; sleep 1; \
+         devmem $((B+0x24)) 32 0x000f000f; \
+         devmem $((B+0x28)) 64 {target:#x}; devmem $((B+0x30)) 64 {target:#x}; \
+         devmem $((B+0x14)) 32 0x00460001; sleep 1; \
+         devmem $((B+0x1000)) 32 1; sleep 2; \
+         echo csts=$(devmem $((B+0x1c)) 32); echo attack-done"
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

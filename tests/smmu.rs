@@ -86,21 +86,9 @@ fn dom0_nvme_through_the_smmu_and_an_admin_queue_aimed_at_the_hypervisor() {
     assert_eq!(boot, now, "the hypervisor's image changed");
 }
 
-/// Dom0 takes its NVMe controller from the driver, points both admin
-/// queues at the hypervisor's image and rings the doorbell: the controller
-/// reads its command from there and writes the completion there.
+/// Dom0 aims its NVMe controller's admin queues at the hypervisor's image.
 fn admin_queue_attack() -> String {
-    format!(
-        "D=/sys/bus/pci/devices/0000:00:01.0; B=$(cut -d' ' -f1 $D/resource | head -1); \
-         echo 0000:00:01.0 > /sys/bus/pci/drivers/nvme/unbind; \
-         printf '\\006\\000' | dd of=$D/config bs=1 seek=4 count=2 conv=notrunc 2>/dev/null; \
-         devmem $((B+0x14)) 32 0; sleep 1; \
-         devmem $((B+0x24)) 32 0x000f000f; \
-         devmem $((B+0x28)) 64 {HV_IMAGE:#x}; devmem $((B+0x30)) 64 {HV_IMAGE:#x}; \
-         devmem $((B+0x14)) 32 0x00460001; sleep 1; \
-         devmem $((B+0x1000)) 32 1; sleep 2; \
-         echo csts=$(devmem $((B+0x1c)) 32); echo attack-done; echo still-running"
-    )
+    format!("{}; echo still-running", nvme_admin_queue_attack("0000:00:01.0", HV_IMAGE))
 }
 
 /// The control: without the SMMU the same attack writes a completion into

@@ -14,6 +14,7 @@
 #![no_main]
 
 use hypervisor::virtio::mmio::*;
+use hypervisor::virtio::buf::DataBuf;
 use hypervisor::virtio::{status, BlkConfig, Completion, GuestMemory, RamBackend, VecMemory, VirtioBlk};
 use libfuzzer_sys::fuzz_target;
 
@@ -189,7 +190,7 @@ fuzz_target!(|data: &[u8]| {
             8 => {
                 let token = u64::from(inp.u8());
                 let n = usize::from(inp.u8()) * 64;
-                let fx = rig.dev.complete(&mut rig.mem, Completion { token, result: Ok(vec![0; n]) });
+                let fx = rig.dev.complete(&mut rig.mem, Completion { token, result: Ok(DataBuf::try_zeroed(n).expect("heap")) });
                 rig.apply(fx);
             }
             _ => {

@@ -196,6 +196,9 @@ pub struct RunArgs {
     /// Credit2 cap of each DomU in percent of one pCPU (hv,sched-cap; 0 = uncapped), as --domu-weight [default: uncapped]
     #[arg(long = "domu-cap", value_name = "P[,P...]", value_delimiter = ',')]
     pub domu_cap: Vec<u32>,
+    /// Give domU1 a PCIe function of its own (hv,pci-assigned): an NVMe controller QEMU puts at this root-bus address, e.g. 0000:00:02.0; turns on --iommu
+    #[arg(long = "domu-pci", value_name = "BDF")]
+    pub domu_pci: Option<String>,
 }
 
 /// `--gic`: 3 or 4 (listed in the help and in the error).
@@ -266,6 +269,15 @@ impl RunArgs {
                 || !self.domu_cap.is_empty())
         {
             bail!("--domu-cmd, --domu-mem, --domu-vcpus, --domu-weight and --domu-cap go with --domu N");
+        }
+        if let Some(bdf) = &self.domu_pci {
+            if self.domu == 0 {
+                bail!("--domu-pci goes with --domu N (it is domU1's)");
+            }
+            if self.platform != PlatformKind::QemuVirt {
+                bail!("--domu-pci is for --platform qemu-virt (its PCIe root bus)");
+            }
+            root_bus_slot(bdf)?;
         }
         let lists = crate::run::domu::DomuOptions {
             count: self.domu,
@@ -349,9 +361,22 @@ impl RunArgs {
                 append: None,
                 kernel: None,
                 kernel_load_addr: None,
+                pci: self.domu_pci.clone(),
             }),
             ..Default::default()
         };
+        if let Some(bdf) = &self.domu_pci {
+            // domU1's NVMe controller at that address of QEMU's root bus,
+            // behind the SMMU (assignment needs one).
+            let img = crate::run::qemu::sparse_image(crate::out_dir().join("domu-pci.img")).context("disk image")?;
+            o.iommu = true;
+            o.extra.extend([
+                "-drive".into(),
+                format!("if=none,file={},format=raw,id=dpci0", img.display()),
+                "-device".into(),
+                format!("nvme,drive=dpci0,serial=hvdomupci0,bus=pcie.0,addr={}", root_bus_slot(bdf)?),
+            ]);
+        }
         if graviton {
             crate::platform::graviton::apply(&mut o, self.cpu.is_some());
         }
@@ -375,6 +400,16 @@ impl RunArgs {
         }
         Ok(o)
     }
+}
+
+/// QEMU's `addr=DD.F` for a function of segment 0, bus 0 ("0000:00:DD.F"
+/// or "00:DD.F"), the only bus `--domu-pci` can place a device on.
+fn root_bus_slot(bdf: &str) -> Result<String> {
+    let b: hypervisor::vpci::Bdf = bdf.parse().map_err(|e| anyhow::anyhow!("--domu-pci {bdf}: {e}"))?;
+    if b.seg != 0 || b.bus != 0 {
+        bail!("--domu-pci {bdf}: QEMU's root bus is 0000:00");
+    }
+    Ok(format!("{:#x}.{}", b.dev, b.func))
 }
 
 /// `cargo xtask test [CARGO_TEST_ARGS]... [-- TEST_ARGS...]`

@@ -27,6 +27,8 @@
 //! - `mmio_bus`: a VM's emulated MMIO ranges (guest-physical range → device)
 //! - `vgic`: the virtual GICv3 register model, list registers and the vITS
 //! - `virtio`: the hypervisor's virtio-blk device and its backends
+//! - `vpci`: a PCIe function assigned to a guest: its configuration space
+//!   as the guest sees it, and the probe, BARs and reset of the physical one
 //! - `vpl011`: the emulated PL011
 //! - `quota`: per-VM heap quotas (what a guest's actions may allocate)
 //! - `sched`: the Credit2-compatible scheduler and its simulator
@@ -76,5 +78,6 @@ pub mod vdebug;
 pub mod vgic;
 #[allow(unsafe_code)]
 pub mod virtio;
+pub mod vpci;
 pub mod vpl011;
 pub mod vpmu;

@@ -31,6 +31,11 @@ pub enum Device {
     Vpl011,
     /// The vITS control frame (GITS_CTLR ...; 64 KiB).
     Vits,
+    /// A DomU's virtual PCIe host bridge's ECAM (`vpci::VirtualEcam`).
+    Vpci,
+    /// The ECAM page of a function assigned to a DomU, in Dom0's view of
+    /// the host bridge: an empty slot (reads all-ones, writes ignored).
+    PciHidden,
 }
 
 /// A guest-physical range `[base, base + size)`.

@@ -24,7 +24,7 @@ extern crate alloc;
 use hv_core::testrng;
 pub use hv_core::{
     esr, gicr, idregs, ids, intid, irq, its, limits, mitigations, mmio_bus, psci, ptimer, quota, region, regs, sched,
-    smmu, stage2, stats, sync, time, trace, traps, vdebug, vgic, virtio, vpl011, vpmu,
+    smmu, stage2, stats, sync, time, trace, traps, vdebug, vgic, virtio, vpci, vpl011, vpmu,
 };
 
 pub mod boot;

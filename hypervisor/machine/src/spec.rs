@@ -49,6 +49,8 @@ pub struct VmSpec {
     /// vCPU i runs only on pCPU i mod N (`dom0_vcpus_pin`; DomUs have no
     /// such property and float).
     pub pin_vcpus: bool,
+    /// PCIe functions assigned to it (`hv,pci-assigned`; Dom0: none).
+    pub pci: alloc::vec::Vec<crate::vpci::Bdf>,
 }
 
 /// Where the boot plan put one DomU's backing memory (host physical, 2 MiB

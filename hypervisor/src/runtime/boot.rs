@@ -325,6 +325,11 @@ pub(super) fn run_dom0(
             Err(e) => hv_fatal!("domu_selftest: {e}"),
         },
     };
+    // PCIe functions assigned to DomUs: probed, planned and their BARs
+    // programmed before Dom0 exists.
+    if let Err(e) = super::pci::prepare(machine, cfg.iommu, &domus) {
+        hv_fatal!("{e}");
+    }
     let dom0: &'static vm::Vm = match vm::Vm::create_dom0(machine, boot, cfg, &plan, firmware, nr_pcpus, host) {
         Ok(mut vm) => {
             // WFE traps (a spinning vCPU yields) when the vCPUs of all VMs

@@ -61,8 +61,9 @@ pub(super) fn copy_module(c: &ModuleCopy) {
 /// the PA size, the distributor's SPIs, whether the physical ITS works,
 /// which virtio-mmio slots hold a device (read only when `probe_virtio`:
 /// a DomU gets none), the platform's fallback INTIDs, the PMU interrupt
-/// when guests get a vPMU (`vpmu`, and the CPU's PMU allows it).
-pub(super) fn hw_facts(machine: &Machine, probe_virtio: bool, vpmu: bool) -> HwFacts {
+/// when guests get a vPMU (`vpmu`, and the CPU's PMU allows it), the
+/// `iommu=` option and the PCIe functions `runtime::pci::prepare` probed.
+pub(super) fn hw_facts(machine: &Machine, probe_virtio: bool, vpmu: bool, iommu: crate::config::IommuMode) -> HwFacts {
     let pmu_ok = vpmu && crate::vpmu::supported(crate::arch::el2::cpu_features().pmu);
     HwFacts {
         pa_bits: crate::stage2::pa_bits(crate::arch::el2::parange()),
@@ -77,6 +78,8 @@ pub(super) fn hw_facts(machine: &Machine, probe_virtio: bool, vpmu: bool) -> HwF
         maintenance_intid: platform::PLATFORM.maintenance_intid,
         kick: super::percpu::SGI_KICK,
         pmu_intid: machine.pmu_intid.filter(|_| pmu_ok),
+        iommu,
+        pci: super::pci::probed().to_vec(),
     }
 }
 
@@ -293,8 +296,10 @@ impl Vm {
         let nr_lrs = crate::vgic::usable_lrs(gic::nr_lrs())?;
         let mut routes = vp.routes()?;
         let bus = super::devices::attach(vp)?;
+        // GICv4 vPE IDs are vCPU indices, one VM's worth: Dom0's. A DomU's
+        // vITS is backed by host LPIs.
         let vlpi = match vp.its {
-            Some(_) if gic::its::lpi_path() == LpiPath::Direct => {
+            Some(_) if gic::its::lpi_path() == LpiPath::Direct && vp.spec.id == 0 => {
                 super::vlpi::VlpiVm::create(nr_vcpus, nr_pcpus, &mut routes)
             }
             _ => None,
@@ -347,6 +352,9 @@ impl Vm {
             overcommitted: nr_vcpus > nr_pcpus,
             bad_accesses: AtomicU64::new(0),
             disk,
+            pci_functions: vp.pci.clone(),
+            vpci: super::devices::vpci::virtual_ecam(&vp.pci),
+            pci_counters: Default::default(),
             quota,
             timer_slop_ns,
             trace: &host.trace,

@@ -63,6 +63,7 @@ fn write_dom0_firmware(boot: &BootInfo, plan: &Plan, vp: &VmPlan, firmware: &Gue
                     extra_virtio_mmio: Vec::new(),
                     keep_its,
                     ipa_size: Some(vp.ipa.limit()),
+                    pci_carves: vp.pci_carves.clone(),
                 },
             )?
         }
@@ -110,7 +111,7 @@ impl Vm {
         nr_pcpus: usize,
         host: &'static Host,
     ) -> Result<Box<Vm>, VmError> {
-        let hw = hw_facts(machine, true, host.vpmu);
+        let hw = hw_facts(machine, true, host.vpmu, cfg.iommu);
         let fw_regions: Vec<Region> = match firmware {
             GuestFirmware::Acpi(a) => a.firmware.iter().filter_map(|d| d.region()).collect(),
             GuestFirmware::Dtb(_) => Vec::new(),

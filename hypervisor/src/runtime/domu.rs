@@ -24,6 +24,8 @@ use crate::domain::vmplan;
 use crate::domain::{DomuPlacement, VmSpec};
 use crate::dtb::{BootInfo, Machine};
 use crate::region::Region;
+use crate::sync::Mutex;
+use crate::vgic::its::{Vits, VitsConfig};
 use alloc::boxed::Box;
 use alloc::vec::Vec;
 use log::info;
@@ -53,8 +55,9 @@ impl Vm {
         // written), identity-mapped as normal memory.
         let file = unsafe { core::slice::from_raw_parts(spec.kernel.base as *const u8, spec.kernel.size as usize) };
         let load = boot_image::read_kernel(file, spec.kernel_load_addr).map_err(|e| VmError::Layout(e.into()))?;
-        let (vp, l) = vmplan::plan_domu(spec, placement, &load, machine, &hw_facts(machine, false, host.vpmu))
-            .map_err(VmError::Plan)?;
+        let (vp, l) =
+            vmplan::plan_domu(spec, placement, &load, machine, &hw_facts(machine, false, host.vpmu, host.iommu))
+                .map_err(VmError::Plan)?;
 
         // SAFETY: the placement's RAM is host RAM nothing else uses (the
         // boot plan placed it apart from everything it keeps), identity-mapped
@@ -81,11 +84,14 @@ impl Vm {
             vpl011: spec.vpl011,
             disk: l.disk.is_some(),
             pmu_intid: vp.pmu_intid,
+            pci: vp.pci.iter().map(|f| (f.slot, f.devid)).collect(),
         })?;
         write_firmware_blob(&dtb, Region { base: l.dtb.host, size: GUEST_DTB_SIZE }, "DomU DTB larger than 2 MiB")?;
 
-        // Stage 2: its RAM, nothing else.
+        // Stage 2: its RAM and its assigned functions' BARs; its devices'
+        // DMA: its RAM and its vITS's doorbell.
         let stage2 = apply_stage2(&vp)?;
+        super::smmu::attach_dma(&vp, vmid)?;
         let vgic = apply_vgic(&vp)?;
         let vcpus = start_vcpus(
             &vp,
@@ -107,8 +113,18 @@ impl Vm {
             l.disk.map_or(0, |d| d.size >> 20),
             spec.vpl011
         );
-        // No vITS, no forwarded SPI, no iomem policy (`plan_domu`), no timer slop.
-        let parts = VmParts { vmid, vcpu_base, stage2, vgic, vcpus, disk, vits: None, timer_slop_ns: 0, quota };
+        // A vITS only for assigned PCIe functions; no forwarded SPI, no
+        // iomem policy (`plan_domu`), no timer slop.
+        let vits = match vp.its {
+            Some(r) => Some(Mutex::new(Vits::new(VitsConfig {
+                base: r.base,
+                nr_vcpus: vp.nr_vcpus(),
+                msi_vcpu: None,
+                devices: vp.its_devices.clone(),
+            })?)),
+            None => None,
+        };
+        let parts = VmParts { vmid, vcpu_base, stage2, vgic, vcpus, disk, vits, timer_slop_ns: 0, quota };
         Vm::from_plan(&vp, parts, host, nr_pcpus)
     }
 }

@@ -13,9 +13,10 @@
 //! - `vlpi`: GICv4 direct injection: the VM's vPEs and their vITS backend
 //! - `vpe`: vPE residency on vCPU load/put, doorbells
 //! - `devices`: the emulated devices' EL2 glue (vGIC, vITS, virtio-blk,
-//!   vPL011), each registering its MMIO handlers on the VM's bus
+//!   vPL011, vPCI), each registering its MMIO handlers on the VM's bus
 //! - `vblk`: the guest's virtio-blk wired to traps, timer and vGIC
 //! - `physblk`: the physical virtio-blk as that device's backend
+//! - `pci`: PCIe functions assigned to DomUs: probe, BARs, reset
 //! - `smmu`: the SMMUs brought up, VMs' DMA confined, their interrupts,
 //!   the checksum of the hypervisor's code
 //! - `uefi`: the EFI application (UEFI boot) and the ACPI boot after it
@@ -28,6 +29,7 @@ pub mod dom0;
 pub mod domu;
 pub mod heap;
 pub mod mitigations;
+pub mod pci;
 pub mod percpu;
 pub mod physblk;
 pub mod smmu;

@@ -278,6 +278,8 @@ pub struct Host {
     pub trace_trigger: Trigger,
     /// Guests get a virtual PMU where the CPU allows (`vpmu=`).
     pub vpmu: bool,
+    /// `iommu=`: DomUs' planners need it too (assigned PCIe functions).
+    pub iommu: crate::config::IommuMode,
 }
 
 impl Vm {
@@ -318,6 +320,7 @@ impl Host {
             trace_trigger: Trigger::new(cfg.sched_trace_threshold_us, cfg.sched_trace_max_dumps)
                 .with_dom0_key(cfg.sched_trace_dom0_key),
             vpmu: cfg.vpmu,
+            iommu: cfg.iommu,
         }))
     }
 }
@@ -338,6 +341,11 @@ pub fn vms() -> &'static [&'static Vm] {
         Some(v) => v,
         None => VMS.wait(),
     }
+}
+
+/// The VM table if it is published already.
+pub fn try_vms() -> Option<&'static [&'static Vm]> {
+    VMS.get().map(|v| v.as_slice())
 }
 
 /// The VM and local vCPU index of a host-wide scheduler id.
@@ -421,6 +429,15 @@ pub struct Vm {
     pub bad_accesses: AtomicU64,
     /// The hypervisor's virtio-blk device, when the guest has one.
     pub disk: Option<VDisk>,
+    /// The PCIe functions assigned to it (a DomU's, `runtime::pci`).
+    pub pci_functions: Vec<crate::domain::vmplan::AssignedPci>,
+    /// Their configuration space as the guest sees it (`vpci`), behind its
+    /// virtual host bridge (`runtime::devices::vpci`).
+    pub vpci: Option<Mutex<Vec<crate::vpci::AssignedFunction>>>,
+    /// Guest accesses to configuration space the vPCI model refused or
+    /// ignored, BAR moves it did not follow, and Dom0's reads of hidden
+    /// functions.
+    pub pci_counters: super::pci::PciCounters,
     /// What the hypervisor may allocate at run time on the VM's behalf
     /// (`crate::quota`): its disk's requests, on-demand stage-2 tables, the
     /// physical ITTs of its vITS's devices.

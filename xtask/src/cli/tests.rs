@@ -508,6 +508,7 @@ fn option_names_are_the_documented_ones() {
             "--domu",
             "--domu-cmd",
             "--domu-mem",
+            "--domu-pci",
             "--domu-vcpus",
             "--domu-weight",
             "--domu-cap",

@@ -51,6 +51,8 @@ pub struct DomuOptions {
     /// `hv,kernel-load-addr`: the DomUs' kernel is a raw binary loaded (and
     /// entered) at this guest-physical address.
     pub kernel_load_addr: Option<u64>,
+    /// `hv,pci-assigned` of domU1: a PCIe function, "SSSS:BB:DD.F".
+    pub pci: Option<String>,
 }
 
 impl Default for DomuOptions {
@@ -65,6 +67,7 @@ impl Default for DomuOptions {
             append: None,
             kernel: None,
             kernel_load_addr: None,
+            pci: None,
         }
     }
 }
@@ -107,6 +110,8 @@ pub struct DomuNode {
     pub bootargs: String,
     /// `hv,kernel-load-addr` (absent when `None`).
     pub kernel_load_addr: Option<u64>,
+    /// `hv,pci-assigned` (absent when `None`).
+    pub pci: Option<String>,
 }
 
 /// Where a run with DomUs puts things.
@@ -158,6 +163,7 @@ pub fn layout(
             ramdisk: initrd.map(|i| (initrd_at, i.1)),
             bootargs: bootargs.clone(),
             kernel_load_addr: o.kernel_load_addr,
+            pci: o.pci.clone().filter(|_| i == 1),
         })
         .collect();
     let loader = |file: &Path, at: u64| {
@@ -247,6 +253,9 @@ fn write_domus(w: &mut vm_fdt::FdtWriter, domus: &[DomuNode]) -> Result<()> {
         }
         if let Some(a) = d.kernel_load_addr {
             w.property_u64("hv,kernel-load-addr", a).map_err(e)?;
+        }
+        if let Some(bdf) = &d.pci {
+            w.property_string("hv,pci-assigned", bdf).map_err(e)?;
         }
         let modules = [Some(("multiboot,kernel", d.kernel)), d.ramdisk.map(|r| ("multiboot,ramdisk", r))];
         for (kind, (base, size)) in modules.into_iter().flatten() {

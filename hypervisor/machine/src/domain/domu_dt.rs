@@ -2,7 +2,8 @@
 //! host's tree): memory, the vCPUs with PSCI over HVC, the vGICv3's
 //! distributor and redistributors where [`super::layout`] puts them, the
 //! architected timer, the PMU (with a vPMU), a PL011 (with `vpl011`), the
-//! hypervisor's virtio-blk (with a disk) and `/chosen` (bootargs, initrd, stdout-path).
+//! hypervisor's virtio-blk (with a disk), with assigned PCIe functions an
+//! ITS and a host bridge, and `/chosen` (bootargs, initrd, stdout-path).
 //!
 //! The DomU's machine is laid out like QEMU `virt`, so a kernel configured
 //! for it finds what it expects: GICD 0x0800_0000, GICR 0x080A_0000, PL011
@@ -10,6 +11,7 @@
 //! 0x4000_0000.
 
 use super::layout::{DOMU_GICD, DOMU_GICR, DOMU_UART, DOMU_UART_SPI, DOMU_VIRTIO, DOMU_VIRTIO_SPI, GICR_STRIDE};
+use super::vmplan::{DOMU_ECAM, DOMU_ITS, DOMU_PCI_MMIO};
 use crate::dtb::DtbError;
 use crate::region::Region;
 use alloc::format;
@@ -32,10 +34,15 @@ pub struct DomuDtConfig<'a> {
     pub disk: bool,
     /// A virtual PMU whose overflow interrupt is this PPI (`crate::vpmu`).
     pub pmu_intid: Option<crate::intid::IntId>,
+    /// Assigned PCIe functions, (device number on the virtual bus, ITS
+    /// DeviceID): with any, an ITS at [`DOMU_ITS`] and a host bridge at
+    /// [`DOMU_ECAM`] whose `msi-map` gives each its DeviceID.
+    pub pci: Vec<(u8, u32)>,
 }
 
 const PHANDLE_GIC: u32 = 1;
 const PHANDLE_CLK: u32 = 2;
+const PHANDLE_ITS: u32 = 3;
 /// GIC interrupt specifier types and flags (the `arm,gic-v3` binding).
 const SPI: u32 = 0;
 const PPI: u32 = 1;
@@ -72,6 +79,11 @@ pub fn build_domu_dtb(cfg: &DomuDtConfig<'_>) -> Result<Vec<u8>, DtbError> {
     if cfg.vpl011 {
         w.property_string("stdout-path", &format!("/pl011@{DOMU_UART:x}"))?;
     }
+    if !cfg.pci.is_empty() {
+        // The hypervisor placed the BARs (mapped in stage 2 where the BAR
+        // registers say): the guest keeps them.
+        w.property_u32("linux,pci-probe-only", 1)?;
+    }
     w.end_node(chosen)?;
 
     let mem = w.begin_node(&format!("memory@{:x}", cfg.ram.base))?;
@@ -106,6 +118,9 @@ pub fn build_domu_dtb(cfg: &DomuDtConfig<'_>) -> Result<Vec<u8>, DtbError> {
     let gicr_size = u64::from(cfg.vcpus) * GICR_STRIDE;
     w.property_array_u64("reg", &[DOMU_GICD, 0x1_0000, DOMU_GICR, gicr_size])?;
     w.property_u32("phandle", PHANDLE_GIC)?;
+    if !cfg.pci.is_empty() {
+        write_its(&mut w)?;
+    }
     w.end_node(gic)?;
 
     let timer = w.begin_node("timer")?;
@@ -152,6 +167,54 @@ pub fn build_domu_dtb(cfg: &DomuDtConfig<'_>) -> Result<Vec<u8>, DtbError> {
         w.end_node(v)?;
     }
 
+    if !cfg.pci.is_empty() {
+        write_pci_bridge(&mut w, &cfg.pci)?;
+    }
+
     w.end_node(root)?;
     Ok(w.finish()?)
+}
+
+/// The ITS node under the GIC's (which gets the cells and `ranges` its
+/// child needs).
+fn write_its(w: &mut FdtWriter) -> Result<(), DtbError> {
+    w.property_u32("#address-cells", 2)?;
+    w.property_u32("#size-cells", 2)?;
+    w.property_null("ranges")?;
+    let its = w.begin_node(&format!("its@{:x}", DOMU_ITS.base))?;
+    w.property_string("compatible", "arm,gic-v3-its")?;
+    w.property_null("msi-controller")?;
+    w.property_u32("#msi-cells", 1)?;
+    w.property_array_u64("reg", &reg(DOMU_ITS.base, DOMU_ITS.size))?;
+    w.property_u32("phandle", PHANDLE_ITS)?;
+    w.end_node(its)?;
+    Ok(())
+}
+
+/// A `pci-host-ecam-generic` bridge at [`DOMU_ECAM`], one bus, one 32-bit
+/// window, whose `msi-map` gives each (device number, DeviceID) its ITS
+/// DeviceID.
+fn write_pci_bridge(w: &mut FdtWriter, pci: &[(u8, u32)]) -> Result<(), DtbError> {
+    let node = w.begin_node(&format!("pcie@{:x}", DOMU_ECAM.base))?;
+    w.property_string("compatible", "pci-host-ecam-generic")?;
+    w.property_string("device_type", "pci")?;
+    w.property_u32("#address-cells", 3)?;
+    w.property_u32("#size-cells", 2)?;
+    w.property_array_u32("bus-range", &[0, 0])?;
+    w.property_u32("linux,pci-domain", 0)?;
+    w.property_array_u64("reg", &reg(DOMU_ECAM.base, DOMU_ECAM.size))?;
+    // One 32-bit memory window, PCI address = CPU address.
+    let (b, sz) = (DOMU_PCI_MMIO.base, DOMU_PCI_MMIO.size);
+    w.property_array_u32(
+        "ranges",
+        &[0x0200_0000, 0, b as u32, (b >> 32) as u32, b as u32, (sz >> 32) as u32, sz as u32],
+    )?;
+    let mut map = Vec::new();
+    for &(slot, devid) in pci {
+        map.extend_from_slice(&[u32::from(slot) << 3, PHANDLE_ITS, devid, 1]);
+    }
+    w.property_array_u32("msi-map", &map)?;
+    w.property_null("dma-coherent")?;
+    w.end_node(node)?;
+    Ok(())
 }

@@ -33,6 +33,7 @@ fn domu_dtb_reads_back_with_the_crates_parser() {
         vpl011: true,
         disk: true,
         pmu_intid: crate::intid::IntId::try_from(23).ok(),
+        pci: Vec::new(),
     };
     let blob = build_domu_dtb(&cfg).expect("builds");
     let (p, boot) = crate::dtb::discover(&blob).expect("parses");
@@ -72,6 +73,7 @@ fn domu_dtb_without_uart_or_disk_has_neither() {
         vpl011: false,
         disk: false,
         pmu_intid: None,
+        pci: Vec::new(),
     };
     let (p, _) = crate::dtb::discover(&build_domu_dtb(&cfg).unwrap()).unwrap();
     assert!(p.uart.is_none());
@@ -91,6 +93,7 @@ fn domu_dtb_refuses_bad_inputs() {
         vpl011: true,
         disk: true,
         pmu_intid: None,
+        pci: Vec::new(),
     };
     assert!(build_domu_dtb(&DomuDtConfig { vcpus: 0, ..base.clone() }).is_err());
     assert!(build_domu_dtb(&DomuDtConfig { vcpus: 65, ..base.clone() }).is_err());
@@ -114,6 +117,7 @@ fn spec(id: u16, memory: u64, kernel: u64, ramdisk: Option<u64>, disk_size: u64)
         heap_quota: crate::quota::DEFAULT_DOMU_HEAP_QUOTA,
         kernel_load_addr: None,
         pin_vcpus: false,
+        pci: Vec::new(),
     }
 }
 

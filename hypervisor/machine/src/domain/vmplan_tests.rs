@@ -70,6 +70,8 @@ fn hw(its: bool) -> HwFacts {
         maintenance_intid: id(25),
         kick: id(1),
         pmu_intid: Some(id(23)),
+        iommu: crate::config::IommuMode::On,
+        pci: Vec::new(),
     }
 }
 
@@ -474,4 +476,116 @@ fn dom0_dma_behind_the_smmu() {
         plan_dom0(&m, &with_kernel(), &boot_plan(), &cfg("dom0_disk=nvme"), Dom0Firmware::Dt, &hw(true)).unwrap_err();
     assert!(matches!(e, PlanError::IommuMapMissing { phandle: 0xdead, .. }), "{e}");
     assert!(e.to_string().contains("iommu-map"), "{e}");
+}
+
+/// QEMU's NVMe at 0000:00:02.0 as the EL2 probe reads it: BAR0, 64-bit,
+/// 16 KiB.
+fn nvme_probed(domid: u16, bdf: &str) -> ProbedPci {
+    let bar = crate::vpci::PhysBar { index: 0, size: 0x4000, is64: true, prefetchable: false };
+    ProbedPci { domid, bdf: bdf.parse().unwrap(), bars: Vec::from([bar]), flr: true }
+}
+
+/// A PCIe function assigned to DomU 1 (`hv,pci-assigned`), on QEMU virt
+/// with the SMMU: Dom0 keeps the bridge but not the function's ECAM page
+/// (an emulated empty slot), nor the top of the 32-bit window its BAR
+/// takes, nor its DeviceID, nor its stream; the DomU gets a host bridge and
+/// a vITS of its own, the BAR mapped where the plan put it, and its
+/// device's DMA confined to its RAM and its vITS's doorbell, which is the
+/// physical GITS_TRANSLATER.
+#[test]
+fn a_pcie_function_assigned_to_a_domu() {
+    let plat = platform(V3_SMMUV3);
+    let hw = HwFacts { pci: Vec::from([nvme_probed(1, "0000:00:02.0")]), ..hw(true) };
+    let bridge = &plat.pcie[0];
+    let window = bridge.windows.iter().find(|w| w.space == crate::dtb::PciSpace::Mem32).unwrap().cpu;
+    let page = bridge.ecam.base + (2 << 15);
+
+    let pci = plan_pci(&plat, crate::config::IommuMode::On, true, &hw.pci).unwrap();
+    let f = &pci.functions[0];
+    assert_eq!((f.config, f.rid, f.devid, f.stream, f.slot), (page, 0x10, 0x10, (0, 0x10), 0));
+    assert_eq!(f.bars[0].pa, window.end() - 0x4000);
+    assert_eq!(f.bars[0].bus, f.bars[0].pa, "QEMU's 32-bit window: PCI address = CPU address");
+    assert_eq!(f.bars[0].ipa, DOMU_PCI_MMIO.base);
+    assert_eq!(pci.carves, [(0, r(window.end() - 0x4000, 0x4000))]);
+
+    let p = plan_dom0(&plat, &with_kernel(), &boot_plan(), &cfg("dom0_disk=nvme"), Dom0Firmware::Dt, &hw).unwrap();
+    check_mappings(&p);
+    let covers = |a: u64| p.mappings.iter().any(|m| m.ipa <= a && a < m.ipa + m.size);
+    assert!(!covers(page) && covers(page - 1) && covers(page + 4096), "a one-page hole in the ECAM");
+    assert!(!covers(window.end() - 1) && !covers(window.end() - 0x4000) && covers(window.end() - 0x4001));
+    assert!(p.bus.iter().any(|(r, d)| *d == Device::PciHidden && r.base == page && r.size == 4096));
+    assert_eq!(p.pci_carves, [r(window.end() - 0x4000, 0x4000)]);
+    let streams = &p.dma.as_ref().unwrap().streams;
+    assert_eq!(
+        streams[..],
+        [StreamRange { smmu: 0, first: 0, count: 0x10 }, StreamRange { smmu: 0, first: 0x11, count: 0xfef }]
+    );
+    let devs = p.its_devices.as_ref().unwrap();
+    assert!(devs.iter().all(|&(b, n)| !(b..b + n).contains(&0x10)) && devs.iter().any(|&(b, _)| b == 0x11));
+
+    let plat_domu = platform(V3_SMMUV3);
+    let (left, placements) = selftest_carve(r(0x5000_0000, 1024 * MIB), 1, 256 * MIB, 16 * MIB, 256 * MIB).unwrap();
+    assert!(left.size > 0);
+    let mut spec = selftest_specs(1, r(0x4800_0000, 27 * MIB), None, (256 * MIB, 1, 16 * MIB), None).remove(0);
+    spec.pci = Vec::from([f.bdf]);
+    let (d, _) = plan_domu(&spec, &placements[0], &KernelLoad::Image { size: 28 * MIB }, &plat_domu, &hw).unwrap();
+    check_mappings(&d);
+    assert_eq!(d.its, Some(DOMU_ITS));
+    assert!(d.vgic.lpis);
+    assert_eq!(d.its_devices, Some(Vec::from([(0x10, 1)])));
+    let bar = d.mappings.iter().find(|m| m.why == MapWhy::PciBar).unwrap();
+    assert_eq!((bar.ipa, bar.pa, bar.size, bar.mem), (DOMU_PCI_MMIO.base, f.bars[0].pa, 0x4000, MemType::Device));
+    assert!(d.bus.iter().any(|(r, dev)| *dev == Device::Vpci && r.base == DOMU_ECAM.base));
+    let dma = d.dma.as_ref().unwrap();
+    assert_eq!(dma.streams, [StreamRange { smmu: 0, first: 0x10, count: 1 }]);
+    assert_eq!(dma.mappings[0], d.mappings[0], "its RAM");
+    let bell = dma.mappings[1];
+    assert_eq!((bell.ipa, bell.pa, bell.why), (DOMU_ITS.base + 0x1_0000, 0x0809_0000, MapWhy::Doorbell));
+    assert_eq!(d.pci.len(), 1);
+    // A DomU without functions has none of it.
+    let (plain, _) = plan_domu(
+        &selftest_specs(1, r(0x4800_0000, 27 * MIB), None, (256 * MIB, 1, 16 * MIB), None).remove(0),
+        &placements[0],
+        &KernelLoad::Image { size: 28 * MIB },
+        &plat_domu,
+        &hw,
+    )
+    .unwrap();
+    assert!(plain.its.is_none() && plain.dma.is_none() && plain.pci.is_empty());
+}
+
+/// Assignments the machine cannot honour are one clear boot error each.
+#[test]
+fn impossible_pci_assignments_are_typed_errors() {
+    use crate::config::IommuMode;
+    let plat = platform(V3_SMMUV3);
+    let plan = |probed: Vec<ProbedPci>, iommu, its| plan_pci(&plat, iommu, its, &probed);
+    let one = || Vec::from([nvme_probed(1, "0000:00:02.0")]);
+    assert!(matches!(plan(one(), IommuMode::Off, true), Err(PlanError::PciNeedsIommu(_))));
+    assert!(matches!(plan(one(), IommuMode::On, false), Err(PlanError::PciNeedsIts(_))));
+    assert!(matches!(
+        plan(Vec::from([nvme_probed(1, "0000:01:00.0")]), IommuMode::On, true),
+        Err(PlanError::PciNotRootBus(_))
+    ));
+    assert!(matches!(
+        plan(Vec::from([nvme_probed(1, "0001:00:02.0")]), IommuMode::On, true),
+        Err(PlanError::PciNoBridge(_))
+    ));
+    let twice = Vec::from([nvme_probed(1, "0000:00:02.0"), nvme_probed(2, "0000:00:02.0")]);
+    assert!(matches!(plan(twice, IommuMode::On, true), Err(PlanError::PciTwice(_))));
+    let mut huge = nvme_probed(1, "0000:00:02.0");
+    huge.bars[0].size = 1 << 31;
+    let e = plan(Vec::from([huge]), IommuMode::On, true).unwrap_err();
+    assert!(matches!(e, PlanError::PciBarTooBig { index: 0, .. }), "{e}");
+    assert!(e.to_string().contains("0000:00:02.0"), "{e}");
+    // No SMMU on the machine.
+    let e = plan_pci(&platform(V3_SMP2), IommuMode::On, true, &one()).unwrap_err();
+    assert!(matches!(e, PlanError::PciNeedsIommu(_)), "{e}");
+    // Two functions for one DomU: device slots 0 and 1, BARs apart.
+    let two = Vec::from([nvme_probed(1, "0000:00:02.0"), nvme_probed(1, "0000:00:03.0")]);
+    let p = plan(two, IommuMode::On, true).unwrap();
+    assert_eq!(p.functions.iter().map(|f| f.slot).collect::<Vec<_>>(), [0, 1]);
+    assert_eq!(p.functions[1].bars[0].ipa, DOMU_PCI_MMIO.base + 0x4000);
+    assert_eq!(p.functions[1].bars[0].pa + 0x4000, p.functions[0].bars[0].pa);
+    assert_eq!(p.carves[0].1.size, 0x8000);
 }

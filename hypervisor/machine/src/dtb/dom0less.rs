@@ -15,6 +15,7 @@
 //! | `hv,sched-cap` | Credit2 cap in percent of one pCPU, 1 cell; 0 = uncapped (Xen's meaning); at most 100 × `cpus` | default uncapped |
 //! | `hv,disk-size` | bytes of the RAM-backed virtio-blk disk, 1 or 2 cells, whole 512-byte sectors; 0 = no disk | default 0: no disk, as a Xen DT (which has no such property) means |
 //! | `hv,kernel-load-addr` | the kernel module is a raw binary: copied as it is to this guest-physical address (1 or 2 cells, 4 KiB aligned, inside the domain's RAM from 0x40000000) and entered there with x0 = DTB | default: none, the module is an arm64 Image or an ELF file (`boot::image`) |
+//! | `hv,pci-assigned` | PCIe functions given to the domain, a string list of `"SSSS:BB:DD.F"` (segment = the host bridge's index; root-bus functions only). Like Xen's `xen,passthrough` for platform devices: Dom0 no longer sees the function, the domain gets a host bridge and an ITS of its own, and the SMMU confines the function's DMA to the domain's RAM (`domain::vmplan::plan_pci`) | default: none |
 //! | `hv,heap-quota` | bytes of hypervisor heap the domain's run-time needs may take (disk requests in flight), 1 or 2 cells, 1 MiB..=1 GiB; at the quota the domain gets back-pressure | default [`crate::quota::DEFAULT_DOMU_HEAP_QUOTA`] |
 //!
 //! Children `module@…` with `compatible` listing `multiboot,kernel` (or
@@ -41,6 +42,7 @@ use super::DtbError;
 use crate::ids::DomainId;
 use crate::region::Region;
 use crate::spec::{VmSpec, DEFAULT_WEIGHT};
+use crate::vpci::Bdf;
 
 #[cfg(test)]
 #[path = "dom0less_tests.rs"]
@@ -236,6 +238,21 @@ fn domain(idx: &Index<'_, '_>, i: usize, id: DomainId) -> Result<VmSpec, DomainP
         return Err(DomainProblem::BadValue("hv,kernel-load-addr (4 KiB aligned)"));
     }
 
+    let mut pci = Vec::new();
+    if let Some(v) = prop(e.node, "hv,pci-assigned") {
+        for s in tree::strings(v) {
+            let bdf: Bdf =
+                s.parse().map_err(|_| DomainProblem::BadValue("hv,pci-assigned (\"SSSS:BB:DD.F\" strings)"))?;
+            if pci.contains(&bdf) {
+                return Err(DomainProblem::BadValue("hv,pci-assigned (a function named twice)"));
+            }
+            pci.push(bdf);
+        }
+        if pci.is_empty() {
+            return Err(DomainProblem::BadValue("hv,pci-assigned (\"SSSS:BB:DD.F\" strings)"));
+        }
+    }
+
     let (mut kernel, mut ramdisk): (Option<(Region, Option<&str>)>, Option<Region>) = (None, None);
     for (_, m) in idx.children_of(i) {
         let Some(kind) = module_kind(m) else { continue };
@@ -285,6 +302,7 @@ fn domain(idx: &Index<'_, '_>, i: usize, id: DomainId) -> Result<VmSpec, DomainP
         heap_quota,
         kernel_load_addr,
         pin_vcpus: false,
+        pci,
     })
 }
 

@@ -195,6 +195,7 @@ fn two_domains_as_xen_describes_them() {
             heap_quota: crate::quota::DEFAULT_DOMU_HEAP_QUOTA,
             kernel_load_addr: None,
             pin_vcpus: false,
+            pci: Vec::new(),
         }
     );
     assert_eq!(
@@ -214,6 +215,7 @@ fn two_domains_as_xen_describes_them() {
             heap_quota: crate::quota::DEFAULT_DOMU_HEAP_QUOTA,
             kernel_load_addr: None,
             pin_vcpus: false,
+            pci: Vec::new(),
         }
     );
     assert_eq!((d[2].id, d[2].name.as_str(), d[2].memory, d[2].disk_size), (3, "domU3", 128 * MIB, MIB));

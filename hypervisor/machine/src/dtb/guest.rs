@@ -186,9 +186,16 @@ fn check_config(cfg: &GuestDtbConfig) -> Result<(), DtbError> {
 }
 
 /// A PCI bridge's `ranges` value without the entries whose parent-bus
-/// window ends beyond `limit`. `cells` are the bridge's own (3 address
+/// window ends beyond `limit`, and each entry that ends with one of
+/// `carves` shortened by it. `cells` are the bridge's own (3 address
 /// cells, its size cells), `parent` its parent bus's.
-fn pci_ranges_within(value: &[u8], cells: Cells, parent: Cells, limit: u64) -> Result<Vec<u8>, DtbError> {
+fn pci_ranges_within(
+    value: &[u8],
+    cells: Cells,
+    parent: Cells,
+    limit: u64,
+    carves: &[Region],
+) -> Result<Vec<u8>, DtbError> {
     let (ca, pa, sc) = (cells.addr as usize, parent.addr as usize, cells.size as usize);
     if !(1..=2).contains(&pa) || !(1..=2).contains(&sc) {
         return Err(DtbError::Unsupported("pci ranges cells"));
@@ -202,8 +209,17 @@ fn pci_ranges_within(value: &[u8], cells: Cells, parent: Cells, limit: u64) -> R
         let raw = tree::cells_u32(entry, "pci ranges")?;
         let num = |c: &[u32]| c.iter().fold(0u64, |acc, &x| (acc << 32) | u64::from(x));
         let (cpu, size) = (num(&raw[ca..ca + pa]), num(&raw[ca + pa..]));
-        if cpu.checked_add(size).is_some_and(|end| end <= limit) {
-            out.extend_from_slice(entry);
+        let Some(end) = cpu.checked_add(size).filter(|&end| end <= limit) else { continue };
+        match carves.iter().find(|c| c.end() == end && c.base > cpu) {
+            Some(c) => {
+                out.extend_from_slice(&entry[..(ca + pa) * 4]);
+                let size = c.base - cpu;
+                if sc == 2 {
+                    out.extend_from_slice(&((size >> 32) as u32).to_be_bytes());
+                }
+                out.extend_from_slice(&(size as u32).to_be_bytes());
+            }
+            None => out.extend_from_slice(entry),
         }
     }
     Ok(out)
@@ -342,11 +358,11 @@ impl Builder<'_> {
             if IOMMU_PROPS.contains(&p.name) {
                 continue;
             }
-            if is_pci && p.name == "ranges" {
-                if let Some(limit) = self.cfg.ipa_size {
-                    self.w.property("ranges", &pci_ranges_within(p.value, cells, reg_cells, limit)?)?;
-                    continue;
-                }
+            if is_pci && p.name == "ranges" && (self.cfg.ipa_size.is_some() || !self.cfg.pci_carves.is_empty()) {
+                let limit = self.cfg.ipa_size.unwrap_or(u64::MAX);
+                let v = pci_ranges_within(p.value, cells, reg_cells, limit, &self.cfg.pci_carves)?;
+                self.w.property("ranges", &v)?;
+                continue;
             }
             self.w.property(p.name, p.value)?;
         }

@@ -378,4 +378,8 @@ pub struct GuestDtbConfig {
     /// window ends beyond it are dropped (stage 2 cannot map them; Linux
     /// then assigns BARs from the windows left). `None` keeps them all.
     pub ipa_size: Option<u64>,
+    /// CPU ranges at the top of PCI memory windows that are not the
+    /// guest's (BARs of functions assigned to DomUs): each window that ends
+    /// with one is described without it.
+    pub pci_carves: Vec<Region>,
 }

@@ -135,6 +135,7 @@ fn guest_config(host: &[u8]) -> GuestDtbConfig {
         }],
         keep_its: false,
         ipa_size: Some(1 << 39),
+        pci_carves: Vec::new(),
     }
 }
 
@@ -698,6 +699,7 @@ fn fvp_guest_dtb_reads_back() {
             extra_virtio_mmio: vec![],
             keep_its: false,
             ipa_size: None,
+            pci_carves: Vec::new(),
         };
         let (p, _) = discover(&build_guest_dtb(&host, &cfg).unwrap()).unwrap();
         assert_eq!(p.memory, vec![cfg.memory]);

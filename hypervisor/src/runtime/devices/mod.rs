@@ -4,6 +4,8 @@
 //! - `vits`: the guest's virtual ITS backed by host LPIs of the physical ITS
 //! - `disk`: the virtio-blk frame (`runtime::vblk::VDisk`) and its interrupt
 //! - `uart`: the vPL011 wired to the console and the vGIC
+//! - `vpci`: a DomU's virtual PCIe host bridge over its assigned functions,
+//!   and the functions' ECAM pages hidden from Dom0
 //!
 //! The devices' state is the VM's (`Vm::vgic`, `Vm::vits`, `Vm::disk`,
 //! `Vm::uart`) and the handler type is `runtime::vm::Handler`, so `vm`
@@ -20,6 +22,7 @@ pub mod disk;
 pub mod uart;
 pub mod vgic;
 pub mod vits;
+pub mod vpci;
 
 use super::vm::{Bus, Handler, MmioFn};
 use crate::domain::vmplan::VmPlan;
@@ -41,6 +44,7 @@ pub fn attach(vp: &VmPlan) -> Result<Bus, BusError> {
     disk::register(&mut bus, vp)?;
     uart::register(&mut bus, vp)?;
     vits::register(&mut bus, vp)?;
+    vpci::register(&mut bus, vp)?;
     for &(range, device) in &vp.bus {
         if bus.lookup(range.base).map(|(h, _)| h.device) != Some(device) {
             return Err(BusError::Unclaimed { range, device });

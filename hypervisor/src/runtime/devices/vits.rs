@@ -42,9 +42,27 @@ use log::warn;
 /// The guest's RAM as the vITS and the vGIC read it (the command queue and
 /// the LPI configuration table).
 pub fn guest_ram(vm: &Vm) -> IdentityMappedRam {
-    // SAFETY: Dom0's RAM is identity-mapped at EL2 as Normal memory for the
-    // whole life of the VM, and the hypervisor keeps nothing in it.
-    unsafe { IdentityMappedRam::new(vm.ram.base, vm.ram.size) }
+    // SAFETY: the VM's RAM (Dom0's at its own address, a DomU's at
+    // `ram_host`) is identity-mapped at EL2 as Normal memory for the whole
+    // life of the VM, and the hypervisor keeps nothing in it.
+    unsafe { IdentityMappedRam::at(vm.ram.base, vm.ram.size, vm.ram_host) }
+}
+
+/// The table physical interrupts are routed by: Dom0's, for every VM
+/// (`runtime::vcpu::handle_irqs`); `vm`'s own while the VM table is not
+/// yet made (only Dom0 exists then).
+fn host_routes(vm: &Vm) -> &crate::sync::RwLock<crate::irq::IrqRoutes> {
+    crate::runtime::vm::try_vms().and_then(|t| t.first()).map_or(&vm.routes, |d0| &d0.routes)
+}
+
+/// The VM whose device `devid` is: the DomU it is assigned to, else Dom0.
+pub fn lpi_owner(dom0: &'static Vm, devid: u32) -> &'static Vm {
+    crate::runtime::vm::vms()
+        .iter()
+        .skip(1)
+        .find(|v| v.pci_functions.iter().any(|f| f.devid == devid))
+        .copied()
+        .unwrap_or(dom0)
 }
 
 /// Backs the guest's ITS mappings with host LPIs.
@@ -80,7 +98,7 @@ impl ItsBackend for HostBackend<'_> {
 
     fn map_event(&mut self, device: u32, event: u32, _vintid: IntId, vcpu: Option<usize>) -> Result<(), BackendError> {
         let lpi = gic::its::map_event(device, event, self.pcpu(vcpu)).map_err(|e| refused("MAPTI", device, e))?;
-        if let Err(e) = self.vm.routes.write().insert(lpi, Route::GuestLpi { devid: device, eventid: event }) {
+        if let Err(e) = host_routes(self.vm).write().insert(lpi, Route::GuestLpi { devid: device, eventid: event }) {
             warn!("vITS: {e}");
             let _ = gic::its::unmap_event(device, event);
             return Err(BackendError::NoResources);
@@ -91,7 +109,7 @@ impl ItsBackend for HostBackend<'_> {
     fn unmap_event(&mut self, device: u32, event: u32) {
         match gic::its::unmap_event(device, event) {
             Ok(lpi) => {
-                let _ = self.vm.routes.write().remove(lpi);
+                let _ = host_routes(self.vm).write().remove(lpi);
             }
             Err(e) => {
                 refused("DISCARD", device, e);

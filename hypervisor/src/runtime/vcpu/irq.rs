@@ -33,7 +33,8 @@ pub(super) fn handle_irqs(me: usize, cur: Option<(&Vm, usize)>, deadline: &mut O
             }
             Some(Route::HypTimer) => hyp_timer_irq(me, id, deadline),
             Some(Route::GuestLpi { devid, eventid }) => {
-                crate::runtime::devices::vits::guest_lpi(vm, me, id, devid, eventid)
+                let owner = crate::runtime::devices::vits::lpi_owner(vm, devid);
+                crate::runtime::devices::vits::guest_lpi(owner, me, id, devid, eventid)
             }
             Some(Route::Doorbell { vcpu }) => crate::runtime::vpe::doorbell(vm, me, id, vcpu),
             Some(Route::Smmu) => {

@@ -100,12 +100,39 @@ pub(super) fn print_domu_stats(vm: &Vm) {
     let mut text = alloc::string::String::new();
     let _ = vm.quota.write_text("quota", &mut text);
     crate::hvprintln!("(HV) stats begin d{n}.quota\n{}(HV) stats end d{n}.quota", prefixed(&text));
+    if let Some(vits) = &vm.vits {
+        let text = alloc::format!("{}", vits.lock().counters());
+        let dropped = vm.lpis_dropped.load(Ordering::Relaxed);
+        crate::hvprintln!(
+            "(HV) stats begin d{n}.vits0\n{}d{n}.vits0.lpis_dropped={dropped}\n(HV) stats end d{n}.vits0",
+            prefixed(&text)
+        );
+    }
+    if !vm.pci_functions.is_empty() {
+        print_pci_stats(vm, &alloc::format!("d{n}."));
+    }
     let u = vm.uart.lock();
     let (rx, holds, overruns) = (u.rx_bytes, u.rx_holds, u.rx_overruns);
     drop(u);
     let dropped = console::rx_dropped(n);
     crate::hvprintln!(
         "(HV) stats begin d{n}.uart0\nd{n}.uart0.rx_bytes={rx}\nd{n}.uart0.rx_holds={holds}\nd{n}.uart0.rx_overruns={overruns}\nd{n}.uart0.rx_dropped={dropped}\n(HV) stats end d{n}.uart0"
+    );
+}
+
+/// A VM's configuration-space counters (`runtime::devices::vpci`), keys
+/// `<prefix>pci.*`, and its functions.
+fn print_pci_stats(vm: &Vm, prefix: &str) {
+    let c = &vm.pci_counters;
+    let functions: alloc::vec::Vec<alloc::string::String> =
+        vm.pci_functions.iter().map(|f| alloc::format!("{}", f.bdf)).collect();
+    crate::hvprintln!(
+        "(HV) stats begin {prefix}pci\n{prefix}pci.functions={}\n{prefix}pci.cfg_ignored={}\n{prefix}pci.bar_moves={}\n{prefix}pci.cfg_bad={}\n{prefix}pci.hidden_accesses={}\n(HV) stats end {prefix}pci",
+        functions.join(","),
+        c.cfg_ignored.load(Ordering::Relaxed),
+        c.bar_moves.load(Ordering::Relaxed),
+        c.cfg_bad.load(Ordering::Relaxed),
+        c.hidden.load(Ordering::Relaxed),
     );
 }
 
@@ -142,6 +169,9 @@ pub(super) fn print_vm_stats(vm: &Vm) {
         let text = alloc::format!("{}", vits.lock().counters());
         let dropped = vm.lpis_dropped.load(Ordering::Relaxed);
         crate::hvprintln!("(HV) stats begin vits0\n{text}vits0.lpis_dropped={dropped}\n(HV) stats end vits0");
+    }
+    if vm.pci_counters.hidden.load(Ordering::Relaxed) > 0 {
+        print_pci_stats(vm, "");
     }
     if let Some(v4) = &vm.vlpi {
         let mapped = gic::its::vlpis_mapped();
@@ -195,10 +225,12 @@ pub(super) fn power_off() -> ! {
 
 /// A DomU's SYSTEM_OFF or SYSTEM_RESET: only that domain stops. Its vCPUs go
 /// offline (the caller's now; the others at their next switch-in or exit,
-/// see `run_vcpu`); its memory and devices stay as they are, unused.
+/// see `run_vcpu`); its memory and emulated devices stay as they are,
+/// unused; its assigned PCIe functions are reset (`runtime::pci`).
 pub(super) fn stop_domain(vm: &Vm, me: usize, v: &Vcpu, what: &str) -> Next {
     if !vm.stopped.swap(true, Ordering::AcqRel) {
         info!("d{} {what}: the domain stops (the machine powers off with dom0)", vm.domid);
+        crate::runtime::pci::reset_domain(vm.domid, &vm.pci_functions);
         if console::input_focus() == vm.domid {
             // Nobody reads its console any more: input goes back to Dom0.
             crate::hvprintln!("(HV) input to d0");

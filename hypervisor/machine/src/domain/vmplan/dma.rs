@@ -54,19 +54,21 @@ pub struct DmaPlan {
 /// Plans the DMA of a VM given `bridges`, whose CPU stage 2 is `cpu` and
 /// whose MSIs go to the ITS at `its` (the guest's vITS sits at the host's
 /// address, so the doorbell's IPA is its PA). `None`: `iommu=off`, no SMMU
-/// described, or no bridge behind one.
+/// described, or no bridge behind one. `not_ours(bridge, rid)`: requester
+/// `rid` of `bridges[bridge]` is another VM's (assigned to a DomU).
 pub fn plan_dma(
     machine: &Machine,
     mode: IommuMode,
     bridges: &[PcieHost],
     cpu: &[Mapping],
     its: Option<Region>,
+    not_ours: &dyn Fn(usize, u32) -> bool,
 ) -> Result<Option<DmaPlan>, PlanError> {
     if mode == IommuMode::Off || machine.smmus.is_empty() {
         return Ok(None);
     }
     let mut sids: Vec<(usize, u32)> = Vec::new();
-    for b in bridges {
+    for (bi, b) in bridges.iter().enumerate() {
         for e in &b.iommu_map {
             if !machine.smmus.iter().any(|s| s.phandle == Some(e.iommu)) {
                 return Err(PlanError::IommuMapMissing { bridge: b.path.clone(), phandle: e.iommu });
@@ -75,7 +77,7 @@ pub fn plan_dma(
         let first = u32::from(b.bus_range.0) << 8;
         let last = (u32::from(b.bus_range.1) + 1).min(u32::from(b.bus_range.0) + DMA_BUSES) << 8;
         let mask = b.iommu_map_mask.unwrap_or(u32::MAX);
-        for rid in first..last {
+        for rid in (first..last).filter(|&rid| !not_ours(bi, rid)) {
             let masked = rid & mask;
             if let Some((smmu, sid)) = b.iommu_map.iter().find_map(|e| {
                 let sid = e.stream_of(masked)?;
@@ -88,6 +90,40 @@ pub fn plan_dma(
     if sids.is_empty() {
         return Ok(None);
     }
+    let streams = stream_ranges(sids);
+    let mut mappings: Vec<Mapping> = cpu.iter().filter(|m| m.why == MapWhy::Ram).copied().collect();
+    if let Some(its) = its {
+        let page = its.base + ITS_TRANSLATER_OFFSET;
+        mappings.push(Mapping { ipa: page, pa: page, size: PAGE, mem: MemType::Device, why: MapWhy::Doorbell });
+    }
+    Ok(Some(DmaPlan { streams, mappings }))
+}
+
+/// The DMA of a DomU's assigned functions: their streams, its RAM
+/// (`ram`, its CPU mapping) and its vITS's doorbell page at `doorbell_ipa`,
+/// backed by the physical ITS's GITS_TRANSLATER page (`its`).
+pub fn plan_dma_assigned(
+    functions: &[&super::AssignedPci],
+    ram: Mapping,
+    doorbell_ipa: u64,
+    its: Region,
+) -> Option<DmaPlan> {
+    if functions.is_empty() {
+        return None;
+    }
+    let streams = stream_ranges(functions.iter().map(|f| f.stream).collect());
+    let doorbell = Mapping {
+        ipa: doorbell_ipa,
+        pa: its.base + ITS_TRANSLATER_OFFSET,
+        size: PAGE,
+        mem: MemType::Device,
+        why: MapWhy::Doorbell,
+    };
+    Some(DmaPlan { streams, mappings: Vec::from([ram, doorbell]) })
+}
+
+/// (SMMU, StreamID) pairs as sorted ranges.
+fn stream_ranges(mut sids: Vec<(usize, u32)>) -> Vec<StreamRange> {
     sids.sort_unstable();
     sids.dedup();
     let mut streams: Vec<StreamRange> = Vec::new();
@@ -97,12 +133,7 @@ pub fn plan_dma(
             _ => streams.push(StreamRange { smmu, first: sid, count: 1 }),
         }
     }
-    let mut mappings: Vec<Mapping> = cpu.iter().filter(|m| m.why == MapWhy::Ram).copied().collect();
-    if let Some(its) = its {
-        let page = its.base + ITS_TRANSLATER_OFFSET;
-        mappings.push(Mapping { ipa: page, pa: page, size: PAGE, mem: MemType::Device, why: MapWhy::Doorbell });
-    }
-    Ok(Some(DmaPlan { streams, mappings }))
+    streams
 }
 
 /// The SMMUs' wired interrupts the hypervisor takes (`irq::Route::Smmu`):

@@ -7,6 +7,7 @@
 use super::common::{bus_of, check_ipa, check_passthrough, forward, iomem_policy, needed_ipa_top, LPI_ROUTES};
 use super::dma::{plan_dma, smmu_irqs};
 use super::error::PlanError;
+use super::pci::{cut, plan_pci, PciPlan};
 use super::{
     DiskBacking, DiskPlan, Dom0Firmware, Forward, HwFacts, MapWhy, Mapping, VgicPlan, VmPlan, DOM0_MAX_SPIS, PAGE,
 };
@@ -15,6 +16,7 @@ use crate::config::{Config, DiskMode};
 use crate::domain::VmSpec;
 use crate::dtb::{BootInfo, Machine, MmioDevice, PcieHost};
 use crate::intid::IntId;
+use crate::mmio_bus::{Device, MmioRange};
 use crate::region::Region;
 use crate::stage2::{IpaSize, MemType};
 use alloc::string::String;
@@ -43,6 +45,7 @@ pub fn dom0_spec(machine: &Machine, boot: &BootInfo, plan: &Plan, cfg: &Config) 
         heap_quota: cfg.dom0_heap_quota,
         kernel_load_addr: cfg.dom0_kernel_load_addr,
         pin_vcpus: cfg.dom0_vcpus_pin,
+        pci: Vec::new(),
     })
 }
 
@@ -75,7 +78,18 @@ pub fn plan_dom0(
     // describes for it; at most what the CPU implements (`stage2`).
     let pa_bits = hw.pa_bits;
     let ipa = IpaSize::choose(pa_bits, if acpi { 1 << pa_bits } else { needed_ipa_top(ram, &passthrough, &bridges) });
-    let pcie_frames: Vec<Region> = bridges.iter().flat_map(|b| b.passthrough_frames(ipa.limit())).collect();
+    // Functions assigned to DomUs: their ECAM pages and the top of the
+    // 32-bit window their BARs take are not Dom0's.
+    let pci = plan_pci(machine, cfg.iommu, hw.its_present, &hw.pci)?;
+    let hidden_pages: Vec<Region> = if bridges.is_empty() {
+        Vec::new()
+    } else {
+        pci.functions.iter().map(|f| Region { base: f.config, size: PAGE }).collect()
+    };
+    let pci_carves: Vec<Region> = pci.carves.iter().map(|c| c.1).collect();
+    let holes: Vec<Region> = hidden_pages.iter().chain(&pci_carves).copied().collect();
+    let pcie_frames: Vec<Region> =
+        cut(&bridges.iter().flat_map(|b| b.passthrough_frames(ipa.limit())).collect::<Vec<_>>(), &holes);
     let mut ranges: Vec<Region> = passthrough.iter().map(|d| Region { base: d.base, size: d.size }).collect();
     ranges.extend(&pcie_frames);
     check_passthrough(machine, plan, &ranges, disk_slot.as_ref())?;
@@ -102,11 +116,12 @@ pub fn plan_dom0(
     let smmu_irqs = smmu_irqs(machine, cfg.iommu);
     let forwarded = dom0_forwarded(nr_spis, &passthrough, &bridges, acpi, console_intid, &smmu_irqs);
 
-    let dma = plan_dma(machine, cfg.iommu, &bridges, &mappings, its)?;
-    let its_devices = its.and_then(|_| its_devices(&bridges));
+    let dma = plan_dma(machine, cfg.iommu, &bridges, &mappings, its, &|b, rid| pci.takes_rid(b, rid))?;
+    let its_devices = its.and_then(|_| its_devices(&bridges, &pci));
 
     let uart = machine.uart.as_ref().map(|u| Region { base: u.base, size: u.size.max(0x1000) });
-    let bus = bus_of(&vgic, nr_vcpus, disk.as_ref(), uart, its);
+    let mut bus = bus_of(&vgic, nr_vcpus, disk.as_ref(), uart, its);
+    bus.extend(hidden_pages.iter().map(|p| (MmioRange::new(p.base, p.size), Device::PciHidden)));
     let iomem = match firmware {
         Dom0Firmware::Acpi { memory, .. } => Some(iomem_policy(machine, plan, memory, &bus, ipa)),
         Dom0Firmware::Dt => None,
@@ -140,6 +155,8 @@ pub fn plan_dom0(
         lpi_routes: LPI_ROUTES,
         dma,
         smmu_irqs,
+        pci: Vec::new(),
+        pci_carves,
     };
     p.check_quota()?;
     p.routes()?;
@@ -325,11 +342,17 @@ fn dom0_forwarded(
 }
 
 /// The DeviceIDs Dom0's devices have: every bridge's `msi-map` targets
-/// (the ITS sees the DeviceID the map gives a requester ID). `None` when a
-/// bridge has no map: nothing then says which IDs are its.
-fn its_devices(bridges: &[PcieHost]) -> Option<Vec<(u32, u32)>> {
+/// (the ITS sees the DeviceID the map gives a requester ID), less those of
+/// functions assigned to DomUs. `None` when a bridge has no map: nothing
+/// then says which IDs are its.
+fn its_devices(bridges: &[PcieHost], pci: &PciPlan) -> Option<Vec<(u32, u32)>> {
     if bridges.iter().any(|b| b.msi_map.is_empty()) {
         return None;
     }
-    Some(bridges.iter().flat_map(|b| b.msi_map.iter().map(|m| (m.msi_base, m.length))).collect())
+    let all: Vec<Region> = bridges
+        .iter()
+        .flat_map(|b| b.msi_map.iter().map(|m| Region { base: u64::from(m.msi_base), size: u64::from(m.length) }))
+        .collect();
+    let taken: Vec<Region> = pci.functions.iter().map(|f| Region { base: u64::from(f.devid), size: 1 }).collect();
+    Some(cut(&all, &taken).iter().map(|r| (r.base as u32, r.size as u32)).collect())
 }

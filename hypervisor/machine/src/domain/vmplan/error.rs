@@ -8,6 +8,7 @@ use crate::domain::layout::DomainError;
 use crate::domain::DomainId;
 use crate::irq::RouteError;
 use crate::mmio_bus::BusError;
+use crate::vpci::Bdf;
 use alloc::string::String;
 use core::fmt;
 
@@ -44,6 +45,23 @@ pub enum PlanError {
     NoVcpus,
     /// An SPI number with no INTID.
     BadSpi(u32),
+    /// `hv,pci-assigned` names a segment with no host bridge, or a function
+    /// beyond its ECAM.
+    PciNoBridge(Bdf),
+    /// An assigned function below a switch (only root-bus functions can be).
+    PciNotRootBus(Bdf),
+    /// One function assigned twice.
+    PciTwice(Bdf),
+    /// An assigned function without an SMMU in front of it (or `iommu=off`).
+    PciNeedsIommu(Bdf),
+    /// An assigned function without an ITS DeviceID (no `msi-map`, no ITS).
+    PciNeedsIts(Bdf),
+    /// The function's bridge has no 32-bit non-prefetchable window.
+    PciNoWindow(Bdf),
+    /// A BAR that does not fit the room the plan has for it.
+    PciBarTooBig { bdf: Bdf, index: u8, size: u64 },
+    /// More than `pci::MAX_ASSIGNED` functions for one DomU.
+    PciTooMany(DomainId),
 }
 
 impl fmt::Display for PlanError {
@@ -79,6 +97,27 @@ impl fmt::Display for PlanError {
                  raise dom0_heap_quota= (Dom0) or hv,heap-quota (a DomU)"
             ),
             PlanError::BadSpi(n) => write!(f, "SPI {n} out of range"),
+            PlanError::PciNoBridge(b) => write!(f, "hv,pci-assigned {b}: no such function's ECAM on the machine's host bridges"),
+            PlanError::PciNotRootBus(b) => {
+                write!(f, "hv,pci-assigned {b}: only functions on a host bridge's root bus can be assigned")
+            }
+            PlanError::PciTwice(b) => write!(f, "hv,pci-assigned {b}: the function is assigned twice"),
+            PlanError::PciNeedsIommu(b) => write!(
+                f,
+                "hv,pci-assigned {b}: assigning a function needs an SMMU in front of its bridge (iommu-map) and iommu=on"
+            ),
+            PlanError::PciNeedsIts(b) => {
+                write!(f, "hv,pci-assigned {b}: assigning a function needs an ITS and its bridge's msi-map")
+            }
+            PlanError::PciNoWindow(b) => {
+                write!(f, "hv,pci-assigned {b}: its bridge has no 32-bit non-prefetchable memory window")
+            }
+            PlanError::PciBarTooBig { bdf, index, size } => {
+                write!(f, "hv,pci-assigned {bdf}: BAR{index} of {size:#x} bytes does not fit the room for assigned BARs")
+            }
+            PlanError::PciTooMany(d) => {
+                write!(f, "d{d}: more than {} assigned PCIe functions", super::MAX_ASSIGNED)
+            }
         }
     }
 }

@@ -39,7 +39,8 @@
 //! - `dma`: [`plan_dma`], a VM's streams and its devices' stage 2 under
 //!   the SMMU;
 //! - `dom0`: [`dom0_spec`] and [`plan_dom0`];
-//! - `domu`: [`plan_domu`].
+//! - `domu`: [`plan_domu`];
+//! - `pci`: [`plan_pci`], the PCIe functions assigned to DomUs.
 
 use crate::domain::VmSpec;
 use crate::dtb::{MmioDevice, PcieHost};
@@ -57,14 +58,21 @@ mod dma;
 mod dom0;
 mod domu;
 mod error;
+mod pci;
 
 pub use common::LPI_ROUTES;
 pub use dma::{plan_dma, smmu_irqs, DmaPlan, StreamRange, DMA_BUSES, ITS_TRANSLATER_OFFSET};
 pub use dom0::{dom0_spec, plan_dom0};
 pub use domu::plan_domu;
 pub use error::PlanError;
+pub use pci::{
+    bar_mappings, cut, locate, plan_pci, AssignedPci, PciPlan, PlacedBar, ProbedPci, DOMU_ECAM, DOMU_ITS, DOMU_PCI_MMIO,
+};
 
 const PAGE: u64 = 4096;
+
+/// The most PCIe functions one DomU may be given (`pci`).
+pub const MAX_ASSIGNED: usize = 8;
 
 /// The most SPIs a Dom0's vGIC presents (INTIDs up to 1019).
 pub const DOM0_MAX_SPIS: u32 = 988;
@@ -93,6 +101,11 @@ pub struct HwFacts {
     /// the CPU's PMU allows it, the platform names the interrupt and the
     /// `vpmu` option is on.
     pub pmu_intid: Option<IntId>,
+    /// The `iommu=` option: assigning a PCIe function needs the SMMU.
+    pub iommu: crate::config::IommuMode,
+    /// The PCIe functions assigned to DomUs, as the EL2 probe read them
+    /// (`hv,pci-assigned`; see [`plan_pci`]).
+    pub pci: Vec<ProbedPci>,
 }
 
 /// What Dom0 learns the machine from.
@@ -119,6 +132,8 @@ pub enum MapWhy {
     /// The ITS's GITS_TRANSLATER page, in the devices' stage 2 only
     /// (`dma`): their MSIs are writes to it.
     Doorbell,
+    /// A BAR of a PCIe function assigned to a DomU (`pci`).
+    PciBar,
 }
 
 /// One stage-2 mapping: `size` bytes at `ipa` → `pa`.
@@ -226,6 +241,11 @@ pub struct VmPlan {
     /// The SMMUs' wired interrupts (Dom0's route table takes the
     /// hypervisor's interrupts too).
     pub smmu_irqs: Vec<IntId>,
+    /// The PCIe functions assigned to it (a DomU's; Dom0 has none).
+    pub pci: Vec<AssignedPci>,
+    /// Dom0: the tops of its bridges' 32-bit windows that DomUs' BARs take
+    /// (`pci`), cut out of its stage 2 and of the windows its DT describes.
+    pub pci_carves: Vec<Region>,
 }
 
 impl VmPlan {
