@@ -23,6 +23,22 @@ const OUTSIDE: u64 = 0x9000_0000;
 
 #[test]
 fn a_domu_drives_its_own_nvme_beside_dom0s_and_its_dma_stays_in_its_ram() {
+    let r = domu_with_nvme("3");
+    assert_console(&r, "d1 ITS: virtual GITS control frame at 0x8080000, MSIs backed by host LPIs");
+}
+
+/// On a GICv4 machine the DomU's MSIs are vLPIs of its own vPEs (IDs after
+/// Dom0's), their doorbells routed in the host's table, exactly as Dom0's.
+#[test]
+fn on_gicv4_the_domus_msis_are_vlpis_with_doorbells() {
+    let r = domu_with_nvme("4");
+    assert_console(&r, "d1 ITS: virtual GITS control frame at 0x8080000, MSIs backed by GICv4 vLPIs with doorbells");
+    assert_console(&r, "dom0 ITS: virtual GITS control frame at 0x8080000, MSIs backed by GICv4 vLPIs with doorbells");
+}
+
+/// One boot on 2 pCPUs with GIC version `gic`: Dom0 on its NVMe, domU1 on
+/// the one at 0000:00:02.0; every check both versions share.
+fn domu_with_nvme(gic: &str) -> RunResult {
     use clap::Parser;
     let domu_cmd = format!(
         "ls /sys/bus/pci/devices | tr '\\n' ' ' | sed 's/^/domu-pci: /'; echo; {}; \
@@ -40,6 +56,8 @@ fn a_domu_drives_its_own_nvme_beside_dom0s_and_its_dma_stays_in_its_ram() {
         "run",
         "--pcpus",
         "2",
+        "--gic",
+        gic,
         "--disk",
         "nvme",
         "--domu",
@@ -91,4 +109,5 @@ fn a_domu_drives_its_own_nvme_beside_dom0s_and_its_dma_stays_in_its_ram() {
     // The DomU stopped: its function was reset.
     assert_console(&r, "d1: pci 0000:00:02.0 reset (FLR)");
     assert_eq!(r.guest_exit, Some(0), "tail:\n{}", tail(c, 40));
+    r
 }

@@ -48,8 +48,9 @@ pub enum Route {
     Kick,
     /// A host LPI backing the guest MSI (DeviceID, EventID) of the vITS.
     GuestLpi { devid: u32, eventid: u32 },
-    /// A GICv4 vPE's doorbell: a vLPI arrived for `vcpu` while its vPE was
-    /// not resident (blocked or descheduled); wake it.
+    /// A GICv4 vPE's doorbell: a vLPI arrived for `vcpu` (the host-wide
+    /// scheduler id: Dom0's vCPU i is i) while its vPE was not resident
+    /// (blocked or descheduled); wake it.
     Doorbell { vcpu: usize },
     /// An SMMU's event queue or global error interrupt.
     Smmu,

@@ -344,8 +344,7 @@ pub(super) fn run_dom0(
     let mut table = alloc::vec![dom0];
     let mut vcpu_base = dom0.vcpus.len() as u32;
     for (spec, placement) in &domus {
-        // VMID 1 is Dom0's; DomU N gets N + 1.
-        match vm::Vm::create_domu(spec, placement, machine, nr_pcpus, host, vcpu_base, spec.id + 1) {
+        match vm::Vm::create_domu(spec, placement, machine, nr_pcpus, host, vcpu_base, dom0) {
             Ok(mut vm) => {
                 vm.overcommitted |= dom0.overcommitted;
                 vcpu_base += vm.vcpus.len() as u32;

@@ -270,13 +270,15 @@ pub(super) struct VmParts {
 impl Vm {
     /// The VM a plan describes, from the parts applying it made: its IRQ
     /// route table and MMIO bus from the plan, GICv4 vLPIs when it has a
-    /// vITS and the physical ITS injects directly, the host-wide scheduler
+    /// vITS and the physical ITS injects directly (their doorbells routed
+    /// in `phys_routes`, Dom0's table, for a DomU), the host-wide scheduler
     /// and flight recorder from `host`.
     pub(super) fn from_plan(
         vp: &VmPlan,
         parts: VmParts,
         host: &'static Host,
         nr_pcpus: usize,
+        phys_routes: Option<&RwLock<crate::irq::IrqRoutes>>,
     ) -> Result<Box<Vm>, VmError> {
         let VmParts {
             vmid,
@@ -296,13 +298,13 @@ impl Vm {
         let nr_lrs = crate::vgic::usable_lrs(gic::nr_lrs())?;
         let mut routes = vp.routes()?;
         let bus = super::devices::attach(vp)?;
-        // GICv4 vPE IDs are vCPU indices, one VM's worth: Dom0's. A DomU's
-        // vITS is backed by host LPIs.
-        let vlpi = match vp.its {
-            Some(_) if gic::its::lpi_path() == LpiPath::Direct && vp.spec.id == 0 => {
-                super::vlpi::VlpiVm::create(nr_vcpus, nr_pcpus, &mut routes)
-            }
-            _ => None,
+        // Doorbells are physical interrupts: routed in the table they all go
+        // by (Dom0's, `phys_routes`; Dom0's own while it is being made).
+        let vlpi = match (vp.its, phys_routes) {
+            (Some(_), _) if gic::its::lpi_path() != LpiPath::Direct => None,
+            (Some(_), Some(t)) => super::vlpi::VlpiVm::create(nr_vcpus, nr_pcpus, vcpu_base, &mut t.write()),
+            (Some(_), None) => super::vlpi::VlpiVm::create(nr_vcpus, nr_pcpus, vcpu_base, &mut routes),
+            (None, _) => None,
         };
         if let Some(r) = vp.its {
             let how = if vlpi.is_some() { "GICv4 vLPIs with doorbells" } else { "host LPIs" };

@@ -175,7 +175,7 @@ impl Vm {
         };
         let parts =
             VmParts { vmid: 1, vcpu_base: 0, stage2, vgic, vcpus, disk, vits, timer_slop_ns: cfg.timer_slop_ns, quota };
-        Vm::from_plan(&vp, parts, host, nr_pcpus)
+        Vm::from_plan(&vp, parts, host, nr_pcpus, None)
     }
 }
 

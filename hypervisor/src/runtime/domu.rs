@@ -41,7 +41,8 @@ impl Vm {
     /// decides its machine, this applies it (copies the modules, writes its
     /// DTB, maps stage 2, makes the vGIC, vCPUs and disk) and makes the VM
     /// (`Vm::from_plan`). Its vCPUs are the host-wide scheduler's
-    /// `vcpu_base..`; `vmid` tags its stage 2 (unique per VM).
+    /// `vcpu_base..`; its VMID is its id + 1 (unique per VM); `dom0`'s
+    /// route table gets its physical interrupts (GICv4 doorbells).
     pub fn create_domu(
         spec: &VmSpec,
         placement: &DomuPlacement,
@@ -49,8 +50,10 @@ impl Vm {
         nr_pcpus: usize,
         host: &'static Host,
         vcpu_base: u32,
-        vmid: u16,
+        dom0: &Vm,
     ) -> Result<Box<Vm>, VmError> {
+        // VMID 1 is Dom0's; DomU N gets N + 1.
+        let vmid = spec.id + 1;
         // SAFETY: the kernel module lies in RAM the boot plan keeps (never
         // written), identity-mapped as normal memory.
         let file = unsafe { core::slice::from_raw_parts(spec.kernel.base as *const u8, spec.kernel.size as usize) };
@@ -125,7 +128,7 @@ impl Vm {
             None => None,
         };
         let parts = VmParts { vmid, vcpu_base, stage2, vgic, vcpus, disk, vits, timer_slop_ns: 0, quota };
-        Vm::from_plan(&vp, parts, host, nr_pcpus)
+        Vm::from_plan(&vp, parts, host, nr_pcpus, Some(&dom0.routes))
     }
 }
 

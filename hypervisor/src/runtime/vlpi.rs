@@ -1,6 +1,7 @@
 //! GICv4.0 direct injection of the guest's MSIs: the EL2 side.
 //!
-//! * [`VlpiVm`]: the VM's vPEs, one per vCPU (vPE ID = vCPU index, a
+//! * [`VlpiVm`]: the VM's vPEs, one per vCPU (vPE ID = the vCPU's
+//!   host-wide scheduler id, so Dom0's vCPU i is vPE i and a DomU's follow; a
 //!   virtual pending table and a doorbell LPI each, VMAPPed at VM creation
 //!   to the pCPU the vCPU starts on), made by [`VlpiVm::create`] when
 //!   `gic::its::lpi_path()` is `Direct` (else the VM keeps the
@@ -62,15 +63,23 @@ pub struct VlpiVm {
 
 impl VlpiVm {
     /// One vPE per vCPU, vCPU `i` VMAPPed to pCPU `i % nr_pcpus`, each
-    /// doorbell routed to its vCPU. `None` (and a log line) when any step
-    /// fails: the VM then uses host LPIs.
-    pub fn create(nr_vcpus: usize, nr_pcpus: usize, routes: &mut IrqRoutes) -> Option<VlpiVm> {
+    /// doorbell routed to its vCPU in `routes` (the table physical
+    /// interrupts go by: Dom0's). vPE IDs and the doorbells' routes are the
+    /// vCPUs' host-wide scheduler ids (`vcpu_base + i`), unique across VMs.
+    /// `None` (and a log line) when any step fails: the VM then uses host
+    /// LPIs.
+    pub fn create(nr_vcpus: usize, nr_pcpus: usize, vcpu_base: u32, routes: &mut IrqRoutes) -> Option<VlpiVm> {
         let mut hw = Vec::new();
         for i in 0..nr_vcpus {
-            let r = gic::its::create_vpe(i as u16, i % nr_pcpus.max(1));
+            let gid = vcpu_base as usize + i;
+            let Ok(id) = u16::try_from(gid) else {
+                warn!("GICv4: vCPU{i}: no vPE ID for scheduler id {gid}; using host LPIs");
+                return None;
+            };
+            let r = gic::its::create_vpe(id, i % nr_pcpus.max(1));
             match r {
                 Ok(h) => {
-                    if let Err(e) = routes.insert(h.doorbell, Route::Doorbell { vcpu: i }) {
+                    if let Err(e) = routes.insert(h.doorbell, Route::Doorbell { vcpu: gid }) {
                         warn!("GICv4: doorbell of vCPU{i}: {e}; using host LPIs");
                         return None;
                     }

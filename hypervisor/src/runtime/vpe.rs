@@ -14,8 +14,8 @@ use log::warn;
 
 /// GICR_VPROPBASER for vCPU `id`: the guest's LPI configuration table, when
 /// its redistributor has EnableLPIs and the table's first 8192 bytes (the
-/// vLPIs 8192..16383 the redistributor reads, by physical address: Dom0 is
-/// identity-mapped) lie in guest RAM.
+/// vLPIs 8192..16383 the redistributor reads, by physical address: the
+/// guest's address translated to the host's) lie in guest RAM.
 fn vpropbaser(vm: &Vm, id: usize) -> Option<u64> {
     let (pa, lpis) = vm.vgic.lock().lpi_prop_table(id)?;
     let bits = (u64::from(lpis) + u64::from(crate::its::LPI_BASE)).checked_ilog2()? as u8;
@@ -25,7 +25,7 @@ fn vpropbaser(vm: &Vm, id: usize) -> Option<u64> {
     if pa < vm.ram.base || end > vm.ram.end() {
         return None;
     }
-    v4::vpropbaser(pa, bits, true)
+    v4::vpropbaser(pa - vm.ram.base + vm.ram_host, bits, true)
 }
 
 /// Polls of `vpe_on` while the pCPU that last ran a vCPU releases its vPE

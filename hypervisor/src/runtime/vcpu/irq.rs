@@ -36,7 +36,10 @@ pub(super) fn handle_irqs(me: usize, cur: Option<(&Vm, usize)>, deadline: &mut O
                 let owner = crate::runtime::devices::vits::lpi_owner(vm, devid);
                 crate::runtime::devices::vits::guest_lpi(owner, me, id, devid, eventid)
             }
-            Some(Route::Doorbell { vcpu }) => crate::runtime::vpe::doorbell(vm, me, id, vcpu),
+            Some(Route::Doorbell { vcpu }) => match vcpu_of(crate::sched::VcpuId(vcpu as u32)) {
+                Some((owner, local)) => crate::runtime::vpe::doorbell(owner, me, id, local),
+                None => gic::eoi(id),
+            },
             Some(Route::Smmu) => {
                 crate::runtime::smmu::smmu_irq();
                 eoi_deactivate(id);
