@@ -43,7 +43,9 @@ fn domu_with_nvme(gic: &str) -> RunResult {
     let domu_cmd = format!(
         "ls /sys/bus/pci/devices | tr '\\n' ' ' | sed 's/^/domu-pci: /'; echo; {}; \
          echo domu-msis=$(grep nvme /proc/interrupts | awk '{{s+=$2}} END {{print s+0}}'); \
-         echo domu-its=$(grep -c ITS-MSI /proc/interrupts); {}",
+         echo domu-its=$(grep -c ITS-MSI /proc/interrupts); {}; \
+         printf '\\000\\000\\000\\010' | dd of=$D/config bs=4 seek=4 count=1 conv=notrunc 2>/dev/null; \
+         echo bar-moved",
         fio_verify("16M"),
         nvme_admin_queue_attack("0000:00:00.0", OUTSIDE)
     );
@@ -86,7 +88,8 @@ fn domu_with_nvme(gic: &str) -> RunResult {
     assert!(dom0_pci.contains("0000:00:01.0"), "{dom0_pci}");
     assert!(!dom0_pci.contains("0000:00:02.0"), "Dom0 sees the DomU's function: {dom0_pci}");
     assert!(stat_line(c, "pci.hidden_accesses").unwrap_or(0) > 0, "Dom0's bus scan read the hidden slot");
-    // The DomU sees exactly its function, at 0000:00:00.0 of its own bridge.
+    // The DomU sees exactly its function, at 0000:00:00.0 of its own bridge:
+    // its bus scan read the other 31 slots as empty.
     assert_console(&r, "(d1) domu-pci: 0000:00:00.0 \n");
     // Both fio runs read back what they wrote.
     assert_eq!(fio_errs(c, ""), [0], "Dom0's fio:\n{}", tail(c, 60));
@@ -106,6 +109,10 @@ fn domu_with_nvme(gic: &str) -> RunResult {
     assert_console(&r, &format!("SMMU0: F_TRANSLATION on stream 0x10 (d1), read of IPA {OUTSIDE:#x}"));
     assert!(stat_line(c, "smmu0.d1.faults").unwrap_or(0) >= 1, "{}", tail(c, 60));
     assert_eq!(stat_line(c, "smmu0.d0.faults"), Some(0));
+    // Moving its BAR over the GIC (0x08000000) is counted and not followed.
+    assert_console(&r, "(d1) bar-moved");
+    assert_console(&r, "d1: BAR0 of 0000:00:02.0 moved to 0x8000000: not followed");
+    assert_eq!(stat_line(c, "d1.pci.bar_moves"), Some(1));
     // The DomU stopped: its function was reset.
     assert_console(&r, "d1: pci 0000:00:02.0 reset (FLR)");
     assert_eq!(r.guest_exit, Some(0), "tail:\n{}", tail(c, 40));

@@ -241,3 +241,35 @@ fn bdfs_parse_as_linux_and_xen_print_them() {
         assert_eq!(bad.parse::<Bdf>(), Err(BdfError::Syntax), "{bad:?}");
     }
 }
+
+#[test]
+fn random_guest_accesses_never_reach_bars_io_enable_status_or_device_control() {
+    let mut rng = crate::testrng::Rng(0x5eed_0f7c);
+    let mut f = FakeNvme::new();
+    // MSI (64-bit, per-vector masking) where PM was, then MSI-X, PCIe.
+    f.cfg[0x40 / 4] = 0x0180_5005;
+    let mut a = assigned(&mut f);
+    f.writes.clear();
+    let offsets =
+        [0x00, 0x04, 0x06, 0x0c, 0x10, 0x14, 0x18, 0x30, 0x3c, 0x40, 0x44, 0x48, 0x4c, 0x50, 0x60, 0x68, 0x100];
+    for _ in 0..20_000 {
+        let off = offsets[rng.index(offsets.len())] + rng.below(4) as u16;
+        let size = [1u8, 2, 4, 3, 8][rng.index(5)];
+        let val = rng.next() as u32;
+        if rng.below(2) == 0 {
+            let _ = a.read(&mut f, off, size);
+        } else {
+            let _ = a.write(&mut f, off, size, val);
+        }
+    }
+    for &(off, val) in &f.writes {
+        assert!(!(0x10..0x28).contains(&off), "a guest write reached BAR register {off:#x}");
+        assert!(off != 0x68, "a guest write reached Device Control");
+        if off == 0x04 {
+            assert_eq!(val & 1, 0, "I/O space enabled");
+            assert_eq!(val >> 16, 0, "Status written");
+        }
+        assert!(off == 0x04 || (0x40..0x60).contains(&off), "write outside the writable fields: {off:#x}");
+    }
+    assert!(!f.writes.is_empty(), "the run exercised the writable fields");
+}
