@@ -57,8 +57,12 @@ fn vpci_mmio(vm: &Vm, _me: usize, v: &mut Vcpu, a: &MmioAccess, off: u64, value:
     let size = a.size;
     let mut fs = functions.lock();
     let target = slot.and_then(|s| Some((fs.get_mut(s)?, vm.pci_functions.get(s)?.config)));
-    let Some((f, config)) = target else {
-        // An empty slot, or another bus or function: nothing answers.
+    let Some((f, config)) = target.filter(|_| size <= 4) else {
+        // An empty slot, another bus or function, or a 64-bit access (a
+        // configuration access is at most a dword): nothing answers.
+        if size > 4 {
+            inc(&vm.pci_counters.cfg_bad);
+        }
         if !a.write {
             v.regs.set_reg(a.reg, esr::load_value(a, all_ones(size)));
         }

@@ -140,9 +140,10 @@ pub fn plan_pci(
     if probed.is_empty() {
         return Ok(plan);
     }
-    // BARs to carve, per bridge: (bridge, function index, BAR).
-    let mut cursor_by_bridge: Vec<(usize, u64, u64)> = Vec::new(); // (bridge, window base, next top)
-    let mut guest_next: Vec<(DomainId, u64, u8)> = Vec::new(); // (domid, next IPA, next slot)
+    // Per bridge: (bridge, its window's end, the carve's lowest address so
+    // far). Per DomU: (domid, its next free IPA, its next device number).
+    let mut carve_by_bridge: Vec<(usize, u64, u64)> = Vec::new();
+    let mut guest_next: Vec<(DomainId, u64, u8)> = Vec::new();
     for p in probed {
         let bdf = p.bdf;
         if plan.functions.iter().any(|f| f.bdf == bdf) {
@@ -161,11 +162,11 @@ pub fn plan_pci(
             .iter()
             .find(|w| w.space == PciSpace::Mem32 && !w.prefetchable)
             .ok_or(PlanError::PciNoWindow(bdf))?;
-        let state = match cursor_by_bridge.iter_mut().find(|c| c.0 == bridge) {
+        let state = match carve_by_bridge.iter_mut().find(|c| c.0 == bridge) {
             Some(c) => c,
             None => {
-                cursor_by_bridge.push((bridge, window.cpu.base, window.cpu.end()));
-                cursor_by_bridge.last_mut().expect("just pushed")
+                carve_by_bridge.push((bridge, window.cpu.end(), window.cpu.end()));
+                carve_by_bridge.last_mut().expect("just pushed")
             }
         };
         let g = match guest_next.iter_mut().find(|g| g.0 == p.domid) {
@@ -220,14 +221,10 @@ pub fn plan_pci(
         });
         g.2 += 1;
     }
-    plan.carves = cursor_by_bridge
+    plan.carves = carve_by_bridge
         .iter()
-        .map(|&(bridge, _, low)| {
-            let w = machine.pcie[bridge].windows.iter().find(|w| w.space == PciSpace::Mem32 && !w.prefetchable);
-            let end = w.map_or(low, |w| w.cpu.end());
-            (bridge, Region { base: low, size: end - low })
-        })
-        .filter(|(_, r)| r.size > 0)
+        .filter(|&&(_, end, low)| low < end)
+        .map(|&(bridge, end, low)| (bridge, Region { base: low, size: end - low }))
         .collect();
     Ok(plan)
 }
