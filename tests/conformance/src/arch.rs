@@ -348,6 +348,14 @@ pub fn debug_off() {
     unsafe { asm!("msr daifset, #8", options(nostack)) }
 }
 
+/// The spin-loop hint (Linux's `cpu_relax()` on arm64). It never traps;
+/// QEMU without MTTCG ends the running CPU's turn at it, so the other CPUs
+/// run while this one waits for them.
+pub fn yield_hint() {
+    // SAFETY: a hint; no effects on memory or registers.
+    unsafe { asm!("yield", options(nomem, nostack, preserves_flags)) }
+}
+
 pub fn wfi() {
     // SAFETY: waits for an interrupt; nothing else.
     unsafe { asm!("dsb sy", "wfi", options(nostack)) }

@@ -45,6 +45,10 @@ pub const LPI_COUNTED: usize = 64;
 pub const COUNTED: usize = 64;
 pub static PRIVATE: [[AtomicU32; COUNTED]; MAX_CPUS] = [const { [const { AtomicU32::new(0) }; COUNTED] }; MAX_CPUS];
 /// LPIs LPI_BASE.. taken (on any CPU), and the CPU that took each last.
+/// The virtual count when each CPU last took each counted private
+/// interrupt (read before acknowledging it): when a handler ran, seen from
+/// another CPU (the count is one clock for all CPUs).
+pub static TAKEN_AT: [[AtomicU64; COUNTED]; MAX_CPUS] = [const { [const { AtomicU64::new(0) }; COUNTED] }; MAX_CPUS];
 pub static LPIS: [AtomicU32; LPI_COUNTED] = [const { AtomicU32::new(0) }; LPI_COUNTED];
 pub static LPI_CPU: [AtomicU32; LPI_COUNTED] = [const { AtomicU32::new(0) }; LPI_COUNTED];
 /// Anything else taken: (count, last INTID).
@@ -145,6 +149,11 @@ pub fn count(cpu: usize, intid: u32) -> u32 {
     PRIVATE[cpu][intid as usize].load(Ordering::SeqCst)
 }
 
+/// The virtual count when `cpu` last took `intid` (see [`TAKEN_AT`]).
+pub fn taken_at(cpu: usize, intid: u32) -> u64 {
+    TAKEN_AT[cpu][intid as usize].load(Ordering::SeqCst)
+}
+
 /// The CPU that took LPI `intid` last.
 pub fn lpi_cpu(intid: u32) -> usize {
     LPI_CPU[(intid - LPI_BASE) as usize].load(Ordering::SeqCst) as usize
@@ -157,6 +166,7 @@ pub fn lpi_count(intid: u32) -> u32 {
 /// Takes every pending interrupt: counts it, quiets the timers' and the
 /// PMU's level sources (so the line drops), ends it.
 pub fn handle_irq(cpu: usize) {
+    let now = arch::cntvct();
     loop {
         let iar = arch::icc_iar1();
         let intid = (iar & 0xff_ffff) as u32;
@@ -172,6 +182,7 @@ pub fn handle_irq(cpu: usize) {
             arch::write_pmovsclr(u32::MAX as u64);
         }
         if (intid as usize) < COUNTED {
+            TAKEN_AT[cpu][intid as usize].store(now, Ordering::SeqCst);
             PRIVATE[cpu][intid as usize].fetch_add(1, Ordering::SeqCst);
         } else if (LPI_BASE..LPI_BASE + LPI_COUNTED as u32).contains(&intid) {
             LPI_CPU[(intid - LPI_BASE) as usize].store(cpu as u32, Ordering::SeqCst);

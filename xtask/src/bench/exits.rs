@@ -11,30 +11,52 @@
 //! lengths, the same on any host. Bare QEMU (no hypervisor, the guest at
 //! EL1) is the reference; the hypervisor runs it as Dom0 (2 vCPUs on 2
 //! pCPUs, the vITS backed by an NVMe disk it never touches) on GICv3 and on
-//! GICv4.
+//! GICv4, and with both vCPUs on one pCPU (GICv3), where an SGI to the
+//! other vCPU is a switch of vCPUs.
 
 use crate::conformance::{options, Placement};
 use crate::Result;
 use anyhow::{anyhow, Context};
 use std::fmt::Write as _;
 
-/// One run of the guest.
+/// One run of the guest: 2 CPUs (vCPUs under the hypervisor) on `pcpus`,
+/// with `hv_args` added to the hypervisor's.
 #[derive(Clone, Copy, Debug)]
 struct Case {
     label: &'static str,
     at: Placement,
     gic: u8,
+    pcpus: u32,
+    hv_args: &'static str,
 }
 
-const CASES: [Case; 3] = [
-    Case { label: "bare QEMU", at: Placement::Bare, gic: 3 },
-    Case { label: "hypervisor GICv3", at: Placement::Dom0, gic: 3 },
-    Case { label: "hypervisor GICv4", at: Placement::Dom0, gic: 4 },
+/// On one pCPU an SGI to the other vCPU preempts the sender, which was
+/// itself preempted by the last one: by default it is protected for
+/// `sched_wake_min_run_us` (100 µs) after it is switched back in, and the
+/// SGI waits for that, a policy, not a path. The case measures the path.
+const CASES: [Case; 4] = [
+    Case { label: "bare QEMU", at: Placement::Bare, gic: 3, pcpus: 2, hv_args: "" },
+    Case { label: "hypervisor GICv3", at: Placement::Dom0, gic: 3, pcpus: 2, hv_args: "" },
+    Case { label: "hypervisor GICv4", at: Placement::Dom0, gic: 4, pcpus: 2, hv_args: "" },
+    Case {
+        label: "GICv3, 1 pCPU, min run 0",
+        at: Placement::Dom0,
+        gic: 3,
+        pcpus: 1,
+        hv_args: "sched_wake_min_run_us=0",
+    },
 ];
 
 /// The operations, in the guest's order.
-pub const OPS: [&str; 6] =
-    ["smccc-unknown", "gicd-iidr-read", "uart-fr-read", "vtimer-expiry", "sgi-to-self", "sgi-to-other-cpu"];
+pub const OPS: [&str; 7] = [
+    "smccc-unknown",
+    "gicd-iidr-read",
+    "uart-fr-read",
+    "vtimer-expiry",
+    "sgi-to-self",
+    "sgi-to-other-cpu",
+    "sgi-to-other-handler",
+];
 
 /// `exit <name>: <ns> ns/op over <n>` lines: (name, ns per op).
 pub fn parse(console: &str) -> Vec<(String, f64)> {
@@ -68,7 +90,9 @@ pub fn report(results: &[(&str, Vec<(String, f64)>)]) -> String {
         s,
         "Recorded with `cargo xtask bench exits`: the conformance guest's `conformance.exits` loops, guest time \
          under `-icount shift=0` = instructions executed at every exception level. Dom0 has 2 vCPUs on 2 pCPUs \
-         and the vITS.\n"
+         (on 1 pCPU where the column says so, with `sched_wake_min_run_us=0`: see `CASES`) and the vITS. `sgi-to-other-cpu` is the round trip (until the \
+         sender saw the handler's count move), `sgi-to-other-handler` its first half (until the handler read \
+         the clock).\n"
     );
     let _ = write!(s, "| operation |");
     for (label, _) in results {
@@ -106,10 +130,13 @@ pub fn run() -> Result<()> {
     let mut failed = Vec::new();
     for c in CASES {
         eprintln!("xtask: bench exits: {}", c.label);
-        let mut o = options(c.at, c.gic, 2, crate::conformance::KernelFormat::Image)?;
+        let mut o = options(c.at, c.gic, c.pcpus, crate::conformance::KernelFormat::Image)?;
         o.icount = true;
         o.echo = false;
         o.append = Some("conformance.exits".into());
+        if !c.hv_args.is_empty() {
+            o.hv_args = format!("{} {}", o.hv_args, c.hv_args);
+        }
         let r = crate::run::qemu::run(&o)?;
         let got = parse(&r.console);
         let fails = failures(&r.console);
