@@ -32,9 +32,17 @@ pub fn id_regs() -> IdRegs {
     }
 }
 
-/// What this CPU implements.
+/// What the CPUs implement, decoded from the ID registers of the first
+/// CPU that asks (the boot CPU, at its EL2 init) and kept: every vCPU load
+/// and register switch asks, and decoding costs ~80 instructions a time.
+/// The hypervisor treats its pCPUs as one kind, as the platforms it runs on
+/// are (QEMU `virt`, FVP Base, Graviton); a secondary whose ID registers
+/// decode differently is reported at its init ([`init_extended_controls`]).
+static FEATURES: spin::Once<CpuFeatures> = spin::Once::new();
+
+/// What the CPUs implement (see [`FEATURES`]).
 pub fn cpu_features() -> CpuFeatures {
-    CpuFeatures::from_id_regs(&id_regs())
+    *FEATURES.call_once(|| CpuFeatures::from_id_regs(&id_regs()))
 }
 
 /// Writes the EL2 controls later architecture versions added
@@ -44,6 +52,10 @@ pub fn cpu_features() -> CpuFeatures {
 /// them for EL2 (SCR_EL3.HXEn, FGTEn), as Linux's boot protocol requires
 /// of firmware for the same CPUs.
 pub fn init_extended_controls() {
+    let here = CpuFeatures::from_id_regs(&id_regs());
+    if here != cpu_features() {
+        log::error!("this pCPU's features differ from the boot CPU's, which every pCPU is run with: {here:?}");
+    }
     let c = traps::extended_controls(&cpu_features());
     if let Some(hcrx) = c.hcrx {
         HCRX_EL2.set(hcrx);
@@ -75,15 +87,14 @@ pub fn mitigation_cpu_id() -> crate::mitigations::CpuId {
     }
 }
 
-/// Whether this CPU has FEAT_RAS (reads one ID register).
+/// Whether the CPUs have FEAT_RAS.
 pub fn has_ras() -> bool {
-    CpuFeatures::from_id_regs(&IdRegs { pfr0: ID_AA64PFR0_EL1.get(), ..IdRegs::default() }).ras
+    cpu_features().ras
 }
 
-/// Whether this CPU has pointer authentication (reads two ID registers).
+/// Whether the CPUs have pointer authentication.
 pub fn has_pauth() -> bool {
-    let ids = IdRegs { isar1: ID_AA64ISAR1_EL1.get(), isar2: ID_AA64ISAR2_EL1.get(), ..IdRegs::default() };
-    CpuFeatures::from_id_regs(&ids).pauth
+    cpu_features().pauth
 }
 
 /// ID_AA64MMFR0_EL1.PARange: the physical address size this CPU implements

@@ -62,8 +62,7 @@ pub fn save(vgic: &VgicCell, id: usize, lrs: &mut [u64], used: bool) -> Option<S
     }
     gic::vcpu_if_off();
     used.then(|| {
-        let mut vgic = vgic.lock();
-        let kicks = vgic.sync_lrs(id, lrs);
-        Saved { kicks, hw: vgic.take_hw_deactivations() }
+        let (kicks, hw) = vgic.sync(id, lrs);
+        Saved { kicks, hw }
     })
 }

@@ -53,9 +53,15 @@ pub(super) fn wake_vcpu(vm: &Vm, me: usize, k: usize, now: u64, cause: WakeCause
     inc(&vm.shared[k].counters.kicks);
     let g = vm.gid(k);
     let w = wake::wake(vm.sched, me, now, g, cause);
-    vm.trace[me].lock().wake(now, g, cause, w.blocked, w.action, w.deferral);
+    {
+        // One lock round trip and one time stamp for both notes.
+        let mut t = vm.trace[me].lock();
+        t.wake(now, g, cause, w.blocked, w.action, w.deferral);
+        if let Some(p) = w.kick {
+            t.push(now, Event::Kick { pcpu: p as u16 });
+        }
+    }
     if let Some(p) = w.kick {
-        rec(vm, me, Event::Kick { pcpu: p as u16 });
         percpu::kick(p);
     }
     do_wake_action(me, w.action);

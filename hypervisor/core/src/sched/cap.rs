@@ -58,12 +58,12 @@ impl Scheduler {
 
     /// The domain of a vCPU.
     pub fn domain_of(&self, vcpu: VcpuId) -> Option<DomainId> {
-        self.index.get(&vcpu).map(|&s| self.domains[self.vcpus[s].dom].id)
+        self.index.get(vcpu).map(|s| self.domains[self.vcpus[s].dom].id)
     }
 
     /// Parked for lack of budget (runnable, not on a runqueue).
     pub fn is_parked(&self, vcpu: VcpuId) -> bool {
-        self.index.get(&vcpu).is_some_and(|&s| self.vcpus[s].parked)
+        self.index.get(vcpu).is_some_and(|s| self.vcpus[s].parked)
     }
 
     /// Make sure the (capped) vCPU `s` holds budget, drawing a quota from

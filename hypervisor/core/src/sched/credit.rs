@@ -67,12 +67,12 @@ impl Scheduler {
 
     /// A vCPU's weight (its own, or its domain's).
     pub fn vcpu_weight(&self, vcpu: VcpuId) -> Option<u32> {
-        self.index.get(&vcpu).map(|&s| self.vcpus[s].weight)
+        self.index.get(vcpu).map(|s| self.vcpus[s].weight)
     }
 
     /// Current credit (ns) of a vCPU.
     pub fn credit(&self, vcpu: VcpuId) -> Option<i64> {
-        self.index.get(&vcpu).map(|&s| self.vcpus[s].credit)
+        self.index.get(vcpu).map(|s| self.vcpus[s].credit)
     }
 
     /// Charge a running vCPU for its time since the last burn: credit

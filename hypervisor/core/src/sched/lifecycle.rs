@@ -59,7 +59,7 @@ impl Scheduler {
     /// Register a vCPU of domain `dom` (offline until [`Scheduler::power_on`]).
     /// `affinity = Some(p)` pins it to pCPU `p`.
     pub fn add_vcpu(&mut self, vcpu: VcpuId, dom: DomainId, affinity: Option<usize>) -> Result<(), SchedError> {
-        if self.index.contains_key(&vcpu) {
+        if self.index.contains_key(vcpu) {
             return Err(SchedError::DuplicateVcpu(vcpu));
         }
         let d = self.dom_slot(dom)?;

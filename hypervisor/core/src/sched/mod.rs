@@ -294,11 +294,57 @@ struct Pcpu {
     loan: bool,
 }
 
+/// vCPU id to its slot in [`Scheduler`]'s records. Every wake, block and
+/// switch looks one up; the hypervisor's ids are small (a VM's first id
+/// plus the vCPU's index), so ids below [`DENSE_IDS`] are one table load,
+/// and only larger ones search a map.
+#[derive(Default)]
+struct SlotIndex {
+    /// Slot + 1 per id below [`DENSE_IDS`], 0 for none.
+    dense: Vec<u32>,
+    sparse: BTreeMap<VcpuId, usize>,
+}
+
+/// Ids below this are looked up in [`SlotIndex`]'s table.
+const DENSE_IDS: u32 = 4096;
+
+impl SlotIndex {
+    fn get(&self, v: VcpuId) -> Option<usize> {
+        if v.0 < DENSE_IDS {
+            match self.dense.get(v.0 as usize) {
+                Some(&s) if s > 0 => Some(s as usize - 1),
+                _ => None,
+            }
+        } else {
+            self.sparse.get(&v).copied()
+        }
+    }
+
+    fn contains_key(&self, v: VcpuId) -> bool {
+        self.get(v).is_some()
+    }
+
+    fn insert(&mut self, v: VcpuId, slot: usize) {
+        match u32::try_from(slot + 1) {
+            Ok(s) if v.0 < DENSE_IDS => {
+                let i = v.0 as usize;
+                if self.dense.len() <= i {
+                    self.dense.resize(i + 1, 0);
+                }
+                self.dense[i] = s;
+            }
+            _ => {
+                self.sparse.insert(v, slot);
+            }
+        }
+    }
+}
+
 /// The scheduler: all vCPUs of all domains over `nr_pcpus` pCPUs.
 pub struct Scheduler {
     cfg: SchedConfig,
     vcpus: Vec<Vcpu>,
-    index: BTreeMap<VcpuId, usize>,
+    index: SlotIndex,
     domains: Vec<Domain>,
     dom_index: BTreeMap<DomainId, usize>,
     pcpus: Vec<Pcpu>,
@@ -327,7 +373,7 @@ impl Scheduler {
         Ok(Self {
             cfg,
             vcpus: Vec::new(),
-            index: BTreeMap::new(),
+            index: SlotIndex::default(),
             domains: Vec::new(),
             dom_index: BTreeMap::new(),
             pcpus,
@@ -388,12 +434,12 @@ impl Scheduler {
 
     /// Counters and histogram of a vCPU.
     pub fn stats(&self, vcpu: VcpuId) -> Option<&VcpuStats> {
-        self.index.get(&vcpu).map(|&s| &self.vcpus[s].stats)
+        self.index.get(vcpu).map(|s| &self.vcpus[s].stats)
     }
 
     /// For the counters the trap code owns (injections, kicks, WFI/WFE traps).
     pub fn stats_mut(&mut self, vcpu: VcpuId) -> Option<&mut VcpuStats> {
-        self.index.get(&vcpu).map(|&s| &mut self.vcpus[s].stats)
+        self.index.get(vcpu).map(|s| &mut self.vcpus[s].stats)
     }
 
     /// All vCPU ids, in registration order.
@@ -402,12 +448,12 @@ impl Scheduler {
     }
 
     pub fn state(&self, vcpu: VcpuId) -> Option<RunState> {
-        self.index.get(&vcpu).map(|&s| self.vcpus[s].state)
+        self.index.get(vcpu).map(|s| self.vcpus[s].state)
     }
 
     /// Runnable but descheduled involuntarily (a directed-yield candidate).
     pub fn is_preempted(&self, vcpu: VcpuId) -> bool {
-        self.index.get(&vcpu).is_some_and(|&s| {
+        self.index.get(vcpu).is_some_and(|s| {
             let v = &self.vcpus[s];
             v.preempted && !v.parked && v.state == RunState::Runnable
         })
@@ -429,7 +475,7 @@ impl Scheduler {
     }
 
     pub(super) fn slot(&self, v: VcpuId) -> Result<usize, SchedError> {
-        self.index.get(&v).copied().ok_or(SchedError::UnknownVcpu(v))
+        self.index.get(v).ok_or(SchedError::UnknownVcpu(v))
     }
 
     pub(super) fn dom_slot(&self, d: DomainId) -> Result<usize, SchedError> {

@@ -5,7 +5,11 @@
 //! Contract: bit `i` of `idle` is set only by [`VgicCell::flush`] for vCPU
 //! `i`, under the lock, when `flush_lrs` found nothing for it
 //! ([`FlushResult::idle`]); every other way into the model ([`VgicCell::lock`])
-//! clears all the bits before the guard is handed out, so a set bit means
+//! clears all the bits before the guard is handed out (an SGI,
+//! [`VgicCell::send_sgi`], all but the sender's when nothing of the sender's
+//! changes; a change of one vCPU's private interrupts,
+//! [`VgicCell::lock_private`], that vCPU's; the fold of one vCPU's LRs,
+//! [`VgicCell::sync`], that vCPU's and those it kicks), so a set bit means
 //! "no change since a flush found nothing". A reader that sees a bit an
 //! instant before a change clears it is in the same place as one that
 //! flushed an instant before the change: the change's kick (an SGI to the
@@ -14,8 +18,9 @@
 //! [`VgicCell::read`] hands out the model for reading only and keeps the
 //! bits: reads change no delivery state.
 
-use super::{FlushResult, Vgic};
+use super::{FlushResult, HwDeactivation, Kicks, Vgic, VgicError};
 use crate::sync::{Mutex, MutexGuard};
+use alloc::vec::Vec;
 use core::ops::Deref;
 use core::sync::atomic::{AtomicU64, Ordering};
 
@@ -50,10 +55,55 @@ impl VgicCell {
         g
     }
 
+    /// The model, to change vCPU `id`'s private interrupts only (resampling
+    /// its forwarded PPIs against their sources at a switch or a WFI): only
+    /// `id`'s note is dropped, as no other vCPU's delivery can change.
+    #[inline]
+    pub fn lock_private(&self, id: usize) -> MutexGuard<'_, Vgic> {
+        let g = self.vgic.lock();
+        if id < 64 {
+            self.idle.store(self.idle.load(Ordering::Relaxed) & !(1 << id), Ordering::Release);
+        }
+        g
+    }
+
+    /// `Vgic::sync_lrs` for vCPU `id` and the HW deactivations it queued.
+    /// Only the notes of `id` and of the vCPUs it returns to kick are
+    /// dropped: an interrupt the fold makes deliverable elsewhere is always
+    /// a kick (the vCPU must notice it wherever it runs), and the kick is
+    /// sent after the lock is released, as for every change.
+    pub fn sync(&self, id: usize, lrs: &mut [u64]) -> (Kicks, Vec<HwDeactivation>) {
+        let mut g = self.vgic.lock();
+        let kicks = g.sync_lrs(id, lrs);
+        let mut drop = if id < 64 { 1u64 << id } else { 0 };
+        for k in kicks.iter().take_while(|&k| k < 64) {
+            drop |= 1 << k;
+        }
+        self.idle.store(self.idle.load(Ordering::Relaxed) & !drop, Ordering::Release);
+        let hw = g.take_hw_deactivations();
+        (kicks, hw)
+    }
+
     /// The model, for reading only: the idle notes stay.
     #[inline]
     pub fn read(&self) -> VgicRead<'_> {
         VgicRead(self.vgic.lock())
+    }
+
+    /// [`Vgic::send_sgi`] from vCPU `from`, with its EOI watch set to
+    /// `watch` first ([`Vgic::watch_active_eoi`]). Every idle note is dropped
+    /// before the change, as by [`VgicCell::lock`], except `from`'s when
+    /// neither the SGI nor the watch reaches `from`: an IPI to other vCPUs
+    /// leaves the sender's next entry nothing to flush.
+    pub fn send_sgi(&self, from: usize, icc_sgi1r: u64, watch: bool) -> Result<Kicks, VgicError> {
+        let mut g = self.vgic.lock();
+        let mut keep = if from < 64 && !g.sgi_reaches(from, icc_sgi1r, from) { 1u64 << from } else { 0 };
+        if g.watch_active_eoi(from, watch) {
+            keep = 0;
+        }
+        // The notes are written under the lock only: no RMW needed.
+        self.idle.store(self.idle.load(Ordering::Relaxed) & keep, Ordering::Release);
+        g.send_sgi(from, icc_sgi1r)
     }
 
     /// Whether vCPU `id`'s last flush found nothing and nothing changed
@@ -109,6 +159,60 @@ mod tests {
         g.mmio_write(0, GICD + IGROUPR + 4, 4, 0xffff_ffff).unwrap();
         g.mmio_write(0, GICD + ISENABLER + 4, 4, 1 << 8).unwrap();
         VgicCell::new(g)
+    }
+
+    #[test]
+    fn an_sgi_to_others_keeps_the_senders_note_only() {
+        let c = cell();
+        for v in 0..2u64 {
+            // SGI 1: Group 1, enabled, in each vCPU's SGI_base frame.
+            let sgi = GICR + v * GICR_STRIDE + SGI_FRAME;
+            c.lock().mmio_write(v as usize, sgi + IGROUPR, 4, 0xffff_ffff).unwrap();
+            c.lock().mmio_write(v as usize, sgi + ISENABLER, 4, 1 << 1).unwrap();
+        }
+        let mut lrs = [0u64; 4];
+        assert!(c.flush(0, &mut lrs).idle && c.flush(1, &mut lrs).idle);
+        // SGI 1 from vCPU 0 to vCPU 1 (Aff0 = 1 in the target list).
+        let to_1 = 1u64 << 24 | 1 << 1;
+        assert!(!c.send_sgi(0, to_1, false).unwrap().is_empty(), "vCPU 1 is kicked");
+        assert!(c.is_idle(0), "the sender's note stays");
+        assert!(!c.is_idle(1), "the target's goes");
+        let mut l1 = [0u64; 4];
+        assert_eq!(c.flush(1, &mut l1).filled, 1, "and its flush finds the SGI");
+        // To itself: the sender's note goes too.
+        let _ = c.send_sgi(0, 1 << 24 | 1, false).unwrap();
+        assert!(!c.is_idle(0));
+        assert_eq!(c.flush(0, &mut lrs).filled, 1);
+        // Broadcast (IRM) reaches every vCPU but the sender: vCPU 1 alone
+        // (its LR still holds the first SGI, nothing new to fill).
+        let mut l0 = [0u64; 4];
+        let _ = c.flush(0, &mut l0);
+        let _ = c.send_sgi(1, 1 << 24 | 1 << 40, false).unwrap();
+        assert!(!c.is_idle(0));
+        // A change of the sender's EOI watch drops its note as well, even
+        // for an SGI to others.
+        let c = cell();
+        assert!(c.flush(0, &mut [0u64; 4]).idle);
+        let _ = c.send_sgi(0, to_1, false).unwrap();
+        assert!(c.is_idle(0));
+        let _ = c.send_sgi(0, to_1, true).unwrap();
+        assert!(!c.is_idle(0), "the watch changed");
+    }
+
+    #[test]
+    fn a_sync_drops_its_own_note_and_keeps_the_others() {
+        let c = cell();
+        c.lock().inject_edge(IntId::try_from(40).unwrap(), 0).unwrap();
+        let mut lrs = [0u64; 4];
+        assert_eq!(c.flush(0, &mut lrs).filled, 1);
+        assert!(c.flush(1, &mut [0u64; 4]).idle);
+        // The guest took and deactivated it: state 0 in its LR.
+        lrs[0] &= !(3 << 62);
+        let (kicks, hw) = c.sync(0, &mut lrs);
+        assert!(kicks.is_empty() && hw.is_empty());
+        assert!(!c.is_idle(0), "the synced vCPU looks again");
+        assert!(c.is_idle(1), "a vCPU the fold did not kick keeps its note");
+        assert!(c.flush(0, &mut lrs).idle, "and finds nothing");
     }
 
     #[test]

@@ -7,7 +7,7 @@
 //! one vCPU's LRs (the `in_lr` field of the interrupt).
 
 use super::regs::*;
-use super::{Irq, Kicks, Vgic, MAX_SPIS, NO_INTID, NO_VCPU, NR_PRIVATE, NUM_LRS_MAX};
+use super::{Irq, Kicks, Vgic, NO_INTID, NO_VCPU, NR_PRIVATE, NUM_LRS_MAX};
 use crate::intid::IntId;
 
 /// What `flush_lrs` did.
@@ -61,9 +61,17 @@ pub fn encode_lr(intid: u32, priority: u8, hw: Option<u32>, eoi: bool, pending: 
     v
 }
 
-/// Up to `NUM_LRS_MAX` best candidates, kept sorted by key (lower is better).
+/// The most interrupts one flush puts in the LRs: the platforms' CPUs have
+/// 4 LRs (QEMU's `max`, Neoverse N1/V1). A CPU with more free LRs (up to
+/// 16) gets the rest at the next entry: the flush reports the overflow, so
+/// the underflow maintenance interrupt brings that entry about. Four keeps
+/// [`Best`] small enough to be set up in registers, not by a call to
+/// `memset` at every flush.
+const BEST_MAX: usize = 4;
+
+/// Up to [`BEST_MAX`] best candidates, kept sorted by key (lower is better).
 struct Best {
-    items: [(u32, u32); NUM_LRS_MAX],
+    items: [(u32, u32); BEST_MAX],
     len: usize,
     cap: usize,
 }
@@ -108,10 +116,15 @@ impl Vgic {
     /// maintenance, so the guest's deactivation is an exit: the trap code
     /// learns when the handler it interrupted ends (a lock-holder grace
     /// opened inside that handler, `sched::GraceWatch`). Takes effect at the
-    /// next `flush_lrs`, as LRs are filled afresh after each sync.
-    pub fn watch_active_eoi(&mut self, vcpu: usize, on: bool) {
-        if let Some(vs) = self.vcpus.get_mut(vcpu) {
-            vs.eoi_watch = on;
+    /// next `flush_lrs`, as LRs are filled afresh after each sync. Returns
+    /// whether the setting changed.
+    pub fn watch_active_eoi(&mut self, vcpu: usize, on: bool) -> bool {
+        match self.vcpus.get_mut(vcpu) {
+            Some(vs) if vs.eoi_watch != on => {
+                vs.eoi_watch = on;
+                true
+            }
+            _ => false,
         }
     }
 
@@ -141,8 +154,14 @@ impl Vgic {
             res.idle = true;
             return res;
         }
-        let free = (0..n).filter(|&s| vs.lr_shadow[s] == NO_INTID && lrs[s] & LR_STATE_MASK == 0).count();
-        let mut best = Best { items: [(0, 0); NUM_LRS_MAX], len: 0, cap: free };
+        // Free: not holding one of ours (`lr_held` mirrors `lr_shadow`) and
+        // empty in the hardware's copy.
+        let free = lrs[..n]
+            .iter()
+            .enumerate()
+            .filter(|&(s, &lr)| vs.lr_held & (1 << s) == 0 && lr & LR_STATE_MASK == 0)
+            .count();
+        let mut best = Best { items: [(0, 0); BEST_MAX], len: 0, cap: free.min(BEST_MAX) };
         let mut total = 0usize;
         // Active first, then by priority, then by INTID (14 bits with LPIs).
         let key = |priority: u8, intid: u32, active: bool| -> u32 {
@@ -161,32 +180,8 @@ impl Vgic {
                 best.offer(key(irq.priority, i as u32, act), i as u32);
             }
         }
-        // Only SPIs changed since they were last found idle (`spi_live`).
-        let mut idle = [0u64; MAX_SPIS.div_ceil(64) as usize];
-        for i in self.live_spis() {
-            let irq = &self.spis[i];
-            if irq.idle() {
-                idle[i / 64] |= 1 << (i % 64);
-                continue;
-            }
-            let intid = NR_PRIVATE + i as u32;
-            let mine = if irq.active && irq.active_on != NO_VCPU {
-                irq.active_on as usize == vcpu
-            } else {
-                self.spi_target.get(i).is_some_and(|&t| t as usize == vcpu)
-            };
-            if !mine {
-                continue;
-            }
-            if let Some((_, act)) = self.lr_candidate(irq) {
-                total += 1;
-                best.offer(key(irq.priority, intid, act), intid);
-            }
-        }
+        total += self.spi_candidates(vcpu, |prio, intid, act| best.offer(key(prio, intid, act), intid));
         total += self.lpi_candidates(vcpu, |prio, intid| best.offer(key(prio, intid, false), intid));
-        for (live, idle) in self.spi_live.iter_mut().zip(idle) {
-            *live &= !idle;
-        }
         self.vcpus[vcpu].private_live &= !private_idle;
 
         let mut slot = 0usize;
@@ -241,6 +236,46 @@ impl Vgic {
             }
         }
         res
+    }
+
+    /// The SPIs changed since they were last found idle (`spi_live`) that
+    /// could go in `vcpu`'s LRs, offered to `offer` (priority, INTID,
+    /// active), a word of `spi_live` at a time: the ones found idle leave
+    /// the word at its end (no scratch array to clear and fold back at every
+    /// flush). Returns how many were offered.
+    fn spi_candidates(&mut self, vcpu: usize, mut offer: impl FnMut(u8, u32, bool)) -> usize {
+        let mut offered = 0;
+        for w in 0..self.spi_live.len() {
+            let mut bits = self.spi_live[w];
+            let mut idle = 0u64;
+            while bits != 0 {
+                let b = bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                let i = w * 64 + b;
+                let Some(irq) = self.spis.get(i) else {
+                    continue;
+                };
+                if irq.idle() {
+                    idle |= 1 << b;
+                    continue;
+                }
+                let intid = NR_PRIVATE + i as u32;
+                let mine = if irq.active && irq.active_on != NO_VCPU {
+                    irq.active_on as usize == vcpu
+                } else {
+                    self.spi_target.get(i).is_some_and(|&t| t as usize == vcpu)
+                };
+                if !mine {
+                    continue;
+                }
+                if let Some((_, act)) = self.lr_candidate(irq) {
+                    offered += 1;
+                    offer(irq.priority, intid, act);
+                }
+            }
+            self.spi_live[w] &= !idle;
+        }
+        offered
     }
 
     /// After an exit of `vcpu`: folds the state of every LR this model filled

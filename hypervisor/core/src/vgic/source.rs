@@ -54,25 +54,30 @@ impl Vgic {
     /// INTID\[27:24\]; IRM\[40\] = all but self; otherwise the vCPUs whose
     /// affinity is Aff3\[55:48\].Aff2\[39:32\].Aff1\[23:16\] and whose Aff0 is
     /// RS\[47:44\] * 16 + a bit index set in TargetList\[15:0\].
-    pub fn send_sgi(&mut self, from_vcpu: usize, icc_sgi1r: u64) -> Result<Kicks, VgicError> {
-        self.check_vcpu(from_vcpu)?;
-        let intid = ((icc_sgi1r >> 24) & 0xF) as u32;
-        let mut kicks = Kicks::none();
-        let broadcast = icc_sgi1r & (1 << 40) != 0;
+    /// Whether a write of `icc_sgi1r` to ICC_SGI1R_EL1 by `from_vcpu`
+    /// targets vCPU `v` (see [`Vgic::send_sgi`]).
+    pub fn sgi_reaches(&self, from_vcpu: usize, icc_sgi1r: u64, v: usize) -> bool {
+        let Some(vs) = self.vcpus.get(v) else {
+            return false;
+        };
+        if icc_sgi1r & (1 << 40) != 0 {
+            return v != from_vcpu;
+        }
         let upper = ((icc_sgi1r >> 48) & 0xFF) << 32 // Aff3
             | ((icc_sgi1r >> 32) & 0xFF) << 16 // Aff2
             | ((icc_sgi1r >> 16) & 0xFF) << 8; // Aff1
         let rs = (icc_sgi1r >> 44) & 0xF;
         let list = icc_sgi1r & 0xFFFF;
+        let aff0 = vs.mpidr & 0xFF;
+        vs.mpidr & (AFFINITY_MASK & !0xFF) == upper && aff0 >> 4 == rs && list & (1 << (aff0 & 0xF)) != 0
+    }
+
+    pub fn send_sgi(&mut self, from_vcpu: usize, icc_sgi1r: u64) -> Result<Kicks, VgicError> {
+        self.check_vcpu(from_vcpu)?;
+        let intid = ((icc_sgi1r >> 24) & 0xF) as u32;
+        let mut kicks = Kicks::none();
         for v in 0..self.vcpus.len() {
-            let target = if broadcast {
-                v != from_vcpu
-            } else {
-                let mpidr = self.vcpus[v].mpidr;
-                let aff0 = mpidr & 0xFF;
-                mpidr & (AFFINITY_MASK & !0xFF) == upper && aff0 >> 4 == rs && list & (1 << (aff0 & 0xF)) != 0
-            };
-            if target {
+            if self.sgi_reaches(from_vcpu, icc_sgi1r, v) {
                 self.vcpus[v].private[intid as usize].latch = true;
                 self.vcpus[v].private_live |= 1 << intid;
                 kicks.merge(self.kick_for(v, intid));

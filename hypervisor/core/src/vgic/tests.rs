@@ -425,6 +425,28 @@ fn distributor_enable_gates_delivery() {
     assert!(g.has_deliverable(0));
 }
 
+/// A CPU with 16 LRs gets at most four interrupts per flush (the
+/// candidates one flush keeps); the rest are reported as overflow and come
+/// at the next entries, highest priority first.
+#[test]
+fn sixteen_lrs_take_four_per_flush_and_the_rest_next() {
+    let mut g = booted(1, 64);
+    for intid in 32..44u32 {
+        enable(&mut g, 0, intid);
+        set_prio(&mut g, 0, intid, 0x80 - (intid as u8 - 32) * 8);
+        g.inject_edge(id(intid), 0).unwrap();
+    }
+    let mut lrs = [0u64; 16];
+    let mut want: Vec<u32> = (32..44).rev().collect();
+    for round in 0..3 {
+        let r = g.flush_lrs(0, &mut lrs);
+        assert_eq!((r.filled, r.overflow), (4, round < 2), "round {round}");
+        let got: Vec<u32> = lrs[round * 4..round * 4 + 4].iter().map(|&v| lr_intid(v)).collect();
+        assert_eq!(got, want.drain(..4).collect::<Vec<u32>>(), "round {round}: the four of highest priority left");
+        assert!(lrs[round * 4 + 4..].iter().all(|&v| v == 0));
+    }
+}
+
 #[test]
 fn flush_by_priority_with_overflow() {
     let mut g = booted(1, 64);

@@ -28,13 +28,9 @@ fn send_sgi(vm: &Vm, me: usize, v: &mut Vcpu, value: u64) {
     let a = vm.sched.lock().note_critical_exit(now_ns(), me, evidence);
     v.lhp_grace = (evidence == CritEvidence::IrqsMasked).then(|| GraceWatch::open(gic::active_group1_priorities()));
     do_wake_action(me, a.unwrap_or(WakeAction::None));
-    let kicks = {
-        let mut vgic = vm.vgic.lock();
-        // Sent from an interrupt handler: its EOI will be an exit, where the
-        // grace can end (`GraceWatch`).
-        vgic.watch_active_eoi(v.id, v.lhp_grace.is_some_and(GraceWatch::in_handler));
-        vgic.send_sgi(v.id, value)
-    };
+    // Sent from an interrupt handler: its EOI will be an exit, where the
+    // grace can end (`GraceWatch`).
+    let kicks = vm.vgic.send_sgi(v.id, value, v.lhp_grace.is_some_and(GraceWatch::in_handler));
     if let Ok(k) = kicks {
         process_kicks(vm, me, k, WakeCause::Sgi);
     }

@@ -218,10 +218,19 @@ fn arm_timer(me: usize, p: &PcpuShared, deadline: &mut Option<u64>, sample: Opti
 
 fn load_vcpu(vm: &Vm, me: usize, v: &mut Vcpu) {
     let vt = vm.virt_timer_intid;
-    vm.shared[v.id].vtimer_deadline.store(u64::MAX, Ordering::Release);
-    vm.shared[v.id].wake_at.store(u64::MAX, Ordering::Release);
-    vm.shared[v.id].ptimer_deadline.store(u64::MAX, Ordering::Release);
-    percpu::note_timers_changed(vm.shared[v.id].vtimer_home.load(Ordering::Relaxed));
+    // The deadlines the EL2 timer watched for the vCPU while it was away
+    // end; the pCPU that watched recomputes its earliest only if there was
+    // one (only the pCPU holding the vCPU writes them: no swap needed).
+    let s = &vm.shared[v.id];
+    let watched = s.vtimer_deadline.load(Ordering::Acquire)
+        & s.wake_at.load(Ordering::Acquire)
+        & s.ptimer_deadline.load(Ordering::Acquire);
+    if watched != u64::MAX {
+        s.vtimer_deadline.store(u64::MAX, Ordering::Release);
+        s.wake_at.store(u64::MAX, Ordering::Release);
+        s.ptimer_deadline.store(u64::MAX, Ordering::Release);
+        percpu::note_timers_changed(s.vtimer_home.load(Ordering::Relaxed));
+    }
     // The EL2 timer may have raised its physical timer's line while it was
     // away (`vm_timers_expired`): the model follows the timer again.
     ptimer_sync(vm, me, v, v.ptimer.ctl & 1 != 0);
@@ -235,7 +244,7 @@ fn load_vcpu(vm: &Vm, me: usize, v: &mut Vcpu) {
     // it does not fire again.
     let line = crate::time::vtimer_line(v.el1.cntv_ctl, v.el1.cntv_cval, percpu::counter());
     {
-        let mut vgic = vm.vgic.lock();
+        let mut vgic = vm.vgic.lock_private(v.id);
         load_forwarded_ppi(&mut vgic, me, v.id, vt, line);
         // The PMU's overflow line is a level too, as its saved registers
         // drive it; set before they go back on the PMU, which raises the
@@ -270,7 +279,7 @@ fn load_vcpu(vm: &Vm, me: usize, v: &mut Vcpu) {
 /// virtual pending state also ends the physical PPI's active state, so it
 /// can fire again.
 fn resampled<'a>(vm: &'a Vm, me: usize, v: &Vcpu) -> crate::sync::MutexGuard<'a, crate::vgic::Vgic> {
-    let mut vgic = vm.vgic.lock();
+    let mut vgic = vm.vgic.lock_private(v.id);
     let line = crate::time::vtimer_line(CNTV_CTL_EL0.get(), CNTV_CVAL_EL0.get(), percpu::counter());
     resample_forwarded_ppi(&mut vgic, me, v.id, vm.virt_timer_intid, line);
     if let (Some(p), Placement::Loaded) = (vm.pmu_intid, v.pmu.placement) {
@@ -320,14 +329,18 @@ fn save_vcpu(vm: &Vm, me: usize, v: &mut Vcpu) {
         el2::set_hcr(VirtualSError::on_switch_out(el2::hcr()));
     }
     gic::set_private_active(me, vm.virt_timer_intid, false);
-    let busy = vm.vgic.lock().is_pending_or_active(v.id, vm.virt_timer_intid);
+    let busy = vm.vgic.read().is_pending_or_active(v.id, vm.virt_timer_intid);
     let (ctl, cval) = (v.el1.cntv_ctl, v.el1.cntv_cval);
     let deadline = crate::time::saved_vtimer_deadline_ns(ctl, cval, percpu::cntfrq(), vm.timer_slop_ns, busy);
     vm.shared[v.id].vtimer_home.store(me, Ordering::Relaxed);
     vm.shared[v.id].vtimer_deadline.store(deadline, Ordering::Release);
     let pt = v.ptimer.watch_ns(v.ptimer_level, percpu::cntfrq());
     vm.shared[v.id].ptimer_deadline.store(pt, Ordering::Release);
-    percpu::note_timers_changed(me);
+    // Both were cleared when the vCPU was loaded: nothing to watch is no
+    // change for this pCPU's earliest deadline.
+    if deadline & pt != u64::MAX {
+        percpu::note_timers_changed(me);
+    }
 }
 
 /// Drives vCPU `v`'s EL1 physical timer line into the vGIC when it changed
@@ -394,8 +407,11 @@ fn block(vm: &Vm, me: usize, v: &mut Vcpu, limit: u64) -> Next {
     if pending && !was_resident {
         return Next::Enter;
     }
-    vm.shared[id].wake_at.store(limit, Ordering::Release);
-    percpu::note_timers_changed(vm.shared[id].vtimer_home.load(Ordering::Relaxed));
+    // No WFIT limit (a plain WFI) leaves `wake_at` as the load cleared it.
+    if limit != u64::MAX {
+        vm.shared[id].wake_at.store(limit, Ordering::Release);
+        percpu::note_timers_changed(vm.shared[id].vtimer_home.load(Ordering::Relaxed));
+    }
     let r = vm.sched.lock().block(now_ns(), me);
     drop(vgic);
     match r {

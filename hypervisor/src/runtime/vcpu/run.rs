@@ -190,9 +190,12 @@ pub(super) fn follow_routes(vm: &Vm, me: usize, id: usize) {
     if vm.nr_pcpus < 2 || vm.forwarded.is_empty() {
         return;
     }
-    let vgic = vm.vgic.lock();
+    let vgic = vm.vgic.read();
     for (i, &intid) in vm.forwarded.iter().enumerate() {
-        if vgic.route_of(intid) == Some(id)
+        // A plain load first: the swap (an exclusive-access loop) only for
+        // a route that moves.
+        if vm.forwarded_pcpu[i].load(Ordering::Acquire) != me
+            && vgic.route_of(intid) == Some(id)
             && vgic.spi_enabled(intid)
             && vm.forwarded_pcpu[i].swap(me, Ordering::AcqRel) != me
         {
@@ -214,7 +217,7 @@ pub(super) fn resync_private_active(vm: &Vm, me: usize, id: usize) {
 #[inline(never)]
 fn resync_private_active_now(vm: &Vm, me: usize, id: usize) {
     let bits = vm.shared[id].ppi_resync.swap(0, Ordering::AcqRel);
-    let vgic = vm.vgic.lock();
+    let vgic = vm.vgic.read();
     let private = (0..IntId::PRIVATE_COUNT).filter(|i| bits & (1 << i) != 0);
     for intid in private.filter_map(|i| IntId::try_from(i).ok()) {
         if let Some(p) = vgic.hw_of(id, intid) {
