@@ -223,6 +223,9 @@ pub struct Vcpu {
     /// The index of the MMIO bus range its last trapped access hit
     /// (`MmioBus::lookup_hinted`).
     pub mmio_hint: usize,
+    /// The pCPU and the vGIC's `route_gen` when the physical routes of its
+    /// forwarded SPIs were last followed (`vcpu::run::follow_routes`).
+    pub routes_followed: Option<(usize, u64)>,
 }
 
 /// What other pCPUs may look at without the vCPU's lock.
@@ -468,6 +471,7 @@ pub(super) fn new_vcpus(n: usize) -> (Vec<Mutex<Vcpu>>, Vec<VcpuShared>) {
             ptimer_level: false,
             pmu: Default::default(),
             mmio_hint: 0,
+            routes_followed: None,
         }));
         shared.push(VcpuShared {
             online: AtomicBool::new(false),

@@ -369,6 +369,9 @@ impl Vgic {
                         continue;
                     }
                     let route = if intid >= NR_PRIVATE { self.route_of_raw(intid) } else { Some(rd) };
+                    if intid >= NR_PRIVATE && matches!(r, BitReg::SetEnable | BitReg::ClearEnable) {
+                        self.route_gen = self.route_gen.wrapping_add(1);
+                    }
                     let Some(irq) = self.irq_mut(rd, intid) else {
                         continue;
                     };

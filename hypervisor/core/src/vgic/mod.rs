@@ -189,6 +189,8 @@ pub struct Vgic {
     irouter: Vec<u64>,
     /// Cached delivery target of each SPI (from IROUTER).
     spi_target: Vec<u16>,
+    /// Counts the changes of any SPI's route or enable ([`Vgic::route_gen`]).
+    route_gen: u64,
     /// Physical deactivations the caller has not taken yet (one entry per
     /// interrupt at most, so bounded by the number of HW interrupts).
     hw_deactivations: Vec<HwDeactivation>,
@@ -240,6 +242,7 @@ impl Vgic {
             spi_live: vec![0; (nr_spis as usize).div_ceil(64)],
             irouter: vec![0; nr_spis as usize],
             spi_target: vec![NO_VCPU; nr_spis as usize],
+            route_gen: 0,
             hw_deactivations: Vec::new(),
             hw_triggers: Vec::new(),
             lpis: cfg.lpis,
@@ -369,6 +372,13 @@ impl Vgic {
 
     /// Whether the guest enabled SPI `intid` (GICD_ISENABLER); false for
     /// other INTIDs.
+    /// Changes with every write that may move an SPI's route or enable
+    /// (IROUTER, ISENABLER/ICENABLER): the EL2 code re-follows the physical
+    /// routes of forwarded SPIs only when it moved, or its vCPU did.
+    pub fn route_gen(&self) -> u64 {
+        self.route_gen
+    }
+
     pub fn spi_enabled(&self, intid: IntId) -> bool {
         intid.is_spi() && self.irq(0, u32::from(intid)).is_some_and(|i| i.enabled)
     }

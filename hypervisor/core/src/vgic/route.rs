@@ -18,6 +18,7 @@ impl Vgic {
     }
 
     pub(super) fn retarget(&mut self, spi_idx: usize) {
+        self.route_gen = self.route_gen.wrapping_add(1);
         if let Some(&r) = self.irouter.get(spi_idx) {
             let t = self.compute_target(r);
             if let Some(slot) = self.spi_target.get_mut(spi_idx) {

@@ -1103,3 +1103,20 @@ fn a_low_timer_line_ends_a_pending_unacknowledged_vtimer() {
     assert_eq!(g.resample_hw_private(7, id(27), false), Err(VgicError::BadVcpu(7)));
     assert!(g.take_hw_deactivations().is_empty(), "the caller sets the physical state");
 }
+
+/// `route_gen` moves with every write that can move an SPI's physical
+/// route (IROUTER, an SPI's enable) and with nothing else.
+#[test]
+fn route_gen_moves_with_spi_routes_and_enables_only() {
+    let mut g = booted(2, 64);
+    let g0 = g.route_gen();
+    enable(&mut g, 0, 3);
+    assert_eq!(g.route_gen(), g0, "a private interrupt's enable");
+    set_prio(&mut g, 0, 40, 0x80);
+    assert_eq!(g.route_gen(), g0, "a priority");
+    enable(&mut g, 0, 40);
+    let g1 = g.route_gen();
+    assert_ne!(g1, g0, "an SPI's enable");
+    let _ = set_irouter(&mut g, 40, 1);
+    assert_ne!(g.route_gen(), g1, "an SPI's route");
+}

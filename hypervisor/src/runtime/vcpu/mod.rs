@@ -292,11 +292,15 @@ fn resampled<'a>(vm: &'a Vm, me: usize, v: &Vcpu) -> crate::sync::MutexGuard<'a,
 /// source's output is the level `line`: a pending state the guest has not
 /// acknowledged ends if the line dropped while the vCPU was away; then,
 /// while its virtual interrupt is pending or active, the physical PPI is
-/// kept active so it does not fire again.
+/// kept active so it does not fire again. Otherwise it is left as the
+/// last switch-out here left it: inactive (`save_vcpu` deactivates the
+/// forwarded PPIs of every vCPU it saves).
 fn load_forwarded_ppi(vgic: &mut crate::vgic::Vgic, me: usize, id: usize, intid: IntId, line: bool) {
     // Err: not forwarded for this VM, nothing to resample.
     let _ = vgic.resample_hw_private(id, intid, line);
-    gic::set_private_active(me, intid, vgic.is_pending_or_active(id, intid));
+    if vgic.is_pending_or_active(id, intid) {
+        gic::set_private_active(me, intid, true);
+    }
 }
 
 /// PMCR_EL0.N of this machine's PMU (0 without one).

@@ -10,7 +10,13 @@ use super::*;
 pub(super) fn dump_if_outlier(me: usize, now: u64, d: &crate::sched::Decision) {
     let Some((vcpu, _, lat)) = d.switch.into else { return };
     let Some((vm, local)) = vcpu_of(vcpu) else { return };
-    let due = vm.shared[local].vtimer_fired.swap(u64::MAX, Ordering::AcqRel);
+    // A plain load first: the swap (an exclusive-access loop) only after a
+    // timer wake.
+    let fired = &vm.shared[local].vtimer_fired;
+    let due = match fired.load(Ordering::Acquire) {
+        u64::MAX => u64::MAX,
+        _ => fired.swap(u64::MAX, Ordering::AcqRel),
+    };
     let late = (due != u64::MAX).then(|| now.saturating_sub(due));
     if let Some(l) = late {
         vm.trace[me].lock().push(now, Event::TimerWake { vcpu: vcpu.0 as u16, late_ns: l });

@@ -23,7 +23,7 @@ pub(super) fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Opt
     vm.shared[id].running_on.store(me, Ordering::Release);
     here.running.store(id, Ordering::Release);
     load_vcpu(vm, me, v);
-    follow_routes(vm, me, id);
+    follow_routes(vm, me, v);
     // Sampled for spinning while a sibling is preempted (`sched::spin`).
     let mut spin = SpinDetector::new();
     let mut watch = spin_watch(vm, id);
@@ -181,16 +181,25 @@ fn irq_exit(
     }
 }
 
-/// Passthrough SPIs that the guest routes to vCPU `id` are routed
-/// physically to this pCPU while `id` runs here, so they arrive where they
+/// Passthrough SPIs that the guest routes to vCPU `v` are routed
+/// physically to this pCPU while `v` runs here, so they arrive where they
 /// are injected (no IPI to another pCPU). Only changes are written, and only
 /// for SPIs the guest enabled: an ACPI Dom0 has every SPI forwarded and
-/// routed to one vCPU, most of them never used.
-pub(super) fn follow_routes(vm: &Vm, me: usize, id: usize) {
+/// routed to one vCPU, most of them never used. Nothing is walked when `v`
+/// comes back to the pCPU it last followed them on and no SPI's route or
+/// enable changed since (`Vgic::route_gen`): only its own walk moves the
+/// SPIs routed to it.
+pub(super) fn follow_routes(vm: &Vm, me: usize, v: &mut Vcpu) {
     if vm.nr_pcpus < 2 || vm.forwarded.is_empty() {
         return;
     }
+    let id = v.id;
     let vgic = vm.vgic.read();
+    let seen = Some((me, vgic.route_gen()));
+    if v.routes_followed == seen {
+        return;
+    }
+    v.routes_followed = seen;
     for (i, &intid) in vm.forwarded.iter().enumerate() {
         // A plain load first: the swap (an exclusive-access loop) only for
         // a route that moves.
