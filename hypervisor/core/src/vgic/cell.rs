@@ -92,18 +92,24 @@ impl VgicCell {
 
     /// [`Vgic::send_sgi`] from vCPU `from`, with its EOI watch set to
     /// `watch` first ([`Vgic::watch_active_eoi`]). Every idle note is dropped
-    /// before the change, as by [`VgicCell::lock`], except `from`'s when
-    /// neither the SGI nor the watch reaches `from`: an IPI to other vCPUs
-    /// leaves the sender's next entry nothing to flush.
+    /// before the change, as by [`VgicCell::lock`], except `from`'s: that
+    /// one goes only when the watch changed or the SGI made something
+    /// deliverable to `from` (a kick of `from`), still under the lock. `from`
+    /// is the vCPU running this call, so nobody reads its note meanwhile; an
+    /// SGI that reaches `from` undeliverable (disabled) leaves it nothing to
+    /// put in an LR. An IPI to other vCPUs thus leaves the sender's next
+    /// entry nothing to flush.
     pub fn send_sgi(&self, from: usize, icc_sgi1r: u64, watch: bool) -> Result<Kicks, VgicError> {
         let mut g = self.vgic.lock();
-        let mut keep = if from < 64 && !g.sgi_reaches(from, icc_sgi1r, from) { 1u64 << from } else { 0 };
-        if g.watch_active_eoi(from, watch) {
-            keep = 0;
-        }
+        let mine = if from < 64 { 1u64 << from } else { 0 };
         // The notes are written under the lock only: no RMW needed.
-        self.idle.store(self.idle.load(Ordering::Relaxed) & keep, Ordering::Release);
-        g.send_sgi(from, icc_sgi1r)
+        self.idle.store(self.idle.load(Ordering::Relaxed) & mine, Ordering::Release);
+        let watch_changed = g.watch_active_eoi(from, watch);
+        let r = g.send_sgi(from, icc_sgi1r);
+        if watch_changed || r.as_ref().map_or(true, |k| k.contains(from)) {
+            self.idle.store(self.idle.load(Ordering::Relaxed) & !mine, Ordering::Release);
+        }
+        r
     }
 
     /// Whether vCPU `id`'s last flush found nothing and nothing changed

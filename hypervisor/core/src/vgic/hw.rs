@@ -74,13 +74,16 @@ impl Vgic {
         if raw >= NR_PRIVATE {
             return Err(VgicError::BadIntid(intid));
         }
-        let irq = self.irq_mut(vcpu, raw).ok_or(VgicError::BadIntid(intid))?;
+        // Looked at before it is taken for a change: taking it marks it
+        // live for the next flush, and nearly always there is nothing to end.
+        let irq = self.irq(vcpu, raw).ok_or(VgicError::BadIntid(intid))?;
         if irq.hw.is_none() {
             return Err(VgicError::BadIntid(intid));
         }
-        if level || irq.in_flight() {
+        if level || irq.in_flight() || !(irq.line || irq.latch) {
             return Ok(false);
         }
+        let irq = self.irq_mut(vcpu, raw).ok_or(VgicError::BadIntid(intid))?;
         irq.line = false;
         Ok(core::mem::take(&mut irq.latch))
     }

@@ -19,6 +19,13 @@ pub(super) fn handle_irqs(me: usize, cur: Option<(&Vm, usize)>, deadline: &mut O
     // Dom0's vCPU here, if it is Dom0's.
     let cur0 = cur.filter(|(g, _)| g.domid == 0).map(|(_, v)| v);
     while let Some(id) = gic::ack() {
+        // The kick, the commonest interrupt here, has one route for good
+        // (set before any pCPU runs a guest): no route-table lock for it.
+        if id == SGI_KICK {
+            vm.irq_counters.record(Some(Route::Kick));
+            eoi_deactivate(id);
+            continue;
+        }
         let route = vm.routes.read().lookup(id);
         vm.irq_counters.record(route);
         msi |= matches!(route, Some(Route::GuestLpi { .. } | Route::Doorbell { .. }));

@@ -142,7 +142,7 @@ pub fn pcpu_loop(me: usize) -> ! {
         }
         log::trace!("pCPU{me}: schedule -> {:?}", d);
         vm.trace[me].lock().decision(now, &d);
-        dump_if_outlier(me, now, &d);
+        dump_if_outlier(me, now, &d, next);
         if let Some(k) = d.kick {
             rec(vm, me, Event::Kick { pcpu: k as u16 });
             percpu::kick(k);
@@ -340,9 +340,12 @@ fn save_vcpu(vm: &Vm, me: usize, v: &mut Vcpu) {
     vm.shared[v.id].vtimer_deadline.store(deadline, Ordering::Release);
     let pt = v.ptimer.watch_ns(v.ptimer_level, percpu::cntfrq());
     vm.shared[v.id].ptimer_deadline.store(pt, Ordering::Release);
-    // Both were cleared when the vCPU was loaded: nothing to watch is no
-    // change for this pCPU's earliest deadline.
-    if deadline & pt != u64::MAX {
+    // They and `wake_at` were cleared when the vCPU was loaded, and `wake_at`
+    // (a WFIT limit `block` stored) was noted for the old `vtimer_home`,
+    // which is this pCPU from now on: with nothing to watch, this pCPU's
+    // earliest deadline has not changed.
+    let wake_at = vm.shared[v.id].wake_at.load(Ordering::Acquire);
+    if deadline & pt & wake_at != u64::MAX {
         percpu::note_timers_changed(me);
     }
 }

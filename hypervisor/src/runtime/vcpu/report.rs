@@ -7,9 +7,11 @@ use super::*;
 /// in waited longer than that since its wake (rate-limited by the trigger).
 /// The same for a virtual-timer wake: how late after the timer's deadline
 /// the vCPU switched in (what cyclictest sees, less the guest's own part).
-pub(super) fn dump_if_outlier(me: usize, now: u64, d: &crate::sched::Decision) {
+/// `next`: the VM and local index of `d.next`, which the caller looked up.
+pub(super) fn dump_if_outlier(me: usize, now: u64, d: &crate::sched::Decision, next: Option<(&Vm, usize)>) {
     let Some((vcpu, _, lat)) = d.switch.into else { return };
-    let Some((vm, local)) = vcpu_of(vcpu) else { return };
+    let found = if d.next == Some(vcpu) { next } else { vcpu_of(vcpu) };
+    let Some((vm, local)) = found else { return };
     // A plain load first: the swap (an exclusive-access loop) only after a
     // timer wake.
     let fired = &vm.shared[local].vtimer_fired;
