@@ -261,6 +261,10 @@ pub struct VcpuShared {
     /// a continuation that picks the same vCPU costs no residency switch;
     /// another pCPU loading the vCPU first waits for that release.
     pub vpe_on: AtomicUsize,
+    /// The pCPU whose redistributor its vPE was last moved to (VMOVP), or
+    /// `usize::MAX` before the first load: only the pCPU loading the vCPU
+    /// reads or writes it (`runtime::vpe::load`).
+    pub vpe_mapped: AtomicUsize,
     /// It last left its pCPU with the guest's IRQs masked (at EL1: inside
     /// a critical section, maybe holding a lock a sibling will spin on);
     /// while it is preempted so, siblings are watched closely for spinning
@@ -483,6 +487,7 @@ pub(super) fn new_vcpus(n: usize) -> (Vec<Mutex<Vcpu>>, Vec<VcpuShared>) {
             ppi_resync: AtomicU32::new(0),
             vlpi_pending: AtomicBool::new(false),
             vpe_on: AtomicUsize::new(usize::MAX),
+            vpe_mapped: AtomicUsize::new(usize::MAX),
             left_masked: AtomicBool::new(false),
             running_on: AtomicUsize::new(usize::MAX),
             counters: TrapCounters::default(),

@@ -17,7 +17,7 @@ use log::warn;
 /// vLPIs 8192..16383 the redistributor reads, by physical address: the
 /// guest's address translated to the host's) lie in guest RAM.
 fn vpropbaser(vm: &Vm, id: usize) -> Option<u64> {
-    let (pa, lpis) = vm.vgic.lock().lpi_prop_table(id)?;
+    let (pa, lpis) = vm.vgic.read().lpi_prop_table(id)?;
     let bits = (u64::from(lpis) + u64::from(crate::its::LPI_BASE)).checked_ilog2()? as u8;
     // The redistributor reads one byte per vLPI below 2^14, whatever the
     // guest's table holds beyond.
@@ -56,10 +56,17 @@ pub fn load(vm: &Vm, me: usize, id: usize) -> bool {
         return false;
     }
     let c = &s.counters;
-    match gic::its::vmovp(hw.vpe, me) {
-        Ok(true) => inc(&c.vmovps),
-        Ok(false) => {}
-        Err(e) => warn!("vCPU{id}: VMOVP to pCPU{me}: {e}"),
+    // The ITS command queue's lock only when the vPE moves.
+    if s.vpe_mapped.load(Ordering::Relaxed) != me {
+        match gic::its::vmovp(hw.vpe, me) {
+            Ok(moved) => {
+                if moved {
+                    inc(&c.vmovps);
+                }
+                s.vpe_mapped.store(me, Ordering::Relaxed);
+            }
+            Err(e) => warn!("vCPU{id}: VMOVP to pCPU{me}: {e}"),
+        }
     }
     // Before the guest enables LPIs there is nothing to deliver directly.
     let Some(prop) = vpropbaser(vm, id) else { return false };
@@ -127,8 +134,10 @@ pub fn doorbell(vm: &Vm, me: usize, id: IntId, vcpu: usize) {
     gic::eoi(id);
     let Some(s) = vm.shared.get(vcpu) else { return };
     {
-        // Under the vGIC lock: `block` checks this flag and blocks under it.
-        let _g = vm.vgic.lock();
+        // Under the vGIC's lock: `block` checks this flag and blocks under
+        // it. The flag is not the model's: nothing for a flush to find, so
+        // the idle notes stay (`read` takes the same lock).
+        let _g = vm.vgic.read();
         s.vlpi_pending.store(true, Ordering::Release);
     }
     // Checked after the flag: a vCPU whose WFI blocked before the flag was

@@ -82,8 +82,20 @@ impl Scheduler {
     pub(super) fn park(&mut self, s: usize) {
         let rq = self.vcpus[s].rq;
         self.rqs[rq].queue.retain(|&x| x != s);
-        self.vcpus[s].parked = true;
+        self.set_parked(s, true);
         self.domains[self.vcpus[s].dom].stats.cap_parks += 1;
+    }
+
+    /// Parks or unparks vCPU `s`, keeping the count of parked vCPUs.
+    pub(super) fn set_parked(&mut self, s: usize, parked: bool) {
+        if self.vcpus[s].parked != parked {
+            self.vcpus[s].parked = parked;
+            if parked {
+                self.nr_parked += 1;
+            } else {
+                self.nr_parked -= 1;
+            }
+        }
     }
 
     /// When the running vCPU `s`'s budget runs out (`u64::MAX`: uncapped).
@@ -100,6 +112,10 @@ impl Scheduler {
 
     /// The earliest replenishment that will unpark someone.
     pub(super) fn next_unpark(&self) -> Option<u64> {
+        debug_assert_eq!(self.nr_parked, self.vcpus.iter().filter(|v| v.parked).count(), "nr_parked");
+        if self.nr_parked == 0 {
+            return None;
+        }
         self.vcpus.iter().filter(|v| v.parked).map(|v| self.domains[v.dom].next_repl).min()
     }
 

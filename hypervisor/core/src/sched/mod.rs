@@ -351,6 +351,10 @@ pub struct Scheduler {
     rqs: Vec<Runqueue>,
     /// How the last `wake` was deferred, if it was (see [`Scheduler::wake_deferral`]).
     last_deferral: Option<(Deferral, u64)>,
+    /// How many vCPUs are parked (`Vcpu::parked`, kept by
+    /// [`Scheduler::set_parked`]): every pick asks for the next unpark,
+    /// which need not look at any vCPU while none is.
+    nr_parked: usize,
 }
 
 impl Scheduler {
@@ -379,6 +383,7 @@ impl Scheduler {
             pcpus,
             rqs,
             last_deferral: None,
+            nr_parked: 0,
         })
     }
 

@@ -241,7 +241,7 @@ impl Scheduler {
         let d = self.vcpus[s].dom;
         if self.domains[d].capped() && self.vcpus[s].budget <= 0 && self.domains[d].budget <= 0 {
             // No budget: parked, it waits for the replenishment and preempts nobody.
-            self.vcpus[s].parked = true;
+            self.set_parked(s, true);
             self.domains[d].stats.cap_parks += 1;
             let p = self.place(s);
             let at = self.domains[d].next_repl;
@@ -409,7 +409,7 @@ impl Scheduler {
     pub(super) fn unpark_domain(&mut self, now: u64, d: usize) {
         for s in 0..self.vcpus.len() {
             if self.vcpus[s].dom == d && self.vcpus[s].parked {
-                self.vcpus[s].parked = false;
+                self.set_parked(s, false);
                 if self.vcpus[s].state == RunState::Runnable {
                     // Its pCPU's timer is due now (see `clamp_timer`), so a
                     // tickle of a busy pCPU is seen at its `schedule()`.
