@@ -4,7 +4,7 @@
 //! the VM's counters and the flight recorder around it.
 
 use super::pcpu::{self, PcpuShared};
-use crate::sched::{Deferral, RunState, Scheduler, VcpuId, WakeAction, WakeCause};
+use crate::sched::{Deferral, Scheduler, VcpuId, WakeAction, WakeCause};
 use crate::sync::Mutex;
 use crate::vgic::Kicks;
 
@@ -27,12 +27,8 @@ pub struct Woken {
 /// (a vCPU it does not know, one powered off) is a wake that does nothing.
 pub fn wake(sched: &Mutex<Scheduler>, me: usize, now: u64, g: VcpuId, cause: WakeCause) -> Woken {
     let mut s = sched.lock();
-    let blocked = s.state(g) == Some(RunState::Blocked);
-    let action = s.wake(now, g, cause).unwrap_or(WakeAction::None);
-    let kick = match s.state(g) {
-        Some(RunState::Running(p)) if p != me => Some(p),
-        _ => None,
-    };
+    let (blocked, action, on) = s.wake_located(now, g, cause).unwrap_or((false, WakeAction::None, None));
+    let kick = on.filter(|&p| p != me);
     Woken { blocked, action, deferral: s.wake_deferral(), kick }
 }
 

@@ -24,6 +24,7 @@ impl Scheduler {
         params.validate(self.pcpus.len())?;
         self.dom_index.insert(dom, self.domains.len());
         self.domains.push(Domain::new(dom, params, 0));
+        self.note_replenishments();
         Ok(())
     }
 
@@ -43,6 +44,7 @@ impl Scheduler {
         let old_cap = self.domains[d].params.cap_percent;
         self.domains[d].params.weight = params.weight;
         self.domains[d].set_cap(params.cap_percent, now);
+        self.note_replenishments();
         for v in self.vcpus.iter_mut().filter(|v| v.dom == d) {
             v.weight = v.weight_override.unwrap_or(params.weight);
             if old_cap.is_none() {

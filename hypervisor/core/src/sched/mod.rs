@@ -355,6 +355,11 @@ pub struct Scheduler {
     /// [`Scheduler::set_parked`]): every pick asks for the next unpark,
     /// which need not look at any vCPU while none is.
     nr_parked: usize,
+    /// The earliest replenishment of any capped domain (`u64::MAX`: none
+    /// capped), kept by [`Scheduler::replenish_due`] and the cap changes:
+    /// every wake and schedule asks for replenishments, which need not look
+    /// at any domain before then.
+    next_repl: u64,
 }
 
 impl Scheduler {
@@ -384,6 +389,7 @@ impl Scheduler {
             rqs,
             last_deferral: None,
             nr_parked: 0,
+            next_repl: u64::MAX,
         })
     }
 

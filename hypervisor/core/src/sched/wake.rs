@@ -169,14 +169,37 @@ impl Scheduler {
     /// nobody, and the answer re-arms a timer to the replenishment.
     pub fn wake(&mut self, now: u64, vcpu: VcpuId, cause: WakeCause) -> Result<WakeAction, SchedError> {
         let s = self.slot(vcpu)?;
+        Ok(self.wake_slot(now, s, cause))
+    }
+
+    /// [`Scheduler::wake`], with what the waker does next: whether the
+    /// vCPU was blocked, and the pCPU it runs on after the wake (`None`:
+    /// it does not run), found with one lookup of the vCPU.
+    pub fn wake_located(
+        &mut self,
+        now: u64,
+        vcpu: VcpuId,
+        cause: WakeCause,
+    ) -> Result<(bool, WakeAction, Option<usize>), SchedError> {
+        let s = self.slot(vcpu)?;
+        let blocked = self.vcpus[s].state == RunState::Blocked;
+        let action = self.wake_slot(now, s, cause);
+        let on = match self.vcpus[s].state {
+            RunState::Running(p) => Some(p),
+            _ => None,
+        };
+        Ok((blocked, action, on))
+    }
+
+    fn wake_slot(&mut self, now: u64, s: usize, cause: WakeCause) -> WakeAction {
         self.last_deferral = None;
         self.replenish_due(now);
         let v = &mut self.vcpus[s];
         match v.state {
-            RunState::Offline => return Ok(WakeAction::None),
+            RunState::Offline => return WakeAction::None,
             RunState::Runnable | RunState::Running(_) => {
                 v.stats.counters.wakes_noop += 1;
-                return Ok(WakeAction::None);
+                return WakeAction::None;
             }
             RunState::Blocked => {}
         }
@@ -188,7 +211,7 @@ impl Scheduler {
             WakeCause::Doorbell => c.wakes_doorbell += 1,
         }
         v.woken_at = Some(now);
-        Ok(self.make_runnable(now, s))
+        self.make_runnable(now, s)
     }
 
     /// How the last [`Scheduler::wake`] was deferred (kind, until when), if
@@ -398,11 +421,21 @@ impl Scheduler {
 
     /// Replenish every capped domain whose period is over, and unpark its vCPUs.
     pub(super) fn replenish_due(&mut self, now: u64) {
+        if now < self.next_repl {
+            return;
+        }
         for d in 0..self.domains.len() {
             if self.domains[d].replenish_due(now) && self.domains[d].budget > 0 {
                 self.unpark_domain(now, d);
             }
         }
+        self.note_replenishments();
+    }
+
+    /// Recomputes the earliest replenishment due (after a cap changed or
+    /// replenishments were made).
+    pub(super) fn note_replenishments(&mut self) {
+        self.next_repl = self.domains.iter().filter(|d| d.capped()).map(|d| d.next_repl).min().unwrap_or(u64::MAX);
     }
 
     /// Make the parked vCPUs of domain `d` runnable again.

@@ -146,11 +146,7 @@ impl Vgic {
         // report (the common case of an exit that touched no interrupt).
         debug_assert_eq!(vs.lr_held, vs.shadow_mask(), "lr_held follows lr_shadow");
         // Folded, not searched: no branch per word.
-        if vs.private_live == 0
-            && vs.lr_held == 0
-            && self.spi_live.iter().fold(0, |acc, &w| acc | w) == 0
-            && !self.lpis_pending(vcpu)
-        {
+        if vs.private_live == 0 && vs.lr_held == 0 && self.spi_live_words == 0 && !self.lpis_pending(vcpu) {
             res.idle = true;
             return res;
         }
@@ -245,8 +241,11 @@ impl Vgic {
     /// flush). Returns how many were offered.
     fn spi_candidates(&mut self, vcpu: usize, mut offer: impl FnMut(u8, u32, bool)) -> usize {
         let mut offered = 0;
-        for w in 0..self.spi_live.len() {
-            let mut bits = self.spi_live[w];
+        for w in super::set_bits(self.spi_live_words.into()) {
+            let Some(&word) = self.spi_live.get(w) else {
+                continue;
+            };
+            let mut bits = word;
             let mut idle = 0u64;
             while bits != 0 {
                 let b = bits.trailing_zeros() as usize;
@@ -273,7 +272,11 @@ impl Vgic {
                     offer(irq.priority, intid, act);
                 }
             }
-            self.spi_live[w] &= !idle;
+            let left = word & !idle;
+            self.spi_live[w] = left;
+            if left == 0 {
+                self.spi_live_words &= !(1 << w);
+            }
         }
         offered
     }
@@ -293,7 +296,8 @@ impl Vgic {
         if vcpu >= self.vcpus.len() {
             return kicks;
         }
-        for s in 0..NUM_LRS_MAX {
+        // Only the slots this model filled (`lr_held` mirrors `lr_shadow`).
+        for s in super::set_bits(self.vcpus[vcpu].lr_held.into()) {
             let intid = self.vcpus[vcpu].lr_shadow[s];
             if intid == NO_INTID {
                 continue;

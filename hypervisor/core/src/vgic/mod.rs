@@ -186,6 +186,10 @@ pub struct Vgic {
     /// finds the SPI idle. The entry and WFI paths look at these SPIs only,
     /// not at all of them (up to 988 on an ACPI Dom0).
     spi_live: Vec<u64>,
+    /// One bit per word of `spi_live` that is not zero ([`MAX_SPIS`] fit in
+    /// 16 words): the entry path's "no SPI live" test is one load, and the
+    /// flush visits only the words with a live SPI.
+    spi_live_words: u64,
     irouter: Vec<u64>,
     /// Cached delivery target of each SPI (from IROUTER).
     spi_target: Vec<u16>,
@@ -240,6 +244,7 @@ impl Vgic {
             vcpus,
             spis: vec![Irq::reset(false); nr_spis as usize],
             spi_live: vec![0; (nr_spis as usize).div_ceil(64)],
+            spi_live_words: 0,
             irouter: vec![0; nr_spis as usize],
             spi_target: vec![NO_VCPU; nr_spis as usize],
             route_gen: 0,
@@ -329,6 +334,7 @@ impl Vgic {
             let i = (intid - NR_PRIVATE) as usize;
             let irq = self.spis.get_mut(i)?;
             self.spi_live[i / 64] |= 1 << (i % 64);
+            self.spi_live_words |= 1 << (i / 64);
             Some(irq)
         }
     }
@@ -340,6 +346,9 @@ impl Vgic {
         for (i, irq) in self.spis.iter().enumerate() {
             let live = self.spi_live[i / 64] & (1 << (i % 64)) != 0;
             assert!(live || irq.idle(), "SPI {} is busy but not live: {irq:?}", NR_PRIVATE as usize + i);
+        }
+        for (w, &bits) in self.spi_live.iter().enumerate() {
+            assert_eq!(self.spi_live_words & (1 << w) != 0, bits != 0, "spi_live_words bit {w}");
         }
     }
 

@@ -24,10 +24,15 @@ pub(super) fn ptimer_access(vm: &Vm, me: usize, v: &mut Vcpu, s: &esr::SysRegAcc
 fn send_sgi(vm: &Vm, me: usize, v: &mut Vcpu, value: u64) {
     // A lock holder sends its wake-up IPIs with IRQs masked: only then does
     // a wake-preemption of this vCPU wait (a grace).
+    // With no grace open (none since this vCPU's switch-in, or the last
+    // one closed at an exit that noted it), unmasked evidence changes
+    // nothing in the scheduler: it is not asked.
     let evidence = CritEvidence::from_spsr(v.regs.spsr);
-    let a = vm.sched.lock().note_critical_exit(now_ns(), me, evidence);
+    if evidence == CritEvidence::IrqsMasked || v.lhp_grace.is_some() {
+        let a = vm.sched.lock().note_critical_exit(now_ns(), me, evidence);
+        do_wake_action(me, a.unwrap_or(WakeAction::None));
+    }
     v.lhp_grace = (evidence == CritEvidence::IrqsMasked).then(|| GraceWatch::open(gic::active_group1_priorities()));
-    do_wake_action(me, a.unwrap_or(WakeAction::None));
     // Sent from an interrupt handler: its EOI will be an exit, where the
     // grace can end (`GraceWatch`).
     let kicks = vm.vgic.send_sgi(v.id, value, v.lhp_grace.is_some_and(GraceWatch::in_handler));

@@ -332,8 +332,14 @@ fn save_vcpu(vm: &Vm, me: usize, v: &mut Vcpu) {
         // Not taken yet: it stays the vCPU's, not the pCPU's.
         el2::set_hcr(VirtualSError::on_switch_out(el2::hcr()));
     }
-    gic::set_private_active(me, vm.virt_timer_intid, false);
+    // The physical timer PPI is active only while its virtual interrupt is
+    // pending or active (taken and injected; kept so at load; ended with
+    // it by the guest's deactivation through the HW LR, a resample or a
+    // queued deactivation): deactivated for the next vCPU only then.
     let busy = vm.vgic.read().is_pending_or_active(v.id, vm.virt_timer_intid);
+    if busy {
+        gic::set_private_active(me, vm.virt_timer_intid, false);
+    }
     let (ctl, cval) = (v.el1.cntv_ctl, v.el1.cntv_cval);
     let deadline = crate::time::saved_vtimer_deadline_ns(ctl, cval, percpu::cntfrq(), vm.timer_slop_ns, busy);
     vm.shared[v.id].vtimer_home.store(me, Ordering::Relaxed);
