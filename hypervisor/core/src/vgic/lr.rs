@@ -136,20 +136,82 @@ impl Vgic {
     /// `lrs` holds the caller's `nr_lrs` LR values (at most [`NUM_LRS_MAX`]
     /// are used); write them all to `ICH_LR<n>_EL2` afterwards.
     pub fn flush_lrs(&mut self, vcpu: usize, lrs: &mut [u64]) -> FlushResult {
-        let mut res = FlushResult::default();
         let Some(vs) = self.vcpus.get(vcpu) else {
-            return res;
+            return FlushResult::default();
         };
         let n = lrs.len().min(NUM_LRS_MAX);
-        let eoi_watch = vs.eoi_watch;
-        // No LR held and nothing live: no candidate, nothing to fill or
-        // report (the common case of an exit that touched no interrupt).
         debug_assert_eq!(vs.lr_held, vs.shadow_mask(), "lr_held follows lr_shadow");
-        // Folded, not searched: no branch per word.
-        if vs.private_live == 0 && vs.lr_held == 0 && self.spi_live_words == 0 && !self.lpis_pending(vcpu) {
+        if vs.lr_held == 0 && self.spi_live_words == 0 && !self.lpis_pending(vcpu) {
+            // No LR held and nothing live: no candidate, nothing to fill or
+            // report (the common case of an exit that touched no interrupt).
+            if vs.private_live == 0 {
+                return FlushResult { idle: true, ..FlushResult::default() };
+            }
+            // One private interrupt changed (an IPI or a timer tick after
+            // a switch): no candidates to rank.
+            if vs.private_live.is_power_of_two() {
+                return self.flush_one_private(vcpu, &mut lrs[..n], vs.private_live.trailing_zeros());
+            }
+        }
+        self.flush_ranked(vcpu, &mut lrs[..n])
+    }
+
+    /// [`Vgic::flush_lrs`] when private interrupt `intid` is the only one
+    /// live and no LR is held: the same result as ranking it alone.
+    fn flush_one_private(&mut self, vcpu: usize, lrs: &mut [u64], intid: u32) -> FlushResult {
+        let mut res = FlushResult::default();
+        let irq = &self.vcpus[vcpu].private[intid as usize];
+        if irq.idle() {
+            self.vcpus[vcpu].private_live = 0;
             res.idle = true;
             return res;
         }
+        let Some((pend, act)) = self.lr_candidate(irq) else {
+            res.idle = true;
+            return res;
+        };
+        match lrs.iter().position(|&lr| lr & LR_STATE_MASK == 0) {
+            Some(slot) => {
+                res.eoi_maintenance = self.fill_lr(vcpu, lrs, slot, intid, pend, act);
+                res.filled = 1;
+                res.used_mask = 1 << slot;
+            }
+            None => res.overflow = true,
+        }
+        res
+    }
+
+    /// Puts model interrupt `intid` (not an LPI) of `vcpu` in free LR
+    /// `slot` with state (`pend`, `act`); returns whether the LR asks for
+    /// EOI maintenance.
+    fn fill_lr(&mut self, vcpu: usize, lrs: &mut [u64], slot: usize, intid: u32, pend: bool, act: bool) -> bool {
+        let eoi_watch = self.vcpus[vcpu].eoi_watch;
+        let Some(irq) = self.irq_mut(vcpu, intid) else {
+            return false;
+        };
+        let eoi = irq.is_sw_level() || (act && irq.hw.is_none() && eoi_watch);
+        lrs[slot] = encode_lr(intid, irq.priority, irq.hw.map(u32::from), eoi, pend, act);
+        irq.in_lr = vcpu as u16;
+        irq.lr_pend = pend;
+        irq.lr_latch = pend && irq.latch;
+        irq.clr_pend = false;
+        irq.clr_act = false;
+        irq.set_act = false;
+        if pend {
+            // The pending edge now lives in the LR.
+            irq.latch = false;
+        }
+        self.vcpus[vcpu].lr_shadow[slot] = intid;
+        self.vcpus[vcpu].lr_held |= 1 << slot;
+        eoi
+    }
+
+    /// [`Vgic::flush_lrs`] in general: every live candidate ranked.
+    #[inline(never)]
+    pub(super) fn flush_ranked(&mut self, vcpu: usize, lrs: &mut [u64]) -> FlushResult {
+        let mut res = FlushResult::default();
+        let n = lrs.len();
+        let vs = &self.vcpus[vcpu];
         // Free: not holding one of ours (`lr_held` mirrors `lr_shadow`) and
         // empty in the hardware's copy.
         let free = lrs[..n]
@@ -200,25 +262,8 @@ impl Vgic {
             let Some((pend, act)) = self.irq(vcpu, intid).and_then(|irq| self.lr_candidate(irq)) else {
                 continue;
             };
-            let Some(irq) = self.irq_mut(vcpu, intid) else {
-                continue;
-            };
-            let eoi = irq.is_sw_level() || (act && irq.hw.is_none() && eoi_watch);
-            lrs[slot] = encode_lr(intid, irq.priority, irq.hw.map(u32::from), eoi, pend, act);
-            irq.in_lr = vcpu as u16;
-            irq.lr_pend = pend;
-            irq.lr_latch = pend && irq.latch;
-            irq.clr_pend = false;
-            irq.clr_act = false;
-            irq.set_act = false;
-            if pend {
-                // The pending edge now lives in the LR.
-                irq.latch = false;
-            }
-            self.vcpus[vcpu].lr_shadow[slot] = intid;
-            self.vcpus[vcpu].lr_held |= 1 << slot;
+            res.eoi_maintenance |= self.fill_lr(vcpu, lrs, slot, intid, pend, act);
             res.filled += 1;
-            res.eoi_maintenance |= eoi;
             slot += 1;
         }
         res.overflow = total > res.filled;

@@ -1120,3 +1120,57 @@ fn route_gen_moves_with_spi_routes_and_enables_only() {
     let _ = set_irouter(&mut g, 40, 1);
     assert_ne!(g.route_gen(), g1, "an SPI's route");
 }
+
+/// One live private interrupt takes the short flush; it fills, reports and
+/// leaves the model as ranking it would (pending, active, disabled, level
+/// with EOI maintenance, no free LR, and found idle).
+#[test]
+fn single_private_flush_matches_ranked_flush() {
+    // Each case: the setup, then the LRs as the entry finds them.
+    type Setup = fn(&mut Vgic);
+    let cases: [(&str, Setup, [u64; 4]); 6] = [
+        ("pending SGI", |g| drop(g.send_sgi(0, 3 << 24 | 0b10)), [0; 4]),
+        (
+            "active SGI",
+            |g| {
+                drop(g.send_sgi(0, 3 << 24 | 0b10));
+                let mut lrs = [0u64; 4];
+                g.flush_lrs(1, &mut lrs);
+                lrs[0] = lrs[0] & !LR_STATE_MASK | LR_ACTIVE;
+                g.sync_lrs(1, &mut lrs);
+            },
+            [0; 4],
+        ),
+        ("disabled PPI", |g| drop(g.set_level(id(20), 1, true)), [0; 4]),
+        ("level PPI", |g| drop((enable(g, 1, 20), g.set_level(id(20), 1, true))), [0; 4]),
+        ("no free LR", |g| drop(g.send_sgi(0, 3 << 24 | 0b10)), [LR_PENDING; 4]),
+        (
+            "idle again",
+            |g| {
+                drop(g.send_sgi(0, 3 << 24 | 0b10));
+                let mut lrs = [0u64; 4];
+                g.flush_lrs(1, &mut lrs);
+                lrs[0] &= !LR_STATE_MASK;
+                g.sync_lrs(1, &mut lrs);
+            },
+            [0, LR_PENDING, 0, 0],
+        ),
+    ];
+    for (what, setup, start) in cases {
+        let (mut fast, mut ranked) = (booted(2, 32), booted(2, 32));
+        for g in [&mut fast, &mut ranked] {
+            enable(g, 1, 3);
+            // Boot's writes leave everything live; a flush finds it idle.
+            g.flush_lrs(1, &mut [0; 4]);
+            setup(g);
+        }
+        assert!(fast.vcpus[1].private_live.is_power_of_two(), "{what}: one live private interrupt");
+        let (mut a, mut b) = (start, start);
+        let fa = fast.flush_lrs(1, &mut a);
+        let fb = ranked.flush_ranked(1, &mut b);
+        assert_eq!((fa, a), (fb, b), "{what}");
+        assert_eq!(fast.vcpus[1].private_live, ranked.vcpus[1].private_live, "{what}");
+        assert_eq!(fast.vcpus[1].lr_shadow, ranked.vcpus[1].lr_shadow, "{what}");
+        assert_eq!(format!("{:?}", fast.vcpus[1].private), format!("{:?}", ranked.vcpus[1].private), "{what}");
+    }
+}
