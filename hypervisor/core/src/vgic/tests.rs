@@ -1129,11 +1129,11 @@ fn single_private_flush_matches_ranked_flush() {
     // Each case: the setup, then the LRs as the entry finds them.
     type Setup = fn(&mut Vgic);
     let cases: [(&str, Setup, [u64; 4]); 6] = [
-        ("pending SGI", |g| drop(g.send_sgi(0, 3 << 24 | 0b10)), [0; 4]),
+        ("pending SGI", |g| assert!(g.send_sgi(0, 3 << 24 | 0b10).is_ok()), [0; 4]),
         (
             "active SGI",
             |g| {
-                drop(g.send_sgi(0, 3 << 24 | 0b10));
+                assert!(g.send_sgi(0, 3 << 24 | 0b10).is_ok());
                 let mut lrs = [0u64; 4];
                 g.flush_lrs(1, &mut lrs);
                 lrs[0] = lrs[0] & !LR_STATE_MASK | LR_ACTIVE;
@@ -1141,13 +1141,20 @@ fn single_private_flush_matches_ranked_flush() {
             },
             [0; 4],
         ),
-        ("disabled PPI", |g| drop(g.set_level(id(20), 1, true)), [0; 4]),
-        ("level PPI", |g| drop((enable(g, 1, 20), g.set_level(id(20), 1, true))), [0; 4]),
-        ("no free LR", |g| drop(g.send_sgi(0, 3 << 24 | 0b10)), [LR_PENDING; 4]),
+        ("disabled PPI", |g| assert!(g.set_level(id(20), 1, true).is_ok()), [0; 4]),
+        (
+            "level PPI",
+            |g| {
+                enable(g, 1, 20);
+                assert!(g.set_level(id(20), 1, true).is_ok());
+            },
+            [0; 4],
+        ),
+        ("no free LR", |g| assert!(g.send_sgi(0, 3 << 24 | 0b10).is_ok()), [LR_PENDING; 4]),
         (
             "idle again",
             |g| {
-                drop(g.send_sgi(0, 3 << 24 | 0b10));
+                assert!(g.send_sgi(0, 3 << 24 | 0b10).is_ok());
                 let mut lrs = [0u64; 4];
                 g.flush_lrs(1, &mut lrs);
                 lrs[0] &= !LR_STATE_MASK;
