@@ -207,7 +207,6 @@ impl Vgic {
     }
 
     /// [`Vgic::flush_lrs`] in general: every live candidate ranked.
-    #[inline(never)]
     pub(super) fn flush_ranked(&mut self, vcpu: usize, lrs: &mut [u64]) -> FlushResult {
         let mut res = FlushResult::default();
         let n = lrs.len();
