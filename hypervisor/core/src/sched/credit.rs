@@ -79,6 +79,7 @@ impl Scheduler {
     /// `elapsed × max_weight / weight`, the division's remainder carried to
     /// the next burn, never below [`CREDIT_MIN_NS`]; a capped domain's vCPU
     /// also spends budget 1:1.
+    #[inline]
     pub(super) fn burn(&mut self, s: usize, now: u64) {
         let max_w = self.rqs[self.vcpus[s].rq].max_weight;
         let v = &mut self.vcpus[s];
@@ -160,13 +161,10 @@ impl Scheduler {
     /// `n` leaves the runqueue; Credit2's epoch ends when the best
     /// candidate of the runqueue (`n` or the runqueue's head, whichever has
     /// more) has no credit.
+    #[inline]
     pub(super) fn end_epoch_if_due(&mut self, now: u64, pcpu: usize, n: usize) {
         let rq = self.pcpus[pcpu].rq;
-        // At most once in the queue (`enqueue`): found and removed, not
-        // a `retain` over the whole queue.
-        if let Some(i) = self.rqs[rq].queue.iter().position(|&x| x == n) {
-            self.rqs[rq].queue.remove(i);
-        }
+        self.rqs[rq].queue.retain(|&x| x != n);
         let head = self.rqs[rq].queue.first().map(|&h| self.vcpus[h].credit);
         let best = head.map_or(self.vcpus[n].credit, |h| h.max(self.vcpus[n].credit));
         if best <= 0 {

@@ -59,6 +59,7 @@ impl Scheduler {
     }
 
     /// Queue the runnable vCPU `s` on its runqueue, by credit.
+    #[inline]
     pub(super) fn enqueue(&mut self, s: usize) {
         let c = self.vcpus[s].credit;
         let vcpus = &self.vcpus;
@@ -201,6 +202,7 @@ impl Scheduler {
     }
 
     /// An idle pCPU that could take something still queued on `p`'s runqueue.
+    #[inline]
     pub(super) fn idle_pcpu_for_queued(&self, p: usize) -> Option<usize> {
         let q = &self.rqs[self.pcpus[p].rq].queue;
         if q.is_empty() {
@@ -211,6 +213,7 @@ impl Scheduler {
     }
 
     /// The pCPU a vCPU that becomes runnable should go to (and tickle).
+    #[inline]
     pub(super) fn place(&self, s: usize) -> usize {
         let v = &self.vcpus[s];
         if let Some(a) = v.affinity {

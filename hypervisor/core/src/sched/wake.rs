@@ -420,6 +420,7 @@ impl Scheduler {
     }
 
     /// Replenish every capped domain whose period is over, and unpark its vCPUs.
+    #[inline]
     pub(super) fn replenish_due(&mut self, now: u64) {
         if now < self.next_repl {
             return;
@@ -454,6 +455,7 @@ impl Scheduler {
 
     /// `s` left its pCPU: what it holds goes back to its domain's pool,
     /// and if that leaves budget, the domain's parked vCPUs come back.
+    #[inline]
     pub(super) fn give_back_budget(&mut self, now: u64, s: usize) {
         let d = self.vcpus[s].dom;
         if !self.domains[d].capped() {
