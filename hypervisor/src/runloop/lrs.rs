@@ -19,9 +19,9 @@ pub struct Loaded {
 
 /// Entry: vCPU `id`'s pending interrupts into `lrs` (one per hardware LR),
 /// written to the hardware unless they and the hardware are all zero
-/// (`dirty`: the hardware may hold something, as after another vCPU ran
-/// here); then the virtual CPU interface on, asking for the underflow
-/// maintenance interrupt when more were pending than fit.
+/// (`dirty`: the hardware may hold something: the last entry here used the
+/// LRs, whichever vCPU it was); then the virtual CPU interface on, asking
+/// for the underflow maintenance interrupt when more were pending than fit.
 pub fn load(vgic: &VgicCell, id: usize, lrs: &mut [u64], dirty: bool) -> Loaded {
     if !dirty && vgic.is_idle(id) {
         // The LRs are zeros and the model has nothing for this vCPU since

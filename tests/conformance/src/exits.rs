@@ -101,9 +101,10 @@ pub fn run(p: &Platform) {
     }
     let mut lost = false;
     // The one-way part: from the ICC_SGI1R write until CPU 1's handler
-    // read the clock (it stamps `gic::TAKEN_AT`), summed over the loop.
-    let (mut to_handler, mut n) = (0u64, 0u64);
-    time("sgi-to-other-cpu", 200, || {
+    // read the clock (it stamps `gic::TAKEN_AT`), each iteration's.
+    let mut to_handler = [0u64; SGI_OTHER_ITERATIONS];
+    let mut n = 0usize;
+    time("sgi-to-other-cpu", SGI_OTHER_ITERATIONS as u64, || {
         if lost {
             return;
         }
@@ -111,15 +112,32 @@ pub fn run(p: &Platform) {
         let sent = arch::cntvct();
         send_sgi(sgi1r(1, Some(&[p.mpidr[1]])));
         lost = !spin_until_with(|| gic::count(1, 1) != before, arch::yield_hint);
-        if !lost {
-            to_handler += gic::taken_at(1, 1).saturating_sub(sent);
+        if !lost && n < to_handler.len() {
+            to_handler[n] = gic::taken_at(1, 1).saturating_sub(sent);
             n += 1;
         }
     });
     if lost {
         println!("exit sgi-to-other-cpu: FAIL an SGI was not taken within 1 s");
     } else if n > 0 {
-        let tenths = u128::from(to_handler) * 10_000_000_000 / u128::from(arch::cntfrq().max(1)) / u128::from(n);
-        println!("exit sgi-to-other-handler: {}.{} ns/op over {n}", tenths / 10, tenths % 10);
+        // The mean, and the median: the path's length. Where the vCPUs
+        // share a pCPU, an SGI preempts the sender only when the scheduler
+        // says so (a woken vCPU with no more credit than the runner waits
+        // for the runner's ratelimit window): a rare wait of ~1 ms that the
+        // mean carries and the median does not.
+        let d = &mut to_handler[..n];
+        let mean = d.iter().sum::<u64>() / n as u64;
+        d.sort_unstable();
+        print_ns("sgi-to-other-handler", mean, n);
+        print_ns("sgi-to-other-handler-median", d[n / 2], n);
     }
+}
+
+/// Iterations of the SGI to the other CPU.
+const SGI_OTHER_ITERATIONS: usize = 200;
+
+/// `exit <name>: <ns> ns/op over <n>` for `ticks` of the counter.
+fn print_ns(name: &str, ticks: u64, n: usize) {
+    let tenths = u128::from(ticks) * 10_000_000_000 / u128::from(arch::cntfrq().max(1));
+    println!("exit {name}: {}.{} ns/op over {n}", tenths / 10, tenths % 10);
 }

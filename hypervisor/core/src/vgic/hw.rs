@@ -88,6 +88,27 @@ impl Vgic {
         Ok(core::mem::take(&mut irq.latch))
     }
 
+    /// The switch-in of forwarded private interrupt `intid` of `vcpu`, whose
+    /// source's output is `level`: [`Vgic::resample_hw_private`], then
+    /// whether it is pending or active ([`Vgic::is_pending_or_active`]),
+    /// which the caller's physical interrupt's active state follows. One
+    /// lookup; false for an INTID that is not private.
+    pub fn load_hw_private(&mut self, vcpu: usize, intid: IntId, level: bool) -> bool {
+        let raw = u32::from(intid) as usize;
+        let Some(vs) = self.vcpus.get_mut(vcpu) else {
+            return false;
+        };
+        let Some(irq) = vs.private.get_mut(raw) else {
+            return false;
+        };
+        if irq.hw.is_some() && !level && !irq.in_flight() && (irq.line || irq.latch) {
+            irq.line = false;
+            irq.latch = false;
+            vs.private_live |= 1 << raw;
+        }
+        irq.pending_view() || irq.active_view()
+    }
+
     /// The physical INTID an interrupt is forwarded from, if any.
     pub fn hw_of(&self, vcpu: usize, intid: IntId) -> Option<IntId> {
         self.irq(vcpu, u32::from(intid))?.hw

@@ -1181,3 +1181,49 @@ fn single_private_flush_matches_ranked_flush() {
         assert_eq!(format!("{:?}", fast.vcpus[1].private), format!("{:?}", ranked.vcpus[1].private), "{what}");
     }
 }
+
+/// The switch-in of a forwarded PPI does in one lookup what a resample
+/// and a look at its state do: the same answer, the same model after.
+#[test]
+fn load_hw_private_is_resample_then_state() {
+    type Setup = fn(&mut Vgic);
+    let cases: [(&str, Setup, bool); 6] = [
+        ("idle, line low", |_| {}, false),
+        ("pending, line dropped", |g| assert!(g.inject_edge(id(27), 1).is_ok()), false),
+        ("pending, line still high", |g| assert!(g.inject_edge(id(27), 1).is_ok()), true),
+        (
+            "in an LR",
+            |g| {
+                assert!(g.inject_edge(id(27), 1).is_ok());
+                g.flush_lrs(1, &mut [0; 4]);
+            },
+            false,
+        ),
+        (
+            "active",
+            |g| {
+                assert!(g.inject_edge(id(27), 1).is_ok());
+                let mut lrs = [0u64; 4];
+                g.flush_lrs(1, &mut lrs);
+                lrs[0] = lrs[0] & !LR_STATE_MASK | LR_ACTIVE;
+                g.sync_lrs(1, &mut lrs);
+            },
+            false,
+        ),
+        ("not forwarded", |g| assert!(g.set_hw_private(1, id(27), None).is_ok()), false),
+    ];
+    for (what, setup, level) in cases {
+        let (mut one, mut two) = (booted(2, 32), booted(2, 32));
+        for g in [&mut one, &mut two] {
+            g.set_hw_private(1, id(27), Some(id(27))).unwrap();
+            enable(g, 1, 27);
+            setup(g);
+        }
+        let busy = one.load_hw_private(1, id(27), level);
+        let _ = two.resample_hw_private(1, id(27), level);
+        assert_eq!(busy, two.is_pending_or_active(1, id(27)), "{what}");
+        assert_eq!(one.vcpus[1].private_live, two.vcpus[1].private_live, "{what}");
+        assert_eq!(format!("{:?}", one.vcpus[1].private[27]), format!("{:?}", two.vcpus[1].private[27]), "{what}");
+    }
+    assert!(!booted(2, 32).load_hw_private(1, id(40), false), "an SPI is not private");
+}

@@ -150,8 +150,15 @@ pub(super) fn spin_watch(vm: &Vm, id: usize) -> Option<spin::Watch> {
     if !vm.overcommitted {
         return None;
     }
-    preempted_sibling(vm, &vm.sched.lock(), id)
-        .map(|(_, masked)| if masked { spin::Watch::Critical } else { spin::Watch::Preempted })
+    spin_watch_locked(vm, &vm.sched.lock(), id)
+}
+
+/// [`spin_watch`] with the scheduler `s` already locked by the caller.
+pub(super) fn spin_watch_locked(vm: &Vm, s: &crate::sched::Scheduler, id: usize) -> Option<spin::Watch> {
+    if !vm.overcommitted {
+        return None;
+    }
+    preempted_sibling(vm, s, id).map(|(_, masked)| if masked { spin::Watch::Critical } else { spin::Watch::Preempted })
 }
 
 /// A sibling of vCPU `id` that is runnable but was descheduled

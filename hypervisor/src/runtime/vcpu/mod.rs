@@ -27,6 +27,7 @@ mod psci;
 mod report;
 mod run;
 
+use self::exit::spin_watch_locked;
 use self::irq::{console_input, handle_irqs};
 use self::report::dump_if_outlier;
 use self::run::run_vcpu;
@@ -122,10 +123,20 @@ pub fn pcpu_loop(me: usize) -> ! {
     let mut seen: alloc::vec::Vec<u16> = alloc::vec::Vec::new();
     // The vCPU that ran here last, whose vPE may still be resident here.
     let mut last: Option<(&'static Vm, usize)> = None;
+    // Whether the hardware LRs may hold anything but zeros (`run_vcpu`):
+    // unknown at first.
+    let mut lrs_dirty = true;
     loop {
         pcpu(me).resched.store(false, Ordering::Relaxed);
         let now = now_ns();
-        let d = vm.sched.lock().schedule(now, me);
+        let (d, next, watch) = {
+            let mut s = vm.sched.lock();
+            let d = s.schedule(now, me);
+            let next = d.as_ref().ok().and_then(|d| d.next).and_then(vcpu_of);
+            // Its spin watch (`run_vcpu`) under the same lock.
+            let watch = next.and_then(|(g, v)| spin_watch_locked(g, &s, v));
+            (d, next, watch)
+        };
         let d = match d {
             Ok(d) => d,
             Err(e) => {
@@ -134,7 +145,6 @@ pub fn pcpu_loop(me: usize) -> ! {
             }
         };
         // First, as another pCPU may be waiting to load that vCPU.
-        let next = d.next.and_then(vcpu_of);
         if let Some((lvm, lid)) = last.take() {
             if !next.is_some_and(|(g, v)| core::ptr::eq(g, lvm) && v == lid) {
                 super::vpe::release(lvm, me, lid);
@@ -158,7 +168,7 @@ pub fn pcpu_loop(me: usize) -> ! {
                     }
                     loaded = Some(guest.vmid);
                 }
-                run_vcpu(guest, me, v, &mut deadline);
+                run_vcpu(guest, me, v, &mut deadline, &mut lrs_dirty, watch);
                 last = Some((guest, v));
             }
             None => {
@@ -296,9 +306,7 @@ fn resampled<'a>(vm: &'a Vm, me: usize, v: &Vcpu) -> crate::sync::MutexGuard<'a,
 /// last switch-out here left it: inactive (`save_vcpu` deactivates the
 /// forwarded PPIs of every vCPU it saves).
 fn load_forwarded_ppi(vgic: &mut crate::vgic::Vgic, me: usize, id: usize, intid: IntId, line: bool) {
-    // Err: not forwarded for this VM, nothing to resample.
-    let _ = vgic.resample_hw_private(id, intid, line);
-    if vgic.is_pending_or_active(id, intid) {
+    if vgic.load_hw_private(id, intid, line) {
         gic::set_private_active(me, intid, true);
     }
 }

@@ -8,7 +8,17 @@ use super::*;
 use crate::runloop::lrs;
 use crate::runtime::devices::vgic::deactivate_hw;
 
-pub(super) fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Option<u64>) {
+/// `lrs_dirty`: whether the hardware LRs may hold anything but zeros
+/// (the last entry on this pCPU used them); updated at the vCPU's last exit.
+/// `watch`: its spin watch as the scheduler left it (`exit::spin_watch`).
+pub(super) fn run_vcpu(
+    vm: &'static Vm,
+    me: usize,
+    id: usize,
+    deadline: &mut Option<u64>,
+    lrs_dirty: &mut bool,
+    mut watch: Option<crate::sched::spin::Watch>,
+) {
     if vm.stopped.load(Ordering::Acquire) {
         // Its domain stopped while this vCPU was away: it goes offline.
         vm.shared[id].online.store(false, Ordering::Release);
@@ -26,12 +36,10 @@ pub(super) fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Opt
     follow_routes(vm, me, v);
     // Sampled for spinning while a sibling is preempted (`sched::spin`).
     let mut spin = SpinDetector::new();
-    let mut watch = spin_watch(vm, id);
-    // Whether the hardware LRs may hold anything but zeros: they keep what
-    // the vCPU that last ran here left, so the first entry writes them all.
-    let mut lrs_dirty = true;
+    // The hardware LRs keep what the last entry here put there.
+    let mut dirty = *lrs_dirty;
     loop {
-        lrs_dirty = load_lrs(vm, v, id, lrs_dirty);
+        dirty = load_lrs(vm, v, id, dirty);
         // The sampling period starts after the entry work: however long
         // that work takes (flushing many LPIs, a slow exit path), the guest
         // runs for a whole period between two samples. Armed before it, a
@@ -54,7 +62,7 @@ pub(super) fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Opt
             // Pending when this vCPU exited: its own, whatever the exit.
             serror_from_guest(vm, v, disr);
         }
-        save_lrs(vm, me, v, id, lrs_dirty);
+        save_lrs(vm, me, v, id, dirty);
         after_exit(vm, me, v, id);
         let next = match kind {
             ExitKind::Sync => {
@@ -80,6 +88,7 @@ pub(super) fn run_vcpu(vm: &'static Vm, me: usize, id: usize, deadline: &mut Opt
             }
         }
     }
+    *lrs_dirty = dirty;
     // Where the guest was at its last exit: inside a critical section or not.
     let masked = CritEvidence::from_spsr(v.regs.spsr) == CritEvidence::IrqsMasked;
     vm.shared[id].left_masked.store(masked, Ordering::Relaxed);
