@@ -24,6 +24,15 @@ pub fn ticks_to_ns(ticks: u64, freq_hz: u64) -> u64 {
 
 const NS_PER_S: u64 = 1_000_000_000;
 
+/// Nanoseconds per tick of a counter running at `freq_hz`, when that is a
+/// whole number (QEMU's 62.5 MHz, FVP's 100 MHz, 1 GHz, 25 MHz): then
+/// [`ticks_to_ns`] is one multiplication by it, which a clock read on every
+/// exit can do with the factor computed once.
+pub fn whole_ns_per_tick(freq_hz: u64) -> Option<u64> {
+    let f = freq_hz.max(1);
+    NS_PER_S.is_multiple_of(f).then_some(NS_PER_S / f)
+}
+
 /// `ns` nanoseconds in ticks of a counter running at `freq_hz`, rounded up
 /// (a timer armed with it never fires early); `u64::MAX` when it does not fit.
 pub fn ns_to_ticks(ns: u64, freq_hz: u64) -> u64 {
@@ -95,6 +104,8 @@ mod tests {
 
     #[test]
     fn whole_ns_per_tick_fast_path_agrees_with_the_exact_formula() {
+        assert_eq!(whole_ns_per_tick(62_500_000), Some(16));
+        assert_eq!(whole_ns_per_tick(24_000_000), None);
         let exact_ns =
             |t: u64, f: u64| u64::try_from(u128::from(t) * 1_000_000_000 / u128::from(f)).unwrap_or(u64::MAX);
         let exact_ticks =
@@ -110,6 +121,11 @@ mod tests {
                 };
                 assert_eq!(ticks_to_ns(v, f), exact_ns(v, f), "ticks {v} at {f} Hz");
                 assert_eq!(ns_to_ticks(v, f), exact_ticks(v, f), "ns {v} at {f} Hz");
+                // What the EL2 clock does with the factor computed once.
+                if let Some(k) = whole_ns_per_tick(f) {
+                    assert_eq!(v.saturating_mul(k), exact_ns(v, f), "factor {k}: ticks {v} at {f} Hz");
+                    assert_eq!(v.div_ceil(k), exact_ticks(v, f), "factor {k}: ns {v} at {f} Hz");
+                }
             }
         }
     }

@@ -30,8 +30,11 @@ pub fn load(vgic: &VgicCell, id: usize, lrs: &mut [u64], dirty: bool) -> Loaded 
         return Loaded { used: false, filled: 0 };
     }
     let fr = vgic.flush(id, lrs);
-    // Folded, not searched: no early exit to branch on for a handful of LRs.
-    let used = lrs.iter().fold(0, |acc, &lr| acc | lr) != 0;
+    // Only the slots the model holds are not zero: the others were zeroed
+    // by the last sync or never filled, and the hardware leaves an empty LR
+    // empty.
+    let used = fr.used_mask != 0;
+    debug_assert_eq!(used, lrs.iter().any(|&lr| lr != 0), "LRs not held by the model are zeros");
     if used || dirty {
         for (i, &lr) in lrs.iter().enumerate() {
             gic::write_lr(i, lr);

@@ -9,7 +9,7 @@ use crate::sync::Once;
 use aarch64_cpu::registers::{CNTFRQ_EL0, CNTHP_CTL_EL2, CNTPCT_EL0};
 use alloc::boxed::Box;
 use alloc::vec::Vec;
-use core::sync::atomic::Ordering;
+use core::sync::atomic::{AtomicU64, Ordering};
 use tock_registers::interfaces::{Readable, Writeable};
 
 pub use crate::runloop::pcpu::{PcpuShared, SGI_KICK};
@@ -86,7 +86,14 @@ static PCPUS: Once<&'static [PcpuShared]> = Once::new();
 /// the main heap is added and before any secondary starts.
 pub fn init(n: usize) {
     PCPUS.call_once(|| Box::leak((0..n.max(1)).map(|_| PcpuShared::new()).collect::<Vec<_>>().into_boxed_slice()));
+    NS_PER_TICK.store(crate::time::whole_ns_per_tick(cntfrq()).unwrap_or(0), Ordering::Relaxed);
 }
+
+/// Nanoseconds per counter tick when a whole number (0 until [`init`], or
+/// for a frequency that does not divide 10^9): CNTFRQ_EL0 is the same on
+/// every pCPU and never changes, so the clock's conversion is one
+/// multiplication by a factor computed once.
+static NS_PER_TICK: AtomicU64 = AtomicU64::new(0);
 
 /// pCPU `cpu`'s shared state. `cpu` is an index the boot code handed out,
 /// below the count [`init`] got; any other is a hypervisor bug and panics
@@ -160,10 +167,17 @@ pub fn now_ns() -> u64 {
 }
 
 /// Counter ticks in ns, saturating (see `crate::time`).
+#[inline]
 pub fn ticks_to_ns(t: u64) -> u64 {
-    crate::time::ticks_to_ns(t, cntfrq())
+    match NS_PER_TICK.load(Ordering::Relaxed) {
+        0 => crate::time::ticks_to_ns(t, cntfrq()),
+        k => t.saturating_mul(k),
+    }
 }
 
 fn ns_to_ticks(ns: u64) -> u64 {
-    crate::time::ns_to_ticks(ns, cntfrq())
+    match NS_PER_TICK.load(Ordering::Relaxed) {
+        0 => crate::time::ns_to_ticks(ns, cntfrq()),
+        k => ns.div_ceil(k),
+    }
 }
