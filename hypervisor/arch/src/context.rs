@@ -60,12 +60,6 @@ pub struct El1Context {
     pub debug: crate::vdebug::VDebug,
 }
 
-/// Whether the CPU implements pointer authentication (see
-/// `crate::traps::CpuFeatures::pauth`).
-pub fn has_pauth() -> bool {
-    super::el2::has_pauth()
-}
-
 /// Accessors for the pointer-authentication key registers, by encoding
 /// (op0=3, op1=0, CRn=2): their names need the assembler's PAuth extension.
 macro_rules! pauth_keys {
@@ -131,10 +125,12 @@ impl El1Context {
         CNTV_CVAL_EL0.set(self.cntv_cval);
         CNTV_CTL_EL0.set(self.cntv_ctl);
         VMPIDR_EL2.set(self.vmpidr);
-        if has_pauth() {
+        // One look at the features for both.
+        let f = super::el2::cpu_features();
+        if f.pauth {
             restore_pauth(&self.pauth_keys);
         }
-        if super::el2::has_ras() {
+        if f.ras {
             VDISR_EL2.set(self.vdisr);
         }
         sysreg::isb();
@@ -170,10 +166,11 @@ impl El1Context {
         self.cntv_ctl = CNTV_CTL_EL0.get();
         self.cntv_cval = CNTV_CVAL_EL0.get();
         self.vmpidr = VMPIDR_EL2.get();
-        if has_pauth() {
+        let f = super::el2::cpu_features();
+        if f.pauth {
             save_pauth(&mut self.pauth_keys);
         }
-        if super::el2::has_ras() {
+        if f.ras {
             self.vdisr = VDISR_EL2.get();
         }
         CNTV_CTL_EL0.set(0);

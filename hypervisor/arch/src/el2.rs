@@ -92,11 +92,6 @@ pub fn has_ras() -> bool {
     cpu_features().ras
 }
 
-/// Whether the CPUs have pointer authentication.
-pub fn has_pauth() -> bool {
-    cpu_features().pauth
-}
-
 /// ID_AA64MMFR0_EL1.PARange: the physical address size this CPU implements
 /// (`stage2::pa_bits` decodes it).
 pub fn parange() -> u64 {

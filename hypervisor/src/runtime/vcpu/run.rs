@@ -93,7 +93,7 @@ pub(super) fn run_vcpu(
     let masked = CritEvidence::from_spsr(v.regs.spsr) == CritEvidence::IrqsMasked;
     vm.shared[id].left_masked.store(masked, Ordering::Relaxed);
     save_vcpu(vm, me, v);
-    pcpu(me).running.store(usize::MAX, Ordering::Release);
+    here.running.store(usize::MAX, Ordering::Release);
     vm.shared[id].running_on.store(usize::MAX, Ordering::Release);
 }
 
