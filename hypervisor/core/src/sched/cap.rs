@@ -69,6 +69,9 @@ impl Scheduler {
     /// Make sure the (capped) vCPU `s` holds budget, drawing a quota from
     /// its domain's pool; false if there is none left (park it).
     pub(super) fn ensure_budget(&mut self, s: usize) -> bool {
+        if self.no_caps() {
+            return true;
+        }
         let d = self.vcpus[s].dom;
         if !self.domains[d].capped() || self.vcpus[s].budget > 0 {
             return true;
@@ -103,7 +106,7 @@ impl Scheduler {
     /// (Credit2 lets the minimum timer overrun it and charges the debt to
     /// the next period; we keep each period exact).
     pub(super) fn budget_end(&self, now: u64, s: usize) -> u64 {
-        if !self.domains[self.vcpus[s].dom].capped() {
+        if self.no_caps() || !self.domains[self.vcpus[s].dom].capped() {
             return u64::MAX;
         }
         let b = self.vcpus[s].budget.max(0) as u64;

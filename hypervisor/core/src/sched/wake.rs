@@ -262,7 +262,7 @@ impl Scheduler {
         self.vcpus[s].state = RunState::Runnable;
         self.vcpus[s].preempted = false;
         let d = self.vcpus[s].dom;
-        if self.domains[d].capped() && self.vcpus[s].budget <= 0 && self.domains[d].budget <= 0 {
+        if !self.no_caps() && self.domains[d].capped() && self.vcpus[s].budget <= 0 && self.domains[d].budget <= 0 {
             // No budget: parked, it waits for the replenishment and preempts nobody.
             self.set_parked(s, true);
             self.domains[d].stats.cap_parks += 1;
@@ -433,6 +433,11 @@ impl Scheduler {
         self.note_replenishments();
     }
 
+    /// No domain is capped (the budget bookkeeping has nothing to do).
+    pub(super) fn no_caps(&self) -> bool {
+        self.next_repl == u64::MAX
+    }
+
     /// Recomputes the earliest replenishment due (after a cap changed or
     /// replenishments were made).
     pub(super) fn note_replenishments(&mut self) {
@@ -457,6 +462,9 @@ impl Scheduler {
     /// and if that leaves budget, the domain's parked vCPUs come back.
     #[inline]
     pub(super) fn give_back_budget(&mut self, now: u64, s: usize) {
+        if self.no_caps() {
+            return;
+        }
         let d = self.vcpus[s].dom;
         if !self.domains[d].capped() {
             return;
