@@ -180,6 +180,10 @@ impl Scheduler {
 /// (any run shorter than ~3 days with a 16-bit weight): a 128-bit division
 /// is a library call of some fifty instructions, twice per switch.
 fn scale_run(delta: u64, max_w: u32, residual: u64, w: u32) -> (i64, u64) {
+    if w == max_w && u64::from(w) > residual {
+        // The heaviest weight: one ns of credit per ns of run.
+        return (delta.min(i64::MAX as u64) as i64, residual);
+    }
     let (max_w, w) = (u64::from(max_w), u64::from(w));
     match delta.checked_mul(max_w).and_then(|p| p.checked_add(residual)) {
         Some(scaled) => ((scaled / w).min(i64::MAX as u64) as i64, scaled % w),
@@ -201,6 +205,9 @@ mod scale_tests {
         for &(delta, max_w, residual, w) in &[
             (1_000_000u64, 512u32, 0u64, 256u32),
             (999, 65535, 100, 1),
+            (999, 256, 100, 256),
+            (999, 256, 300, 256),
+            (u64::MAX, 256, 0, 256),
             (12_345_678, 300, 299, 300),
             (u64::MAX / 2, 65535, 7, 3),
             (u64::MAX, 1, 0, 1),

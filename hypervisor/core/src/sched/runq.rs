@@ -219,19 +219,17 @@ impl Scheduler {
         if let Some(a) = v.affinity {
             return a;
         }
-        let idle = |p: usize| self.pcpus[p].curr.is_none();
-        if idle(v.home) {
+        // The home pCPU if idle, else the first idle one, else the one
+        // whose runner has the least credit (home on ties): one pass.
+        let Some(c) = self.pcpus[v.home].curr else {
             return v.home;
-        }
-        if let Some(p) = (0..self.pcpus.len()).find(|&p| idle(p)) {
-            return p;
-        }
-        // All busy: the pCPU whose runner has the least credit (home on ties).
-        let runner_credit = |p: usize| self.pcpus[p].curr.map_or(i64::MIN, |c| self.vcpus[c].credit);
-        let mut best = v.home;
-        for p in 0..self.pcpus.len() {
-            if runner_credit(p) < runner_credit(best) {
-                best = p;
+        };
+        let (mut best, mut least) = (v.home, self.vcpus[c].credit);
+        for (p, pc) in self.pcpus.iter().enumerate() {
+            match pc.curr {
+                None => return p,
+                Some(c) if self.vcpus[c].credit < least => (best, least) = (p, self.vcpus[c].credit),
+                Some(_) => {}
             }
         }
         best
