@@ -106,6 +106,9 @@ impl Scheduler {
         }
         let max_w = u64::from(self.rqs[self.vcpus[s].rq].max_weight.max(1));
         let (credit, w) = (credit as u64, u64::from(self.vcpus[s].weight));
+        if w == max_w {
+            return credit;
+        }
         // In 64 bits when the product fits (any credit below ~2^48 ns with
         // a 16-bit weight): a 128-bit division is a library call of some
         // fifty instructions, on every slice armed.
