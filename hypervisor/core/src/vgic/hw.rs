@@ -101,12 +101,17 @@ impl Vgic {
         let Some(irq) = vs.private.get_mut(raw) else {
             return false;
         };
-        if irq.hw.is_some() && !level && !irq.in_flight() && (irq.line || irq.latch) {
+        if irq.in_flight() {
+            // In an LR: the hardware's, left alone.
+            return irq.pending_view() || irq.active_view();
+        }
+        if irq.hw.is_some() && !level && (irq.line || irq.latch) {
             irq.line = false;
             irq.latch = false;
             vs.private_live |= 1 << raw;
         }
-        irq.pending_view() || irq.active_view()
+        // Not in an LR: the model's own state is the guest's view.
+        irq.model_pending() || irq.active
     }
 
     /// The physical INTID an interrupt is forwarded from, if any.
