@@ -44,28 +44,40 @@ impl Kicks {
     /// testing all [`MAX_VCPUS`] positions cost ~1 500 instructions per
     /// SGI to a vCPU's own pCPU.
     pub fn iter(&self) -> KicksIter {
-        KicksIter { bits: self.bits, word: 0 }
+        let words = self.bits.iter().enumerate().fold(0u8, |m, (i, &w)| m | u8::from(w != 0) << i);
+        KicksIter { bits: self.bits, words }
     }
 }
+
+// `KicksIter::words` has a bit per word.
+const _: () = assert!(MAX_VCPUS / 64 <= 8);
 
 /// The members of a [`Kicks`] (a copy: the set is 32 bytes), lowest first.
 #[derive(Clone, Debug)]
 pub struct KicksIter {
     bits: [u64; MAX_VCPUS / 64],
-    word: usize,
+    /// One bit per word of `bits` not visited to its end: the empty words
+    /// of a set of a few vCPUs are never loaded.
+    words: u8,
 }
 
 impl Iterator for KicksIter {
     type Item = usize;
 
     fn next(&mut self) -> Option<usize> {
-        while let Some(w) = self.bits.get_mut(self.word) {
-            if *w != 0 {
-                let bit = w.trailing_zeros() as usize;
-                *w &= *w - 1;
-                return Some(self.word * 64 + bit);
+        while self.words != 0 {
+            let word = self.words.trailing_zeros() as usize;
+            match self.bits.get_mut(word) {
+                Some(w) if *w != 0 => {
+                    let bit = w.trailing_zeros() as usize;
+                    *w &= *w - 1;
+                    if *w == 0 {
+                        self.words &= !(1 << word);
+                    }
+                    return Some(word * 64 + bit);
+                }
+                _ => self.words &= !(1 << word),
             }
-            self.word += 1;
         }
         None
     }
