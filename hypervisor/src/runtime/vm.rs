@@ -214,6 +214,10 @@ pub struct Vcpu {
     pub lhp_grace: Option<crate::sched::GraceWatch>,
     /// Its GICv4 vPE is resident on the pCPU running it (`runtime::vlpi`).
     pub vpe_resident: bool,
+    /// The PMU's physical overflow PPI may be active on the pCPU running it
+    /// although its vPMU is not on the hardware: made so at switch-in or by
+    /// a resync (`vcpu::save_vcpu` deactivates it then).
+    pub pmu_ppi_set: bool,
     /// The emulated EL1 physical timer (`crate::ptimer::PhysTimer`) and the
     /// level last driven into the vGIC as its PPI.
     pub ptimer: crate::ptimer::PhysTimer,
@@ -471,6 +475,7 @@ pub(super) fn new_vcpus(n: usize) -> (Vec<Mutex<Vcpu>>, Vec<VcpuShared>) {
             vserror: Default::default(),
             lhp_grace: None,
             vpe_resident: false,
+            pmu_ppi_set: false,
             ptimer: Default::default(),
             ptimer_level: false,
             pmu: Default::default(),

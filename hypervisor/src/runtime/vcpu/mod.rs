@@ -260,7 +260,7 @@ fn load_vcpu(vm: &Vm, me: usize, v: &mut Vcpu) {
         // drive it; set before they go back on the PMU, which raises the
         // physical line again.
         if let Some(p) = vm.pmu_intid {
-            load_forwarded_ppi(&mut vgic, me, v.id, p, v.pmu.regs.line());
+            v.pmu_ppi_set = load_forwarded_ppi(&mut vgic, me, v.id, p, v.pmu.regs.line());
         }
     }
     if vm.pmu_intid.is_some() && v.pmu.placement == Placement::Loaded {
@@ -303,12 +303,15 @@ fn resampled<'a>(vm: &'a Vm, me: usize, v: &Vcpu) -> crate::sync::MutexGuard<'a,
 /// acknowledged ends if the line dropped while the vCPU was away; then,
 /// while its virtual interrupt is pending or active, the physical PPI is
 /// kept active so it does not fire again. Otherwise it is left as the
-/// last switch-out here left it: inactive (`save_vcpu` deactivates the
-/// forwarded PPIs of every vCPU it saves).
-fn load_forwarded_ppi(vgic: &mut crate::vgic::Vgic, me: usize, id: usize, intid: IntId, line: bool) {
-    if vgic.load_hw_private(id, intid, line) {
+/// last switch-out here left it: inactive (`save_vcpu` deactivates each
+/// forwarded PPI of the vCPU it saves that may be active).
+/// Returns whether it made the physical PPI active.
+fn load_forwarded_ppi(vgic: &mut crate::vgic::Vgic, me: usize, id: usize, intid: IntId, line: bool) -> bool {
+    let busy = vgic.load_hw_private(id, intid, line);
+    if busy {
         gic::set_private_active(me, intid, true);
     }
+    busy
 }
 
 /// PMCR_EL0.N of this machine's PMU (0 without one).
@@ -318,12 +321,18 @@ fn pmu_counters() -> u8 {
 
 fn save_vcpu(vm: &Vm, me: usize, v: &mut Vcpu) {
     if let Some(p) = vm.pmu_intid {
-        if v.pmu.placement == Placement::Loaded {
+        let loaded = v.pmu.placement == Placement::Loaded;
+        if loaded {
             pmu::save(&mut v.pmu.regs, pmu_counters());
             v.pmu.on_save();
             pmu::set_trap(true);
         }
-        gic::set_private_active(me, p, false);
+        // Its overflow PPI fires only while the vPMU is on the hardware
+        // (a saved one is quiesced), so it is active only then, or if the
+        // switch-in or a resync made it so.
+        if loaded || core::mem::take(&mut v.pmu_ppi_set) {
+            gic::set_private_active(me, p, false);
+        }
     }
     v.el1.save(); // also stops the guest's timer
     if v.el1.debug.dirty {

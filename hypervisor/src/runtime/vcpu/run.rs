@@ -119,7 +119,7 @@ fn save_lrs(vm: &Vm, me: usize, v: &mut Vcpu, id: usize, lrs_used: bool) {
             deactivate_hw(vm, me, id, &s.hw);
         }
     }
-    resync_private_active(vm, me, id);
+    v.pmu_ppi_set |= resync_private_active(vm, me, id);
     if let Some(s) = saved {
         process_kicks(vm, me, s.kicks, WakeCause::Interrupt);
     }
@@ -225,11 +225,14 @@ pub(super) fn follow_routes(vm: &Vm, me: usize, v: &mut Vcpu) {
 /// The `ppi_resync` requests for vCPU `id`, running here: set each forwarded
 /// private interrupt's physical active state to the vGIC's view.
 /// Checked at every exit, inline; the work (rare) is out of line.
+/// Returns whether there were any.
 #[inline]
-pub(super) fn resync_private_active(vm: &Vm, me: usize, id: usize) {
-    if vm.shared[id].ppi_resync.load(Ordering::Relaxed) != 0 {
+pub(super) fn resync_private_active(vm: &Vm, me: usize, id: usize) -> bool {
+    let any = vm.shared[id].ppi_resync.load(Ordering::Relaxed) != 0;
+    if any {
         resync_private_active_now(vm, me, id);
     }
+    any
 }
 
 #[inline(never)]
