@@ -166,12 +166,14 @@ pub fn now_ns() -> u64 {
     ticks_to_ns(CNTPCT_EL0.get())
 }
 
-/// Counter ticks in ns, saturating (see `crate::time`).
+/// Counter ticks in ns (see `crate::time`). With a whole factor the
+/// product is not checked: it overflows after 2^64 ns (584 years of
+/// counting), which no counter value reaches.
 #[inline]
 pub fn ticks_to_ns(t: u64) -> u64 {
     match NS_PER_TICK.load(Ordering::Relaxed) {
         0 => crate::time::ticks_to_ns(t, cntfrq()),
-        k => t.saturating_mul(k),
+        k => t.wrapping_mul(k),
     }
 }
 

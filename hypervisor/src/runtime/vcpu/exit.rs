@@ -8,6 +8,7 @@ use super::*;
 use crate::runtime::vm::MmioFault;
 
 /// A trapped CNTP_CTL/CVAL/TVAL access: the emulated timer's registers.
+#[inline(never)]
 pub(super) fn ptimer_access(vm: &Vm, me: usize, v: &mut Vcpu, s: &esr::SysRegAccess, reg: crate::ptimer::PtimerReg) {
     let cnt = percpu::counter();
     if s.read {
@@ -193,6 +194,7 @@ pub(super) fn yield_cpu(vm: &Vm, me: usize, id: usize) -> Next {
 /// maps the page (or its 2 MiB block) 1:1 as device memory when
 /// `Vm::iomem` permits it, so the guest's retry reaches the device (Xen's
 /// on-demand MMIO for its hardware domain). False: refused, abort the guest.
+#[inline(never)]
 pub(super) fn map_on_demand(vm: &Vm, ipa: u64) -> bool {
     let Some(policy) = &vm.iomem else { return false };
     let r = match policy.decide(ipa) {
@@ -234,6 +236,8 @@ pub(super) fn map_on_demand(vm: &Vm, ipa: u64) -> bool {
 
 /// Logs (the first 16 of a VM's) a guest access that gets an external
 /// abort: `what` it was, at which IPA and PC, and `why` when a device said.
+#[cold]
+#[inline(never)]
 pub(super) fn report_bad_access(vm: &Vm, v: &Vcpu, ipa: u64, what: &str, why: Option<&dyn core::fmt::Display>) {
     if vm.bad_accesses.fetch_add(1, Ordering::Relaxed) < 16 {
         // Dom0's lines as they always were; a DomU's name it.
@@ -255,6 +259,7 @@ pub(super) fn mmio(vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess) -> Result<(
 
 /// A trapped debug-register access (MDCR_EL2.TDA/TDOSA/TDRA), emulated as
 /// `crate::vdebug` says.
+#[inline(never)]
 pub(super) fn debug_access(vm: &Vm, v: &mut Vcpu, s: &esr::SysRegAccess, reg: DebugReg, ilen: u64) {
     let value = v.regs.reg(s.reg);
     match v.el1.debug.access(reg, s.read, value) {
@@ -277,6 +282,7 @@ pub(super) fn debug_access(vm: &Vm, v: &mut Vcpu, s: &esr::SysRegAccess, reg: De
 /// A trapped PMU access (MDCR_EL2.TPM/TPMCR): with a vPMU, the vCPU's
 /// registers go on the PMU, the traps are lifted and the instruction runs
 /// again there (`crate::vpmu`); without one it is UNDEFINED.
+#[inline(never)]
 pub(super) fn pmu_access(vm: &Vm, v: &mut Vcpu) {
     match v.pmu.on_trap(vm.pmu_intid.is_some()) {
         crate::vpmu::TrapAction::LoadAndRetry => {

@@ -19,6 +19,8 @@ pub(super) fn inject_exception(v: &mut Vcpu, esr_el1: u64, far: Option<u64>) {
 
 /// A synchronous external abort for a data access (a store or a load, as
 /// the trap said) or an instruction fetch (`esr::injected_abort_esr`).
+#[cold]
+#[inline(never)]
 pub(super) fn inject_abort(vm: &Vm, v: &mut Vcpu, kind: esr::AbortKind, far: u64) {
     inc(&vm.shared[v.id].counters.aborts_injected);
     let same_el = v.regs.spsr & 0x1f != 0 && v.regs.spsr & 0x10 == 0;
@@ -39,6 +41,8 @@ pub(super) fn serror_from_guest(vm: &Vm, v: &mut Vcpu, syndrome: u64) {
     el2::set_hcr(v.vserror.on_entry(el2::hcr()));
 }
 
+#[cold]
+#[inline(never)]
 pub(super) fn inject_undef(vm: &Vm, v: &mut Vcpu) {
     inc(&vm.shared[v.id].counters.undef_injected);
     inject_exception(v, (ESR_EL1::EC::Unknown + ESR_EL1::IL::SET).value, None);
