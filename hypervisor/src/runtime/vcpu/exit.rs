@@ -7,6 +7,15 @@ use super::psci::psci_call;
 use super::*;
 use crate::runtime::vm::MmioFault;
 
+/// A trapped read of an ID register (HCR_EL2.TID3): the CPU's value as
+/// `crate::idregs` sanitizes it for the guest.
+#[inline(never)]
+fn id_reg_read(vm: &Vm, v: &mut Vcpu, s: &esr::SysRegAccess) {
+    let reg = crate::idregs::IdReg { crm: s.crm, op2: s.op2 };
+    let value = crate::idregs::sanitize(reg, sysreg::read_id_reg(s.crm, s.op2), vm.pmu_intid.is_some());
+    v.regs.set_reg(s.reg, value);
+}
+
 /// A trapped CNTP_CTL/CVAL/TVAL access: the emulated timer's registers.
 #[inline(never)]
 pub(super) fn ptimer_access(vm: &Vm, me: usize, v: &mut Vcpu, s: &esr::SysRegAccess, reg: crate::ptimer::PtimerReg) {
@@ -78,9 +87,7 @@ pub(super) fn handle_sync(vm: &Vm, me: usize, v: &mut Vcpu) -> Next {
                 send_sgi(vm, me, v, value);
                 v.regs.elr += ilen;
             } else if s.read && crate::idregs::is_id_space(s.op0, s.op1, s.crn, s.crm) {
-                let reg = crate::idregs::IdReg { crm: s.crm, op2: s.op2 };
-                let value = crate::idregs::sanitize(reg, sysreg::read_id_reg(s.crm, s.op2), vm.pmu_intid.is_some());
-                v.regs.set_reg(s.reg, value);
+                id_reg_read(vm, v, &s);
                 v.regs.elr += ilen;
             } else if !s.read && (s.key() == esr::ICC_ASGI1R_EL1 || s.key() == esr::ICC_SGI0R_EL1) {
                 // Group 0 / alternate-group SGIs do not exist for this guest.
@@ -178,6 +185,7 @@ pub(super) fn preempted_sibling(vm: &Vm, s: &crate::sched::Scheduler, id: usize)
 
 /// WFE while vCPUs outnumber pCPUs: the vCPU probably spins on a lock whose
 /// holder is preempted; yield, directly to a preempted sibling if any.
+#[inline(never)]
 pub(super) fn yield_cpu(vm: &Vm, me: usize, id: usize) -> Next {
     if !vm.overcommitted {
         return Next::Enter;

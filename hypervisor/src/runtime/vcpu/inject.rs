@@ -30,6 +30,8 @@ pub(super) fn inject_abort(vm: &Vm, v: &mut Vcpu, kind: esr::AbortKind, far: u64
 /// A physical SError the running vCPU caused (taken from it, or found
 /// pending at its exit, `syndrome` = ESR_EL2 or DISR_EL1): counted and
 /// reflected to it as a virtual SError, never to whoever runs next.
+#[cold]
+#[inline(never)]
 pub(super) fn serror_from_guest(vm: &Vm, v: &mut Vcpu, syndrome: u64) {
     let c = &vm.shared[v.id].counters;
     inc(&c.serrors);
