@@ -190,7 +190,7 @@ fn domu_and_dom0_elf_kernels() {
 /// The exit path's budget in guest instructions per round trip as Dom0:
 /// a null hypercall (an SMCCC function answered NOT_SUPPORTED) and a read
 /// of an emulated distributor register (GICD_IIDR), as `cargo xtask bench
-/// exits` measures them (docs/benchmarks/exits-qemu10.md: 387 and 482).
+/// exits` measures them (docs/benchmarks/exits-qemu10.md: 364 and 455).
 /// Under `-icount shift=0` guest time is instructions executed at every
 /// exception level, so the figures are path lengths: the same on any host.
 const NULL_HVC_INSNS: f64 = 400.0;
