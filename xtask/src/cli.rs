@@ -451,6 +451,14 @@ pub enum SimCommand {
     /// lock-holder scenario, and with --json writes the JSON the benchmark
     /// harness reads.
     Wakeup(SimWakeupArgs),
+    /// The scheduler against Xen 4.17's Credit2: switch rates, tails, floors, tickles
+    ///
+    /// Runs the conformance cases (hypervisor::sched::conformance, which
+    /// drives the real scheduler on a virtual clock) in the control mode
+    /// (sched_wake_preempt=off) and, where Credit2's figure is ours too, in
+    /// both modes; prints each figure beside the range Xen's algorithm
+    /// gives; exit 1 when one is outside.
+    Conformance,
 }
 
 /// `cargo xtask sim wakeup`

@@ -6,6 +6,7 @@
 //!   `--platform fvp`, on Arm's FVP)
 //! - `test`: host unit tests and integration tests that boot real guests
 //! - `sim wakeup [options]`: the scheduler's discrete-event simulator
+//! - `sim conformance`: the scheduler's figures against Xen's Credit2
 //! - `bench wakeup|timer [options]`: benchmarks in Linux guests
 //! - `conformance [--at bare|dom0|domu] [--gic N] [--pcpus N] [--kernel-format F]`: the
 //!   conformance guest's checks (tests/conformance)
@@ -226,6 +227,7 @@ fn main() {
             0
         }),
         Command::Sim(SimCommand::Wakeup(args)) => sim::main(args).map(|_| 0),
+        Command::Sim(SimCommand::Conformance) => sim::conformance(),
         Command::Bench(BenchCommand::Wakeup(args)) => xtask::bench::runner::wakeup(&args.options()).map(|_| 0),
         Command::Bench(BenchCommand::Timer(args)) => xtask::bench::timer::run(&args.options()).map(|_| 0),
         Command::Bench(BenchCommand::Exits) => xtask::bench::exits::run().map(|_| 0),

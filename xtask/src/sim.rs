@@ -274,3 +274,26 @@ fn domains(o: &Opts, cfg: SchedConfig) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// `cargo xtask sim conformance`: every case of
+/// `hypervisor::sched::conformance`, a line each; 1 when one fails.
+pub fn conformance() -> anyhow::Result<i32> {
+    let checks = hypervisor::sched::conformance::checks().map_err(|e| anyhow!("scheduler: {e}"))?;
+    println!("{:<4} {:<42} {:<12} {:<18} {:>9}  {:<16} note", "", "case", "mode", "figure", "value", "Xen's range");
+    let mut failed = 0;
+    for c in &checks {
+        failed += usize::from(!c.pass());
+        println!(
+            "{:<4} {:<42} {:<12} {:<18} {:>9.3}  {:<16} {}",
+            if c.pass() { "ok" } else { "FAIL" },
+            c.case,
+            c.mode,
+            c.what,
+            c.value,
+            format!("[{}, {}]", c.lo, c.hi),
+            c.note
+        );
+    }
+    println!("{} cases, {failed} failed", checks.len());
+    Ok(i32::from(failed > 0))
+}

@@ -229,6 +229,7 @@ pub(super) fn start_vcpus(
             Err(crate::sched::SchedError::UnknownVcpu(_)) => {
                 warn!("sched_vcpu_weight={}:{w}: Dom0 has {} vCPU(s), no vCPU {}; ignored", v.0, vp.nr_vcpus(), v.0)
             }
+            Err(e @ crate::sched::SchedError::ExtensionOff(_)) => warn!("sched_vcpu_weight={}:{w}: {e}; ignored", v.0),
             Err(e) => return Err(VmError::Sched(e)),
         }
     }
@@ -352,6 +353,7 @@ impl Vm {
             nr_pcpus,
             nr_lrs,
             overcommitted: nr_vcpus > nr_pcpus,
+            extensions: host.sched.lock().config().extensions(),
             bad_accesses: AtomicU64::new(0),
             disk,
             pci_functions: vp.pci.clone(),

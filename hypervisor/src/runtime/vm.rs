@@ -436,6 +436,9 @@ pub struct Vm {
     pub nr_lrs: usize,
     /// More vCPUs than pCPUs: trap WFE so spinning vCPUs yield.
     pub overcommitted: bool,
+    /// The scheduler's extensions of Credit2 are on (`SchedConfig::extensions`,
+    /// fixed at boot): only then does an SGI trap open a lock-holder grace.
+    pub extensions: bool,
     /// Guest data aborts reported (the log is rate-limited).
     pub bad_accesses: AtomicU64,
     /// The hypervisor's virtio-blk device, when the guest has one.

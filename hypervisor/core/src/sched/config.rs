@@ -20,14 +20,43 @@ pub enum WakeMode {
 }
 
 /// How pCPUs are grouped into Credit2 runqueues (`credit2_runqueue=`).
+/// Every layout but `cpu` groups the pCPUs that share a core, socket or
+/// NUMA node (`all`: every pCPU), split into runqueues of at most
+/// `sched_credit2_max_cpus_runqueue` (16) pCPUs each, as Xen does. The
+/// machines described to us carry no topology (one socket, one node, no
+/// SMT), so `core`, `socket`, `node` and `all` mean the same set here; the
+/// variant keeps the name the user gave.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RunqueueLayout {
-    /// One runqueue shared by all pCPUs (`all`; what Xen's default,
-    /// `socket`, gives on a one-socket machine such as QEMU `virt`).
+    /// `all`: every pCPU, in runqueues of at most the maximum.
     All,
+    /// `socket` (Xen's default).
+    Socket,
+    /// `node`.
+    Node,
+    /// `core`.
+    Core,
     /// One runqueue per pCPU (`cpu`), balanced by load.
     PerCpu,
 }
+
+impl RunqueueLayout {
+    /// The option's value that names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            RunqueueLayout::All => "all",
+            RunqueueLayout::Socket => "socket",
+            RunqueueLayout::Node => "node",
+            RunqueueLayout::Core => "core",
+            RunqueueLayout::PerCpu => "cpu",
+        }
+    }
+}
+
+/// Most pCPUs in one runqueue (Xen's `MAX_CPUS_RUNQ`, and the default of
+/// `sched_credit2_max_cpus_runqueue`): every wake, block and schedule on
+/// one of them takes that runqueue's lock.
+pub const MAX_CPUS_RUNQUEUE: usize = 16;
 
 /// `sched_ratelimit_us`'s range other than 0 (off), in µs: Xen's
 /// `XEN_SYSCTL_SCHED_RATELIMIT_MIN`/`_MAX`.
@@ -42,8 +71,6 @@ pub const XEN_OPTIONS_NOT_IMPLEMENTED: &[&str] = &[
     "credit2_cap_period_ms",
     "credit2_load_precision_shift",
     "credit2_load_window_shift",
-    "sched_credit2_max_cpus_runqueue",
-    "sched_credit2_migrate_resist",
 ];
 
 /// Scheduler tunables. All times in ns.
@@ -65,8 +92,13 @@ pub struct SchedConfig {
     /// preempt it again (0 = off). Bounds wake-preemptions of any vCPU to
     /// one per this much of its run time.
     pub wake_min_run_ns: u64,
-    /// `credit2_runqueue=all|cpu`.
+    /// `credit2_runqueue=cpu|core|socket|node|all`.
     pub runqueue: RunqueueLayout,
+    /// `sched_credit2_max_cpus_runqueue` (1..=[`MAX_CPUS_RUNQUEUE`]).
+    pub max_cpus_runqueue: usize,
+    /// `sched_credit2_migrate_resist` (µs in the option): the credit lead a
+    /// vCPU needs to be taken by a pCPU other than the one it last ran on.
+    pub migrate_resist_ns: u64,
 }
 
 impl Default for SchedConfig {
@@ -90,6 +122,8 @@ impl Default for SchedConfig {
             lhp_grace_ns: 40_000,
             wake_min_run_ns: 100_000,
             runqueue: RunqueueLayout::All,
+            max_cpus_runqueue: MAX_CPUS_RUNQUEUE,
+            migrate_resist_ns: 500_000,
         }
     }
 }
@@ -123,9 +157,10 @@ impl SchedConfig {
     /// default, 1000, used), `sched_wake_preempt=on|off`,
     /// `sched_wake_granularity_us=N`, `sched_lhp_grace_us=N`,
     /// `sched_wake_min_run_us=N`, `sched_min_slice_us=N`,
-    /// `sched_max_slice_us=N`, `credit2_runqueue=all|cpu` (Xen's `core`,
-    /// `socket` and `node` mean `all` here: the machines described have one
-    /// socket and no SMT). Xen's other Credit2 options
+    /// `sched_max_slice_us=N`, `credit2_runqueue=cpu|core|socket|node|all`
+    /// (see [`RunqueueLayout`]), `sched_credit2_max_cpus_runqueue=N`
+    /// (1..=16; as in Xen, a larger value is warned about and 16 used),
+    /// `sched_credit2_migrate_resist=US`. Xen's other Credit2 options
     /// ([`XEN_OPTIONS_NOT_IMPLEMENTED`]) are claimed, warned about and
     /// ignored. The values' combination is checked by
     /// [`SchedConfig::validate`] once all are set.
@@ -165,11 +200,26 @@ impl SchedConfig {
             "sched_max_slice_us" => self.max_slice_ns = us("sched_max_slice_us")?,
             "credit2_runqueue" => {
                 self.runqueue = match val {
-                    "all" | "core" | "socket" | "node" => RunqueueLayout::All,
+                    "all" => RunqueueLayout::All,
+                    "socket" => RunqueueLayout::Socket,
+                    "node" => RunqueueLayout::Node,
+                    "core" => RunqueueLayout::Core,
                     "cpu" => RunqueueLayout::PerCpu,
                     _ => return Err(SchedError::BadBootArg("credit2_runqueue")),
                 }
             }
+            "sched_credit2_max_cpus_runqueue" => {
+                let n = val.parse::<usize>().map_err(|_| SchedError::BadBootArg("sched_credit2_max_cpus_runqueue"))?;
+                self.max_cpus_runqueue = if (1..=MAX_CPUS_RUNQUEUE).contains(&n) {
+                    n
+                } else {
+                    log::warn!(
+                        "sched_credit2_max_cpus_runqueue={val} is outside [1, {MAX_CPUS_RUNQUEUE}]: using {MAX_CPUS_RUNQUEUE}"
+                    );
+                    MAX_CPUS_RUNQUEUE
+                };
+            }
+            "sched_credit2_migrate_resist" => self.migrate_resist_ns = us("sched_credit2_migrate_resist")?,
             k if XEN_OPTIONS_NOT_IMPLEMENTED.contains(&k) => {
                 log::warn!("{k}={val}: this Xen Credit2 option is not implemented here; ignored");
             }
@@ -196,7 +246,8 @@ impl SchedConfig {
     }
 
     /// Whether the options set agree with each other (slice bounds, the
-    /// wake granularity's range).
+    /// wake granularity's and the migration resistance's ranges, the
+    /// runqueue size).
     pub fn validate(&self) -> Result<(), SchedError> {
         if self.min_slice_ns < MIN_TIMER_NS || self.max_slice_ns < self.min_slice_ns {
             return Err(SchedError::BadConfig);
@@ -204,6 +255,28 @@ impl SchedConfig {
         if self.wake_granularity_ns > i64::MAX as u64 || self.max_slice_ns > i64::MAX as u64 {
             return Err(SchedError::BadConfig);
         }
+        if self.migrate_resist_ns > i64::MAX as u64 / 2 || !(1..=MAX_CPUS_RUNQUEUE).contains(&self.max_cpus_runqueue) {
+            return Err(SchedError::BadConfig);
+        }
         Ok(())
+    }
+
+    /// How many runqueues `nr_pcpus` pCPUs form: one each with `cpu`, else
+    /// as few as hold them at `max_cpus_runqueue` each (the scheduler
+    /// spreads the pCPUs evenly over them).
+    pub fn nr_runqueues(&self, nr_pcpus: usize) -> usize {
+        match self.runqueue {
+            RunqueueLayout::PerCpu => nr_pcpus,
+            _ => nr_pcpus.div_ceil(self.max_cpus_runqueue.max(1)),
+        }
+    }
+
+    /// Whether our extensions of Credit2 run: with `sched_wake_preempt=off`
+    /// the scheduler is Xen's Credit2 alone (no preempt-on-wake, no
+    /// lock-holder grace or protected run, no directed yield or spin
+    /// detection, no per-vCPU weights), the control group of every
+    /// comparison with Xen.
+    pub fn extensions(&self) -> bool {
+        self.wake_mode == WakeMode::Preempt
     }
 }

@@ -45,8 +45,13 @@ impl Scheduler {
     /// by the ratio of their weights (see the module doc). Credit2's
     /// weights are per domain; this is the extension for two vCPUs of one
     /// domain that need different shares (`sched_vcpu_weight=`).
+    /// With the extensions off ([`SchedConfig::extensions`](super::SchedConfig::extensions))
+    /// an own weight is refused ([`SchedError::ExtensionOff`]).
     pub fn set_vcpu_weight(&mut self, now: u64, vcpu: VcpuId, weight: Option<u32>) -> Result<(), SchedError> {
         let s = self.slot(vcpu)?;
+        if weight.is_some() && !self.cfg.extensions() {
+            return Err(SchedError::ExtensionOff("sched_vcpu_weight"));
+        }
         if let Some(w) = weight {
             if w == 0 || w > domain::MAX_WEIGHT {
                 return Err(SchedError::BadWeight(w));

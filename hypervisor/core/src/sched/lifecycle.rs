@@ -94,6 +94,7 @@ impl Scheduler {
             preempted: false,
             wake_preempted: false,
             yielding: false,
+            tickled_cpu: None,
             stats: VcpuStats::default(),
         });
         self.domains[d].nr_vcpus += 1;
@@ -135,11 +136,13 @@ impl Scheduler {
     /// The vCPU running on `pcpu` yields (WFE trap), preferably to `target`
     /// (directed yield, e.g. a preempted vCPU of the same VM). Call
     /// `schedule()` next. The yielder runs again only if nothing else can.
+    /// With the extensions off the yield is Credit2's, undirected: the
+    /// target is ignored.
     pub fn yield_to(&mut self, now: u64, pcpu: usize, target: Option<VcpuId>) -> Result<(), SchedError> {
         let s = self.running(pcpu)?;
         let t = match target {
-            Some(t) => Some(self.slot(t)?),
-            None => None,
+            Some(t) if self.cfg.extensions() => Some(self.slot(t)?),
+            _ => None,
         };
         self.burn(s, now);
         self.vcpus[s].yielding = true;

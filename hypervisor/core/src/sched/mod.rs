@@ -23,6 +23,8 @@
 //! - `lifecycle`: adding domains and vCPUs, power on/off, block, yield.
 //! - `spin`: spin detection by PC sampling where WFE does not trap.
 //! - `sim`: a discrete-event simulator that drives the real scheduler.
+//! - `conformance`: a simulator of any mix of hogs and I/O vCPUs, and the
+//!   cases that check Credit2's figures on it.
 //!
 //! The policy files depend on each other in one direction only: `credit`
 //! and `cap` use no other, `runq` uses both, `wake` uses those three,
@@ -41,6 +43,7 @@
 
 mod cap;
 mod config;
+pub mod conformance;
 mod credit;
 pub mod domain;
 mod lifecycle;
@@ -52,7 +55,9 @@ mod switch;
 mod tests;
 mod wake;
 
-pub use config::{RunqueueLayout, SchedConfig, WakeMode, RATELIMIT_US_RANGE, XEN_OPTIONS_NOT_IMPLEMENTED};
+pub use config::{
+    RunqueueLayout, SchedConfig, WakeMode, MAX_CPUS_RUNQUEUE, RATELIMIT_US_RANGE, XEN_OPTIONS_NOT_IMPLEMENTED,
+};
 pub use credit::{CARRYOVER_MAX_NS, CREDIT_INIT_NS};
 use domain::Domain;
 pub use domain::{DomainId, DomainParams, DomainStats, CAP_PERIOD_NS};
@@ -178,6 +183,9 @@ pub enum SchedError {
     BadConfig,
     /// A malformed boot argument, by key.
     BadBootArg(&'static str),
+    /// One of our extensions of Credit2, by option, asked for while they
+    /// are off (`sched_wake_preempt=off`: Xen's Credit2 alone).
+    ExtensionOff(&'static str),
 }
 
 impl fmt::Display for SchedError {
@@ -195,6 +203,7 @@ impl fmt::Display for SchedError {
             SchedError::AlreadyOnline(v) => write!(f, "{v} is already on"),
             SchedError::BadConfig => write!(f, "inconsistent scheduler configuration"),
             SchedError::BadBootArg(k) => write!(f, "bad value for boot argument {k}"),
+            SchedError::ExtensionOff(k) => write!(f, "{k} is an extension of Credit2, off with sched_wake_preempt=off"),
         }
     }
 }
@@ -248,6 +257,9 @@ struct Vcpu {
     /// protected run of `wake_min_run` (consumed there).
     wake_preempted: bool,
     yielding: bool,
+    /// The pCPU a tickle reserved it for (Credit2's `tickled_cpu`): while
+    /// that pCPU is still tickled, other pCPUs' picks leave it queued.
+    tickled_cpu: Option<usize>,
     stats: VcpuStats,
 }
 
@@ -260,6 +272,8 @@ impl Vcpu {
 /// A Credit2 runqueue: the vCPUs waiting for any of its pCPUs.
 #[derive(Default)]
 struct Runqueue {
+    /// Its pCPUs, ascending (at most `sched_credit2_max_cpus_runqueue`).
+    pcpus: Vec<usize>,
     /// Slots, sorted by credit (highest first, FIFO on ties).
     queue: Vec<usize>,
     /// Largest weight of its vCPUs (Credit2's `rqd->max_weight`).
@@ -292,6 +306,9 @@ struct Pcpu {
     /// `curr` was picked by a directed yield: it runs a grace-long slice and
     /// the ratelimit does not hold the yielder off when it ends.
     loan: bool,
+    /// A tickle asked it to reschedule and it has not yet (Credit2's
+    /// `rqd->tickled`): later wakes look for another pCPU.
+    tickled: bool,
 }
 
 /// vCPU id to its slot in [`Scheduler`]'s records. Every wake, block and
@@ -368,17 +385,16 @@ impl Scheduler {
             return Err(SchedError::NoPcpus);
         }
         cfg.validate()?;
-        let nr_rqs = match cfg.runqueue {
-            RunqueueLayout::All => 1,
-            RunqueueLayout::PerCpu => nr_pcpus,
-        };
+        let nr_rqs = cfg.nr_runqueues(nr_pcpus);
         let mut pcpus = Vec::new();
         pcpus.resize_with(nr_pcpus, Pcpu::default);
-        for (p, pc) in pcpus.iter_mut().enumerate() {
-            pc.rq = p % nr_rqs;
-        }
         let mut rqs = Vec::new();
         rqs.resize_with(nr_rqs, || Runqueue { max_weight: 1, ..Runqueue::default() });
+        for (p, pc) in pcpus.iter_mut().enumerate() {
+            // Contiguous blocks whose sizes differ by at most one.
+            pc.rq = p * nr_rqs / nr_pcpus;
+            rqs[pc.rq].pcpus.push(p);
+        }
         Ok(Self {
             cfg,
             vcpus: Vec::new(),
@@ -405,6 +421,7 @@ impl Scheduler {
     /// the pCPU's timer says so, and after `block`/`yield_to`/`power_off`.
     pub fn schedule(&mut self, now: u64, pcpu: usize) -> Result<Decision, SchedError> {
         self.check_pcpu(pcpu)?;
+        self.pcpus[pcpu].tickled = false;
         let prev = self.pcpus[pcpu].curr;
         let prev_runnable = self.account_prev(now, pcpu, prev);
         let yielding = prev_runnable.is_some_and(|s| self.vcpus[s].yielding);
@@ -424,7 +441,14 @@ impl Scheduler {
 
         let left = prev.filter(|&s| next != Some(s));
         let mut switch = SwitchInfo { out: left.map(|s| self.switch_out(s, yielding, forced)), ..Default::default() };
-        let preempted = prev_runnable.and_then(|s| self.requeue_prev(s, next, yielding, forced));
+        let preempted = prev_runnable.and_then(|s| self.deschedule_prev(s, next, yielding, forced));
+        let requeue = prev_runnable.filter(|&s| next != Some(s));
+        // Credit2 queues the vCPU that left only after the next one's slice
+        // is set; with our extensions on it is queued first (see `switch`).
+        let delayed = !self.cfg.extensions();
+        if let (Some(s), false) = (requeue, delayed) {
+            self.enqueue(s);
+        }
 
         let Some(n) = next else {
             return Ok(self.go_idle(now, pcpu, left, preempted, switch));
@@ -439,7 +463,7 @@ impl Scheduler {
             self.give_back_budget(now, s);
         }
         let timer = self.arm_slice(now, pcpu, n, directed);
-        let kick = self.idle_pcpu_for_queued(pcpu);
+        let kick = self.requeue(now, pcpu, requeue, delayed);
         Ok(Decision { next: Some(self.vcpus[n].id), timer_at: timer, preempted, kick, switch })
     }
 

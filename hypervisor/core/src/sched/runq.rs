@@ -31,8 +31,15 @@
 
 use super::{RunState, Scheduler, MIN_TIMER_NS};
 
-/// Credit lead a remote waiter needs to be pulled to another pCPU (Credit2's migrate resist).
+/// Credit lead a remote waiter needs to be pulled to another pCPU
+/// (Credit2's migrate resist; the default of `sched_credit2_migrate_resist`).
 pub const MIGRATE_RESIST_NS: i64 = 500_000;
+/// Credit a vCPU gets when it moves to another pCPU (Credit2's
+/// `CSCHED2_MIGRATE_COMPENSATION`), for the cache it leaves behind.
+pub const MIGRATE_COMPENSATION_NS: i64 = 50_000;
+/// An idle pCPU's credit in the comparisons of a pick (Credit2's
+/// `CSCHED2_IDLE_CREDIT`): below any vCPU's.
+const IDLE_CREDIT: i64 = -(1 << 30);
 
 impl Scheduler {
     /// Number of runqueues (`credit2_runqueue=`).
@@ -100,9 +107,8 @@ impl Scheduler {
                 self.park(t);
             }
         }
-        let rq = self.pcpus[p].rq;
         loop {
-            let head = self.rqs[rq].queue.iter().copied().find(|&h| self.vcpus[h].allowed_on(p));
+            let head = self.candidate(p, prev);
             let pick = match (prev, head) {
                 (None, h) => h,
                 (Some(s), None) => Some(s),
@@ -117,9 +123,31 @@ impl Scheduler {
             match pick {
                 // A queued vCPU of a capped domain runs only with budget.
                 Some(h) if Some(h) == head && !self.ensure_budget(h) => self.park(h),
-                _ => return (pick, false),
+                Some(h) => {
+                    if Some(h) == head {
+                        self.vcpus[h].tickled_cpu = None;
+                    }
+                    return (pick, false);
+                }
+                None => return (None, false),
             }
         }
+    }
+
+    /// The first vCPU queued on `p`'s runqueue that `p` may take (Credit2's
+    /// `runq_candidate`): allowed on `p`, not reserved by a tickle for
+    /// another pCPU that has not scheduled yet, and, if it last ran on
+    /// another pCPU, richer than `p`'s runner by the migration resistance
+    /// (any waiter beats an idle pCPU).
+    fn candidate(&self, p: usize, runner: Option<usize>) -> Option<usize> {
+        let base = runner.map_or(IDLE_CREDIT, |s| self.vcpus[s].credit);
+        let resist = self.cfg.migrate_resist_ns as i64;
+        self.rqs[self.pcpus[p].rq].queue.iter().copied().find(|&h| {
+            let v = &self.vcpus[h];
+            v.allowed_on(p)
+                && !v.tickled_cpu.is_some_and(|t| t != p && self.pcpus[t].tickled)
+                && (v.home == p || v.credit > base.saturating_add(resist))
+        })
     }
 
     /// Credit2's slice length for the vCPU `n` just picked on `p`.
@@ -201,37 +229,26 @@ impl Scheduler {
         self.enqueue(s);
     }
 
-    /// An idle pCPU that could take something still queued on `p`'s runqueue.
+    /// An idle pCPU of `p`'s runqueue, not yet tickled, that could take
+    /// something still queued there.
     #[inline]
     pub(super) fn idle_pcpu_for_queued(&self, p: usize) -> Option<usize> {
-        let q = &self.rqs[self.pcpus[p].rq].queue;
-        if q.is_empty() {
+        let rq = &self.rqs[self.pcpus[p].rq];
+        if rq.queue.is_empty() {
             return None;
         }
-        (0..self.pcpus.len())
-            .find(|&o| o != p && self.pcpus[o].curr.is_none() && q.iter().any(|&s| self.vcpus[s].allowed_on(o)))
+        rq.pcpus.iter().copied().find(|&o| {
+            let pc = &self.pcpus[o];
+            o != p && pc.curr.is_none() && !pc.tickled && rq.queue.iter().any(|&s| self.vcpus[s].allowed_on(o))
+        })
     }
 
-    /// The pCPU a vCPU that becomes runnable should go to (and tickle).
-    #[inline]
-    pub(super) fn place(&self, s: usize) -> usize {
+    /// The pCPUs of `s`'s runqueue it may run on, starting from the one it
+    /// last ran on and cycling (Credit2's `cpumask_test_or_cycle`).
+    pub(super) fn cycle_from_home(&self, s: usize) -> impl Iterator<Item = usize> + '_ {
         let v = &self.vcpus[s];
-        if let Some(a) = v.affinity {
-            return a;
-        }
-        // The home pCPU if idle, else the first idle one, else the one
-        // whose runner has the least credit (home on ties): one pass.
-        let Some(c) = self.pcpus[v.home].curr else {
-            return v.home;
-        };
-        let (mut best, mut least) = (v.home, self.vcpus[c].credit);
-        for (p, pc) in self.pcpus.iter().enumerate() {
-            match pc.curr {
-                None => return p,
-                Some(c) if self.vcpus[c].credit < least => (best, least) = (p, self.vcpus[c].credit),
-                Some(_) => {}
-            }
-        }
-        best
+        let pcpus = &self.rqs[v.rq].pcpus;
+        let start = pcpus.iter().position(|&p| p >= v.home).unwrap_or(0);
+        pcpus[start..].iter().chain(&pcpus[..start]).copied().filter(move |&p| v.allowed_on(p))
     }
 }

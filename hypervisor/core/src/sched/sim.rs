@@ -596,9 +596,19 @@ pub struct FleetResult {
     pub vcpu_ns: Vec<u64>,
     /// Run time of each domain (in `FleetParams::domains` order) in each period, ns.
     pub domain_periods: Vec<Vec<u64>>,
+    /// Context switches from one vCPU to another, over all pCPUs.
+    pub switches: u64,
 }
 
 impl FleetResult {
+    /// Context switches per second of the run.
+    pub fn switches_per_s(&self) -> f64 {
+        if self.duration_ns == 0 {
+            return 0.0;
+        }
+        self.switches as f64 * 1e9 / self.duration_ns as f64
+    }
+
     /// vCPU `i`'s share of one pCPU over the whole run.
     pub fn share(&self, i: usize) -> f64 {
         if self.duration_ns == 0 {
@@ -626,6 +636,7 @@ pub fn run_fleet(p: &FleetParams) -> Result<FleetResult, SchedError> {
         duration_ns: p.duration_ns,
         vcpu_ns: vec![0; p.vcpus.len()],
         domain_periods: vec![vec![0; nr_periods]; p.domains.len()],
+        switches: 0,
     };
     let vcpu_ix = |id: VcpuId| p.vcpus.iter().position(|v| v.id == id);
     let dom_ix = |d: DomainId| p.domains.iter().position(|x| x.0 == d);
@@ -680,6 +691,7 @@ pub fn run_fleet(p: &FleetParams) -> Result<FleetResult, SchedError> {
             if on[pc].map(|x| x.0) != d.next {
                 if let Some((v, from)) = on[pc] {
                     account(&mut res, v, from, now);
+                    res.switches += u64::from(d.next.is_some());
                 }
                 on[pc] = d.next.map(|v| (v, now));
             }

@@ -266,96 +266,182 @@ impl Scheduler {
             // No budget: parked, it waits for the replenishment and preempts nobody.
             self.set_parked(s, true);
             self.domains[d].stats.cap_parks += 1;
-            let p = self.place(s);
+            let p = self.vcpus[s].affinity.unwrap_or(self.vcpus[s].home);
             let at = self.domains[d].next_repl;
             return self.rearm(now, p, at);
         }
         self.queue_and_tickle(now, s)
     }
 
-    /// Queue the runnable vCPU `s` where `place` says and decide whether it preempts there.
+    /// Queue the runnable vCPU `s` on its runqueue (a wake never changes
+    /// it, unless the vCPU is pinned to a pCPU of another) and tickle.
     pub(super) fn queue_and_tickle(&mut self, now: u64, s: usize) -> WakeAction {
-        let p = self.place(s);
-        let rq = self.pcpus[p].rq;
-        self.set_rq(s, rq);
+        if let Some(a) = self.vcpus[s].affinity {
+            self.set_rq(s, self.pcpus[a].rq);
+        }
         self.enqueue(s);
-        self.tickle(now, s, p)
+        self.tickle(now, s)
     }
 
-    /// Decide whether the vCPU `s`, just queued on `p`, preempts `p`'s runner.
-    pub(super) fn tickle(&mut self, now: u64, s: usize, p: usize) -> WakeAction {
-        let Some(r) = self.pcpus[p].curr else {
-            return WakeAction::Reschedule { pcpu: p };
-        };
-        if !matches!(self.vcpus[r].state, RunState::Running(_)) {
-            // The runner already blocked; a schedule() is on its way.
-            return WakeAction::Reschedule { pcpu: p };
+    /// Credit2's `runq_tickle` for the vCPU `s`, just queued: the first
+    /// idle pCPU of its runqueue that no tickle is on its way to, from the
+    /// one it last ran on; else the busy, untickled pCPU whose runner it
+    /// beats by most (its runner charged to `now` first; the migration
+    /// resistance taken off the lead on any pCPU but its last one), which
+    /// in [`WakeMode::XenCompat`] must have run out its ratelimit window
+    /// (less the tolerance) and be beaten at all, and in
+    /// [`WakeMode::Preempt`] is preempted by the rules of this module's doc.
+    /// A pCPU told to reschedule is marked tickled until it does, and `s`
+    /// reserved for it.
+    pub(super) fn tickle(&mut self, now: u64, s: usize) -> WakeAction {
+        if let Some(p) = self.idle_to_tickle(s) {
+            return self.mark_tickled(p, s);
         }
-        self.burn(r, now);
+        match self.cfg.wake_mode {
+            WakeMode::XenCompat => match self.best_busy(now, s, true) {
+                Some((p, lead)) if lead > 0 => self.mark_tickled(p, s),
+                _ => WakeAction::None,
+            },
+            WakeMode::Preempt => match self.best_busy(now, s, false) {
+                Some((p, lead)) => self.wake_preempt(now, s, p, lead),
+                None => WakeAction::None,
+            },
+        }
+    }
+
+    /// The pCPU that `s`, requeued at a `schedule()` of another vCPU, is to
+    /// be taken by (Credit2's `runq_tickle` from `context_saved`): an idle
+    /// one, or a busy one past its ratelimit window whose runner it beats;
+    /// the same choice in both wake modes, since this is no wake.
+    pub(super) fn tickle_requeued(&mut self, now: u64, s: usize) -> Option<usize> {
+        let p = match self.idle_to_tickle(s) {
+            Some(p) => p,
+            None => match self.best_busy(now, s, true) {
+                Some((p, lead)) if lead > 0 => p,
+                _ => return None,
+            },
+        };
+        self.mark_tickled(p, s);
+        Some(p)
+    }
+
+    fn mark_tickled(&mut self, p: usize, s: usize) -> WakeAction {
+        self.pcpus[p].tickled = true;
+        self.vcpus[s].tickled_cpu = Some(p);
+        WakeAction::Reschedule { pcpu: p }
+    }
+
+    /// A pCPU of `s`'s runqueue that `s` may run on, is idle (or its runner
+    /// has just blocked: its `schedule()` is on its way) and is not tickled.
+    fn idle_to_tickle(&self, s: usize) -> Option<usize> {
+        self.cycle_from_home(s).find(|&p| {
+            let pc = &self.pcpus[p];
+            !pc.tickled && pc.curr.is_none_or(|r| self.vcpus[r].state != RunState::Running(p))
+        })
+    }
+
+    /// The busy, untickled pCPU of `s`'s runqueue whose runner `s` leads by
+    /// most in credit, and that lead (less the migration resistance on any
+    /// pCPU but `s`'s last): its last pCPU first, another only if strictly
+    /// better. `window`: skip pCPUs whose runner is inside its ratelimit
+    /// window less the tolerance (Credit2's `is_preemptable`); each such
+    /// skip is counted as a ratelimit deferral of `s`.
+    fn best_busy(&mut self, now: u64, s: usize, window: bool) -> Option<(usize, i64)> {
+        let (rl, resist) = (self.cfg.ratelimit_ns, self.cfg.migrate_resist_ns as i64);
+        let preemptible_after = rl.saturating_sub(RATELIMIT_TOLERANCE_NS);
+        let home = self.vcpus[s].home;
+        let mut best: Option<(usize, i64)> = None;
+        let mut held_off = None;
+        let rq = self.vcpus[s].rq;
+        for i in 0..self.rqs[rq].pcpus.len() {
+            let p = self.rqs[rq].pcpus[i];
+            let Some(r) = self.pcpus[p].curr else { continue };
+            if self.pcpus[p].tickled || !self.vcpus[s].allowed_on(p) {
+                continue;
+            }
+            if window && rl > RATELIMIT_TOLERANCE_NS && now.saturating_sub(self.pcpus[p].entry) <= preemptible_after {
+                if p == home || held_off.is_none() {
+                    held_off = Some(p);
+                }
+                continue;
+            }
+            self.burn(r, now);
+            let mut lead = self.vcpus[s].credit.saturating_sub(self.vcpus[r].credit);
+            if p != home {
+                lead = lead.saturating_sub(resist);
+            }
+            // The home pCPU is looked at first by Credit2; here it wins ties.
+            let better = match best {
+                None => true,
+                Some((b, l)) => lead > l || (lead == l && p == home && b != home),
+            };
+            if better {
+                best = Some((p, lead));
+            }
+        }
+        if let (Some(p), true) = (held_off, best.is_none_or(|(_, l)| l <= 0)) {
+            self.vcpus[s].stats.counters.ratelimit_deferrals += 1;
+            self.last_deferral = Some((Deferral::Ratelimit, self.pcpus[p].entry.saturating_add(rl)));
+        }
+        best
+    }
+
+    /// [`WakeMode::Preempt`]: whether the woken vCPU `s`, leading `p`'s
+    /// runner by `lead` (less any migration resistance), preempts it now,
+    /// after a lock-holder grace or protected run, or not (the runner's
+    /// timer is then pulled to the end of its ratelimit window, or to when
+    /// a heavier waker catches up).
+    fn wake_preempt(&mut self, now: u64, s: usize, p: usize, lead: i64) -> WakeAction {
+        let Some(r) = self.pcpus[p].curr else {
+            return self.mark_tickled(p, s);
+        };
         let ran = now.saturating_sub(self.pcpus[p].entry);
         let in_window = self.cfg.ratelimit_ns > 0 && ran < self.cfg.ratelimit_ns;
-        let lead = self.vcpus[s].credit.saturating_sub(self.vcpus[r].credit);
-        match self.cfg.wake_mode {
-            WakeMode::XenCompat => {
-                if self.cfg.ratelimit_ns > 0 && ran < self.cfg.ratelimit_ns.saturating_sub(RATELIMIT_TOLERANCE_NS) {
-                    self.vcpus[s].stats.counters.ratelimit_deferrals += 1;
-                    self.last_deferral =
-                        Some((Deferral::Ratelimit, self.pcpus[p].entry.saturating_add(self.cfg.ratelimit_ns)));
-                    WakeAction::None
-                } else if lead > 0 {
-                    WakeAction::Reschedule { pcpu: p }
-                } else {
-                    WakeAction::None
-                }
+        if lead > self.cfg.wake_granularity_ns as i64 {
+            // A waker heavier than the runner shortens the runner's
+            // protected run by their weight ratio.
+            let (ws, wr) = (u64::from(self.vcpus[s].weight), u64::from(self.vcpus[r].weight));
+            let pc = &mut self.pcpus[p];
+            if pc.protect_until != 0 && ws > wr {
+                let scaled = self.cfg.wake_min_run_ns.saturating_mul(wr) / ws;
+                pc.protect_until = pc.protect_until.min(pc.entry.saturating_add(scaled));
             }
-            WakeMode::Preempt => {
-                if lead > self.cfg.wake_granularity_ns as i64 {
-                    // A waker heavier than the runner shortens the runner's
-                    // protected run by their weight ratio.
-                    let (ws, wr) = (u64::from(self.vcpus[s].weight), u64::from(self.vcpus[r].weight));
-                    let pc = &mut self.pcpus[p];
-                    if pc.protect_until != 0 && ws > wr {
-                        let scaled = self.cfg.wake_min_run_ns.saturating_mul(wr) / ws;
-                        pc.protect_until = pc.protect_until.min(pc.entry.saturating_add(scaled));
-                    }
-                    if pc.pending_preempt.is_none() {
-                        // The grace cap runs from the first wake that asks,
-                        // or from the end of a protected run that defers it.
-                        pc.pending_preempt = Some(PreemptReason::Wake);
-                        pc.grace_limit = now.max(pc.protect_until).saturating_add(self.cfg.lhp_grace_ns);
-                    }
-                    let end = self.deferral_end(p);
-                    if now < end {
-                        let c = &mut self.vcpus[s].stats.counters;
-                        let kind = if end == self.pcpus[p].protect_until {
-                            c.min_run_deferrals += 1;
-                            Deferral::MinRun
-                        } else {
-                            c.lhp_deferrals += 1;
-                            Deferral::LhpGrace
-                        };
-                        self.last_deferral = Some((kind, end));
-                        self.rearm(now, p, end)
-                    } else {
-                        WakeAction::Reschedule { pcpu: p }
-                    }
-                } else {
-                    let window = self.cfg.ratelimit_ns.max(self.cfg.min_slice_ns);
-                    let mut end = self.pcpus[p].entry.saturating_add(window);
-                    if self.vcpus[s].weight > self.vcpus[r].weight {
-                        // Catch-up (see `schedule`): when the runner's burn
-                        // makes the heavier waker lead by the granularity.
-                        let gap = (-lead).saturating_add(self.cfg.wake_granularity_ns as i64).saturating_add(1);
-                        // (+1 ns: `c2t` rounds down.)
-                        end = end.min(now.saturating_add(self.c2t(r, gap).saturating_add(1).max(MIN_TIMER_NS)));
-                    }
-                    if in_window {
-                        self.vcpus[s].stats.counters.ratelimit_deferrals += 1;
-                        self.last_deferral = Some((Deferral::Ratelimit, end));
-                    }
-                    self.rearm(now, p, end)
-                }
+            if pc.pending_preempt.is_none() {
+                // The grace cap runs from the first wake that asks,
+                // or from the end of a protected run that defers it.
+                pc.pending_preempt = Some(PreemptReason::Wake);
+                pc.grace_limit = now.max(pc.protect_until).saturating_add(self.cfg.lhp_grace_ns);
             }
+            let end = self.deferral_end(p);
+            if now < end {
+                let c = &mut self.vcpus[s].stats.counters;
+                let kind = if end == self.pcpus[p].protect_until {
+                    c.min_run_deferrals += 1;
+                    Deferral::MinRun
+                } else {
+                    c.lhp_deferrals += 1;
+                    Deferral::LhpGrace
+                };
+                self.last_deferral = Some((kind, end));
+                self.rearm(now, p, end)
+            } else {
+                self.mark_tickled(p, s)
+            }
+        } else {
+            let window = self.cfg.ratelimit_ns.max(self.cfg.min_slice_ns);
+            let mut end = self.pcpus[p].entry.saturating_add(window);
+            if self.vcpus[s].weight > self.vcpus[r].weight {
+                // Catch-up (see `schedule`): when the runner's burn
+                // makes the heavier waker lead by the granularity.
+                let gap = (-lead).saturating_add(self.cfg.wake_granularity_ns as i64).saturating_add(1);
+                // (+1 ns: `c2t` rounds down.)
+                end = end.min(now.saturating_add(self.c2t(r, gap).saturating_add(1).max(MIN_TIMER_NS)));
+            }
+            if in_window {
+                self.vcpus[s].stats.counters.ratelimit_deferrals += 1;
+                self.last_deferral = Some((Deferral::Ratelimit, end));
+            }
+            self.rearm(now, p, end)
         }
     }
 

@@ -37,7 +37,8 @@ fn send_sgi(vm: &Vm, me: usize, v: &mut Vcpu, value: u64) {
     // With no grace open (none since this vCPU's switch-in, or the last
     // one closed at an exit that noted it), unmasked evidence changes
     // nothing in the scheduler: it is not asked.
-    let evidence = CritEvidence::from_spsr(v.regs.spsr);
+    // (Evidence is our extension: with it off no grace ever opens.)
+    let evidence = if vm.extensions { CritEvidence::from_spsr(v.regs.spsr) } else { CritEvidence::None };
     if evidence == CritEvidence::IrqsMasked || v.lhp_grace.is_some() {
         let a = vm.sched.lock().note_critical_exit(now_ns(), me, evidence);
         do_wake_action(me, a.unwrap_or(WakeAction::None));
@@ -162,8 +163,9 @@ pub(super) fn spin_watch(vm: &Vm, id: usize) -> Option<spin::Watch> {
 }
 
 /// [`spin_watch`] with the scheduler `s` already locked by the caller.
+/// Spin detection is our extension: off with `sched_wake_preempt=off`.
 pub(super) fn spin_watch_locked(vm: &Vm, s: &crate::sched::Scheduler, id: usize) -> Option<spin::Watch> {
-    if !vm.overcommitted {
+    if !vm.overcommitted || !s.config().extensions() {
         return None;
     }
     preempted_sibling(vm, s, id).map(|(_, masked)| if masked { spin::Watch::Critical } else { spin::Watch::Preempted })
@@ -191,7 +193,8 @@ pub(super) fn yield_cpu(vm: &Vm, me: usize, id: usize) -> Next {
         return Next::Enter;
     }
     let mut s = vm.sched.lock();
-    let target = preempted_sibling(vm, &s, id).map(|(k, _)| vm.gid(k));
+    // Directed only with our extensions on; Credit2's own yield is undirected.
+    let target = s.config().extensions().then(|| preempted_sibling(vm, &s, id)).flatten().map(|(k, _)| vm.gid(k));
     match s.yield_to(now_ns(), me, target) {
         Ok(()) => Next::Schedule,
         Err(_) => Next::Enter,
