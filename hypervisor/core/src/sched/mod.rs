@@ -280,6 +280,10 @@ struct Runqueue {
     max_weight: u32,
     /// Credit resets of this runqueue.
     resets: u64,
+    /// `schedule()` calls on its pCPUs.
+    schedules: u64,
+    /// Its pCPUs told to reschedule by a tickle.
+    tickles: u64,
 }
 
 #[derive(Default)]
@@ -422,6 +426,7 @@ impl Scheduler {
     pub fn schedule(&mut self, now: u64, pcpu: usize) -> Result<Decision, SchedError> {
         self.check_pcpu(pcpu)?;
         self.pcpus[pcpu].tickled = false;
+        self.rqs[self.pcpus[pcpu].rq].schedules += 1;
         let prev = self.pcpus[pcpu].curr;
         let prev_runnable = self.account_prev(now, pcpu, prev);
         let yielding = prev_runnable.is_some_and(|s| self.vcpus[s].yielding);

@@ -57,6 +57,21 @@ impl Scheduler {
         self.rqs.get(rq).map(|r| r.resets)
     }
 
+    /// Per runqueue, `sched.rqN.name=value` lines: its pCPUs (first-last),
+    /// the vCPUs it holds, its credit resets, `schedule()` calls and tickles.
+    pub fn write_runqueue_stats(&self, out: &mut impl core::fmt::Write) -> core::fmt::Result {
+        for (i, rq) in self.rqs.iter().enumerate() {
+            let (first, last) = (rq.pcpus.first().copied().unwrap_or(0), rq.pcpus.last().copied().unwrap_or(0));
+            let vcpus = self.vcpus.iter().filter(|v| v.rq == i).count();
+            writeln!(out, "sched.rq{i}.pcpus={first}-{last}")?;
+            writeln!(out, "sched.rq{i}.vcpus={vcpus}")?;
+            writeln!(out, "sched.rq{i}.resets={}", rq.resets)?;
+            writeln!(out, "sched.rq{i}.schedules={}", rq.schedules)?;
+            writeln!(out, "sched.rq{i}.tickles={}", rq.tickles)?;
+        }
+        Ok(())
+    }
+
     /// Move vCPU `s` (not queued) to runqueue `rq`.
     pub(super) fn set_rq(&mut self, s: usize, rq: usize) {
         if self.vcpus[s].rq != rq {

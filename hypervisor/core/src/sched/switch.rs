@@ -97,7 +97,7 @@ impl Scheduler {
             if delayed {
                 self.enqueue(s);
             }
-            if let Some(k) = self.tickle_requeued(now, s) {
+            if let Some(k) = self.tickle_requeued(now, s, pcpu) {
                 return Some(k);
             }
         }

@@ -5,6 +5,7 @@
 
 use super::sim::{self, Scenario, SimParams, Topology};
 use super::*;
+use alloc::string::String;
 use alloc::vec;
 use alloc::vec::Vec;
 
@@ -1188,4 +1189,27 @@ fn heavy_and_light_hog_light_gets_the_floor_share() {
         let share = run_ns(&s, 1) as f64 / (10_000 * MS) as f64;
         assert!(share >= 0.04, "light share {share}");
     }
+}
+
+#[test]
+fn runqueue_stats_name_each_runqueue() {
+    let cfg = SchedConfig::from_bootargs("sched_credit2_max_cpus_runqueue=16").unwrap();
+    let mut s = Scheduler::new(cfg, 48).unwrap();
+    s.add_domain(0, DomainParams::default()).unwrap();
+    for i in 0..48 {
+        s.add_vcpu(v(i), 0, None).unwrap();
+        s.power_on(0, v(i)).unwrap();
+    }
+    for p in 0..48 {
+        s.schedule(0, p).unwrap();
+    }
+    let mut text = String::new();
+    s.write_runqueue_stats(&mut text).unwrap();
+    for (rq, pcpus) in [(0, "0-15"), (1, "16-31"), (2, "32-47")] {
+        assert!(text.contains(&alloc::format!("sched.rq{rq}.pcpus={pcpus}\n")), "{text}");
+        assert!(text.contains(&alloc::format!("sched.rq{rq}.schedules=16\n")), "{text}");
+        // Every vCPU was woken onto an idle pCPU of its runqueue.
+        assert!(text.contains(&alloc::format!("sched.rq{rq}.tickles=16\n")), "{text}");
+    }
+    assert!(!text.contains("sched.rq3."), "{text}");
 }

@@ -298,25 +298,30 @@ impl Scheduler {
             return self.mark_tickled(p, s);
         }
         match self.cfg.wake_mode {
-            WakeMode::XenCompat => match self.best_busy(now, s, true) {
+            WakeMode::XenCompat => match self.best_busy(now, s, true, None) {
                 Some((p, lead)) if lead > 0 => self.mark_tickled(p, s),
                 _ => WakeAction::None,
             },
-            WakeMode::Preempt => match self.best_busy(now, s, false) {
+            WakeMode::Preempt => match self.best_busy(now, s, false, None) {
                 Some((p, lead)) => self.wake_preempt(now, s, p, lead),
                 None => WakeAction::None,
             },
         }
     }
 
-    /// The pCPU that `s`, requeued at a `schedule()` of another vCPU, is to
-    /// be taken by (Credit2's `runq_tickle` from `context_saved`): an idle
-    /// one, or a busy one past its ratelimit window whose runner it beats;
-    /// the same choice in both wake modes, since this is no wake.
-    pub(super) fn tickle_requeued(&mut self, now: u64, s: usize) -> Option<usize> {
+    /// The pCPU that `s`, requeued at `pcpu`'s `schedule()` of another
+    /// vCPU, is to be taken by (Credit2's `runq_tickle` from
+    /// `context_saved`): an idle one, or a busy one past its ratelimit
+    /// window whose runner it beats; the same choice in both wake modes,
+    /// since this is no wake. `pcpu` itself is never one: its runner has
+    /// just been picked over `s`.
+    pub(super) fn tickle_requeued(&mut self, now: u64, s: usize, pcpu: usize) -> Option<usize> {
+        if self.rqs[self.vcpus[s].rq].pcpus.len() < 2 {
+            return None;
+        }
         let p = match self.idle_to_tickle(s) {
             Some(p) => p,
-            None => match self.best_busy(now, s, true) {
+            None => match self.best_busy(now, s, true, Some(pcpu)) {
                 Some((p, lead)) if lead > 0 => p,
                 _ => return None,
             },
@@ -327,26 +332,38 @@ impl Scheduler {
 
     fn mark_tickled(&mut self, p: usize, s: usize) -> WakeAction {
         self.pcpus[p].tickled = true;
+        self.rqs[self.pcpus[p].rq].tickles += 1;
         self.vcpus[s].tickled_cpu = Some(p);
         WakeAction::Reschedule { pcpu: p }
     }
 
     /// A pCPU of `s`'s runqueue that `s` may run on, is idle (or its runner
-    /// has just blocked: its `schedule()` is on its way) and is not tickled.
+    /// has just blocked: its `schedule()` is on its way) and is not tickled:
+    /// its last pCPU if so, else the next such from there.
     fn idle_to_tickle(&self, s: usize) -> Option<usize> {
-        self.cycle_from_home(s).find(|&p| {
+        let free = |p: usize| {
             let pc = &self.pcpus[p];
             !pc.tickled && pc.curr.is_none_or(|r| self.vcpus[r].state != RunState::Running(p))
-        })
+        };
+        let home = self.vcpus[s].home;
+        let at_home = self.vcpus[s].rq == self.pcpus[home].rq;
+        if at_home && self.vcpus[s].allowed_on(home) && free(home) {
+            return Some(home);
+        }
+        if at_home && self.rqs[self.vcpus[s].rq].pcpus.len() == 1 {
+            return None;
+        }
+        self.cycle_from_home(s).find(|&p| free(p))
     }
 
     /// The busy, untickled pCPU of `s`'s runqueue whose runner `s` leads by
     /// most in credit, and that lead (less the migration resistance on any
     /// pCPU but `s`'s last): its last pCPU first, another only if strictly
     /// better. `window`: skip pCPUs whose runner is inside its ratelimit
-    /// window less the tolerance (Credit2's `is_preemptable`); each such
-    /// skip is counted as a ratelimit deferral of `s`.
-    fn best_busy(&mut self, now: u64, s: usize, window: bool) -> Option<(usize, i64)> {
+    /// window less the tolerance (Credit2's `is_preemptable`); when that
+    /// leaves none `s` beats, a wake (`skip` None) counts a ratelimit
+    /// deferral. `skip`: a pCPU not to consider.
+    fn best_busy(&mut self, now: u64, s: usize, window: bool, skip: Option<usize>) -> Option<(usize, i64)> {
         let (rl, resist) = (self.cfg.ratelimit_ns, self.cfg.migrate_resist_ns as i64);
         let preemptible_after = rl.saturating_sub(RATELIMIT_TOLERANCE_NS);
         let home = self.vcpus[s].home;
@@ -356,7 +373,7 @@ impl Scheduler {
         for i in 0..self.rqs[rq].pcpus.len() {
             let p = self.rqs[rq].pcpus[i];
             let Some(r) = self.pcpus[p].curr else { continue };
-            if self.pcpus[p].tickled || !self.vcpus[s].allowed_on(p) {
+            if self.pcpus[p].tickled || !self.vcpus[s].allowed_on(p) || skip == Some(p) {
                 continue;
             }
             if window && rl > RATELIMIT_TOLERANCE_NS && now.saturating_sub(self.pcpus[p].entry) <= preemptible_after {
@@ -379,7 +396,7 @@ impl Scheduler {
                 best = Some((p, lead));
             }
         }
-        if let (Some(p), true) = (held_off, best.is_none_or(|(_, l)| l <= 0)) {
+        if let (Some(p), true, None) = (held_off, best.is_none_or(|(_, l)| l <= 0), skip) {
             self.vcpus[s].stats.counters.ratelimit_deferrals += 1;
             self.last_deferral = Some((Deferral::Ratelimit, self.pcpus[p].entry.saturating_add(rl)));
         }

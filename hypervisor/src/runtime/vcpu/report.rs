@@ -49,6 +49,11 @@ pub fn print_stats() {
     crate::hvprintln!(
         "(HV) stats begin host\nhost.now_ns={now}\nhost.image_checksum_boot={boot_sum:#018x}\nhost.image_checksum_now={now_sum:#018x}\n(HV) stats end host"
     );
+    {
+        let mut text = alloc::string::String::new();
+        let _ = all[0].sched.lock().write_runqueue_stats(&mut text);
+        crate::hvprintln!("(HV) stats begin sched\n{text}(HV) stats end sched");
+    }
     if crate::arch::smmu::present() {
         let mut text = alloc::string::String::new();
         let _ = crate::arch::smmu::write_stats(&mut text);
