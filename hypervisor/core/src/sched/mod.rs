@@ -280,10 +280,6 @@ struct Runqueue {
     max_weight: u32,
     /// Credit resets of this runqueue.
     resets: u64,
-    /// `schedule()` calls on its pCPUs.
-    schedules: u64,
-    /// Its pCPUs told to reschedule by a tickle.
-    tickles: u64,
 }
 
 #[derive(Default)]
@@ -313,6 +309,10 @@ struct Pcpu {
     /// A tickle asked it to reschedule and it has not yet (Credit2's
     /// `rqd->tickled`): later wakes look for another pCPU.
     tickled: bool,
+    /// `schedule()` calls on it (summed per runqueue in the statistics).
+    schedules: u64,
+    /// Tickles that told it to reschedule.
+    tickles: u64,
 }
 
 /// vCPU id to its slot in [`Scheduler`]'s records. Every wake, block and
@@ -425,8 +425,9 @@ impl Scheduler {
     /// the pCPU's timer says so, and after `block`/`yield_to`/`power_off`.
     pub fn schedule(&mut self, now: u64, pcpu: usize) -> Result<Decision, SchedError> {
         self.check_pcpu(pcpu)?;
-        self.pcpus[pcpu].tickled = false;
-        self.rqs[self.pcpus[pcpu].rq].schedules += 1;
+        let pc = &mut self.pcpus[pcpu];
+        pc.tickled = false;
+        pc.schedules += 1;
         let prev = self.pcpus[pcpu].curr;
         let prev_runnable = self.account_prev(now, pcpu, prev);
         let yielding = prev_runnable.is_some_and(|s| self.vcpus[s].yielding);

@@ -63,11 +63,12 @@ impl Scheduler {
         for (i, rq) in self.rqs.iter().enumerate() {
             let (first, last) = (rq.pcpus.first().copied().unwrap_or(0), rq.pcpus.last().copied().unwrap_or(0));
             let vcpus = self.vcpus.iter().filter(|v| v.rq == i).count();
+            let sum = |f: fn(&super::Pcpu) -> u64| rq.pcpus.iter().map(|&p| f(&self.pcpus[p])).sum::<u64>();
             writeln!(out, "sched.rq{i}.pcpus={first}-{last}")?;
             writeln!(out, "sched.rq{i}.vcpus={vcpus}")?;
             writeln!(out, "sched.rq{i}.resets={}", rq.resets)?;
-            writeln!(out, "sched.rq{i}.schedules={}", rq.schedules)?;
-            writeln!(out, "sched.rq{i}.tickles={}", rq.tickles)?;
+            writeln!(out, "sched.rq{i}.schedules={}", sum(|p| p.schedules))?;
+            writeln!(out, "sched.rq{i}.tickles={}", sum(|p| p.tickles))?;
         }
         Ok(())
     }
@@ -249,7 +250,7 @@ impl Scheduler {
     #[inline]
     pub(super) fn idle_pcpu_for_queued(&self, p: usize) -> Option<usize> {
         let rq = &self.rqs[self.pcpus[p].rq];
-        if rq.queue.is_empty() {
+        if rq.queue.is_empty() || rq.pcpus.len() < 2 {
             return None;
         }
         rq.pcpus.iter().copied().find(|&o| {

@@ -92,13 +92,16 @@ impl Scheduler {
     /// on its runqueue (unless `schedule` queued it already: `delayed`
     /// false), and a pCPU that should take it is tickled: the decision's
     /// kick (else an idle pCPU for anything else queued).
+    #[inline]
     pub(super) fn requeue(&mut self, now: u64, pcpu: usize, s: Option<usize>, delayed: bool) -> Option<usize> {
         if let Some(s) = s {
             if delayed {
                 self.enqueue(s);
             }
-            if let Some(k) = self.tickle_requeued(now, s, pcpu) {
-                return Some(k);
+            if self.pcpus.len() > 1 {
+                if let Some(k) = self.tickle_requeued(now, s, pcpu) {
+                    return Some(k);
+                }
             }
         }
         self.idle_pcpu_for_queued(pcpu)

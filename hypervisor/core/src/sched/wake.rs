@@ -275,6 +275,7 @@ impl Scheduler {
 
     /// Queue the runnable vCPU `s` on its runqueue (a wake never changes
     /// it, unless the vCPU is pinned to a pCPU of another) and tickle.
+    #[inline]
     pub(super) fn queue_and_tickle(&mut self, now: u64, s: usize) -> WakeAction {
         if let Some(a) = self.vcpus[s].affinity {
             self.set_rq(s, self.pcpus[a].rq);
@@ -293,7 +294,11 @@ impl Scheduler {
     /// [`WakeMode::Preempt`] is preempted by the rules of this module's doc.
     /// A pCPU told to reschedule is marked tickled until it does, and `s`
     /// reserved for it.
+    #[inline]
     pub(super) fn tickle(&mut self, now: u64, s: usize) -> WakeAction {
+        if self.pcpus.len() == 1 {
+            return self.tickle_the_pcpu(now, s);
+        }
         if let Some(p) = self.idle_to_tickle(s) {
             return self.mark_tickled(p, s);
         }
@@ -309,12 +314,40 @@ impl Scheduler {
         }
     }
 
+    /// [`Self::tickle`] on a machine of one pCPU: no pCPU to choose, no
+    /// migration; the same decisions without the search.
+    fn tickle_the_pcpu(&mut self, now: u64, s: usize) -> WakeAction {
+        let Some(r) = self.pcpus[0].curr.filter(|&r| self.vcpus[r].state == RunState::Running(0)) else {
+            return if self.pcpus[0].tickled { WakeAction::None } else { self.mark_tickled(0, s) };
+        };
+        if self.pcpus[0].tickled {
+            return WakeAction::None;
+        }
+        let rl = self.cfg.ratelimit_ns;
+        if self.cfg.wake_mode == WakeMode::XenCompat
+            && rl > RATELIMIT_TOLERANCE_NS
+            && now.saturating_sub(self.pcpus[0].entry) <= rl - RATELIMIT_TOLERANCE_NS
+        {
+            self.vcpus[s].stats.counters.ratelimit_deferrals += 1;
+            self.last_deferral = Some((Deferral::Ratelimit, self.pcpus[0].entry.saturating_add(rl)));
+            return WakeAction::None;
+        }
+        self.burn(r, now);
+        let lead = self.vcpus[s].credit.saturating_sub(self.vcpus[r].credit);
+        match self.cfg.wake_mode {
+            WakeMode::XenCompat if lead > 0 => self.mark_tickled(0, s),
+            WakeMode::XenCompat => WakeAction::None,
+            WakeMode::Preempt => self.wake_preempt(now, s, 0, lead),
+        }
+    }
+
     /// The pCPU that `s`, requeued at `pcpu`'s `schedule()` of another
     /// vCPU, is to be taken by (Credit2's `runq_tickle` from
     /// `context_saved`): an idle one, or a busy one past its ratelimit
     /// window whose runner it beats; the same choice in both wake modes,
     /// since this is no wake. `pcpu` itself is never one: its runner has
     /// just been picked over `s`.
+    #[inline]
     pub(super) fn tickle_requeued(&mut self, now: u64, s: usize, pcpu: usize) -> Option<usize> {
         if self.rqs[self.vcpus[s].rq].pcpus.len() < 2 {
             return None;
@@ -330,9 +363,10 @@ impl Scheduler {
         Some(p)
     }
 
+    #[inline]
     fn mark_tickled(&mut self, p: usize, s: usize) -> WakeAction {
         self.pcpus[p].tickled = true;
-        self.rqs[self.pcpus[p].rq].tickles += 1;
+        self.pcpus[p].tickles += 1;
         self.vcpus[s].tickled_cpu = Some(p);
         WakeAction::Reschedule { pcpu: p }
     }
@@ -340,6 +374,7 @@ impl Scheduler {
     /// A pCPU of `s`'s runqueue that `s` may run on, is idle (or its runner
     /// has just blocked: its `schedule()` is on its way) and is not tickled:
     /// its last pCPU if so, else the next such from there.
+    #[inline]
     fn idle_to_tickle(&self, s: usize) -> Option<usize> {
         let free = |p: usize| {
             let pc = &self.pcpus[p];
@@ -363,6 +398,7 @@ impl Scheduler {
     /// window less the tolerance (Credit2's `is_preemptable`); when that
     /// leaves none `s` beats, a wake (`skip` None) counts a ratelimit
     /// deferral. `skip`: a pCPU not to consider.
+    #[inline]
     fn best_busy(&mut self, now: u64, s: usize, window: bool, skip: Option<usize>) -> Option<(usize, i64)> {
         let (rl, resist) = (self.cfg.ratelimit_ns, self.cfg.migrate_resist_ns as i64);
         let preemptible_after = rl.saturating_sub(RATELIMIT_TOLERANCE_NS);
@@ -408,6 +444,7 @@ impl Scheduler {
     /// after a lock-holder grace or protected run, or not (the runner's
     /// timer is then pulled to the end of its ratelimit window, or to when
     /// a heavier waker catches up).
+    #[inline]
     fn wake_preempt(&mut self, now: u64, s: usize, p: usize, lead: i64) -> WakeAction {
         let Some(r) = self.pcpus[p].curr else {
             return self.mark_tickled(p, s);
@@ -522,12 +559,19 @@ impl Scheduler {
         Some(Decision { next: Some(self.vcpus[s].id), timer_at: timer, preempted: None, kick: None, switch })
     }
 
-    /// Replenish every capped domain whose period is over, and unpark its vCPUs.
-    #[inline]
+    /// Replenish every capped domain whose period is over, and unpark its
+    /// vCPUs. Every wake and schedule asks; the answer is nearly always
+    /// "not yet", one comparison inlined at the caller.
+    #[inline(always)]
     pub(super) fn replenish_due(&mut self, now: u64) {
-        if now < self.next_repl {
-            return;
+        if now >= self.next_repl {
+            self.replenish(now);
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn replenish(&mut self, now: u64) {
         for d in 0..self.domains.len() {
             if self.domains[d].replenish_due(now) && self.domains[d].budget > 0 {
                 self.unpark_domain(now, d);
