@@ -124,9 +124,15 @@ impl Scheduler {
     }
 
     pub(super) fn update_max_weights(&mut self) {
-        for (i, rq) in self.rqs.iter_mut().enumerate() {
-            rq.max_weight = self.vcpus.iter().filter(|v| v.rq == i).map(|v| v.weight).max().unwrap_or(1);
+        for rq in 0..self.rqs.len() {
+            self.update_max_weight(rq);
         }
+    }
+
+    /// Runqueue `rq`'s heaviest weight, from its members.
+    pub(super) fn update_max_weight(&mut self, rq: usize) {
+        let r = &mut self.rqs[rq];
+        r.max_weight = r.members.iter().map(|&s| self.vcpus[s].weight).max().unwrap_or(1);
     }
 
     pub(super) fn sort_runq(&mut self, rq: usize) {
@@ -142,8 +148,8 @@ impl Scheduler {
     /// up to `now` first (as Credit2 does), so that the cap clips what they
     /// really have left.
     pub(super) fn reset_credit(&mut self, now: u64, rq: usize, picked_credit: i64) {
-        for p in 0..self.pcpus.len() {
-            if let Some(s) = self.pcpus[p].curr.filter(|_| self.pcpus[p].rq == rq) {
+        for i in 0..self.rqs[rq].pcpus.len() {
+            if let Some(s) = self.pcpus[self.rqs[rq].pcpus[i]].curr {
                 self.burn(s, now);
             }
         }
@@ -153,7 +159,11 @@ impl Scheduler {
         }
         let add = m.saturating_mul(CREDIT_INIT_NS);
         let mut doms = Vec::new();
-        for v in self.vcpus.iter_mut().filter(|v| v.rq == rq && v.state != RunState::Offline) {
+        for &s in &self.rqs[rq].members {
+            let v = &mut self.vcpus[s];
+            if v.state == RunState::Offline {
+                continue;
+            }
             v.credit = v.credit.saturating_add(add).min(CREDIT_INIT_NS + CARRYOVER_MAX_NS);
             if !doms.contains(&v.dom) {
                 doms.push(v.dom);
@@ -168,9 +178,9 @@ impl Scheduler {
 
     /// `n` leaves the runqueue; Credit2's epoch ends when the best
     /// candidate of the runqueue (`n` or the runqueue's head, whichever has
-    /// more) has no credit.
+    /// more) has no credit. Whether it ended.
     #[inline]
-    pub(super) fn end_epoch_if_due(&mut self, now: u64, pcpu: usize, n: usize) {
+    pub(super) fn end_epoch_if_due(&mut self, now: u64, pcpu: usize, n: usize) -> bool {
         let rq = self.pcpus[pcpu].rq;
         self.rqs[rq].queue.retain(|&x| x != n);
         let head = self.rqs[rq].queue.first().map(|&h| self.vcpus[h].credit);
@@ -178,6 +188,7 @@ impl Scheduler {
         if best <= 0 {
             self.reset_credit(now, rq, self.vcpus[n].credit);
         }
+        best <= 0
     }
 }
 

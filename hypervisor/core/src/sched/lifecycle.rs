@@ -95,10 +95,14 @@ impl Scheduler {
             wake_preempted: false,
             yielding: false,
             tickled_cpu: None,
+            avgload: 0,
+            load_last: 0,
+            migrate_to: None,
             stats: VcpuStats::default(),
         });
         self.domains[d].nr_vcpus += 1;
         let rq = &mut self.rqs[self.pcpus[home].rq];
+        rq.members.push(self.vcpus.len() - 1);
         rq.max_weight = rq.max_weight.max(weight);
         Ok(())
     }
@@ -118,6 +122,7 @@ impl Scheduler {
     pub fn power_off(&mut self, now: u64, pcpu: usize) -> Result<VcpuId, SchedError> {
         let s = self.running(pcpu)?;
         self.burn(s, now);
+        self.note_load(s, -1, now);
         self.vcpus[s].state = RunState::Offline;
         self.vcpus[s].woken_at = None;
         Ok(self.vcpus[s].id)
@@ -129,6 +134,7 @@ impl Scheduler {
     pub fn block(&mut self, now: u64, pcpu: usize) -> Result<VcpuId, SchedError> {
         let s = self.running(pcpu)?;
         self.burn(s, now);
+        self.note_load(s, -1, now);
         self.vcpus[s].state = RunState::Blocked;
         Ok(self.vcpus[s].id)
     }

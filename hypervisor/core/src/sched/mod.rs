@@ -17,7 +17,8 @@
 //! - `credit`: credit burn at the weights, and the per-runqueue reset.
 //! - `domain`: a domain's weight, cap and budget pool ([`DomainParams`]).
 //! - `cap`: caps on the scheduler's side: quotas, parking, timers.
-//! - `runq`: run queues, picking, slices, placement and load balancing.
+//! - `runq`: run queues, picking, slices, tickling idle pCPUs.
+//! - `balance`: load averages and balancing between runqueues.
 //! - `wake`: wake paths ([`WakeMode`]), lock-holder grace, protected runs.
 //! - `switch`: `schedule()`'s phases around the pick (switch out, in, idle).
 //! - `lifecycle`: adding domains and vCPUs, power on/off, block, yield.
@@ -41,6 +42,7 @@
 //! scheduling timer says so, switching to [`Decision::next`] and arming the
 //! timer at [`Decision::timer_at`]. `sim` runs exactly this on a virtual clock.
 
+mod balance;
 mod cap;
 mod config;
 pub mod conformance;
@@ -253,6 +255,12 @@ struct Vcpu {
     woken_at: Option<u64>,
     /// Descheduled involuntarily while runnable and not run since.
     preempted: bool,
+    /// Decaying average of its runnable time (`balance`, fixed point).
+    avgload: u64,
+    /// When `avgload` was last brought up to date (`balance`'s units).
+    load_last: u64,
+    /// The runqueue a balance moves it to when it leaves its pCPU.
+    migrate_to: Option<usize>,
     /// Descheduled by a wake-preemption; its next switch-in starts a
     /// protected run of `wake_min_run` (consumed there).
     wake_preempted: bool,
@@ -274,6 +282,14 @@ impl Vcpu {
 struct Runqueue {
     /// Its pCPUs, ascending (at most `sched_credit2_max_cpus_runqueue`).
     pcpus: Vec<usize>,
+    /// The vCPUs it holds, whatever their state.
+    members: Vec<usize>,
+    /// How many of them are runnable or running (`balance`'s contract).
+    load: u32,
+    /// Decaying average of `load` (`balance`, fixed point).
+    avgload: u64,
+    /// When `avgload` was last brought up to date.
+    load_last: u64,
     /// Slots, sorted by credit (highest first, FIFO on ties).
     queue: Vec<usize>,
     /// Largest weight of its vCPUs (Credit2's `rqd->max_weight`).
@@ -431,7 +447,6 @@ impl Scheduler {
         let prev = self.pcpus[pcpu].curr;
         let prev_runnable = self.account_prev(now, pcpu, prev);
         let yielding = prev_runnable.is_some_and(|s| self.vcpus[s].yielding);
-        self.balance(pcpu, prev_runnable);
         if let (Some(s), false) = (prev_runnable, yielding) {
             self.catch_up_heavier_waker(now, pcpu, s);
             if let Some(d) = self.defer_preemption(now, pcpu, s) {
@@ -449,6 +464,9 @@ impl Scheduler {
         let mut switch = SwitchInfo { out: left.map(|s| self.switch_out(s, yielding, forced)), ..Default::default() };
         let preempted = prev_runnable.and_then(|s| self.deschedule_prev(s, next, yielding, forced));
         let requeue = prev_runnable.filter(|&s| next != Some(s));
+        if let Some(s) = left {
+            self.finish_migration(now, s);
+        }
         // Credit2 queues the vCPU that left only after the next one's slice
         // is set; with our extensions on it is queued first (see `switch`).
         let delayed = !self.cfg.extensions();
@@ -459,9 +477,12 @@ impl Scheduler {
         let Some(n) = next else {
             return Ok(self.go_idle(now, pcpu, left, preempted, switch));
         };
-        self.end_epoch_if_due(now, pcpu, n);
+        let reset = self.end_epoch_if_due(now, pcpu, n);
         if prev_runnable != Some(n) {
             switch.into = Some(self.switch_in(now, pcpu, n));
+        }
+        if reset {
+            self.balance_load(now, pcpu);
         }
         // What the vCPU that left holds goes back to its domain's pool
         // (after the switch, as Credit2's context_saved).

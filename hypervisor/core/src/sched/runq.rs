@@ -52,6 +52,11 @@ impl Scheduler {
         self.pcpus.get(pcpu).map(|p| p.rq)
     }
 
+    /// The runqueue `vcpu` belongs to.
+    pub fn runqueue_of_vcpu(&self, vcpu: super::VcpuId) -> Option<usize> {
+        self.index.get(vcpu).map(|s| self.vcpus[s].rq)
+    }
+
     /// Credit resets of runqueue `rq` so far.
     pub fn runqueue_resets(&self, rq: usize) -> Option<u64> {
         self.rqs.get(rq).map(|r| r.resets)
@@ -71,14 +76,6 @@ impl Scheduler {
             writeln!(out, "sched.rq{i}.tickles={}", sum(|p| p.tickles))?;
         }
         Ok(())
-    }
-
-    /// Move vCPU `s` (not queued) to runqueue `rq`.
-    pub(super) fn set_rq(&mut self, s: usize, rq: usize) {
-        if self.vcpus[s].rq != rq {
-            self.vcpus[s].rq = rq;
-            self.update_max_weights();
-        }
     }
 
     /// Queue the runnable vCPU `s` on its runqueue, by credit.
@@ -115,7 +112,7 @@ impl Scheduler {
                     let rq = self.pcpus[p].rq;
                     if self.vcpus[t].rq != rq {
                         self.rqs[self.vcpus[t].rq].queue.retain(|&x| x != t);
-                        self.set_rq(t, rq);
+                        self.move_to_rq(now, t, rq);
                         self.enqueue(t);
                     }
                     return (Some(t), true);
@@ -183,66 +180,6 @@ impl Scheduler {
             t = self.cfg.max_slice_ns;
         }
         t.max(min_t).max(MIN_TIMER_NS)
-    }
-
-    /// Runnable vCPUs of runqueue `rq`: queued plus running on its pCPUs.
-    pub(super) fn rq_load(&self, rq: usize) -> usize {
-        let running = self
-            .pcpus
-            .iter()
-            .filter(|pc| pc.rq == rq)
-            .filter(|pc| pc.curr.is_some_and(|s| matches!(self.vcpus[s].state, RunState::Running(_))))
-            .count();
-        self.rqs[rq].queue.len() + running
-    }
-
-    /// With several runqueues (`credit2_runqueue=cpu`), pull at most one
-    /// vCPU into `p`'s from another: from one whose load is at least 2
-    /// higher, or else the richest remote waiter when its credit beats our
-    /// best candidate by more than `MIGRATE_RESIST_NS` (Credit2's migration
-    /// resistance). Credits of different runqueues are reset apart, so this
-    /// is load balancing, not exact fairness; one shared runqueue (the
-    /// default) needs none.
-    pub(super) fn balance(&mut self, p: usize, prev: Option<usize>) {
-        if self.rqs.len() < 2 {
-            return;
-        }
-        let my_rq = self.pcpus[p].rq;
-        let mine = self.rqs[my_rq].queue.len() + prev.is_some() as usize;
-        let mut from: Option<(usize, usize)> = None; // (runqueue, index in its queue)
-        let mut best_load = 0;
-        for q in (0..self.rqs.len()).filter(|&q| q != my_rq) {
-            let l = self.rq_load(q);
-            if l >= mine + 2 && l > best_load {
-                if let Some(i) = self.rqs[q].queue.iter().position(|&s| self.vcpus[s].allowed_on(p)) {
-                    best_load = l;
-                    from = Some((q, i));
-                }
-            }
-        }
-        if from.is_none() {
-            let local_best = prev
-                .map(|s| self.vcpus[s].credit)
-                .into_iter()
-                .chain(self.rqs[my_rq].queue.first().map(|&s| self.vcpus[s].credit))
-                .max()
-                .unwrap_or(i64::MIN);
-            let mut best_credit = local_best.saturating_add(MIGRATE_RESIST_NS);
-            for q in (0..self.rqs.len()).filter(|&q| q != my_rq) {
-                let queue = &self.rqs[q].queue;
-                if let Some(i) = queue.iter().position(|&s| self.vcpus[s].allowed_on(p)) {
-                    let c = self.vcpus[queue[i]].credit;
-                    if c > best_credit {
-                        best_credit = c;
-                        from = Some((q, i));
-                    }
-                }
-            }
-        }
-        let Some((q, i)) = from else { return };
-        let s = self.rqs[q].queue.remove(i);
-        self.set_rq(s, my_rq);
-        self.enqueue(s);
     }
 
     /// An idle pCPU of `p`'s runqueue, not yet tickled, that could take

@@ -1213,3 +1213,28 @@ fn runqueue_stats_name_each_runqueue() {
     }
     assert!(!text.contains("sched.rq3."), "{text}");
 }
+
+#[test]
+fn a_reset_balances_a_hog_onto_an_idle_runqueue() {
+    // credit2_runqueue=cpu, 2 pCPUs: vcpu1 and vcpu3 start on pCPU 0's
+    // runqueue, vcpu2 (pCPU 1's) never comes online. Credit2 balances after
+    // a reset, by averaged load: one hog moves to the idle runqueue, and
+    // from then each has a pCPU.
+    for cfg in [SchedConfig::default(), SchedConfig::xen_compat(1000)] {
+        let cfg = SchedConfig { runqueue: RunqueueLayout::PerCpu, ..cfg };
+        let mut s = Scheduler::new(cfg, 2).unwrap();
+        s.add_domain(0, DomainParams::default()).unwrap();
+        for id in 1..=3 {
+            s.add_vcpu(v(id), 0, None).unwrap();
+        }
+        s.power_on(0, v(1)).unwrap();
+        s.power_on(0, v(3)).unwrap();
+        run_hogs(&mut s, 3000 * MS);
+        for id in [1, 3] {
+            let share = run_ns(&s, id) as f64 / (3000 * MS) as f64;
+            assert!(share > 0.8, "{cfg:?}: vcpu{id} got {share}");
+        }
+        // The hogs are on different runqueues now.
+        assert_ne!(s.runqueue_of_vcpu(v(1)), s.runqueue_of_vcpu(v(3)));
+    }
+}

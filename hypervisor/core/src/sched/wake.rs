@@ -259,6 +259,7 @@ impl Scheduler {
     }
 
     pub(super) fn make_runnable(&mut self, now: u64, s: usize) -> WakeAction {
+        self.note_load(s, 1, now);
         self.vcpus[s].state = RunState::Runnable;
         self.vcpus[s].preempted = false;
         let d = self.vcpus[s].dom;
@@ -278,7 +279,7 @@ impl Scheduler {
     #[inline]
     pub(super) fn queue_and_tickle(&mut self, now: u64, s: usize) -> WakeAction {
         if let Some(a) = self.vcpus[s].affinity {
-            self.set_rq(s, self.pcpus[a].rq);
+            self.move_to_rq(now, s, self.pcpus[a].rq);
         }
         self.enqueue(s);
         self.tickle(now, s)
@@ -349,7 +350,7 @@ impl Scheduler {
     /// just been picked over `s`.
     #[inline]
     pub(super) fn tickle_requeued(&mut self, now: u64, s: usize, pcpu: usize) -> Option<usize> {
-        if self.rqs[self.vcpus[s].rq].pcpus.len() < 2 {
+        if self.rqs[self.vcpus[s].rq].pcpus == [pcpu] {
             return None;
         }
         let p = match self.idle_to_tickle(s) {

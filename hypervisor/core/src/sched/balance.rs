@@ -1,0 +1,226 @@
+//! Load balancing between runqueues, as Credit2's `balance_load`.
+//!
+//! * Load: each runqueue counts its runnable vCPUs (queued or running),
+//!   and keeps an exponentially decaying average of that count over a
+//!   window of 2^20 µs-ish units (Xen's `load_window_shift` 30 less its
+//!   granularity 10: ~1.07 s), in fixed point with 18 fraction bits
+//!   (`load_precision_shift`); each vCPU keeps the same average of its own
+//!   runnable time. Both are updated whenever the count changes and when
+//!   a balance reads them.
+//! * When: right after a runqueue's credit reset, on the pCPU that reset
+//!   it (never on every `schedule()`): a reset is when that runqueue's
+//!   credits start afresh, so a vCPU moved then loses nothing it earned.
+//! * What: the other runqueue whose average differs most from this one's;
+//!   nothing if the difference is under one vCPU while both run below
+//!   capacity (under 1/8 of a vCPU when either is over it). Then the push,
+//!   pull or swap of one vCPU each way that leaves the smallest
+//!   difference, if smaller than now.
+//! * A moved vCPU that is running moves when it leaves its pCPU; a queued
+//!   one is queued on the other runqueue at once and tickled there; a
+//!   blocked one wakes there. A wake never changes a vCPU's runqueue.
+//!
+//! Contract: with several runqueues, `rq.load` is the number of the
+//! runqueue's members that are runnable or running; whoever changes a
+//! member's state between blocked or offline and runnable calls
+//! [`Scheduler::note_load`] with the change. (With one runqueue nothing
+//! reads the loads, and nothing keeps them.)
+//! Uses runq.rs (queues, tickles via wake.rs's `tickle_requeued`).
+
+use super::{RunState, Scheduler};
+
+/// Fraction bits of the load averages (Xen's `load_precision_shift`).
+const PRECISION: u32 = 18;
+/// Window of the averages, in units of 2^10 ns (Xen's `load_window_shift`
+/// 30 less `LOADAVG_GRANULARITY_SHIFT` 10).
+const WINDOW: u32 = 20;
+const GRANULARITY: u32 = 10;
+/// Below capacity, balance only for a difference of a whole vCPU (2^0);
+/// above it, for 1/8 (2^-3): Xen's balance tolerances.
+const UNDERLOAD_TOLERANCE: i32 = 0;
+const OVERLOAD_TOLERANCE: i32 = -3;
+
+/// A decaying average over [`WINDOW`]: `load` held since `last`, to `now`
+/// (both in granularity units).
+fn decay(avg: u64, load: u64, last: u64, now: u64) -> u64 {
+    if last.saturating_add(1 << WINDOW) < now {
+        return load << PRECISION;
+    }
+    let delta = now.saturating_sub(last).min(1 << WINDOW);
+    (delta * (load << PRECISION) + ((1 << WINDOW) - delta) * avg) >> WINDOW
+}
+
+fn tolerance(shift: i32) -> u64 {
+    1u64 << (PRECISION as i32 + shift) as u32
+}
+
+impl Scheduler {
+    /// The runnable count of `s`'s runqueue changes by `change` (+1: it
+    /// became runnable; -1: it blocked or went offline; 0: no change, the
+    /// averages brought up to `now`): both averages take the time since
+    /// their last update at the old count.
+    /// Nothing to do with one runqueue: only a balance reads them.
+    #[inline(always)]
+    pub(super) fn note_load(&mut self, s: usize, change: i32, now: u64) {
+        if self.rqs.len() > 1 {
+            self.note_load_now(s, change, now);
+        }
+    }
+
+    fn note_load_now(&mut self, s: usize, change: i32, now: u64) {
+        let t = now >> GRANULARITY;
+        self.rq_load_add(self.vcpus[s].rq, change, t);
+        let v = &mut self.vcpus[s];
+        let was = match change {
+            -1 => 1,
+            1 => 0,
+            _ => u64::from(matches!(v.state, RunState::Runnable | RunState::Running(_))),
+        };
+        v.avgload = decay(v.avgload, was, v.load_last, t);
+        v.load_last = t;
+    }
+
+    fn rq_load_add(&mut self, rq: usize, change: i32, t: u64) {
+        let r = &mut self.rqs[rq];
+        r.avgload = decay(r.avgload, u64::from(r.load), r.load_last, t);
+        r.load_last = t;
+        r.load = r.load.saturating_add_signed(change);
+    }
+
+    /// Credit2's `balance_load`, from `pcpu` just after its runqueue's
+    /// reset (see the module doc).
+    pub(super) fn balance_load(&mut self, now: u64, pcpu: usize) {
+        if self.rqs.len() < 2 {
+            return;
+        }
+        let t = now >> GRANULARITY;
+        let l = self.pcpus[pcpu].rq;
+        self.rq_load_add(l, 0, t);
+        let mut other = None;
+        let mut delta = 0u64;
+        for o in (0..self.rqs.len()).filter(|&o| o != l) {
+            self.rq_load_add(o, 0, t);
+            let d = self.rqs[l].avgload.abs_diff(self.rqs[o].avgload);
+            if d > delta {
+                (delta, other) = (d, Some(o));
+            }
+        }
+        let Some(o) = other else { return };
+        let load_max = self.rqs[l].avgload.max(self.rqs[o].avgload);
+        let cpus_max = self.rqs[l].pcpus.len().max(self.rqs[o].pcpus.len()) as u64;
+        let shift = if load_max < cpus_max << PRECISION { UNDERLOAD_TOLERANCE } else { OVERLOAD_TOLERANCE };
+        if delta < tolerance(shift) {
+            return;
+        }
+        for r in [l, o] {
+            for i in 0..self.rqs[r].members.len() {
+                let s = self.rqs[r].members[i];
+                self.note_load(s, 0, now);
+            }
+        }
+        let (mut best, mut push, mut pull) = (delta, None, None);
+        let (la, oa) = (self.rqs[l].avgload as i64, self.rqs[o].avgload as i64);
+        let mut consider = |a: Option<usize>, b: Option<usize>, sa: i64, sb: i64| {
+            let d = ((la - sa + sb) - (oa + sa - sb)).unsigned_abs();
+            if d < best {
+                (best, push, pull) = (d, a, b);
+            }
+        };
+        let pushable: alloc::vec::Vec<usize> =
+            self.rqs[l].members.iter().copied().filter(|&s| self.may_move(s, o)).collect();
+        let pullable: alloc::vec::Vec<usize> =
+            self.rqs[o].members.iter().copied().filter(|&s| self.may_move(s, l)).collect();
+        for &a in &pushable {
+            let sa = self.vcpus[a].avgload as i64;
+            for &b in &pullable {
+                consider(Some(a), Some(b), sa, self.vcpus[b].avgload as i64);
+            }
+            consider(Some(a), None, sa, 0);
+        }
+        for &b in &pullable {
+            consider(None, Some(b), 0, self.vcpus[b].avgload as i64);
+        }
+        if let Some(a) = push {
+            self.migrate(now, a, o);
+        }
+        if let Some(b) = pull {
+            self.migrate(now, b, l);
+        }
+    }
+
+    /// Whether `s` may move to runqueue `to`: its affinity allows one of
+    /// its pCPUs, and no move of it is pending.
+    fn may_move(&self, s: usize, to: usize) -> bool {
+        let v = &self.vcpus[s];
+        v.migrate_to.is_none() && self.rqs[to].pcpus.iter().any(|&p| v.allowed_on(p))
+    }
+
+    /// Move `s` to runqueue `to`: now if it is not running (a queued one
+    /// is queued there and tickled), else when it leaves its pCPU.
+    pub(super) fn migrate(&mut self, now: u64, s: usize, to: usize) {
+        if matches!(self.vcpus[s].state, RunState::Running(_)) {
+            self.vcpus[s].migrate_to = Some(to);
+            return;
+        }
+        let queued = self.rqs[self.vcpus[s].rq].queue.contains(&s);
+        if queued {
+            self.rqs[self.vcpus[s].rq].queue.retain(|&x| x != s);
+        }
+        self.move_to_rq(now, s, to);
+        if queued {
+            self.enqueue(s);
+            let _ = self.tickle_requeued(now, s, usize::MAX);
+        }
+    }
+
+    /// `s` (not queued, not running) joins runqueue `to`: membership,
+    /// both runqueues' heaviest weight and load, and a last pCPU there
+    /// (the first it may run on, from where it was).
+    pub(super) fn move_to_rq(&mut self, now: u64, s: usize, to: usize) {
+        let from = self.vcpus[s].rq;
+        if from == to {
+            return;
+        }
+        if matches!(self.vcpus[s].state, RunState::Runnable | RunState::Running(_)) {
+            let t = now >> GRANULARITY;
+            self.rq_load_add(from, -1, t);
+            self.rq_load_add(to, 1, t);
+        }
+        self.rqs[from].members.retain(|&x| x != s);
+        self.rqs[to].members.push(s);
+        self.vcpus[s].rq = to;
+        self.vcpus[s].migrate_to = None;
+        if !self.rqs[to].pcpus.contains(&self.vcpus[s].home) {
+            let first = self.cycle_from_home(s).next();
+            if let Some(p) = first {
+                self.vcpus[s].home = p;
+            }
+        }
+        self.update_max_weight(from);
+        self.update_max_weight(to);
+    }
+
+    /// A vCPU that leaves its pCPU with a move pending moves now.
+    pub(super) fn finish_migration(&mut self, now: u64, s: usize) {
+        if let Some(to) = self.vcpus[s].migrate_to {
+            self.move_to_rq(now, s, to);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_average_follows_the_load_over_the_window() {
+        let one = 1u64 << PRECISION;
+        // Long idle, then a whole window at 2: the average is 2.
+        assert_eq!(decay(0, 2, 0, (1 << WINDOW) + 1), 2 * one);
+        // Half a window at 1 from 0: halfway.
+        assert_eq!(decay(0, 1, 0, 1 << (WINDOW - 1)), one / 2);
+        // No time: no change.
+        assert_eq!(decay(3 * one, 0, 5, 5), 3 * one);
+        assert_eq!(tolerance(UNDERLOAD_TOLERANCE), one);
+        assert_eq!(tolerance(OVERLOAD_TOLERANCE), one / 8);
+    }
+}
