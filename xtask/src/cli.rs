@@ -514,6 +514,20 @@ pub enum BenchCommand {
     /// conformance guest's exit loops on bare QEMU and under the hypervisor
     #[command(after_help = "Writes target/bench/exits/report.md.")]
     Exits,
+    /// the scheduler's work per call with a host thread per pCPU (16, 64, 192)
+    #[command(after_help = "Writes target/bench/sched-scale/report.md.")]
+    SchedScale(BenchSchedScaleArgs),
+}
+
+/// `cargo xtask bench sched-scale`
+#[derive(Clone, Debug, Args)]
+pub struct BenchSchedScaleArgs {
+    /// pCPU counts to stand for, a thread each
+    #[arg(long, value_delimiter = ',', default_values_t = [16usize, 64, 192])]
+    pub pcpus: Vec<usize>,
+    /// Seconds per count
+    #[arg(long, default_value_t = 5, value_parser = parse_positive)]
+    pub seconds: u64,
 }
 
 /// `cargo xtask bench wakeup`

@@ -8,6 +8,7 @@
 //! - `sim wakeup [options]`: the scheduler's discrete-event simulator
 //! - `sim conformance`: the scheduler's figures against Xen's Credit2
 //! - `bench wakeup|timer [options]`: benchmarks in Linux guests
+//! - `bench sched-scale [--pcpus 16,64,192]`: the scheduler's work per call, host threads
 //! - `conformance [--at bare|dom0|domu] [--gic N] [--pcpus N] [--kernel-format F]`: the
 //!   conformance guest's checks (tests/conformance)
 //! - `doctor`: the toolchain in use, what is ready, the caches' size
@@ -231,6 +232,7 @@ fn main() {
         Command::Bench(BenchCommand::Wakeup(args)) => xtask::bench::runner::wakeup(&args.options()).map(|_| 0),
         Command::Bench(BenchCommand::Timer(args)) => xtask::bench::timer::run(&args.options()).map(|_| 0),
         Command::Bench(BenchCommand::Exits) => xtask::bench::exits::run().map(|_| 0),
+        Command::Bench(BenchCommand::SchedScale(a)) => xtask::bench::sched_scale::run(&a.pcpus, a.seconds).map(|_| 0),
         Command::Conformance(a) => {
             if a.at == xtask::conformance::Placement::Bare && a.gic == 4 {
                 Err(anyhow!("--gic 4 needs EL2 (virtualization=on): not with --at bare"))

@@ -32,6 +32,7 @@ pub mod exits;
 pub mod parse;
 pub mod report;
 pub mod runner;
+pub mod sched_scale;
 pub mod svg;
 pub mod timer;
 
