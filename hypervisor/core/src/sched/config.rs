@@ -65,13 +65,8 @@ pub const RATELIMIT_US_RANGE: core::ops::RangeInclusive<u64> = 100..=500_000;
 /// Credit2 options Xen 4.17 documents (`docs/misc/xen-command-line.pandoc`)
 /// that this scheduler does not implement: named in a warning and ignored,
 /// never taken silently.
-pub const XEN_OPTIONS_NOT_IMPLEMENTED: &[&str] = &[
-    "credit2_balance_over",
-    "credit2_balance_under",
-    "credit2_cap_period_ms",
-    "credit2_load_precision_shift",
-    "credit2_load_window_shift",
-];
+pub const XEN_OPTIONS_NOT_IMPLEMENTED: &[&str] =
+    &["credit2_balance_over", "credit2_balance_under", "credit2_load_precision_shift", "credit2_load_window_shift"];
 
 /// Scheduler tunables. All times in ns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -99,6 +94,8 @@ pub struct SchedConfig {
     /// `sched_credit2_migrate_resist` (µs in the option): the credit lead a
     /// vCPU needs to be taken by a pCPU other than the one it last ran on.
     pub migrate_resist_ns: u64,
+    /// `credit2_cap_period_ms`: capped domains' replenishment period.
+    pub cap_period_ns: u64,
 }
 
 impl Default for SchedConfig {
@@ -121,9 +118,10 @@ impl Default for SchedConfig {
             max_slice_ns: 10_000_000,
             lhp_grace_ns: 40_000,
             wake_min_run_ns: 100_000,
-            runqueue: RunqueueLayout::All,
+            runqueue: RunqueueLayout::Socket,
             max_cpus_runqueue: MAX_CPUS_RUNQUEUE,
             migrate_resist_ns: 500_000,
+            cap_period_ns: domain::CAP_PERIOD_NS,
         }
     }
 }
@@ -160,7 +158,8 @@ impl SchedConfig {
     /// `sched_max_slice_us=N`, `credit2_runqueue=cpu|core|socket|node|all`
     /// (see [`RunqueueLayout`]), `sched_credit2_max_cpus_runqueue=N`
     /// (1..=16; as in Xen, a larger value is warned about and 16 used),
-    /// `sched_credit2_migrate_resist=US`. Xen's other Credit2 options
+    /// `sched_credit2_migrate_resist=US`, `credit2_cap_period_ms=N`
+    /// (1..=10000). Xen's other Credit2 options
     /// ([`XEN_OPTIONS_NOT_IMPLEMENTED`]) are claimed, warned about and
     /// ignored. The values' combination is checked by
     /// [`SchedConfig::validate`] once all are set.
@@ -220,6 +219,17 @@ impl SchedConfig {
                 };
             }
             "sched_credit2_migrate_resist" => self.migrate_resist_ns = us("sched_credit2_migrate_resist")?,
+            "credit2_cap_period_ms" => {
+                let ms = val.parse::<u64>().map_err(|_| SchedError::BadBootArg("credit2_cap_period_ms"))?;
+                // As Xen: a period shorter than the minimum timer (500 µs),
+                // i.e. 0 ms, is warned about and 10 ms used.
+                self.cap_period_ns = if ms == 0 || ms > 10_000 {
+                    log::warn!("credit2_cap_period_ms={val} is outside [1, 10000]: using 10");
+                    domain::CAP_PERIOD_NS
+                } else {
+                    ms * 1_000_000
+                };
+            }
             k if XEN_OPTIONS_NOT_IMPLEMENTED.contains(&k) => {
                 log::warn!("{k}={val}: this Xen Credit2 option is not implemented here; ignored");
             }

@@ -15,8 +15,8 @@ pub use crate::ids::DomainId;
 
 use super::{SchedError, DEFAULT_WEIGHT};
 
-/// Budget replenishment period of capped domains, ns (Credit2's
-/// `CSCHED2_BDGT_REPL_PERIOD`, 10 ms by default).
+/// Budget replenishment period of capped domains by default, ns (Credit2's
+/// `CSCHED2_BDGT_REPL_PERIOD` at its default `credit2_cap_period_ms=10`).
 pub const CAP_PERIOD_NS: u64 = 10_000_000;
 /// Smallest budget quota a vCPU grabs (Credit2: `CSCHED2_MIN_TIMER`).
 pub const CAP_MIN_QUOTA_NS: i64 = 500_000;
@@ -39,7 +39,9 @@ impl Default for DomainParams {
 }
 
 impl DomainParams {
-    /// Check the parameters for a scheduler with `nr_pcpus` pCPUs.
+    /// Check the parameters for a scheduler with `nr_pcpus` pCPUs (a cap
+    /// of a domain with vCPUs is checked against those too, by
+    /// [`Scheduler::set_domain_params`](super::Scheduler::set_domain_params)).
     pub fn validate(&self, nr_pcpus: usize) -> Result<(), SchedError> {
         if self.weight == 0 || self.weight > MAX_WEIGHT {
             return Err(SchedError::BadWeight(self.weight));
@@ -77,12 +79,14 @@ pub(super) struct Domain {
     pub budget: i64,
     /// Next replenishment (valid when capped).
     pub next_repl: u64,
+    /// The replenishment period (`credit2_cap_period_ms`), ns.
+    pub period: u64,
     pub nr_vcpus: u32,
     pub stats: DomainStats,
 }
 
 impl Domain {
-    pub fn new(id: DomainId, params: DomainParams, now: u64) -> Self {
+    pub fn new(id: DomainId, params: DomainParams, now: u64, period: u64) -> Self {
         let uncapped = DomainParams { cap_percent: None, ..params };
         let mut d = Self {
             id,
@@ -90,6 +94,7 @@ impl Domain {
             tot_budget: 0,
             budget: 0,
             next_repl: 0,
+            period: period.max(1),
             nr_vcpus: 0,
             stats: DomainStats::default(),
         };
@@ -113,12 +118,12 @@ impl Domain {
                 self.budget = 0;
             }
             Some(c) => {
-                self.tot_budget = (CAP_PERIOD_NS as i64).saturating_mul(i64::from(c)) / 100;
+                self.tot_budget = (self.period.min(i64::MAX as u64) as i64).saturating_mul(i64::from(c)) / 100;
                 if was_capped {
                     self.budget = self.budget.min(self.tot_budget);
                 } else {
                     self.budget = self.tot_budget;
-                    self.next_repl = now.saturating_add(CAP_PERIOD_NS);
+                    self.next_repl = now.saturating_add(self.period);
                 }
             }
         }
@@ -136,8 +141,8 @@ impl Domain {
         if !self.capped() || now < self.next_repl {
             return false;
         }
-        let periods = (now - self.next_repl) / CAP_PERIOD_NS + 1;
-        self.next_repl = self.next_repl.saturating_add(periods.saturating_mul(CAP_PERIOD_NS));
+        let periods = (now - self.next_repl) / self.period + 1;
+        self.next_repl = self.next_repl.saturating_add(periods.saturating_mul(self.period));
         let add = self.tot_budget.saturating_mul(periods.min(i64::MAX as u64) as i64);
         self.budget = self.budget.saturating_add(add).min(self.tot_budget);
         self.stats.replenishments += 1;
@@ -183,7 +188,7 @@ mod tests {
 
     #[test]
     fn budget_grab_give_back_replenish() {
-        let mut d = Domain::new(3, DomainParams { weight: 256, cap_percent: Some(25) }, 0);
+        let mut d = Domain::new(3, DomainParams { weight: 256, cap_percent: Some(25) }, 0, CAP_PERIOD_NS);
         d.nr_vcpus = 1;
         assert_eq!((d.tot_budget, d.budget, d.next_repl), (2_500_000, 2_500_000, CAP_PERIOD_NS));
         assert_eq!(d.grab(0), 2_500_000);

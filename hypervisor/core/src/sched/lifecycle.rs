@@ -23,7 +23,7 @@ impl Scheduler {
         }
         params.validate(self.pcpus.len())?;
         self.dom_index.insert(dom, self.domains.len());
-        self.domains.push(Domain::new(dom, params, 0));
+        self.domains.push(Domain::new(dom, params, 0, self.cfg.cap_period_ns));
         self.note_replenishments();
         Ok(())
     }
@@ -36,6 +36,13 @@ impl Scheduler {
     pub fn set_domain_params(&mut self, now: u64, dom: DomainId, params: DomainParams) -> Result<(), SchedError> {
         let d = self.dom_slot(dom)?;
         params.validate(self.pcpus.len())?;
+        // As Credit2: at most 100 % per vCPU of the domain.
+        let nr = self.domains[d].nr_vcpus;
+        if let (Some(c), true) = (params.cap_percent, nr > 0) {
+            if u64::from(c) > 100 * u64::from(nr) {
+                return Err(SchedError::BadCap(c));
+            }
+        }
         for p in 0..self.pcpus.len() {
             if let Some(s) = self.pcpus[p].curr {
                 self.burn(s, now);

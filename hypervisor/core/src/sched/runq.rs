@@ -171,6 +171,10 @@ impl Scheduler {
             _ => credit,
         };
         let mut t = self.c2t(n, rt);
+        if !self.cfg.extensions() && !self.no_caps() && self.domains[self.vcpus[n].dom].capped() {
+            // Credit2: never more than the budget, before the minimum.
+            t = t.min(self.vcpus[n].budget.max(0) as u64);
+        }
         let mut min_t = self.cfg.min_slice_ns;
         if self.cfg.ratelimit_ns > 0 {
             let window_end = self.pcpus[p].entry.saturating_add(self.cfg.ratelimit_ns);

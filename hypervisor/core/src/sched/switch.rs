@@ -164,7 +164,15 @@ impl Scheduler {
         let lend = directed && self.cfg.wake_mode == WakeMode::Preempt && self.cfg.lhp_grace_ns > 0;
         self.pcpus[pcpu].loan = lend;
         let slice = if lend { self.cfg.lhp_grace_ns.max(MIN_TIMER_NS) } else { self.runtime(now, pcpu, n) };
-        let at = now.saturating_add(slice).min(self.budget_end(now, n));
+        // Credit2 clamps the slice to the budget before the minimum time
+        // (`csched2_runtime`), so a capped vCPU may overrun its budget up to
+        // the minimum slice, the debt charged to its domain's pool; with our
+        // extensions the slice ends with the budget.
+        let at = if self.cfg.extensions() {
+            now.saturating_add(slice).min(self.budget_end(now, n))
+        } else {
+            now.saturating_add(slice)
+        };
         let timer = self.clamp_timer(Some(at));
         self.pcpus[pcpu].timer_at = timer;
         timer

@@ -1238,3 +1238,36 @@ fn a_reset_balances_a_hog_onto_an_idle_runqueue() {
         assert_ne!(s.runqueue_of_vcpu(v(1)), s.runqueue_of_vcpu(v(3)));
     }
 }
+
+#[test]
+fn caps_follow_credit2_in_the_control_mode() {
+    // A 5 % cap: 500 µs of budget per 10 ms. Credit2 clamps the slice to
+    // the budget and then to the minimum (the 1 ms ratelimit): the vCPU
+    // overruns; with our extensions the slice ends with the budget.
+    for (cfg, slice) in [(SchedConfig::xen_compat(1000), MS), (SchedConfig::default(), 500 * US)] {
+        let mut s = Scheduler::new(cfg, 1).unwrap();
+        s.add_domain(1, DomainParams { weight: 256, cap_percent: Some(5) }).unwrap();
+        s.add_vcpu(v(1), 1, None).unwrap();
+        s.power_on(0, v(1)).unwrap();
+        let d = s.schedule(0, 0).unwrap();
+        assert_eq!((d.next, d.timer_at), (Some(v(1)), Some(slice)), "{:?}", cfg.wake_mode);
+    }
+    // As Credit2: a cap is at most 100 % per vCPU of the domain, once it
+    // has vCPUs; the replenishment period is an option.
+    let cfg = SchedConfig::from_bootargs("credit2_cap_period_ms=20").unwrap();
+    assert_eq!(cfg.cap_period_ns, 20 * MS);
+    assert_eq!(SchedConfig::from_bootargs("credit2_cap_period_ms=0").unwrap().cap_period_ns, 10 * MS);
+    assert!(SchedConfig::from_bootargs("credit2_cap_period_ms=x").is_err());
+    let mut s = Scheduler::new(cfg, 4).unwrap();
+    s.add_domain(1, DomainParams::default()).unwrap();
+    s.add_vcpu(v(1), 1, None).unwrap();
+    let capped = |c| DomainParams { weight: 256, cap_percent: Some(c) };
+    assert_eq!(s.set_domain_params(0, 1, capped(150)), Err(SchedError::BadCap(150)));
+    assert_eq!(s.set_domain_params(0, 1, capped(100)), Ok(()));
+    // A 20 ms period: half of 20 ms of budget at 50 %.
+    s.set_domain_params(0, 1, DomainParams::default()).unwrap();
+    s.set_domain_params(0, 1, capped(50)).unwrap();
+    s.power_on(0, v(1)).unwrap();
+    let d = s.schedule(0, 0).unwrap();
+    assert_eq!(d.timer_at, Some(10 * MS), "its budget, 10 ms of each 20 ms");
+}
