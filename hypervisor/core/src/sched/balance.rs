@@ -189,6 +189,8 @@ impl Scheduler {
         self.rqs[to].members.push(s);
         self.vcpus[s].rq = to;
         self.vcpus[s].migrate_to = None;
+        // A reservation by a tickle on the old runqueue means nothing here.
+        self.vcpus[s].tickled_cpu = None;
         if !self.rqs[to].pcpus.contains(&self.vcpus[s].home) {
             let first = self.cycle_from_home(s).next();
             if let Some(p) = first {
