@@ -1,28 +1,29 @@
-//! Run queues: queueing by credit, picking the next vCPU, slice length,
-//! placement of a vCPU that becomes runnable, and load balancing.
+//! Run queues: queueing by credit, picking the next vCPU (Credit2's
+//! `runq_candidate`), slice length, idle pCPUs for queued work.
 //!
 //! * pCPUs share Credit2 runqueues sorted by credit (highest first, FIFO on
-//!   ties): by default one for all pCPUs (`credit2_runqueue=all`, what Xen's
-//!   default `socket` gives on a one-socket machine such as QEMU `virt`), or
-//!   one per pCPU (`credit2_runqueue=cpu`). A pCPU runs whichever of
-//!   {current vCPU, first queued vCPU allowed on it} has more credit.
+//!   ties): the pCPUs of a socket (`credit2_runqueue=socket`, Xen's
+//!   default; on the machines we describe, all pCPUs) in runqueues of at
+//!   most `sched_credit2_max_cpus_runqueue` (16), or one per pCPU
+//!   (`credit2_runqueue=cpu`). A pCPU runs whichever of {current vCPU,
+//!   first queued vCPU it may take} has more credit; it may take a vCPU
+//!   allowed on it, not reserved by a tickle for another pCPU that has not
+//!   scheduled yet, and, if the vCPU last ran elsewhere, richer than its
+//!   runner by the migration resistance ([`MIGRATE_RESIST_NS`]; a vCPU
+//!   that moves gets [`MIGRATE_COMPENSATION_NS`]).
 //! * Slice: run until the picked vCPU's credit would fall to the next
 //!   waiter's (or to 0 if nobody waits), clamped to
-//!   `[max(min_slice, rest of ratelimit window), max_slice]`, and then to a
-//!   capped vCPU's budget.
+//!   `[max(min_slice, rest of ratelimit window), max_slice]`; a capped
+//!   vCPU's budget cuts it (after the clamp with our extensions, before it
+//!   in the control mode, as Credit2).
 //! * Ratelimit: a runnable vCPU that has run less than `ratelimit` since it
 //!   was switched in keeps the pCPU at a `schedule()` unless it yields (or
 //!   its domain's budget is used up).
-//! * Hard affinity pins a vCPU to one pCPU. Unpinned vCPUs are placed on an
-//!   idle pCPU when they wake if one exists, else on the pCPU whose runner has
-//!   the least credit (that pCPU is asked to reschedule, but whichever of the
-//!   runqueue's pCPUs schedules first may take it). Within a runqueue any of
-//!   its pCPUs picks any queued vCPU, so one shared runqueue needs no
-//!   balancing; `schedule()` asks (through [`Decision::kick`](super::Decision::kick))
-//!   an idle pCPU to come and pick when work is left queued. With several
-//!   runqueues, `schedule()` also pulls one vCPU from a runqueue ≥ 2 longer,
-//!   or a remote waiter richer by > [`MIGRATE_RESIST_NS`]; their credits are
-//!   reset apart, so that layout balances load, not exact weights.
+//! * Hard affinity pins a vCPU to one pCPU. Where a woken vCPU goes is
+//!   wake.rs's (`runq_tickle`); moves between runqueues are balance.rs's.
+//!   `schedule()` asks (through [`Decision::kick`](super::Decision::kick))
+//!   an idle, untickled pCPU of its runqueue to come and pick when work is
+//!   left queued.
 //!
 //! Contract: a queue holds only runnable, unparked vCPUs of that runqueue,
 //! in credit order; whoever changes a queued vCPU's credit re-sorts it.

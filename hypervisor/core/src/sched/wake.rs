@@ -3,6 +3,10 @@
 //! ratelimit window; and a capped domain's parked vCPUs coming back.
 //!
 //! # Wake paths ([`WakeMode`])
+//! * Both modes look for a pCPU as Credit2's `runq_tickle` does
+//!   (`Scheduler::tickle`): an idle, untickled pCPU of the vCPU's
+//!   runqueue first, else the busy, untickled one whose runner it beats by
+//!   most.
 //! * [`WakeMode::XenCompat`] reproduces `runq_tickle`: a busy pCPU whose
 //!   runner ran less than `ratelimit - 50 µs` is not tickled; otherwise it is
 //!   tickled when the woken vCPU has more credit. Nothing re-arms the
