@@ -125,18 +125,17 @@ impl Scheduler {
                 (best, push, pull) = (d, a, b);
             }
         };
-        let pushable: alloc::vec::Vec<usize> =
-            self.rqs[l].members.iter().copied().filter(|&s| self.may_move(s, o)).collect();
-        let pullable: alloc::vec::Vec<usize> =
-            self.rqs[o].members.iter().copied().filter(|&s| self.may_move(s, l)).collect();
-        for &a in &pushable {
+        // Iterated in place: no allocation on the scheduler's path.
+        let pushable = || self.rqs[l].members.iter().copied().filter(|&s| self.may_move(s, o));
+        let pullable = || self.rqs[o].members.iter().copied().filter(|&s| self.may_move(s, l));
+        for a in pushable() {
             let sa = self.vcpus[a].avgload as i64;
-            for &b in &pullable {
+            for b in pullable() {
                 consider(Some(a), Some(b), sa, self.vcpus[b].avgload as i64);
             }
             consider(Some(a), None, sa, 0);
         }
-        for &b in &pullable {
+        for b in pullable() {
             consider(None, Some(b), 0, self.vcpus[b].avgload as i64);
         }
         if let Some(a) = push {
