@@ -68,7 +68,7 @@ impl Scheduler {
     pub fn write_runqueue_stats(&self, out: &mut impl core::fmt::Write) -> core::fmt::Result {
         for (i, rq) in self.rqs.iter().enumerate() {
             let (first, last) = (rq.pcpus.first().copied().unwrap_or(0), rq.pcpus.last().copied().unwrap_or(0));
-            let vcpus = self.vcpus.iter().filter(|v| v.rq == i).count();
+            let vcpus = rq.members.len();
             let sum = |f: fn(&super::Pcpu) -> u64| rq.pcpus.iter().map(|&p| f(&self.pcpus[p])).sum::<u64>();
             writeln!(out, "sched.rq{i}.pcpus={first}-{last}")?;
             writeln!(out, "sched.rq{i}.vcpus={vcpus}")?;
