@@ -97,6 +97,7 @@ impl Scheduler {
         self.rq_load_add(l, 0, t);
         let mut other = None;
         let mut delta = 0u64;
+        self.op(self.rqs.len());
         for o in (0..self.rqs.len()).filter(|&o| o != l) {
             self.rq_load_add(o, 0, t);
             let d = self.rqs[l].avgload.abs_diff(self.rqs[o].avgload);
@@ -111,6 +112,8 @@ impl Scheduler {
         if delta < tolerance(shift) {
             return;
         }
+        let (ml, mo) = (self.rqs[l].members.len(), self.rqs[o].members.len());
+        self.op(ml + mo + ml * mo);
         for r in [l, o] {
             for i in 0..self.rqs[r].members.len() {
                 let s = self.rqs[r].members[i];
@@ -162,7 +165,7 @@ impl Scheduler {
         }
         let queued = self.rqs[self.vcpus[s].rq].queue.contains(&s);
         if queued {
-            self.rqs[self.vcpus[s].rq].queue.retain(|&x| x != s);
+            self.unqueue(s);
         }
         self.move_to_rq(now, s, to);
         if queued {
@@ -184,6 +187,7 @@ impl Scheduler {
             self.rq_load_add(from, -1, t);
             self.rq_load_add(to, 1, t);
         }
+        self.op(self.rqs[from].members.len());
         self.rqs[from].members.retain(|&x| x != s);
         self.rqs[to].members.push(s);
         self.vcpus[s].rq = to;

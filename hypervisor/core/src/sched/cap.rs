@@ -83,8 +83,7 @@ impl Scheduler {
 
     /// Park the runnable vCPU `s` (taken off its runqueue) until its domain has budget.
     pub(super) fn park(&mut self, s: usize) {
-        let rq = self.vcpus[s].rq;
-        self.rqs[rq].queue.retain(|&x| x != s);
+        self.unqueue(s);
         self.set_parked(s, true);
         self.domains[self.vcpus[s].dom].stats.cap_parks += 1;
     }
@@ -119,6 +118,7 @@ impl Scheduler {
         if self.nr_parked == 0 {
             return None;
         }
+        self.op(self.vcpus.len());
         self.vcpus.iter().filter(|v| v.parked).map(|v| self.domains[v.dom].next_repl).min()
     }
 

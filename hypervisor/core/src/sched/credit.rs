@@ -20,8 +20,6 @@
 //! so run time is always charged at the weight it ran with. This file uses
 //! no other policy file of `sched`.
 
-use alloc::vec::Vec;
-
 use super::{domain, RunState, SchedError, Scheduler, VcpuId};
 
 /// Credit given at a reset, ns (Credit2's CSCHED2_CREDIT_INIT).
@@ -131,11 +129,13 @@ impl Scheduler {
 
     /// Runqueue `rq`'s heaviest weight, from its members.
     pub(super) fn update_max_weight(&mut self, rq: usize) {
+        self.op(self.rqs[rq].members.len());
         let r = &mut self.rqs[rq];
         r.max_weight = r.members.iter().map(|&s| self.vcpus[s].weight).max().unwrap_or(1);
     }
 
     pub(super) fn sort_runq(&mut self, rq: usize) {
+        self.op(self.rqs[rq].queue.len());
         let vcpus = &self.vcpus;
         self.rqs[rq].queue.sort_by(|&a, &b| vcpus[b].credit.cmp(&vcpus[a].credit));
     }
@@ -148,6 +148,7 @@ impl Scheduler {
     /// up to `now` first (as Credit2 does), so that the cap clips what they
     /// really have left.
     pub(super) fn reset_credit(&mut self, now: u64, rq: usize, picked_credit: i64) {
+        self.op(self.rqs[rq].pcpus.len() + self.rqs[rq].members.len());
         for i in 0..self.rqs[rq].pcpus.len() {
             if let Some(s) = self.pcpus[self.rqs[rq].pcpus[i]].curr {
                 self.burn(s, now);
@@ -158,21 +159,20 @@ impl Scheduler {
             m += (-picked_credit) / CREDIT_INIT_NS;
         }
         let add = m.saturating_mul(CREDIT_INIT_NS);
-        let mut doms = Vec::new();
+        self.rqs[rq].resets += 1;
+        let this = Some((rq, self.rqs[rq].resets));
         for &s in &self.rqs[rq].members {
             let v = &mut self.vcpus[s];
             if v.state == RunState::Offline {
                 continue;
             }
             v.credit = v.credit.saturating_add(add).min(CREDIT_INIT_NS + CARRYOVER_MAX_NS);
-            if !doms.contains(&v.dom) {
-                doms.push(v.dom);
+            let d = &mut self.domains[v.dom];
+            if d.last_reset != this {
+                d.last_reset = this;
+                d.stats.credit_resets += 1;
             }
         }
-        for d in doms {
-            self.domains[d].stats.credit_resets += 1;
-        }
-        self.rqs[rq].resets += 1;
         self.sort_runq(rq);
     }
 
@@ -182,6 +182,7 @@ impl Scheduler {
     #[inline]
     pub(super) fn end_epoch_if_due(&mut self, now: u64, pcpu: usize, n: usize) -> bool {
         let rq = self.pcpus[pcpu].rq;
+        self.op(self.rqs[rq].queue.len());
         self.rqs[rq].queue.retain(|&x| x != n);
         let head = self.rqs[rq].queue.first().map(|&h| self.vcpus[h].credit);
         let best = head.map_or(self.vcpus[n].credit, |h| h.max(self.vcpus[n].credit));

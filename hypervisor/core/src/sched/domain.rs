@@ -82,6 +82,10 @@ pub(super) struct Domain {
     /// The replenishment period (`credit2_cap_period_ms`), ns.
     pub period: u64,
     pub nr_vcpus: u32,
+    /// The last credit reset counted in `stats.credit_resets`, as (runqueue,
+    /// that runqueue's reset number): a reset counts once per domain however
+    /// many of its vCPUs it touches, with no list to build.
+    pub last_reset: Option<(usize, u64)>,
     pub stats: DomainStats,
 }
 
@@ -96,6 +100,7 @@ impl Domain {
             next_repl: 0,
             period: period.max(1),
             nr_vcpus: 0,
+            last_reset: None,
             stats: DomainStats::default(),
         };
         d.set_cap(params.cap_percent, now);

@@ -397,6 +397,10 @@ pub struct Scheduler {
     /// every wake and schedule asks for replenishments, which need not look
     /// at any domain before then.
     next_repl: u64,
+    /// Records visited so far (see [`Scheduler::ops`]); only with the
+    /// `sched-opcount` feature, which the EL2 build leaves off.
+    #[cfg(feature = "sched-opcount")]
+    ops: core::cell::Cell<u64>,
 }
 
 impl Scheduler {
@@ -426,6 +430,8 @@ impl Scheduler {
             last_deferral: None,
             nr_parked: 0,
             next_repl: u64::MAX,
+            #[cfg(feature = "sched-opcount")]
+            ops: core::cell::Cell::new(0),
         })
     }
 
@@ -524,6 +530,29 @@ impl Scheduler {
     /// vCPU currently on `pcpu`.
     pub fn current(&self, pcpu: usize) -> Option<VcpuId> {
         self.pcpus.get(pcpu).and_then(|p| p.curr).map(|s| self.vcpus[s].id)
+    }
+
+    /// How many records (queued or member vCPUs, pCPUs, runqueues,
+    /// domains) the scheduler has visited in its loops so far, with the
+    /// `sched-opcount` feature (0 without it): the host stress bench's
+    /// measure of the work per call, which neither the host's scheduling
+    /// nor its caches distort. The loops are counted, not the constant work
+    /// around them.
+    pub fn ops(&self) -> u64 {
+        #[cfg(feature = "sched-opcount")]
+        return self.ops.get();
+        #[cfg(not(feature = "sched-opcount"))]
+        0
+    }
+
+    /// Counts `n` records visited (see [`Scheduler::ops`]); nothing without
+    /// the feature, so the EL2 paths carry no counting.
+    #[inline(always)]
+    pub(super) fn op(&self, n: usize) {
+        #[cfg(feature = "sched-opcount")]
+        self.ops.set(self.ops.get() + n as u64);
+        #[cfg(not(feature = "sched-opcount"))]
+        let _ = n;
     }
 
     // ----- lookups shared by the policy files -----

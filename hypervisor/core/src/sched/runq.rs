@@ -79,6 +79,14 @@ impl Scheduler {
         Ok(())
     }
 
+    /// Take `s` off its runqueue's queue, if it is there.
+    #[inline]
+    pub(super) fn unqueue(&mut self, s: usize) {
+        let rq = self.vcpus[s].rq;
+        self.op(self.rqs[rq].queue.len());
+        self.rqs[rq].queue.retain(|&x| x != s);
+    }
+
     /// Queue the runnable vCPU `s` on its runqueue, by credit.
     #[inline]
     pub(super) fn enqueue(&mut self, s: usize) {
@@ -87,6 +95,7 @@ impl Scheduler {
         let q = &mut self.rqs[vcpus[s].rq].queue;
         let pos = q.iter().position(|&x| vcpus[x].credit < c).unwrap_or(q.len());
         q.insert(pos, s);
+        self.op(pos + 1);
     }
 
     pub(super) fn pick(
@@ -112,7 +121,7 @@ impl Scheduler {
                 if self.ensure_budget(t) {
                     let rq = self.pcpus[p].rq;
                     if self.vcpus[t].rq != rq {
-                        self.rqs[self.vcpus[t].rq].queue.retain(|&x| x != t);
+                        self.unqueue(t);
                         self.move_to_rq(now, t, rq);
                         self.enqueue(t);
                     }
@@ -156,7 +165,7 @@ impl Scheduler {
     fn candidate(&self, p: usize, runner: Option<usize>) -> Option<usize> {
         let base = runner.map_or(IDLE_CREDIT, |s| self.vcpus[s].credit);
         let resist = self.cfg.migrate_resist_ns as i64;
-        self.rqs[self.pcpus[p].rq].queue.iter().copied().find(|&h| {
+        self.rqs[self.pcpus[p].rq].queue.iter().copied().inspect(|_| self.op(1)).find(|&h| {
             let v = &self.vcpus[h];
             v.allowed_on(p)
                 && !v.tickled_cpu.is_some_and(|t| t != p && self.pcpus[t].tickled)
@@ -195,9 +204,12 @@ impl Scheduler {
         if rq.queue.is_empty() || rq.pcpus.len() < 2 {
             return None;
         }
-        rq.pcpus.iter().copied().find(|&o| {
+        rq.pcpus.iter().copied().inspect(|_| self.op(1)).find(|&o| {
             let pc = &self.pcpus[o];
-            o != p && pc.curr.is_none() && !pc.tickled && rq.queue.iter().any(|&s| self.vcpus[s].allowed_on(o))
+            o != p
+                && pc.curr.is_none()
+                && !pc.tickled
+                && rq.queue.iter().inspect(|_| self.op(1)).any(|&s| self.vcpus[s].allowed_on(o))
         })
     }
 
@@ -207,6 +219,7 @@ impl Scheduler {
         let v = &self.vcpus[s];
         let pcpus = &self.rqs[v.rq].pcpus;
         let start = pcpus.iter().position(|&p| p >= v.home).unwrap_or(0);
-        pcpus[start..].iter().chain(&pcpus[..start]).copied().filter(move |&p| v.allowed_on(p))
+        self.op(start + 1);
+        pcpus[start..].iter().chain(&pcpus[..start]).copied().inspect(|_| self.op(1)).filter(move |&p| v.allowed_on(p))
     }
 }

@@ -411,6 +411,7 @@ impl Scheduler {
         let mut best: Option<(usize, i64)> = None;
         let mut held_off = None;
         let rq = self.vcpus[s].rq;
+        self.op(self.rqs[rq].pcpus.len());
         for i in 0..self.rqs[rq].pcpus.len() {
             let p = self.rqs[rq].pcpus[i];
             let Some(r) = self.pcpus[p].curr else { continue };
@@ -536,7 +537,7 @@ impl Scheduler {
             return;
         }
         let rq = self.pcpus[pcpu].rq;
-        let head = self.rqs[rq].queue.iter().copied().find(|&h| self.vcpus[h].allowed_on(pcpu));
+        let head = self.rqs[rq].queue.iter().copied().inspect(|_| self.op(1)).find(|&h| self.vcpus[h].allowed_on(pcpu));
         let (runner, g) = (&self.vcpus[s], self.cfg.wake_granularity_ns as i64);
         if head.is_some_and(|h| {
             let v = &self.vcpus[h];
@@ -577,6 +578,7 @@ impl Scheduler {
     #[cold]
     #[inline(never)]
     fn replenish(&mut self, now: u64) {
+        self.op(self.domains.len());
         for d in 0..self.domains.len() {
             if self.domains[d].replenish_due(now) && self.domains[d].budget > 0 {
                 self.unpark_domain(now, d);
@@ -593,11 +595,13 @@ impl Scheduler {
     /// Recomputes the earliest replenishment due (after a cap changed or
     /// replenishments were made).
     pub(super) fn note_replenishments(&mut self) {
+        self.op(self.domains.len());
         self.next_repl = self.domains.iter().filter(|d| d.capped()).map(|d| d.next_repl).min().unwrap_or(u64::MAX);
     }
 
     /// Make the parked vCPUs of domain `d` runnable again.
     pub(super) fn unpark_domain(&mut self, now: u64, d: usize) {
+        self.op(self.vcpus.len());
         for s in 0..self.vcpus.len() {
             if self.vcpus[s].dom == d && self.vcpus[s].parked {
                 self.set_parked(s, false);
