@@ -92,11 +92,17 @@ impl Scheduler {
     pub(super) fn set_parked(&mut self, s: usize, parked: bool) {
         if self.vcpus[s].parked != parked {
             self.vcpus[s].parked = parked;
+            let list = &mut self.domains[self.vcpus[s].dom].parked;
+            let at = list.partition_point(|&x| x < s);
             if parked {
                 self.nr_parked += 1;
+                list.insert(at, s);
             } else {
                 self.nr_parked -= 1;
+                list.remove(at);
             }
+            let n = list.len();
+            self.op(n);
         }
     }
 
@@ -115,11 +121,12 @@ impl Scheduler {
     /// The earliest replenishment that will unpark someone.
     pub(super) fn next_unpark(&self) -> Option<u64> {
         debug_assert_eq!(self.nr_parked, self.vcpus.iter().filter(|v| v.parked).count(), "nr_parked");
+        debug_assert_eq!(self.nr_parked, self.domains.iter().map(|d| d.parked.len()).sum::<usize>(), "parked lists");
         if self.nr_parked == 0 {
             return None;
         }
-        self.op(self.vcpus.len());
-        self.vcpus.iter().filter(|v| v.parked).map(|v| self.domains[v.dom].next_repl).min()
+        self.op(self.domains.len());
+        self.domains.iter().filter(|d| !d.parked.is_empty()).map(|d| d.next_repl).min()
     }
 
     /// A pCPU's timer, brought forward to the next replenishment while a

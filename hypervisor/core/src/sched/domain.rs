@@ -14,6 +14,7 @@
 pub use crate::ids::DomainId;
 
 use super::{SchedError, DEFAULT_WEIGHT};
+use alloc::vec::Vec;
 
 /// Budget replenishment period of capped domains by default, ns (Credit2's
 /// `CSCHED2_BDGT_REPL_PERIOD` at its default `credit2_cap_period_ms=10`).
@@ -82,6 +83,10 @@ pub(super) struct Domain {
     /// The replenishment period (`credit2_cap_period_ms`), ns.
     pub period: u64,
     pub nr_vcpus: u32,
+    /// Slots of its vCPUs parked for lack of budget, ascending: a
+    /// replenishment walks these, not every vCPU. Its capacity covers all
+    /// its vCPUs from `add_vcpu` on, so parking never allocates.
+    pub parked: Vec<usize>,
     /// The last credit reset counted in `stats.credit_resets`, as (runqueue,
     /// that runqueue's reset number): a reset counts once per domain however
     /// many of its vCPUs it touches, with no list to build.
@@ -100,6 +105,7 @@ impl Domain {
             next_repl: 0,
             period: period.max(1),
             nr_vcpus: 0,
+            parked: Vec::new(),
             last_reset: None,
             stats: DomainStats::default(),
         };

@@ -108,6 +108,8 @@ impl Scheduler {
             stats: VcpuStats::default(),
         });
         self.domains[d].nr_vcpus += 1;
+        let dom = &mut self.domains[d];
+        dom.parked.reserve((dom.nr_vcpus as usize).saturating_sub(dom.parked.len()));
         let rq = &mut self.rqs[self.pcpus[home].rq];
         rq.members.push(self.vcpus.len() - 1);
         rq.max_weight = rq.max_weight.max(weight);

@@ -600,16 +600,17 @@ impl Scheduler {
     }
 
     /// Make the parked vCPUs of domain `d` runnable again.
+    /// In slot order, each once: one that a tickle parks again stays so.
     pub(super) fn unpark_domain(&mut self, now: u64, d: usize) {
-        self.op(self.vcpus.len());
-        for s in 0..self.vcpus.len() {
-            if self.vcpus[s].dom == d && self.vcpus[s].parked {
-                self.set_parked(s, false);
-                if self.vcpus[s].state == RunState::Runnable {
-                    // Its pCPU's timer is due now (see `clamp_timer`), so a
-                    // tickle of a busy pCPU is seen at its `schedule()`.
-                    let _ = self.queue_and_tickle(now, s);
-                }
+        let mut from = 0;
+        while let Some(&s) = self.domains[d].parked.iter().find(|&&x| x >= from) {
+            self.op(1);
+            from = s + 1;
+            self.set_parked(s, false);
+            if self.vcpus[s].state == RunState::Runnable {
+                // Its pCPU's timer is due now (see `clamp_timer`), so a
+                // tickle of a busy pCPU is seen at its `schedule()`.
+                let _ = self.queue_and_tickle(now, s);
             }
         }
     }
