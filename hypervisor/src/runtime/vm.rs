@@ -274,6 +274,15 @@ pub struct VcpuShared {
     /// while it is preempted so, siblings are watched closely for spinning
     /// (`sched::spin::Watch::Critical`).
     pub left_masked: AtomicBool,
+    /// The scheduler's `is_preempted`, published for readers that do not
+    /// take its lock (the spin watch, the yield target): set when a
+    /// `schedule()` takes it off its pCPU at a slice end or a
+    /// wake-preemption, cleared when one switches it in; both stores under
+    /// the scheduler's lock, in the order of the decisions. One case reads
+    /// true where the scheduler would say false: a preempted vCPU parked
+    /// since for lack of its domain's budget; a directed yield to it is
+    /// refused under the lock (`Scheduler::yield_to` checks its target).
+    pub preempted: AtomicBool,
     pub counters: TrapCounters,
 }
 
@@ -497,6 +506,7 @@ pub(super) fn new_vcpus(n: usize) -> (Vec<Mutex<Vcpu>>, Vec<VcpuShared>) {
             vpe_on: AtomicUsize::new(usize::MAX),
             vpe_mapped: AtomicUsize::new(usize::MAX),
             left_masked: AtomicBool::new(false),
+            preempted: AtomicBool::new(false),
             running_on: AtomicUsize::new(usize::MAX),
             counters: TrapCounters::default(),
         });

@@ -155,28 +155,22 @@ pub(super) fn handle_sync(vm: &Vm, me: usize, v: &mut Vcpu) -> Next {
 /// all unless vCPUs outnumber pCPUs and a sibling is runnable but was
 /// descheduled involuntarily (a lock holder `id` may be waiting for);
 /// closely if that sibling left with IRQs masked.
-pub(super) fn spin_watch(vm: &Vm, id: usize) -> Option<spin::Watch> {
-    if !vm.overcommitted {
-        return None;
-    }
-    spin_watch_locked(vm, &vm.sched.lock(), id)
-}
-
-/// [`spin_watch`] with the scheduler `s` already locked by the caller.
 /// Spin detection is our extension: off with `sched_wake_preempt=off`.
-pub(super) fn spin_watch_locked(vm: &Vm, s: &crate::sched::Scheduler, id: usize) -> Option<spin::Watch> {
-    if !vm.overcommitted || !s.config().extensions() {
+/// Reads only atomics (`VcpuShared::preempted`): no scheduler lock.
+pub(super) fn spin_watch(vm: &Vm, id: usize) -> Option<spin::Watch> {
+    if !vm.overcommitted || !vm.extensions {
         return None;
     }
-    preempted_sibling(vm, s, id).map(|(_, masked)| if masked { spin::Watch::Critical } else { spin::Watch::Preempted })
+    preempted_sibling(vm, id).map(|(_, masked)| if masked { spin::Watch::Critical } else { spin::Watch::Preempted })
 }
 
 /// A sibling of vCPU `id` that is runnable but was descheduled
-/// involuntarily, one that left inside a critical section (IRQs masked: the
-/// likely holder of what `id` waits for) first, and whether it did.
-pub(super) fn preempted_sibling(vm: &Vm, s: &crate::sched::Scheduler, id: usize) -> Option<(usize, bool)> {
+/// involuntarily (`VcpuShared::preempted`), one that left inside a critical
+/// section (IRQs masked: the likely holder of what `id` waits for) first,
+/// and whether it did.
+pub(super) fn preempted_sibling(vm: &Vm, id: usize) -> Option<(usize, bool)> {
     let mut found = None;
-    for k in (0..vm.shared.len()).filter(|&k| k != id && s.is_preempted(vm.gid(k))) {
+    for k in (0..vm.shared.len()).filter(|&k| k != id && vm.shared[k].preempted.load(Ordering::Relaxed)) {
         if vm.shared[k].left_masked.load(Ordering::Relaxed) {
             return Some((k, true));
         }
@@ -192,10 +186,9 @@ pub(super) fn yield_cpu(vm: &Vm, me: usize, id: usize) -> Next {
     if !vm.overcommitted {
         return Next::Enter;
     }
-    let mut s = vm.sched.lock();
     // Directed only with our extensions on; Credit2's own yield is undirected.
-    let target = s.config().extensions().then(|| preempted_sibling(vm, &s, id)).flatten().map(|(k, _)| vm.gid(k));
-    match s.yield_to(now_ns(), me, target) {
+    let target = vm.extensions.then(|| preempted_sibling(vm, id)).flatten().map(|(k, _)| vm.gid(k));
+    match vm.sched.lock().yield_to(now_ns(), me, target) {
         Ok(()) => Next::Schedule,
         Err(_) => Next::Enter,
     }

@@ -27,7 +27,7 @@ mod psci;
 mod report;
 mod run;
 
-use self::exit::spin_watch_locked;
+use self::exit::spin_watch;
 use self::irq::{console_input, handle_irqs};
 use self::report::dump_if_outlier;
 use self::run::run_vcpu;
@@ -110,6 +110,28 @@ fn enable_irqs(vm: &Vm, me: usize) {
     }
 }
 
+/// `VcpuShared::preempted` after a `schedule()` decided `d` and picked
+/// `next`; `last` ran here before it, so it is the vCPU any switch-out is
+/// about. Called under the scheduler's lock, so that the stores follow the
+/// decisions' order.
+#[inline(always)]
+fn publish_preempted(
+    d: Option<&crate::sched::Decision>,
+    last: Option<(&'static Vm, usize)>,
+    next: Option<(&'static Vm, usize)>,
+) {
+    use crate::sched::SwitchReason;
+    if let (Some((g, SwitchReason::SliceEnd | SwitchReason::WakePreempt, _)), Some((lvm, k))) =
+        (d.and_then(|d| d.switch.out), last)
+    {
+        debug_assert_eq!(g, lvm.gid(k), "the vCPU switched out is the one that ran here");
+        lvm.shared[k].preempted.store(true, Ordering::Relaxed);
+    }
+    if let Some((gvm, k)) = next {
+        gvm.shared[k].preempted.store(false, Ordering::Relaxed);
+    }
+}
+
 /// The pCPU's life: pick a vCPU of any VM from the host-wide scheduler,
 /// switch to its VM's stage 2 when it is another VM's, run it until it
 /// blocks, yields or is preempted, repeat; idle in WFI when there is nothing
@@ -129,14 +151,15 @@ pub fn pcpu_loop(me: usize) -> ! {
     loop {
         pcpu(me).resched.store(false, Ordering::Relaxed);
         let now = now_ns();
-        let (d, next, watch) = {
+        let (d, next) = {
             let mut s = vm.sched.lock();
             let d = s.schedule(now, me);
             let next = d.as_ref().ok().and_then(|d| d.next).and_then(vcpu_of);
-            // Its spin watch (`run_vcpu`) under the same lock.
-            let watch = next.and_then(|(g, v)| spin_watch_locked(g, &s, v));
-            (d, next, watch)
+            publish_preempted(d.as_ref().ok(), last, next);
+            (d, next)
         };
+        // Its spin watch (`run_vcpu`), from the flags just published.
+        let watch = next.and_then(|(g, v)| spin_watch(g, v));
         let d = match d {
             Ok(d) => d,
             Err(e) => {
