@@ -12,7 +12,11 @@
 //! - the work done under the lock per call, as *thread CPU time*
 //!   (`CLOCK_THREAD_CPUTIME_ID`) from inside the critical section to its
 //!   end: what the holder spent, not how long the host's own scheduler
-//!   kept it off a core (2 host cores run 192 threads here);
+//!   kept it off a core (2 host cores run 192 threads here); calls during
+//!   which the thread was switched out are left out and counted;
+//! - the records the scheduler's loops visited per call
+//!   (`Scheduler::ops`), counted, so nothing on the host moves them; the
+//!   calls that reset their runqueue's credit (and so may balance) apart;
 //! - the wait for the lock, in wall time, which the host's scheduling
 //!   does distort, reported for what it is.
 //!
@@ -62,8 +66,12 @@ pub struct ScaleResult {
     pub work_ns: Vec<u64>,
     /// Wait for the lock (wall time), sorted, ns.
     pub wait_ns: Vec<u64>,
-    /// Records the scheduler visited per call (`Scheduler::ops`), sorted.
+    /// Records the scheduler visited per call (`Scheduler::ops`), sorted,
+    /// for the calls that ended no credit epoch.
     pub ops: Vec<u64>,
+    /// The same for the calls whose `schedule()` reset its runqueue's
+    /// credit, which is when Credit2 balances between runqueues.
+    pub reset_ops: Vec<u64>,
 }
 
 fn pct(sorted: &[u64], num: usize, den: usize) -> u64 {
@@ -83,6 +91,9 @@ impl ScaleResult {
     }
     pub fn ops(&self, num: usize, den: usize) -> u64 {
         pct(&self.ops, num, den)
+    }
+    pub fn reset_ops(&self, num: usize, den: usize) -> u64 {
+        pct(&self.reset_ops, num, den)
     }
 }
 
@@ -109,7 +120,8 @@ pub fn stress(pcpus: usize, run: Duration) -> Result<ScaleResult> {
     for p in 0..pcpus {
         let (sched, stop) = (sched.clone(), stop.clone());
         threads.push(std::thread::spawn(move || {
-            let (mut work, mut wait, mut ops, mut switched) = (Vec::new(), Vec::new(), Vec::new(), 0u64);
+            let (mut work, mut wait, mut switched) = (Vec::new(), Vec::new(), 0u64);
+            let (mut ops, mut reset_ops) = (Vec::new(), Vec::new());
             let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ (p as u64 + 1);
             let mut next = || {
                 rng ^= rng << 13;
@@ -125,6 +137,8 @@ pub fn stress(pcpus: usize, run: Duration) -> Result<ScaleResult> {
                 let c0 = thread_switches();
                 let t0 = thread_cpu_ns();
                 let o0 = g.ops();
+                let rq = g.runqueue_of(p).unwrap_or(0);
+                let r0 = g.runqueue_resets(rq);
                 let now = start.elapsed().as_nanos() as u64;
                 // The I/O vCPU running here blocks half the time; a random
                 // vCPU's device completes a quarter of the time.
@@ -138,6 +152,7 @@ pub fn stress(pcpus: usize, run: Duration) -> Result<ScaleResult> {
                 }
                 let _ = g.schedule(now, p);
                 let o1 = g.ops();
+                let reset = g.runqueue_resets(rq) != r0;
                 let t1 = thread_cpu_ns();
                 let c1 = thread_switches();
                 drop(g);
@@ -147,26 +162,32 @@ pub fn stress(pcpus: usize, run: Duration) -> Result<ScaleResult> {
                     switched += 1;
                 }
                 wait.push(got.duration_since(asked).as_nanos() as u64);
-                ops.push(o1 - o0);
+                if reset {
+                    reset_ops.push(o1 - o0);
+                } else {
+                    ops.push(o1 - o0);
+                }
                 std::thread::yield_now();
             }
-            (work, wait, ops, switched)
+            (work, wait, (ops, reset_ops), switched)
         }));
     }
     std::thread::sleep(run);
     stop.store(true, Ordering::Relaxed);
     let mut res = ScaleResult { pcpus, runqueues, ..Default::default() };
     for t in threads {
-        let (w, q, o, n) = t.join().map_err(|_| anyhow!("a stress thread panicked"))?;
+        let (w, q, (o, ro), n) = t.join().map_err(|_| anyhow!("a stress thread panicked"))?;
         res.work_ns.extend(w);
         res.wait_ns.extend(q);
         res.ops.extend(o);
+        res.reset_ops.extend(ro);
         res.switched += n;
     }
     res.calls = res.wait_ns.len() as u64;
     res.work_ns.sort_unstable();
     res.wait_ns.sort_unstable();
     res.ops.sort_unstable();
+    res.reset_ops.sort_unstable();
     Ok(res)
 }
 
@@ -202,25 +223,28 @@ pub fn report(results: &[ScaleResult]) -> String {
     }
     let _ = writeln!(
         out,
-        "\nRecords the scheduler visited per call (`Scheduler::ops`: queued and member vCPUs, pCPUs, runqueues, domains walked by its loops), counted, so neither the host's scheduling nor its caches move them. No growth beyond one runqueue means the same maximum at every pCPU count, up to the balancing pass that looks at each runqueue once.\n"
+        "\nRecords the scheduler visited per call (`Scheduler::ops`: queued and member vCPUs, pCPUs, runqueues, domains walked by its loops), counted, so neither the host's scheduling nor its caches move them. No growth beyond one runqueue means the same maximum at every pCPU count. The calls that ended a credit epoch are apart: after a reset Credit2 balances (`balance_load`), which looks at every runqueue's load once and, when two differ enough, at each pair of their members.\n"
     );
     let _ = writeln!(
         out,
-        "| pCPUs | runqueues | ops p50 | ops p99 | ops max | max vs {} pCPUs |",
+        "| pCPUs | runqueues | ops p50 | ops p99 | ops max | max vs {} pCPUs | calls with a reset | their ops p50 | their ops max |",
         results.first().map_or(0, |r| r.pcpus)
     );
-    let _ = writeln!(out, "|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(out, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let base = results.first().map_or(1, |r| r.ops(1, 1).max(1));
     for r in results {
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {:.2}× |",
+            "| {} | {} | {} | {} | {} | {:.2}× | {} | {} | {} |",
             r.pcpus,
             r.runqueues,
             r.ops(50, 100),
             r.ops(99, 100),
             r.ops(1, 1),
-            r.ops(1, 1) as f64 / base as f64
+            r.ops(1, 1) as f64 / base as f64,
+            r.reset_ops.len(),
+            r.reset_ops(50, 100),
+            r.reset_ops(1, 1)
         );
     }
     out
