@@ -170,8 +170,11 @@ pub(super) fn spin_watch(vm: &Vm, id: usize) -> Option<spin::Watch> {
 /// and whether it did.
 pub(super) fn preempted_sibling(vm: &Vm, id: usize) -> Option<(usize, bool)> {
     let mut found = None;
-    for k in (0..vm.shared.len()).filter(|&k| k != id && vm.shared[k].preempted.load(Ordering::Relaxed)) {
-        if vm.shared[k].left_masked.load(Ordering::Relaxed) {
+    for (k, sh) in vm.shared.iter().enumerate() {
+        if k == id || !sh.preempted.load(Ordering::Relaxed) {
+            continue;
+        }
+        if sh.left_masked.load(Ordering::Relaxed) {
             return Some((k, true));
         }
         found.get_or_insert((k, false));

@@ -116,14 +116,12 @@ fn enable_irqs(vm: &Vm, me: usize) {
 /// decisions' order.
 #[inline(always)]
 fn publish_preempted(
-    d: Option<&crate::sched::Decision>,
+    d: &crate::sched::Decision,
     last: Option<(&'static Vm, usize)>,
     next: Option<(&'static Vm, usize)>,
 ) {
     use crate::sched::SwitchReason;
-    if let (Some((g, SwitchReason::SliceEnd | SwitchReason::WakePreempt, _)), Some((lvm, k))) =
-        (d.and_then(|d| d.switch.out), last)
-    {
+    if let (Some((g, SwitchReason::SliceEnd | SwitchReason::WakePreempt, _)), Some((lvm, k))) = (d.switch.out, last) {
         debug_assert_eq!(g, lvm.gid(k), "the vCPU switched out is the one that ran here");
         lvm.shared[k].preempted.store(true, Ordering::Relaxed);
     }
@@ -153,20 +151,16 @@ pub fn pcpu_loop(me: usize) -> ! {
         let now = now_ns();
         let (d, next) = {
             let mut s = vm.sched.lock();
-            let d = s.schedule(now, me);
-            let next = d.as_ref().ok().and_then(|d| d.next).and_then(vcpu_of);
-            publish_preempted(d.as_ref().ok(), last, next);
+            let d = s.schedule(now, me).unwrap_or_else(|e| {
+                warn!("pCPU{me}: scheduler: {e}");
+                Default::default()
+            });
+            let next = d.next.and_then(vcpu_of);
+            publish_preempted(&d, last, next);
             (d, next)
         };
         // Its spin watch (`run_vcpu`), from the flags just published.
         let watch = next.and_then(|(g, v)| spin_watch(g, v));
-        let d = match d {
-            Ok(d) => d,
-            Err(e) => {
-                warn!("pCPU{me}: scheduler: {e}");
-                Default::default()
-            }
-        };
         // First, as another pCPU may be waiting to load that vCPU.
         if let Some((lvm, lid)) = last.take() {
             if !next.is_some_and(|(g, v)| core::ptr::eq(g, lvm) && v == lid) {
