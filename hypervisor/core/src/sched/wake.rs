@@ -328,13 +328,8 @@ impl Scheduler {
         if self.pcpus[0].tickled {
             return WakeAction::None;
         }
-        let rl = self.cfg.ratelimit_ns;
-        if self.cfg.wake_mode == WakeMode::XenCompat
-            && rl > RATELIMIT_TOLERANCE_NS
-            && now.saturating_sub(self.pcpus[0].entry) <= rl - RATELIMIT_TOLERANCE_NS
-        {
-            self.vcpus[s].stats.counters.ratelimit_deferrals += 1;
-            self.last_deferral = Some((Deferral::Ratelimit, self.pcpus[0].entry.saturating_add(rl)));
+        if self.cfg.wake_mode == WakeMode::XenCompat && self.in_ratelimit_window(now, 0) {
+            self.note_ratelimit_deferral(s, 0);
             return WakeAction::None;
         }
         self.burn(r, now);
@@ -366,6 +361,24 @@ impl Scheduler {
         };
         self.mark_tickled(p, s);
         Some(p)
+    }
+
+    /// Whether `p`'s runner is still inside its ratelimit window less the
+    /// tolerance: not preemptible by a tickle (Credit2's `is_preemptable`
+    /// negated).
+    #[inline(always)]
+    fn in_ratelimit_window(&self, now: u64, p: usize) -> bool {
+        let rl = self.cfg.ratelimit_ns;
+        rl > RATELIMIT_TOLERANCE_NS && now.saturating_sub(self.pcpus[p].entry) <= rl - RATELIMIT_TOLERANCE_NS
+    }
+
+    /// A wake of `s` that `p`'s ratelimit window holds off: counted, and
+    /// recorded until the window's end ([`Scheduler::wake_deferral`]).
+    #[inline(always)]
+    fn note_ratelimit_deferral(&mut self, s: usize, p: usize) {
+        self.vcpus[s].stats.counters.ratelimit_deferrals += 1;
+        let end = self.pcpus[p].entry.saturating_add(self.cfg.ratelimit_ns);
+        self.last_deferral = Some((Deferral::Ratelimit, end));
     }
 
     #[inline]
@@ -405,8 +418,7 @@ impl Scheduler {
     /// deferral. `skip`: a pCPU not to consider.
     #[inline]
     fn best_busy(&mut self, now: u64, s: usize, window: bool, skip: Option<usize>) -> Option<(usize, i64)> {
-        let (rl, resist) = (self.cfg.ratelimit_ns, self.cfg.migrate_resist_ns as i64);
-        let preemptible_after = rl.saturating_sub(RATELIMIT_TOLERANCE_NS);
+        let resist = self.cfg.migrate_resist_ns as i64;
         let home = self.vcpus[s].home;
         let mut best: Option<(usize, i64)> = None;
         let mut held_off = None;
@@ -418,7 +430,7 @@ impl Scheduler {
             if self.pcpus[p].tickled || !self.vcpus[s].allowed_on(p) || skip == Some(p) {
                 continue;
             }
-            if window && rl > RATELIMIT_TOLERANCE_NS && now.saturating_sub(self.pcpus[p].entry) <= preemptible_after {
+            if window && self.in_ratelimit_window(now, p) {
                 if p == home || held_off.is_none() {
                     held_off = Some(p);
                 }
@@ -439,8 +451,7 @@ impl Scheduler {
             }
         }
         if let (Some(p), true, None) = (held_off, best.is_none_or(|(_, l)| l <= 0), skip) {
-            self.vcpus[s].stats.counters.ratelimit_deferrals += 1;
-            self.last_deferral = Some((Deferral::Ratelimit, self.pcpus[p].entry.saturating_add(rl)));
+            self.note_ratelimit_deferral(s, p);
         }
         best
     }
