@@ -7,7 +7,9 @@
 //! [`run_mix`] is a second simulator beside [`super::sim`]'s two-vCPU
 //! engine: any number of hogs and I/O vCPUs (random service times from a
 //! fixed seed) on any number of pCPUs, context switches free, `schedule()`
-//! called exactly when the scheduler asks. [`checks`] runs every case and
+//! called exactly when the scheduler asks, domain parameters changed at
+//! given times. [`run_fleet`] is its hogs-only form, with each domain's run
+//! time per accounting period (the fairness of weights and caps). [`checks`] runs every case and
 //! says what it measured against what Xen gives; `cargo xtask sim
 //! conformance` prints them and a host test requires them all.
 
@@ -15,7 +17,7 @@ use alloc::string::String;
 use alloc::vec;
 use alloc::vec::Vec;
 
-use super::sim::{self, quantile, FleetParams, FleetVcpu};
+use super::sim::{self, quantile};
 use super::{DomainId, DomainParams, SchedConfig, SchedError, Scheduler, VcpuId, WakeAction, WakeCause};
 
 /// What a vCPU of [`MixParams`] does.
@@ -45,6 +47,11 @@ pub struct MixParams {
     pub duration_ns: u64,
     /// Seed of the service times.
     pub seed: u64,
+    /// Length of the accounting periods of [`MixResult::domain_periods`]
+    /// (0: none kept).
+    pub period_ns: u64,
+    /// `set_domain_params` at these times (every pCPU reschedules then).
+    pub changes: Vec<(u64, DomainId, DomainParams)>,
 }
 
 /// What a mixed run measured.
@@ -59,6 +66,9 @@ pub struct MixResult {
     pub wake_to_run_ns: Vec<Vec<u64>>,
     /// Switches from one vCPU to another, over all pCPUs.
     pub switches: u64,
+    /// Run time of each domain (in `MixParams::domains` order) in each
+    /// accounting period, ns (empty without `period_ns`).
+    pub domain_periods: Vec<Vec<u64>>,
 }
 
 impl MixResult {
@@ -82,11 +92,12 @@ fn next_rand(state: &mut u64) -> u64 {
     state.wrapping_mul(0x2545_f491_4f6c_dd1d)
 }
 
-/// The earliest event of [`run_mix`]: (time, kind, vCPU or pCPU index),
-/// kinds in the order they go first on ties: 0 a device completion (of
-/// that vCPU's request), 1 a request's CPU part ending (on that pCPU),
-/// 2 a reschedule, 3 a timer.
+/// The earliest event of [`run_mix`]: (time, kind, index), kinds in the
+/// order they go first on ties: 0 a change of domain parameters (the
+/// change's index), 1 a device completion (of that vCPU's request), 2 a
+/// request's CPU part ending (on that pCPU), 3 a reschedule, 4 a timer.
 fn earliest(
+    change: Option<(usize, u64)>,
     device: &[Option<u64>],
     on: &[Option<(usize, u64)>],
     left: &[u64],
@@ -99,22 +110,25 @@ fn earliest(
             best = Some((t, kind, i));
         }
     };
+    if let Some((i, t)) = change {
+        offer(t, 0, i);
+    }
     for (i, d) in device.iter().enumerate() {
         if let Some(t) = d {
-            offer(*t, 0, i);
+            offer(*t, 1, i);
         }
     }
     for pc in 0..on.len() {
         if let Some((i, since)) = on[pc] {
             if left[i] != u64::MAX {
-                offer(since.saturating_add(left[i]), 1, pc);
+                offer(since.saturating_add(left[i]), 2, pc);
             }
         }
         if let Some(t) = resched[pc] {
-            offer(t, 2, pc);
+            offer(t, 3, pc);
         }
         if let Some(t) = timer[pc] {
-            offer(t, 3, pc);
+            offer(t, 4, pc);
         }
     }
     best
@@ -123,20 +137,21 @@ fn earliest(
 /// Run a mix of hogs and I/O vCPUs.
 pub fn run_mix(p: &MixParams) -> Result<MixResult, SchedError> {
     let n = p.vcpus.len();
-    let mut s = Scheduler::new(p.cfg, p.nr_pcpus)?;
-    for &(d, params) in &p.domains {
-        s.add_domain(d, params)?;
-    }
-    for v in &p.vcpus {
-        s.add_vcpu(v.id, v.dom, v.affinity)?;
-    }
+    let mut s = mix_scheduler(p)?;
+    let nr_periods = if p.period_ns == 0 { 0 } else { p.duration_ns.div_ceil(p.period_ns) as usize };
     let mut res = MixResult {
         duration_ns: p.duration_ns,
         run_ns: vec![0; n],
         completions: vec![0; n],
         wake_to_run_ns: vec![Vec::new(); n],
         switches: 0,
+        domain_periods: vec![vec![0; nr_periods]; p.domains.len()],
     };
+    // Each vCPU's domain, by index in `p.domains`.
+    let dom_of: Vec<Option<usize>> = p.vcpus.iter().map(|v| p.domains.iter().position(|d| d.0 == v.dom)).collect();
+    let mut changes = p.changes.clone();
+    changes.sort_by_key(|c| c.0);
+    let mut next_change = 0;
     let mut rng = p.seed | 1;
     let ix = |id: VcpuId| p.vcpus.iter().position(|v| v.id == id);
     // Per pCPU: (vCPU index, since); its timer; a reschedule due.
@@ -165,16 +180,17 @@ pub fn run_mix(p: &MixParams) -> Result<MixResult, SchedError> {
     }
     let mut steps = 0u64;
     loop {
-        let best = earliest(&device, &on, &left, &resched, &timer);
+        let change = changes.get(next_change).map(|c| (next_change, c.0));
+        let best = earliest(change, &device, &on, &left, &resched, &timer);
         let Some((now, kind, i)) = best else { break };
         steps += 1;
-        if now > p.duration_ns || steps > 50_000_000 {
+        if now > p.duration_ns || steps > 100_000_000 {
             break;
         }
         // Charge the running vCPUs' progress up to now.
         for o in on.iter_mut().flatten() {
             let d = now - o.1;
-            res.run_ns[o.0] += d;
+            charge_run(&mut res, p.period_ns, o.0, dom_of[o.0], o.1, now);
             if left[o.0] != u64::MAX {
                 left[o.0] -= d.min(left[o.0]);
             }
@@ -182,6 +198,13 @@ pub fn run_mix(p: &MixParams) -> Result<MixResult, SchedError> {
         }
         let pc = match kind {
             0 => {
+                let (_, d, params) = changes[i];
+                next_change += 1;
+                s.set_domain_params(now, d, params)?;
+                resched.iter_mut().for_each(|r| *r = Some(now));
+                continue;
+            }
+            1 => {
                 device[i] = None;
                 res.completions[i] += 1;
                 woken[i] = Some(now);
@@ -192,7 +215,7 @@ pub fn run_mix(p: &MixParams) -> Result<MixResult, SchedError> {
                 apply(a, now, &mut resched, &mut timer);
                 continue;
             }
-            1 => {
+            2 => {
                 let v = on[i].map_or(0, |o| o.0);
                 if let Load::Io { service_ns: (lo, hi), .. } = p.vcpus[v].load {
                     let span = hi.saturating_sub(lo).saturating_add(1);
@@ -201,7 +224,7 @@ pub fn run_mix(p: &MixParams) -> Result<MixResult, SchedError> {
                 s.block(now, i)?;
                 i
             }
-            2 => {
+            3 => {
                 resched[i] = None;
                 i
             }
@@ -218,18 +241,128 @@ pub fn run_mix(p: &MixParams) -> Result<MixResult, SchedError> {
         let next = d.next.and_then(ix);
         if on[pc].map(|o| o.0) != next {
             res.switches += u64::from(on[pc].is_some() && next.is_some());
-            if let Some(v) = next {
-                if let Some(w) = woken[v].take() {
-                    res.wake_to_run_ns[v].push(now - w);
-                }
+            if let Some((v, w)) = next.and_then(|v| woken[v].take().map(|w| (v, w))) {
+                res.wake_to_run_ns[v].push(now - w);
             }
             on[pc] = next.map(|v| (v, now));
         }
+    }
+    for &(v, since) in on.iter().flatten() {
+        charge_run(&mut res, p.period_ns, v, dom_of[v], since, p.duration_ns);
     }
     for w in &mut res.wake_to_run_ns {
         w.sort_unstable();
     }
     Ok(res)
+}
+
+/// The scheduler of a mix: its domains and vCPUs added, none on yet.
+fn mix_scheduler(p: &MixParams) -> Result<Scheduler, SchedError> {
+    let mut s = Scheduler::new(p.cfg, p.nr_pcpus)?;
+    for &(d, params) in &p.domains {
+        s.add_domain(d, params)?;
+    }
+    for v in &p.vcpus {
+        s.add_vcpu(v.id, v.dom, v.affinity)?;
+    }
+    Ok(s)
+}
+
+/// Charges vCPU `v`'s run `[from, to)` to it and, period by period
+/// (`period` ns; 0: none kept), to its domain `dom`.
+fn charge_run(res: &mut MixResult, period: u64, v: usize, dom: Option<usize>, from: u64, to: u64) {
+    res.run_ns[v] += to.saturating_sub(from);
+    let Some(periods) = dom.and_then(|d| res.domain_periods.get_mut(d)) else { return };
+    if period == 0 {
+        return;
+    }
+    let mut t = from;
+    while t < to {
+        let k = (t / period) as usize;
+        let end = ((k as u64 + 1) * period).min(to);
+        if let Some(slot) = periods.get_mut(k) {
+            *slot += end - t;
+        }
+        t = end;
+    }
+}
+
+/// One always-runnable vCPU of [`FleetParams`].
+#[derive(Clone, Copy, Debug)]
+pub struct FleetVcpu {
+    pub id: VcpuId,
+    pub dom: DomainId,
+    pub affinity: Option<usize>,
+}
+
+/// CPU hogs in domains on `nr_pcpus` pCPUs, `schedule()` called exactly
+/// when the scheduler asks (timers, kicks), context switches free.
+#[derive(Clone, Debug)]
+pub struct FleetParams {
+    pub cfg: SchedConfig,
+    pub nr_pcpus: usize,
+    pub domains: Vec<(DomainId, DomainParams)>,
+    pub vcpus: Vec<FleetVcpu>,
+    pub duration_ns: u64,
+    /// Length of the accounting periods of [`FleetResult::domain_periods`].
+    pub period_ns: u64,
+    /// `set_domain_params` at these times (every pCPU reschedules then).
+    pub changes: Vec<(u64, DomainId, DomainParams)>,
+}
+
+/// What a fleet run measured, from the scheduler's decisions.
+#[derive(Clone, Debug, Default)]
+pub struct FleetResult {
+    pub duration_ns: u64,
+    /// Run time of each vCPU, in `FleetParams::vcpus` order, ns.
+    pub vcpu_ns: Vec<u64>,
+    /// Run time of each domain (in `FleetParams::domains` order) in each period, ns.
+    pub domain_periods: Vec<Vec<u64>>,
+    /// Context switches from one vCPU to another, over all pCPUs.
+    pub switches: u64,
+}
+
+impl FleetResult {
+    /// Context switches per second of the run.
+    pub fn switches_per_s(&self) -> f64 {
+        if self.duration_ns == 0 {
+            return 0.0;
+        }
+        self.switches as f64 * 1e9 / self.duration_ns as f64
+    }
+
+    /// vCPU `i`'s share of one pCPU over the whole run.
+    pub fn share(&self, i: usize) -> f64 {
+        if self.duration_ns == 0 {
+            return 0.0;
+        }
+        self.vcpu_ns.get(i).map_or(0.0, |&n| n as f64 / self.duration_ns as f64)
+    }
+}
+
+/// Run a fleet of hogs: [`run_mix`] with hogs only.
+pub fn run_fleet(p: &FleetParams) -> Result<FleetResult, SchedError> {
+    let mix = MixParams {
+        cfg: p.cfg,
+        nr_pcpus: p.nr_pcpus,
+        domains: p.domains.clone(),
+        vcpus: p
+            .vcpus
+            .iter()
+            .map(|v| MixVcpu { id: v.id, dom: v.dom, affinity: v.affinity, load: Load::Hog })
+            .collect(),
+        duration_ns: p.duration_ns,
+        seed: 1,
+        period_ns: p.period_ns.max(1),
+        changes: p.changes.clone(),
+    };
+    let r = run_mix(&mix)?;
+    Ok(FleetResult {
+        duration_ns: r.duration_ns,
+        vcpu_ns: r.run_ns,
+        domain_periods: r.domain_periods,
+        switches: r.switches,
+    })
 }
 
 /// One conformance check: what was measured, and the range Xen's
@@ -261,7 +394,7 @@ fn modes() -> [(&'static str, SchedConfig); 2] {
     [("xen-compat", SchedConfig::xen_compat(1000)), ("wake-preempt", SchedConfig::default())]
 }
 
-fn hogs(cfg: SchedConfig, nr_pcpus: usize, weights: &[u32], secs: u64) -> Result<sim::FleetResult, SchedError> {
+fn hogs(cfg: SchedConfig, nr_pcpus: usize, weights: &[u32], secs: u64) -> Result<FleetResult, SchedError> {
     let p = FleetParams {
         cfg,
         nr_pcpus,
@@ -277,7 +410,7 @@ fn hogs(cfg: SchedConfig, nr_pcpus: usize, weights: &[u32], secs: u64) -> Result
         period_ns: 10 * MS,
         changes: Vec::new(),
     };
-    sim::run_fleet(&p)
+    run_fleet(&p)
 }
 
 /// Two hogs and an I/O vCPU (20 µs of CPU per request, 1–5 ms service)
@@ -292,6 +425,8 @@ fn hogs_and_io(cfg: SchedConfig) -> Result<MixResult, SchedError> {
         vcpus: vec![v(1, Load::Hog), v(2, Load::Hog), v(3, Load::Io { submit_ns: 20 * US, service_ns: (MS, 5 * MS) })],
         duration_ns: 10_000 * MS,
         seed: 24,
+        period_ns: 0,
+        changes: Vec::new(),
     })
 }
 
@@ -314,6 +449,8 @@ fn smp_wake(cfg: SchedConfig) -> Result<MixResult, SchedError> {
         ],
         duration_ns: 10_000 * MS,
         seed: 7,
+        period_ns: 0,
+        changes: Vec::new(),
     })
 }
 

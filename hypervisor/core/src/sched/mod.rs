@@ -24,8 +24,9 @@
 //! - `lifecycle`: adding domains and vCPUs, power on/off, block, yield.
 //! - `spin`: spin detection by PC sampling where WFE does not trap.
 //! - `sim`: a discrete-event simulator that drives the real scheduler.
-//! - `conformance`: a simulator of any mix of hogs and I/O vCPUs, and the
-//!   cases that check Credit2's figures on it.
+//! - `conformance`: a simulator of any mix of hogs and I/O vCPUs (and of
+//!   hogs alone in weighted or capped domains), and the cases that check
+//!   Credit2's figures on it.
 //!
 //! The policy files depend on each other in one direction only: `credit`
 //! and `cap` use no other, `runq` uses both, `wake` uses those three,
