@@ -18,7 +18,7 @@
 
 use anyhow::{anyhow, Context};
 use hypervisor::sched::sim::{self, Scenario, SimParams, SimResult, Topology};
-use hypervisor::sched::{conformance, CritEvidence, DomainParams, SchedConfig, VcpuId, CAP_PERIOD_NS};
+use hypervisor::sched::{conformance, CritEvidence, DomainParams, SchedConfig, CAP_PERIOD_NS};
 use std::fmt::Write as _;
 use xtask::cli::SimWakeupArgs as Opts;
 
@@ -230,7 +230,7 @@ fn write_json(path: &std::path::Path, cases: &[Case]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// CPU hogs in domains on 2 pCPUs (`sched::conformance::run_fleet`): each domain's
+/// CPU hogs in domains on 2 pCPUs (`sched::conformance::run_mix`, a hog per domain): each domain's
 /// share of a pCPU, and the capped one's least/most in a 10 ms period.
 fn domains(o: &Opts, cfg: SchedConfig) -> anyhow::Result<()> {
     println!();
@@ -244,21 +244,12 @@ fn domains(o: &Opts, cfg: SchedConfig) -> anyhow::Result<()> {
         ("d1 capped 25%, two hogs", &[(256, Some(25)), (256, None), (256, None)]),
     ];
     for (name, doms) in cases {
-        let p = conformance::FleetParams {
-            cfg,
-            nr_pcpus: 2,
-            domains: (1..)
-                .zip(doms.iter())
-                .map(|(d, &(weight, cap_percent))| (d, DomainParams { weight, cap_percent }))
-                .collect(),
-            vcpus: (1..=doms.len() as u16)
-                .map(|d| conformance::FleetVcpu { id: VcpuId(u32::from(d)), dom: d, affinity: None })
-                .collect(),
-            duration_ns: o.seconds * 1_000_000_000,
-            period_ns: CAP_PERIOD_NS,
-            changes: Vec::new(),
-        };
-        let r = conformance::run_fleet(&p).map_err(|e| anyhow!("{e}"))?;
+        let domains = (1..)
+            .zip(doms.iter())
+            .map(|(d, &(weight, cap_percent))| (d, DomainParams { weight, cap_percent }))
+            .collect();
+        let p = conformance::MixParams::hog_per_domain(cfg, 2, domains, o.seconds * 1_000_000_000, CAP_PERIOD_NS);
+        let r = conformance::run_mix(&p).map_err(|e| anyhow!("{e}"))?;
         let mut line: String = (0..doms.len()).map(|i| format!(" d{}={:.3}", i + 1, r.share(i))).collect();
         if doms[0].1.is_some() {
             let per = &r.domain_periods[0];

@@ -8,8 +8,9 @@
 //! engine: any number of hogs and I/O vCPUs (random service times from a
 //! fixed seed) on any number of pCPUs, context switches free, `schedule()`
 //! called exactly when the scheduler asks, domain parameters changed at
-//! given times. [`run_fleet`] is its hogs-only form, with each domain's run
-//! time per accounting period (the fairness of weights and caps). [`checks`] runs every case and
+//! given times, each domain's run time per accounting period kept
+//! ([`MixParams::hog_per_domain`]: the fairness of weights and caps).
+//! [`checks`] runs every case and
 //! says what it measured against what Xen gives; `cargo xtask sim
 //! conformance` prints them and a host test requires them all.
 
@@ -77,6 +78,10 @@ impl MixResult {
     }
     pub fn share(&self, i: usize) -> f64 {
         self.run_ns.get(i).map_or(0.0, |&n| n as f64 / self.duration_ns.max(1) as f64)
+    }
+    /// Context switches per second of the run.
+    pub fn switches_per_s(&self) -> f64 {
+        self.switches as f64 * 1e9 / self.duration_ns.max(1) as f64
     }
     /// Nearest-rank quantile `num/den` of vCPU `i`'s wake → run latency.
     pub fn wake_to_run(&self, i: usize, num: u64, den: u64) -> u64 {
@@ -287,82 +292,22 @@ fn charge_run(res: &mut MixResult, period: u64, v: usize, dom: Option<usize>, fr
     }
 }
 
-/// One always-runnable vCPU of [`FleetParams`].
-#[derive(Clone, Copy, Debug)]
-pub struct FleetVcpu {
-    pub id: VcpuId,
-    pub dom: DomainId,
-    pub affinity: Option<usize>,
-}
-
-/// CPU hogs in domains on `nr_pcpus` pCPUs, `schedule()` called exactly
-/// when the scheduler asks (timers, kicks), context switches free.
-#[derive(Clone, Debug)]
-pub struct FleetParams {
-    pub cfg: SchedConfig,
-    pub nr_pcpus: usize,
-    pub domains: Vec<(DomainId, DomainParams)>,
-    pub vcpus: Vec<FleetVcpu>,
-    pub duration_ns: u64,
-    /// Length of the accounting periods of [`FleetResult::domain_periods`].
-    pub period_ns: u64,
-    /// `set_domain_params` at these times (every pCPU reschedules then).
-    pub changes: Vec<(u64, DomainId, DomainParams)>,
-}
-
-/// What a fleet run measured, from the scheduler's decisions.
-#[derive(Clone, Debug, Default)]
-pub struct FleetResult {
-    pub duration_ns: u64,
-    /// Run time of each vCPU, in `FleetParams::vcpus` order, ns.
-    pub vcpu_ns: Vec<u64>,
-    /// Run time of each domain (in `FleetParams::domains` order) in each period, ns.
-    pub domain_periods: Vec<Vec<u64>>,
-    /// Context switches from one vCPU to another, over all pCPUs.
-    pub switches: u64,
-}
-
-impl FleetResult {
-    /// Context switches per second of the run.
-    pub fn switches_per_s(&self) -> f64 {
-        if self.duration_ns == 0 {
-            return 0.0;
-        }
-        self.switches as f64 * 1e9 / self.duration_ns as f64
-    }
-
-    /// vCPU `i`'s share of one pCPU over the whole run.
-    pub fn share(&self, i: usize) -> f64 {
-        if self.duration_ns == 0 {
-            return 0.0;
-        }
-        self.vcpu_ns.get(i).map_or(0.0, |&n| n as f64 / self.duration_ns as f64)
-    }
-}
-
-/// Run a fleet of hogs: [`run_mix`] with hogs only.
-pub fn run_fleet(p: &FleetParams) -> Result<FleetResult, SchedError> {
-    let mix = MixParams {
-        cfg: p.cfg,
-        nr_pcpus: p.nr_pcpus,
-        domains: p.domains.clone(),
-        vcpus: p
-            .vcpus
+impl MixParams {
+    /// A hog per domain (vCPU id = domain id, unpinned): the fairness of
+    /// weights and caps, with each domain's run time per `period_ns`.
+    pub fn hog_per_domain(
+        cfg: SchedConfig,
+        nr_pcpus: usize,
+        domains: Vec<(DomainId, DomainParams)>,
+        duration_ns: u64,
+        period_ns: u64,
+    ) -> Self {
+        let vcpus = domains
             .iter()
-            .map(|v| MixVcpu { id: v.id, dom: v.dom, affinity: v.affinity, load: Load::Hog })
-            .collect(),
-        duration_ns: p.duration_ns,
-        seed: 1,
-        period_ns: p.period_ns.max(1),
-        changes: p.changes.clone(),
-    };
-    let r = run_mix(&mix)?;
-    Ok(FleetResult {
-        duration_ns: r.duration_ns,
-        vcpu_ns: r.run_ns,
-        domain_periods: r.domain_periods,
-        switches: r.switches,
-    })
+            .map(|&(d, _)| MixVcpu { id: VcpuId(u32::from(d)), dom: d, affinity: None, load: Load::Hog })
+            .collect();
+        Self { cfg, nr_pcpus, domains, vcpus, duration_ns, seed: 1, period_ns, changes: Vec::new() }
+    }
 }
 
 /// One conformance check: what was measured, and the range Xen's
@@ -394,23 +339,13 @@ fn modes() -> [(&'static str, SchedConfig); 2] {
     [("xen-compat", SchedConfig::xen_compat(1000)), ("wake-preempt", SchedConfig::default())]
 }
 
-fn hogs(cfg: SchedConfig, nr_pcpus: usize, weights: &[u32], secs: u64) -> Result<FleetResult, SchedError> {
-    let p = FleetParams {
-        cfg,
-        nr_pcpus,
-        domains: weights
-            .iter()
-            .enumerate()
-            .map(|(i, &w)| (i as DomainId + 1, DomainParams { weight: w, cap_percent: None }))
-            .collect(),
-        vcpus: (0..weights.len())
-            .map(|i| FleetVcpu { id: VcpuId(i as u32 + 1), dom: i as DomainId + 1, affinity: None })
-            .collect(),
-        duration_ns: secs * 1_000 * MS,
-        period_ns: 10 * MS,
-        changes: Vec::new(),
-    };
-    run_fleet(&p)
+fn hogs(cfg: SchedConfig, nr_pcpus: usize, weights: &[u32], secs: u64) -> Result<MixResult, SchedError> {
+    let domains = weights
+        .iter()
+        .enumerate()
+        .map(|(i, &w)| (i as DomainId + 1, DomainParams { weight: w, cap_percent: None }))
+        .collect();
+    run_mix(&MixParams::hog_per_domain(cfg, nr_pcpus, domains, secs * 1_000 * MS, 10 * MS))
 }
 
 /// Two hogs and an I/O vCPU (20 µs of CPU per request, 1–5 ms service)

@@ -919,26 +919,16 @@ fn fleet(
     nr_pcpus: usize,
     doms: &[(DomainId, u32, Option<u32>)],
     duration: u64,
-) -> conformance::FleetParams {
-    conformance::FleetParams {
-        cfg,
-        nr_pcpus,
-        domains: doms.iter().map(|&(d, weight, cap_percent)| (d, DomainParams { weight, cap_percent })).collect(),
-        vcpus: doms
-            .iter()
-            .map(|&(d, _, _)| conformance::FleetVcpu { id: v(u32::from(d)), dom: d, affinity: None })
-            .collect(),
-        duration_ns: duration,
-        period_ns: CAP_PERIOD_NS,
-        changes: Vec::new(),
-    }
+) -> conformance::MixParams {
+    let domains = doms.iter().map(|&(d, weight, cap_percent)| (d, DomainParams { weight, cap_percent })).collect();
+    conformance::MixParams::hog_per_domain(cfg, nr_pcpus, domains, duration, CAP_PERIOD_NS)
 }
 
 #[test]
 fn fleet_weights_512_256_256_256_on_two_pcpus() {
     for cfg in [SchedConfig::default(), SchedConfig::xen_compat(1000)] {
         let p = fleet(cfg, 2, &[(1, 512, None), (2, 256, None), (3, 256, None), (4, 256, None)], 3000 * MS);
-        let r = conformance::run_fleet(&p).unwrap();
+        let r = conformance::run_mix(&p).unwrap();
         for (i, want) in [0.80, 0.40, 0.40, 0.40].into_iter().enumerate() {
             assert!((r.share(i) - want).abs() <= 0.05, "{cfg:?}: d{} got {} of a pCPU", i + 1, r.share(i));
         }
@@ -953,7 +943,7 @@ fn fleet_three_equal_hogs_on_two_pcpus() {
     // a model of Xen's algorithm); our mode keeps the interleaving fine.
     for (cfg, tol) in [(SchedConfig::default(), 0.03), (SchedConfig::xen_compat(1000), 0.06)] {
         let p = fleet(cfg, 2, &[(1, 256, None), (2, 256, None), (3, 256, None)], 3000 * MS);
-        let r = conformance::run_fleet(&p).unwrap();
+        let r = conformance::run_mix(&p).unwrap();
         for i in 0..3 {
             assert!((r.share(i) - 2.0 / 3.0).abs() <= tol, "{cfg:?}: d{} got {}", i + 1, r.share(i));
         }
@@ -1004,7 +994,7 @@ fn fleet_cap_25_holds_in_every_period() {
         [(1, &[(1, 256, Some(25)), (2, 256, None)][..]), (2, &[(1, 256, Some(25)), (2, 256, None), (3, 256, None)][..])]
     {
         for cfg in [SchedConfig::default(), SchedConfig::xen_compat(1000), SchedConfig::xen_compat(0)] {
-            let r = conformance::run_fleet(&fleet(cfg, nr, doms, 1000 * MS)).unwrap();
+            let r = conformance::run_mix(&fleet(cfg, nr, doms, 1000 * MS)).unwrap();
             // The first period is the start: with equal credits the hog's
             // first slice is its whole credit, which nothing ends early
             // (Credit2's caps bound a domain, they do not entitle it).
@@ -1101,7 +1091,7 @@ fn weight_change_mid_run_takes_effect() {
     let mut p = fleet(SchedConfig::default(), 1, &[(1, 256, None), (2, 256, None)], 2000 * MS);
     p.changes.push((1000 * MS, 1, DomainParams { weight: 768, cap_percent: None }));
     p.period_ns = 1000 * MS;
-    let r = conformance::run_fleet(&p).unwrap();
+    let r = conformance::run_mix(&p).unwrap();
     let (first, second) = (r.domain_periods[0][0] as f64 / 1e9, r.domain_periods[0][1] as f64 / 1e9);
     assert!((first - 0.5).abs() <= 0.02, "before: {first}");
     assert!((second - 0.75).abs() <= 0.03, "after: {second}");
