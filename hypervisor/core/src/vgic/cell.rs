@@ -41,6 +41,17 @@ impl Deref for VgicRead<'_> {
     }
 }
 
+/// vCPU `id`'s bit among the idle notes; none (0) for vCPUs from 64 on,
+/// which are never noted.
+#[inline(always)]
+fn note_bit(id: usize) -> u64 {
+    if id < 64 {
+        1 << id
+    } else {
+        0
+    }
+}
+
 impl VgicCell {
     pub fn new(vgic: Vgic) -> Self {
         Self { vgic: Mutex::new(vgic), idle: AtomicU64::new(0) }
@@ -61,9 +72,7 @@ impl VgicCell {
     #[inline]
     pub fn lock_private(&self, id: usize) -> MutexGuard<'_, Vgic> {
         let g = self.vgic.lock();
-        if id < 64 {
-            self.idle.store(self.idle.load(Ordering::Relaxed) & !(1 << id), Ordering::Release);
-        }
+        self.idle.store(self.idle.load(Ordering::Relaxed) & !note_bit(id), Ordering::Release);
         g
     }
 
@@ -75,9 +84,9 @@ impl VgicCell {
     pub fn sync(&self, id: usize, lrs: &mut [u64]) -> (Kicks, Vec<HwDeactivation>) {
         let mut g = self.vgic.lock();
         let kicks = g.sync_lrs(id, lrs);
-        let mut drop = if id < 64 { 1u64 << id } else { 0 };
+        let mut drop = note_bit(id);
         for k in kicks.iter().take_while(|&k| k < 64) {
-            drop |= 1 << k;
+            drop |= note_bit(k);
         }
         self.idle.store(self.idle.load(Ordering::Relaxed) & !drop, Ordering::Release);
         let hw = g.take_hw_deactivations();
@@ -101,7 +110,7 @@ impl VgicCell {
     /// entry nothing to flush.
     pub fn send_sgi(&self, from: usize, icc_sgi1r: u64, watch: bool) -> Result<Kicks, VgicError> {
         let mut g = self.vgic.lock();
-        let mine = if from < 64 { 1u64 << from } else { 0 };
+        let mine = note_bit(from);
         // The notes are written under the lock only: no RMW needed.
         self.idle.store(self.idle.load(Ordering::Relaxed) & mine, Ordering::Release);
         let watch_changed = g.watch_active_eoi(from, watch);
@@ -117,7 +126,7 @@ impl VgicCell {
     /// contract for a change that races with this load).
     #[inline(always)]
     pub fn is_idle(&self, id: usize) -> bool {
-        id < 64 && self.idle.load(Ordering::Acquire) & (1 << id) != 0
+        self.idle.load(Ordering::Acquire) & note_bit(id) != 0
     }
 
     /// `Vgic::flush_lrs` for vCPU `id`, noting whether it found nothing.
@@ -126,8 +135,8 @@ impl VgicCell {
     pub fn flush(&self, id: usize, lrs: &mut [u64]) -> FlushResult {
         let mut g = self.vgic.lock();
         let fr = g.flush_lrs(id, lrs);
-        if id < 64 {
-            let bit = 1u64 << id;
+        let bit = note_bit(id);
+        if bit != 0 {
             let was = self.idle.load(Ordering::Relaxed) & bit != 0;
             // Under the lock, so that a change after it clears the note.
             if fr.idle && !was {

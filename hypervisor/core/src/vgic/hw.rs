@@ -80,12 +80,11 @@ impl Vgic {
         if irq.hw.is_none() {
             return Err(VgicError::BadIntid(intid));
         }
-        if level || irq.in_flight() || !(irq.line || irq.latch) {
+        if !irq.hw_resample_ends(level) {
             return Ok(false);
         }
         let irq = self.irq_mut(vcpu, raw).ok_or(VgicError::BadIntid(intid))?;
-        irq.line = false;
-        Ok(core::mem::take(&mut irq.latch))
+        Ok(irq.end_hw_pending())
     }
 
     /// The switch-in of forwarded private interrupt `intid` of `vcpu`, whose
@@ -105,9 +104,8 @@ impl Vgic {
             // In an LR: the hardware's, left alone.
             return irq.pending_view() || irq.active_view();
         }
-        if irq.hw.is_some() && !level && (irq.line || irq.latch) {
-            irq.line = false;
-            irq.latch = false;
+        if irq.hw_resample_ends(level) {
+            irq.end_hw_pending();
             vs.private_live |= 1 << raw;
         }
         // Not in an LR: the model's own state is the guest's view.

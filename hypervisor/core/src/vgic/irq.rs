@@ -79,6 +79,20 @@ impl Irq {
         self.in_lr != NO_VCPU
     }
 
+    /// A forwarded interrupt outside the list registers whose source's
+    /// output is now `level`: whether its pending state ends (the source
+    /// went low while the model still holds a line or a latched edge).
+    pub(super) fn hw_resample_ends(&self, level: bool) -> bool {
+        self.hw.is_some() && !level && !self.in_flight() && (self.line || self.latch)
+    }
+
+    /// Ends it as [`Irq::hw_resample_ends`] said: the line down, the latch
+    /// taken (returned: whether an edge was still latched).
+    pub(super) fn end_hw_pending(&mut self) -> bool {
+        self.line = false;
+        core::mem::take(&mut self.latch)
+    }
+
     /// Nothing can make it a list-register candidate without a change to
     /// it: not pending in any way, not active, not in a list register.
     pub(super) fn idle(&self) -> bool {
