@@ -200,8 +200,14 @@ impl Scheduler {
                 self.vcpus[s].home = p;
             }
         }
-        self.update_max_weight(from);
-        self.update_max_weight(to);
+        // Incremental, as Credit2's `update_max_weight`: the runqueue it
+        // joins takes its weight if heavier; the one it leaves looks at its
+        // members again only if it was the heaviest.
+        let w = self.vcpus[s].weight;
+        self.rqs[to].max_weight = self.rqs[to].max_weight.max(w);
+        if w >= self.rqs[from].max_weight {
+            self.update_max_weight(from);
+        }
     }
 
     /// A vCPU that leaves its pCPU with a move pending moves now.
@@ -227,5 +233,27 @@ mod tests {
         assert_eq!(decay(3 * one, 0, 5, 5), 3 * one);
         assert_eq!(tolerance(UNDERLOAD_TOLERANCE), one);
         assert_eq!(tolerance(OVERLOAD_TOLERANCE), one / 8);
+    }
+
+    #[test]
+    fn moves_keep_each_runqueues_heaviest_weight() {
+        use crate::sched::{DomainParams, RunqueueLayout, SchedConfig, VcpuId};
+        let cfg = SchedConfig { runqueue: RunqueueLayout::PerCpu, ..SchedConfig::default() };
+        let mut s = Scheduler::new(cfg, 2).unwrap();
+        for (d, w) in [(1u16, 512u32), (2, 256), (3, 128)] {
+            s.add_domain(d, DomainParams { weight: w, cap_percent: None }).unwrap();
+            s.add_vcpu(VcpuId(u32::from(d)), d, None).unwrap();
+        }
+        let exact = |s: &Scheduler, rq: usize| s.rqs[rq].members.iter().map(|&m| s.vcpus[m].weight).max().unwrap_or(1);
+        // Every vCPU to runqueue 1 and back to 0, one at a time: the
+        // incremental update agrees with a recount after each move.
+        for to in [1, 0] {
+            for slot in 0..3 {
+                s.move_to_rq(0, slot, to);
+                for rq in 0..2 {
+                    assert_eq!(s.rqs[rq].max_weight, exact(&s, rq), "slot {slot} to rq{to}: rq{rq}");
+                }
+            }
+        }
     }
 }
