@@ -276,12 +276,14 @@ pub struct VcpuShared {
     pub left_masked: AtomicBool,
     /// The scheduler's `is_preempted`, published for readers that do not
     /// take its lock (the spin watch, the yield target): set when a
-    /// `schedule()` takes it off its pCPU at a slice end or a
-    /// wake-preemption, cleared when one switches it in; both stores under
-    /// the scheduler's lock, in the order of the decisions. One case reads
-    /// true where the scheduler would say false: a preempted vCPU parked
-    /// since for lack of its domain's budget; a directed yield to it is
-    /// refused under the lock (`Scheduler::yield_to` checks its target).
+    /// `schedule()` takes it off its pCPU, still runnable, at a slice end
+    /// or a wake-preemption; cleared when one switches it in; both stores
+    /// under the scheduler's lock, in the order of the decisions. A reader
+    /// may act on a value that changed since: a preempted vCPU parked since
+    /// for lack of its domain's budget, or one switched in meanwhile. The
+    /// scheduler's pick checks a directed yield's target again under its
+    /// lock (runnable, unparked, preempted), so a stale hint costs at most
+    /// an undirected yield.
     pub preempted: AtomicBool,
     pub counters: TrapCounters,
 }

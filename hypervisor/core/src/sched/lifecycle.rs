@@ -149,7 +149,8 @@ impl Scheduler {
     }
 
     /// The vCPU running on `pcpu` yields (WFE trap), preferably to `target`
-    /// (directed yield, e.g. a preempted vCPU of the same VM). Call
+    /// (directed yield to a preempted vCPU of the same VM: the pick takes it
+    /// only if it is still runnable, preempted and unparked then). Call
     /// `schedule()` next. The yielder runs again only if nothing else can.
     /// With the extensions off the yield is Credit2's, undirected: the
     /// target is ignored.

@@ -114,10 +114,12 @@ impl Scheduler {
                 return (Some(s), false);
             }
         }
-        // Directed yield: run the target here if it is runnable and may run here.
+        // Directed yield: run the target here if it is still runnable and
+        // preempted (the caller chose it from a lock-free hint) and may run
+        // here.
         if let Some(t) = yield_target {
             let v = &self.vcpus[t];
-            if v.state == RunState::Runnable && !v.parked && v.allowed_on(p) {
+            if v.state == RunState::Runnable && v.preempted && !v.parked && v.allowed_on(p) {
                 if self.ensure_budget(t) {
                     let rq = self.pcpus[p].rq;
                     if self.vcpus[t].rq != rq {

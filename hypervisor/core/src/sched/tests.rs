@@ -616,6 +616,24 @@ fn protected_run_and_grace_defer_to_the_later_end() {
 }
 
 #[test]
+fn a_directed_yield_to_a_vcpu_no_longer_preempted_is_undirected() {
+    // The runtime picks the target from a lock-free hint, which may be stale.
+    let mut s = sched(SchedConfig::default(), 1, &[(0, 256, None), (1, 256, None), (2, 256, None)]);
+    assert_eq!(s.schedule(0, 0).unwrap().next, Some(v(0)));
+    let d = s.schedule(2 * MS, 0).unwrap();
+    assert_eq!(d.preempted, Some(v(0)));
+    let runner = d.next.unwrap();
+    // The other waiter never ran: runnable but not preempted.
+    let other = [v(1), v(2)].into_iter().find(|&x| x != runner).unwrap();
+    assert!(!s.is_preempted(other));
+    s.yield_to(2 * MS + 10 * US, 0, Some(other)).unwrap();
+    let d = s.schedule(2 * MS + 10 * US, 0).unwrap();
+    // Undirected: the richest waiter (the never-run one), no grace-long loan.
+    assert_eq!(d.next, Some(other));
+    assert_ne!(d.timer_at, Some(2 * MS + 10 * US + SchedConfig::default().lhp_grace_ns));
+}
+
+#[test]
 fn directed_yield_runs_the_target() {
     let mut s = sched(
         SchedConfig { lhp_grace_ns: 50 * US, ..SchedConfig::default() },

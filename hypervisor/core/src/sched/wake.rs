@@ -614,7 +614,9 @@ impl Scheduler {
     /// In slot order, each once: one that a tickle parks again stays so.
     pub(super) fn unpark_domain(&mut self, now: u64, d: usize) {
         let mut from = 0;
-        while let Some(&s) = self.domains[d].parked.iter().find(|&&x| x >= from) {
+        loop {
+            let list = &self.domains[d].parked;
+            let Some(&s) = list.get(list.partition_point(|&x| x < from)) else { break };
             self.op(1);
             from = s + 1;
             self.set_parked(s, false);

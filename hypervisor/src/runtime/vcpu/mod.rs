@@ -121,7 +121,11 @@ fn publish_preempted(
     next: Option<(&'static Vm, usize)>,
 ) {
     use crate::sched::SwitchReason;
-    if let (Some((g, SwitchReason::SliceEnd | SwitchReason::WakePreempt, _)), Some((lvm, k))) = (d.switch.out, last) {
+    // `d.preempted` names the vCPU that left still runnable (one parked for
+    // lack of budget is not, though `switch.out` reports a slice end); a
+    // yield is no preemption.
+    let involuntary = matches!(d.switch.out, Some((_, SwitchReason::SliceEnd | SwitchReason::WakePreempt, _)));
+    if let (true, Some(g), Some((lvm, k))) = (involuntary, d.preempted, last) {
         debug_assert_eq!(g, lvm.gid(k), "the vCPU switched out is the one that ran here");
         lvm.shared[k].preempted.store(true, Ordering::Relaxed);
     }
