@@ -113,6 +113,14 @@ impl Scheduler {
         let rq = &mut self.rqs[self.pcpus[home].rq];
         rq.members.push(self.vcpus.len() - 1);
         rq.max_weight = rq.max_weight.max(weight);
+        // Any runqueue may come to hold every vCPU (balancing, directed
+        // yields), so each has room for all of them from now on: queueing
+        // and moving never allocate at run time, under the lock.
+        let n = self.vcpus.len();
+        for rq in &mut self.rqs {
+            rq.members.reserve(n.saturating_sub(rq.members.len()));
+            rq.queue.reserve(n.saturating_sub(rq.queue.len()));
+        }
         Ok(())
     }
 

@@ -616,6 +616,21 @@ fn protected_run_and_grace_defer_to_the_later_end() {
 }
 
 #[test]
+fn every_runqueue_has_room_for_every_vcpu_once_they_are_added() {
+    let cfg = SchedConfig { runqueue: RunqueueLayout::PerCpu, ..SchedConfig::default() };
+    let mut s = Scheduler::new(cfg, 4).unwrap();
+    s.add_domain(1, DomainParams::default()).unwrap();
+    for i in 0..10 {
+        s.add_vcpu(v(i), 1, None).unwrap();
+    }
+    // Queueing or moving a vCPU then never grows a vector at run time.
+    for (i, rq) in s.rqs.iter().enumerate() {
+        assert!(rq.queue.capacity() >= 10 && rq.members.capacity() >= 10, "rq{i}");
+    }
+    assert!(s.domains[0].parked.capacity() >= 10);
+}
+
+#[test]
 fn a_directed_yield_to_a_vcpu_no_longer_preempted_is_undirected() {
     // The runtime picks the target from a lock-free hint, which may be stale.
     let mut s = sched(SchedConfig::default(), 1, &[(0, 256, None), (1, 256, None), (2, 256, None)]);
