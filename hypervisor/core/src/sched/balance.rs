@@ -142,10 +142,10 @@ impl Scheduler {
             consider(None, Some(b), 0, self.vcpus[b].avgload as i64);
         }
         if let Some(a) = push {
-            self.migrate(now, a, o);
+            self.migrate(now, a, o, pcpu);
         }
         if let Some(b) = pull {
-            self.migrate(now, b, l);
+            self.migrate(now, b, l, pcpu);
         }
     }
 
@@ -156,9 +156,11 @@ impl Scheduler {
         v.migrate_to.is_none() && self.rqs[to].pcpus.iter().any(|&p| v.allowed_on(p))
     }
 
-    /// Move `s` to runqueue `to`: now if it is not running (a queued one
-    /// is queued there and tickled), else when it leaves its pCPU.
-    pub(super) fn migrate(&mut self, now: u64, s: usize, to: usize) {
+    /// Move `s` to runqueue `to`: now if it is not running, else when it
+    /// leaves its pCPU. A queued one is queued there and a pCPU other than
+    /// `pcpu` (whose `schedule()` balances) tickled for it, which is owed a
+    /// reschedule IPI ([`Scheduler::take_balance_kicks`]).
+    pub(super) fn migrate(&mut self, now: u64, s: usize, to: usize, pcpu: usize) {
         if matches!(self.vcpus[s].state, RunState::Running(_)) {
             self.vcpus[s].migrate_to = Some(to);
             return;
@@ -170,7 +172,11 @@ impl Scheduler {
         self.move_to_rq(now, s, to);
         if queued {
             self.enqueue(s);
-            let _ = self.tickle_requeued(now, s, usize::MAX);
+            if let Some(p) = self.tickle_requeued(now, s, pcpu) {
+                if let Some(slot) = self.owed_kicks.iter_mut().find(|k| k.is_none()) {
+                    *slot = Some(p);
+                }
+            }
         }
     }
 

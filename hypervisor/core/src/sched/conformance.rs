@@ -240,7 +240,7 @@ pub fn run_mix(p: &MixParams) -> Result<MixResult, SchedError> {
         };
         let d = s.schedule(now, pc)?;
         timer[pc] = d.timer_at;
-        if let Some(k) = d.kick {
+        for k in d.kick.into_iter().chain(s.take_balance_kicks()) {
             resched[k] = Some(now);
         }
         let next = d.next.and_then(ix);

@@ -123,7 +123,9 @@ pub struct Decision {
     pub timer_at: Option<u64>,
     /// The vCPU that was running and was descheduled while still runnable.
     pub preempted: Option<VcpuId>,
-    /// An idle pCPU the caller should send a reschedule IPI so it pulls queued work.
+    /// An idle pCPU the caller should send a reschedule IPI so it pulls
+    /// queued work. A `schedule()` that balanced may owe more (rare: see
+    /// [`Scheduler::take_balance_kicks`]).
     pub kick: Option<usize>,
     /// What changed on the pCPU, for the flight recorder (`crate::trace`).
     pub switch: SwitchInfo,
@@ -398,6 +400,9 @@ pub struct Scheduler {
     /// every wake and schedule asks for replenishments, which need not look
     /// at any domain before then.
     next_repl: u64,
+    /// Tickles of the last `schedule()`'s balancing, owed an IPI
+    /// ([`Scheduler::take_balance_kicks`]).
+    owed_kicks: [Option<usize>; 2],
     /// Records visited so far (see [`Scheduler::ops`]); only with the
     /// `sched-opcount` feature, which the EL2 build leaves off.
     #[cfg(feature = "sched-opcount")]
@@ -431,6 +436,7 @@ impl Scheduler {
             last_deferral: None,
             nr_parked: 0,
             next_repl: u64::MAX,
+            owed_kicks: [None; 2],
             #[cfg(feature = "sched-opcount")]
             ops: core::cell::Cell::new(0),
         })
@@ -499,6 +505,22 @@ impl Scheduler {
         let timer = self.arm_slice(now, pcpu, n, directed);
         let kick = self.requeue(now, pcpu, requeue, delayed);
         Ok(Decision { next: Some(self.vcpus[n].id), timer_at: timer, preempted, kick, switch })
+    }
+
+    /// Whether the last `schedule()` owes reschedule IPIs beyond its
+    /// decision's `kick` (one load: ask after every `schedule()`).
+    #[inline(always)]
+    pub fn owes_balance_kicks(&self) -> bool {
+        self.owed_kicks[0].is_some()
+    }
+
+    /// The pCPUs that the last `schedule()`'s balancing (after a credit
+    /// reset) tickled for a queued vCPU it moved between runqueues, each
+    /// owed a reschedule IPI as a decision's `kick` is: an idle pCPU would
+    /// otherwise sleep on, tickled, while the vCPU waits. At most two (a
+    /// balance moves at most two vCPUs); taking them clears them.
+    pub fn take_balance_kicks(&mut self) -> impl Iterator<Item = usize> {
+        core::mem::take(&mut self.owed_kicks).into_iter().flatten()
     }
 
     /// Counters and histogram of a vCPU.

@@ -377,7 +377,7 @@ impl Engine {
         let d = self.sched.schedule(self.now, pc)?;
         self.resched[pc] = None;
         self.timer[pc] = d.timer_at;
-        if let Some(k) = d.kick {
+        for k in d.kick.into_iter().chain(self.sched.take_balance_kicks()) {
             self.apply(WakeAction::Reschedule { pcpu: k });
         }
         if d.next != self.on[pc] {

@@ -37,7 +37,7 @@ fn run_hogs(s: &mut Scheduler, until: u64) {
         }
         let d = s.schedule(t, p).unwrap();
         timers[p] = d.timer_at;
-        if let Some(k) = d.kick {
+        for k in d.kick.into_iter().chain(s.take_balance_kicks()) {
             timers[k] = Some(t);
         }
     }
@@ -613,6 +613,34 @@ fn protected_run_and_grace_defer_to_the_later_end() {
     assert_eq!((d.next, d.timer_at), (Some(v(0)), Some(back + 140 * US)));
     assert_eq!(s.schedule(back + 140 * US, 0).unwrap().next, Some(v(1)));
     assert_eq!(s.stats(v(1)).unwrap().kick_to_run_ns.max(), Some(120 * US));
+}
+
+#[test]
+fn a_balance_that_moves_a_queued_vcpu_kicks_the_pcpu_it_tickles() {
+    let cfg = SchedConfig { runqueue: RunqueueLayout::PerCpu, ..SchedConfig::default() };
+    let mut s = Scheduler::new(cfg, 2).unwrap();
+    s.add_domain(1, DomainParams::default()).unwrap();
+    for i in 0..6 {
+        s.add_vcpu(v(i), 1, None).unwrap();
+    }
+    // Homes alternate: three hogs on pCPU0's runqueue, none on pCPU1's,
+    // which is idle (WFI, no timer: only an IPI wakes it).
+    for i in [0, 2, 4] {
+        assert_eq!(s.runqueue_of_vcpu(v(i)), Some(0));
+        s.power_on(0, v(i)).unwrap();
+    }
+    let d = s.schedule(0, 0).unwrap();
+    let queued = [v(0), v(2), v(4)].into_iter().find(|&x| Some(x) != d.next).unwrap();
+    // What `balance_load` does to a queued vCPU of pCPU0's runqueue.
+    let slot = s.slot(queued).unwrap();
+    s.migrate(MS, slot, 1, 0);
+    assert_eq!(s.runqueue_of_vcpu(queued), Some(1));
+    // The schedule() that balanced owes pCPU1 its IPI.
+    assert!(s.owes_balance_kicks());
+    assert_eq!(s.take_balance_kicks().collect::<Vec<_>>(), [1]);
+    assert!(!s.owes_balance_kicks());
+    // Woken, pCPU1 runs the hog that moved.
+    assert_eq!(s.schedule(2 * MS, 1).unwrap().next, Some(queued));
 }
 
 #[test]

@@ -573,7 +573,7 @@ impl Scheduler {
         self.pcpus[pcpu].timer_at = timer;
         let kind = if at == self.pcpus[pcpu].protect_until { Deferral::MinRun } else { Deferral::LhpGrace };
         let switch = SwitchInfo { deferred: Some((kind, at)), ..Default::default() };
-        Some(Decision { next: Some(self.vcpus[s].id), timer_at: timer, preempted: None, kick: None, switch })
+        Some(Decision { next: Some(self.vcpus[s].id), timer_at: timer, switch, ..Decision::default() })
     }
 
     /// Replenish every capped domain whose period is over, and unpark its

@@ -134,6 +134,17 @@ fn publish_preempted(
     }
 }
 
+/// The reschedule IPIs a `schedule()`'s balancing owes (after a credit
+/// reset only: out of the loop's line).
+#[cold]
+#[inline(never)]
+fn kick_balanced(vm: &Vm, me: usize, s: &mut crate::sched::Scheduler) {
+    for k in s.take_balance_kicks() {
+        rec(vm, me, Event::Kick { pcpu: k as u16 });
+        percpu::kick(k);
+    }
+}
+
 /// The pCPU's life: pick a vCPU of any VM from the host-wide scheduler,
 /// switch to its VM's stage 2 when it is another VM's, run it until it
 /// blocks, yields or is preempted, repeat; idle in WFI when there is nothing
@@ -161,6 +172,9 @@ pub fn pcpu_loop(me: usize) -> ! {
             });
             let next = d.next.and_then(vcpu_of);
             publish_preempted(&d, last, next);
+            if s.owes_balance_kicks() {
+                kick_balanced(vm, me, &mut s);
+            }
             (d, next)
         };
         // Its spin watch (`run_vcpu`), from the flags just published.
@@ -178,6 +192,7 @@ pub fn pcpu_loop(me: usize) -> ! {
             rec(vm, me, Event::Kick { pcpu: k as u16 });
             percpu::kick(k);
         }
+
         deadline = d.timer_at;
         match next {
             Some((guest, v)) => {
