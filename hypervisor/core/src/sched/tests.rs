@@ -615,14 +615,21 @@ fn protected_run_and_grace_defer_to_the_later_end() {
     assert_eq!(s.stats(v(1)).unwrap().kick_to_run_ns.max(), Some(120 * US));
 }
 
-#[test]
-fn a_balance_that_moves_a_queued_vcpu_kicks_the_pcpu_it_tickles() {
+/// `pcpus` pCPUs, a runqueue each, and `vcpus` offline vCPUs of domain 1
+/// (homes spread over the pCPUs in turn).
+fn per_cpu_runqueues(pcpus: usize, vcpus: u32) -> Scheduler {
     let cfg = SchedConfig { runqueue: RunqueueLayout::PerCpu, ..SchedConfig::default() };
-    let mut s = Scheduler::new(cfg, 2).unwrap();
+    let mut s = Scheduler::new(cfg, pcpus).unwrap();
     s.add_domain(1, DomainParams::default()).unwrap();
-    for i in 0..6 {
+    for i in 0..vcpus {
         s.add_vcpu(v(i), 1, None).unwrap();
     }
+    s
+}
+
+#[test]
+fn a_balance_that_moves_a_queued_vcpu_kicks_the_pcpu_it_tickles() {
+    let mut s = per_cpu_runqueues(2, 6);
     // Homes alternate: three hogs on pCPU0's runqueue, none on pCPU1's,
     // which is idle (WFI, no timer: only an IPI wakes it).
     for i in [0, 2, 4] {
@@ -645,12 +652,7 @@ fn a_balance_that_moves_a_queued_vcpu_kicks_the_pcpu_it_tickles() {
 
 #[test]
 fn every_runqueue_has_room_for_every_vcpu_once_they_are_added() {
-    let cfg = SchedConfig { runqueue: RunqueueLayout::PerCpu, ..SchedConfig::default() };
-    let mut s = Scheduler::new(cfg, 4).unwrap();
-    s.add_domain(1, DomainParams::default()).unwrap();
-    for i in 0..10 {
-        s.add_vcpu(v(i), 1, None).unwrap();
-    }
+    let mut s = per_cpu_runqueues(4, 10);
     // Queueing or moving a vCPU then never grows a vector at run time.
     for (i, rq) in s.rqs.iter().enumerate() {
         assert!(rq.queue.capacity() >= 10 && rq.members.capacity() >= 10, "rq{i}");
