@@ -652,7 +652,7 @@ fn a_balance_that_moves_a_queued_vcpu_kicks_the_pcpu_it_tickles() {
 
 #[test]
 fn every_runqueue_has_room_for_every_vcpu_once_they_are_added() {
-    let mut s = per_cpu_runqueues(4, 10);
+    let s = per_cpu_runqueues(4, 10);
     // Queueing or moving a vCPU then never grows a vector at run time.
     for (i, rq) in s.rqs.iter().enumerate() {
         assert!(rq.queue.capacity() >= 10 && rq.members.capacity() >= 10, "rq{i}");
