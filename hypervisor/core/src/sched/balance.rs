@@ -33,7 +33,7 @@ const PRECISION: u32 = 18;
 /// Window of the averages, in units of 2^10 ns (Xen's `load_window_shift`
 /// 30 less `LOADAVG_GRANULARITY_SHIFT` 10).
 const WINDOW: u32 = 20;
-const GRANULARITY: u32 = 10;
+pub(super) const GRANULARITY: u32 = 10;
 /// Below capacity, balance only for a difference of a whole vCPU (2^0);
 /// above it, for 1/8 (2^-3): Xen's balance tolerances.
 const UNDERLOAD_TOLERANCE: i32 = 0;
@@ -51,6 +51,49 @@ fn decay(avg: u64, load: u64, last: u64, now: u64) -> u64 {
 
 fn tolerance(shift: i32) -> u64 {
     1u64 << (PRECISION as i32 + shift) as u32
+}
+
+/// The difference of two runqueues' averages `la` and `oa`, if it is worth
+/// a balance: a whole vCPU while both run below capacity (`cpus_max`, the
+/// larger one's pCPUs), 1/8 of one when either is over it.
+pub(super) fn imbalance(la: u64, oa: u64, cpus_max: usize) -> Option<u64> {
+    let shift = if la.max(oa) < (cpus_max as u64) << PRECISION { UNDERLOAD_TOLERANCE } else { OVERLOAD_TOLERANCE };
+    let delta = la.abs_diff(oa);
+    (delta >= tolerance(shift)).then_some(delta)
+}
+
+/// Of pushing one vCPU of `l`'s (slot, average) list, pulling one of
+/// `o`'s, or swapping a pair, the move that leaves the smallest difference
+/// between the runqueues' averages `la` and `oa`, if under `delta` (now's):
+/// (push, pull). Iterated in place: no allocation on the scheduler's path.
+pub(super) fn best_exchange<P, Q>(
+    delta: u64,
+    la: i64,
+    oa: i64,
+    pushable: impl Fn() -> P,
+    pullable: impl Fn() -> Q,
+) -> (Option<usize>, Option<usize>)
+where
+    P: Iterator<Item = (usize, i64)>,
+    Q: Iterator<Item = (usize, i64)>,
+{
+    let (mut best, mut push, mut pull) = (delta, None, None);
+    let mut consider = |a: Option<usize>, b: Option<usize>, sa: i64, sb: i64| {
+        let d = ((la - sa + sb) - (oa + sa - sb)).unsigned_abs();
+        if d < best {
+            (best, push, pull) = (d, a, b);
+        }
+    };
+    for (a, sa) in pushable() {
+        for (b, sb) in pullable() {
+            consider(Some(a), Some(b), sa, sb);
+        }
+        consider(Some(a), None, sa, 0);
+    }
+    for (b, sb) in pullable() {
+        consider(None, Some(b), 0, sb);
+    }
+    (push, pull)
 }
 
 impl Scheduler {
@@ -79,7 +122,7 @@ impl Scheduler {
         v.load_last = t;
     }
 
-    fn rq_load_add(&mut self, rq: usize, change: i32, t: u64) {
+    pub(super) fn rq_load_add(&mut self, rq: usize, change: i32, t: u64) {
         let r = &mut self.rqs[rq];
         r.avgload = decay(r.avgload, u64::from(r.load), r.load_last, t);
         r.load_last = t;
@@ -90,6 +133,11 @@ impl Scheduler {
     /// reset (see the module doc).
     pub(super) fn balance_load(&mut self, now: u64, pcpu: usize) {
         if self.rqs.len() < 2 {
+            return;
+        }
+        if self.shard.is_some() {
+            // The other runqueues' records are not live here.
+            self.reset_pending = true;
             return;
         }
         let t = now >> GRANULARITY;
@@ -106,41 +154,14 @@ impl Scheduler {
             }
         }
         let Some(o) = other else { return };
-        let load_max = self.rqs[l].avgload.max(self.rqs[o].avgload);
-        let cpus_max = self.rqs[l].pcpus.len().max(self.rqs[o].pcpus.len()) as u64;
-        let shift = if load_max < cpus_max << PRECISION { UNDERLOAD_TOLERANCE } else { OVERLOAD_TOLERANCE };
-        if delta < tolerance(shift) {
-            return;
-        }
+        let cpus_max = self.rqs[l].pcpus.len().max(self.rqs[o].pcpus.len());
+        let Some(delta) = imbalance(self.rqs[l].avgload, self.rqs[o].avgload, cpus_max) else { return };
         let (ml, mo) = (self.rqs[l].members.len(), self.rqs[o].members.len());
         self.op(ml + mo + ml * mo);
-        for r in [l, o] {
-            for i in 0..self.rqs[r].members.len() {
-                let s = self.rqs[r].members[i];
-                self.note_load(s, 0, now);
-            }
-        }
-        let (mut best, mut push, mut pull) = (delta, None, None);
+        self.note_members_load(l, now);
+        self.note_members_load(o, now);
         let (la, oa) = (self.rqs[l].avgload as i64, self.rqs[o].avgload as i64);
-        let mut consider = |a: Option<usize>, b: Option<usize>, sa: i64, sb: i64| {
-            let d = ((la - sa + sb) - (oa + sa - sb)).unsigned_abs();
-            if d < best {
-                (best, push, pull) = (d, a, b);
-            }
-        };
-        // Iterated in place: no allocation on the scheduler's path.
-        let pushable = || self.rqs[l].members.iter().copied().filter(|&s| self.may_move(s, o));
-        let pullable = || self.rqs[o].members.iter().copied().filter(|&s| self.may_move(s, l));
-        for a in pushable() {
-            let sa = self.vcpus[a].avgload as i64;
-            for b in pullable() {
-                consider(Some(a), Some(b), sa, self.vcpus[b].avgload as i64);
-            }
-            consider(Some(a), None, sa, 0);
-        }
-        for b in pullable() {
-            consider(None, Some(b), 0, self.vcpus[b].avgload as i64);
-        }
+        let (push, pull) = best_exchange(delta, la, oa, || self.movable(l, o), || self.movable(o, l));
         if let Some(a) = push {
             self.migrate(now, a, o, pcpu);
         }
@@ -149,9 +170,22 @@ impl Scheduler {
         }
     }
 
+    /// The members of runqueue `r` that may move to `to`, with their
+    /// averages. Parked ones stay with `Sched` (they are on their runqueue's
+    /// parked list).
+    pub(super) fn movable(&self, r: usize, to: usize) -> impl Iterator<Item = (usize, i64)> + '_ {
+        let parked_stay = self.shard.is_some();
+        self.rqs[r]
+            .members
+            .iter()
+            .copied()
+            .filter(move |&s| !(parked_stay && self.vcpus[s].parked) && self.may_move(s, to))
+            .map(|s| (s, self.vcpus[s].avgload as i64))
+    }
+
     /// Whether `s` may move to runqueue `to`: its affinity allows one of
     /// its pCPUs, and no move of it is pending.
-    fn may_move(&self, s: usize, to: usize) -> bool {
+    pub(super) fn may_move(&self, s: usize, to: usize) -> bool {
         let v = &self.vcpus[s];
         v.migrate_to.is_none() && self.rqs[to].pcpus.iter().any(|&p| v.allowed_on(p))
     }
@@ -184,42 +218,65 @@ impl Scheduler {
     /// both runqueues' heaviest weight and load, and a last pCPU there
     /// (the first it may run on, from where it was).
     pub(super) fn move_to_rq(&mut self, now: u64, s: usize, to: usize) {
-        let from = self.vcpus[s].rq;
-        if from == to {
-            return;
+        if self.vcpus[s].rq != to {
+            self.leave_rq(now, s);
+            self.join_rq(now, s, to);
         }
+    }
+
+    /// `s` (not queued, not running) leaves its runqueue: membership, load
+    /// and heaviest weight. Its record still names that runqueue.
+    pub(super) fn leave_rq(&mut self, now: u64, s: usize) {
+        let from = self.vcpus[s].rq;
         if matches!(self.vcpus[s].state, RunState::Runnable | RunState::Running(_)) {
-            let t = now >> GRANULARITY;
-            self.rq_load_add(from, -1, t);
-            self.rq_load_add(to, 1, t);
+            self.rq_load_add(from, -1, now >> GRANULARITY);
         }
         self.op(self.rqs[from].members.len());
         self.rqs[from].members.retain(|&x| x != s);
+        // Incremental, as Credit2's `update_max_weight`: the runqueue it
+        // leaves looks at its members again only if it was the heaviest.
+        if self.vcpus[s].weight >= self.rqs[from].max_weight {
+            self.update_max_weight(from);
+        }
+    }
+
+    /// `s`, out of any runqueue, joins runqueue `to` (see `move_to_rq`).
+    pub(super) fn join_rq(&mut self, now: u64, s: usize, to: usize) {
+        if matches!(self.vcpus[s].state, RunState::Runnable | RunState::Running(_)) {
+            self.rq_load_add(to, 1, now >> GRANULARITY);
+        }
         self.rqs[to].members.push(s);
-        self.vcpus[s].rq = to;
-        self.vcpus[s].migrate_to = None;
+        let v = &mut self.vcpus[s];
+        v.rq = to;
+        v.migrate_to = None;
         // A reservation by a tickle on the old runqueue means nothing here.
-        self.vcpus[s].tickled_cpu = None;
+        v.tickled_cpu = None;
         if !self.rqs[to].pcpus.contains(&self.vcpus[s].home) {
             let first = self.cycle_from_home(s).next();
             if let Some(p) = first {
                 self.vcpus[s].home = p;
             }
         }
-        // Incremental, as Credit2's `update_max_weight`: the runqueue it
-        // joins takes its weight if heavier; the one it leaves looks at its
-        // members again only if it was the heaviest.
         let w = self.vcpus[s].weight;
         self.rqs[to].max_weight = self.rqs[to].max_weight.max(w);
-        if w >= self.rqs[from].max_weight {
-            self.update_max_weight(from);
-        }
     }
 
-    /// A vCPU that leaves its pCPU with a move pending moves now.
+    /// A vCPU that leaves its pCPU with a move pending moves now: here, or
+    /// as [`Sched`](super::Sched)'s emigrant when this scheduler holds one
+    /// runqueue and the move is to another.
     pub(super) fn finish_migration(&mut self, now: u64, s: usize) {
-        if let Some(to) = self.vcpus[s].migrate_to {
+        let Some(to) = self.vcpus[s].migrate_to else { return };
+        if self.owns(to) {
             self.move_to_rq(now, s, to);
+        } else if self.vcpus[s].parked {
+            // On this runqueue's parked list: it stays (a later balance
+            // may move it again).
+            self.vcpus[s].migrate_to = None;
+        } else {
+            self.leave_rq(now, s);
+            self.vcpus[s].rq = to;
+            self.vcpus[s].migrate_to = None;
+            self.emigrant = Some(s);
         }
     }
 }

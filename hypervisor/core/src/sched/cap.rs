@@ -45,7 +45,7 @@ impl Scheduler {
         let unburned: u64 = self
             .vcpus
             .iter()
-            .filter(|v| v.dom == d && matches!(v.state, RunState::Running(_)))
+            .filter(|v| v.dom == d && self.owns(v.rq) && matches!(v.state, RunState::Running(_)))
             .map(|v| now.saturating_sub(v.last_burn))
             .sum();
         Some(self.domains[d].stats.run_ns.saturating_add(unburned))

@@ -19,7 +19,7 @@ use alloc::vec;
 use alloc::vec::Vec;
 
 use super::sim::{self, quantile};
-use super::{DomainId, DomainParams, SchedConfig, SchedError, Scheduler, VcpuId, WakeAction, WakeCause};
+use super::{Decision, DomainId, DomainParams, Sched, SchedConfig, SchedError, VcpuId, WakeAction, WakeCause};
 
 /// What a vCPU of [`MixParams`] does.
 #[derive(Clone, Copy, Debug)]
@@ -139,10 +139,64 @@ fn earliest(
     best
 }
 
-/// Run a mix of hogs and I/O vCPUs.
+/// Run a mix of hogs and I/O vCPUs on [`Sched`], a lock per runqueue.
 pub fn run_mix(p: &MixParams) -> Result<MixResult, SchedError> {
+    run_mix_on(p, mix_scheduler(p)?)
+}
+
+/// What `run_mix` asks of a scheduler: [`Sched`]'s calls, which a bare
+/// [`Scheduler`](super::Scheduler) answers too (one lock over all its
+/// runqueues), so the two can be run side by side.
+pub trait MixDriven {
+    fn power_on(&mut self, now: u64, v: VcpuId) -> Result<WakeAction, SchedError>;
+    fn set_domain_params(&mut self, now: u64, d: DomainId, p: DomainParams) -> Result<(), SchedError>;
+    fn wake(&mut self, now: u64, v: VcpuId) -> Result<WakeAction, SchedError>;
+    fn block(&mut self, now: u64, pcpu: usize) -> Result<VcpuId, SchedError>;
+    /// The decision and every pCPU it asks to reschedule.
+    fn schedule(&mut self, now: u64, pcpu: usize) -> Result<(Decision, Vec<usize>), SchedError>;
+}
+
+impl MixDriven for Sched {
+    fn power_on(&mut self, now: u64, v: VcpuId) -> Result<WakeAction, SchedError> {
+        Sched::power_on(self, now, v)
+    }
+    fn set_domain_params(&mut self, now: u64, d: DomainId, p: DomainParams) -> Result<(), SchedError> {
+        Sched::set_domain_params(self, now, d, p)
+    }
+    fn wake(&mut self, now: u64, v: VcpuId) -> Result<WakeAction, SchedError> {
+        Sched::wake(self, now, v, WakeCause::Interrupt)
+    }
+    fn block(&mut self, now: u64, pcpu: usize) -> Result<VcpuId, SchedError> {
+        Sched::block(self, now, pcpu)
+    }
+    fn schedule(&mut self, now: u64, pcpu: usize) -> Result<(Decision, Vec<usize>), SchedError> {
+        let (d, owed) = Sched::schedule(self, now, pcpu)?;
+        Ok((d, d.kick.into_iter().chain(owed.iter()).collect()))
+    }
+}
+
+impl MixDriven for super::Scheduler {
+    fn power_on(&mut self, now: u64, v: VcpuId) -> Result<WakeAction, SchedError> {
+        super::Scheduler::power_on(self, now, v)
+    }
+    fn set_domain_params(&mut self, now: u64, d: DomainId, p: DomainParams) -> Result<(), SchedError> {
+        super::Scheduler::set_domain_params(self, now, d, p)
+    }
+    fn wake(&mut self, now: u64, v: VcpuId) -> Result<WakeAction, SchedError> {
+        super::Scheduler::wake(self, now, v, WakeCause::Interrupt)
+    }
+    fn block(&mut self, now: u64, pcpu: usize) -> Result<VcpuId, SchedError> {
+        super::Scheduler::block(self, now, pcpu)
+    }
+    fn schedule(&mut self, now: u64, pcpu: usize) -> Result<(Decision, Vec<usize>), SchedError> {
+        let d = super::Scheduler::schedule(self, now, pcpu)?;
+        Ok((d, d.kick.into_iter().chain(self.take_balance_kicks()).collect()))
+    }
+}
+
+/// [`run_mix`] on `s`, which holds `p`'s domains and vCPUs, none on yet.
+pub fn run_mix_on(p: &MixParams, mut s: impl MixDriven) -> Result<MixResult, SchedError> {
     let n = p.vcpus.len();
-    let mut s = mix_scheduler(p)?;
     let nr_periods = if p.period_ns == 0 { 0 } else { p.duration_ns.div_ceil(p.period_ns) as usize };
     let mut res = MixResult {
         duration_ns: p.duration_ns,
@@ -216,7 +270,7 @@ pub fn run_mix(p: &MixParams) -> Result<MixResult, SchedError> {
                 if let Load::Io { submit_ns, .. } = p.vcpus[i].load {
                     left[i] = submit_ns;
                 }
-                let a = s.wake(now, p.vcpus[i].id, WakeCause::Interrupt)?;
+                let a = s.wake(now, p.vcpus[i].id)?;
                 apply(a, now, &mut resched, &mut timer);
                 continue;
             }
@@ -238,9 +292,9 @@ pub fn run_mix(p: &MixParams) -> Result<MixResult, SchedError> {
                 i
             }
         };
-        let d = s.schedule(now, pc)?;
+        let (d, kicks) = s.schedule(now, pc)?;
         timer[pc] = d.timer_at;
-        for k in d.kick.into_iter().chain(s.take_balance_kicks()) {
+        for k in kicks {
             resched[k] = Some(now);
         }
         let next = d.next.and_then(ix);
@@ -262,8 +316,8 @@ pub fn run_mix(p: &MixParams) -> Result<MixResult, SchedError> {
 }
 
 /// The scheduler of a mix: its domains and vCPUs added, none on yet.
-fn mix_scheduler(p: &MixParams) -> Result<Scheduler, SchedError> {
-    let mut s = Scheduler::new(p.cfg, p.nr_pcpus)?;
+pub fn mix_scheduler(p: &MixParams) -> Result<Sched, SchedError> {
+    let s = Sched::new(p.cfg, p.nr_pcpus)?;
     for &(d, params) in &p.domains {
         s.add_domain(d, params)?;
     }
@@ -392,7 +446,7 @@ fn smp_wake(cfg: SchedConfig) -> Result<MixResult, SchedError> {
 /// `n` vCPUs that last ran on pCPU 0 wake at one instant, with `n` idle
 /// pCPUs: how many distinct pCPUs the wakes send a reschedule to.
 pub fn burst_targets(cfg: SchedConfig, n: usize) -> Result<usize, SchedError> {
-    let mut s = Scheduler::new(cfg, n)?;
+    let s = Sched::new(cfg, n)?;
     s.add_domain(1, DomainParams::default())?;
     // Hogs pinned to pCPUs 1.. keep them busy while the others run on 0.
     let hog = |p: usize| VcpuId(1000 + p as u32);
@@ -406,7 +460,7 @@ pub fn burst_targets(cfg: SchedConfig, n: usize) -> Result<usize, SchedError> {
         let v = VcpuId(i as u32);
         s.add_vcpu(v, 1, None)?;
         s.power_on(t, v)?;
-        if s.schedule(t, 0)?.next != Some(v) {
+        if s.schedule(t, 0)?.0.next != Some(v) {
             return Err(SchedError::BadConfig);
         }
         t += 10 * US;
@@ -465,7 +519,7 @@ pub fn checks() -> Result<Vec<Check>, SchedError> {
         let d = burst_targets(cfg, 8)?;
         add("8 wakes at once, 8 idle pCPUs", mode, "distinct pCPUs", d as f64, 8.0, 8.0, "was 1".into());
         // Runqueues of at most 16 pCPUs.
-        let s = Scheduler::new(cfg, 192)?;
+        let s = Sched::new(cfg, 192)?;
         add(
             "192 pCPUs, credit2_runqueue=socket",
             mode,

@@ -68,19 +68,45 @@ impl Scheduler {
     /// Register a vCPU of domain `dom` (offline until [`Scheduler::power_on`]).
     /// `affinity = Some(p)` pins it to pCPU `p`.
     pub fn add_vcpu(&mut self, vcpu: VcpuId, dom: DomainId, affinity: Option<usize>) -> Result<(), SchedError> {
+        let d = self.check_new_vcpu(vcpu, dom, affinity)?;
+        let home = match affinity {
+            Some(p) => p,
+            None => self.least_homed_pcpu(|_| 0),
+        };
+        self.add_vcpu_at(vcpu, d, affinity, home);
+        Ok(())
+    }
+
+    /// The domain slot of a vCPU about to be added, if it may be.
+    pub(super) fn check_new_vcpu(
+        &self,
+        vcpu: VcpuId,
+        dom: DomainId,
+        affinity: Option<usize>,
+    ) -> Result<usize, SchedError> {
         if self.index.contains_key(vcpu) {
             return Err(SchedError::DuplicateVcpu(vcpu));
         }
-        let d = self.dom_slot(dom)?;
         if let Some(p) = affinity {
             self.check_pcpu(p)?;
         }
-        let home = match affinity {
-            Some(p) => p,
-            None => {
-                (0..self.pcpus.len()).min_by_key(|&p| self.vcpus.iter().filter(|v| v.home == p).count()).unwrap_or(0)
-            }
-        };
+        self.dom_slot(dom)
+    }
+
+    /// The pCPU fewest live vCPUs last ran on, counting `more(p)` besides
+    /// (`Sched` sums its runqueues' counts).
+    pub(super) fn least_homed_pcpu(&self, more: impl Fn(usize) -> usize) -> usize {
+        (0..self.pcpus.len()).min_by_key(|&p| self.homed_on(p) + more(p)).unwrap_or(0)
+    }
+
+    /// How many live vCPUs last ran on (or were placed on) `p`.
+    pub(super) fn homed_on(&self, p: usize) -> usize {
+        self.vcpus.iter().filter(|v| v.home == p && self.owns(v.rq)).count()
+    }
+
+    /// Registers vCPU `vcpu` of domain slot `d` with its last pCPU `home`
+    /// (checked by the caller).
+    pub(super) fn add_vcpu_at(&mut self, vcpu: VcpuId, d: usize, affinity: Option<usize>, home: usize) {
         let weight = self.domains[d].params.weight;
         self.index.insert(vcpu, self.vcpus.len());
         self.vcpus.push(Vcpu {
@@ -110,18 +136,20 @@ impl Scheduler {
         self.domains[d].nr_vcpus += 1;
         let dom = &mut self.domains[d];
         dom.parked.reserve((dom.nr_vcpus as usize).saturating_sub(dom.parked.len()));
-        let rq = &mut self.rqs[self.pcpus[home].rq];
-        rq.members.push(self.vcpus.len() - 1);
-        rq.max_weight = rq.max_weight.max(weight);
+        let home_rq = self.pcpus[home].rq;
+        if self.owns(home_rq) {
+            let rq = &mut self.rqs[home_rq];
+            rq.members.push(self.vcpus.len() - 1);
+            rq.max_weight = rq.max_weight.max(weight);
+        }
         // Any runqueue may come to hold every vCPU (balancing, directed
         // yields), so each has room for all of them from now on: queueing
         // and moving never allocate at run time, under the lock.
         let n = self.vcpus.len();
-        for rq in &mut self.rqs {
+        for (_, rq) in self.rqs.iter_mut().enumerate().filter(|&(i, _)| self.shard.is_none_or(|r| r == i)) {
             rq.members.reserve(n.saturating_sub(rq.members.len()));
             rq.queue.reserve(n.saturating_sub(rq.queue.len()));
         }
-        Ok(())
     }
 
     /// PSCI CPU_ON: the vCPU becomes runnable (parked if its domain has no budget).

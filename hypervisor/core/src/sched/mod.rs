@@ -51,6 +51,7 @@ mod credit;
 pub mod domain;
 mod lifecycle;
 mod runq;
+mod shards;
 pub mod sim;
 pub mod spin;
 mod switch;
@@ -65,6 +66,7 @@ pub use credit::{CARRYOVER_MAX_NS, CREDIT_INIT_NS};
 use domain::Domain;
 pub use domain::{DomainId, DomainParams, DomainStats, CAP_PERIOD_NS};
 pub use runq::MIGRATE_RESIST_NS;
+pub use shards::{OwedKicks, Sched, Woken};
 pub use wake::{CritEvidence, GraceWatch, RATELIMIT_TOLERANCE_NS};
 
 use alloc::collections::BTreeMap;
@@ -191,6 +193,9 @@ pub enum SchedError {
     /// One of our extensions of Credit2, by option, asked for while they
     /// are off (`sched_wake_preempt=off`: Xen's Credit2 alone).
     ExtensionOff(&'static str),
+    /// A vCPU id at or above [`DENSE_IDS`] with several runqueues (their
+    /// lock-free route table has that many entries).
+    VcpuIdRange(VcpuId),
 }
 
 impl fmt::Display for SchedError {
@@ -209,6 +214,7 @@ impl fmt::Display for SchedError {
             SchedError::BadConfig => write!(f, "inconsistent scheduler configuration"),
             SchedError::BadBootArg(k) => write!(f, "bad value for boot argument {k}"),
             SchedError::ExtensionOff(k) => write!(f, "{k} is an extension of Credit2, off with sched_wake_preempt=off"),
+            SchedError::VcpuIdRange(v) => write!(f, "{v}: ids of {DENSE_IDS} and above need a single runqueue"),
         }
     }
 }
@@ -231,6 +237,7 @@ enum PreemptReason {
     Wake,
 }
 
+#[derive(Clone)]
 struct Vcpu {
     id: VcpuId,
     /// Its domain's slot in `Scheduler::domains`.
@@ -346,7 +353,7 @@ struct SlotIndex {
 }
 
 /// Ids below this are looked up in [`SlotIndex`]'s table.
-const DENSE_IDS: u32 = 4096;
+pub const DENSE_IDS: u32 = 4096;
 
 impl SlotIndex {
     fn get(&self, v: VcpuId) -> Option<usize> {
@@ -403,6 +410,18 @@ pub struct Scheduler {
     /// Tickles of the last `schedule()`'s balancing, owed an IPI
     /// ([`Scheduler::take_balance_kicks`]).
     owed_kicks: [Option<usize>; 2],
+    /// The runqueue this scheduler holds, when it is one of [`Sched`]'s
+    /// (`None`: it holds them all). Every scheduler knows every vCPU and
+    /// pCPU, but only its runqueue's records are live: a vCPU's record is
+    /// its runqueue's (`Vcpu::rq` says which in every copy that is not
+    /// live), and a move between runqueues copies it (see `shards`).
+    shard: Option<usize>,
+    /// A vCPU the last `schedule()` let go to another runqueue (its
+    /// pending balance move), for [`Sched`] to take there.
+    emigrant: Option<usize>,
+    /// The last `schedule()` reset this runqueue's credit: [`Sched`]
+    /// balances it against another.
+    reset_pending: bool,
     /// Records visited so far (see [`Scheduler::ops`]); only with the
     /// `sched-opcount` feature, which the EL2 build leaves off.
     #[cfg(feature = "sched-opcount")]
@@ -437,6 +456,9 @@ impl Scheduler {
             nr_parked: 0,
             next_repl: u64::MAX,
             owed_kicks: [None; 2],
+            shard: None,
+            emigrant: None,
+            reset_pending: false,
             #[cfg(feature = "sched-opcount")]
             ops: core::cell::Cell::new(0),
         })
@@ -480,6 +502,8 @@ impl Scheduler {
         if let Some(s) = left {
             self.finish_migration(now, s);
         }
+        // One that left for another runqueue is queued there (`Sched`).
+        let requeue = requeue.filter(|&s| self.owns(self.vcpus[s].rq));
         // Credit2 queues the vCPU that left only after the next one's slice
         // is set; with our extensions on it is queued first (see `switch`).
         let delayed = !self.cfg.extensions();
@@ -594,6 +618,12 @@ impl Scheduler {
 
     pub(super) fn dom_slot(&self, d: DomainId) -> Result<usize, SchedError> {
         self.dom_index.get(&d).copied().ok_or(SchedError::UnknownDomain(d))
+    }
+
+    /// Whether runqueue `rq`'s records are live here (see `shard`).
+    #[inline(always)]
+    pub(super) fn owns(&self, rq: usize) -> bool {
+        self.shard.is_none_or(|r| r == rq)
     }
 
     pub(super) fn running(&self, p: usize) -> Result<usize, SchedError> {

@@ -66,7 +66,7 @@ impl Scheduler {
     /// Per runqueue, `sched.rqN.name=value` lines: its pCPUs (first-last),
     /// the vCPUs it holds, its credit resets, `schedule()` calls and tickles.
     pub fn write_runqueue_stats(&self, out: &mut impl core::fmt::Write) -> core::fmt::Result {
-        for (i, rq) in self.rqs.iter().enumerate() {
+        for (i, rq) in self.rqs.iter().enumerate().filter(|&(i, _)| self.owns(i)) {
             let (first, last) = (rq.pcpus.first().copied().unwrap_or(0), rq.pcpus.last().copied().unwrap_or(0));
             let vcpus = rq.members.len();
             let sum = |f: fn(&super::Pcpu) -> u64| rq.pcpus.iter().map(|&p| f(&self.pcpus[p])).sum::<u64>();
@@ -117,7 +117,8 @@ impl Scheduler {
         // Directed yield: run the target here if it is still runnable and
         // preempted (the caller chose it from a lock-free hint) and may run
         // here.
-        if let Some(t) = yield_target {
+        // A target of another runqueue is not live here: undirected.
+        if let Some(t) = yield_target.filter(|&t| self.owns(self.vcpus[t].rq)) {
             let v = &self.vcpus[t];
             if v.state == RunState::Runnable && v.preempted && !v.parked && v.allowed_on(p) {
                 if self.ensure_budget(t) {

@@ -178,4 +178,15 @@ impl Scheduler {
         self.pcpus[pcpu].timer_at = timer;
         timer
     }
+
+    /// The runner's slice on `pcpu` computed again (Credit2 balances before
+    /// it computes the slice; [`Sched`](super::Sched) balances after the
+    /// `schedule()` that reset, and a vCPU it pulled in may wait for this
+    /// pCPU now). A loan (directed yield) keeps its slice.
+    pub(super) fn rearm_slice(&mut self, now: u64, pcpu: usize) -> Option<u64> {
+        match self.pcpus[pcpu].curr {
+            Some(n) if !self.pcpus[pcpu].loan => self.arm_slice(now, pcpu, n, false),
+            _ => self.pcpus[pcpu].timer_at,
+        }
+    }
 }

@@ -267,7 +267,7 @@ impl Scheduler {
         self.vcpus[s].state = RunState::Runnable;
         self.vcpus[s].preempted = false;
         let d = self.vcpus[s].dom;
-        if !self.no_caps() && self.domains[d].capped() && self.vcpus[s].budget <= 0 && self.domains[d].budget <= 0 {
+        if !self.no_caps() && self.domains[d].capped() && self.vcpus[s].budget <= 0 && self.domains[d].budget() <= 0 {
             // No budget: parked, it waits for the replenishment and preempts nobody.
             self.set_parked(s, true);
             self.domains[d].stats.cap_parks += 1;
@@ -283,6 +283,9 @@ impl Scheduler {
     #[inline]
     pub(super) fn queue_and_tickle(&mut self, now: u64, s: usize) -> WakeAction {
         if let Some(a) = self.vcpus[s].affinity {
+            // A pinned vCPU is on its pCPU's runqueue from `add_vcpu` on
+            // (no balance moves it): this changes nothing (see `shards`).
+            debug_assert!(self.shard.is_none() || self.vcpus[s].rq == self.pcpus[a].rq);
             self.move_to_rq(now, s, self.pcpus[a].rq);
         }
         self.enqueue(s);
@@ -591,7 +594,7 @@ impl Scheduler {
     fn replenish(&mut self, now: u64) {
         self.op(self.domains.len());
         for d in 0..self.domains.len() {
-            if self.domains[d].replenish_due(now) && self.domains[d].budget > 0 {
+            if self.domains[d].replenish_due(now) {
                 self.unpark_domain(now, d);
             }
         }
@@ -640,8 +643,7 @@ impl Scheduler {
             return;
         }
         let held = core::mem::take(&mut self.vcpus[s].budget);
-        self.domains[d].give_back(held);
-        if self.domains[d].budget > 0 {
+        if self.domains[d].give_back(held) > 0 {
             self.unpark_domain(now, d);
         }
     }
