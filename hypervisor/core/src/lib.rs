@@ -48,6 +48,9 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 extern crate alloc;
+// The host stress bench's per-thread operation count (never at EL2).
+#[cfg(feature = "sched-opcount")]
+extern crate std;
 
 pub mod esr;
 pub mod gicr;

@@ -6,8 +6,7 @@ use super::{lrs, wake};
 use crate::arch::fake;
 use crate::ids::DomainId;
 use crate::intid::IntId;
-use crate::sched::{DomainParams, RunState, SchedConfig, Scheduler, VcpuId, WakeAction, WakeCause};
-use crate::sync::Mutex;
+use crate::sched::{DomainParams, RunState, Sched, SchedConfig, VcpuId, WakeAction, WakeCause};
 use crate::vgic::regs::{GICD_CTLR, GICR_STRIDE, IGROUPR, ISENABLER, SGI_FRAME};
 use crate::vgic::{Kicks, Vgic, VgicCell, VgicConfig};
 use alloc::vec::Vec;
@@ -198,20 +197,20 @@ fn a_kick_is_sgi_1_to_the_pcpus_affinity() {
 }
 
 /// vCPU 0 of domain 0 with the given affinity, on `n` pCPUs.
-fn sched(n: usize, affinity: Option<usize>) -> Mutex<Scheduler> {
-    let mut s = Scheduler::new(SchedConfig::default(), n).unwrap();
+fn sched(n: usize, affinity: Option<usize>) -> Sched {
+    let s = Sched::new(SchedConfig::default(), n).unwrap();
     s.add_domain(0 as DomainId, DomainParams { weight: 256, cap_percent: None }).unwrap();
     s.add_vcpu(VcpuId(0), 0 as DomainId, affinity).unwrap();
     s.power_on(0, VcpuId(0)).unwrap();
-    Mutex::new(s)
+    s
 }
 
 #[test]
 fn waking_a_vcpu_running_on_another_pcpu_kicks_that_pcpu_only() {
     let s = sched(2, Some(1));
-    let d = s.lock().schedule(0, 1).unwrap();
+    let d = s.schedule(0, 1).unwrap().0;
     assert_eq!(d.next, Some(VcpuId(0)));
-    assert_eq!(s.lock().state(VcpuId(0)), Some(RunState::Running(1)));
+    assert_eq!(s.state(VcpuId(0)), Some(RunState::Running(1)));
 
     let w = wake::wake(&s, 0, 1_000, VcpuId(0), WakeCause::Interrupt);
     assert!(!w.blocked);
@@ -223,9 +222,9 @@ fn waking_a_vcpu_running_on_another_pcpu_kicks_that_pcpu_only() {
 #[test]
 fn waking_a_blocked_vcpu_asks_its_pcpu_to_reschedule_by_sgi_when_remote() {
     let s = sched(2, Some(1));
-    s.lock().schedule(0, 1).unwrap();
-    s.lock().block(10, 1).unwrap();
-    s.lock().schedule(10, 1).unwrap();
+    s.schedule(0, 1).unwrap();
+    s.block(10, 1).unwrap();
+    s.schedule(10, 1).unwrap();
     let w = wake::wake(&s, 0, 1_000, VcpuId(0), WakeCause::Interrupt);
     assert!(w.blocked);
     assert_eq!(w.kick, None, "not running anywhere");

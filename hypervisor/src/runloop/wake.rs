@@ -4,8 +4,7 @@
 //! the VM's counters and the flight recorder around it.
 
 use super::pcpu::{self, PcpuShared};
-use crate::sched::{Deferral, Scheduler, VcpuId, WakeAction, WakeCause};
-use crate::sync::Mutex;
+use crate::sched::{Deferral, Sched, VcpuId, WakeAction, WakeCause};
 use crate::vgic::Kicks;
 
 /// One wake as the scheduler answered it.
@@ -25,11 +24,11 @@ pub struct Woken {
 
 /// Wakes vCPU `g` for `cause`, from pCPU `me`. An error of the scheduler
 /// (a vCPU it does not know, one powered off) is a wake that does nothing.
-pub fn wake(sched: &Mutex<Scheduler>, me: usize, now: u64, g: VcpuId, cause: WakeCause) -> Woken {
-    let mut s = sched.lock();
-    let (blocked, action, on) = s.wake_located(now, g, cause).unwrap_or((false, WakeAction::None, None));
-    let kick = on.filter(|&p| p != me);
-    Woken { blocked, action, deferral: s.wake_deferral(), kick }
+pub fn wake(sched: &Sched, me: usize, now: u64, g: VcpuId, cause: WakeCause) -> Woken {
+    match sched.wake_located(now, g, cause) {
+        Ok(w) => Woken { blocked: w.blocked, action: w.action, deferral: w.deferral, kick: w.on.filter(|&p| p != me) },
+        Err(_) => Woken { blocked: false, action: WakeAction::None, deferral: None, kick: None },
+    }
 }
 
 /// Carries out the scheduler's answer to a wake, from pCPU `me`.

@@ -211,7 +211,7 @@ pub(super) fn start_vcpus(
     host: &Host,
     s: &VcpuStart<'_>,
 ) -> Result<(Vec<Mutex<Vcpu>>, Vec<VcpuShared>), VmError> {
-    let mut sched = host.sched.lock();
+    let sched = &host.sched;
     let spec = &vp.spec;
     sched
         .add_domain(spec.id, DomainParams { weight: spec.weight, cap_percent: spec.cap_percent })
@@ -353,7 +353,7 @@ impl Vm {
             nr_pcpus,
             nr_lrs,
             overcommitted: nr_vcpus > nr_pcpus,
-            extensions: host.sched.lock().config().extensions(),
+            extensions: host.sched.config().extensions(),
             bad_accesses: AtomicU64::new(0),
             disk,
             pci_functions: vp.pci.clone(),

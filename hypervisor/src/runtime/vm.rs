@@ -35,7 +35,7 @@ use crate::irq::{IrqCounters, IrqRoutes, RouteError};
 use crate::mmio_bus::{BusEntry, BusError, Device, MmioBus};
 use crate::quota::Quota;
 use crate::region::Region;
-use crate::sched::{SchedError, Scheduler, VcpuId};
+use crate::sched::{Sched, SchedError, VcpuId};
 use crate::stage2::{IpaSize, Stage2, Stage2Error};
 use crate::sync::{Mutex, Once, RwLock};
 use crate::trace::{DumpReason, Ring, Trigger, RING_EVENTS};
@@ -292,7 +292,7 @@ pub struct VcpuShared {
 /// VM has a globally unique `VcpuId`, `Vm::gid`) and the flight recorder
 /// (one ring per pCPU). Made once, before the first VM.
 pub struct Host {
-    pub sched: Mutex<Scheduler>,
+    pub sched: Sched,
     /// The flight recorder: one ring per pCPU, written only by that pCPU
     /// (the lock is contended only by a dump copying it).
     pub trace: Vec<Mutex<Ring>>,
@@ -335,9 +335,9 @@ impl Host {
         if let Some(h) = HOST.get() {
             return Ok(h);
         }
-        let sched = Scheduler::new(cfg.sched, nr_pcpus).map_err(VmError::Sched)?;
+        let sched = Sched::new(cfg.sched, nr_pcpus).map_err(VmError::Sched)?;
         Ok(HOST.call_once(|| Host {
-            sched: Mutex::new(sched),
+            sched,
             trace: (0..nr_pcpus).map(|_| Mutex::new(Ring::new(RING_EVENTS))).collect(),
             trace_trigger: Trigger::new(cfg.sched_trace_threshold_us, cfg.sched_trace_max_dumps)
                 .with_dom0_key(cfg.sched_trace_dom0_key),
@@ -442,7 +442,7 @@ pub struct Vm {
     pub vcpus: Vec<Mutex<Vcpu>>,
     pub shared: Vec<VcpuShared>,
     /// The host-wide scheduler (`Host::sched`), keyed by `Vm::gid`.
-    pub sched: &'static Mutex<Scheduler>,
+    pub sched: &'static Sched,
     pub nr_pcpus: usize,
     pub nr_lrs: usize,
     /// More vCPUs than pCPUs: trap WFE so spinning vCPUs yield.

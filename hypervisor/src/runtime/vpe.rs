@@ -142,7 +142,7 @@ pub fn doorbell(vm: &Vm, me: usize, id: IntId, vcpu: usize) {
     }
     // Checked after the flag: a vCPU whose WFI blocked before the flag was
     // set is Blocked by now (it blocked under the vGIC lock).
-    let state = vm.sched.lock().state(vm.gid(vcpu));
+    let state = vm.sched.state(vm.gid(vcpu));
     match v4::doorbell_for(state) {
         DoorbellFor::Wake => {
             inc(&s.counters.doorbells);

@@ -263,9 +263,16 @@ impl Scheduler {
 
     /// A vCPU that leaves its pCPU with a move pending moves now: here, or
     /// as [`Sched`](super::Sched)'s emigrant when this scheduler holds one
-    /// runqueue and the move is to another.
-    pub(super) fn finish_migration(&mut self, now: u64, s: usize) {
-        let Some(to) = self.vcpus[s].migrate_to else { return };
+    /// runqueue and the move is to another (returns true: it is that
+    /// runqueue's to queue).
+    #[inline(always)]
+    pub(super) fn finish_migration(&mut self, now: u64, s: usize) -> bool {
+        self.vcpus[s].migrate_to.is_some() && self.finish_migration_to(now, s)
+    }
+
+    #[inline(never)]
+    fn finish_migration_to(&mut self, now: u64, s: usize) -> bool {
+        let Some(to) = self.vcpus[s].migrate_to else { return false };
         if self.owns(to) {
             self.move_to_rq(now, s, to);
         } else if self.vcpus[s].parked {
@@ -277,7 +284,9 @@ impl Scheduler {
             self.vcpus[s].rq = to;
             self.vcpus[s].migrate_to = None;
             self.emigrant = Some(s);
+            return true;
         }
+        false
     }
 }
 

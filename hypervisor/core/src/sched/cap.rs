@@ -68,10 +68,15 @@ impl Scheduler {
 
     /// Make sure the (capped) vCPU `s` holds budget, drawing a quota from
     /// its domain's pool; false if there is none left (park it).
+    #[inline(always)]
     pub(super) fn ensure_budget(&mut self, s: usize) -> bool {
-        if self.no_caps() {
-            return true;
-        }
+        self.no_caps() || self.ensure_budget_capped(s)
+    }
+
+    /// [`Self::ensure_budget`] while some domain is capped (out of the
+    /// uncapped path's line: it takes a pool's lock).
+    #[inline(never)]
+    fn ensure_budget_capped(&mut self, s: usize) -> bool {
         let d = self.vcpus[s].dom;
         if !self.domains[d].capped() || self.vcpus[s].budget > 0 {
             return true;

@@ -1,4 +1,4 @@
-//! Conformance with Xen 4.17's Credit2, checked on the real [`Scheduler`]
+//! Conformance with Xen 4.17's Credit2, checked on the real [`Sched`]
 //! by simulation: the figures a model of Xen's algorithm gives on the same
 //! workloads (issue text and `docs/benchmarks/scheduler-xen-conformance.md`),
 //! in the control mode (`sched_wake_preempt=off`) and, where they are

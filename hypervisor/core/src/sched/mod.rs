@@ -22,6 +22,8 @@
 //! - `wake`: wake paths ([`WakeMode`]), lock-holder grace, protected runs.
 //! - `switch`: `schedule()`'s phases around the pick (switch out, in, idle).
 //! - `lifecycle`: adding domains and vCPUs, power on/off, block, yield.
+//! - `shards`: [`Sched`], the scheduler the pCPUs share: a [`Scheduler`]
+//!   per runqueue, each behind its own lock, and the moves between them.
 //! - `spin`: spin detection by PC sampling where WFE does not trap.
 //! - `sim`: a discrete-event simulator that drives the real scheduler.
 //! - `conformance`: a simulator of any mix of hogs and I/O vCPUs (and of
@@ -35,7 +37,8 @@
 //!
 //! # Driving it
 //! Pure logic over the caller's clock (ns, monotonic); no globals, no arch
-//! code, no panics (errors are [`SchedError`]). The EL2 code calls, per pCPU:
+//! code, no panics (errors are [`SchedError`]). The EL2 code calls
+//! [`Sched`] (the same calls, a lock per runqueue taken inside), per pCPU:
 //! `wake` on a virtual interrupt/vSGI/vtimer/doorbell for a vCPU; `block` on a
 //! WFI with nothing pending; `yield_to` on WFE; `note_critical_exit` on an SGI
 //! trap (with the evidence) and on any exit while a grace is open (without
@@ -352,7 +355,13 @@ struct SlotIndex {
     sparse: BTreeMap<VcpuId, usize>,
 }
 
-/// Ids below this are looked up in [`SlotIndex`]'s table.
+#[cfg(feature = "sched-opcount")]
+std::thread_local! {
+    /// Records the schedulers visited on this thread ([`Scheduler::ops`]).
+    static OPS: core::cell::Cell<u64> = const { core::cell::Cell::new(0) };
+}
+
+/// Ids below this are looked up in a table (a scheduler's slots, `Sched`'s routes).
 pub const DENSE_IDS: u32 = 4096;
 
 impl SlotIndex {
@@ -422,10 +431,6 @@ pub struct Scheduler {
     /// The last `schedule()` reset this runqueue's credit: [`Sched`]
     /// balances it against another.
     reset_pending: bool,
-    /// Records visited so far (see [`Scheduler::ops`]); only with the
-    /// `sched-opcount` feature, which the EL2 build leaves off.
-    #[cfg(feature = "sched-opcount")]
-    ops: core::cell::Cell<u64>,
 }
 
 impl Scheduler {
@@ -459,8 +464,6 @@ impl Scheduler {
             shard: None,
             emigrant: None,
             reset_pending: false,
-            #[cfg(feature = "sched-opcount")]
-            ops: core::cell::Cell::new(0),
         })
     }
 
@@ -498,12 +501,11 @@ impl Scheduler {
         let left = prev.filter(|&s| next != Some(s));
         let mut switch = SwitchInfo { out: left.map(|s| self.switch_out(s, yielding, forced)), ..Default::default() };
         let preempted = prev_runnable.and_then(|s| self.deschedule_prev(s, next, yielding, forced));
-        let requeue = prev_runnable.filter(|&s| next != Some(s));
-        if let Some(s) = left {
-            self.finish_migration(now, s);
-        }
+        let mut requeue = prev_runnable.filter(|&s| next != Some(s));
         // One that left for another runqueue is queued there (`Sched`).
-        let requeue = requeue.filter(|&s| self.owns(self.vcpus[s].rq));
+        if left.is_some_and(|s| self.finish_migration(now, s)) {
+            requeue = None;
+        }
         // Credit2 queues the vCPU that left only after the next one's slice
         // is set; with our extensions on it is queued first (see `switch`).
         let delayed = !self.cfg.extensions();
@@ -580,14 +582,16 @@ impl Scheduler {
     }
 
     /// How many records (queued or member vCPUs, pCPUs, runqueues,
-    /// domains) the scheduler has visited in its loops so far, with the
-    /// `sched-opcount` feature (0 without it): the host stress bench's
-    /// measure of the work per call, which neither the host's scheduling
-    /// nor its caches distort. The loops are counted, not the constant work
-    /// around them.
-    pub fn ops(&self) -> u64 {
+    /// domains) any scheduler has visited in its loops on the calling
+    /// thread so far, with the `sched-opcount` feature (0 without it): the
+    /// host stress bench's measure of the work per call, which neither the
+    /// host's scheduling nor its caches distort. The loops are counted,
+    /// not the constant work around them. Per thread, so that a thread
+    /// standing for a pCPU counts its own calls whatever runqueue locks
+    /// they take.
+    pub fn ops() -> u64 {
         #[cfg(feature = "sched-opcount")]
-        return self.ops.get();
+        return OPS.with(|c| c.get());
         #[cfg(not(feature = "sched-opcount"))]
         0
     }
@@ -597,7 +601,7 @@ impl Scheduler {
     #[inline(always)]
     pub(super) fn op(&self, n: usize) {
         #[cfg(feature = "sched-opcount")]
-        self.ops.set(self.ops.get() + n as u64);
+        OPS.with(|c| c.set(c.get() + n as u64));
         #[cfg(not(feature = "sched-opcount"))]
         let _ = n;
     }

@@ -162,6 +162,10 @@ impl Sched {
     /// `pcpu`'s runqueue, locked.
     #[inline(always)]
     fn pcpu_locked(&self, pcpu: usize) -> Result<MutexGuard<'_, Scheduler>, SchedError> {
+        if self.shards.len() == 1 {
+            // Its scheduler checks the pCPU.
+            return Ok(self.lock(0));
+        }
         let r = self.runqueue_of(pcpu).ok_or(SchedError::BadPcpu(pcpu))?;
         Ok(self.lock(r))
     }
@@ -337,30 +341,61 @@ impl Sched {
     /// [`Scheduler::schedule`], and the IPIs it owes beyond its decision's
     /// `kick` (send them as that one).
     pub fn schedule(&self, now: u64, pcpu: usize) -> Result<(Decision, OwedKicks), SchedError> {
-        self.schedule_then(now, pcpu, |_| ())
+        let mut owed = OwedKicks::default();
+        let d = self.schedule_then(now, pcpu, &mut owed, |_| ())?;
+        Ok((d, owed))
     }
 
     /// [`Sched::schedule`], calling `then` with the decision while the
-    /// runqueue is still locked: what it publishes about the vCPUs the
-    /// decision names is in the order of the decisions.
-    #[inline(always)]
+    /// runqueue is still locked (what it publishes about the vCPUs the
+    /// decision names is in the order of the decisions), the IPIs owed
+    /// added to `owed`.
     pub fn schedule_then(
         &self,
         now: u64,
         pcpu: usize,
+        owed: &mut OwedKicks,
         then: impl FnOnce(&Decision),
-    ) -> Result<(Decision, OwedKicks), SchedError> {
-        let mut kicks = OwedKicks::default();
-        let mut s = self.pcpu_locked(pcpu)?;
+    ) -> Result<Decision, SchedError> {
+        let mut s = self.runqueue_for(pcpu)?;
         let mut d = s.schedule(now, pcpu)?;
         then(&d);
-        if s.owes_balance_kicks() {
-            s.take_balance_kicks().for_each(|k| kicks.push(k));
+        self.scheduled(now, pcpu, s, &mut d, owed);
+        Ok(d)
+    }
+
+    /// `pcpu`'s runqueue, locked for [`Scheduler::schedule`] on `pcpu` and
+    /// nothing else; then hand it to [`Sched::scheduled`] with the
+    /// decision. (The run loop's path: its decision is large, and this way
+    /// it is made in place, not copied out of a call.)
+    #[inline(always)]
+    pub fn runqueue_for(&self, pcpu: usize) -> Result<MutexGuard<'_, Scheduler>, SchedError> {
+        self.pcpu_locked(pcpu)
+    }
+
+    /// After `s` (from [`Sched::runqueue_for`]) scheduled `pcpu` and decided
+    /// `d`: unlocks it and, with several runqueues, does what the decision
+    /// left to the front (a move to another runqueue, a balance), which may
+    /// change `d`'s timer and owe IPIs (added to `owed`).
+    #[inline(always)]
+    pub fn scheduled<'a>(
+        &'a self,
+        now: u64,
+        pcpu: usize,
+        mut s: MutexGuard<'a, Scheduler>,
+        d: &mut Decision,
+        owed: &mut OwedKicks,
+    ) {
+        if self.shards.len() == 1 {
+            // Nothing to balance with, nothing owed.
+            return;
         }
-        if self.shards.len() > 1 && self.after_schedule(now, pcpu, s, &mut kicks) {
+        if s.owes_balance_kicks() {
+            s.take_balance_kicks().for_each(|k| owed.push(k));
+        }
+        if self.after_schedule(now, pcpu, s, owed) {
             d.timer_at = self.lock(usize::from(self.pcpu_rq[pcpu])).rearm_slice(now, pcpu);
         }
-        Ok((d, kicks))
     }
 
     /// With several runqueues, after a `schedule()` of `pcpu`: take its
@@ -486,11 +521,6 @@ impl Sched {
     /// Credit resets of runqueue `rq` so far.
     pub fn runqueue_resets(&self, rq: usize) -> Option<u64> {
         self.shards.get(rq).and_then(|s| s.0.lock().runqueue_resets(rq))
-    }
-
-    /// [`Scheduler::ops`], summed over the runqueues.
-    pub fn ops(&self) -> u64 {
-        (0..self.shards.len()).map(|r| self.lock(r).ops()).sum()
     }
 
     /// How long a caller waited for `pcpu`'s runqueue lock is the bench's;

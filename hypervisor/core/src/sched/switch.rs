@@ -161,6 +161,7 @@ impl Scheduler {
 
     /// The timer of `n`'s run: its slice (or, when `directed` to a lock
     /// holder, the lent grace), cut at its budget's end.
+    #[inline(always)]
     pub(super) fn arm_slice(&mut self, now: u64, pcpu: usize, n: usize, directed: bool) -> Option<u64> {
         let lend = directed && self.cfg.wake_mode == WakeMode::Preempt && self.cfg.lhp_grace_ns > 0;
         self.pcpus[pcpu].loan = lend;
@@ -183,6 +184,7 @@ impl Scheduler {
     /// it computes the slice; [`Sched`](super::Sched) balances after the
     /// `schedule()` that reset, and a vCPU it pulled in may wait for this
     /// pCPU now). A loan (directed yield) keeps its slice.
+    #[cold]
     pub(super) fn rearm_slice(&mut self, now: u64, pcpu: usize) -> Option<u64> {
         match self.pcpus[pcpu].curr {
             Some(n) if !self.pcpus[pcpu].loan => self.arm_slice(now, pcpu, n, false),

@@ -40,7 +40,7 @@ fn send_sgi(vm: &Vm, me: usize, v: &mut Vcpu, value: u64) {
     // (Evidence is our extension: with it off no grace ever opens.)
     let evidence = if vm.extensions { CritEvidence::from_spsr(v.regs.spsr) } else { CritEvidence::None };
     if evidence == CritEvidence::IrqsMasked || v.lhp_grace.is_some() {
-        let a = vm.sched.lock().note_critical_exit(now_ns(), me, evidence);
+        let a = vm.sched.note_critical_exit(now_ns(), me, evidence);
         do_wake_action(me, a.unwrap_or(WakeAction::None));
     }
     v.lhp_grace = (evidence == CritEvidence::IrqsMasked).then(|| GraceWatch::open(gic::active_group1_priorities()));
@@ -191,7 +191,7 @@ pub(super) fn yield_cpu(vm: &Vm, me: usize, id: usize) -> Next {
     }
     // Directed only with our extensions on; Credit2's own yield is undirected.
     let target = vm.extensions.then(|| preempted_sibling(vm, id)).flatten().map(|(k, _)| vm.gid(k));
-    match vm.sched.lock().yield_to(now_ns(), me, target) {
+    match vm.sched.yield_to(now_ns(), me, target) {
         Ok(()) => Next::Schedule,
         Err(_) => Next::Enter,
     }

@@ -112,8 +112,9 @@ fn enable_irqs(vm: &Vm, me: usize) {
 
 /// `VcpuShared::preempted` after a `schedule()` decided `d` and picked
 /// `next`; `last` ran here before it, so it is the vCPU any switch-out is
-/// about. Called under the scheduler's lock, so that the stores follow the
-/// decisions' order.
+/// about. Called under the pCPU's runqueue lock, so that the stores follow
+/// the decisions' order (a vCPU that moves to another runqueue is
+/// published here before that runqueue can pick it).
 #[inline(always)]
 fn publish_preempted(
     d: &crate::sched::Decision,
@@ -138,8 +139,8 @@ fn publish_preempted(
 /// reset only: out of the loop's line).
 #[cold]
 #[inline(never)]
-fn kick_balanced(vm: &Vm, me: usize, s: &mut crate::sched::Scheduler) {
-    for k in s.take_balance_kicks() {
+fn kick_balanced(vm: &Vm, me: usize, owed: crate::sched::OwedKicks) {
+    for k in owed.iter() {
         rec(vm, me, Event::Kick { pcpu: k as u16 });
         percpu::kick(k);
     }
@@ -164,19 +165,26 @@ pub fn pcpu_loop(me: usize) -> ! {
     loop {
         pcpu(me).resched.store(false, Ordering::Relaxed);
         let now = now_ns();
-        let (d, next) = {
-            let mut s = vm.sched.lock();
-            let d = s.schedule(now, me).unwrap_or_else(|e| {
-                warn!("pCPU{me}: scheduler: {e}");
-                Default::default()
-            });
-            let next = d.next.and_then(vcpu_of);
-            publish_preempted(&d, last, next);
-            if s.owes_balance_kicks() {
-                kick_balanced(vm, me, &mut s);
+        let mut owed = crate::sched::OwedKicks::default();
+        let (d, next) = match vm.sched.runqueue_for(me) {
+            Ok(mut s) => {
+                let mut d = s.schedule(now, me).unwrap_or_else(|e| {
+                    warn!("pCPU{me}: scheduler: {e}");
+                    Default::default()
+                });
+                let next = d.next.and_then(vcpu_of);
+                publish_preempted(&d, last, next);
+                vm.sched.scheduled(now, me, s, &mut d, &mut owed);
+                (d, next)
             }
-            (d, next)
+            Err(e) => {
+                warn!("pCPU{me}: scheduler: {e}");
+                (Default::default(), None)
+            }
         };
+        if owed.any() {
+            kick_balanced(vm, me, owed);
+        }
         // Its spin watch (`run_vcpu`), from the flags just published.
         let watch = next.and_then(|(g, v)| spin_watch(g, v));
         // First, as another pCPU may be waiting to load that vCPU.
@@ -478,7 +486,7 @@ fn block(vm: &Vm, me: usize, v: &mut Vcpu, limit: u64) -> Next {
         vm.shared[id].wake_at.store(limit, Ordering::Release);
         percpu::note_timers_changed(vm.shared[id].vtimer_home.load(Ordering::Relaxed));
     }
-    let r = vm.sched.lock().block(now_ns(), me);
+    let r = vm.sched.block(now_ns(), me);
     drop(vgic);
     match r {
         Ok(_) if pending => {

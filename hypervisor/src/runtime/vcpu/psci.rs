@@ -66,7 +66,7 @@ fn known_call(vm: &Vm, me: usize, v: &mut Vcpu, call: Call) -> Next {
         },
         Call::CpuOff => {
             vm.shared[v.id].online.store(false, Ordering::Release);
-            match vm.sched.lock().power_off(now_ns(), me) {
+            match vm.sched.power_off(now_ns(), me) {
                 Ok(_) => next = Next::Schedule,
                 Err(e) => warn!("vCPU{}: CPU_OFF: {e}", v.id),
             }
@@ -108,7 +108,7 @@ pub(super) fn cpu_on(vm: &Vm, me: usize, t: usize, entry: u64, context: u64) -> 
         tv.gicif = Default::default();
         tv.vserror = Default::default();
     }
-    let r = vm.sched.lock().power_on(now_ns(), vm.gid(t));
+    let r = vm.sched.power_on(now_ns(), vm.gid(t));
     match r {
         Ok(a) => {
             do_wake_action(me, a);

@@ -51,7 +51,7 @@ pub fn print_stats() {
     );
     {
         let mut text = alloc::string::String::new();
-        let _ = all[0].sched.lock().write_runqueue_stats(&mut text);
+        let _ = all[0].sched.write_runqueue_stats(&mut text);
         crate::hvprintln!("(HV) stats begin sched\n{text}(HV) stats end sched");
     }
     if crate::arch::smmu::present() {
@@ -82,7 +82,7 @@ pub(super) fn print_domain_totals(vm: &Vm, now: u64) {
     let n = vm.domid;
     // Run time as the scheduler charges it (Credit2's burn), all vCPUs, up
     // to `now`.
-    let run_ns = vm.sched.lock().domain_run_ns(n, now).unwrap_or(0);
+    let run_ns = vm.sched.domain_run_ns(n, now).unwrap_or(0);
     crate::hvprintln!(
         "(HV) stats begin dom{n}\ndom{n}.vcpus={}\ndom{n}.exits={}\ndom{n}.aborts_injected={}\ndom{n}.undef_injected={}\ndom{n}.disk_requests={disk_requests}\ndom{n}.run_ns={run_ns}\ndom{n}.stopped={}\n(HV) stats end dom{n}",
         vm.vcpus.len(),
@@ -99,7 +99,7 @@ pub(super) fn print_domu_stats(vm: &Vm) {
     let prefixed =
         |text: &str| -> alloc::string::String { text.lines().map(|l| alloc::format!("d{n}.{l}\n")).collect() };
     for (i, s) in vm.shared.iter().enumerate() {
-        let mut st = vm.sched.lock().stats(vm.gid(i)).cloned().unwrap_or_default();
+        let mut st = vm.sched.stats(vm.gid(i)).unwrap_or_default();
         s.counters.fill(&mut st.counters);
         let mut text = alloc::string::String::new();
         let _ = st.write_text(i as u32, &mut text);
@@ -153,7 +153,7 @@ fn print_pci_stats(vm: &Vm, prefix: &str) {
 /// `crate::stats`).
 pub(super) fn print_vm_stats(vm: &Vm) {
     for (i, s) in vm.shared.iter().enumerate() {
-        let mut st = vm.sched.lock().stats(vm.gid(i)).cloned().unwrap_or_default();
+        let mut st = vm.sched.stats(vm.gid(i)).unwrap_or_default();
         s.counters.fill(&mut st.counters);
         let mut text = alloc::string::String::new();
         let _ = st.write_text(i as u32, &mut text);
@@ -251,7 +251,7 @@ pub(super) fn stop_domain(vm: &Vm, me: usize, v: &Vcpu, what: &str) -> Next {
         }
     }
     vm.shared[v.id].online.store(false, Ordering::Release);
-    if let Err(e) = vm.sched.lock().power_off(now_ns(), me) {
+    if let Err(e) = vm.sched.power_off(now_ns(), me) {
         warn!("d{} vCPU{}: stopping: {e}", vm.domid, v.id);
     }
     let now = now_ns();

@@ -22,7 +22,7 @@ pub(super) fn run_vcpu(
     if vm.stopped.load(Ordering::Acquire) {
         // Its domain stopped while this vCPU was away: it goes offline.
         vm.shared[id].online.store(false, Ordering::Release);
-        if let Err(e) = vm.sched.lock().power_off(now_ns(), me) {
+        if let Err(e) = vm.sched.power_off(now_ns(), me) {
             warn!("d{} vCPU{id}: stopping: {e}", vm.domid);
         }
         return;
@@ -139,7 +139,7 @@ fn after_exit(vm: &Vm, me: usize, v: &mut Vcpu, id: usize) {
         if g.in_handler() {
             vm.vgic.lock().watch_active_eoi(id, false);
         }
-        let a = vm.sched.lock().note_critical_exit(now_ns(), me, CritEvidence::None);
+        let a = vm.sched.note_critical_exit(now_ns(), me, CritEvidence::None);
         do_wake_action(me, a.unwrap_or(WakeAction::None));
     }
 }
