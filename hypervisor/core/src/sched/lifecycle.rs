@@ -71,7 +71,7 @@ impl Scheduler {
         let d = self.check_new_vcpu(vcpu, dom, affinity)?;
         let home = match affinity {
             Some(p) => p,
-            None => self.least_homed_pcpu(|_| 0),
+            None => self.least_homed_pcpu(),
         };
         self.add_vcpu_at(vcpu, d, affinity, home);
         Ok(())
@@ -93,15 +93,21 @@ impl Scheduler {
         self.dom_slot(dom)
     }
 
-    /// The pCPU fewest live vCPUs last ran on, counting `more(p)` besides
-    /// (`Sched` sums its runqueues' counts).
-    pub(super) fn least_homed_pcpu(&self, more: impl Fn(usize) -> usize) -> usize {
-        (0..self.pcpus.len()).min_by_key(|&p| self.homed_on(p) + more(p)).unwrap_or(0)
+    /// The pCPU fewest live vCPUs last ran on (or were placed on).
+    fn least_homed_pcpu(&self) -> usize {
+        let mut homed = alloc::vec![0usize; self.pcpus.len()];
+        self.count_homes(&mut homed);
+        (0..homed.len()).min_by_key(|&p| homed[p]).unwrap_or(0)
     }
 
-    /// How many live vCPUs last ran on (or were placed on) `p`.
-    pub(super) fn homed_on(&self, p: usize) -> usize {
-        self.vcpus.iter().filter(|v| v.home == p && self.owns(v.rq)).count()
+    /// Adds to `homed[p]` the live vCPUs that last ran on (or were placed
+    /// on) pCPU `p`.
+    pub(super) fn count_homes(&self, homed: &mut [usize]) {
+        for v in self.vcpus.iter().filter(|v| self.owns(v.rq)) {
+            if let Some(c) = homed.get_mut(v.home) {
+                *c += 1;
+            }
+        }
     }
 
     /// Registers vCPU `vcpu` of domain slot `d` with its last pCPU `home`

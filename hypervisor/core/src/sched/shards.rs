@@ -231,8 +231,10 @@ impl Sched {
         let home = match affinity {
             Some(p) => p,
             None => {
-                let others = |p: usize| (1..n).map(|r| self.lock(r).homed_on(p)).sum::<usize>();
-                self.lock(0).least_homed_pcpu(others)
+                // Each runqueue counts its own live vCPUs' last pCPUs.
+                let mut homed = alloc::vec![0usize; self.nr_pcpus()];
+                (0..n).for_each(|r| self.lock(r).count_homes(&mut homed));
+                (0..homed.len()).min_by_key(|&p| homed[p]).unwrap_or(0)
             }
         };
         for r in 0..n {
