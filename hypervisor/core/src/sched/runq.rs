@@ -177,6 +177,7 @@ impl Scheduler {
     }
 
     /// Credit2's slice length for the vCPU `n` just picked on `p`.
+    #[inline(always)]
     pub(super) fn runtime(&self, now: u64, p: usize, n: usize) -> u64 {
         let credit = self.vcpus[n].credit;
         let rt = match self.rqs[self.pcpus[p].rq].queue.first() {

@@ -101,7 +101,11 @@ pub struct Woken {
 /// The host's scheduler: runqueues of [`Scheduler`], a lock each.
 pub struct Sched {
     cfg: SchedConfig,
-    shards: Box<[Shard]>,
+    /// Runqueue 0's scheduler, here rather than behind a pointer: with one
+    /// runqueue it is the only one, on every call's path.
+    first: Shard,
+    /// Runqueues 1.. (none with one runqueue).
+    rest: Box<[Shard]>,
     /// Each pCPU's runqueue (fixed at boot).
     pcpu_rq: Box<[u16]>,
     /// Runqueue + 1 of each vCPU id below `DENSE_IDS` (0: unknown); empty
@@ -118,20 +122,21 @@ impl Sched {
         let first = Scheduler::new(cfg, nr_pcpus)?;
         let n = first.nr_runqueues();
         let pcpu_rq = (0..nr_pcpus).map(|p| first.pcpus[p].rq as u16).collect();
-        let mut shards = Vec::with_capacity(n);
-        if n == 1 {
-            shards.push(Shard(Mutex::new(first)));
-        } else {
-            for r in 0..n {
+        let mut first = first;
+        let mut rest = Vec::with_capacity(n - 1);
+        if n > 1 {
+            first.shard = Some(0);
+            for r in 1..n {
                 let mut s = Scheduler::new(cfg, nr_pcpus)?;
                 s.shard = Some(r);
-                shards.push(Shard(Mutex::new(s)));
+                rest.push(Shard(Mutex::new(s)));
             }
         }
         let ids = if n > 1 { DENSE_IDS as usize } else { 0 };
         Ok(Self {
             cfg,
-            shards: shards.into_boxed_slice(),
+            first: Shard(Mutex::new(first)),
+            rest: rest.into_boxed_slice(),
             pcpu_rq,
             route: (0..ids).map(|_| AtomicU16::new(0)).collect(),
             admin: Mutex::new(()),
@@ -147,7 +152,7 @@ impl Sched {
     }
 
     pub fn nr_runqueues(&self) -> usize {
-        self.shards.len()
+        1 + self.rest.len()
     }
 
     /// The runqueue `pcpu` picks from.
@@ -155,14 +160,28 @@ impl Sched {
         self.pcpu_rq.get(pcpu).map(|&r| usize::from(r))
     }
 
+    /// Runqueue `r`'s scheduler and its lock.
+    #[inline(always)]
+    fn shard(&self, r: usize) -> Option<&Mutex<Scheduler>> {
+        match r {
+            0 => Some(&self.first.0),
+            _ => self.rest.get(r - 1).map(|s| &s.0),
+        }
+    }
+
+    /// Runqueue `r`'s scheduler, locked (`r` is one of ours).
+    #[inline(always)]
     fn lock(&self, r: usize) -> MutexGuard<'_, Scheduler> {
-        self.shards[r].0.lock()
+        match r {
+            0 => self.first.0.lock(),
+            _ => self.rest[r - 1].0.lock(),
+        }
     }
 
     /// `pcpu`'s runqueue, locked.
     #[inline(always)]
     fn pcpu_locked(&self, pcpu: usize) -> Result<MutexGuard<'_, Scheduler>, SchedError> {
-        if self.shards.len() == 1 {
+        if self.rest.is_empty() {
             // Its scheduler checks the pCPU.
             return Ok(self.lock(0));
         }
@@ -173,7 +192,7 @@ impl Sched {
     /// The runqueue `vcpu` is live in, locked (see the module doc).
     #[inline(always)]
     fn vcpu_locked(&self, vcpu: VcpuId) -> Result<(usize, MutexGuard<'_, Scheduler>), SchedError> {
-        if self.shards.len() == 1 {
+        if self.rest.is_empty() {
             return Ok((0, self.lock(0)));
         }
         let route = self.route.get(vcpu.0 as usize).ok_or(SchedError::UnknownVcpu(vcpu))?;
@@ -196,7 +215,7 @@ impl Sched {
     fn each<T>(&self, mut f: impl FnMut(&mut Scheduler) -> Result<T, SchedError>) -> Result<T, SchedError> {
         let _admin = self.admin.lock();
         let mut out = f(&mut self.lock(0))?;
-        for r in 1..self.shards.len() {
+        for r in 1..self.nr_runqueues() {
             // The first accepted it: the others hold the same state.
             out = f(&mut self.lock(r))?;
         }
@@ -223,7 +242,7 @@ impl Sched {
     /// [`Scheduler::add_vcpu`]: its runqueue is that of the pCPU it is
     /// pinned to, else of the pCPU fewest vCPUs last ran on.
     pub fn add_vcpu(&self, vcpu: VcpuId, dom: DomainId, affinity: Option<usize>) -> Result<(), SchedError> {
-        let n = self.shards.len();
+        let n = self.nr_runqueues();
         if n > 1 && vcpu.0 >= DENSE_IDS {
             return Err(SchedError::VcpuIdRange(vcpu));
         }
@@ -359,7 +378,7 @@ impl Sched {
         owed: &mut OwedKicks,
         then: impl FnOnce(&Decision),
     ) -> Result<Decision, SchedError> {
-        let mut s = self.runqueue_for(pcpu)?;
+        let mut s = self.runqueue_for(pcpu);
         let mut d = s.schedule(now, pcpu)?;
         then(&d);
         self.scheduled(now, pcpu, s, &mut d, owed);
@@ -369,10 +388,11 @@ impl Sched {
     /// `pcpu`'s runqueue, locked for [`Scheduler::schedule`] on `pcpu` and
     /// nothing else; then hand it to [`Sched::scheduled`] with the
     /// decision. (The run loop's path: its decision is large, and this way
-    /// it is made in place, not copied out of a call.)
+    /// it is made in place, not copied out of a call.) A pCPU we do not
+    /// have gets runqueue 0, whose `schedule` says so.
     #[inline(always)]
-    pub fn runqueue_for(&self, pcpu: usize) -> Result<MutexGuard<'_, Scheduler>, SchedError> {
-        self.pcpu_locked(pcpu)
+    pub fn runqueue_for(&self, pcpu: usize) -> MutexGuard<'_, Scheduler> {
+        self.pcpu_locked(pcpu).unwrap_or_else(|_| self.lock(0))
     }
 
     /// After `s` (from [`Sched::runqueue_for`]) scheduled `pcpu` and decided
@@ -388,7 +408,7 @@ impl Sched {
         d: &mut Decision,
         owed: &mut OwedKicks,
     ) {
-        if self.shards.len() == 1 {
+        if self.rest.is_empty() {
             // Nothing to balance with, nothing owed.
             return;
         }
@@ -439,11 +459,11 @@ impl Sched {
         let la = s.rqs[l].avgload;
         let mut other = None;
         let mut delta = 0u64;
-        s.op(self.shards.len());
+        s.op(self.nr_runqueues());
         // As Credit2: each other runqueue whose lock is free has its
         // average brought to now and compared; a busy one is skipped.
-        for (o, shard) in self.shards.iter().enumerate().filter(|&(o, _)| o != l) {
-            let Some(mut os) = shard.0.try_lock() else { continue };
+        for o in (0..self.nr_runqueues()).filter(|&o| o != l) {
+            let Some(mut os) = self.shard(o).and_then(|m| m.try_lock()) else { continue };
             os.rq_load_add(o, 0, t);
             let d = la.abs_diff(os.rqs[o].avgload);
             if d > delta {
@@ -451,7 +471,7 @@ impl Sched {
             }
         }
         let Some(o) = other else { return false };
-        let Some(mut os) = self.shards[o].0.try_lock() else { return false };
+        let Some(mut os) = self.shard(o).and_then(|m| m.try_lock()) else { return false };
         os.rq_load_add(o, 0, t);
         let oa = os.rqs[o].avgload;
         let cpus_max = s.rqs[l].pcpus.len().max(s.rqs[o].pcpus.len());
@@ -499,7 +519,7 @@ impl Sched {
     /// A domain's counters, summed over the runqueues.
     pub fn domain_stats(&self, dom: DomainId) -> Option<DomainStats> {
         let mut sum: Option<DomainStats> = None;
-        for r in 0..self.shards.len() {
+        for r in 0..self.nr_runqueues() {
             let d = *self.lock(r).domain_stats(dom)?;
             let t = sum.get_or_insert_with(DomainStats::default);
             t.run_ns += d.run_ns;
@@ -512,24 +532,24 @@ impl Sched {
 
     /// [`Scheduler::domain_run_ns`], summed over the runqueues.
     pub fn domain_run_ns(&self, dom: DomainId, now: u64) -> Option<u64> {
-        (0..self.shards.len()).map(|r| self.lock(r).domain_run_ns(dom, now)).sum()
+        (0..self.nr_runqueues()).map(|r| self.lock(r).domain_run_ns(dom, now)).sum()
     }
 
     /// [`Scheduler::write_runqueue_stats`], runqueue by runqueue.
     pub fn write_runqueue_stats(&self, out: &mut impl core::fmt::Write) -> core::fmt::Result {
-        (0..self.shards.len()).try_for_each(|r| self.lock(r).write_runqueue_stats(out))
+        (0..self.nr_runqueues()).try_for_each(|r| self.lock(r).write_runqueue_stats(out))
     }
 
     /// Credit resets of runqueue `rq` so far.
     pub fn runqueue_resets(&self, rq: usize) -> Option<u64> {
-        self.shards.get(rq).and_then(|s| s.0.lock().runqueue_resets(rq))
+        self.shard(rq).and_then(|s| s.lock().runqueue_resets(rq))
     }
 
     /// How long a caller waited for `pcpu`'s runqueue lock is the bench's;
     /// this is that lock, for it to time (`cargo xtask bench sched-scale`).
     #[doc(hidden)]
     pub fn runqueue_lock_of(&self, pcpu: usize) -> Option<&Mutex<Scheduler>> {
-        self.runqueue_of(pcpu).map(|r| &self.shards[r].0)
+        self.runqueue_of(pcpu).and_then(|r| self.shard(r))
     }
 }
 

@@ -166,21 +166,16 @@ pub fn pcpu_loop(me: usize) -> ! {
         pcpu(me).resched.store(false, Ordering::Relaxed);
         let now = now_ns();
         let mut owed = crate::sched::OwedKicks::default();
-        let (d, next) = match vm.sched.runqueue_for(me) {
-            Ok(mut s) => {
-                let mut d = s.schedule(now, me).unwrap_or_else(|e| {
-                    warn!("pCPU{me}: scheduler: {e}");
-                    Default::default()
-                });
-                let next = d.next.and_then(vcpu_of);
-                publish_preempted(&d, last, next);
-                vm.sched.scheduled(now, me, s, &mut d, &mut owed);
-                (d, next)
-            }
-            Err(e) => {
+        let (d, next) = {
+            let mut s = vm.sched.runqueue_for(me);
+            let mut d = s.schedule(now, me).unwrap_or_else(|e| {
                 warn!("pCPU{me}: scheduler: {e}");
-                (Default::default(), None)
-            }
+                Default::default()
+            });
+            let next = d.next.and_then(vcpu_of);
+            publish_preempted(&d, last, next);
+            vm.sched.scheduled(now, me, s, &mut d, &mut owed);
+            (d, next)
         };
         if owed.any() {
             kick_balanced(vm, me, owed);
