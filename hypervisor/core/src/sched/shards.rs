@@ -775,6 +775,31 @@ mod tests {
     }
 
     #[test]
+    fn a_cap_set_while_it_runs_holds_across_runqueues() {
+        // The same two hogs, uncapped for the first second, then capped at
+        // 50 % together: each runqueue's copy of the domain takes the cap,
+        // and they share the one pool it starts.
+        let cfg = per_cpu(SchedConfig::default());
+        let vcpus =
+            (0..2).map(|p| MixVcpu { id: v(10 + p as u32), dom: 1, affinity: Some(p), load: Load::Hog }).collect();
+        let capped = DomainParams { weight: 256, cap_percent: Some(50) };
+        let p = MixParams {
+            cfg,
+            nr_pcpus: 2,
+            domains: vec![(1, DomainParams::default())],
+            vcpus,
+            duration_ns: 2000 * MS,
+            seed: 1,
+            period_ns: 1000 * MS,
+            changes: vec![(1000 * MS, 1, capped)],
+        };
+        let r = run_mix(&p).unwrap();
+        let per_second: Vec<f64> = r.domain_periods[0].iter().map(|&ns| ns as f64 / (1000 * MS) as f64).collect();
+        assert!((per_second[0] - 2.0).abs() < 0.02, "uncapped: {per_second:?}");
+        assert!((per_second[1] - 0.5).abs() < 0.02, "capped: {per_second:?}");
+    }
+
+    #[test]
     fn ids_past_the_route_table_need_one_runqueue() {
         let s = Sched::new(per_cpu(SchedConfig::default()), 2).unwrap();
         s.add_domain(0, DomainParams::default()).unwrap();
