@@ -25,6 +25,8 @@
 //!   queues and event records, and the fault policy (the EL2 driver's
 //!   decisions)
 //! - `mmio_bus`: a VM's emulated MMIO ranges (guest-physical range → device)
+//! - `control`: Dom0's control device (`hvctl`): its requests decoded, its
+//!   one-client claim, long responses in pages
 //! - `vgic`: the virtual GICv3 register model, list registers and the vITS
 //! - `virtio`: the hypervisor's virtio-blk device and its backends
 //! - `vpci`: a PCIe function assigned to a guest: its configuration space
@@ -52,6 +54,7 @@ extern crate alloc;
 #[cfg(feature = "sched-opcount")]
 extern crate std;
 
+pub mod control;
 pub mod esr;
 pub mod gicr;
 pub mod idregs;

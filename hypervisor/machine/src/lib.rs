@@ -23,8 +23,8 @@ extern crate alloc;
 #[cfg(test)]
 use hv_core::testrng;
 pub use hv_core::{
-    esr, gicr, idregs, ids, intid, irq, its, limits, mitigations, mmio_bus, psci, ptimer, quota, region, regs, sched,
-    smmu, stage2, stats, sync, time, trace, traps, vdebug, vgic, virtio, vpci, vpl011, vpmu,
+    control, esr, gicr, idregs, ids, intid, irq, its, limits, mitigations, mmio_bus, psci, ptimer, quota, region, regs,
+    sched, smmu, stage2, stats, sync, time, trace, traps, vdebug, vgic, virtio, vpci, vpl011, vpmu,
 };
 
 pub mod boot;

@@ -1,0 +1,368 @@
+//! Dom0's control device, version 1 (docs/hvctl.md): the requests `hvctl`
+//! writes into the window, decoded; the device's one-client claim; the
+//! paging of long responses.
+//!
+//! Contract: [`decode`] reads only the bytes it is given, which the caller
+//! copied out of the window into EL2 memory first (another Dom0 vCPU may
+//! change the window at any time); every malformed request is a
+//! [`Status`], never a panic. Nothing here acts on a request: the run-time
+//! layer does, and answers the same statuses.
+
+use crate::ids::DomainId;
+
+/// Size of the window that holds a request and then its response.
+pub const WINDOW_BYTES: usize = 16 * 4096;
+/// A request's header: `op`, `len`, `arg0..=arg3`, little-endian u32s.
+pub const HEADER_BYTES: usize = 24;
+/// Longest `SET_OPTION` payload (`name=value`).
+pub const OPTION_MAX: usize = 256;
+/// What `MAGIC` reads: "HVCT", little-endian.
+pub const MAGIC: u32 = u32::from_le_bytes(*b"HVCT");
+pub const VERSION: u32 = 1;
+
+/// A request's outcome, as `STATUS` reads it (0 is success).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[repr(u32)]
+pub enum Status {
+    #[error("another client holds the control device")]
+    Busy = 1,
+    #[error("the doorbell's token is not the claim's")]
+    BadToken = 2,
+    #[error("malformed request")]
+    Inval = 3,
+    #[error("unknown operation")]
+    NoOp = 4,
+    #[error("no such domain")]
+    NoDom = 5,
+    #[error("value out of range")]
+    Range = 6,
+    #[error("unknown option, or not settable while running")]
+    NoOpt = 7,
+    #[error("not enough memory")]
+    NoMem = 8,
+    #[error("not permitted")]
+    Perm = 9,
+    #[error("not an Image or ELF kernel")]
+    Format = 10,
+}
+
+impl Status {
+    /// The counter name of the hypervisor's `control.err.<name>`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Status::Busy => "busy",
+            Status::BadToken => "bad_token",
+            Status::Inval => "inval",
+            Status::NoOp => "no_op",
+            Status::NoDom => "no_dom",
+            Status::Range => "range",
+            Status::NoOpt => "no_opt",
+            Status::NoMem => "no_mem",
+            Status::Perm => "perm",
+            Status::Format => "format",
+        }
+    }
+}
+
+/// `arg` value meaning "leave it as it is".
+pub const UNCHANGED: u32 = u32::MAX;
+
+/// A decoded request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Request<'a> {
+    /// `xl list`: a line per domain.
+    List,
+    /// `xl vcpu-list`: a line per vCPU.
+    VcpuList,
+    /// The counters' text from byte `offset` (paged: see [`page`]).
+    Stats {
+        offset: u32,
+    },
+    /// The flight recorder's dump from byte `offset`.
+    TraceDump {
+        offset: u32,
+    },
+    /// `xl sched-credit2` without `-d`, or of one domain.
+    SchedGet {
+        dom: Option<DomainId>,
+    },
+    /// `xl sched-credit2 -d DOM [-w W] [-c CAP]`: `cap` 0 removes it.
+    SchedSetDomain {
+        dom: DomainId,
+        weight: Option<u32>,
+        cap: Option<u32>,
+    },
+    /// `hvctl set NAME=VALUE`.
+    SetOption {
+        name: &'a str,
+        value: &'a str,
+    },
+    Destroy {
+        dom: DomainId,
+    },
+    Pause {
+        dom: DomainId,
+    },
+    Unpause {
+        dom: DomainId,
+    },
+    /// A shutdown request the guest sees.
+    Shutdown {
+        dom: DomainId,
+    },
+}
+
+/// Operation numbers (`op`).
+mod op {
+    pub const LIST: u32 = 1;
+    pub const VCPU_LIST: u32 = 2;
+    pub const STATS: u32 = 3;
+    pub const TRACE_DUMP: u32 = 4;
+    pub const SCHED_GET: u32 = 5;
+    pub const SCHED_SET_DOMAIN: u32 = 6;
+    pub const SET_OPTION: u32 = 7;
+    pub const DESTROY: u32 = 8;
+    pub const PAUSE: u32 = 9;
+    pub const UNPAUSE: u32 = 10;
+    pub const SHUTDOWN: u32 = 11;
+}
+
+fn word(b: &[u8], i: usize) -> u32 {
+    let at = 4 * i;
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+fn domain(arg: u32) -> Result<DomainId, Status> {
+    DomainId::try_from(arg).map_err(|_| Status::NoDom)
+}
+
+/// Decodes the request at the start of `buf` (the window's copy).
+pub fn decode(buf: &[u8]) -> Result<Request<'_>, Status> {
+    if buf.len() < HEADER_BYTES {
+        return Err(Status::Inval);
+    }
+    let (opn, len) = (word(buf, 0), word(buf, 1) as usize);
+    let args = [word(buf, 2), word(buf, 3), word(buf, 4), word(buf, 5)];
+    let room = buf.len().min(WINDOW_BYTES) - HEADER_BYTES;
+    if len > room {
+        return Err(Status::Inval);
+    }
+    let payload = &buf[HEADER_BYTES..HEADER_BYTES + len];
+    // Operations without a payload take none.
+    let bare = |r: Request<'static>| if len == 0 { Ok(r) } else { Err(Status::Inval) };
+    match opn {
+        op::LIST => bare(Request::List),
+        op::VCPU_LIST => bare(Request::VcpuList),
+        op::STATS => bare(Request::Stats { offset: args[0] }),
+        op::TRACE_DUMP => bare(Request::TraceDump { offset: args[0] }),
+        op::SCHED_GET => bare(Request::SchedGet { dom: (args[0] != UNCHANGED).then(|| domain(args[0])).transpose()? }),
+        op::SCHED_SET_DOMAIN => {
+            let weight = (args[1] != UNCHANGED).then_some(args[1]);
+            if weight.is_some_and(|w| w == 0 || w > crate::sched::domain::MAX_WEIGHT) {
+                return Err(Status::Range);
+            }
+            let cap = (args[2] != UNCHANGED).then_some(args[2]);
+            bare(Request::SchedSetDomain { dom: domain(args[0])?, weight, cap })
+        }
+        op::SET_OPTION => set_option(payload),
+        op::DESTROY => bare(Request::Destroy { dom: domain(args[0])? }),
+        op::PAUSE => bare(Request::Pause { dom: domain(args[0])? }),
+        op::UNPAUSE => bare(Request::Unpause { dom: domain(args[0])? }),
+        op::SHUTDOWN => bare(Request::Shutdown { dom: domain(args[0])? }),
+        _ => Err(Status::NoOp),
+    }
+}
+
+/// `name=value`: printable ASCII, a name of `[a-z0-9_]`, at most
+/// [`OPTION_MAX`] bytes.
+fn set_option(payload: &[u8]) -> Result<Request<'_>, Status> {
+    if payload.is_empty() || payload.len() > OPTION_MAX || !payload.iter().all(|b| b.is_ascii_graphic()) {
+        return Err(Status::Inval);
+    }
+    let text = core::str::from_utf8(payload).map_err(|_| Status::Inval)?;
+    let (name, value) = text.split_once('=').ok_or(Status::Inval)?;
+    let name_ok = !name.is_empty() && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+    if !name_ok || value.is_empty() {
+        return Err(Status::Inval);
+    }
+    Ok(Request::SetOption { name, value })
+}
+
+/// The part of a long response `text` that fits `room` bytes from byte
+/// `offset` on, and how many bytes follow it (the client asks again from
+/// `offset + part.len()` while that is not 0). An offset past the end
+/// gives nothing, and nothing left.
+pub fn page(text: &[u8], offset: u32, room: usize) -> (&[u8], usize) {
+    let start = (offset as usize).min(text.len());
+    let end = start.saturating_add(room).min(text.len());
+    (&text[start..end], text.len() - end)
+}
+
+/// The device's one client: `CLAIM` hands out a token while nobody holds
+/// it; the doorbell and `RELEASE` must present it.
+#[derive(Debug, Default)]
+pub struct Claim {
+    held: Option<u64>,
+    /// Tokens handed out so far (a token is never reused).
+    issued: u64,
+}
+
+impl Claim {
+    /// A read of `CLAIM`: a new token, or 0 while another client holds it.
+    pub fn claim(&mut self) -> u64 {
+        if self.held.is_some() {
+            return 0;
+        }
+        self.issued += 1;
+        // Never 0, and hard to guess from the count alone.
+        let token = self.issued.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        self.held = Some(token);
+        token
+    }
+
+    /// Whether `token` holds the device (a doorbell is answered only then).
+    pub fn check(&self, token: u64) -> Result<(), Status> {
+        match self.held {
+            Some(t) if t == token => Ok(()),
+            Some(_) => Err(Status::BadToken),
+            None => Err(Status::BadToken),
+        }
+    }
+
+    /// A write of `RELEASE`.
+    pub fn release(&mut self, token: u64) -> Result<(), Status> {
+        self.check(token)?;
+        self.held = None;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alloc::vec::Vec;
+
+    fn req(opn: u32, args: [u32; 4], payload: &[u8]) -> Vec<u8> {
+        let mut b = Vec::new();
+        for w in [opn, payload.len() as u32].into_iter().chain(args) {
+            b.extend_from_slice(&w.to_le_bytes());
+        }
+        b.extend_from_slice(payload);
+        b
+    }
+
+    const U: u32 = UNCHANGED;
+
+    #[test]
+    fn every_operation_decodes() {
+        assert_eq!(decode(&req(1, [0; 4], b"")), Ok(Request::List));
+        assert_eq!(decode(&req(2, [0; 4], b"")), Ok(Request::VcpuList));
+        assert_eq!(decode(&req(3, [4096, 0, 0, 0], b"")), Ok(Request::Stats { offset: 4096 }));
+        assert_eq!(decode(&req(4, [0; 4], b"")), Ok(Request::TraceDump { offset: 0 }));
+        assert_eq!(decode(&req(5, [U, 0, 0, 0], b"")), Ok(Request::SchedGet { dom: None }));
+        assert_eq!(decode(&req(5, [2, 0, 0, 0], b"")), Ok(Request::SchedGet { dom: Some(2) }));
+        assert_eq!(
+            decode(&req(6, [1, U, 25, 0], b"")),
+            Ok(Request::SchedSetDomain { dom: 1, weight: None, cap: Some(25) })
+        );
+        assert_eq!(
+            decode(&req(6, [1, 512, U, 0], b"")),
+            Ok(Request::SchedSetDomain { dom: 1, weight: Some(512), cap: None })
+        );
+        assert_eq!(
+            decode(&req(7, [0; 4], b"sched_wake_preempt=off")),
+            Ok(Request::SetOption { name: "sched_wake_preempt", value: "off" })
+        );
+        assert_eq!(decode(&req(8, [3, 0, 0, 0], b"")), Ok(Request::Destroy { dom: 3 }));
+        assert_eq!(decode(&req(9, [3, 0, 0, 0], b"")), Ok(Request::Pause { dom: 3 }));
+        assert_eq!(decode(&req(10, [3, 0, 0, 0], b"")), Ok(Request::Unpause { dom: 3 }));
+        assert_eq!(decode(&req(11, [3, 0, 0, 0], b"")), Ok(Request::Shutdown { dom: 3 }));
+    }
+
+    #[test]
+    fn malformed_requests_are_statuses() {
+        assert_eq!(decode(&req(1, [0; 4], b"")[..HEADER_BYTES - 1]), Err(Status::Inval), "short header");
+        assert_eq!(decode(&req(0, [0; 4], b"")), Err(Status::NoOp));
+        assert_eq!(decode(&req(99, [0; 4], b"")), Err(Status::NoOp));
+        assert_eq!(decode(&req(1, [0; 4], b"x")), Err(Status::Inval), "a payload where none goes");
+        let mut long = req(7, [0; 4], b"a=b");
+        long[4..8].copy_from_slice(&100u32.to_le_bytes());
+        assert_eq!(decode(&long), Err(Status::Inval), "a length past the bytes given");
+        long[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(decode(&long), Err(Status::Inval), "a length past the window");
+        assert_eq!(decode(&req(8, [70_000, 0, 0, 0], b"")), Err(Status::NoDom));
+        assert_eq!(decode(&req(6, [1, 0, U, 0], b"")), Err(Status::Range), "weight 0");
+        assert_eq!(decode(&req(6, [1, 65_536, U, 0], b"")), Err(Status::Range));
+        for bad in [&b""[..], b"noequals", b"=v", b"n=", b"Name=v", b"a b=c", b"a=\x01", b"a=\xff"] {
+            assert_eq!(decode(&req(7, [0; 4], bad)), Err(Status::Inval), "{bad:?}");
+        }
+        assert_eq!(decode(&req(7, [0; 4], &[b'a'; OPTION_MAX + 1])), Err(Status::Inval));
+    }
+
+    #[test]
+    fn random_windows_never_panic_and_stay_in_bounds() {
+        let mut rng = crate::testrng::Rng(0x5eed_c0de);
+        let mut buf = alloc::vec![0u8; 512];
+        let (mut options, mut decoded) = (0, 0);
+        for _ in 0..200_000 {
+            let n = rng.index(buf.len() + 1);
+            for b in &mut buf[..n] {
+                *b = rng.next() as u8;
+            }
+            // Plausible requests too, so that the payload paths run: a
+            // known op, a length near the bytes given, a payload of the
+            // characters an option is made of and some it may not hold.
+            if n >= HEADER_BYTES && rng.below(2) == 0 {
+                buf[0..4].copy_from_slice(&(1 + rng.below(12) as u32).to_le_bytes());
+                let most = (n - HEADER_BYTES + 2).min(24) as u64;
+                let len = if rng.below(2) == 0 { 0 } else { rng.below(most) as u32 };
+                buf[4..8].copy_from_slice(&len.to_le_bytes());
+                for b in &mut buf[HEADER_BYTES..n] {
+                    *b = b"ab_=1Z \x7f"[rng.index(8)];
+                }
+            }
+            match decode(&buf[..n]) {
+                Ok(Request::SetOption { name, value }) => {
+                    assert!(HEADER_BYTES + name.len() + 1 + value.len() <= n);
+                    assert!(!name.is_empty() && !value.is_empty() && !name.contains(['Z', ' ']));
+                    options += 1;
+                }
+                Ok(_) => decoded += 1,
+                Err(_) => {}
+            }
+        }
+        assert!(options > 20 && decoded > 1000, "{options} options, {decoded} others decoded");
+    }
+
+    #[test]
+    fn long_responses_come_in_pages() {
+        let text: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
+        let mut got = Vec::new();
+        let mut offset = 0u32;
+        loop {
+            let (part, left) = page(&text, offset, 4096);
+            got.extend_from_slice(part);
+            offset += part.len() as u32;
+            if left == 0 {
+                break;
+            }
+        }
+        assert_eq!(got, text);
+        assert_eq!(page(&text, 20_000, 4096), (&[][..], 0), "past the end");
+    }
+
+    #[test]
+    fn one_client_at_a_time() {
+        let mut c = Claim::default();
+        let t = c.claim();
+        assert_ne!(t, 0);
+        assert_eq!(c.claim(), 0, "busy");
+        assert_eq!(c.check(t ^ 2), Err(Status::BadToken));
+        assert_eq!(c.check(t), Ok(()));
+        assert_eq!(c.release(t ^ 2), Err(Status::BadToken));
+        assert_eq!(c.release(t), Ok(()));
+        let u = c.claim();
+        assert!(u != 0 && u != t, "a new token");
+        assert_eq!(c.check(t), Err(Status::BadToken), "an old token is dead");
+    }
+}
