@@ -207,9 +207,7 @@ impl Scheduler {
         if queued {
             self.enqueue(s);
             if let Some(p) = self.tickle_requeued(now, s, pcpu) {
-                if let Some(slot) = self.owed_kicks.iter_mut().find(|k| k.is_none()) {
-                    *slot = Some(p);
-                }
+                self.owed_kicks.push(p);
             }
         }
     }
@@ -280,13 +278,19 @@ impl Scheduler {
             // may move it again).
             self.vcpus[s].migrate_to = None;
         } else {
-            self.leave_rq(now, s);
-            self.vcpus[s].rq = to;
-            self.vcpus[s].migrate_to = None;
+            self.let_go(now, s, to);
             self.emigrant = Some(s);
             return true;
         }
         false
+    }
+
+    /// `s` (not queued, not running) leaves this scheduler's runqueue for
+    /// runqueue `to` of another (`Sched`): its record here names `to`.
+    pub(super) fn let_go(&mut self, now: u64, s: usize, to: usize) {
+        self.leave_rq(now, s);
+        self.vcpus[s].rq = to;
+        self.vcpus[s].migrate_to = None;
     }
 }
 

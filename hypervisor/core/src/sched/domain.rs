@@ -116,12 +116,8 @@ pub(super) struct Domain {
 }
 
 impl Domain {
-    /// A domain with a pool of its own.
-    pub fn new(id: DomainId, params: DomainParams, now: u64, period: u64) -> Self {
-        Self::with_pool(id, params, now, period, SharedPool::default())
-    }
-
-    /// A domain drawing from `pool`, which other copies of it may share:
+    /// A domain drawing from `pool` (a new one: its own), which other
+    /// copies of it may share:
     /// setting the same cap on each copy changes the pool once.
     pub fn with_pool(id: DomainId, params: DomainParams, now: u64, period: u64, pool: SharedPool) -> Self {
         let uncapped = DomainParams { cap_percent: None, ..params };
@@ -250,7 +246,13 @@ mod tests {
 
     #[test]
     fn budget_grab_give_back_replenish() {
-        let mut d = Domain::new(3, DomainParams { weight: 256, cap_percent: Some(25) }, 0, CAP_PERIOD_NS);
+        let mut d = Domain::with_pool(
+            3,
+            DomainParams { weight: 256, cap_percent: Some(25) },
+            0,
+            CAP_PERIOD_NS,
+            SharedPool::default(),
+        );
         d.nr_vcpus = 1;
         assert_eq!((d.tot_budget, d.budget(), d.next_repl), (2_500_000, 2_500_000, CAP_PERIOD_NS));
         assert_eq!(d.grab(0), 2_500_000);
@@ -276,7 +278,7 @@ mod tests {
     #[test]
     fn copies_sharing_a_pool_replenish_it_once_and_each_see_it() {
         let params = DomainParams { weight: 256, cap_percent: Some(50) };
-        let mut a = Domain::new(3, params, 0, CAP_PERIOD_NS);
+        let mut a = Domain::with_pool(3, params, 0, CAP_PERIOD_NS, SharedPool::default());
         let mut b = Domain::with_pool(3, params, 0, CAP_PERIOD_NS, a.pool());
         a.nr_vcpus = 2;
         b.nr_vcpus = 2;

@@ -10,7 +10,7 @@
 //! the run time before it at the old values.
 
 use super::credit::CREDIT_INIT_NS;
-use super::domain::Domain;
+use super::domain::{Domain, SharedPool};
 use super::{DomainId, DomainParams, RunState, SchedError, Scheduler, Vcpu, VcpuId, WakeAction};
 use crate::stats::VcpuStats;
 
@@ -18,12 +18,24 @@ impl Scheduler {
     /// Register a domain. Its cap periods run from time 0 of the caller's
     /// clock, with a full budget at first.
     pub fn add_domain(&mut self, dom: DomainId, params: DomainParams) -> Result<(), SchedError> {
+        self.add_domain_pooled(dom, params, None)
+    }
+
+    /// [`Scheduler::add_domain`], drawing from `pool` when given (the
+    /// domain's copy in another runqueue's scheduler made it: `Sched`).
+    pub(super) fn add_domain_pooled(
+        &mut self,
+        dom: DomainId,
+        params: DomainParams,
+        pool: Option<SharedPool>,
+    ) -> Result<(), SchedError> {
         if self.dom_index.contains_key(&dom) {
             return Err(SchedError::DuplicateDomain(dom));
         }
         params.validate(self.pcpus.len())?;
         self.dom_index.insert(dom, self.domains.len());
-        self.domains.push(Domain::new(dom, params, 0, self.cfg.cap_period_ns));
+        let period = self.cfg.cap_period_ns;
+        self.domains.push(Domain::with_pool(dom, params, 0, period, pool.unwrap_or_default()));
         self.note_replenishments();
         Ok(())
     }
@@ -97,7 +109,7 @@ impl Scheduler {
     fn least_homed_pcpu(&self) -> usize {
         let mut homed = alloc::vec![0usize; self.pcpus.len()];
         self.count_homes(&mut homed);
-        (0..homed.len()).min_by_key(|&p| homed[p]).unwrap_or(0)
+        least_homed(&homed)
     }
 
     /// Adds to `homed[p]` the live vCPUs that last ran on (or were placed
@@ -208,4 +220,9 @@ impl Scheduler {
         self.pcpus[pcpu].yield_target = t.filter(|&t| t != s);
         Ok(())
     }
+}
+
+/// The first pCPU with the fewest vCPUs in `homed` (per pCPU counts).
+pub(super) fn least_homed(homed: &[usize]) -> usize {
+    (0..homed.len()).min_by_key(|&p| homed[p]).unwrap_or(0)
 }

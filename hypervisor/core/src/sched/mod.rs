@@ -418,7 +418,7 @@ pub struct Scheduler {
     next_repl: u64,
     /// Tickles of the last `schedule()`'s balancing, owed an IPI
     /// ([`Scheduler::take_balance_kicks`]).
-    owed_kicks: [Option<usize>; 2],
+    owed_kicks: OwedKicks,
     /// The runqueue this scheduler holds, when it is one of [`Sched`]'s
     /// (`None`: it holds them all). Every scheduler knows every vCPU and
     /// pCPU, but only its runqueue's records are live: a vCPU's record is
@@ -460,7 +460,7 @@ impl Scheduler {
             last_deferral: None,
             nr_parked: 0,
             next_repl: u64::MAX,
-            owed_kicks: [None; 2],
+            owed_kicks: OwedKicks::default(),
             shard: None,
             emigrant: None,
             reset_pending: false,
@@ -537,7 +537,7 @@ impl Scheduler {
     /// decision's `kick` (one load: ask after every `schedule()`).
     #[inline(always)]
     pub fn owes_balance_kicks(&self) -> bool {
-        self.owed_kicks[0].is_some()
+        self.owed_kicks.any()
     }
 
     /// The pCPUs that the last `schedule()`'s balancing (after a credit
@@ -546,7 +546,7 @@ impl Scheduler {
     /// otherwise sleep on, tickled, while the vCPU waits. At most two (a
     /// balance moves at most two vCPUs); taking them clears them.
     pub fn take_balance_kicks(&mut self) -> impl Iterator<Item = usize> {
-        core::mem::take(&mut self.owed_kicks).into_iter().flatten()
+        core::mem::take(&mut self.owed_kicks).0.into_iter().flatten()
     }
 
     /// Counters and histogram of a vCPU.

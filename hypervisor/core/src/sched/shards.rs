@@ -66,10 +66,10 @@ struct Shard(Mutex<Scheduler>);
 /// Reschedule IPIs a [`Sched::schedule`] owes beyond its decision's `kick`:
 /// pCPUs tickled for vCPUs that balancing moved to their runqueue.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct OwedKicks([Option<usize>; 3]);
+pub struct OwedKicks(pub(super) [Option<usize>; 3]);
 
 impl OwedKicks {
-    fn push(&mut self, p: usize) {
+    pub(super) fn push(&mut self, p: usize) {
         if let Some(k) = self.0.iter_mut().find(|k| k.is_none()) {
             *k = Some(p);
         }
@@ -253,7 +253,7 @@ impl Sched {
                 // Each runqueue counts its own live vCPUs' last pCPUs.
                 let mut homed = alloc::vec![0usize; self.nr_pcpus()];
                 (0..n).for_each(|r| self.lock(r).count_homes(&mut homed));
-                (0..homed.len()).min_by_key(|&p| homed[p]).unwrap_or(0)
+                super::lifecycle::least_homed(&homed)
             }
         };
         for r in 0..n {
@@ -361,28 +361,15 @@ impl Sched {
 
     /// [`Scheduler::schedule`], and the IPIs it owes beyond its decision's
     /// `kick` (send them as that one).
+    /// (The run loop calls [`Sched::runqueue_for`] and [`Sched::scheduled`]
+    /// itself, to publish what the decision says while the runqueue is
+    /// still locked.)
     pub fn schedule(&self, now: u64, pcpu: usize) -> Result<(Decision, OwedKicks), SchedError> {
         let mut owed = OwedKicks::default();
-        let d = self.schedule_then(now, pcpu, &mut owed, |_| ())?;
-        Ok((d, owed))
-    }
-
-    /// [`Sched::schedule`], calling `then` with the decision while the
-    /// runqueue is still locked (what it publishes about the vCPUs the
-    /// decision names is in the order of the decisions), the IPIs owed
-    /// added to `owed`.
-    pub fn schedule_then(
-        &self,
-        now: u64,
-        pcpu: usize,
-        owed: &mut OwedKicks,
-        then: impl FnOnce(&Decision),
-    ) -> Result<Decision, SchedError> {
         let mut s = self.runqueue_for(pcpu);
         let mut d = s.schedule(now, pcpu)?;
-        then(&d);
-        self.scheduled(now, pcpu, s, &mut d, owed);
-        Ok(d)
+        self.scheduled(now, pcpu, s, &mut d, &mut owed);
+        Ok((d, owed))
     }
 
     /// `pcpu`'s runqueue, locked for [`Scheduler::schedule`] on `pcpu` and
@@ -437,13 +424,7 @@ impl Sched {
         if let Some(v) = s.emigrant.take().map(|v| s.vcpus[v].clone()) {
             drop(s);
             let to = v.rq;
-            let mut t = self.lock(to);
-            let id = v.id;
-            if let Some(k) = t.import(now, v, pcpu) {
-                kicks.push(k);
-            }
-            self.route[id.0 as usize].store(to as u16 + 1, Ordering::Release);
-            drop(t);
+            self.arrive(now, v, (&mut self.lock(to), to), pcpu, kicks);
             s = self.lock(r);
         }
         core::mem::take(&mut s.reset_pending) && self.balance(now, r, pcpu, &mut s, kicks)
@@ -501,12 +482,18 @@ impl Sched {
         kicks: &mut OwedKicks,
     ) {
         if let Some(rec) = from.export(now, v, r) {
-            let id = rec.id;
-            if let Some(k) = to.import(now, rec, pcpu) {
-                kicks.push(k);
-            }
-            self.route[id.0 as usize].store(r as u16 + 1, Ordering::Release);
+            self.arrive(now, rec, (to, r), pcpu, kicks);
         }
+    }
+
+    /// `rec`, let go by its runqueue, joins runqueue `r` (locked as `to`),
+    /// and the route names `r` from now on.
+    fn arrive(&self, now: u64, rec: Vcpu, (to, r): (&mut Scheduler, usize), pcpu: usize, kicks: &mut OwedKicks) {
+        let id = rec.id;
+        if let Some(k) = to.import(now, rec, pcpu) {
+            kicks.push(k);
+        }
+        self.route[id.0 as usize].store(r as u16 + 1, Ordering::Release);
     }
 
     // ----- reports -----
@@ -554,22 +541,6 @@ impl Sched {
 }
 
 impl Scheduler {
-    /// [`Scheduler::add_domain`] drawing from `pool` when given.
-    pub(super) fn add_domain_pooled(
-        &mut self,
-        dom: DomainId,
-        params: DomainParams,
-        pool: Option<super::domain::SharedPool>,
-    ) -> Result<(), SchedError> {
-        self.add_domain(dom, params)?;
-        if let Some(pool) = pool {
-            let d = self.domains.len() - 1;
-            let period = self.cfg.cap_period_ns;
-            self.domains[d] = super::domain::Domain::with_pool(dom, params, 0, period, pool);
-        }
-        Ok(())
-    }
-
     /// Every member of runqueue `rq` has its load average brought to `now`.
     pub(super) fn note_members_load(&mut self, rq: usize, now: u64) {
         for i in 0..self.rqs[rq].members.len() {
@@ -587,9 +558,7 @@ impl Scheduler {
             return None;
         }
         self.unqueue(v);
-        self.leave_rq(now, v);
-        self.vcpus[v].rq = to;
-        self.vcpus[v].migrate_to = None;
+        self.let_go(now, v, to);
         Some(self.vcpus[v].clone())
     }
 
