@@ -9,6 +9,7 @@
 //! layer does, and answers the same statuses.
 
 use crate::ids::DomainId;
+use alloc::vec::Vec;
 
 /// Size of the window that holds a request and then its response.
 pub const WINDOW_BYTES: usize = 16 * 4096;
@@ -44,6 +45,8 @@ pub enum Status {
     Perm = 9,
     #[error("not an Image or ELF kernel")]
     Format = 10,
+    #[error("operation not supported by this hypervisor yet")]
+    Unsupported = 11,
 }
 
 impl Status {
@@ -60,6 +63,7 @@ impl Status {
             Status::NoMem => "no_mem",
             Status::Perm => "perm",
             Status::Format => "format",
+            Status::Unsupported => "unsupported",
         }
     }
 }
@@ -113,7 +117,7 @@ pub enum Request<'a> {
 }
 
 /// Operation numbers (`op`).
-mod op {
+pub mod op {
     pub const LIST: u32 = 1;
     pub const VCPU_LIST: u32 = 2;
     pub const STATS: u32 = 3;
@@ -229,11 +233,244 @@ impl Claim {
         }
     }
 
+    /// Gives the device up whoever holds it (a holder silent for
+    /// [`CLAIM_LAPSE_NS`]).
+    fn lapse(&mut self) {
+        self.held = None;
+    }
+
+    fn held(&self) -> bool {
+        self.held.is_some()
+    }
+
     /// A write of `RELEASE`.
     pub fn release(&mut self, token: u64) -> Result<(), Status> {
         self.check(token)?;
         self.held = None;
         Ok(())
+    }
+}
+
+/// The register page's offsets (docs/hvctl.md, "Registers").
+pub mod reg {
+    /// r, u32: [`MAGIC`](super::MAGIC).
+    pub const MAGIC: u64 = 0x00;
+    /// r, u32: [`VERSION`](super::VERSION).
+    pub const VERSION: u64 = 0x04;
+    /// r, u64: a new token, or 0 while another client holds the device.
+    pub const CLAIM: u64 = 0x08;
+    /// w, u64: the token; runs the request written through `DATA`.
+    pub const DOORBELL: u64 = 0x10;
+    /// r, u32: the last request's [`Status`](super::Status) (0: success).
+    pub const STATUS: u64 = 0x18;
+    /// r, u32: bytes of the last response.
+    pub const RESP_LEN: u64 = 0x1c;
+    /// w, u64: the token; gives the device up.
+    pub const RELEASE: u64 = 0x20;
+    /// w, u64: the next 8 bytes of the request. r, u64: the next 8 bytes of
+    /// the response (zeros past its end), little-endian.
+    pub const DATA: u64 = 0x28;
+    /// r, u32: bytes of a paged response after this page (ask again from
+    /// `offset + RESP_LEN` while not 0).
+    pub const MORE: u64 = 0x30;
+}
+
+/// The register page's size; its IPA is the device tree node's `reg`.
+pub const FRAME_SIZE: u64 = 0x1000;
+
+/// A claim whose holder has not touched the device for this long lapses:
+/// a client killed between `CLAIM` and `RELEASE` does not wedge it.
+pub const CLAIM_LAPSE_NS: u64 = 2_000_000_000;
+
+/// What one request produces: text, at most [`WINDOW_BYTES`], and for a
+/// paged response the bytes left after it.
+#[derive(Debug, Default)]
+pub struct Reply {
+    pub text: Vec<u8>,
+    pub more: u32,
+}
+
+impl Reply {
+    /// The page of `full` from `offset` (see [`page`]).
+    pub fn paged(full: &[u8], offset: u32) -> Self {
+        let (part, left) = page(full, offset, WINDOW_BYTES);
+        Reply { text: part.to_vec(), more: u32::try_from(left).unwrap_or(u32::MAX) }
+    }
+}
+
+/// An access the page does not decode: the guest gets an external abort.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BadAccess;
+
+/// The device's counters (`control.*` in the stats).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub requests: u64,
+    pub claims: u64,
+    pub busy: u64,
+    pub lapsed: u64,
+    pub bad_accesses: u64,
+    /// Requests answered with each [`Status`] (index: its code).
+    pub errors: [u64; 12],
+}
+
+impl core::fmt::Display for Counters {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        writeln!(f, "control.requests={}", self.requests)?;
+        writeln!(f, "control.claims={}", self.claims)?;
+        writeln!(f, "control.busy={}", self.busy)?;
+        writeln!(f, "control.lapsed={}", self.lapsed)?;
+        writeln!(f, "control.bad_accesses={}", self.bad_accesses)?;
+        for st in ALL_STATUSES {
+            writeln!(f, "control.err.{}={}", st.name(), self.errors[st as usize])?;
+        }
+        Ok(())
+    }
+}
+
+const ALL_STATUSES: [Status; 11] = [
+    Status::Busy,
+    Status::BadToken,
+    Status::Inval,
+    Status::NoOp,
+    Status::NoDom,
+    Status::Range,
+    Status::NoOpt,
+    Status::NoMem,
+    Status::Perm,
+    Status::Format,
+    Status::Unsupported,
+];
+
+/// The control device's register page: the claim, the request as it is
+/// written 8 bytes at a time, and the last response as it is read back.
+/// Pure: the run-time layer calls [`Device::read`] and [`Device::write`]
+/// for each trapped access, with the clock and the code that acts on a
+/// decoded request.
+#[derive(Debug, Default)]
+pub struct Device {
+    claim: Claim,
+    /// The request so far (at most [`WINDOW_BYTES`]).
+    req: Vec<u8>,
+    /// `DATA` writes past the window since the last doorbell.
+    overflow: bool,
+    resp: Vec<u8>,
+    /// Where the next `DATA` read starts.
+    resp_at: usize,
+    status: u32,
+    more: u32,
+    /// The holder's last access.
+    last_ns: u64,
+    counters: Counters,
+}
+
+impl Device {
+    pub fn counters(&self) -> Counters {
+        self.counters
+    }
+
+    /// A trapped load of `size` bytes at `off`.
+    pub fn read(&mut self, now: u64, off: u64, size: u8) -> Result<u64, BadAccess> {
+        let v = match (off, size) {
+            (reg::MAGIC, 4) => u64::from(MAGIC),
+            (reg::VERSION, 4) => u64::from(VERSION),
+            (reg::STATUS, 4) => u64::from(self.status),
+            (reg::RESP_LEN, 4) => self.resp.len() as u64,
+            (reg::MORE, 4) => u64::from(self.more),
+            (reg::CLAIM, 8) => {
+                if self.claim.held() && now.saturating_sub(self.last_ns) >= CLAIM_LAPSE_NS {
+                    self.claim.lapse();
+                    self.counters.lapsed += 1;
+                }
+                let t = self.claim.claim();
+                if t == 0 {
+                    self.counters.busy += 1;
+                    self.counters.errors[Status::Busy as usize] += 1;
+                } else {
+                    self.counters.claims += 1;
+                    self.last_ns = now;
+                    self.req.clear();
+                    self.overflow = false;
+                }
+                t
+            }
+            (reg::DATA, 8) => {
+                self.last_ns = now;
+                let mut w = [0u8; 8];
+                let from = self.resp_at.min(self.resp.len());
+                let n = (self.resp.len() - from).min(8);
+                w[..n].copy_from_slice(&self.resp[from..from + n]);
+                self.resp_at = from + n;
+                u64::from_le_bytes(w)
+            }
+            _ => return Err(self.bad()),
+        };
+        Ok(v)
+    }
+
+    /// A trapped store of `value` (`size` bytes) at `off`. A doorbell with
+    /// the holder's token decodes the request and hands it to `run`, whose
+    /// reply (or status) the next reads see.
+    pub fn write(
+        &mut self,
+        now: u64,
+        off: u64,
+        size: u8,
+        value: u64,
+        run: impl FnOnce(Request<'_>) -> Result<Reply, Status>,
+    ) -> Result<(), BadAccess> {
+        match (off, size) {
+            (reg::DATA, 8) => {
+                self.last_ns = now;
+                if self.req.len() + 8 <= WINDOW_BYTES {
+                    self.req.extend_from_slice(&value.to_le_bytes());
+                } else {
+                    self.overflow = true;
+                }
+            }
+            (reg::DOORBELL, 8) => {
+                self.last_ns = now;
+                self.counters.requests += 1;
+                let out = match self.claim.check(value) {
+                    Err(e) => Err(e),
+                    Ok(()) if self.overflow => Err(Status::Inval),
+                    Ok(()) => decode(&self.req).and_then(run),
+                };
+                self.req.clear();
+                self.overflow = false;
+                self.resp_at = 0;
+                match out {
+                    Ok(mut r) => {
+                        r.text.truncate(WINDOW_BYTES);
+                        self.resp = r.text;
+                        self.more = r.more;
+                        self.status = 0;
+                    }
+                    Err(e) => {
+                        self.resp.clear();
+                        self.more = 0;
+                        self.status = e as u32;
+                        self.counters.errors[e as usize] += 1;
+                    }
+                }
+            }
+            (reg::RELEASE, 8) => {
+                if let Err(e) = self.claim.release(value) {
+                    self.status = e as u32;
+                    self.counters.errors[e as usize] += 1;
+                } else {
+                    self.resp = Vec::new();
+                    self.req = Vec::new();
+                }
+            }
+            _ => return Err(self.bad()),
+        }
+        Ok(())
+    }
+
+    fn bad(&mut self) -> BadAccess {
+        self.counters.bad_accesses += 1;
+        BadAccess
     }
 }
 
@@ -364,5 +601,98 @@ mod tests {
         let u = c.claim();
         assert!(u != 0 && u != t, "a new token");
         assert_eq!(c.check(t), Err(Status::BadToken), "an old token is dead");
+    }
+
+    /// A client as `hvctl` drives the page: claim, write, ring, read.
+    fn transact(
+        d: &mut Device,
+        now: u64,
+        token: u64,
+        request: &[u8],
+        run: impl FnOnce(Request<'_>) -> Result<Reply, Status>,
+    ) -> (u32, Vec<u8>, u32) {
+        for chunk in request.chunks(8) {
+            let mut w = [0u8; 8];
+            w[..chunk.len()].copy_from_slice(chunk);
+            d.write(now, reg::DATA, 8, u64::from_le_bytes(w), |_| unreachable!()).unwrap();
+        }
+        d.write(now, reg::DOORBELL, 8, token, run).unwrap();
+        let status = d.read(now, reg::STATUS, 4).unwrap() as u32;
+        let len = d.read(now, reg::RESP_LEN, 4).unwrap() as usize;
+        let mut out = Vec::new();
+        while out.len() < len {
+            out.extend_from_slice(&d.read(now, reg::DATA, 8).unwrap().to_le_bytes());
+        }
+        out.truncate(len);
+        (status, out, d.read(now, reg::MORE, 4).unwrap() as u32)
+    }
+
+    #[test]
+    fn the_register_page_carries_a_request_and_its_reply() {
+        let mut d = Device::default();
+        assert_eq!(d.read(0, reg::MAGIC, 4), Ok(u64::from(MAGIC)));
+        assert_eq!(d.read(0, reg::VERSION, 4), Ok(1));
+        let t = d.read(0, reg::CLAIM, 8).unwrap();
+        assert_ne!(t, 0);
+        let (st, text, more) = transact(&mut d, 1, t, &req(1, [0; 4], b""), |r| {
+            assert_eq!(r, Request::List);
+            Ok(Reply { text: b"domid=0 name=Dom0\n".to_vec(), more: 0 })
+        });
+        assert_eq!((st, text.as_slice(), more), (0, &b"domid=0 name=Dom0\n"[..], 0));
+        // An option's payload crosses several DATA words.
+        let (st, _, _) = transact(&mut d, 2, t, &req(7, [0; 4], b"sched_wake_preempt=off"), |r| {
+            assert_eq!(r, Request::SetOption { name: "sched_wake_preempt", value: "off" });
+            Ok(Reply::default())
+        });
+        assert_eq!(st, 0);
+        // A paged response says what is left.
+        let full: Vec<u8> = (0..WINDOW_BYTES + 100).map(|i| i as u8).collect();
+        let (st, text, more) = transact(&mut d, 3, t, &req(3, [0; 4], b""), |r| match r {
+            Request::Stats { offset } => Ok(Reply::paged(&full, offset)),
+            _ => unreachable!(),
+        });
+        assert_eq!((st, text.len(), more), (0, WINDOW_BYTES, 100));
+        d.write(4, reg::RELEASE, 8, t, |_| unreachable!()).unwrap();
+        assert_eq!(d.counters().requests, 3);
+    }
+
+    #[test]
+    fn bad_requests_and_accesses_are_statuses_and_aborts() {
+        let mut d = Device::default();
+        let t = d.read(0, reg::CLAIM, 8).unwrap();
+        assert_eq!(d.read(0, reg::CLAIM, 8), Ok(0), "a second client is told busy");
+        let never = |_: Request<'_>| -> Result<Reply, Status> { panic!("must not run") };
+        assert_eq!(transact(&mut d, 1, t ^ 4, &req(1, [0; 4], b""), never).0, Status::BadToken as u32);
+        assert_eq!(transact(&mut d, 1, t, &req(42, [0; 4], b""), never).0, Status::NoOp as u32);
+        assert_eq!(transact(&mut d, 1, t, &[1, 0, 0], never).0, Status::Inval as u32, "short");
+        // A request longer than the window: refused, nothing kept of it.
+        let long = alloc::vec![0u8; WINDOW_BYTES + 64];
+        assert_eq!(transact(&mut d, 1, t, &long, never).0, Status::Inval as u32);
+        assert!(d.req.capacity() <= WINDOW_BYTES, "the request buffer stays bounded");
+        // The executor's own refusal.
+        assert_eq!(transact(&mut d, 1, t, &req(8, [0; 4], b""), |_| Err(Status::Perm)).0, Status::Perm as u32);
+        // Sizes and directions the page does not have abort.
+        assert_eq!(d.read(1, reg::MAGIC, 8), Err(BadAccess));
+        assert_eq!(d.read(1, reg::DOORBELL, 8), Err(BadAccess));
+        assert_eq!(d.read(1, 0x38, 4), Err(BadAccess));
+        assert_eq!(d.write(1, reg::DATA, 4, 0, never), Err(BadAccess));
+        assert_eq!(d.write(1, reg::MAGIC, 4, 0, never), Err(BadAccess));
+        let c = d.counters();
+        assert_eq!((c.bad_accesses, c.busy, c.errors[Status::Inval as usize]), (5, 1, 2));
+        assert_eq!(c.errors[Status::BadToken as usize], 1);
+    }
+
+    #[test]
+    fn a_silent_holder_loses_the_claim() {
+        let mut d = Device::default();
+        let t = d.read(0, reg::CLAIM, 8).unwrap();
+        assert_eq!(d.read(CLAIM_LAPSE_NS - 1, reg::CLAIM, 8), Ok(0));
+        let u = d.read(CLAIM_LAPSE_NS, reg::CLAIM, 8).unwrap();
+        assert!(u != 0 && u != t);
+        assert_eq!(d.counters().lapsed, 1);
+        let st = transact(&mut d, CLAIM_LAPSE_NS, t, &req(1, [0; 4], b""), |_| Ok(Reply::default())).0;
+        assert_eq!(st, Status::BadToken as u32, "the old holder's doorbell is refused");
+        let text = alloc::format!("{}", d.counters());
+        assert!(text.contains("control.lapsed=1\n") && text.contains("control.err.bad_token=1\n"), "{text}");
     }
 }
