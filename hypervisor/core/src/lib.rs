@@ -41,11 +41,10 @@
 //! - `testrng` (tests, or the `testrng` feature): a deterministic generator
 //!   for randomized host tests
 //!
-//! `unsafe` is denied here but for two modules, each block with its
+//! `unsafe` is denied here but for one module, each block with its
 //! `// SAFETY:`: `virtio` (guest RAM read at VA == PA by
 //! `IdentityMappedRam`, and the physical virtio-blk backend's driver
-//! queue) and `sync` (the ticket lock's `lock_api::RawMutex`, an unsafe
-//! trait). Instructions (the locks' YIELD included) belong to the EL2 layer.
+//! queue). Instructions (the locks' YIELD included) belong to the EL2 layer.
 #![cfg_attr(not(test), no_std)]
 #![deny(unsafe_code)]
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -75,7 +74,6 @@ pub mod sched;
 pub mod smmu;
 pub mod stage2;
 pub mod stats;
-#[allow(unsafe_code)]
 pub mod sync;
 #[cfg(any(test, feature = "testrng"))]
 pub mod testrng;

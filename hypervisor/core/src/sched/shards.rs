@@ -7,10 +7,7 @@
 //! `sched_credit2_max_cpus_runqueue` pCPUs) a lock of its own; so do we.
 //!
 //! # Shape
-//! * One [`Scheduler`] per runqueue, each behind its own lock, a ticket
-//!   lock ([`TicketMutex`]): up to 16 pCPUs wait on it, and a ticket
-//!   serves them in arrival order where a test-and-set lock may pass one
-//!   over again and again. Each knows
+//! * One [`Scheduler`] per runqueue, each behind its own lock. Each knows
 //!   every domain, vCPU and pCPU under the same slot numbers (they are
 //!   registered in every one, in one order), but only its runqueue's
 //!   records are *live*: its pCPUs, and the vCPUs whose `Vcpu::rq` is its
@@ -57,14 +54,14 @@ use super::{
     Scheduler, Vcpu, VcpuId, WakeAction, WakeCause, DENSE_IDS,
 };
 use crate::stats::VcpuStats;
-use crate::sync::{Mutex, TicketMutex, TicketMutexGuard};
+use crate::sync::{Mutex, MutexGuard};
 use alloc::boxed::Box;
 use alloc::vec::Vec;
 use core::sync::atomic::{AtomicU16, Ordering};
 
 /// One runqueue's scheduler, alone on its cache lines.
 #[repr(align(64))]
-struct Shard(TicketMutex<Scheduler>);
+struct Shard(Mutex<Scheduler>);
 
 /// Reschedule IPIs a [`Sched::schedule`] owes beyond its decision's `kick`:
 /// pCPUs tickled for vCPUs that balancing moved to their runqueue.
@@ -132,13 +129,13 @@ impl Sched {
             for r in 1..n {
                 let mut s = Scheduler::new(cfg, nr_pcpus)?;
                 s.shard = Some(r);
-                rest.push(Shard(TicketMutex::new(s)));
+                rest.push(Shard(Mutex::new(s)));
             }
         }
         let ids = if n > 1 { DENSE_IDS as usize } else { 0 };
         Ok(Self {
             cfg,
-            first: Shard(TicketMutex::new(first)),
+            first: Shard(Mutex::new(first)),
             rest: rest.into_boxed_slice(),
             pcpu_rq,
             route: (0..ids).map(|_| AtomicU16::new(0)).collect(),
@@ -165,7 +162,7 @@ impl Sched {
 
     /// Runqueue `r`'s scheduler and its lock.
     #[inline(always)]
-    fn shard(&self, r: usize) -> Option<&TicketMutex<Scheduler>> {
+    fn shard(&self, r: usize) -> Option<&Mutex<Scheduler>> {
         match r {
             0 => Some(&self.first.0),
             _ => self.rest.get(r - 1).map(|s| &s.0),
@@ -174,7 +171,7 @@ impl Sched {
 
     /// Runqueue `r`'s scheduler, locked (`r` is one of ours).
     #[inline(always)]
-    fn lock(&self, r: usize) -> TicketMutexGuard<'_, Scheduler> {
+    fn lock(&self, r: usize) -> MutexGuard<'_, Scheduler> {
         match r {
             0 => self.first.0.lock(),
             _ => self.rest[r - 1].0.lock(),
@@ -183,7 +180,7 @@ impl Sched {
 
     /// `pcpu`'s runqueue, locked.
     #[inline(always)]
-    fn pcpu_locked(&self, pcpu: usize) -> Result<TicketMutexGuard<'_, Scheduler>, SchedError> {
+    fn pcpu_locked(&self, pcpu: usize) -> Result<MutexGuard<'_, Scheduler>, SchedError> {
         if self.rest.is_empty() {
             // Its scheduler checks the pCPU.
             return Ok(self.lock(0));
@@ -194,7 +191,7 @@ impl Sched {
 
     /// The runqueue `vcpu` is live in, locked (see the module doc).
     #[inline(always)]
-    fn vcpu_locked(&self, vcpu: VcpuId) -> Result<(usize, TicketMutexGuard<'_, Scheduler>), SchedError> {
+    fn vcpu_locked(&self, vcpu: VcpuId) -> Result<(usize, MutexGuard<'_, Scheduler>), SchedError> {
         if self.rest.is_empty() {
             return Ok((0, self.lock(0)));
         }
@@ -381,7 +378,7 @@ impl Sched {
     /// it is made in place, not copied out of a call.) A pCPU we do not
     /// have gets runqueue 0, whose `schedule` says so.
     #[inline(always)]
-    pub fn runqueue_for(&self, pcpu: usize) -> TicketMutexGuard<'_, Scheduler> {
+    pub fn runqueue_for(&self, pcpu: usize) -> MutexGuard<'_, Scheduler> {
         self.pcpu_locked(pcpu).unwrap_or_else(|_| self.lock(0))
     }
 
@@ -394,7 +391,7 @@ impl Sched {
         &'a self,
         now: u64,
         pcpu: usize,
-        mut s: TicketMutexGuard<'a, Scheduler>,
+        mut s: MutexGuard<'a, Scheduler>,
         d: &mut Decision,
         owed: &mut OwedKicks,
     ) {
@@ -420,7 +417,7 @@ impl Sched {
         &'a self,
         now: u64,
         pcpu: usize,
-        mut s: TicketMutexGuard<'a, Scheduler>,
+        mut s: MutexGuard<'a, Scheduler>,
         kicks: &mut OwedKicks,
     ) -> bool {
         let r = usize::from(self.pcpu_rq[pcpu]);
@@ -538,7 +535,7 @@ impl Sched {
     /// How long a caller waited for `pcpu`'s runqueue lock is the bench's;
     /// this is that lock, for it to time (`cargo xtask bench sched-scale`).
     #[doc(hidden)]
-    pub fn runqueue_lock_of(&self, pcpu: usize) -> Option<&TicketMutex<Scheduler>> {
+    pub fn runqueue_lock_of(&self, pcpu: usize) -> Option<&Mutex<Scheduler>> {
         self.runqueue_of(pcpu).and_then(|r| self.shard(r))
     }
 }
