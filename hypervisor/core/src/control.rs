@@ -212,6 +212,10 @@ pub struct Claim {
 }
 
 impl Claim {
+    pub const fn new() -> Self {
+        Claim { held: None, issued: 0 }
+    }
+
     /// A read of `CLAIM`: a new token, or 0 while another client holds it.
     pub fn claim(&mut self) -> u64 {
         if self.held.is_some() {
@@ -365,6 +369,20 @@ pub struct Device {
 }
 
 impl Device {
+    pub const fn new() -> Self {
+        Device {
+            claim: Claim::new(),
+            req: Vec::new(),
+            overflow: false,
+            resp: Vec::new(),
+            resp_at: 0,
+            status: 0,
+            more: 0,
+            last_ns: 0,
+            counters: Counters { requests: 0, claims: 0, busy: 0, lapsed: 0, bad_accesses: 0, errors: [0; 12] },
+        }
+    }
+
     pub fn counters(&self) -> Counters {
         self.counters
     }

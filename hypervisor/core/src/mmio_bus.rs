@@ -36,6 +36,8 @@ pub enum Device {
     /// The ECAM page of a function assigned to a DomU, in Dom0's view of
     /// the host bridge: an empty slot (reads all-ones, writes ignored).
     PciHidden,
+    /// Dom0's control device's register page (`control`, docs/hvctl.md).
+    Control,
 }
 
 /// A guest-physical range `[base, base + size)`.

@@ -314,6 +314,7 @@ impl Vm {
         }
         Ok(Box::new(Vm {
             domid: vp.spec.id,
+            name: vp.spec.name.clone(),
             vmid,
             ram: vp.ram,
             ram_host: vp.ram_host,

@@ -64,6 +64,7 @@ fn write_dom0_firmware(boot: &BootInfo, plan: &Plan, vp: &VmPlan, firmware: &Gue
                     keep_its,
                     ipa_size: Some(vp.ipa.limit()),
                     pci_carves: vp.pci_carves.clone(),
+                    control: vp.control,
                 },
             )?
         }
@@ -82,6 +83,7 @@ fn write_dom0_firmware(boot: &BootInfo, plan: &Plan, vp: &VmPlan, firmware: &Gue
                     initrd,
                     firmware: a.firmware.clone(),
                     mmio: vp.mmio.clone(),
+                    control: vp.control,
                 },
             )
             .map_err(VmError::Efi)?;

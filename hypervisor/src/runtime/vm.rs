@@ -122,6 +122,8 @@ pub enum MmioFault {
     Disk(#[from] crate::virtio::mmio::MmioError),
     #[error("vPL011: {0}")]
     Uart(#[from] crate::vpl011::Pl011Error),
+    #[error("control device: not an access its registers decode")]
+    Control,
 }
 
 /// A device's answer to a trapped access (`runtime::devices`): `(vm, pcpu,
@@ -381,6 +383,8 @@ pub fn vcpu_of(g: VcpuId) -> Option<(&'static Vm, usize)> {
 pub struct Vm {
     /// Domain id: 0 for Dom0, its index in the VM table.
     pub domid: DomainId,
+    /// Its name (`xl list`'s: "Dom0", a dom0less node's or xl.cfg's).
+    pub name: alloc::string::String,
     pub vmid: u16,
     /// Guest-physical RAM (identity-mapped for Dom0; at
     /// `DOMU_RAM_BASE` for a DomU).

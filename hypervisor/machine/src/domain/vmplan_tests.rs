@@ -129,10 +129,15 @@ fn passthrough_maps_every_virtio_page_and_forwards_their_spis() {
         (p.vgic.gicd_base, p.vgic.gicr_base, p.vgic.nr_spis, p.vgic.lpis),
         (0x0800_0000, 0x080a_0000, 288, false)
     );
-    assert_eq!(devices(&p), [Device::Vgic, Device::Vgic, Device::Vpl011]);
+    assert_eq!(devices(&p), [Device::Vgic, Device::Vgic, Device::Vpl011, Device::Control]);
     assert_eq!(p.bus[1].0.size, 2 * 0x2_0000);
     let bus = p.mmio_bus().unwrap();
     assert_eq!(bus.lookup(0x0900_0018), Some((Device::Vpl011, 0x18)));
+    // The control page: the hypervisor image's first page, which Dom0's
+    // stage 2 leaves out and its DT gets a node for.
+    let control = p.control.expect("Dom0 has the control device");
+    assert_eq!(bus.lookup(control.base + 0x28), Some((Device::Control, 0x28)));
+    assert!(!p.mappings.iter().any(|m| m.ipa < control.base + control.size && control.base < m.ipa + m.size));
 }
 
 #[test]
@@ -150,7 +155,7 @@ fn ram_disk_takes_the_last_present_slot_and_hides_its_page() {
     assert!(!p.hidden_paths.iter().any(|h| h == "/virtio_mmio@a003e00"));
     assert!(!p.forwarded.iter().any(|f| f.intid == id(79)));
     assert_eq!(p.routes().unwrap().lookup(id(79)), None);
-    assert_eq!(devices(&p), [Device::Vgic, Device::Vgic, Device::VirtioBlk, Device::Vpl011]);
+    assert_eq!(devices(&p), [Device::Vgic, Device::Vgic, Device::VirtioBlk, Device::Vpl011, Device::Control]);
     // No RAM disk in the boot plan: refused.
     let mut plan = boot_plan();
     plan.ram_disk = None;

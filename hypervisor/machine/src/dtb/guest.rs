@@ -240,6 +240,23 @@ pub(super) fn gic_reg_first_region(value: &[u8], regions: u32, cells: Cells) -> 
     Ok(out)
 }
 
+/// `/hypervisor` holding the control device's register page (docs/hvctl.md),
+/// written at the root (with its own cells, so it reads the same under any
+/// root). No Linux driver binds `hvrust,*`, so the page stays free for
+/// `/dev/mem`; `hvctl` finds it by `compatible`.
+pub fn control_node(w: &mut FdtWriter, page: Region) -> Result<(), vm_fdt::Error> {
+    let h = w.begin_node("hypervisor")?;
+    w.property_string("compatible", "hvrust,hypervisor")?;
+    w.property_u32("#address-cells", 2)?;
+    w.property_u32("#size-cells", 2)?;
+    w.property_null("ranges")?;
+    let c = w.begin_node(&format!("control@{:x}", page.base))?;
+    w.property_string("compatible", "hvrust,control-1")?;
+    w.property_array_u64("reg", &[page.base, page.size])?;
+    w.end_node(c)?;
+    w.end_node(h)
+}
+
 fn is_boot_module(node: FdtNode<'_, '_>) -> bool {
     node.name.split('@').next() == Some("module")
         || prop(node, "compatible").is_some_and(|v| {
@@ -280,6 +297,9 @@ impl Builder<'_> {
             if self.dropped(&path) || self.extra_paths.contains(&path) || self.hidden_its(child) {
                 continue;
             }
+            if self.cfg.control.is_some() && child.name == "hypervisor" {
+                continue;
+            }
             let base = child.name.split('@').next().unwrap_or("");
             if prop_str(child, "device_type") == Some("memory") {
                 self.memory()?;
@@ -305,6 +325,9 @@ impl Builder<'_> {
         }
         for d in &self.cfg.extra_virtio_mmio {
             self.virtio_mmio(d)?;
+        }
+        if let Some(page) = self.cfg.control {
+            control_node(&mut self.w, page)?;
         }
         self.w.end_node(n)?;
         Ok(())

@@ -58,6 +58,7 @@ pub(crate) mod blob;
 mod discover;
 pub mod dom0less;
 mod guest;
+pub use guest::control_node;
 pub(crate) mod tree;
 
 #[cfg(test)]
@@ -382,4 +383,8 @@ pub struct GuestDtbConfig {
     /// guest's (BARs of functions assigned to DomUs): each window that ends
     /// with one is described without it.
     pub pci_carves: Vec<Region>,
+    /// The control device's register page: a `/hypervisor/control@<base>`
+    /// node (`hvrust,control-1`, see [`control_node`]); a host
+    /// `/hypervisor` node is then left out.
+    pub control: Option<Region>,
 }

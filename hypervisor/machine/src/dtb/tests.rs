@@ -136,6 +136,7 @@ fn guest_config(host: &[u8]) -> GuestDtbConfig {
         keep_its: false,
         ipa_size: Some(1 << 39),
         pci_carves: Vec::new(),
+        control: None,
     }
 }
 
@@ -700,6 +701,7 @@ fn fvp_guest_dtb_reads_back() {
             keep_its: false,
             ipa_size: None,
             pci_carves: Vec::new(),
+            control: None,
         };
         let (p, _) = discover(&build_guest_dtb(&host, &cfg).unwrap()).unwrap();
         assert_eq!(p.memory, vec![cfg.memory]);
@@ -1100,4 +1102,17 @@ fn gic_reg_trimming_checks_its_input() {
     assert!(guest::gic_reg_first_region(&reg, 4, cells).is_err());
     assert!(guest::gic_reg_first_region(&reg, u32::MAX, cells).is_err());
     assert!(guest::gic_reg_first_region(&reg, 2, tree::Cells { addr: 0, size: 0 }).is_err());
+}
+
+#[test]
+fn the_control_device_is_a_node_under_hypervisor() {
+    let page = Region { base: 0x4020_0000, size: 0x1000 };
+    let out = build_guest_dtb(V3_SMP2, &GuestDtbConfig { control: Some(page), ..guest_config(V3_SMP2) }).unwrap();
+    let fdt = fdt::Fdt::new(&out).unwrap();
+    let node = fdt.find_node("/hypervisor/control@40200000").expect("the control node");
+    assert_eq!(node.compatible().unwrap().first(), "hvrust,control-1");
+    let reg = node.reg().unwrap().next().unwrap();
+    assert_eq!((reg.starting_address as u64, reg.size), (page.base, Some(page.size as usize)));
+    let without = build_guest_dtb(V3_SMP2, &guest_config(V3_SMP2)).unwrap();
+    assert!(fdt::Fdt::new(&without).unwrap().find_node("/hypervisor").is_none(), "no node without a page");
 }

@@ -81,6 +81,10 @@ pub struct Dom0EfiConfig {
     pub firmware: Vec<MemoryDescriptor>,
     /// Device memory Dom0 may map (listed as MMIO, uncached).
     pub mmio: Vec<Region>,
+    /// The control device's page, described in the DT (`/hypervisor`):
+    /// Linux keeps an ACPI boot's DT flat, `hvctl` reads it from
+    /// `/sys/firmware/fdt`.
+    pub control: Option<Region>,
 }
 
 /// The blob for `area.base` and what is where in it.
@@ -138,7 +142,7 @@ pub fn build_dom0_efi(host: &Tables<'_>, acpi: &Dom0AcpiConfig, cfg: &Dom0EfiCon
         return Err(Dom0EfiError::TooLarge("memory map"));
     }
     let memory_map = Region { base: area.base + MMAP_OFF, size: mmap.len() as u64 };
-    let dtb = chosen_dtb(&cfg.bootargs, cfg.initrd, systab_at, memory_map)?;
+    let dtb = chosen_dtb(&cfg.bootargs, cfg.initrd, systab_at, memory_map, cfg.control)?;
     if dtb.len() as u64 > SYSTAB_OFF {
         return Err(Dom0EfiError::TooLarge("DT"));
     }
@@ -153,8 +157,15 @@ pub fn build_dom0_efi(host: &Tables<'_>, acpi: &Dom0AcpiConfig, cfg: &Dom0EfiCon
 /// The DT with only `/chosen` (Linux's `drivers/firmware/efi/fdtparams.c`
 /// reads the `linux,uefi-*` properties: the table and map addresses as
 /// 64-bit cells, the sizes and version as 32-bit ones), and
-/// `linux,uefi-secure-boot` (0), which Debian's kernels require.
-pub fn chosen_dtb(bootargs: &str, initrd: Option<Region>, systab: u64, mmap: Region) -> Result<Vec<u8>, vm_fdt::Error> {
+/// `linux,uefi-secure-boot` (0), which Debian's kernels require; and the
+/// control device's `/hypervisor` node when there is one.
+pub fn chosen_dtb(
+    bootargs: &str,
+    initrd: Option<Region>,
+    systab: u64,
+    mmap: Region,
+    control: Option<Region>,
+) -> Result<Vec<u8>, vm_fdt::Error> {
     let mut w = FdtWriter::new()?;
     let root = w.begin_node("")?;
     w.property_u32("#address-cells", 2)?;
@@ -174,6 +185,9 @@ pub fn chosen_dtb(bootargs: &str, initrd: Option<Region>, systab: u64, mmap: Reg
     // others, or take the machine for a non-EFI one: 0 = not in secure boot.
     w.property_u32("linux,uefi-secure-boot", 0)?;
     w.end_node(chosen)?;
+    if let Some(page) = control {
+        crate::dtb::control_node(&mut w, page)?;
+    }
     w.end_node(root)?;
     w.finish()
 }
@@ -312,6 +326,7 @@ mod tests {
                 attribute: EFI_MEMORY_WB
             }],
             mmio: alloc::vec![Region { base: 0x0a00_0000, size: 0x200 }],
+            control: Some(Region { base: 0x4020_0000, size: 0x1000 }),
         }
     }
 
@@ -346,7 +361,8 @@ mod tests {
     #[test]
     fn chosen_dt_has_the_uefi_properties() {
         let mmap = Region { base: 0x7fe1_1000, size: 200 };
-        let b = chosen_dtb("acpi=force", Some(Region { base: 0x4800_0000, size: 0x1000 }), 0x7fe1_0000, mmap).unwrap();
+        let b = chosen_dtb("acpi=force", Some(Region { base: 0x4800_0000, size: 0x1000 }), 0x7fe1_0000, mmap, None)
+            .unwrap();
         let fdt = fdt::Fdt::new(&b).unwrap();
         let chosen = fdt.find_node("/chosen").unwrap();
         let u64p = |n: &str| u64::from_be_bytes(chosen.property(n).unwrap().value.try_into().unwrap());
@@ -388,6 +404,9 @@ mod tests {
         assert_eq!(mmap, e.memory_map.base);
         let m = &e.blob[at(mmap)..at(mmap) + e.memory_map.size as usize];
         assert_eq!(MemoryMap::new(m, MEMORY_DESCRIPTOR_LEN).unwrap().len(), 4);
+        // The control device, for hvctl (from /sys/firmware/fdt).
+        let control = fdt.find_node("/hypervisor/control@40200000").expect("the control node");
+        assert_eq!(control.compatible().unwrap().first(), "hvrust,control-1");
     }
 
     #[test]

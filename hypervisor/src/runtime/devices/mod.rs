@@ -6,6 +6,7 @@
 //! - `uart`: the vPL011 wired to the console and the vGIC
 //! - `vpci`: a DomU's virtual PCIe host bridge over its assigned functions,
 //!   and the functions' ECAM pages hidden from Dom0
+//! - `control`: Dom0's control device, which `hvctl` drives
 //!
 //! The devices' state is the VM's (`Vm::vgic`, `Vm::vits`, `Vm::disk`,
 //! `Vm::uart`) and the handler type is `runtime::vm::Handler`, so `vm`
@@ -18,6 +19,7 @@
 //! access is one bus lookup and one call (`runtime::vcpu::mmio`). A new
 //! emulated device is its module here and one line in [`attach`].
 
+pub mod control;
 pub mod disk;
 pub mod uart;
 pub mod vgic;
@@ -45,6 +47,7 @@ pub fn attach(vp: &VmPlan) -> Result<Bus, BusError> {
     uart::register(&mut bus, vp)?;
     vits::register(&mut bus, vp)?;
     vpci::register(&mut bus, vp)?;
+    control::register(&mut bus, vp)?;
     for &(range, device) in &vp.bus {
         if bus.lookup(range.base).map(|(h, _)| h.device) != Some(device) {
             return Err(BusError::Unclaimed { range, device });

@@ -25,6 +25,7 @@ mod inject;
 mod irq;
 mod psci;
 mod report;
+pub use self::report::write_stats;
 mod run;
 
 use self::exit::spin_watch;

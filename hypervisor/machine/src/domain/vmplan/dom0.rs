@@ -122,6 +122,8 @@ pub fn plan_dom0(
     let uart = machine.uart.as_ref().map(|u| Region { base: u.base, size: u.size.max(0x1000) });
     let mut bus = bus_of(&vgic, nr_vcpus, disk.as_ref(), uart, its);
     bus.extend(hidden_pages.iter().map(|p| (MmioRange::new(p.base, p.size), Device::PciHidden)));
+    let control = control_page(plan);
+    bus.push((MmioRange::new(control.base, control.size), Device::Control));
     let iomem = match firmware {
         Dom0Firmware::Acpi { memory, .. } => Some(iomem_policy(machine, plan, memory, &bus, ipa)),
         Dom0Firmware::Dt => None,
@@ -157,11 +159,21 @@ pub fn plan_dom0(
         smmu_irqs,
         pci: Vec::new(),
         pci_carves,
+        control: Some(control),
     };
     p.check_quota()?;
     p.routes()?;
     p.mmio_bus()?;
     Ok(p)
+}
+
+/// Where Dom0 finds the control device: the guest-physical page at the
+/// hypervisor image's first page. Dom0's RAM is identity-mapped and never
+/// holds the image, its stage 2 never maps it, and no device of the
+/// machine sits there, on any platform; to Linux it is not System RAM, so
+/// `/dev/mem` maps it (as Device memory) for `hvctl`.
+fn control_page(plan: &Plan) -> Region {
+    Region { base: plan.image.base & !(PAGE - 1), size: crate::control::FRAME_SIZE }
 }
 
 /// Dom0's devices, as `cfg.disk` and the firmware kind decide.

@@ -103,6 +103,7 @@ pub fn plan_domu(
         smmu_irqs: Vec::new(),
         pci: pci.into_iter().cloned().collect(),
         pci_carves: Vec::new(),
+        control: None,
     };
     p.check_quota()?;
     p.routes()?;

@@ -246,6 +246,8 @@ pub struct VmPlan {
     /// Dom0: the tops of its bridges' 32-bit windows that DomUs' BARs take
     /// (`pci`), cut out of its stage 2 and of the windows its DT describes.
     pub pci_carves: Vec<Region>,
+    /// Dom0: the control device's register page (`control`), for `hvctl`.
+    pub control: Option<Region>,
 }
 
 impl VmPlan {

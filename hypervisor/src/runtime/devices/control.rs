@@ -1,0 +1,166 @@
+//! Dom0's control device (docs/hvctl.md): the register page `hvctl` maps
+//! through `/dev/mem`, trapped here, and the requests it carries, acted on
+//! here. The page's protocol (claim, request in, doorbell, reply out) is
+//! `crate::control::Device`'s; this is the glue and the executor.
+//!
+//! Only Dom0's bus has the page (`domain::vmplan`): a DomU's access to the
+//! same IPA is a stage-2 fault like any unmapped address, answered with an
+//! external abort. Lock order: the device's lock, then whatever a request
+//! takes (the scheduler's admin and runqueue locks, a VM's devices).
+
+use super::claim;
+use crate::control::{self, Reply, Request, Status};
+use crate::domain::vmplan::VmPlan;
+use crate::domain::DomainId;
+use crate::esr::{self, MmioAccess};
+use crate::mmio_bus::{BusError, Device};
+use crate::runtime::percpu::now_ns;
+use crate::runtime::vm::{vms, Bus, MmioFault, Vcpu, Vm};
+use crate::sched::{DomainParams, RunState, SchedError};
+use crate::sync::Mutex;
+use alloc::string::String;
+use core::fmt::Write as _;
+use core::sync::atomic::Ordering;
+
+/// The one control device (one client at a time, see `control::Claim`).
+static DEVICE: Mutex<control::Device> = Mutex::new(control::Device::new());
+
+/// Claims the page on Dom0's bus.
+pub fn register(bus: &mut Bus, vp: &VmPlan) -> Result<(), BusError> {
+    claim(bus, vp, Device::Control, mmio)
+}
+
+/// A trapped access at offset `off` of the page.
+fn mmio(_vm: &Vm, _me: usize, v: &mut Vcpu, a: &MmioAccess, off: u64, value: u64) -> Result<(), MmioFault> {
+    let now = now_ns();
+    let mut dev = DEVICE.lock();
+    if a.write {
+        let counters = dev.counters();
+        dev.write(now, off, a.size, value, |r| execute(now, r, counters)).map_err(|_| MmioFault::Control)
+    } else {
+        let r = dev.read(now, off, a.size).map_err(|_| MmioFault::Control)?;
+        v.regs.set_reg(a.reg, esr::load_value(a, r));
+        Ok(())
+    }
+}
+
+/// The device's counters as `stats` lines (`control.*`), in a block of
+/// their own.
+pub fn write_counters(out: &mut String, c: control::Counters) {
+    let _ = write!(out, "(HV) stats begin control\n{c}(HV) stats end control\n");
+}
+
+/// The counters now (for the power-off dump; not under the device's lock).
+pub fn counters() -> control::Counters {
+    DEVICE.lock().counters()
+}
+
+/// Acts on a decoded request; `counters`: the device's, as the request
+/// arrived (the device is locked while this runs).
+fn execute(now: u64, r: Request<'_>, counters: control::Counters) -> Result<Reply, Status> {
+    let mut out = String::new();
+    match r {
+        Request::List => vms().iter().for_each(|vm| list_line(&mut out, vm, now)),
+        Request::VcpuList => vms().iter().for_each(|vm| vcpu_lines(&mut out, vm)),
+        Request::Stats { offset } => {
+            crate::runtime::vcpu::write_stats(&mut out);
+            write_counters(&mut out, counters);
+            return Ok(Reply::paged(out.as_bytes(), offset));
+        }
+        Request::SchedGet { dom } => sched_get(&mut out, dom)?,
+        Request::SchedSetDomain { dom, weight, cap } => sched_set(now, dom, weight, cap)?,
+        Request::SetOption { .. } => return Err(Status::NoOpt),
+        Request::TraceDump { .. }
+        | Request::Destroy { .. }
+        | Request::Pause { .. }
+        | Request::Unpause { .. }
+        | Request::Shutdown { .. } => return Err(Status::Unsupported),
+    }
+    Ok(Reply { text: out.into_bytes(), more: 0 })
+}
+
+fn domain(dom: DomainId) -> Result<&'static Vm, Status> {
+    vms().iter().copied().find(|vm| vm.domid == dom).ok_or(Status::NoDom)
+}
+
+/// `xl list`'s facts about `vm`, one line of `key=value`s.
+fn list_line(out: &mut String, vm: &Vm, now: u64) {
+    let n = vm.domid;
+    let p = vm.sched.domain_params(n).unwrap_or_default();
+    let running = (0..vm.shared.len()).any(|i| matches!(vm.sched.state(vm.gid(i)), Some(RunState::Running(_))));
+    let state = match (vm.stopped.load(Ordering::Relaxed), running) {
+        (true, _) => "shutdown",
+        (false, true) => "running",
+        (false, false) => "blocked",
+    };
+    let name: String = vm.name.chars().map(|c| if c.is_whitespace() { '_' } else { c }).collect();
+    let _ = writeln!(
+        out,
+        "domid={n} name={name} vcpus={} memory_kib={} state={state} run_ns={} weight={} cap={}",
+        vm.shared.len(),
+        vm.ram.size / 1024,
+        vm.sched.domain_run_ns(n, now).unwrap_or(0),
+        p.weight,
+        p.cap_percent.unwrap_or(0),
+    );
+}
+
+/// `xl vcpu-list`'s facts about each of `vm`'s vCPUs.
+fn vcpu_lines(out: &mut String, vm: &Vm) {
+    for i in 0..vm.shared.len() {
+        let g = vm.gid(i);
+        let (state, pcpu) = match vm.sched.state(g) {
+            Some(RunState::Running(p)) => ("running", Some(p)),
+            Some(RunState::Runnable) => ("runnable", None),
+            Some(RunState::Blocked) => ("blocked", None),
+            Some(RunState::Offline) | None => ("offline", None),
+        };
+        let pcpu = pcpu.map_or(String::from("-"), |p| alloc::format!("{p}"));
+        let credit = vm.sched.credit(g).unwrap_or(0);
+        let _ = writeln!(out, "domid={} vcpu={i} pcpu={pcpu} state={state} credit={credit}", vm.domid);
+    }
+}
+
+/// `xl sched-credit2 [-d DOM]`: the scheduler's settings without a domain,
+/// then each domain's (or the one's) weight and cap.
+fn sched_get(out: &mut String, dom: Option<DomainId>) -> Result<(), Status> {
+    let all = vms();
+    let cfg = all[0].sched.config();
+    if dom.is_none() {
+        let _ = writeln!(
+            out,
+            "ratelimit_us={} runqueue={} max_cpus_runqueue={} runqueues={} wake_preempt={}",
+            cfg.ratelimit_ns / 1000,
+            cfg.runqueue.name(),
+            cfg.max_cpus_runqueue,
+            all[0].sched.nr_runqueues(),
+            if cfg.extensions() { "on" } else { "off" },
+        );
+    }
+    for vm in all.iter().filter(|vm| dom.is_none_or(|d| d == vm.domid)) {
+        let p = vm.sched.domain_params(vm.domid).unwrap_or_default();
+        let _ = writeln!(out, "domid={} weight={} cap={}", vm.domid, p.weight, p.cap_percent.unwrap_or(0));
+    }
+    match dom {
+        Some(d) if domain(d).is_err() => Err(Status::NoDom),
+        _ => Ok(()),
+    }
+}
+
+/// `xl sched-credit2 -d DOM [-w W] [-c CAP]`: cap 0 removes the cap.
+fn sched_set(now: u64, dom: DomainId, weight: Option<u32>, cap: Option<u32>) -> Result<(), Status> {
+    let vm = domain(dom)?;
+    let mut p: DomainParams = vm.sched.domain_params(dom).ok_or(Status::NoDom)?;
+    if let Some(w) = weight {
+        p.weight = w;
+    }
+    if let Some(c) = cap {
+        p.cap_percent = (c != 0).then_some(c);
+    }
+    vm.sched.set_domain_params(now, dom, p).map_err(|e| match e {
+        SchedError::UnknownDomain(_) => Status::NoDom,
+        _ => Status::Range,
+    })?;
+    log::info!("hvctl: d{dom} weight {} cap {}", p.weight, p.cap_percent.unwrap_or(0));
+    Ok(())
+}
