@@ -128,7 +128,8 @@ fn sched_show(c: &Client<regs::DevMem>, dom: Option<&str>, global: bool) -> Resu
 fn sched_set(c: &Client<regs::DevMem>, dom: &str, weight: Option<u32>, cap: Option<u32>) -> Result<(), Error> {
     let doms = format::domains(&text(c.simple(op::LIST, 0)?));
     let d = resolve(&doms, dom)?;
-    if let Some(cap) = cap {
+    // The hypervisor checks too; a LIST without `vcpus=` leaves it to it.
+    if let (Some(cap), true) = (cap, d.vcpus > 0) {
         let most = 100 * d.vcpus;
         if cap > most {
             return Err(Error::Other(format!("cap {cap} out of range (0..{most} for {} vCPUs)", d.vcpus)));
