@@ -75,19 +75,28 @@ pub fn initrd_with_hvctl(base: &Path, tag: &str) -> Result<PathBuf> {
     let packed = dir.join("hvctl.cpio");
     if !fresh(&packed, &[&bin]) {
         let data = std::fs::read(&bin).with_context(|| bin.display().to_string())?;
-        std::fs::write(&packed, archive(&data)).with_context(|| packed.display().to_string())?;
+        write_whole(&packed, &archive(&data))?;
     }
     let out = dir.join(format!("initramfs-hvctl-{tag}.cpio"));
     if !fresh(&out, &[base, &packed]) {
         let b = std::fs::read(base).with_context(|| base.display().to_string())?;
         let extra = std::fs::read(&packed).with_context(|| packed.display().to_string())?;
-        // Written aside and renamed: a run that reads it meanwhile sees
-        // the old or the new file, never half of one.
-        let tmp = dir.join(format!("initramfs-hvctl-{tag}.cpio.{}", std::process::id()));
-        std::fs::write(&tmp, concat(&b, &extra)).with_context(|| tmp.display().to_string())?;
-        std::fs::rename(&tmp, &out).with_context(|| out.display().to_string())?;
+        write_whole(&out, &concat(&b, &extra))?;
     }
     Ok(out)
+}
+
+/// Writes `data` aside and renames it to `path`: a reader meanwhile (a
+/// parallel test, another run) sees the old or the new file, never half
+/// of one.
+fn write_whole(path: &Path, data: &[u8]) -> Result<()> {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".{}.{n}", std::process::id()));
+    let tmp = PathBuf::from(tmp);
+    std::fs::write(&tmp, data).with_context(|| tmp.display().to_string())?;
+    std::fs::rename(&tmp, path).with_context(|| path.display().to_string())
 }
 
 #[cfg(test)]
@@ -123,6 +132,9 @@ mod tests {
         std::fs::File::options().write(true).open(&input).unwrap().set_modified(later).unwrap();
         assert!(!fresh(&out, &[&input]), "a newer input");
         assert!(!fresh(&out, &[&dir.join("none")]), "a missing input");
+        write_whole(&out, b"new").unwrap();
+        assert_eq!(std::fs::read(&out).unwrap(), b"new");
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 2, "no temporary file left");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
