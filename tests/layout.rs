@@ -23,6 +23,12 @@ fn file_len(p: &std::path::Path) -> u64 {
     std::fs::metadata(p).expect("module file").len()
 }
 
+/// The initrd a run without `--initrd` boots Dom0 with: the guest image's
+/// initramfs with hvctl appended.
+fn dom0_initrd_len(g: &xtask::build::image::GuestImage) -> u64 {
+    file_len(&g.dom0_initrd().expect("Dom0's initrd with hvctl"))
+}
+
 /// Linux never started.
 fn assert_no_guest(r: &RunResult) {
     assert!(!r.console.contains("Booting Linux"), "the guest ran:\n{}", tail(&r.console, 30));
@@ -78,7 +84,7 @@ fn linux_boots_with_modules_right_after_the_image() {
     let g = xtask::build::image::guest().expect("guest image");
     let kernel = LOAD_ADDRESS + hypervisor_image_size();
     let initrd = (kernel + file_len(&g.kernel)).div_ceil(4096) * 4096;
-    assert!(initrd + file_len(&g.initrd) <= QEMU_DTB, "the image grew: the initrd would reach QEMU's DTB");
+    assert!(initrd + dom0_initrd_len(&g) <= QEMU_DTB, "the image grew: the initrd would reach QEMU's DTB");
     let r = run(&opts(kernel, initrd));
     assert_console(&r, "CPU: All CPU(s) started at EL1");
     assert_eq!(r.guest_exit, Some(0));
@@ -93,7 +99,7 @@ fn an_initrd_under_qemus_dtb_stops_the_boot_with_one_line() {
     let g = xtask::build::image::guest().expect("guest image");
     let o = opts(0x4200_0000, 0x4700_0000);
     let r = run(&o);
-    let end = 0x4700_0000 + file_len(&g.initrd);
+    let end = 0x4700_0000 + dom0_initrd_len(&g);
     assert_fatal(
         &o,
         &r,
@@ -128,7 +134,7 @@ fn a_module_outside_ram_stops_the_boot_with_one_line() {
     let g = xtask::build::image::guest().expect("guest image");
     let o = opts(0x5000_0000, 0x1_0000_0000);
     let r = run(&o);
-    let end = 0x1_0000_0000 + file_len(&g.initrd);
+    let end = 0x1_0000_0000 + dom0_initrd_len(&g);
     assert_fatal(&o, &r, &format!("(HV) fatal: boot layout: initrd [0x100000000, {end:#x}) is not inside RAM"));
 }
 

@@ -124,7 +124,7 @@ pub struct RunArgs {
     /// Boot your own guest kernel
     #[arg(long, value_name = "FILE")]
     pub kernel: Option<PathBuf>,
-    /// Boot your own guest initrd
+    /// Boot your own guest initrd [default: the guest image's initramfs with /usr/bin/hvctl appended]
     #[arg(long, value_name = "FILE")]
     pub initrd: Option<PathBuf>,
     /// Debian kernel flavour of the built guest image (guest-images/out, guest-images/out-generic)

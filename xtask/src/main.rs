@@ -46,7 +46,11 @@ fn cmd_run_fvp(args: &RunArgs) -> anyhow::Result<i32> {
         Some(k) => (k.clone(), args.initrd.clone()),
         None => {
             let g = xtask::build::image::guest_flavour(args.kernel_flavour)?;
-            (g.kernel, Some(args.initrd.clone().unwrap_or(g.initrd)))
+            let initrd = match &args.initrd {
+                Some(i) => i.clone(),
+                None => g.dom0_initrd()?,
+            };
+            (g.kernel, Some(initrd))
         }
     };
     let o = || args.run_options(|| Ok(std::path::PathBuf::new()));

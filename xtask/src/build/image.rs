@@ -14,6 +14,18 @@ pub struct GuestImage {
     /// archive to append to `initrd` (Linux unpacks both): kept out of the
     /// initramfs, which must still fit between the kernel and QEMU's DTB.
     pub perf: PathBuf,
+    /// The kernel flavour it was built with.
+    pub flavour: Flavour,
+}
+
+impl GuestImage {
+    /// Dom0's initrd by default: `initrd` with `/usr/bin/hvctl` appended
+    /// ([`crate::build::hvctl`]; about 0.5 MiB more), built when missing
+    /// or out of date. DomUs need no hvctl but get the same file, as they
+    /// got `initrd` before.
+    pub fn dom0_initrd(&self) -> Result<PathBuf> {
+        crate::build::hvctl::initrd_with_hvctl(&self.initrd, self.flavour.as_str())
+    }
 }
 
 /// Debian's arm64 kernel flavour the guest image is built with
@@ -65,5 +77,10 @@ pub fn guest_flavour(flavour: Flavour) -> Result<GuestImage> {
     if !st.success() {
         bail!("guest-images/build.sh ({} kernel) failed", flavour.as_str());
     }
-    Ok(GuestImage { kernel: out.join("Image"), initrd: out.join("initramfs.cpio"), perf: out.join("perf.cpio") })
+    Ok(GuestImage {
+        kernel: out.join("Image"),
+        initrd: out.join("initramfs.cpio"),
+        perf: out.join("perf.cpio"),
+        flavour,
+    })
 }

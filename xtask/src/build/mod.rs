@@ -3,7 +3,12 @@
 //! guest, flat and as an ELF kernel.
 //!
 //! - [`image`]: the guest kernel + initramfs (guest-images/build.sh)
+//! - [`hvctl`]: Dom0's control tool, built static for the guest, and the
+//!   initramfs with it
+//! - [`cpio`]: the newc archive writer and reader
 
+pub mod cpio;
+pub mod hvctl;
 pub mod image;
 
 use crate::{root, Result};
@@ -13,7 +18,7 @@ use std::process::Command;
 
 /// Builds `hypervisor` for `platform` and returns the flat image's path.
 pub fn hypervisor(platform: &str) -> Result<PathBuf> {
-    crate::setup::ensure_target()?;
+    crate::setup::ensure_target(crate::setup::TARGET)?;
     let target_dir = root().join("target").join("hv");
     let st = Command::new(env!("CARGO"))
         .current_dir(root())
@@ -80,7 +85,7 @@ pub fn conformance_elf(base: u64) -> Result<PathBuf> {
 /// target), linked position-independent or, with `link_base`, as a
 /// fixed-address executable there; returns the ELF's path.
 fn cargo_build_conformance(target_dir: &std::path::Path, link_base: Option<u64>) -> Result<PathBuf> {
-    crate::setup::ensure_target()?;
+    crate::setup::ensure_target(crate::setup::TARGET)?;
     let mut cmd = Command::new(env!("CARGO"));
     cmd.current_dir(root()).env("CARGO_TARGET_DIR", target_dir);
     if let Some(base) = link_base {

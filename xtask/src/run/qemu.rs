@@ -351,7 +351,11 @@ pub fn run(o: &RunOptions) -> Result<RunResult> {
         (Some(k), i) => (k.clone(), i.clone()),
         (None, _) => {
             let g = crate::build::image::guest_flavour(o.flavour)?;
-            (g.kernel, Some(o.initrd.clone().unwrap_or(g.initrd)))
+            let initrd = match &o.initrd {
+                Some(i) => i.clone(),
+                None => g.dom0_initrd()?,
+            };
+            (g.kernel, Some(initrd))
         }
     };
     let mut args = command_line(&hv, &kernel, initrd.as_ref(), o);

@@ -1,0 +1,207 @@
+//! The command line (xl's verb shapes), parsed with `lexopt` into a
+//! [`Cmd`]; the `--help` text.
+
+use lexopt::prelude::*;
+use std::ffi::OsString;
+
+/// `--help`.
+pub const HELP: &str = "\
+hvctl: Dom0's control tool for the hypervisor (xl-style verbs)
+
+Usage: hvctl <VERB> [ARGS]
+
+Verbs:
+  list                          domains (like `xl list`), plus Weight and Cap
+  vcpu-list                     vCPUs (like `xl vcpu-list`), plus Credit
+  stats [--json]                the hypervisor's counters (raw, or one JSON object)
+  trace dump                    the scheduling flight recorder's dump
+  sched-credit2                 the pool line and every domain's weight and cap
+  sched-credit2 -s              the scheduler-wide settings only
+  sched-credit2 -d DOM          one domain's weight and cap
+  sched-credit2 -d DOM [-w W] [-c CAP]
+                                set them (W 1..65535, CAP 0..100*vCPUs, 0: no cap)
+  set NAME=VALUE                a hypervisor option
+  destroy|pause|unpause|shutdown DOM
+  top [-b] [-d SECS] [-n N]     CPU% and exits/s per domain every SECS (default 3)
+                                for N frames (default: forever); there is only the
+                                batch output, so -b changes nothing
+
+DOM is a domain id or name. Options: -h/--help, -V/--version.
+The device is found in the device tree (/hypervisor/control@...) or at
+HVCTL_ADDR=0x...; hvctl needs /dev/mem (root, in Dom0).
+";
+
+/// What to do.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Cmd {
+    Help,
+    Version,
+    List,
+    VcpuList,
+    Stats {
+        json: bool,
+    },
+    TraceDump,
+    /// `-s`: the scheduler-wide line only.
+    SchedShow {
+        dom: Option<String>,
+        global: bool,
+    },
+    SchedSet {
+        dom: String,
+        weight: Option<u32>,
+        cap: Option<u32>,
+    },
+    Set {
+        name: String,
+        value: String,
+    },
+    /// One of the domain ops (`op::DESTROY`..`op::SHUTDOWN`).
+    DomOp {
+        op: u32,
+        dom: String,
+    },
+    Top {
+        delay_s: f64,
+        frames: Option<u64>,
+    },
+}
+
+/// Parses `args` (without the program name).
+pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Cmd, String> {
+    parse_inner(args).map_err(|e| e.to_string())
+}
+
+fn parse_inner(args: impl IntoIterator<Item = OsString>) -> Result<Cmd, lexopt::Error> {
+    let mut p = lexopt::Parser::from_args(args);
+    let verb = match p.next()? {
+        None | Some(Short('h') | Long("help")) => return Ok(Cmd::Help),
+        Some(Short('V') | Long("version")) => return Ok(Cmd::Version),
+        Some(Value(v)) => v.string()?,
+        Some(other) => return Err(other.unexpected()),
+    };
+    let cmd = match verb.as_str() {
+        "list" => Cmd::List,
+        "vcpu-list" => Cmd::VcpuList,
+        "stats" => match p.next()? {
+            None => Cmd::Stats { json: false },
+            Some(Long("json")) => Cmd::Stats { json: true },
+            Some(other) => return Err(other.unexpected()),
+        },
+        "trace" => match p.next()? {
+            Some(Value(v)) if v == "dump" => Cmd::TraceDump,
+            Some(other) => return Err(other.unexpected()),
+            None => return Err("`trace` needs a subcommand: `trace dump`".into()),
+        },
+        "sched-credit2" => return sched(&mut p),
+        "set" => {
+            let v = p.value()?.string()?;
+            let (name, value) = v.split_once('=').ok_or_else(|| format!("`set {v}`: expected NAME=VALUE"))?;
+            Cmd::Set { name: name.into(), value: value.into() }
+        }
+        "destroy" | "pause" | "unpause" | "shutdown" => {
+            let op = match verb.as_str() {
+                "destroy" => hv_core::control::op::DESTROY,
+                "pause" => hv_core::control::op::PAUSE,
+                "unpause" => hv_core::control::op::UNPAUSE,
+                _ => hv_core::control::op::SHUTDOWN,
+            };
+            Cmd::DomOp { op, dom: p.value()?.string()? }
+        }
+        "top" => return top(&mut p),
+        other => return Err(format!("unknown verb `{other}` (hvctl --help lists them)").into()),
+    };
+    match p.next()? {
+        None => Ok(cmd),
+        Some(other) => Err(other.unexpected()),
+    }
+}
+
+fn sched(p: &mut lexopt::Parser) -> Result<Cmd, lexopt::Error> {
+    let (mut dom, mut weight, mut cap, mut global) = (None, None, None, false);
+    while let Some(arg) = p.next()? {
+        match arg {
+            Short('d') | Long("domain") => dom = Some(p.value()?.string()?),
+            Short('w') | Long("weight") => weight = Some(p.value()?.parse()?),
+            Short('c') | Long("cap") => cap = Some(p.value()?.parse()?),
+            Short('s') | Long("schedparam") => global = true,
+            other => return Err(other.unexpected()),
+        }
+    }
+    if let Some(w) = weight {
+        if !(1..=65535).contains(&w) {
+            return Err(format!("weight {w} out of range (1..65535)").into());
+        }
+    }
+    match (dom, weight.is_some() || cap.is_some()) {
+        (Some(dom), true) => Ok(Cmd::SchedSet { dom, weight, cap }),
+        (None, true) => Err("-w and -c need -d DOM".into()),
+        (dom, false) => Ok(Cmd::SchedShow { dom, global }),
+    }
+}
+
+fn top(p: &mut lexopt::Parser) -> Result<Cmd, lexopt::Error> {
+    let (mut delay_s, mut frames) = (3.0f64, None);
+    while let Some(arg) = p.next()? {
+        match arg {
+            Short('b') | Long("batch") => {}
+            Short('d') | Long("delay") => delay_s = p.value()?.parse()?,
+            Short('n') | Long("iterations") => frames = Some(p.value()?.parse()?),
+            other => return Err(other.unexpected()),
+        }
+    }
+    if !(delay_s > 0.0 && delay_s <= 3600.0) {
+        return Err(format!("delay {delay_s} out of range (0..3600 seconds)").into());
+    }
+    Ok(Cmd::Top { delay_s, frames })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(s: &str) -> Result<Cmd, String> {
+        parse(s.split_whitespace().map(OsString::from))
+    }
+
+    #[test]
+    fn verbs_parse() {
+        assert_eq!(p(""), Ok(Cmd::Help));
+        assert_eq!(p("--version"), Ok(Cmd::Version));
+        assert_eq!(p("list"), Ok(Cmd::List));
+        assert_eq!(p("vcpu-list"), Ok(Cmd::VcpuList));
+        assert_eq!(p("stats --json"), Ok(Cmd::Stats { json: true }));
+        assert_eq!(p("trace dump"), Ok(Cmd::TraceDump));
+        assert_eq!(
+            p("set sched_wake_preempt=off"),
+            Ok(Cmd::Set { name: "sched_wake_preempt".into(), value: "off".into() })
+        );
+        assert_eq!(p("pause guest1"), Ok(Cmd::DomOp { op: 9, dom: "guest1".into() }));
+        assert_eq!(p("top -b -d 0.5 -n 2"), Ok(Cmd::Top { delay_s: 0.5, frames: Some(2) }));
+        assert_eq!(p("top"), Ok(Cmd::Top { delay_s: 3.0, frames: None }));
+    }
+
+    #[test]
+    fn sched_credit2_shapes() {
+        assert_eq!(p("sched-credit2"), Ok(Cmd::SchedShow { dom: None, global: false }));
+        assert_eq!(p("sched-credit2 -s"), Ok(Cmd::SchedShow { dom: None, global: true }));
+        assert_eq!(p("sched-credit2 -d 1"), Ok(Cmd::SchedShow { dom: Some("1".into()), global: false }));
+        assert_eq!(
+            p("sched-credit2 -d Dom0 -w 512 -c 50"),
+            Ok(Cmd::SchedSet { dom: "Dom0".into(), weight: Some(512), cap: Some(50) })
+        );
+        assert!(p("sched-credit2 -d 1 -w 0").unwrap_err().contains("out of range"));
+        assert!(p("sched-credit2 -d 1 -w 65536").unwrap_err().contains("out of range"));
+        assert!(p("sched-credit2 -w 5").unwrap_err().contains("need -d"));
+    }
+
+    #[test]
+    fn mistakes_are_named() {
+        assert!(p("frobnicate").unwrap_err().contains("unknown verb"));
+        assert!(p("list extra").is_err());
+        assert!(p("set novalue").unwrap_err().contains("NAME=VALUE"));
+        assert!(p("destroy").is_err());
+        assert!(p("trace").unwrap_err().contains("trace dump"));
+        assert!(p("top -d 0").is_err());
+    }
+}

@@ -1,0 +1,71 @@
+//! `hvctl`: Dom0's userspace control tool for the hypervisor. It finds the
+//! control device in Dom0's device tree (`/hypervisor/control@…`,
+//! `hvrust,control-1`), maps its register page through `/dev/mem` and runs
+//! one request per claim (docs/hvctl.md; the device's model and constants
+//! are `hv_core::control`). Verbs follow Xen's `xl`: `list`, `vcpu-list`,
+//! `sched-credit2`, `destroy`/`pause`/`unpause`/`shutdown`, plus `stats`,
+//! `trace dump`, `set` and `top`. Built statically for
+//! `aarch64-unknown-linux-musl` and put in the guest initramfs as
+//! `/usr/bin/hvctl` by `cargo xtask`.
+//!
+//! - `cli`: the command line, parsed into a `Cmd`; the help text
+//! - `client`: one request over the register page (claim, DATA, doorbell,
+//!   status, release) and paged responses
+//! - `discover`: the device's address (device tree or `HVCTL_ADDR`)
+//! - `format`: the answers parsed and printed like `xl`; stats as JSON
+//! - `regs`: the register-access trait and its `/dev/mem` mapping (the
+//!   only `unsafe` code)
+//! - `top`: `hvctl top`'s CPU% and exits/s from two samples
+//! - `verbs`: each verb's requests and output, over any register page
+
+#![deny(unsafe_code)]
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks)]
+
+mod cli;
+mod client;
+mod discover;
+mod format;
+#[allow(unsafe_code)]
+mod regs;
+mod top;
+mod verbs;
+
+use cli::Cmd;
+use client::{Client, Error};
+use std::io::Write;
+use std::time::Duration;
+
+fn main() {
+    let cmd = match cli::parse(std::env::args_os().skip(1)) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("hvctl: {e}");
+            std::process::exit(2);
+        }
+    };
+    if let Err(e) = run(cmd) {
+        eprintln!("hvctl: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// Opens the device (found in the device tree or `HVCTL_ADDR`).
+fn open() -> Result<Client<regs::DevMem>, Error> {
+    let addr = discover::find().map_err(Error::Other)?;
+    Ok(Client::new(regs::DevMem::open(addr).map_err(Error::Other)?))
+}
+
+fn out(s: &str) -> Result<(), Error> {
+    let mut o = std::io::stdout().lock();
+    o.write_all(s.as_bytes()).and_then(|()| o.flush()).map_err(|e| Error::Other(format!("stdout: {e}")))
+}
+
+fn run(cmd: Cmd) -> Result<(), Error> {
+    match cmd {
+        Cmd::Help => out(cli::HELP),
+        Cmd::Version => out(&format!("hvctl {}\n", env!("CARGO_PKG_VERSION"))),
+        Cmd::Top { delay_s, frames } => verbs::top(&open()?, Duration::from_secs_f64(delay_s), frames, out),
+        cmd => out(&verbs::exec(&open()?, cmd)?),
+    }
+}
