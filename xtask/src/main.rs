@@ -161,7 +161,7 @@ fn cmd_test(args: &TestArgs) -> anyhow::Result<i32> {
 }
 
 /// The cargo-fuzz targets in fuzz/fuzz_targets that `cargo xtask test` runs.
-const FUZZ_TARGETS: [&str; 4] = ["virtqueue", "vits", "smmu", "vpci"];
+const FUZZ_TARGETS: [&str; 5] = ["virtqueue", "vits", "smmu", "vpci", "control"];
 
 /// Runs `cargo +nightly fuzz run <target>` for XTASK_FUZZ_SECONDS (default
 /// 30), starting from `fuzz/seeds-<target>.tar.gz` when the repository has

@@ -11,7 +11,8 @@ hvctl: Dom0's control tool for the hypervisor (xl-style verbs)
 Usage: hvctl <VERB> [ARGS]
 
 Verbs:
-  list                          domains (like `xl list`), plus Weight and Cap
+  list [-l]                     domains (like `xl list`), plus Weight and Cap;
+                                -l: the hypervisor's key=value lines, run_ns exact
   vcpu-list                     vCPUs (like `xl vcpu-list`), plus Credit
   stats [--json]                the hypervisor's counters (raw, or one JSON object)
   trace dump                    the scheduling flight recorder's dump
@@ -36,7 +37,10 @@ HVCTL_ADDR=0x...; hvctl needs /dev/mem (root, in Dom0).
 pub enum Cmd {
     Help,
     Version,
-    List,
+    List {
+        /// `-l`: the raw `key=value` lines.
+        long: bool,
+    },
     VcpuList,
     Stats {
         json: bool,
@@ -81,7 +85,11 @@ fn parse_inner(args: impl IntoIterator<Item = OsString>) -> Result<Cmd, lexopt::
         Some(other) => return Err(other.unexpected()),
     };
     let cmd = match verb.as_str() {
-        "list" => Cmd::List,
+        "list" => match p.next()? {
+            None => Cmd::List { long: false },
+            Some(Short('l') | Long("long")) => Cmd::List { long: true },
+            Some(other) => return Err(other.unexpected()),
+        },
         "vcpu-list" => Cmd::VcpuList,
         "stats" => match p.next()? {
             None => Cmd::Stats { json: false },
@@ -168,7 +176,8 @@ mod tests {
     fn verbs_parse() {
         assert_eq!(p(""), Ok(Cmd::Help));
         assert_eq!(p("--version"), Ok(Cmd::Version));
-        assert_eq!(p("list"), Ok(Cmd::List));
+        assert_eq!(p("list"), Ok(Cmd::List { long: false }));
+        assert_eq!(p("list -l"), Ok(Cmd::List { long: true }));
         assert_eq!(p("vcpu-list"), Ok(Cmd::VcpuList));
         assert_eq!(p("stats --json"), Ok(Cmd::Stats { json: true }));
         assert_eq!(p("trace dump"), Ok(Cmd::TraceDump));

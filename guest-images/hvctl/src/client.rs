@@ -46,22 +46,9 @@ impl fmt::Display for Error {
 
 /// `STATUS`'s code as a [`Status`] (0 is success).
 pub fn status_of(code: u32) -> Result<(), Error> {
-    const ALL: [Status; 11] = [
-        Status::Busy,
-        Status::BadToken,
-        Status::Inval,
-        Status::NoOp,
-        Status::NoDom,
-        Status::Range,
-        Status::NoOpt,
-        Status::NoMem,
-        Status::Perm,
-        Status::Format,
-        Status::Unsupported,
-    ];
     match code {
         0 => Ok(()),
-        c => Err(ALL.into_iter().find(|s| *s as u32 == c).map_or(Error::UnknownStatus(c), Error::Status)),
+        c => Err(Status::from_code(c).map_or(Error::UnknownStatus(c), Error::Status)),
     }
 }
 

@@ -1,6 +1,8 @@
 //! Finding the control device: Dom0's device tree node
 //! `/hypervisor/control@<addr>` (`compatible = "hvrust,control-1"`), or the
-//! `HVCTL_ADDR` environment variable.
+//! `HVCTL_ADDR` environment variable. In an ACPI boot Linux keeps the DT
+//! flat (only `/chosen` is read), so the node is read from the blob at
+//! `/sys/firmware/fdt` there.
 
 use std::path::Path;
 
@@ -44,6 +46,20 @@ pub fn find_in(dir: &Path) -> Option<u64> {
     })
 }
 
+/// Where Linux exposes the flat DT it booted with.
+pub const FDT_BLOB: &str = "/sys/firmware/fdt";
+
+/// The control node's address in a flat device tree blob, if any.
+pub fn find_in_blob(blob: &[u8]) -> Option<u64> {
+    let fdt = fdt::Fdt::new(blob).ok()?;
+    let hv = fdt.find_node("/hypervisor")?;
+    let ours = |n: &fdt::node::FdtNode<'_, '_>| {
+        n.name.starts_with("control@") && n.property("compatible").is_some_and(|c| is_compatible(c.value))
+    };
+    let node = hv.children().find(ours)?;
+    reg_address(node.property("reg")?.value)
+}
+
 /// The device's physical address: `HVCTL_ADDR`, else the device tree.
 pub fn find() -> Result<u64, String> {
     if let Ok(v) = std::env::var("HVCTL_ADDR") {
@@ -52,6 +68,7 @@ pub fn find() -> Result<u64, String> {
     DT_DIRS
         .iter()
         .find_map(|d| find_in(Path::new(d)))
+        .or_else(|| find_in_blob(&std::fs::read(FDT_BLOB).ok()?))
         .ok_or_else(|| "no control device (not running as Dom0 under the hypervisor?)".to_string())
 }
 
@@ -83,5 +100,17 @@ mod tests {
         assert_eq!(parse_addr("0x8c000000"), Some(0x8c00_0000));
         assert_eq!(parse_addr("4096"), Some(4096));
         assert_eq!(parse_addr("zz"), None);
+    }
+
+    #[test]
+    fn reads_the_node_from_a_flat_blob() {
+        // The ACPI boot's DT (a `/chosen` and `/hypervisor`), written by
+        // the hypervisor's own code.
+        use hv_machine::region::Region;
+        let page = Region { base: 0x4020_0000, size: 0x1000 };
+        let mmap = Region { base: 0x7fe1_1000, size: 200 };
+        let blob = hv_machine::firmware::dom0_efi::chosen_dtb("acpi=force", None, 0x7fe1_0000, mmap, Some(page));
+        assert_eq!(find_in_blob(&blob.unwrap()), Some(0x4020_0000));
+        assert_eq!(find_in_blob(b"not a dtb"), None);
     }
 }

@@ -21,7 +21,8 @@ fn domains<R: Regs>(c: &Client<R>) -> Result<Vec<Domain>, Error> {
 pub fn exec<R: Regs>(c: &Client<R>, cmd: Cmd) -> Result<String, Error> {
     match cmd {
         Cmd::Help | Cmd::Version | Cmd::Top { .. } => Err(Error::Other("not a device verb".into())),
-        Cmd::List => Ok(format::list(&domains(c)?)),
+        Cmd::List { long: false } => Ok(format::list(&domains(c)?)),
+        Cmd::List { long: true } => Ok(text(c.simple(op::LIST, 0)?)),
         Cmd::VcpuList => {
             let doms = domains(c)?;
             Ok(format::vcpu_list(&doms, &text(c.simple(op::VCPU_LIST, 0)?)))
@@ -173,7 +174,7 @@ mod tests {
     #[test]
     fn tables_come_from_the_answers() {
         let c = client(Rc::default());
-        let list = exec(&c, Cmd::List).unwrap();
+        let list = exec(&c, Cmd::List { long: false }).unwrap();
         assert!(list.lines().nth(2).unwrap().starts_with("guest1 "), "{list}");
         let sched = exec(&c, Cmd::SchedShow { dom: None, global: false }).unwrap();
         assert!(sched.starts_with("Cpupool Pool-0: ratelimit=1000us runq=all\nName "), "{sched}");

@@ -50,6 +50,26 @@ pub enum Status {
 }
 
 impl Status {
+    /// Every status, in code order (1..).
+    pub const ALL: [Status; 11] = [
+        Status::Busy,
+        Status::BadToken,
+        Status::Inval,
+        Status::NoOp,
+        Status::NoDom,
+        Status::Range,
+        Status::NoOpt,
+        Status::NoMem,
+        Status::Perm,
+        Status::Format,
+        Status::Unsupported,
+    ];
+
+    /// The status `STATUS` reads as `code` (0, success, is none).
+    pub fn from_code(code: u32) -> Option<Status> {
+        Status::ALL.into_iter().find(|s| *s as u32 == code)
+    }
+
     /// The counter name of the hypervisor's `control.err.<name>`.
     pub fn name(self) -> &'static str {
         match self {
@@ -325,26 +345,12 @@ impl core::fmt::Display for Counters {
         writeln!(f, "control.busy={}", self.busy)?;
         writeln!(f, "control.lapsed={}", self.lapsed)?;
         writeln!(f, "control.bad_accesses={}", self.bad_accesses)?;
-        for st in ALL_STATUSES {
+        for st in Status::ALL {
             writeln!(f, "control.err.{}={}", st.name(), self.errors[st as usize])?;
         }
         Ok(())
     }
 }
-
-const ALL_STATUSES: [Status; 11] = [
-    Status::Busy,
-    Status::BadToken,
-    Status::Inval,
-    Status::NoOp,
-    Status::NoDom,
-    Status::Range,
-    Status::NoOpt,
-    Status::NoMem,
-    Status::Perm,
-    Status::Format,
-    Status::Unsupported,
-];
 
 /// The control device's register page: the claim, the request as it is
 /// written 8 bytes at a time, and the last response as it is read back.

@@ -13,7 +13,9 @@
 //! - `vlpi`: GICv4 direct injection: the VM's vPEs and their vITS backend
 //! - `vpe`: vPE residency on vCPU load/put, doorbells
 //! - `devices`: the emulated devices' EL2 glue (vGIC, vITS, virtio-blk,
-//!   vPL011, vPCI), each registering its MMIO handlers on the VM's bus
+//!   vPL011, vPCI, Dom0's control device), each registering its MMIO
+//!   handlers on the VM's bus
+//! - `stats`: every VM's counters as text, for the console and `hvctl`
 //! - `vblk`: the guest's virtio-blk wired to traps, timer and vGIC
 //! - `physblk`: the physical virtio-blk as that device's backend
 //! - `pci`: PCIe functions assigned to DomUs: probe, BARs, reset
@@ -33,6 +35,7 @@ pub mod pci;
 pub mod percpu;
 pub mod physblk;
 pub mod smmu;
+pub mod stats;
 pub mod uefi;
 pub mod vblk;
 pub mod vcpu;

@@ -63,7 +63,7 @@ fn execute(now: u64, r: Request<'_>, counters: control::Counters) -> Result<Repl
         Request::List => vms().iter().for_each(|vm| list_line(&mut out, vm, now)),
         Request::VcpuList => vms().iter().for_each(|vm| vcpu_lines(&mut out, vm)),
         Request::Stats { offset } => {
-            crate::runtime::vcpu::write_stats(&mut out);
+            crate::runtime::stats::write_stats(&mut out);
             write_counters(&mut out, counters);
             return Ok(Reply::paged(out.as_bytes(), offset));
         }
@@ -117,7 +117,8 @@ fn vcpu_lines(out: &mut String, vm: &Vm) {
         };
         let pcpu = pcpu.map_or(String::from("-"), |p| alloc::format!("{p}"));
         let credit = vm.sched.credit(g).unwrap_or(0);
-        let _ = writeln!(out, "domid={} vcpu={i} pcpu={pcpu} state={state} credit={credit}", vm.domid);
+        let run_ns = vm.sched.stats(g).map_or(0, |s| s.counters.run_ns);
+        let _ = writeln!(out, "domid={} vcpu={i} pcpu={pcpu} state={state} run_ns={run_ns} credit={credit}", vm.domid);
     }
 }
 

@@ -25,7 +25,6 @@ mod inject;
 mod irq;
 mod psci;
 mod report;
-pub use self::report::write_stats;
 mod run;
 
 use self::exit::spin_watch;

@@ -1,0 +1,124 @@
+//! `hvctl` in Dom0 against the running hypervisor (docs/hvctl.md): the
+//! domain list, a cap set while the domains run and the share it moves,
+//! bad requests and accesses answered with errors and counters, and a
+//! DomU that has no control device.
+
+use integration_tests::*;
+use std::time::Duration;
+use xtask::run::domu::DomuOptions;
+
+/// `hvctl list -l` snapshots printed as `L<n> <line>`: each domain's
+/// `run_ns` per snapshot, by domain id.
+fn snapshots(console: &str, n: usize) -> Vec<Vec<u64>> {
+    (0..n)
+        .map(|s| {
+            let prefix = format!("L{s} ");
+            let mut by_dom: Vec<(u64, u64)> = console
+                .lines()
+                .filter_map(|l| l.trim().strip_prefix(&prefix))
+                .map(|l| {
+                    let field = |k: &str| -> u64 {
+                        l.split_whitespace()
+                            .find_map(|kv| kv.strip_prefix(k)?.parse().ok())
+                            .unwrap_or_else(|| panic!("no {k} in {l:?}"))
+                    };
+                    (field("domid="), field("run_ns="))
+                })
+                .collect();
+            by_dom.sort();
+            by_dom.into_iter().map(|(_, ns)| ns).collect()
+        })
+        .collect()
+}
+
+/// Domain `d`'s share of everything run between snapshots `a` and `b` (one
+/// pCPU, every domain hogging: the pCPU's time).
+fn share(s: &[Vec<u64>], d: usize, a: usize, b: usize) -> f64 {
+    let total: u64 = (0..s[a].len()).map(|i| s[b][i] - s[a][i]).sum();
+    (s[b][d] - s[a][d]) as f64 / total as f64
+}
+
+#[test]
+fn hvctl_lists_domains_caps_one_live_and_refuses_bad_requests() {
+    // Dom0 and two DomUs hog one pCPU; Dom0 snapshots the run times, caps
+    // d1 at 25 % and snapshots again. Then the error paths.
+    let dom0 = "\
+        hvctl list; (while :; do :; done) & sleep 2; \
+        hvctl list -l > /tmp/l0; sleep 3; hvctl list -l > /tmp/l1; \
+        hvctl sched-credit2 -d 1 -c 25; echo cap-rc=$?; hvctl sched-credit2 -d 1; \
+        sleep 1; hvctl list -l > /tmp/l2; sleep 3; hvctl list -l > /tmp/l3; \
+        for f in 0 1 2 3; do sed \"s/^/L$f /\" /tmp/l$f; done; \
+        hvctl sched-credit2 -d 1 -w 70000; echo weight-rc=$?; \
+        hvctl sched-credit2 -d 7 -c 10; echo nodom-rc=$?; \
+        hvctl destroy 0; echo destroy-rc=$?; \
+        a=$(ls /proc/device-tree/hypervisor | sed -n 's/^control@//p'); echo control-at=$a; \
+        devmem 0x$(printf %x $((0x$a + 0x38))) 32; echo badreg-rc=$?; \
+        hvctl stats | grep -E '^control\\.(requests|bad_accesses|err\\.(range|no_dom|unsupported))='; \
+        hvctl top -b -n 2 -d 1"
+        .to_string();
+    let domus = DomuOptions {
+        count: 2,
+        mem_mb: 256,
+        cmd: Some("hvctl list; echo domu-hvctl-rc=$?; while :; do :; done".into()),
+        ..Default::default()
+    };
+    let r = run(&RunOptions {
+        cmd: Some(dom0),
+        pcpus: 1,
+        vcpus: 1,
+        domus: Some(domus),
+        icount: true,
+        echo: false,
+        // Busybox with hvctl: three domains boot in a fraction of the time.
+        initrd: Some(xtask::build::hvctl::initrd_with_hvctl(&small_initrd(), "small").expect("initrd with hvctl")),
+        timeout: Duration::from_secs(600),
+        ..Default::default()
+    });
+    assert!(r.hv_fatal.is_none(), "{:?}", r.hv_fatal);
+    let c = &r.console;
+    // `xl list`'s shape, the three domains.
+    for row in ["Dom0 ", "domU1 ", "domU2 "] {
+        assert!(c.lines().any(|l| l.starts_with(row)), "no {row:?} row:\n{}", tail(c, 80));
+    }
+    assert_console(&r, "Name                                        ID   Mem VCPUs");
+    assert_console(&r, "cap-rc=0");
+    assert!(c.lines().any(|l| l.starts_with("domU1 ") && l.trim_end().ends_with("256   25")), "{}", tail(c, 60));
+    // d1's share of the pCPU: a third among three hogs, a quarter capped.
+    let s = snapshots(c, 4);
+    assert!(s.iter().all(|v| v.len() == 3), "three domains in each snapshot: {s:?}\n{}", tail(c, 60));
+    let (before, after) = (share(&s, 1, 0, 1), share(&s, 1, 2, 3));
+    eprintln!("d1's share: {before:.3} uncapped, {after:.3} capped at 25 %");
+    assert!((before - 1.0 / 3.0).abs() <= 0.03, "uncapped: {before:.3}");
+    assert!((after - 0.25).abs() <= 0.02, "capped at 25 %: {after:.3}");
+    // Bad requests: one line from hvctl, a non-zero status, a counter.
+    assert_console(&r, "hvctl: weight 70000 out of range");
+    assert_console(&r, "weight-rc=2");
+    assert_console(&r, "hvctl: no domain `7`");
+    assert_console(&r, "nodom-rc=1");
+    assert_console(&r, "hvctl: operation not supported by this hypervisor yet");
+    assert_console(&r, "destroy-rc=1");
+    // An access the page does not decode: an external abort (SIGBUS).
+    assert_console(&r, "badreg-rc=135");
+    assert_console(&r, "control.bad_accesses=1");
+    assert_console(&r, "control.err.unsupported=1");
+    // `top`: two frames, CPU % of the three domains within one pCPU's 100.
+    let frames: Vec<f64> = c
+        .split("hvctl top - 3 domains")
+        .skip(1)
+        .map(|f| {
+            f.lines()
+                .filter(|l| ["Dom0 ", "domU1 ", "domU2 "].iter().any(|n| l.starts_with(n)))
+                .take(3)
+                .map(|l| l.split_whitespace().nth(2).and_then(|v| v.parse::<f64>().ok()).expect("a CPU(%) column"))
+                .sum()
+        })
+        .collect();
+    assert_eq!(frames.len(), 2, "{}", tail(c, 30));
+    assert!(frames.iter().all(|&sum| sum > 90.0 && sum <= 100.5), "CPU % per frame: {frames:?}");
+    // A DomU has no control device.
+    for d in 1..=2 {
+        assert_console(&r, &format!("(d{d}) hvctl: no control device"));
+        assert_console(&r, &format!("(d{d}) domu-hvctl-rc=1"));
+    }
+    assert_eq!(r.guest_exit, Some(0), "{}", tail(c, 40));
+}
