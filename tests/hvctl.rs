@@ -1,7 +1,8 @@
 //! `hvctl` in Dom0 against the running hypervisor (docs/hvctl.md): the
 //! domain list, a cap set while the domains run and the share it moves,
-//! bad requests and accesses answered with errors and counters, and a
-//! DomU that has no control device.
+//! bad requests and accesses answered with errors and counters, a DomU
+//! that has no control device; the wake path switched off and on in one
+//! boot, with the seed fio experiment's figures after each.
 
 use integration_tests::*;
 use std::time::Duration;
@@ -54,7 +55,8 @@ fn hvctl_lists_domains_caps_one_live_and_refuses_bad_requests() {
         a=$(ls /proc/device-tree/hypervisor | sed -n 's/^control@//p'); echo control-at=$a; \
         devmem 0x$(printf %x $((0x$a + 0x38))) 32; echo badreg-rc=$?; \
         hvctl stats | grep -E '^control\\.(requests|bad_accesses|err\\.(range|no_dom|unsupported))='; \
-        hvctl top -b -n 2 -d 1"
+        hvctl top -b -n 2 -d 1; \
+        hvctl trace dump > /tmp/trace; head -n 1 /tmp/trace; echo trace-lines=$(grep -c . /tmp/trace)"
         .to_string();
     let domus = DomuOptions {
         count: 2,
@@ -115,10 +117,61 @@ fn hvctl_lists_domains_caps_one_live_and_refuses_bad_requests() {
         .collect();
     assert_eq!(frames.len(), 2, "{}", tail(c, 30));
     assert!(frames.iter().all(|&sum| sum > 90.0 && sum <= 100.5), "CPU % per frame: {frames:?}");
+    // The flight recorder, read whole through the pages.
+    assert_console(&r, "(HV) trace begin reason=hvctl");
+    let lines: u64 =
+        c.split("trace-lines=").nth(1).and_then(|s| s.lines().next()?.trim().parse().ok()).expect("a count");
+    assert!(lines > 20, "{lines} lines of trace");
     // A DomU has no control device.
     for d in 1..=2 {
         assert_console(&r, &format!("(d{d}) hvctl: no control device"));
         assert_console(&r, &format!("(d{d}) domu-hvctl-rc=1"));
     }
     assert_eq!(r.guest_exit, Some(0), "{}", tail(c, 40));
+}
+
+/// fio's read IOPS from its `read: IOPS=N` line after `marker`.
+fn iops_after(console: &str, marker: &str) -> f64 {
+    let rest = console.split(marker).nth(1).unwrap_or_else(|| panic!("no {marker}:\n{}", tail(console, 60)));
+    let v = rest.split("IOPS=").nth(1).and_then(|s| s.split(',').next()).expect("an IOPS= figure");
+    match v.strip_suffix('k') {
+        Some(k) => k.parse::<f64>().expect("IOPS") * 1000.0,
+        None => v.parse().expect("IOPS"),
+    }
+}
+
+#[test]
+fn hvctl_switches_the_wake_path_in_one_boot() {
+    // The seed experiment (1 pCPU, Dom0's 2 vCPUs: a hog on vCPU0, fio
+    // 4 KiB randread qd1 on the RAM disk on vCPU1) twice in one boot: with
+    // the extensions switched off by hvctl (Xen's Credit2: the hog's 1 ms
+    // ratelimit window holds each completion, ~100 IOPS), then on again.
+    let fio = xtask::bench::fio_command(3, "/dev/vda").replace(" --output-format=json", "");
+    let cmd = format!(
+        "taskset -c 0 sh -c 'while :; do :; done' & \
+         hvctl set sched_wake_preempt=off; echo off-rc=$?; hvctl sched-credit2 -s; echo run-off; taskset -c 1 {fio}; \
+         hvctl set sched_wake_preempt=on; echo on-rc=$?; hvctl sched-credit2 -s; echo run-on; taskset -c 1 {fio}; \
+         hvctl set sched_credit2_max_cpus_runqueue=4; echo boot-only-rc=$?"
+    );
+    let r = run(&RunOptions {
+        cmd: Some(cmd),
+        pcpus: 1,
+        vcpus: 2,
+        icount: true,
+        echo: false,
+        hv_args: format!("dom0_disk=ram dom0_disk_latency_us={}", xtask::bench::RAM_DISK_LATENCY_US),
+        timeout: Duration::from_secs(900),
+        ..Default::default()
+    });
+    assert!(r.hv_fatal.is_none(), "{:?}", r.hv_fatal);
+    assert_console(&r, "off-rc=0");
+    assert_console(&r, "wake_preempt=off");
+    assert_console(&r, "on-rc=0");
+    let (off, on) = (iops_after(&r.console, "run-off"), iops_after(&r.console, "run-on"));
+    eprintln!("same boot: {off:.0} IOPS with sched_wake_preempt=off, {on:.0} with =on");
+    assert!((80.0..=130.0).contains(&off), "xen-compat: {off} IOPS, want ~100");
+    assert!(on >= 10.0 * off, "wake-preempt: {on} IOPS vs {off}");
+    assert_console(&r, "hvctl: unknown option, or not settable while running");
+    assert_console(&r, "boot-only-rc=1");
+    assert_eq!(r.guest_exit, Some(0), "{}", tail(&r.console, 40));
 }

@@ -18,7 +18,7 @@ fn edk2_starts_the_hypervisor_which_boots_dom0_with_acpi() {
         vcpus: 2,
         echo: false,
         cmd: Some(
-            r#"ls /sys/firmware/acpi/tables; dmesg | grep -E "started at EL|ACPI: (RSDP|STAO)"; cat /proc/cmdline"#
+            r#"ls /sys/firmware/acpi/tables; dmesg | grep -E "started at EL|ACPI: (RSDP|STAO)"; cat /proc/cmdline; hvctl list; echo hvctl-rc=$?"#
                 .into(),
         ),
         timeout: Duration::from_secs(400),
@@ -57,6 +57,14 @@ fn edk2_starts_the_hypervisor_which_boots_dom0_with_acpi() {
     assert_console(&r, "efi: EFI v2.70 by hypervisor");
     assert_console(&r, "ACPI: STAO 0x");
     assert_dom0_acpi_at_el1(&r, &["APIC", "FACP", "GTDT", "SPCR", "MCFG", "IORT", "DSDT", "STAO"]);
+    // hvctl finds the control device in the flat DT of an ACPI boot
+    // (/sys/firmware/fdt) and lists Dom0, both vCPUs on.
+    assert!(
+        r.console.lines().any(|l| l.starts_with("Dom0 ") && l.contains(" 1024     2 ")),
+        "{}",
+        tail(&r.console, 30)
+    );
+    assert_console(&r, "hvctl-rc=0");
     assert_eq!(r.guest_exit, Some(0), "{}", tail(&r.console, 30));
     // Both vCPUs ran and the guest's PSCI SYSTEM_OFF ended the run.
     assert!(stat(&r.console, 1, "exits").unwrap() > 0);

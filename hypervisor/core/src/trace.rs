@@ -378,6 +378,8 @@ pub enum DumpReason {
     TimerLate { vcpu: VcpuId, late_ns: u64 },
     /// Ctrl-\\ on the console.
     Key,
+    /// `hvctl trace dump` (read by the tool, not printed).
+    Request,
 }
 
 /// When to dump: the threshold, how many dumps are left, and when the last
@@ -467,6 +469,7 @@ pub fn write_dump<W: fmt::Write>(
             writeln!(w, "(HV) trace begin reason=vtimer vcpu{} late_ns={late_ns}", vcpu.0)?
         }
         DumpReason::Key => writeln!(w, "(HV) trace begin reason=key")?,
+        DumpReason::Request => writeln!(w, "(HV) trace begin reason=hvctl")?,
     }
     for (p, recs, lost) in rings {
         writeln!(w, "(HV) trace ring pcpu{p} events={} overwritten={lost} from_t={from}", recs.len())?;

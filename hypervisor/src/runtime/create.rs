@@ -354,7 +354,7 @@ impl Vm {
             nr_pcpus,
             nr_lrs,
             overcommitted: nr_vcpus > nr_pcpus,
-            extensions: host.sched.config().extensions(),
+            extensions: AtomicBool::new(host.sched.config().extensions()),
             bad_accesses: AtomicU64::new(0),
             disk,
             pci_functions: vp.pci.clone(),

@@ -315,6 +315,13 @@ impl Vm {
     /// Prints the flight recorder's rings (`crate::trace`): each pCPU's
     /// copied under its lock, one after another, events from `from` (ns) on.
     pub fn dump_trace(&self, why: DumpReason, from: u64) {
+        let _ = self.write_trace(&mut super::console::LineWriter::default(), why, from);
+        self.trace_trigger.dumped(super::percpu::now_ns());
+    }
+
+    /// The flight recorder's rings as [`Vm::dump_trace`] prints them, into
+    /// `out` (`hvctl trace dump`).
+    pub fn write_trace(&self, out: &mut impl core::fmt::Write, why: DumpReason, from: u64) -> core::fmt::Result {
         let rings: Vec<_> = self
             .trace
             .iter()
@@ -324,8 +331,7 @@ impl Vm {
                 (p, r.snapshot(), r.overwritten())
             })
             .collect();
-        let _ = crate::trace::write_dump(&mut super::console::LineWriter::default(), why, &rings, from);
-        self.trace_trigger.dumped(super::percpu::now_ns());
+        crate::trace::write_dump(out, why, &rings, from)
     }
 }
 
@@ -451,9 +457,11 @@ pub struct Vm {
     pub nr_lrs: usize,
     /// More vCPUs than pCPUs: trap WFE so spinning vCPUs yield.
     pub overcommitted: bool,
-    /// The scheduler's extensions of Credit2 are on (`SchedConfig::extensions`,
-    /// fixed at boot): only then does an SGI trap open a lock-holder grace.
-    pub extensions: bool,
+    /// The scheduler's extensions of Credit2 are on (`SchedConfig::extensions`;
+    /// `hvctl set sched_wake_preempt=` changes it while running): only then
+    /// does an SGI trap open a lock-holder grace, an overcommitted VM's
+    /// spin watch run, or a yield have a target.
+    pub extensions: AtomicBool,
     /// Guest data aborts reported (the log is rate-limited).
     pub bad_accesses: AtomicU64,
     /// The hypervisor's virtio-blk device, when the guest has one.

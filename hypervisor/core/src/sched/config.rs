@@ -68,6 +68,18 @@ pub const RATELIMIT_US_RANGE: core::ops::RangeInclusive<u64> = 100..=500_000;
 pub const XEN_OPTIONS_NOT_IMPLEMENTED: &[&str] =
     &["credit2_balance_over", "credit2_balance_under", "credit2_load_precision_shift", "credit2_load_window_shift"];
 
+/// The options [`SchedConfig::with_live`] changes while the machine runs.
+pub const LIVE_OPTIONS: [&str; 8] = [
+    "sched_wake_preempt",
+    "sched_ratelimit_us",
+    "sched_wake_granularity_us",
+    "sched_lhp_grace_us",
+    "sched_wake_min_run_us",
+    "sched_min_slice_us",
+    "sched_max_slice_us",
+    "sched_credit2_migrate_resist",
+];
+
 /// Scheduler tunables. All times in ns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SchedConfig {
@@ -279,6 +291,28 @@ impl SchedConfig {
             RunqueueLayout::PerCpu => nr_pcpus,
             _ => nr_pcpus.div_ceil(self.max_cpus_runqueue.max(1)),
         }
+    }
+
+    /// This configuration with `key=val` set while the machine runs (`hvctl
+    /// set`): only the [`LIVE_OPTIONS`], which every call reads afresh; the
+    /// runqueue layout, their size and the cap period shape state built at
+    /// boot and stay ([`SchedError::NotLive`]). A value outside its range
+    /// is refused here, where at boot Xen warns and uses its default.
+    pub fn with_live(&self, key: &str, val: &str) -> Result<SchedConfig, SchedError> {
+        if !LIVE_OPTIONS.contains(&key) {
+            let mut probe = *self;
+            return Err(match probe.set(key, val) {
+                Ok(true) | Err(_) => SchedError::NotLive,
+                Ok(false) => SchedError::UnknownOption,
+            });
+        }
+        let mut cfg = *self;
+        cfg.set(key, val)?;
+        if key == "sched_ratelimit_us" && cfg.ratelimit_ns / 1000 != val.parse::<u64>().unwrap_or(u64::MAX) {
+            return Err(SchedError::BadBootArg("sched_ratelimit_us"));
+        }
+        cfg.validate()?;
+        Ok(cfg)
     }
 
     /// Whether our extensions of Credit2 run: with `sched_wake_preempt=off`

@@ -11,7 +11,7 @@
 
 use super::credit::CREDIT_INIT_NS;
 use super::domain::{Domain, SharedPool};
-use super::{DomainId, DomainParams, RunState, SchedError, Scheduler, Vcpu, VcpuId, WakeAction};
+use super::{DomainId, DomainParams, RunState, SchedConfig, SchedError, Scheduler, Vcpu, VcpuId, WakeAction};
 use crate::stats::VcpuStats;
 
 impl Scheduler {
@@ -37,6 +37,30 @@ impl Scheduler {
         let period = self.cfg.cap_period_ns;
         self.domains.push(Domain::with_pool(dom, params, 0, period, pool.unwrap_or_default()));
         self.note_replenishments();
+        Ok(())
+    }
+
+    /// Takes `cfg` (from [`SchedConfig::with_live`]) while running. Turning
+    /// the extensions off (`sched_wake_preempt=off`) is refused while a
+    /// vCPU has its own weight, and drops every pCPU's extension state (a
+    /// lock-holder grace, a protected run, a pending wake-preemption, a
+    /// directed yield's loan): from the next call on, the scheduler is
+    /// Credit2 alone.
+    pub fn set_config(&mut self, cfg: SchedConfig) -> Result<(), SchedError> {
+        let boot_only = (cfg.runqueue, cfg.max_cpus_runqueue, cfg.cap_period_ns);
+        if boot_only != (self.cfg.runqueue, self.cfg.max_cpus_runqueue, self.cfg.cap_period_ns) {
+            return Err(SchedError::NotLive);
+        }
+        if !cfg.extensions() && self.vcpus.iter().any(|v| v.weight_override.is_some()) {
+            return Err(SchedError::ExtensionOff("sched_vcpu_weight"));
+        }
+        if !cfg.extensions() {
+            for p in &mut self.pcpus {
+                (p.crit_until, p.grace_limit, p.protect_until) = (0, 0, 0);
+                (p.pending_preempt, p.yield_target, p.loan) = (None, None, false);
+            }
+        }
+        self.cfg = cfg;
         Ok(())
     }
 

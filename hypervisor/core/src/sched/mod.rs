@@ -63,7 +63,8 @@ mod tests;
 mod wake;
 
 pub use config::{
-    RunqueueLayout, SchedConfig, WakeMode, MAX_CPUS_RUNQUEUE, RATELIMIT_US_RANGE, XEN_OPTIONS_NOT_IMPLEMENTED,
+    RunqueueLayout, SchedConfig, WakeMode, LIVE_OPTIONS, MAX_CPUS_RUNQUEUE, RATELIMIT_US_RANGE,
+    XEN_OPTIONS_NOT_IMPLEMENTED,
 };
 pub use credit::{CARRYOVER_MAX_NS, CREDIT_INIT_NS};
 use domain::Domain;
@@ -199,6 +200,10 @@ pub enum SchedError {
     /// A vCPU id at or above [`DENSE_IDS`] with several runqueues (their
     /// lock-free route table has that many entries).
     VcpuIdRange(VcpuId),
+    /// An option fixed at boot, asked to change while running.
+    NotLive,
+    /// Not a scheduler option.
+    UnknownOption,
 }
 
 impl fmt::Display for SchedError {
@@ -218,6 +223,8 @@ impl fmt::Display for SchedError {
             SchedError::BadBootArg(k) => write!(f, "bad value for boot argument {k}"),
             SchedError::ExtensionOff(k) => write!(f, "{k} is an extension of Credit2, off with sched_wake_preempt=off"),
             SchedError::VcpuIdRange(v) => write!(f, "{v}: ids of {DENSE_IDS} and above need a single runqueue"),
+            SchedError::NotLive => write!(f, "this option is fixed at boot"),
+            SchedError::UnknownOption => write!(f, "not a scheduler option"),
         }
     }
 }

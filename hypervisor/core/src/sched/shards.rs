@@ -100,7 +100,8 @@ pub struct Woken {
 
 /// The host's scheduler: runqueues of [`Scheduler`], a lock each.
 pub struct Sched {
-    cfg: SchedConfig,
+    /// The configuration (changed by [`Sched::set_option`]).
+    cfg: Mutex<SchedConfig>,
     /// Runqueue 0's scheduler, here rather than behind a pointer: with one
     /// runqueue it is the only one, on every call's path.
     first: Shard,
@@ -134,7 +135,7 @@ impl Sched {
         }
         let ids = if n > 1 { DENSE_IDS as usize } else { 0 };
         Ok(Self {
-            cfg,
+            cfg: Mutex::new(cfg),
             first: Shard(Mutex::new(first)),
             rest: rest.into_boxed_slice(),
             pcpu_rq,
@@ -143,8 +144,26 @@ impl Sched {
         })
     }
 
-    pub fn config(&self) -> &SchedConfig {
-        &self.cfg
+    pub fn config(&self) -> SchedConfig {
+        *self.cfg.lock()
+    }
+
+    /// `key=val` while running (`hvctl set`, [`SchedConfig::with_live`]),
+    /// in every runqueue; returns the configuration now in force.
+    pub fn set_option(&self, key: &str, val: &str) -> Result<SchedConfig, SchedError> {
+        let _admin = self.admin.lock();
+        let cfg = self.cfg.lock().with_live(key, val)?;
+        // The first runqueue checks it against its vCPUs; all hold the same.
+        self.set_config(0, cfg)?;
+        for r in 1..self.nr_runqueues() {
+            self.set_config(r, cfg)?;
+        }
+        *self.cfg.lock() = cfg;
+        Ok(cfg)
+    }
+
+    fn set_config(&self, r: usize, cfg: SchedConfig) -> Result<(), SchedError> {
+        self.lock(r).set_config(cfg)
     }
 
     pub fn nr_pcpus(&self) -> usize {
@@ -777,6 +796,35 @@ mod tests {
         let one = Sched::new(SchedConfig::default(), 2).unwrap();
         one.add_domain(0, DomainParams::default()).unwrap();
         assert_eq!(one.add_vcpu(VcpuId(DENSE_IDS), 0, None), Ok(()));
+    }
+
+    #[test]
+    fn options_change_while_running_in_every_runqueue() {
+        use super::super::WakeMode;
+        let s = Sched::new(SchedConfig { max_cpus_runqueue: 2, ..SchedConfig::default() }, 4).unwrap();
+        assert_eq!(s.nr_runqueues(), 2);
+        s.add_domain(1, DomainParams::default()).unwrap();
+        s.add_vcpu(v(0), 1, None).unwrap();
+        let c = s.set_option("sched_wake_preempt", "off").unwrap();
+        assert!(!c.extensions() && !s.config().extensions());
+        for r in 0..s.nr_runqueues() {
+            assert_eq!(s.lock(r).cfg.wake_mode, WakeMode::XenCompat, "runqueue {r}");
+        }
+        assert_eq!(s.set_option("sched_ratelimit_us", "500").unwrap().ratelimit_ns, 500_000);
+        // Refused, and nothing changes: out of range (Xen would warn and
+        // use 1000 at boot), fixed at boot, not an option, inconsistent.
+        assert_eq!(s.set_option("sched_ratelimit_us", "5"), Err(SchedError::BadBootArg("sched_ratelimit_us")));
+        assert_eq!(s.set_option("credit2_runqueue", "cpu"), Err(SchedError::NotLive));
+        assert_eq!(s.set_option("credit2_cap_period_ms", "20"), Err(SchedError::NotLive));
+        assert_eq!(s.set_option("no_such_option", "1"), Err(SchedError::UnknownOption));
+        assert_eq!(s.set_option("sched_max_slice_us", "100"), Err(SchedError::BadConfig), "below the minimum slice");
+        assert_eq!(s.config().ratelimit_ns, 500_000);
+        assert_eq!(s.lock(1).cfg.max_slice_ns, SchedConfig::default().max_slice_ns);
+        // A vCPU's own weight is an extension: it keeps them on.
+        s.set_option("sched_wake_preempt", "on").unwrap();
+        s.set_vcpu_weight(0, v(0), Some(512)).unwrap();
+        assert_eq!(s.set_option("sched_wake_preempt", "off"), Err(SchedError::ExtensionOff("sched_vcpu_weight")));
+        assert!(s.config().extensions() && s.lock(1).cfg.extensions());
     }
 
     #[test]

@@ -69,14 +69,32 @@ fn execute(now: u64, r: Request<'_>, counters: control::Counters) -> Result<Repl
         }
         Request::SchedGet { dom } => sched_get(&mut out, dom)?,
         Request::SchedSetDomain { dom, weight, cap } => sched_set(now, dom, weight, cap)?,
-        Request::SetOption { .. } => return Err(Status::NoOpt),
-        Request::TraceDump { .. }
-        | Request::Destroy { .. }
-        | Request::Pause { .. }
-        | Request::Unpause { .. }
-        | Request::Shutdown { .. } => return Err(Status::Unsupported),
+        Request::SetOption { name, value } => set_option(name, value)?,
+        Request::TraceDump { offset } => return Ok(trace_page(offset)),
+        Request::Destroy { .. } | Request::Pause { .. } | Request::Unpause { .. } | Request::Shutdown { .. } => {
+            return Err(Status::Unsupported)
+        }
     }
     Ok(Reply { text: out.into_bytes(), more: 0 })
+}
+
+/// The flight recorder's text, snapshotted at the first page (offset 0)
+/// and kept until the last page is read: the rings move on meanwhile, the
+/// pages must still join up. At most the rings' text (`RING_EVENTS` lines
+/// per pCPU).
+static TRACE_TEXT: Mutex<String> = Mutex::new(String::new());
+
+fn trace_page(offset: u32) -> Reply {
+    let mut text = TRACE_TEXT.lock();
+    if offset == 0 {
+        text.clear();
+        let _ = vms()[0].write_trace(&mut *text, crate::trace::DumpReason::Request, 0);
+    }
+    let reply = Reply::paged(text.as_bytes(), offset);
+    if reply.more == 0 {
+        *text = String::new();
+    }
+    reply
 }
 
 fn domain(dom: DomainId) -> Result<&'static Vm, Status> {
@@ -163,5 +181,22 @@ fn sched_set(now: u64, dom: DomainId, weight: Option<u32>, cap: Option<u32>) -> 
         _ => Status::Range,
     })?;
     log::info!("hvctl: d{dom} weight {} cap {}", p.weight, p.cap_percent.unwrap_or(0));
+    Ok(())
+}
+
+/// `hvctl set NAME=VALUE`: a scheduler option that may change while the
+/// machine runs (`sched::LIVE_OPTIONS`), in every runqueue, and the VMs'
+/// view of whether the extensions run.
+fn set_option(name: &str, value: &str) -> Result<(), Status> {
+    let all = vms();
+    let cfg = all[0].sched.set_option(name, value).map_err(|e| match e {
+        SchedError::UnknownOption | SchedError::NotLive => Status::NoOpt,
+        SchedError::ExtensionOff(_) => Status::Perm,
+        _ => Status::Range,
+    })?;
+    for vm in all {
+        vm.extensions.store(cfg.extensions(), Ordering::Relaxed);
+    }
+    log::info!("hvctl: {name}={value}");
     Ok(())
 }

@@ -38,7 +38,8 @@ fn send_sgi(vm: &Vm, me: usize, v: &mut Vcpu, value: u64) {
     // one closed at an exit that noted it), unmasked evidence changes
     // nothing in the scheduler: it is not asked.
     // (Evidence is our extension: with it off no grace ever opens.)
-    let evidence = if vm.extensions { CritEvidence::from_spsr(v.regs.spsr) } else { CritEvidence::None };
+    let evidence =
+        if vm.extensions.load(Ordering::Relaxed) { CritEvidence::from_spsr(v.regs.spsr) } else { CritEvidence::None };
     if evidence == CritEvidence::IrqsMasked || v.lhp_grace.is_some() {
         let a = vm.sched.note_critical_exit(now_ns(), me, evidence);
         do_wake_action(me, a.unwrap_or(WakeAction::None));
@@ -158,7 +159,7 @@ pub(super) fn handle_sync(vm: &Vm, me: usize, v: &mut Vcpu) -> Next {
 /// Spin detection is our extension: off with `sched_wake_preempt=off`.
 /// Reads only atomics (`VcpuShared::preempted`): no scheduler lock.
 pub(super) fn spin_watch(vm: &Vm, id: usize) -> Option<spin::Watch> {
-    if !vm.overcommitted || !vm.extensions {
+    if !vm.overcommitted || !vm.extensions.load(Ordering::Relaxed) {
         return None;
     }
     preempted_sibling(vm, id).map(|(_, masked)| if masked { spin::Watch::Critical } else { spin::Watch::Preempted })
@@ -190,7 +191,8 @@ pub(super) fn yield_cpu(vm: &Vm, me: usize, id: usize) -> Next {
         return Next::Enter;
     }
     // Directed only with our extensions on; Credit2's own yield is undirected.
-    let target = vm.extensions.then(|| preempted_sibling(vm, id)).flatten().map(|(k, _)| vm.gid(k));
+    let target =
+        vm.extensions.load(Ordering::Relaxed).then(|| preempted_sibling(vm, id)).flatten().map(|(k, _)| vm.gid(k));
     match vm.sched.yield_to(now_ns(), me, target) {
         Ok(()) => Next::Schedule,
         Err(_) => Next::Enter,

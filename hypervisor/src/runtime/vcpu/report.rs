@@ -31,7 +31,7 @@ pub(super) fn dump_if_outlier(me: usize, now: u64, d: &crate::sched::Decision, n
     let span = match why {
         DumpReason::Outlier { latency_ns, .. } => latency_ns,
         DumpReason::TimerLate { late_ns, .. } => late_ns,
-        DumpReason::Key => 0,
+        DumpReason::Key | DumpReason::Request => 0,
     };
     vm.dump_trace(why, crate::trace::outlier_window_start(now, span));
 }
