@@ -560,6 +560,9 @@ pub struct BenchWakeupArgs {
     /// Where to run: QEMU virt, or graviton (EDK2 + ACPI, Neoverse V1): the quick matrix on --disk, default nvme
     #[arg(long, value_name = "PLATFORM", default_value = "qemu-virt", conflicts_with = "full")]
     pub platform: PlatformKind,
+    /// Also the seed case's two schedulers in one boot, switched with `hvctl set sched_wake_preempt=` (QEMU virt)
+    #[arg(long)]
+    pub same_boot: bool,
 }
 
 impl BenchWakeupArgs {
@@ -581,6 +584,7 @@ impl BenchWakeupArgs {
             only: self.only.clone(),
             hv_args: self.hv_args.clone(),
             platform: self.platform,
+            same_boot: self.same_boot,
         }
     }
 }

@@ -25,13 +25,15 @@
 //!
 //! Files: [`parse`] (console → fio JSON and hypervisor stats), [`aggregate`]
 //! (medians, histogram merging), [`report`] (markdown, targets, JSON),
-//! [`svg`] (the latency plot).
+//! [`svg`] (the latency plot), [`same_boot`] (`--same-boot`: the seed
+//! case's two schedulers in one boot, switched with `hvctl`).
 
 pub mod aggregate;
 pub mod exits;
 pub mod parse;
 pub mod report;
 pub mod runner;
+pub mod same_boot;
 pub mod sched_scale;
 pub mod svg;
 pub mod timer;

@@ -35,6 +35,8 @@ pub struct WakeupOptions {
     pub hv_args: Option<String>,
     /// `--platform`: QEMU virt or Graviton.
     pub platform: PlatformKind,
+    /// `--same-boot`: also [`super::same_boot`].
+    pub same_boot: bool,
 }
 
 /// The cases `args` select, before `--only`: on Graviton the quick matrix
@@ -123,9 +125,21 @@ pub fn wakeup(args: &WakeupOptions) -> Result<()> {
         results.push(r);
     }
     let files = write_report(&platform_out_dir(args.platform), &results)?;
+    let mut same_boot_failed = None;
+    if args.same_boot {
+        eprintln!("same boot: 1p2v, sched_wake_preempt switched with hvctl");
+        let same = super::same_boot::run(runtime, args.hv_args.as_deref())?;
+        same_boot_failed = same.iter().find_map(|r| r.as_ref().err().map(|e| format!("{e:#}")));
+        let mut report = std::fs::read_to_string(&files.report_md).unwrap_or_default();
+        report.push_str(&super::same_boot::section(&same, &results));
+        std::fs::write(&files.report_md, report)?;
+    }
     let report = std::fs::read_to_string(&files.report_md).unwrap_or_default();
     println!("{report}");
     eprintln!("wrote {}, {}, {}", files.report_md.display(), files.results_json.display(), files.latency_svg.display());
+    if let Some(e) = same_boot_failed {
+        bail!("the same-boot run: {e}");
+    }
     check_failures(results.iter().flat_map(|r| r.errors.iter().map(|e| (r.case.label(), e.as_str()))))
 }
 

@@ -519,6 +519,7 @@ fn option_names_are_the_documented_ones() {
     assert_eq!(
         longs(&["bench", "wakeup"]),
         sorted(&[
+            "--same-boot",
             "--quick",
             "--full",
             "--disk",
