@@ -51,12 +51,13 @@ fn hvctl_lists_domains_caps_one_live_and_refuses_bad_requests() {
         for f in 0 1 2 3; do sed \"s/^/L$f /\" /tmp/l$f; done; \
         hvctl sched-credit2 -d 1 -w 70000; echo weight-rc=$?; \
         hvctl sched-credit2 -d 7 -c 10; echo nodom-rc=$?; \
-        hvctl destroy 0; echo destroy-rc=$?; \
+        hvctl destroy 0; echo destroy-rc=$?; hvctl pause 1; echo pause-rc=$?; \
         a=$(ls /proc/device-tree/hypervisor | sed -n 's/^control@//p'); echo control-at=$a; \
         devmem 0x$(printf %x $((0x$a + 0x38))) 32; echo badreg-rc=$?; \
-        hvctl stats | grep -E '^control\\.(requests|bad_accesses|err\\.(range|no_dom|unsupported))='; \
+        hvctl stats | grep -E '^control\\.(requests|bad_accesses|err\\.(range|no_dom|unsupported|perm))='; \
         hvctl top -b -n 2 -d 1; \
-        hvctl trace dump > /tmp/trace; head -n 1 /tmp/trace; echo trace-lines=$(grep -c . /tmp/trace)"
+        hvctl trace dump > /tmp/trace; head -n 1 /tmp/trace; echo trace-lines=$(grep -c . /tmp/trace); \
+        hvctl destroy domU2; echo destroy2-rc=$?; sleep 1; hvctl list -l | sed 's/^/F /'; hvctl vcpu-list"
         .to_string();
     let domus = DomuOptions {
         count: 2,
@@ -97,12 +98,15 @@ fn hvctl_lists_domains_caps_one_live_and_refuses_bad_requests() {
     assert_console(&r, "weight-rc=2");
     assert_console(&r, "hvctl: no domain `7`");
     assert_console(&r, "nodom-rc=1");
-    assert_console(&r, "hvctl: operation not supported by this hypervisor yet");
+    assert_console(&r, "hvctl: not permitted");
     assert_console(&r, "destroy-rc=1");
+    assert_console(&r, "hvctl: operation not supported by this hypervisor yet");
+    assert_console(&r, "pause-rc=1");
     // An access the page does not decode: an external abort (SIGBUS).
     assert_console(&r, "badreg-rc=135");
     assert_console(&r, "control.bad_accesses=1");
     assert_console(&r, "control.err.unsupported=1");
+    assert_console(&r, "control.err.perm=1");
     // `top`: two frames, CPU % of the three domains within one pCPU's 100.
     let frames: Vec<f64> = c
         .split("hvctl top - 3 domains")
@@ -122,6 +126,16 @@ fn hvctl_lists_domains_caps_one_live_and_refuses_bad_requests() {
     let lines: u64 =
         c.split("trace-lines=").nth(1).and_then(|s| s.lines().next()?.trim().parse().ok()).expect("a count");
     assert!(lines > 20, "{lines} lines of trace");
+    // `hvctl destroy domU2`: it stops, its vCPU goes offline, the others run on.
+    assert_console(&r, "destroy2-rc=0");
+    assert_console(&r, "d2 destroyed (hvctl destroy): the domain stops");
+    let fin = |d: u32| {
+        c.lines().find(|l| l.starts_with(&format!("F domid={d} "))).unwrap_or_else(|| panic!("no final line for d{d}"))
+    };
+    assert!(fin(2).contains(" state=shutdown "), "{}", fin(2));
+    assert!(fin(1).contains(" state=running ") || fin(1).contains(" state=blocked "), "{}", fin(1));
+    // vcpu-list: its vCPU offline (xl's `--p`).
+    assert!(c.lines().any(|l| l.starts_with("domU2 ") && l.contains(" --p ")), "{}", tail(c, 20));
     // A DomU has no control device.
     for d in 1..=2 {
         assert_console(&r, &format!("(d{d}) hvctl: no control device"));

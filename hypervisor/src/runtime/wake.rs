@@ -2,7 +2,8 @@
 //! vCPU it is for (`Scheduler::wake`, then a kick of the pCPU it runs on or
 //! a reschedule request), and the flight-recorder note of each step. Used by
 //! the trap and interrupt paths (`runtime::vcpu`), the vITS and the GICv4
-//! doorbells, so it sits below all of them.
+//! doorbells, so it sits below all of them. And stopping a DomU, which is
+//! waking each of its vCPUs once so that it goes offline.
 
 use super::percpu::{self, now_ns};
 use super::vm::{inc, Vm};
@@ -65,4 +66,28 @@ pub(super) fn wake_vcpu(vm: &Vm, me: usize, k: usize, now: u64, cause: WakeCause
         percpu::kick(p);
     }
     do_wake_action(me, w.action);
+}
+
+/// Stops the DomU `vm` (its SYSTEM_OFF or SYSTEM_RESET, `hvctl destroy`):
+/// each of its vCPUs goes offline at its next switch-in or exit
+/// (`runtime::vcpu`'s `run_vcpu`); the online ones are woken or kicked here
+/// so that each runs once to do so. Its memory and emulated devices stay as
+/// they are, unused; its assigned PCIe functions are reset
+/// (`runtime::pci`). Returns false if it had stopped already.
+pub fn stop_vm(vm: &Vm, me: usize, what: &str) -> bool {
+    if vm.stopped.swap(true, Ordering::AcqRel) {
+        return false;
+    }
+    log::info!("d{} {what}: the domain stops", vm.domid);
+    crate::runtime::pci::reset_domain(vm.domid, &vm.pci_functions);
+    if super::console::input_focus() == vm.domid {
+        // Nobody reads its console any more: input goes back to Dom0.
+        crate::hvprintln!("(HV) input to d0");
+        super::console::set_input_focus(0);
+    }
+    let now = now_ns();
+    for k in (0..vm.shared.len()).filter(|&k| vm.shared[k].online.load(Ordering::Acquire)) {
+        wake_vcpu(vm, me, k, now, WakeCause::Interrupt);
+    }
+    true
 }

@@ -31,12 +31,12 @@ pub fn register(bus: &mut Bus, vp: &VmPlan) -> Result<(), BusError> {
 }
 
 /// A trapped access at offset `off` of the page.
-fn mmio(_vm: &Vm, _me: usize, v: &mut Vcpu, a: &MmioAccess, off: u64, value: u64) -> Result<(), MmioFault> {
+fn mmio(_vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess, off: u64, value: u64) -> Result<(), MmioFault> {
     let now = now_ns();
     let mut dev = DEVICE.lock();
     if a.write {
         let counters = dev.counters();
-        dev.write(now, off, a.size, value, |r| execute(now, r, counters)).map_err(|_| MmioFault::Control)
+        dev.write(now, off, a.size, value, |r| execute(me, now, r, counters)).map_err(|_| MmioFault::Control)
     } else {
         let r = dev.read(now, off, a.size).map_err(|_| MmioFault::Control)?;
         v.regs.set_reg(a.reg, esr::load_value(a, r));
@@ -57,7 +57,7 @@ pub fn counters() -> control::Counters {
 
 /// Acts on a decoded request; `counters`: the device's, as the request
 /// arrived (the device is locked while this runs).
-fn execute(now: u64, r: Request<'_>, counters: control::Counters) -> Result<Reply, Status> {
+fn execute(me: usize, now: u64, r: Request<'_>, counters: control::Counters) -> Result<Reply, Status> {
     let mut out = String::new();
     match r {
         Request::List => vms().iter().for_each(|vm| list_line(&mut out, vm, now)),
@@ -71,9 +71,8 @@ fn execute(now: u64, r: Request<'_>, counters: control::Counters) -> Result<Repl
         Request::SchedSetDomain { dom, weight, cap } => sched_set(now, dom, weight, cap)?,
         Request::SetOption { name, value } => set_option(name, value)?,
         Request::TraceDump { offset } => return Ok(trace_page(offset)),
-        Request::Destroy { .. } | Request::Pause { .. } | Request::Unpause { .. } | Request::Shutdown { .. } => {
-            return Err(Status::Unsupported)
-        }
+        Request::Destroy { dom } => destroy(me, dom)?,
+        Request::Pause { .. } | Request::Unpause { .. } | Request::Shutdown { .. } => return Err(Status::Unsupported),
     }
     Ok(Reply { text: out.into_bytes(), more: 0 })
 }
@@ -198,5 +197,17 @@ fn set_option(name: &str, value: &str) -> Result<(), Status> {
         vm.extensions.store(cfg.extensions(), Ordering::Relaxed);
     }
     log::info!("hvctl: {name}={value}");
+    Ok(())
+}
+
+/// `xl destroy DOM`: the DomU stops at once (`runtime::wake::stop_vm`); its
+/// RAM stays reserved (the boot plan placed it; there is no pool to give it
+/// back to yet) and `hvctl list` shows it as `shutdown`. Dom0 cannot be
+/// destroyed from itself; destroying a stopped domain again changes nothing.
+fn destroy(me: usize, dom: DomainId) -> Result<(), Status> {
+    if dom == 0 {
+        return Err(Status::Perm);
+    }
+    crate::runtime::wake::stop_vm(domain(dom)?, me, "destroyed (hvctl destroy)");
     Ok(())
 }

@@ -60,23 +60,10 @@ pub(super) fn power_off() -> ! {
 /// see `run_vcpu`); its memory and emulated devices stay as they are,
 /// unused; its assigned PCIe functions are reset (`runtime::pci`).
 pub(super) fn stop_domain(vm: &Vm, me: usize, v: &Vcpu, what: &str) -> Next {
-    if !vm.stopped.swap(true, Ordering::AcqRel) {
-        info!("d{} {what}: the domain stops (the machine powers off with dom0)", vm.domid);
-        crate::runtime::pci::reset_domain(vm.domid, &vm.pci_functions);
-        if console::input_focus() == vm.domid {
-            // Nobody reads its console any more: input goes back to Dom0.
-            crate::hvprintln!("(HV) input to d0");
-            console::set_input_focus(0);
-        }
-    }
     vm.shared[v.id].online.store(false, Ordering::Release);
     if let Err(e) = vm.sched.power_off(now_ns(), me) {
         warn!("d{} vCPU{}: stopping: {e}", vm.domid, v.id);
     }
-    let now = now_ns();
-    // Others, even blocked ones, must run once to go offline.
-    for k in (0..vm.shared.len()).filter(|&k| k != v.id && vm.shared[k].online.load(Ordering::Acquire)) {
-        wake_vcpu(vm, me, k, now, WakeCause::Interrupt);
-    }
+    crate::runtime::wake::stop_vm(vm, me, what);
     Next::Schedule
 }
