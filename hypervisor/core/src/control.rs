@@ -9,6 +9,7 @@
 //! layer does, and answers the same statuses.
 
 use crate::ids::DomainId;
+use alloc::string::String;
 use alloc::vec::Vec;
 
 /// Size of the window that holds a request and then its response.
@@ -319,6 +320,48 @@ impl Reply {
     pub fn paged(full: &[u8], offset: u32) -> Self {
         let (part, left) = page(full, offset, WINDOW_BYTES);
         Reply { text: part.to_vec(), more: u32::try_from(left).unwrap_or(u32::MAX) }
+    }
+}
+
+/// A reply's text built at most `limit` bytes long, and only with memory
+/// the heap can give (`try_reserve`): past either, the rest is counted, not
+/// kept, so that a large machine's dump neither exhausts the heap nor
+/// panics. What is kept is a prefix of the whole; [`BoundedText::finish`]
+/// says how much was left out.
+#[derive(Debug)]
+pub struct BoundedText {
+    text: String,
+    limit: usize,
+    dropped: usize,
+}
+
+impl BoundedText {
+    pub fn new(limit: usize) -> Self {
+        BoundedText { text: String::new(), limit, dropped: 0 }
+    }
+
+    /// The text, with a last line `(HV) truncated: N bytes left out` when
+    /// something was.
+    pub fn finish(mut self) -> String {
+        if self.dropped > 0 {
+            let line = alloc::format!("(HV) truncated: {} bytes left out\n", self.dropped);
+            if self.text.try_reserve(line.len()).is_ok() {
+                self.text.push_str(&line);
+            }
+        }
+        self.text
+    }
+}
+
+impl core::fmt::Write for BoundedText {
+    fn write_str(&mut self, s: &str) -> core::fmt::Result {
+        let fits = self.dropped == 0 && self.text.len() + s.len() <= self.limit;
+        if fits && self.text.try_reserve(s.len()).is_ok() {
+            self.text.push_str(s);
+        } else {
+            self.dropped += s.len();
+        }
+        Ok(())
     }
 }
 
@@ -718,5 +761,19 @@ mod tests {
         assert_eq!(st, Status::BadToken as u32, "the old holder's doorbell is refused");
         let text = alloc::format!("{}", d.counters());
         assert!(text.contains("control.lapsed=1\n") && text.contains("control.err.bad_token=1\n"), "{text}");
+    }
+
+    #[test]
+    fn bounded_text_keeps_a_prefix_and_says_what_it_left_out() {
+        use core::fmt::Write as _;
+        let mut t = BoundedText::new(10);
+        write!(t, "12345").unwrap();
+        write!(t, "6789").unwrap();
+        write!(t, "abc").unwrap();
+        write!(t, "d").unwrap();
+        assert_eq!(t.finish(), "123456789(HV) truncated: 4 bytes left out\n");
+        let mut t = BoundedText::new(10);
+        write!(t, "fits").unwrap();
+        assert_eq!(t.finish(), "fits");
     }
 }

@@ -7,7 +7,6 @@ use super::console;
 use super::percpu::now_ns;
 use super::vm::{vms, Vm};
 use crate::arch::gic;
-use core::fmt::Write as _;
 use core::sync::atomic::Ordering;
 
 /// Every VM's statistics, as `print_stats` prints them and `hvctl stats`
@@ -15,7 +14,7 @@ use core::sync::atomic::Ordering;
 /// `blk0.`, `uart0.`, ...), then one block per domain (`domN.` totals: exits,
 /// aborts injected, disk requests) and each DomU's vCPUs, disk and UART with
 /// a `dN.` prefix.
-pub fn write_stats(out: &mut alloc::string::String) {
+pub fn write_stats(out: &mut impl core::fmt::Write) {
     let all = vms();
     // One instant for every domain's run time, and the host clock at it, so
     // shares over the time between two prints add up.
@@ -46,7 +45,7 @@ pub fn write_stats(out: &mut alloc::string::String) {
 
 /// `domN.name=value`: a domain's totals over its vCPUs and its disk, and its
 /// run time (`run_ns`, the scheduler's [`crate::sched::DomainStats`]).
-pub(crate) fn write_domain_totals(out: &mut alloc::string::String, vm: &Vm, now: u64) {
+pub(crate) fn write_domain_totals(out: &mut impl core::fmt::Write, vm: &Vm, now: u64) {
     let sum = |f: fn(&crate::runtime::vm::TrapCounters) -> &core::sync::atomic::AtomicU64| -> u64 {
         vm.shared.iter().map(|s| f(&s.counters).load(Ordering::Relaxed)).sum()
     };
@@ -71,7 +70,7 @@ pub(crate) fn write_domain_totals(out: &mut alloc::string::String, vm: &Vm, now:
 }
 
 /// A DomU's vCPUs, disk and UART, every line prefixed `dN.`.
-pub(crate) fn write_domu_stats(out: &mut alloc::string::String, vm: &Vm) {
+pub(crate) fn write_domu_stats(out: &mut impl core::fmt::Write, vm: &Vm) {
     let n = vm.domid;
     let prefixed =
         |text: &str| -> alloc::string::String { text.lines().map(|l| alloc::format!("d{n}.{l}\n")).collect() };
@@ -114,7 +113,7 @@ pub(crate) fn write_domu_stats(out: &mut alloc::string::String, vm: &Vm) {
 
 /// A VM's configuration-space counters (`runtime::devices::vpci`), keys
 /// `<prefix>pci.*`, and its functions.
-pub(crate) fn write_pci_stats(out: &mut alloc::string::String, vm: &Vm, prefix: &str) {
+pub(crate) fn write_pci_stats(out: &mut impl core::fmt::Write, vm: &Vm, prefix: &str) {
     let c = &vm.pci_counters;
     let functions: alloc::vec::Vec<alloc::string::String> =
         vm.pci_functions.iter().map(|f| alloc::format!("{}", f.bdf)).collect();
@@ -131,7 +130,7 @@ pub(crate) fn write_pci_stats(out: &mut alloc::string::String, vm: &Vm, prefix: 
 
 /// Dom0's statistics in the stable `vcpuN.name=value` format (see
 /// `crate::stats`).
-pub(crate) fn write_vm_stats(out: &mut alloc::string::String, vm: &Vm) {
+pub(crate) fn write_vm_stats(out: &mut impl core::fmt::Write, vm: &Vm) {
     for (i, s) in vm.shared.iter().enumerate() {
         let mut st = vm.sched.stats(vm.gid(i)).unwrap_or_default();
         s.counters.fill(&mut st.counters);

@@ -9,7 +9,7 @@
 //! takes (the scheduler's admin and runqueue locks, a VM's devices).
 
 use super::claim;
-use crate::control::{self, Reply, Request, Status};
+use crate::control::{self, BoundedText, Reply, Request, Status};
 use crate::domain::vmplan::VmPlan;
 use crate::domain::DomainId;
 use crate::esr::{self, MmioAccess};
@@ -63,9 +63,10 @@ fn execute(me: usize, now: u64, r: Request<'_>, counters: control::Counters) -> 
         Request::List => vms().iter().for_each(|vm| list_line(&mut out, vm, now)),
         Request::VcpuList => vms().iter().for_each(|vm| vcpu_lines(&mut out, vm)),
         Request::Stats { offset } => {
-            crate::runtime::stats::write_stats(&mut out);
-            write_counters(&mut out, counters);
-            return Ok(Reply::paged(out.as_bytes(), offset));
+            let mut text = BoundedText::new(STATS_MAX);
+            crate::runtime::stats::write_stats(&mut text);
+            let _ = write!(text, "(HV) stats begin control\n{counters}(HV) stats end control\n");
+            return Ok(Reply::paged(text.finish().as_bytes(), offset));
         }
         Request::SchedGet { dom } => sched_get(&mut out, dom)?,
         Request::SchedSetDomain { dom, weight, cap } => sched_set(now, dom, weight, cap)?,
@@ -83,11 +84,18 @@ fn execute(me: usize, now: u64, r: Request<'_>, counters: control::Counters) -> 
 /// per pCPU).
 static TRACE_TEXT: Mutex<String> = Mutex::new(String::new());
 
+/// The most of the stats' and the flight recorder's text a request builds
+/// (the rest is left out, and the text says so): their size grows with the
+/// machine's pCPUs and vCPUs, and it comes from the hypervisor's heap.
+const STATS_MAX: usize = 4 << 20;
+const TRACE_MAX: usize = 1 << 20;
+
 fn trace_page(offset: u32) -> Reply {
     let mut text = TRACE_TEXT.lock();
     if offset == 0 {
-        text.clear();
-        let _ = vms()[0].write_trace(&mut *text, crate::trace::DumpReason::Request, 0);
+        let mut t = BoundedText::new(TRACE_MAX);
+        let _ = vms()[0].write_trace(&mut t, crate::trace::DumpReason::Request, 0);
+        *text = t.finish();
     }
     let reply = Reply::paged(text.as_bytes(), offset);
     if reply.more == 0 {
