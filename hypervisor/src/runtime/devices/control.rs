@@ -46,7 +46,7 @@ fn mmio(_vm: &Vm, me: usize, v: &mut Vcpu, a: &MmioAccess, off: u64, value: u64)
 
 /// The device's counters as `stats` lines (`control.*`), in a block of
 /// their own.
-pub fn write_counters(out: &mut String, c: control::Counters) {
+pub fn write_counters(out: &mut impl core::fmt::Write, c: control::Counters) {
     let _ = write!(out, "(HV) stats begin control\n{c}(HV) stats end control\n");
 }
 
@@ -63,25 +63,29 @@ fn execute(me: usize, now: u64, r: Request<'_>, counters: control::Counters) -> 
         Request::List => vms().iter().for_each(|vm| list_line(&mut out, vm, now)),
         Request::VcpuList => vms().iter().for_each(|vm| vcpu_lines(&mut out, vm)),
         Request::Stats { offset } => {
-            let mut text = BoundedText::new(STATS_MAX);
-            crate::runtime::stats::write_stats(&mut text);
-            let _ = write!(text, "(HV) stats begin control\n{counters}(HV) stats end control\n");
-            return Ok(Reply::paged(text.finish().as_bytes(), offset));
+            return Ok(page_of(&STATS_TEXT, offset, STATS_MAX, |t| {
+                crate::runtime::stats::write_stats(t);
+                write_counters(t, counters);
+            }))
         }
         Request::SchedGet { dom } => sched_get(&mut out, dom)?,
         Request::SchedSetDomain { dom, weight, cap } => sched_set(now, dom, weight, cap)?,
         Request::SetOption { name, value } => set_option(name, value)?,
-        Request::TraceDump { offset } => return Ok(trace_page(offset)),
+        Request::TraceDump { offset } => {
+            return Ok(page_of(&TRACE_TEXT, offset, TRACE_MAX, |t| {
+                let _ = vms()[0].write_trace(t, crate::trace::DumpReason::Request, 0);
+            }))
+        }
         Request::Destroy { dom } => destroy(me, dom)?,
         Request::Pause { .. } | Request::Unpause { .. } | Request::Shutdown { .. } => return Err(Status::Unsupported),
     }
     Ok(Reply { text: out.into_bytes(), more: 0 })
 }
 
-/// The flight recorder's text, snapshotted at the first page (offset 0)
-/// and kept until the last page is read: the rings move on meanwhile, the
-/// pages must still join up. At most the rings' text (`RING_EVENTS` lines
-/// per pCPU).
+/// A paged reply's text (the stats, the flight recorder), built at the
+/// first page (offset 0) and kept until the last page is read: the
+/// counters and rings move on meanwhile, the pages must still join up.
+static STATS_TEXT: Mutex<String> = Mutex::new(String::new());
 static TRACE_TEXT: Mutex<String> = Mutex::new(String::new());
 
 /// The most of the stats' and the flight recorder's text a request builds
@@ -90,11 +94,13 @@ static TRACE_TEXT: Mutex<String> = Mutex::new(String::new());
 const STATS_MAX: usize = 4 << 20;
 const TRACE_MAX: usize = 1 << 20;
 
-fn trace_page(offset: u32) -> Reply {
-    let mut text = TRACE_TEXT.lock();
+/// The page at `offset` of the text `kept` holds, built by `build` (at
+/// most `max` bytes) when `offset` is 0; freed after its last page.
+fn page_of(kept: &Mutex<String>, offset: u32, max: usize, build: impl FnOnce(&mut BoundedText)) -> Reply {
+    let mut text = kept.lock();
     if offset == 0 {
-        let mut t = BoundedText::new(TRACE_MAX);
-        let _ = vms()[0].write_trace(&mut t, crate::trace::DumpReason::Request, 0);
+        let mut t = BoundedText::new(max);
+        build(&mut t);
         *text = t.finish();
     }
     let reply = Reply::paged(text.as_bytes(), offset);
