@@ -2,15 +2,21 @@
 //! writes into the window, decoded; the device's one-client claim; the
 //! paging of long responses.
 //!
+//! - `create`: the payloads of making a DomU while running (`CREATE`'s
+//!   spec, `LOAD`'s page list, its checksum).
+//!
 //! Contract: [`decode`] reads only the bytes it is given, which the caller
 //! copied out of the window into EL2 memory first (another Dom0 vCPU may
 //! change the window at any time); every malformed request is a
 //! [`Status`], never a panic. Nothing here acts on a request: the run-time
 //! layer does, and answers the same statuses.
 
+pub mod create;
+
 use crate::ids::DomainId;
 use alloc::string::String;
 use alloc::vec::Vec;
+use create::{CreateSpec, Module};
 
 /// Size of the window that holds a request and then its response.
 pub const WINDOW_BYTES: usize = 16 * 4096;
@@ -135,6 +141,22 @@ pub enum Request<'a> {
     Shutdown {
         dom: DomainId,
     },
+    /// `hvctl create`, first step: a domain is reserved (its memory from
+    /// the pool) and waits for its files; the reply names it (`domid=N`).
+    Create(CreateSpec<'a>),
+    /// `hvctl create`, then: copy the Dom0 pages listed (`create::load_pages`)
+    /// into the file `module` of the domain being made, from its page
+    /// `first_page` on; the reply is `fnv=<hex>` over the bytes copied.
+    Load {
+        dom: DomainId,
+        module: Module,
+        first_page: u32,
+        pages: &'a [u8],
+    },
+    /// `hvctl create`, last: build the domain from its files and start it.
+    Start {
+        dom: DomainId,
+    },
 }
 
 /// Operation numbers (`op`).
@@ -150,6 +172,9 @@ pub mod op {
     pub const PAUSE: u32 = 9;
     pub const UNPAUSE: u32 = 10;
     pub const SHUTDOWN: u32 = 11;
+    pub const CREATE: u32 = 12;
+    pub const LOAD: u32 = 13;
+    pub const START: u32 = 14;
 }
 
 fn word(b: &[u8], i: usize) -> u32 {
@@ -194,6 +219,14 @@ pub fn decode(buf: &[u8]) -> Result<Request<'_>, Status> {
         op::PAUSE => bare(Request::Pause { dom: domain(args[0])? }),
         op::UNPAUSE => bare(Request::Unpause { dom: domain(args[0])? }),
         op::SHUTDOWN => bare(Request::Shutdown { dom: domain(args[0])? }),
+        op::CREATE => CreateSpec::parse(payload).map(Request::Create),
+        op::LOAD => Ok(Request::Load {
+            dom: domain(args[0])?,
+            module: Module::from_arg(args[1])?,
+            first_page: args[2],
+            pages: create::load_pages(payload)?,
+        }),
+        op::START => bare(Request::Start { dom: domain(args[0])? }),
         _ => Err(Status::NoOp),
     }
 }
@@ -563,6 +596,15 @@ mod tests {
         assert_eq!(decode(&req(2, [0; 4], b"")), Ok(Request::VcpuList));
         assert_eq!(decode(&req(3, [4096, 0, 0, 0], b"")), Ok(Request::Stats { offset: 4096 }));
         assert_eq!(decode(&req(4, [0; 4], b"")), Ok(Request::TraceDump { offset: 0 }));
+        let spec = b"name=d\nmemory_mib=64\nvcpus=1\nkernel_bytes=4096\n";
+        assert!(matches!(decode(&req(12, [0; 4], spec)), Ok(Request::Create(c)) if c.name == "d"));
+        let page = 0x4000_0000u64.to_le_bytes();
+        assert_eq!(
+            decode(&req(13, [3, 1, 7, 0], &page)),
+            Ok(Request::Load { dom: 3, module: Module::Ramdisk, first_page: 7, pages: &page })
+        );
+        assert_eq!(decode(&req(13, [3, 2, 7, 0], &page)), Err(Status::Inval));
+        assert_eq!(decode(&req(14, [3, 0, 0, 0], b"")), Ok(Request::Start { dom: 3 }));
         assert_eq!(decode(&req(5, [U, 0, 0, 0], b"")), Ok(Request::SchedGet { dom: None }));
         assert_eq!(decode(&req(5, [2, 0, 0, 0], b"")), Ok(Request::SchedGet { dom: Some(2) }));
         assert_eq!(
@@ -617,12 +659,12 @@ mod tests {
             // known op, a length near the bytes given, a payload of the
             // characters an option is made of and some it may not hold.
             if n >= HEADER_BYTES && rng.below(2) == 0 {
-                buf[0..4].copy_from_slice(&(1 + rng.below(12) as u32).to_le_bytes());
+                buf[0..4].copy_from_slice(&(1 + rng.below(15) as u32).to_le_bytes());
                 let most = (n - HEADER_BYTES + 2).min(24) as u64;
                 let len = if rng.below(2) == 0 { 0 } else { rng.below(most) as u32 };
                 buf[4..8].copy_from_slice(&len.to_le_bytes());
                 for b in &mut buf[HEADER_BYTES..n] {
-                    *b = b"ab_=1Z \x7f"[rng.index(8)];
+                    *b = b"ab_=1Z \x7f\n"[rng.index(9)];
                 }
             }
             match decode(&buf[..n]) {
@@ -630,6 +672,14 @@ mod tests {
                     assert!(HEADER_BYTES + name.len() + 1 + value.len() <= n);
                     assert!(!name.is_empty() && !value.is_empty() && !name.contains(['Z', ' ']));
                     options += 1;
+                }
+                Ok(Request::Create(c)) => {
+                    assert!(!c.name.is_empty() && c.vcpus > 0 && c.kernel_bytes > 0);
+                    decoded += 1;
+                }
+                Ok(Request::Load { pages, .. }) => {
+                    assert!(!pages.is_empty() && pages.len().is_multiple_of(8));
+                    decoded += 1;
                 }
                 Ok(_) => decoded += 1,
                 Err(_) => {}
