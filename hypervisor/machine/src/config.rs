@@ -135,6 +135,9 @@ pub struct Config {
     /// would otherwise stall its pCPU for every such byte); counted against
     /// `sched_trace_max_dumps`.
     pub sched_trace_dom0_key: bool,
+    /// Host RAM set aside for DomUs made while running (`domu_pool=SIZE`,
+    /// 2 MiB multiples, default 0: none; `hvctl create` then says so).
+    pub domu_pool: u64,
     /// Test aid (`domu_selftest=N`, at most 8): N DomUs running Dom0's
     /// kernel and initrd, with RAM and a RAM disk carved from the top of
     /// Dom0's RAM, until the dom0less device tree describes real ones.
@@ -180,6 +183,7 @@ impl Default for Config {
             sched_trace_threshold_us: None,
             sched_trace_max_dumps: crate::trace::MAX_DUMPS,
             sched_trace_dom0_key: false,
+            domu_pool: 0,
             domu_selftest: 0,
             domu_selftest_mem: 512 << 20,
             domu_selftest_vcpus: 1,
@@ -288,6 +292,7 @@ impl Config {
                 "sched_trace_max_dumps" => {
                     c.sched_trace_max_dumps = v.parse().ok().filter(|&n: &u32| n <= 1000).ok_or_else(bad)?
                 }
+                "domu_pool" => c.domu_pool = parse_size(v).filter(|&m| m.is_multiple_of(2 << 20)).ok_or_else(bad)?,
                 "domu_selftest" => c.domu_selftest = v.parse().ok().filter(|&n: &u32| n <= 8).ok_or_else(bad)?,
                 "domu_selftest_mem" => {
                     c.domu_selftest_mem =

@@ -12,6 +12,7 @@ use crate::boot::image::{self as boot_image, KernelLoad};
 use crate::boot::pcpus;
 use crate::boot::plan::{self, LayoutError, Plan};
 use crate::config::{Config, ConfigError, DiskMode};
+use crate::domain::pool;
 use crate::dtb::{self, BootInfo, BootModule, Machine};
 use crate::hv_fatal;
 use crate::its::v4::LpiPath;
@@ -68,10 +69,13 @@ pub(super) fn plan_layout(
         // every VM's heap quota, so no guest can exhaust it.
         heap_size: crate::quota::heap_size(
             pcpus::heap_size(machine.cpus.len()),
-            core::iter::once(cfg.dom0_heap_quota).chain(boot.domus.iter().map(|d| d.heap_quota)),
+            core::iter::once(cfg.dom0_heap_quota)
+                .chain(boot.domus.iter().map(|d| d.heap_quota))
+                .chain(core::iter::once(pool::max_domains(cfg.domu_pool) * pool::POOL_DOMAIN_HEAP)),
         ),
         keep_low: platform::PLATFORM.hyp_reserved,
         domus: &boot.domus,
+        domu_pool: cfg.domu_pool,
     };
     plan::check(&inputs)?;
     // SAFETY: the module lies in RAM (checked just above), identity-mapped

@@ -46,6 +46,7 @@ fn inputs(kernel_at: u64, initrd: Option<Region>) -> Inputs<'static> {
         heap_size: 48 * MIB,
         keep_low: 512 * MIB,
         domus: &[],
+        domu_pool: 0,
     }
 }
 
@@ -421,6 +422,7 @@ fn random_layouts_plan_disjointly_or_fail_with_one_line() {
             heap_size: 48 * MIB,
             keep_low: 512 * MIB,
             domus: &domus,
+            domu_pool: 0,
         };
         match plan(&i) {
             Ok(p) => {
@@ -494,6 +496,21 @@ fn domus_are_placed_at_the_top_and_dom0_below_them() {
     let d = [domu(1, 100 * MIB + 1, kernel, None, 0)];
     let p = plan_ok(&domu_inputs(&d));
     assert_eq!(p.domus, [DomuPlacement { id: 1, ram: r(below - 102 * MIB, 102 * MIB), disk: None }]);
+    assert_eq!(p.domu_pool, None);
+}
+
+#[test]
+fn the_domu_pool_sits_below_the_domus_and_dom0_below_it() {
+    let top = end(DOMU_RAM[0]);
+    let kernel = r(top - 128 * MIB, KERNEL_FILE);
+    let d = [domu(1, 256 * MIB, kernel, None, 0)];
+    let p = plan_ok(&Inputs { domu_pool: 300 * MIB, ..domu_inputs(&d) });
+    let below = top - 128 * MIB - 256 * MIB;
+    assert_eq!(p.domu_pool, Some(r(below - 300 * MIB, 300 * MIB)));
+    assert_eq!(p.guest_ram, r(below - 300 * MIB - 1024 * MIB, 1024 * MIB));
+    // A pool the RAM cannot hold is an error that names it.
+    let e = plan(&Inputs { domu_pool: 1 << 40, ..domu_inputs(&d) }).unwrap_err();
+    assert!(e.to_string().contains("DomU pool (domu_pool)"), "{e}");
 }
 
 #[test]

@@ -9,13 +9,15 @@
 //!
 //! The types live in `spec` and the parser in `dtb::dom0less`, below the
 //! boot plan; here are the DomU layout, the VM plans, the DomU device-tree
-//! builder and the console's line discipline.
+//! builder, the console's line discipline and the pool run-time DomUs' memory
+//! comes from (`pool`).
 
 pub mod console;
 #[cfg(test)]
 mod console_tests;
 pub mod domu_dt;
 pub mod layout;
+pub mod pool;
 #[cfg(test)]
 mod tests;
 pub mod vmplan;

@@ -55,6 +55,7 @@ fn boot_plan() -> Plan {
         initrd: None,
         guest_dtb: r(guest_ram.end() - GUEST_DTB_SIZE, GUEST_DTB_SIZE),
         domus: Vec::new(),
+        domu_pool: None,
     }
 }
 

@@ -732,6 +732,7 @@ fn fvp_reserved_memory_is_never_ram_for_the_heap_or_dom0() {
         heap_size: 0x100_0000,
         keep_low: 0x2000_0000,
         domus: &[],
+        domu_pool: 0,
     };
     let overlaps = |a: Region, b: Region| a.base < b.end() && b.base < a.end();
     // Only bank 0: dom0 goes to the top of it, which must stop below the

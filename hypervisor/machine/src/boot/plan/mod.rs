@@ -74,7 +74,7 @@ pub use ranges::range;
 pub use validate::check_passthrough;
 
 use error::Range;
-use place::{fixed_kernel_span, modules_need, place_dom0_ram, place_domus, place_heap};
+use place::{fixed_kernel_span, modules_need, place_dom0_ram, place_domus, place_heap, place_pool};
 use ranges::subtract;
 use validate::{check_inputs, Checked};
 
@@ -124,6 +124,9 @@ pub struct Inputs<'a> {
     /// The dom0less DomUs (`BootInfo::domus`): their modules are kept,
     /// their RAM and disks placed.
     pub domus: &'a [VmSpec],
+    /// `domu_pool`: RAM for DomUs made while running, placed like a
+    /// DomU's (highest), 0 for none.
+    pub domu_pool: u64,
 }
 
 /// A module copied into guest RAM: `src.size` bytes are copied, the rest
@@ -155,6 +158,8 @@ pub struct Plan {
     pub guest_dtb: Region,
     /// Each DomU's RAM and disk, in the order of `Inputs::domus`.
     pub domus: Vec<DomuPlacement>,
+    /// The DomU pool (`Inputs::domu_pool`), when asked for.
+    pub domu_pool: Option<Region>,
 }
 
 /// A range the plan keeps, and whose it is (for errors that name a DomU).
@@ -197,6 +202,7 @@ pub fn plan(i: &Inputs<'_>) -> Result<Plan, LayoutError> {
     let mut free = subtract(&base_free, span.as_slice());
     let heap = place_heap(i.heap_size, &mut free, &mut placed)?;
     let domus = place_domus(i.domus, &mut free, &mut placed)?;
+    let domu_pool = place_pool(i.domu_pool, &mut free, &mut placed)?;
     // The span is free again for Dom0's RAM.
     let free = subtract(&base_free, &placed);
     let (guest_ram, ram_disk) = place_dom0_ram(i, &spans, &free, span)?;
@@ -233,5 +239,6 @@ pub fn plan(i: &Inputs<'_>) -> Result<Plan, LayoutError> {
         initrd: initrd_copy,
         guest_dtb,
         domus,
+        domu_pool,
     })
 }

@@ -75,6 +75,23 @@ pub(super) fn place_domus(
     Ok(domus)
 }
 
+/// The DomU pool: `size` (2 MiB multiples) as high as it fits, none for 0.
+pub(super) fn place_pool(
+    size: u64,
+    free: &mut Vec<Region>,
+    placed: &mut Vec<Region>,
+) -> Result<Option<Region>, LayoutError> {
+    if size == 0 {
+        return Ok(None);
+    }
+    let no_room = |size, free: &[Region]| LayoutError::NoRoom { what: "DomU pool (domu_pool)", size, largest: largest(free) };
+    let size = align_up(size, ALIGN).ok_or(no_room(size, free))?;
+    let pool = highest_fit(free, size).ok_or(no_room(size, free))?;
+    *free = subtract(free, &[pool]);
+    placed.push(pool);
+    Ok(Some(pool))
+}
+
 /// Dom0's RAM (`dom0_mem`, or the largest free range above `keep_low`;
 /// around a fixed kernel's `span`) and its RAM disk, in `free`.
 pub(super) fn place_dom0_ram(
