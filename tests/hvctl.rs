@@ -126,16 +126,17 @@ fn hvctl_lists_domains_caps_one_live_and_refuses_bad_requests() {
     let lines: u64 =
         c.split("trace-lines=").nth(1).and_then(|s| s.lines().next()?.trim().parse().ok()).expect("a count");
     assert!(lines > 20, "{lines} lines of trace");
-    // `hvctl destroy domU2`: it stops, its vCPU goes offline, the others run on.
+    // `hvctl destroy domU2`: it stops, its vCPU goes offline, it is reaped
+    // and leaves the lists (as `xl destroy` does); the others run on.
     assert_console(&r, "destroy2-rc=0");
     assert_console(&r, "d2 destroyed (hvctl destroy): the domain stops");
-    let fin = |d: u32| {
-        c.lines().find(|l| l.starts_with(&format!("F domid={d} "))).unwrap_or_else(|| panic!("no final line for d{d}"))
-    };
-    assert!(fin(2).contains(" state=shutdown "), "{}", fin(2));
-    assert!(fin(1).contains(" state=running ") || fin(1).contains(" state=blocked "), "{}", fin(1));
-    // vcpu-list: its vCPU offline (xl's `--p`).
-    assert!(c.lines().any(|l| l.starts_with("domU2 ") && l.contains(" --p ")), "{}", tail(c, 20));
+    assert_console(&r, "d2: reaped");
+    let fin = |d: u32| c.lines().find(|l| l.starts_with(&format!("F domid={d} ")));
+    assert!(fin(2).is_none(), "{:?}", fin(2));
+    let d1 = fin(1).expect("a final line for d1");
+    assert!(d1.contains(" state=running ") || d1.contains(" state=blocked "), "{d1}");
+    let after = c.split("F domid=0 ").nth(1).expect("the final list");
+    assert!(!after.lines().any(|l| l.starts_with("domU2 ")), "{}", tail(c, 20));
     // A DomU has no control device.
     for d in 1..=2 {
         assert_console(&r, &format!("(d{d}) hvctl: no control device"));
@@ -188,4 +189,87 @@ fn hvctl_switches_the_wake_path_in_one_boot() {
     assert_console(&r, "hvctl: unknown option, or not settable while running");
     assert_console(&r, "boot-only-rc=1");
     assert_eq!(r.guest_exit, Some(0), "{}", tail(&r.console, 40));
+}
+
+/// The value of `key=` on the last console line that starts with `prefix`
+/// and holds it.
+fn last_value(console: &str, prefix: &str, key: &str) -> u64 {
+    console
+        .lines()
+        .rev()
+        .filter_map(|l| l.trim().strip_prefix(prefix))
+        .find_map(|l| l.trim().strip_prefix(key)?.parse().ok())
+        .unwrap_or_else(|| panic!("no {prefix}{key}:\n{}", tail(console, 60)))
+}
+
+#[test]
+fn hvctl_creates_domus_from_the_pool_and_destroy_gives_everything_back() {
+    // Dom0 (1 pCPU) makes a DomU from the kernel and initrd in its own
+    // initramfs, which prints and powers off; destroys it; then makes and
+    // destroys 19 more while they boot. The pool's and the heap's figures
+    // at the end must be the ones before the first.
+    let domu_cmd = xtask::text::base64(b"echo created-domu-says-$((6*7))");
+    let cfg = format!(
+        "name = \"job\"\\nkernel = \"/boot/domu/Image\"\\nramdisk = \"/boot/domu/initrd\"\\n\
+         extra = \"console=ttyAMA0 guestcmd={domu_cmd}\"\\nmemory = 128\\nvcpus = 1\\ndisk_size = 16\\n"
+    );
+    let dom0 = format!(
+        "figures() {{ hvctl stats | grep -E '^(heap\\.used|pool\\.(size|free|domains))=' | sed \"s/^/$1 /\"; }}; \
+         gone() {{ for i in $(seq 120); do hvctl list -l | grep -q ' name=job ' || return 0; sleep 0.5; done; return 1; }}; \
+         figures S0; printf '{cfg}' > /tmp/job.cfg; \
+         hvctl create /tmp/job.cfg; echo create-rc=$?; hvctl list; \
+         for i in $(seq 240); do hvctl list -l | grep -q ' name=job .*state=shutdown' && break; sleep 0.5; done; \
+         d=$(hvctl list -l | sed -n 's/^domid=\\([0-9]*\\) name=job .*/\\1/p'); echo job-domid=$d; \
+         hvctl destroy $d; echo destroy-rc=$?; gone; echo gone-rc=$?; figures S1; \
+         n=0; for c in $(seq 19); do hvctl create /tmp/job.cfg >/dev/null && sleep 1 && \
+           d=$(hvctl list -l | sed -n 's/^domid=\\([0-9]*\\) name=job .*/\\1/p') && hvctl destroy $d && gone && n=$((n+1)); done; \
+         echo cycles-ok=$n; figures S2; hvctl list -l | sed 's/^/F /'; \
+         sed 's|/boot/domu/Image|/etc/hvctl/domu.cfg|' /tmp/job.cfg > /tmp/bad.cfg; hvctl create /tmp/bad.cfg; echo notimage-rc=$?; \
+         sed 's/memory = 128/memory = 4096/' /tmp/job.cfg > /tmp/big.cfg; hvctl create /tmp/big.cfg; echo big-rc=$?; \
+         figures S3; hvctl stats | grep -E '^control\\.err\\.(format|no_mem)='"
+    );
+    let g = xtask::build::image::guest().expect("guest image");
+    let small = small_initrd();
+    let dom0_initrd = xtask::build::hvctl::initrd_with_hvctl(&small, "small").expect("initrd with hvctl");
+    let initrd = xtask::build::hvctl::initrd_with_domu_files(&dom0_initrd, &g.kernel, &small, "small-test")
+        .expect("initrd with the DomU's files");
+    let r = run(&RunOptions {
+        cmd: Some(dom0),
+        pcpus: 2,
+        vcpus: 2,
+        domu_pool_mb: 192,
+        echo: false,
+        initrd: Some(initrd),
+        timeout: Duration::from_secs(900),
+        ..Default::default()
+    });
+    assert!(r.hv_fatal.is_none(), "{:?}", r.hv_fatal);
+    let c = &r.console;
+    assert_console(&r, "create-rc=0");
+    // Its console, with its prefix, and its command's output.
+    assert!(c.contains("(d1) created-domu-says-42"), "{}", tail(c, 80));
+    assert!(c.lines().any(|l| l.starts_with("job ")), "`hvctl list` shows it:\n{}", tail(c, 80));
+    assert_console(&r, "job-domid=1");
+    assert_console(&r, "destroy-rc=0");
+    assert_console(&r, "gone-rc=0");
+    assert_console(&r, "d1: reaped");
+    assert_console(&r, "cycles-ok=19");
+    // Everything back: the pool whole, the heap exactly where it was.
+    let pool = last_value(c, "S0 ", "pool.size=");
+    assert_eq!(pool, 192 << 20);
+    for s in ["S1 ", "S2 ", "S3 "] {
+        assert_eq!(last_value(c, s, "pool.free="), pool, "{s}pool.free");
+        assert_eq!(last_value(c, s, "pool.domains="), 0, "{s}pool.domains");
+        assert_eq!(last_value(c, s, "heap.used="), last_value(c, "S0 ", "heap.used="), "{s}heap.used");
+    }
+    assert_eq!(last_value(c, "S0 ", "pool.free="), pool);
+    // Only Dom0 is left.
+    let fin: Vec<&str> = c.lines().filter(|l| l.starts_with("F domid=")).collect();
+    assert_eq!(fin.len(), 1, "{fin:?}");
+    // Bad input: one line and a status, nothing taken.
+    assert_console(&r, "notimage-rc=");
+    assert!(!c.contains("notimage-rc=0"), "{}", tail(c, 40));
+    assert!(!c.contains("big-rc=0"), "{}", tail(c, 40));
+    assert_console(&r, "hvctl: not enough memory");
+    assert_eq!(r.guest_exit, Some(0), "{}", tail(c, 40));
 }

@@ -143,33 +143,7 @@ pub fn qemu_lock() -> std::sync::MutexGuard<'static, ()> {
 /// 0x47000000 leaves 16 MiB below QEMU's DTB at 0x48000000).
 pub fn small_initrd() -> std::path::PathBuf {
     let full = xtask::build::image::guest().expect("guest image").initrd;
-    let data = std::fs::read(&full).expect("reading the initramfs");
-    let field = |h: &[u8], i: usize| -> usize {
-        let hex = std::str::from_utf8(&h[6 + 8 * i..14 + 8 * i]).expect("cpio header");
-        usize::from_str_radix(hex, 16).expect("cpio header")
-    };
-    let align4 = |v: usize| (v + 3) & !3;
-    let (mut out, mut at) = (Vec::new(), 0);
-    loop {
-        // newc: "070701", 13 hex fields of 8, the name, then the data, each
-        // padded to 4 bytes from the start of the archive.
-        let h = &data[at..at + 110];
-        assert_eq!(&h[..6], b"070701", "not a newc cpio archive");
-        let (mode, size, namesize) = (field(h, 1), field(h, 6), field(h, 11));
-        let name = std::str::from_utf8(&data[at + 110..at + 110 + namesize - 1]).expect("cpio name");
-        let next = align4(align4(at + 110 + namesize) + size);
-        let large_file = mode & 0o170000 == 0o100000 && size > 256 << 10 && name != "bin/busybox";
-        if !large_file {
-            out.extend_from_slice(&data[at..next]);
-        }
-        if name == "TRAILER!!!" {
-            break;
-        }
-        at = next;
-    }
-    let path = xtask::out_dir().join("initramfs-small.cpio");
-    std::fs::write(&path, out).expect("writing the small initramfs");
-    path
+    xtask::build::image::small_initrd(&full).expect("the small initramfs")
 }
 
 /// The shell functions that drive a virtio-mmio virtio-blk device by hand

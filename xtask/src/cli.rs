@@ -196,6 +196,9 @@ pub struct RunArgs {
     /// Credit2 cap of each DomU in percent of one pCPU (hv,sched-cap; 0 = uncapped), as --domu-weight [default: uncapped]
     #[arg(long = "domu-cap", value_name = "P[,P...]", value_delimiter = ',')]
     pub domu_cap: Vec<u32>,
+    /// RAM for DomUs made while running (`hvctl create`): QEMU's RAM grows by SIZE, the hypervisor reserves it (domu_pool=), and Dom0's initrd gets a DomU kernel, initrd and /etc/hvctl/domu.cfg
+    #[arg(long = "domu-pool", value_name = "SIZE", value_parser = parse_size_mb)]
+    pub domu_pool_mb: Option<u64>,
     /// Give domU1 a PCIe function of its own (hv,pci-assigned): an NVMe controller QEMU puts at this root-bus address, e.g. 0000:00:02.0; turns on --iommu
     #[arg(long = "domu-pci", value_name = "BDF")]
     pub domu_pci: Option<String>,
@@ -351,6 +354,7 @@ impl RunArgs {
             firmware: self.firmware,
             hv_boot: HvBoot { addr: self.hv_addr, entry: self.hv_entry },
             flavour: self.kernel_flavour,
+            domu_pool_mb: self.domu_pool_mb.unwrap_or(0),
             domus: (self.domu > 0).then(|| crate::run::domu::DomuOptions {
                 count: self.domu,
                 cmd: self.domu_cmd.clone(),

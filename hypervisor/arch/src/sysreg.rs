@@ -261,6 +261,16 @@ pub fn tlbi_vmalls12e1is() {
 }
 
 #[cfg(target_os = "none")]
+/// Invalidates every EL1&0 regime TLB entry of every VMID on the inner
+/// shareable domain (a VM's tables are about to be freed, or its VMID used
+/// again).
+pub fn tlbi_alle1is() {
+    // SAFETY: drops guest translations only; the hypervisor's own EL2
+    // translations are not affected.
+    unsafe { core::arch::asm!("dsb ishst", "tlbi alle1is", "dsb ish", "isb", options(nostack, preserves_flags)) };
+}
+
+#[cfg(target_os = "none")]
 /// The exception level this code runs at (CurrentEL.EL, 0..3).
 pub fn current_el() -> u64 {
     use aarch64_cpu::registers::CurrentEL;

@@ -45,6 +45,10 @@ pub struct PcpuShared {
     /// The earliest of those deadlines (ns) when last computed; only this
     /// pCPU reads or writes it.
     pub(crate) timers_min: AtomicU64,
+    /// Quiescent points passed (`grace::quiescent`); only this pCPU writes it.
+    pub quiescent: AtomicU64,
+    /// Idle in WFI, holding nothing from the VM table (`grace::idle`).
+    pub idle: AtomicBool,
 }
 
 impl PcpuShared {
@@ -59,6 +63,8 @@ impl PcpuShared {
             hyp_timer_cval: AtomicU64::new(0),
             timers_changed: AtomicBool::new(true),
             timers_min: AtomicU64::new(u64::MAX),
+            quiescent: AtomicU64::new(0),
+            idle: AtomicBool::new(false),
         }
     }
 }

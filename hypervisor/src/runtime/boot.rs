@@ -348,7 +348,9 @@ pub(super) fn run_dom0(
     let mut table = alloc::vec![dom0];
     let mut vcpu_base = dom0.vcpus.len() as u32;
     for (spec, placement) in &domus {
-        match vm::Vm::create_domu(spec, placement, machine, nr_pcpus, host, vcpu_base, dom0) {
+        // VMID 1 is Dom0's; DomU N gets N + 1.
+        let slot = vm::DomuSlot { vcpu_base, vmid: spec.id + 1, power_on: true };
+        match vm::Vm::create_domu(spec, placement, machine, nr_pcpus, host, slot, dom0) {
             Ok(mut vm) => {
                 vm.overcommitted |= dom0.overcommitted;
                 vcpu_base += vm.vcpus.len() as u32;
@@ -357,7 +359,8 @@ pub(super) fn run_dom0(
             Err(e) => hv_fatal!("cannot create d{}: {e}", spec.id),
         }
     }
-    vm::set_vms(table);
+    let table = vm::set_vms(table);
+    super::domctl::init(machine, nr_pcpus, plan.domu_pool, table, vm::Vm::create_domu);
     vcpu::pcpu_loop(0)
 }
 

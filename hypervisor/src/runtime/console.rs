@@ -107,6 +107,11 @@ pub fn set_input_focus(dom: DomainId) {
     c.with_out(|out, port| out.set_focus(dom, port));
 }
 
+/// Domain `dom` is gone: its held output is printed and dropped.
+pub fn forget(dom: DomainId) {
+    CONSOLE.lock().with_out(|out, port| out.forget(dom, port));
+}
+
 /// Reads the physical UART into the input ring (at most `max` bytes),
 /// stopping after a key; returns the focus the bytes are for, the key, and
 /// how many bytes were read.

@@ -201,6 +201,9 @@ pub(super) struct VcpuStart<'a> {
     /// vCPU 0's x0 (the DTB's IPA) and entry point (the kernel's IPA).
     pub dtb: u64,
     pub kernel: u64,
+    /// Power vCPU 0 on now; otherwise the caller does, once the VM can be
+    /// found (it is in the VM table).
+    pub power_on: bool,
 }
 
 /// Makes the plan's vCPUs and adds them to the host-wide scheduler in
@@ -240,8 +243,10 @@ pub(super) fn start_vcpus(
         v0.regs.elr = s.kernel;
         v0.regs.spsr = SPSR_EL1H_MASKED;
     }
-    shared[0].online.store(true, Ordering::Release);
-    sched.power_on(0, VcpuId(s.vcpu_base)).map_err(VmError::Sched)?;
+    if s.power_on {
+        shared[0].online.store(true, Ordering::Release);
+        sched.power_on(0, VcpuId(s.vcpu_base)).map_err(VmError::Sched)?;
+    }
     Ok((vcpus, shared))
 }
 

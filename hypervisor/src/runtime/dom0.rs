@@ -149,6 +149,7 @@ impl Vm {
                 weights: &cfg.sched_vcpu_weights,
                 dtb: plan.guest_dtb.base,
                 kernel: plan.entry,
+                power_on: true,
             },
         )?;
         let quota = Arc::new(Quota::new(vp.spec.heap_quota));

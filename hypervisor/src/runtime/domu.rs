@@ -13,7 +13,7 @@
 use super::create::{
     apply_disk, apply_stage2, apply_vgic, copy_module, hw_facts, start_vcpus, write_firmware_blob, VcpuStart, VmParts,
 };
-use super::vm::{Host, Vm, VmError};
+use super::vm::{DomuSlot, Host, Vm, VmError};
 use crate::arch::cache;
 use crate::boot::image as boot_image;
 use crate::boot::plan::{ModuleCopy, Plan, GUEST_DTB_SIZE};
@@ -40,20 +40,18 @@ impl Vm {
     /// Builds DomU `spec` in `placement`: `domain::vmplan::plan_domu`
     /// decides its machine, this applies it (copies the modules, writes its
     /// DTB, maps stage 2, makes the vGIC, vCPUs and disk) and makes the VM
-    /// (`Vm::from_plan`). Its vCPUs are the host-wide scheduler's
-    /// `vcpu_base..`; its VMID is its id + 1 (unique per VM); `dom0`'s
-    /// route table gets its physical interrupts (GICv4 doorbells).
+    /// (`Vm::from_plan`) in `slot`; `dom0`'s route table gets its physical
+    /// interrupts (GICv4 doorbells).
     pub fn create_domu(
         spec: &VmSpec,
         placement: &DomuPlacement,
         machine: &Machine,
         nr_pcpus: usize,
         host: &'static Host,
-        vcpu_base: u32,
+        slot: DomuSlot,
         dom0: &Vm,
     ) -> Result<Box<Vm>, VmError> {
-        // VMID 1 is Dom0's; DomU N gets N + 1.
-        let vmid = spec.id + 1;
+        let DomuSlot { vcpu_base, vmid, power_on } = slot;
         // SAFETY: the kernel module lies in RAM the boot plan keeps (never
         // written), identity-mapped as normal memory.
         let file = unsafe { core::slice::from_raw_parts(spec.kernel.base as *const u8, spec.kernel.size as usize) };
@@ -99,7 +97,7 @@ impl Vm {
         let vcpus = start_vcpus(
             &vp,
             host,
-            &VcpuStart { vcpu_base, nr_pcpus, weights: &[], dtb: l.dtb.ipa.base, kernel: l.entry },
+            &VcpuStart { vcpu_base, nr_pcpus, weights: &[], dtb: l.dtb.ipa.base, kernel: l.entry, power_on },
         )?;
         let quota = alloc::sync::Arc::new(crate::quota::Quota::new(vp.spec.heap_quota));
         let disk = apply_disk(&vp, &quota)?;

@@ -115,14 +115,28 @@ impl HeapFrames {
     fn new_frame(&mut self) -> Option<u64> {
         self.frames.try_reserve(1).ok()?;
         let layout = Layout::from_size_align(4096, 4096).ok()?;
-        // SAFETY: a non-zero-size layout; the frame is never freed (stage-2
-        // tables live as long as their VM, which is forever).
+        // SAFETY: a non-zero-size layout; the frame is freed when its VM is
+        // (`Drop`).
         let p = unsafe { alloc::alloc::alloc_zeroed(layout) };
         if p.is_null() {
             return None;
         }
         self.frames.push(p as u64);
         Some(p as u64)
+    }
+}
+
+impl Drop for HeapFrames {
+    /// Frees every frame: the VM whose tables they are is being freed, no
+    /// pCPU runs it, and its VMID's TLB entries were invalidated
+    /// (`runtime::domctl`).
+    fn drop(&mut self) {
+        let Ok(layout) = Layout::from_size_align(4096, 4096) else { return };
+        for &f in &self.frames {
+            // SAFETY: `f` came from `alloc_zeroed` with this layout in
+            // `new_frame` and is freed once, here.
+            unsafe { alloc::alloc::dealloc(f as *mut u8, layout) };
+        }
     }
 }
 

@@ -7,6 +7,8 @@
 //! - `vm`: a VM, its vCPUs, the VM table, the host-wide scheduler
 //! - `create`: making a VM from its plan (the appliers, `Vm::from_plan`)
 //! - `dom0`: Dom0's creation (`Vm::create_dom0`) and its firmware view
+//! - `domctl`: DomUs made (`hvctl create`, from the DomU pool) and reaped
+//!   (`hvctl destroy`) while the machine runs
 //! - `domu`: a DomU's creation from its spec and placement; `domu_selftest`
 //! - `vcpu`: the per-pCPU scheduling loop and every trap and interrupt
 //! - `wake`: waking a vCPU (scheduler, kick, reschedule) for every injector
@@ -28,6 +30,7 @@ pub mod console;
 pub mod create;
 pub mod devices;
 pub mod dom0;
+pub mod domctl;
 pub mod domu;
 pub mod heap;
 pub mod mitigations;

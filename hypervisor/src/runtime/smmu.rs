@@ -79,7 +79,9 @@ pub(super) fn attach_dma(vp: &VmPlan, vmid: u16) -> Result<(), VmError> {
     let top = dma.mappings.iter().map(|m| m.ipa + m.size).max().unwrap_or(0);
     let pa_bits = crate::stage2::pa_bits(crate::arch::el2::parange());
     let mut attached = 0u64;
-    let mut frames = HeapFrames::default();
+    // The SMMU walks these tables for as long as the streams stay attached,
+    // which is for good: never freed, even on an error after some attached.
+    let mut frames = core::mem::ManuallyDrop::new(HeapFrames::default());
     let mut tables: Option<Stage2> = None;
     for r in &dma.streams {
         let Some(feat) = smmu::features(r.smmu) else {
@@ -89,9 +91,9 @@ pub(super) fn attach_dma(vp: &VmPlan, vmid: u16) -> Result<(), VmError> {
         let s2 = match &tables {
             Some(s) if s.ipa() == ipa => s,
             _ => {
-                let mut s = Stage2::new(&mut frames, ipa)?;
+                let mut s = Stage2::new(&mut *frames, ipa)?;
                 for m in &dma.mappings {
-                    s.map(&mut frames, m.ipa, m.pa, m.size, m.mem)?;
+                    s.map(&mut *frames, m.ipa, m.pa, m.size, m.mem)?;
                 }
                 frames.clean_to_poc();
                 tables.insert(s)

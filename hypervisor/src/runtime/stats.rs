@@ -15,6 +15,9 @@ use core::sync::atomic::Ordering;
 /// aborts injected, disk requests) and each DomU's vCPUs, disk and UART with
 /// a `dN.` prefix.
 pub fn write_stats(out: &mut impl core::fmt::Write) {
+    // The heap as the request found it, before this text takes any: the
+    // figure a create/destroy cycle must leave unchanged.
+    let heap = crate::runtime::heap::stats();
     let all = vms();
     // One instant for every domain's run time, and the host clock at it, so
     // shares over the time between two prints add up.
@@ -40,6 +43,20 @@ pub fn write_stats(out: &mut impl core::fmt::Write) {
         if vm.domid != 0 {
             write_domu_stats(out, vm);
         }
+    }
+    // The whole heap: what every VM's quota and the hypervisor's own part
+    // use together, and the most they ever did.
+    let h = heap;
+    let _ = writeln!(
+        out,
+        "(HV) stats begin heap\nheap.used={}\nheap.hwm={}\nheap.size={}\n(HV) stats end heap",
+        h.used, h.hwm, h.size
+    );
+    if let Some((size, free, domains)) = crate::runtime::domctl::pool_stats() {
+        let _ = writeln!(
+            out,
+            "(HV) stats begin pool\npool.size={size}\npool.free={free}\npool.domains={domains}\n(HV) stats end pool"
+        );
     }
 }
 
@@ -200,12 +217,4 @@ pub(crate) fn write_vm_stats(out: &mut impl core::fmt::Write, vm: &Vm) {
     let mut text = alloc::string::String::new();
     let _ = vm.quota.write_text("quota", &mut text);
     let _ = writeln!(out, "(HV) stats begin quota\n{}(HV) stats end quota", text);
-    // The whole heap: what every VM's quota and the hypervisor's own part
-    // use together, and the most they ever did.
-    let h = crate::runtime::heap::stats();
-    let _ = writeln!(
-        out,
-        "(HV) stats begin heap\nheap.used={}\nheap.hwm={}\nheap.size={}\n(HV) stats end heap",
-        h.used, h.hwm, h.size
-    );
 }

@@ -44,6 +44,7 @@ use crate::vgic::{VgicCell, VgicError};
 use crate::vpl011::VPl011;
 use alloc::sync::Arc;
 use alloc::vec::Vec;
+use core::sync::atomic::AtomicPtr;
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 #[derive(Debug)]
@@ -290,6 +291,19 @@ pub struct VcpuShared {
     pub counters: TrapCounters,
 }
 
+/// Where a DomU goes among the host's VMs.
+#[derive(Clone, Copy, Debug)]
+pub struct DomuSlot {
+    /// Its vCPUs are the host-wide scheduler's `vcpu_base..`.
+    pub vcpu_base: u32,
+    /// Its stage-2 tag, unique among live VMs (at boot: its id + 1, VMID 1
+    /// being Dom0's).
+    pub vmid: u16,
+    /// vCPU 0 is powered on here (at boot); `false` leaves that to the
+    /// caller, once the VM is in the table (`runtime::domctl`).
+    pub power_on: bool,
+}
+
 /// What every VM shares: the one host-wide scheduler (every vCPU of every
 /// VM has a globally unique `VcpuId`, `Vm::gid`) and the flight recorder
 /// (one ring per pCPU). Made once, before the first VM.
@@ -338,6 +352,11 @@ impl Vm {
 static HOST: Once<Host> = Once::new();
 
 impl Host {
+    /// The host-wide state, once made.
+    pub fn get() -> Option<&'static Host> {
+        HOST.get()
+    }
+
     /// Makes the host-wide state once; later calls return the first.
     pub fn init(cfg: &Config, nr_pcpus: usize) -> Result<&'static Host, VmError> {
         if let Some(h) = HOST.get() {
@@ -355,27 +374,52 @@ impl Host {
     }
 }
 
-/// The VM table: Dom0 at index 0, then the DomUs in domain-id order. Set
-/// once when every VM is made, before any vCPU runs.
-static VMS: Once<Vec<&'static Vm>> = Once::new();
+/// The VM table: Dom0 at index 0, then the DomUs in domain-id order. First
+/// published when every boot-time VM is made, before any vCPU runs; then
+/// replaced whole (`publish`) when a DomU is made or reaped while running.
+///
+/// Readers (`vms`) get the table of the moment with a `'static` lifetime
+/// that is a promise, not a fact: a pCPU must not keep a table, or a VM it
+/// found in one, past its next quiescent point (`runloop::grace`: the top
+/// of its run loop, a guest entry, idling), because a table replaced and a
+/// VM unpublished are freed once every pCPU has passed one
+/// (`runtime::domctl`'s reaper). Every use today is local to one exit or
+/// one loop iteration.
+static TABLE: AtomicPtr<Vec<&'static Vm>> = AtomicPtr::new(core::ptr::null_mut());
 
-/// Publishes the VM table (once; Dom0 first).
+/// Publishes the first VM table (Dom0 first), once, at boot.
 pub fn set_vms(vms: Vec<&'static Vm>) -> &'static [&'static Vm] {
-    VMS.call_once(|| vms)
+    let t: &'static Vec<&'static Vm> = alloc::boxed::Box::leak(alloc::boxed::Box::new(vms));
+    TABLE.store(t as *const _ as *mut _, Ordering::SeqCst);
+    t
+}
+
+/// Replaces the table with `new` (Dom0 still first); returns the old one,
+/// which the caller frees after a grace period (`runloop::grace`).
+pub fn publish(new: alloc::boxed::Box<Vec<&'static Vm>>) -> *mut Vec<&'static Vm> {
+    TABLE.swap(alloc::boxed::Box::into_raw(new), Ordering::SeqCst)
 }
 
 /// The VM table; waits until it is published (secondary pCPUs).
+#[inline]
 pub fn vms() -> &'static [&'static Vm] {
     // Every exit asks: once published, one load answers.
-    match VMS.get() {
-        Some(v) => v,
-        None => VMS.wait(),
+    loop {
+        if let Some(v) = try_vms() {
+            return v;
+        }
+        core::hint::spin_loop();
     }
 }
 
 /// The VM table if it is published already.
+#[inline]
 pub fn try_vms() -> Option<&'static [&'static Vm]> {
-    VMS.get().map(|v| v.as_slice())
+    // SAFETY: a non-null pointer is a table `set_vms` or `publish` made
+    // from a Box; it is freed only after every pCPU has passed a quiescent
+    // point since it was replaced, and callers keep what they read no
+    // longer than that (see `TABLE`).
+    unsafe { TABLE.load(Ordering::Acquire).as_ref().map(|v| v.as_slice()) }
 }
 
 /// The VM and local vCPU index of a host-wide scheduler id.

@@ -14,6 +14,8 @@ use anyhow::{bail, Context};
 pub const DIR_755: u32 = 0o040755;
 /// An executable's mode (`S_IFREG | 0755`).
 pub const FILE_755: u32 = 0o100755;
+/// A data file's mode (`S_IFREG | 0644`).
+pub const FILE_644: u32 = 0o100644;
 
 /// One archive member.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -86,10 +86,49 @@ pub fn initrd_with_hvctl(base: &Path, tag: &str) -> Result<PathBuf> {
     Ok(out)
 }
 
+/// The example xl.cfg put in Dom0's initrd with the DomU's files
+/// ([`initrd_with_domu_files`]): `hvctl create /etc/hvctl/domu.cfg`.
+pub const DOMU_CFG: &str = "\
+# A DomU from the files in Dom0's initramfs (cargo xtask run --domu-pool).
+# Xen's xl.cfg subset hvctl reads: docs/hvctl.md.
+name = \"domu\"
+kernel = \"/boot/domu/Image\"
+ramdisk = \"/boot/domu/initrd\"
+extra = \"console=ttyAMA0\"
+memory = 128
+vcpus = 1
+disk_size = 16
+";
+
+/// `dom0_initrd` with a DomU's kernel and initrd at `/boot/domu/Image` and
+/// `/boot/domu/initrd` and [`DOMU_CFG`] at `/etc/hvctl/domu.cfg`, for
+/// `hvctl create`; written to target/xtask/initramfs-domu-`tag`.cpio when
+/// any input changed.
+pub fn initrd_with_domu_files(dom0_initrd: &Path, kernel: &Path, domu_initrd: &Path, tag: &str) -> Result<PathBuf> {
+    let out = crate::out_dir().join(format!("initramfs-domu-{tag}.cpio"));
+    if fresh(&out, &[dom0_initrd, kernel, domu_initrd]) {
+        return Ok(out);
+    }
+    let read = |p: &Path| std::fs::read(p).with_context(|| p.display().to_string());
+    let dir = |name: &str| cpio::Entry { name: name.into(), mode: cpio::DIR_755, data: Vec::new() };
+    let file = |name: &str, data: Vec<u8>| cpio::Entry { name: name.into(), mode: cpio::FILE_644, data };
+    let extra = cpio::write(&[
+        dir("boot"),
+        dir("boot/domu"),
+        file("boot/domu/Image", read(kernel)?),
+        file("boot/domu/initrd", read(domu_initrd)?),
+        dir("etc"),
+        dir("etc/hvctl"),
+        file("etc/hvctl/domu.cfg", DOMU_CFG.as_bytes().to_vec()),
+    ]);
+    write_whole(&out, &concat(&read(dom0_initrd)?, &extra))?;
+    Ok(out)
+}
+
 /// Writes `data` aside and renames it to `path`: a reader meanwhile (a
 /// parallel test, another run) sees the old or the new file, never half
 /// of one.
-fn write_whole(path: &Path, data: &[u8]) -> Result<()> {
+pub(crate) fn write_whole(path: &Path, data: &[u8]) -> Result<()> {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let mut tmp = path.as_os_str().to_owned();

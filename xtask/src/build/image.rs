@@ -26,6 +26,54 @@ impl GuestImage {
     pub fn dom0_initrd(&self) -> Result<PathBuf> {
         crate::build::hvctl::initrd_with_hvctl(&self.initrd, self.flavour.as_str())
     }
+
+    /// [`GuestImage::dom0_initrd`] with what `hvctl create` needs for a
+    /// DomU (`--domu-pool`): this kernel, the small initramfs
+    /// ([`small_initrd`]) and an example xl.cfg
+    /// ([`crate::build::hvctl::initrd_with_domu_files`]).
+    pub fn dom0_initrd_with_domu(&self) -> Result<PathBuf> {
+        let small = small_initrd(&self.initrd)?;
+        crate::build::hvctl::initrd_with_domu_files(&self.dom0_initrd()?, &self.kernel, &small, self.flavour.as_str())
+    }
+}
+
+/// The guest image's initramfs `full` without the shared libraries and the
+/// large programs (fio, cyclictest): /init, busybox and the kernel
+/// modules, a few MiB, written to target/xtask/initramfs-small.cpio. For
+/// layouts with little room for the initrd, many domains booting on one
+/// pCPU, and the DomU files `hvctl create` reads from Dom0's initramfs.
+pub fn small_initrd(full: &std::path::Path) -> Result<PathBuf> {
+    let data = std::fs::read(full).with_context(|| full.display().to_string())?;
+    let field = |h: &[u8], i: usize| -> Result<usize> {
+        let hex = std::str::from_utf8(&h[6 + 8 * i..14 + 8 * i]).context("cpio header")?;
+        usize::from_str_radix(hex, 16).context("cpio header")
+    };
+    let align4 = |v: usize| (v + 3) & !3;
+    let (mut out, mut at) = (Vec::new(), 0);
+    loop {
+        // newc: "070701", 13 hex fields of 8, the name, then the data, each
+        // padded to 4 bytes from the start of the archive.
+        let h = data.get(at..at + 110).context("truncated cpio archive")?;
+        if &h[..6] != b"070701" {
+            bail!("{}: not a newc cpio archive", full.display());
+        }
+        let (mode, size, namesize) = (field(h, 1)?, field(h, 6)?, field(h, 11)?);
+        let name = data.get(at + 110..at + 110 + namesize - 1).context("truncated cpio archive")?;
+        let name = std::str::from_utf8(name).context("cpio name")?;
+        let next = align4(align4(at + 110 + namesize) + size);
+        let large_file = mode & 0o170000 == 0o100000 && size > 256 << 10 && name != "bin/busybox";
+        if !large_file {
+            out.extend_from_slice(data.get(at..next).context("truncated cpio archive")?);
+        }
+        if name == "TRAILER!!!" {
+            break;
+        }
+        at = next;
+    }
+    let path = crate::out_dir().join("initramfs-small.cpio");
+    std::fs::create_dir_all(crate::out_dir())?;
+    crate::build::hvctl::write_whole(&path, &out)?;
+    Ok(path)
 }
 
 /// Debian's arm64 kernel flavour the guest image is built with

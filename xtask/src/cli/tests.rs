@@ -509,6 +509,7 @@ fn option_names_are_the_documented_ones() {
             "--domu-cmd",
             "--domu-mem",
             "--domu-pci",
+            "--domu-pool",
             "--domu-vcpus",
             "--domu-weight",
             "--domu-cap",

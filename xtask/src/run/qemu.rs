@@ -69,6 +69,10 @@ pub struct RunOptions {
     pub hv_boot: crate::run::hvload::HvBoot,
     /// DomUs described in the DTB (`--domu N`, see [`crate::run::domu`]).
     pub domus: Option<crate::run::domu::DomuOptions>,
+    /// RAM for DomUs `hvctl create` makes (`--domu-pool`: QEMU's RAM grows
+    /// by it, the hypervisor gets `domu_pool=`, and Dom0's default initrd
+    /// carries a DomU's files); 0 = none.
+    pub domu_pool_mb: u64,
     /// The kernel flavour of the built guest image, used when `kernel` is
     /// `None` (`--kernel-flavour`; its initramfs carries that kernel's
     /// modules).
@@ -117,6 +121,7 @@ impl Default for RunOptions {
             firmware: None,
             hv_boot: Default::default(),
             domus: None,
+            domu_pool_mb: 0,
             flavour: Default::default(),
             bare: false,
         }
@@ -222,7 +227,7 @@ pub fn command_line(hv_bin: &Path, kernel: &Path, initrd: Option<&PathBuf>, o: &
         "-smp".into(),
         o.pcpus.to_string(),
         "-m".into(),
-        format!("{}M", base_mb + domus.as_ref().map_or(0, |d| d.extra_mb)),
+        format!("{}M", base_mb + domus.as_ref().map_or(0, |d| d.extra_mb) + o.domu_pool_mb),
         "-nographic".into(),
         "-nic".into(),
         "none".into(),
@@ -295,6 +300,9 @@ fn hypervisor_args(o: &RunOptions) -> String {
     if let Some(a) = o.kernel_load_addr {
         hv_args.push_str(&format!(" dom0_kernel_load_addr={a:#x}"));
     }
+    if o.domu_pool_mb > 0 {
+        hv_args.push_str(&format!(" domu_pool={}M", o.domu_pool_mb));
+    }
     if !o.hv_args.is_empty() {
         hv_args.push(' ');
         hv_args.push_str(&o.hv_args);
@@ -353,6 +361,7 @@ pub fn run(o: &RunOptions) -> Result<RunResult> {
             let g = crate::build::image::guest_flavour(o.flavour)?;
             let initrd = match &o.initrd {
                 Some(i) => i.clone(),
+                None if o.domu_pool_mb > 0 => g.dom0_initrd_with_domu()?,
                 None => g.dom0_initrd()?,
             };
             (g.kernel, Some(initrd))

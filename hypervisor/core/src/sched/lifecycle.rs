@@ -40,6 +40,83 @@ impl Scheduler {
         Ok(())
     }
 
+    /// Removes domain `dom` and its vCPUs, which must all be offline
+    /// ([`SchedError::DomainBusy`] otherwise, and nothing changes). Every
+    /// other vCPU keeps its state, credit and statistics; their slots move
+    /// down. Allocates only a transient map (failing with
+    /// [`SchedError::NoMemory`]), and frees the domain's own records.
+    pub fn remove_domain(&mut self, dom: DomainId) -> Result<(), SchedError> {
+        let d = self.dom_slot(dom)?;
+        // The live record of each vCPU says whether it is offline.
+        if self.vcpus.iter().any(|v| v.dom == d && self.owns(v.rq) && v.state != RunState::Offline) {
+            return Err(SchedError::DomainBusy(dom));
+        }
+        let mut map: alloc::vec::Vec<Option<usize>> = alloc::vec::Vec::new();
+        map.try_reserve_exact(self.vcpus.len()).map_err(|_| SchedError::NoMemory)?;
+        let mut next = 0;
+        for v in &self.vcpus {
+            map.push((v.dom != d).then(|| {
+                next += 1;
+                next - 1
+            }));
+        }
+        let m = |s: usize| map.get(s).copied().flatten();
+        for rq in &mut self.rqs {
+            for list in [&mut rq.members, &mut rq.queue] {
+                list.retain_mut(|s| m(*s).map(|n| *s = n).is_some());
+            }
+        }
+        for p in &mut self.pcpus {
+            p.curr = p.curr.and_then(m);
+            p.yield_target = p.yield_target.and_then(m);
+        }
+        self.emigrant = self.emigrant.and_then(m);
+        for dm in &mut self.domains {
+            dm.parked.retain_mut(|s| m(*s).map(|n| *s = n).is_some());
+        }
+        for (old, v) in self.vcpus.iter().enumerate() {
+            match m(old) {
+                Some(new) => self.index.insert(v.id, new),
+                None => self.index.remove(v.id),
+            }
+        }
+        self.vcpus.retain(|v| v.dom != d);
+        for v in &mut self.vcpus {
+            if v.dom > d {
+                v.dom -= 1;
+            }
+        }
+        self.domains.remove(d);
+        self.dom_index.remove(&dom);
+        for slot in self.dom_index.values_mut() {
+            if *slot > d {
+                *slot -= 1;
+            }
+        }
+        self.nr_parked = self.vcpus.iter().filter(|v| v.parked).count();
+        self.update_max_weights();
+        self.note_replenishments();
+        Ok(())
+    }
+
+    /// Room, reserved exactly, for `vcpus` vCPUs with ids below that and
+    /// `domains` domains in every table that registering them grows, so
+    /// that adding and removing within those bounds allocates nothing that
+    /// outlives the removal (the heap returns to where it was).
+    pub fn reserve(&mut self, vcpus: u32, domains: usize) -> Result<(), SchedError> {
+        let n = vcpus as usize;
+        let oom = |_| SchedError::NoMemory;
+        self.vcpus.try_reserve_exact(n.saturating_sub(self.vcpus.len())).map_err(oom)?;
+        self.domains.try_reserve_exact(domains.saturating_sub(self.domains.len())).map_err(oom)?;
+        let dense = n.min(super::DENSE_IDS as usize);
+        self.index.dense.try_reserve_exact(dense.saturating_sub(self.index.dense.len())).map_err(oom)?;
+        for rq in &mut self.rqs {
+            rq.members.try_reserve_exact(n.saturating_sub(rq.members.len())).map_err(oom)?;
+            rq.queue.try_reserve_exact(n.saturating_sub(rq.queue.len())).map_err(oom)?;
+        }
+        Ok(())
+    }
+
     /// Takes `cfg` (from [`SchedConfig::with_live`]) while running. Turning
     /// the extensions off (`sched_wake_preempt=off`) is refused while a
     /// vCPU has its own weight, and drops every pCPU's extension state (a

@@ -204,6 +204,10 @@ pub enum SchedError {
     NotLive,
     /// Not a scheduler option.
     UnknownOption,
+    /// `remove_domain` of a domain with a vCPU that is not offline.
+    DomainBusy(DomainId),
+    /// The heap could not give the room asked for.
+    NoMemory,
 }
 
 impl fmt::Display for SchedError {
@@ -225,6 +229,8 @@ impl fmt::Display for SchedError {
             SchedError::VcpuIdRange(v) => write!(f, "{v}: ids of {DENSE_IDS} and above need a single runqueue"),
             SchedError::NotLive => write!(f, "this option is fixed at boot"),
             SchedError::UnknownOption => write!(f, "not a scheduler option"),
+            SchedError::DomainBusy(d) => write!(f, "domain d{d} still has vCPUs online"),
+            SchedError::NoMemory => write!(f, "no heap left for the scheduler's records"),
         }
     }
 }
@@ -385,6 +391,16 @@ impl SlotIndex {
 
     fn contains_key(&self, v: VcpuId) -> bool {
         self.get(v).is_some()
+    }
+
+    fn remove(&mut self, v: VcpuId) {
+        if v.0 < DENSE_IDS {
+            if let Some(s) = self.dense.get_mut(v.0 as usize) {
+                *s = 0;
+            }
+        } else {
+            self.sparse.remove(&v);
+        }
     }
 
     fn insert(&mut self, v: VcpuId, slot: usize) {

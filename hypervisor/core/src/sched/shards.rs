@@ -287,6 +287,40 @@ impl Sched {
         Ok(())
     }
 
+    /// [`Scheduler::remove_domain`] in every runqueue; the removed vCPUs'
+    /// routes are cleared. Every runqueue is checked first (a vCPU's live
+    /// record is its runqueue's), so a refusal changes nothing.
+    pub fn remove_domain(&self, dom: DomainId) -> Result<(), SchedError> {
+        let _admin = self.admin.lock();
+        let mut ids: Vec<VcpuId> = Vec::new();
+        for r in 0..self.nr_runqueues() {
+            let s = self.lock(r);
+            let d = s.dom_slot(dom)?;
+            if s.vcpus.iter().any(|v| v.dom == d && s.owns(v.rq) && v.state != RunState::Offline) {
+                return Err(SchedError::DomainBusy(dom));
+            }
+            if r == 0 {
+                ids.try_reserve_exact(s.vcpus.len()).map_err(|_| SchedError::NoMemory)?;
+                ids.extend(s.vcpus.iter().filter(|v| v.dom == d).map(|v| v.id));
+            }
+        }
+        for r in 0..self.nr_runqueues() {
+            self.lock(r).remove_domain(dom)?;
+        }
+        for v in ids {
+            if let Some(route) = self.route.get(v.0 as usize) {
+                route.store(0, Ordering::Release);
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Scheduler::reserve`] in every runqueue.
+    pub fn reserve(&self, vcpus: u32, domains: usize) -> Result<(), SchedError> {
+        let _admin = self.admin.lock();
+        (0..self.nr_runqueues()).try_for_each(|r| self.lock(r).reserve(vcpus, domains))
+    }
+
     /// [`Scheduler::set_vcpu_weight`] in every runqueue.
     pub fn set_vcpu_weight(&self, now: u64, vcpu: VcpuId, weight: Option<u32>) -> Result<(), SchedError> {
         self.each(|s| s.set_vcpu_weight(now, vcpu, weight))
@@ -880,5 +914,65 @@ mod tests {
         assert!(moved > 0, "balancing moved vCPUs between runqueues");
         let resets: u64 = (0..s.nr_runqueues()).filter_map(|r| s.runqueue_resets(r)).sum();
         assert!(resets > 0, "the runqueues reset, so they balanced");
+    }
+}
+
+#[cfg(test)]
+mod remove_tests {
+    use super::*;
+
+    #[test]
+    fn a_domain_is_removed_from_every_runqueue_and_its_routes() {
+        let cfg = SchedConfig { max_cpus_runqueue: 2, ..SchedConfig::default() };
+        let s = Sched::new(cfg, 8).unwrap();
+        assert_eq!(s.nr_runqueues(), 4);
+        s.reserve(64, 8).unwrap();
+        for d in 1..=3u16 {
+            s.add_domain(d, DomainParams::default()).unwrap();
+            for i in 0..8 {
+                let id = VcpuId(u32::from(d) * 8 + i);
+                s.add_vcpu(id, d, None).unwrap();
+            }
+        }
+        // Domain 2's vCPUs stay off; the others run and move about.
+        for d in [1u32, 3] {
+            for i in 0..8 {
+                s.power_on(0, VcpuId(d * 8 + i)).unwrap();
+            }
+        }
+        for t in 0..200u64 {
+            for p in 0..8 {
+                s.schedule(t * 1_000_000, p).unwrap();
+            }
+        }
+        assert_eq!(s.remove_domain(1), Err(SchedError::DomainBusy(1)));
+        s.remove_domain(2).unwrap();
+        for i in 16..24 {
+            assert!(s.state(VcpuId(i)).is_none());
+            assert_eq!(s.route[i as usize].load(Ordering::Relaxed), 0);
+        }
+        // The others are still live exactly once, where their route says.
+        let mut members = 0;
+        for r in 0..s.nr_runqueues() {
+            let g = s.lock(r);
+            members += g.rqs[r].members.len();
+            for &m in &g.rqs[r].members {
+                assert_eq!(g.vcpus[m].rq, r);
+                assert_eq!(s.route[g.vcpus[m].id.0 as usize].load(Ordering::Relaxed) as usize, r + 1);
+                assert_ne!(g.vcpus[m].dom, usize::MAX);
+            }
+        }
+        assert_eq!(members, 16);
+        for t in 200..400u64 {
+            for p in 0..8 {
+                s.schedule(t * 1_000_000, p).unwrap();
+            }
+        }
+        assert!((8..16).chain(24..32).all(|i| s.state(VcpuId(i)).is_some()));
+        // The same ids again.
+        s.add_domain(2, DomainParams::default()).unwrap();
+        s.add_vcpu(VcpuId(16), 2, None).unwrap();
+        s.power_on(400_000_000, VcpuId(16)).unwrap();
+        assert!(s.runqueue_of_vcpu(VcpuId(16)).is_some());
     }
 }

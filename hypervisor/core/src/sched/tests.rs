@@ -1332,3 +1332,71 @@ fn caps_follow_credit2_in_the_control_mode() {
     let d = s.schedule(0, 0).unwrap();
     assert_eq!(d.timer_at, Some(10 * MS), "its budget, 10 ms of each 20 ms");
 }
+
+/// Runs hogs until vCPU `id` runs somewhere, then powers it off there.
+fn power_off_vcpu(s: &mut Scheduler, id: u32, mut now: u64) -> u64 {
+    loop {
+        for p in 0..s.nr_pcpus() {
+            s.schedule(now, p).unwrap();
+            if s.current(p) == Some(v(id)) {
+                s.power_off(now, p).unwrap();
+                return now;
+            }
+        }
+        now += MS;
+    }
+}
+
+#[test]
+fn a_removed_domain_leaves_the_others_as_they_were() {
+    // Three hogs in their own domains on 2 pCPUs, and domain 9 whose two
+    // vCPUs never came on.
+    let mut s = sched(SchedConfig::default(), 2, &[(0, 256, None), (1, 256, None), (2, 256, None)]);
+    s.reserve(16, 8).unwrap();
+    s.add_domain(9, DomainParams::default()).unwrap();
+    s.add_vcpu(v(10), 9, None).unwrap();
+    s.add_vcpu(v(11), 9, None).unwrap();
+    run_hogs(&mut s, 100 * MS);
+    let caps = (s.vcpus.capacity(), s.domains.capacity(), s.index.dense.capacity());
+    // Refused while a vCPU is on: nothing changes.
+    let before: Vec<u64> = (0..3).map(|i| run_ns(&s, i)).collect();
+    assert_eq!(s.remove_domain(1), Err(SchedError::DomainBusy(1)));
+    assert_eq!((0..3).map(|i| run_ns(&s, i)).collect::<Vec<_>>(), before);
+    assert_eq!(s.remove_domain(7), Err(SchedError::UnknownDomain(7)));
+    s.remove_domain(9).unwrap();
+    assert!(s.stats(v(10)).is_none() && s.stats(v(11)).is_none());
+    // Domain 1 (in the middle of the slots) once its vCPU is off.
+    let now = power_off_vcpu(&mut s, 1, 100 * MS);
+    s.remove_domain(1).unwrap();
+    assert!(s.stats(v(1)).is_none() && s.state(v(1)).is_none());
+    assert!(s.state(v(2)).is_some());
+    for id in [0, 2] {
+        assert_eq!(s.stats(v(id)).unwrap().counters.run_ns, run_ns(&s, id), "{id} kept its record");
+    }
+    // Two hogs on two pCPUs: each gets one.
+    let (a, b) = (run_ns(&s, 0), run_ns(&s, 2));
+    run_hogs(&mut s, now + 200 * MS);
+    let (da, db) = (run_ns(&s, 0) - a, run_ns(&s, 2) - b);
+    assert!(da > 190 * MS && db > 190 * MS, "{da} {db}");
+    // The same ids again, in a domain of the same number: fair among three.
+    for _ in 0..20 {
+        s.add_domain(1, DomainParams::default()).unwrap();
+        s.add_vcpu(v(1), 1, None).unwrap();
+        s.add_domain(9, DomainParams::default()).unwrap();
+        s.add_vcpu(v(10), 9, None).unwrap();
+        s.remove_domain(9).unwrap();
+        s.power_on(now, v(1)).unwrap();
+        let now = power_off_vcpu(&mut s, 1, now + MS);
+        s.remove_domain(1).unwrap();
+        assert_eq!((s.vcpus.capacity(), s.domains.capacity(), s.index.dense.capacity()), caps);
+        run_hogs(&mut s, now + MS);
+    }
+    s.add_domain(1, DomainParams::default()).unwrap();
+    s.add_vcpu(v(1), 1, None).unwrap();
+    let t0 = now + 100 * MS;
+    s.power_on(t0, v(1)).unwrap();
+    let start: Vec<u64> = (0..3).map(|i| run_ns(&s, i)).collect();
+    run_hogs(&mut s, t0 + 3000 * MS);
+    let got: Vec<f64> = (0..3).map(|i| (run_ns(&s, i) - start[i as usize]) as f64 / (6000 * MS) as f64).collect();
+    assert!(got.iter().all(|g| (g - 1.0 / 3.0).abs() < 0.03), "{got:?}");
+}

@@ -180,6 +180,31 @@ impl ConsoleMux {
         }
     }
 
+    /// Domain `dom` is gone: what it held is printed (a partial last line
+    /// ended), and nothing of it is kept.
+    pub fn forget(&mut self, dom: DomainId, out: &mut dyn Sink) {
+        self.cr.remove(&dom);
+        let Some(mut buf) = self.held.remove(&dom) else {
+            if self.mid == Some(dom) {
+                out.put(dom, b"\n");
+                self.mid = None;
+            }
+            return;
+        };
+        if buf.is_empty() {
+            return;
+        }
+        // Its lines go out whole, as a hypervisor line would: an open line
+        // of another domain's is ended first.
+        self.break_line(out);
+        if buf.last() != Some(&b'\n') {
+            buf.push(b'\n');
+        }
+        for line in buf.split_inclusive(|&c| c == b'\n') {
+            prefixed(dom, line, out);
+        }
+    }
+
     /// Moves the input focus (and the write-through) to `dom`; whatever it
     /// held is printed first.
     pub fn set_focus(&mut self, dom: DomainId, out: &mut dyn Sink) {
@@ -405,6 +430,12 @@ impl ConsoleOut {
     /// Moves the input focus (see [`ConsoleMux::set_focus`]).
     pub fn set_focus(&mut self, dom: DomainId, port: &mut dyn TxPort) {
         self.mux.set_focus(dom, &mut Queue { tx: &mut self.tx, port });
+        self.tx.drain(TX_BUDGET, port);
+    }
+
+    /// Domain `dom` is gone (see [`ConsoleMux::forget`]).
+    pub fn forget(&mut self, dom: DomainId, port: &mut dyn TxPort) {
+        self.mux.forget(dom, &mut Queue { tx: &mut self.tx, port });
         self.tx.drain(TX_BUDGET, port);
     }
 

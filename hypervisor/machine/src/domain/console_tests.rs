@@ -310,3 +310,23 @@ fn the_hypervisor_s_lines_are_never_dropped_and_go_out_at_once_when_nothing_wait
     c.flush(&mut port);
     assert!(port.text().ends_with("(HV) stats\r\n"), "in order, after what waited");
 }
+
+#[test]
+fn a_gone_domains_held_output_is_printed_once_and_dropped() {
+    let mut c = ConsoleOut::new();
+    let mut port = Port::default();
+    // d0 is mid-line: d2's lines are held, the last one partial.
+    write(&mut c, 0, b"dom0 typing", &mut port);
+    write(&mut c, 2, b"line one\npartial", &mut port);
+    c.forget(2, &mut port);
+    drain(&mut c, &mut port);
+    let s = port.text();
+    assert!(s.contains("(d2) line one\n(d2) partial\n"), "{s}");
+    assert_eq!(s.matches("partial").count(), 1, "{s}");
+    // Nothing of it is left to print later.
+    let before = port.out.len();
+    c.forget(2, &mut port);
+    write(&mut c, 0, b"\n", &mut port);
+    drain(&mut c, &mut port);
+    assert!(!port.text()[before..].contains("(d2)"), "{}", port.text());
+}

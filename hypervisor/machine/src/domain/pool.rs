@@ -77,7 +77,8 @@ impl Pool {
     /// holds them, taken from its top.
     pub fn alloc(&mut self, size: u64) -> Result<Region, PoolError> {
         let need = size.checked_add(ALIGN - 1).map(|s| s & !(ALIGN - 1)).filter(|&s| s > 0);
-        let no_room = PoolError::NoRoom { need: need.unwrap_or(size), free: self.free_bytes(), largest: self.largest() };
+        let no_room =
+            PoolError::NoRoom { need: need.unwrap_or(size), free: self.free_bytes(), largest: self.largest() };
         let need = need.ok_or(no_room)?;
         let i = self.free.iter().rposition(|r| r.size >= need).ok_or(no_room)?;
         let r = &mut self.free[i];

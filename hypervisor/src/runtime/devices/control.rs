@@ -77,6 +77,15 @@ fn execute(me: usize, now: u64, r: Request<'_>, counters: control::Counters) -> 
             }))
         }
         Request::Destroy { dom } => destroy(me, dom)?,
+        Request::Create(spec) => {
+            let dom = crate::runtime::domctl::create(&spec)?;
+            let _ = writeln!(out, "domid={dom}");
+        }
+        Request::Load { dom, module, first_page, pages } => {
+            let sum = crate::runtime::domctl::load(dom, module, first_page, pages)?;
+            let _ = writeln!(out, "fnv={sum:016x}");
+        }
+        Request::Start { dom } => crate::runtime::domctl::start(me, dom)?,
         Request::Pause { .. } | Request::Unpause { .. } | Request::Shutdown { .. } => return Err(Status::Unsupported),
     }
     Ok(Reply { text: out.into_bytes(), more: 0 })
@@ -222,6 +231,6 @@ fn destroy(me: usize, dom: DomainId) -> Result<(), Status> {
     if dom == 0 {
         return Err(Status::Perm);
     }
-    crate::runtime::wake::stop_vm(domain(dom)?, me, "destroyed (hvctl destroy)");
-    Ok(())
+    // A domain still being made is not in the table yet.
+    crate::runtime::domctl::destroy(me, domain(dom).ok(), dom)
 }

@@ -156,7 +156,11 @@ pub fn pcpu_loop(me: usize) -> ! {
     let mut deadline: Option<u64>;
     // The VM whose stage 2 is loaded here, and the VMIDs this pCPU has run.
     let mut loaded: Option<u16> = None;
-    let mut seen: alloc::vec::Vec<u16> = alloc::vec::Vec::new();
+    // Room for every VMID up front: the list never grows, so VMs made and
+    // reaped while running leave the heap as it was.
+    let mut seen: alloc::vec::Vec<u16> = alloc::vec::Vec::with_capacity(256);
+    // The reaper's generation this pCPU's `loaded` and `seen` are of.
+    let mut generation = super::domctl::generation();
     // The vCPU that ran here last, whose vPE may still be resident here.
     let mut last: Option<(&'static Vm, usize)> = None;
     // Whether the hardware LRs may hold anything but zeros (`run_vcpu`):
@@ -188,6 +192,19 @@ pub fn pcpu_loop(me: usize) -> ! {
                 super::vpe::release(lvm, me, lid);
             }
         }
+        // Nothing read from the VM table is held now but `next` and Dom0,
+        // neither of them a dying VM.
+        crate::runloop::grace::quiescent(pcpu(me));
+        if super::domctl::pending() {
+            super::domctl::reap(me);
+        }
+        let g = super::domctl::generation();
+        if g != generation {
+            // A reaped VM's VMID may be used again: flushed again here before
+            // it runs, and its tables reloaded.
+            (generation, loaded) = (g, None);
+            seen.clear();
+        }
         log::trace!("pCPU{me}: schedule -> {:?}", d);
         vm.trace[me].lock().decision(now, &d);
         dump_if_outlier(me, now, &d, next);
@@ -213,7 +230,9 @@ pub fn pcpu_loop(me: usize) -> ! {
             None => {
                 arm_timer(me, pcpu(me), &mut deadline, None);
                 if !pcpu(me).resched.load(Ordering::Acquire) {
+                    crate::runloop::grace::idle(pcpu(me), true);
                     sysreg::wfi();
+                    crate::runloop::grace::idle(pcpu(me), false);
                 }
                 handle_irqs(me, None, &mut deadline);
             }

@@ -51,6 +51,9 @@ pub(super) fn run_vcpu(
         let pt = v.ptimer.watch_ns(v.ptimer_level, percpu::cntfrq());
         let wake = sample.into_iter().chain((pt != u64::MAX).then_some(pt)).min();
         arm_timer(me, here, deadline, wake);
+        // Nothing read from the VM table is held into the guest but this
+        // VM, which is no dying one (its vCPU is online).
+        crate::runloop::grace::quiescent(here);
         // In counter ticks: converted only for the spin watch, on IRQ exits.
         let entered = percpu::counter();
         let GuestExit { kind, serror } = run_guest(&mut v.regs);

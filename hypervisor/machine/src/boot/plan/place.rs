@@ -84,7 +84,8 @@ pub(super) fn place_pool(
     if size == 0 {
         return Ok(None);
     }
-    let no_room = |size, free: &[Region]| LayoutError::NoRoom { what: "DomU pool (domu_pool)", size, largest: largest(free) };
+    let no_room =
+        |size, free: &[Region]| LayoutError::NoRoom { what: "DomU pool (domu_pool)", size, largest: largest(free) };
     let size = align_up(size, ALIGN).ok_or(no_room(size, free))?;
     let pool = highest_fit(free, size).ok_or(no_room(size, free))?;
     *free = subtract(free, &[pool]);

@@ -1,0 +1,97 @@
+//! Grace periods for the VM table (`runtime::vm::vms`): a replaced table
+//! and a VM no table lists any more are freed only once every pCPU has let
+//! go of what it read before the replacement.
+//!
+//! Contract for each pCPU: it calls [`quiescent`] only at points where it
+//! holds nothing it read from the table (the run loop's top once the vCPU
+//! that ran last is released, each guest entry), and brackets its WFI with
+//! [`idle`]`(true)` / [`idle`]`(false)`, holding nothing while idle. Then,
+//! once the table is replaced, a [`snapshot`] taken after that shows the
+//! old one free to go when [`elapsed`] says so.
+
+use super::pcpu::PcpuShared;
+use alloc::vec::Vec;
+use core::sync::atomic::{fence, Ordering};
+
+/// This pCPU passed a quiescent point: what it read from the table before
+/// is no longer used (the release orders those reads before the count).
+#[inline(always)]
+pub fn quiescent(p: &PcpuShared) {
+    let n = p.quiescent.load(Ordering::Relaxed);
+    p.quiescent.store(n.wrapping_add(1), Ordering::Release);
+}
+
+/// This pCPU goes idle (`true`, holding nothing) or leaves idling
+/// (`false`; the fence orders its next table read after the flag, so a
+/// reaper that saw it idle has published before that read).
+#[inline(always)]
+pub fn idle(p: &PcpuShared, on: bool) {
+    p.idle.store(on, Ordering::Release);
+    if !on {
+        fence(Ordering::SeqCst);
+    }
+}
+
+/// Every pCPU's count, taken after the table was replaced (the fence
+/// orders the replacement before these reads).
+pub fn snapshot(pcpus: &[PcpuShared]) -> Result<Vec<u64>, alloc::collections::TryReserveError> {
+    fence(Ordering::SeqCst);
+    let mut v = Vec::new();
+    v.try_reserve_exact(pcpus.len())?;
+    v.extend(pcpus.iter().map(|p| p.quiescent.load(Ordering::Acquire)));
+    Ok(v)
+}
+
+/// Whether every pCPU but `me` (the caller, at a quiescent point itself)
+/// has passed a quiescent point since `snap`, or idles now.
+pub fn elapsed(pcpus: &[PcpuShared], snap: &[u64], me: usize) -> bool {
+    fence(Ordering::SeqCst);
+    pcpus.iter().zip(snap).enumerate().all(|(i, (p, &s))| {
+        i == me
+            || !p.online.load(Ordering::Acquire)
+            || p.idle.load(Ordering::Acquire)
+            || p.quiescent.load(Ordering::Acquire) != s
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn online(n: usize) -> Vec<PcpuShared> {
+        (0..n)
+            .map(|_| {
+                let p = PcpuShared::new();
+                p.online.store(true, Ordering::Relaxed);
+                p
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_grace_period_needs_every_other_pcpu_quiescent_or_idle() {
+        let p = online(3);
+        quiescent(&p[1]);
+        let snap = snapshot(&p).unwrap();
+        assert!(!elapsed(&p, &snap, 0));
+        quiescent(&p[1]);
+        assert!(!elapsed(&p, &snap, 0), "pCPU 2 has not passed one");
+        idle(&p[2], true);
+        assert!(elapsed(&p, &snap, 0));
+        idle(&p[2], false);
+        assert!(!elapsed(&p, &snap, 0), "it left idling and may read again");
+        quiescent(&p[2]);
+        assert!(elapsed(&p, &snap, 0));
+        // The caller's own count does not matter.
+        assert!(!elapsed(&p, &snapshot(&p).unwrap(), 0));
+    }
+
+    #[test]
+    fn offline_pcpus_and_one_pcpu_need_nothing() {
+        let p = online(1);
+        assert!(elapsed(&p, &snapshot(&p).unwrap(), 0));
+        let p = online(2);
+        p[1].online.store(false, Ordering::Relaxed);
+        assert!(elapsed(&p, &snapshot(&p).unwrap(), 0));
+    }
+}
