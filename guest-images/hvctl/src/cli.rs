@@ -22,6 +22,10 @@ Verbs:
   sched-credit2 -d DOM [-w W] [-c CAP]
                                 set them (W 1..65535, CAP 0..100*vCPUs, 0: no cap)
   set NAME=VALUE                a hypervisor option
+  create [-n] FILE.cfg          make a DomU from an xl.cfg (name, kernel, ramdisk,
+                                extra, memory, vcpus, cpus, cpu_weight, cap,
+                                disk_size) with memory from the DomU pool;
+                                -n: print the request only
   destroy|pause|unpause|shutdown DOM
   top [-b] [-d SECS] [-n N]     CPU% and exits/s per domain every SECS (default 3)
                                 for N frames (default: forever); there is only the
@@ -68,6 +72,10 @@ pub enum Cmd {
     Top {
         delay_s: f64,
         frames: Option<u64>,
+    },
+    Create {
+        cfg: String,
+        dry_run: bool,
     },
 }
 
@@ -117,6 +125,18 @@ fn parse_inner(args: impl IntoIterator<Item = OsString>) -> Result<Cmd, lexopt::
             Cmd::DomOp { op, dom: p.value()?.string()? }
         }
         "top" => return top(&mut p),
+        "create" => {
+            let (mut cfg, mut dry_run) = (None, false);
+            while let Some(arg) = p.next()? {
+                match arg {
+                    Short('n') | Long("dry-run") => dry_run = true,
+                    Value(v) if cfg.is_none() => cfg = Some(v.string()?),
+                    other => return Err(other.unexpected()),
+                }
+            }
+            let cfg = cfg.ok_or("`create` needs a configuration file")?;
+            return Ok(Cmd::Create { cfg, dry_run });
+        }
         other => return Err(format!("unknown verb `{other}` (hvctl --help lists them)").into()),
     };
     match p.next()? {
@@ -188,6 +208,9 @@ mod tests {
         assert_eq!(p("pause guest1"), Ok(Cmd::DomOp { op: 9, dom: "guest1".into() }));
         assert_eq!(p("top -b -d 0.5 -n 2"), Ok(Cmd::Top { delay_s: 0.5, frames: Some(2) }));
         assert_eq!(p("top"), Ok(Cmd::Top { delay_s: 3.0, frames: None }));
+        assert_eq!(p("create /etc/d.cfg"), Ok(Cmd::Create { cfg: "/etc/d.cfg".into(), dry_run: false }));
+        assert_eq!(p("create -n d.cfg"), Ok(Cmd::Create { cfg: "d.cfg".into(), dry_run: true }));
+        assert!(p("create").unwrap_err().contains("configuration file"));
     }
 
     #[test]

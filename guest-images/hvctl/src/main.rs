@@ -3,7 +3,7 @@
 //! `hvrust,control-1`), maps its register page through `/dev/mem` and runs
 //! one request per claim (docs/hvctl.md; the device's model and constants
 //! are `hv_core::control`). Verbs follow Xen's `xl`: `list`, `vcpu-list`,
-//! `sched-credit2`, `destroy`/`pause`/`unpause`/`shutdown`, plus `stats`,
+//! `sched-credit2`, `create`, `destroy`/`pause`/`unpause`/`shutdown`, plus `stats`,
 //! `trace dump`, `set` and `top`. Built statically for
 //! `aarch64-unknown-linux-musl` and put in the guest initramfs as
 //! `/usr/bin/hvctl` by `cargo xtask`.
@@ -11,12 +11,15 @@
 //! - `cli`: the command line, parsed into a `Cmd`; the help text
 //! - `client`: one request over the register page (claim, DATA, doorbell,
 //!   status, release) and paged responses
+//! - `create`: `hvctl create`: the files in locked, page-aligned buffers,
+//!   named to the hypervisor by physical address, checksums compared
 //! - `discover`: the device's address (device tree or `HVCTL_ADDR`)
 //! - `format`: the answers parsed and printed like `xl`; stats as JSON
 //! - `regs`: the register-access trait and its `/dev/mem` mapping (the
 //!   only `unsafe` code)
 //! - `top`: `hvctl top`'s CPU% and exits/s from two samples
 //! - `verbs`: each verb's requests and output, over any register page
+//! - `xlcfg`: the xl.cfg subset `create` reads
 
 #![deny(unsafe_code)]
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -24,12 +27,14 @@
 
 mod cli;
 mod client;
+mod create;
 mod discover;
 mod format;
 #[allow(unsafe_code)]
 mod regs;
 mod top;
 mod verbs;
+mod xlcfg;
 
 use cli::Cmd;
 use client::{Client, Error};
@@ -66,6 +71,21 @@ fn run(cmd: Cmd) -> Result<(), Error> {
         Cmd::Help => out(cli::HELP),
         Cmd::Version => out(&format!("hvctl {}\n", env!("CARGO_PKG_VERSION"))),
         Cmd::Top { delay_s, frames } => verbs::top(&open()?, Duration::from_secs_f64(delay_s), frames, out),
+        Cmd::Create { cfg, dry_run } => {
+            out(&format!("Parsing config from {cfg}\n"))?;
+            let (c, kernel, ramdisk) = create::prepare(&cfg)?;
+            if dry_run {
+                let r = ramdisk.as_ref().map_or(0, |r| r.bytes().len() as u64);
+                return out(&create::payload(&c, kernel.bytes().len() as u64, r));
+            }
+            let dev = open()?;
+            for img in std::iter::once(&kernel).chain(ramdisk.as_ref()) {
+                regs::lock(img.bytes()).map_err(Error::Other)?;
+            }
+            let phys = create::pagemap()?;
+            let dom = create::create(&dev, &c, &kernel, ramdisk.as_ref(), &phys)?;
+            out(&format!("d{dom}: {} created\n", c.name))
+        }
         cmd => out(&verbs::exec(&open()?, cmd)?),
     }
 }

@@ -99,3 +99,15 @@ impl Drop for DevMem {
         }
     }
 }
+
+/// Locks `bytes` in memory (`mlock`): its pages are present and stay so
+/// while the hypervisor copies them by physical address.
+pub fn lock(bytes: &[u8]) -> Result<(), String> {
+    // SAFETY: `bytes` is a live slice; mlock only changes the pages'
+    // residency, not their contents.
+    let r = unsafe { libc::mlock(bytes.as_ptr().cast(), bytes.len()) };
+    if r != 0 {
+        return Err(format!("mlock: {}", std::io::Error::last_os_error()));
+    }
+    Ok(())
+}

@@ -20,7 +20,9 @@ fn domains<R: Regs>(c: &Client<R>) -> Result<Vec<Domain>, Error> {
 /// The output of `cmd` (not `help`, `--version` or `top`).
 pub fn exec<R: Regs>(c: &Client<R>, cmd: Cmd) -> Result<String, Error> {
     match cmd {
-        Cmd::Help | Cmd::Version | Cmd::Top { .. } => Err(Error::Other("not a device verb".into())),
+        Cmd::Help | Cmd::Version | Cmd::Top { .. } | Cmd::Create { .. } => {
+            Err(Error::Other("not a device verb".into()))
+        }
         Cmd::List { long: false } => Ok(format::list(&domains(c)?)),
         Cmd::List { long: true } => Ok(text(c.simple(op::LIST, 0)?)),
         Cmd::VcpuList => {
