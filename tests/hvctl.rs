@@ -254,6 +254,9 @@ fn hvctl_creates_domus_from_the_pool_and_destroy_gives_everything_back() {
     assert_console(&r, "gone-rc=0");
     assert_console(&r, "d1: reaped");
     assert_console(&r, "cycles-ok=19");
+    for l in c.lines().filter(|l| l.starts_with('S') && l.contains(" heap.used=")) {
+        eprintln!("{l}");
+    }
     // Everything back: the pool whole, the heap exactly where it was.
     let pool = last_value(c, "S0 ", "pool.size=");
     assert_eq!(pool, 192 << 20);

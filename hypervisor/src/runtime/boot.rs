@@ -359,6 +359,7 @@ pub(super) fn run_dom0(
             Err(e) => hv_fatal!("cannot create d{}: {e}", spec.id),
         }
     }
+    table.shrink_to_fit();
     let table = vm::set_vms(table);
     super::domctl::init(machine, nr_pcpus, plan.domu_pool, table, vm::Vm::create_domu);
     vcpu::pcpu_loop(0)

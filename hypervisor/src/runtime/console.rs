@@ -109,7 +109,17 @@ pub fn set_input_focus(dom: DomainId) {
 
 /// Domain `dom` is gone: its held output is printed and dropped.
 pub fn forget(dom: DomainId) {
-    CONSOLE.lock().with_out(|out, port| out.forget(dom, port));
+    let c = &mut *CONSOLE.lock();
+    c.rx.forget(dom);
+    c.with_out(|out, port| out.forget(dom, port));
+}
+
+/// Allocates the console's output ring whole, once the heap is there: a
+/// burst of output later (a DomU booting) takes nothing more from it.
+pub fn reserve() {
+    if CONSOLE.lock().out.reserve().is_err() {
+        log::warn!("console: no heap for the output ring up front");
+    }
 }
 
 /// Reads the physical UART into the input ring (at most `max` bytes),

@@ -136,6 +136,7 @@ fn align(x: u64) -> u64 {
 /// (`boot_vms`, Dom0 first), with room reserved for everything a
 /// create/destroy cycle tracks.
 pub fn init(machine: &Machine, nr_pcpus: usize, pool_region: Option<Region>, boot_vms: &[&'static Vm], build: Builder) {
+    super::console::reserve();
     let max_made = pool::max_domains(pool_region.map_or(0, |r| r.size)) as usize;
     let mut made = Vec::new();
     let mut dying = Vec::new();
@@ -620,7 +621,7 @@ fn unpublish(s: &mut State, i: usize) {
     }
     let table = vms();
     let mut new: Vec<&'static Vm> = Vec::new();
-    if new.try_reserve_exact(table.len()).is_err() {
+    if new.try_reserve_exact(table.len().saturating_sub(1)).is_err() {
         return;
     }
     new.extend(table.iter().copied().filter(|v| !core::ptr::eq(*v, vm)));

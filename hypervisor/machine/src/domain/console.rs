@@ -178,11 +178,30 @@ impl ConsoleMux {
                 buf.drain(..=nl);
             }
         }
+        // Nothing is kept for a domain with nothing held: the heap holds
+        // only what waits to be printed (and a domain that came and went
+        // leaves it as it was).
+        self.held.retain(|_, buf| !buf.is_empty());
+        if self.held.is_empty() {
+            self.held = BTreeMap::new();
+        }
     }
 
     /// Domain `dom` is gone: what it held is printed (a partial last line
     /// ended), and nothing of it is kept.
     pub fn forget(&mut self, dom: DomainId, out: &mut dyn Sink) {
+        self.forget_lines(dom, out);
+        // An emptied map keeps its root node: dropped, so that a domain
+        // that came and went leaves the heap as it was.
+        if self.held.is_empty() {
+            self.held = BTreeMap::new();
+        }
+        if self.cr.is_empty() {
+            self.cr = BTreeSet::new();
+        }
+    }
+
+    fn forget_lines(&mut self, dom: DomainId, out: &mut dyn Sink) {
         self.cr.remove(&dom);
         let Some(mut buf) = self.held.remove(&dom) else {
             if self.mid == Some(dom) {
@@ -313,6 +332,20 @@ impl TxRing {
         self.buf.len()
     }
 
+    /// Allocates the ring's whole capacity now (once the heap exists), so
+    /// that a burst of output later takes nothing more from the heap.
+    pub fn reserve(&mut self) -> Result<(), alloc::collections::TryReserveError> {
+        self.buf.try_reserve_exact(self.cap.saturating_sub(self.buf.len()))
+    }
+
+    /// Domain `dom` is gone: nothing of its is tracked any more.
+    fn forget(&mut self, dom: DomainId) {
+        self.dropping.remove(&dom);
+        if self.dropping.is_empty() {
+            self.dropping = BTreeSet::new();
+        }
+    }
+
     /// Queues `dom`'s bytes (see the type's contract).
     pub fn push(&mut self, dom: DomainId, bytes: &[u8], port: &mut dyn TxPort) {
         if dom == 0 {
@@ -320,7 +353,7 @@ impl TxRing {
         } else if self.dropping.contains(&dom) || self.buf.len() + bytes.len() > self.cap {
             self.dropped += bytes.len() as u64;
             if bytes.last() == Some(&b'\n') {
-                self.dropping.remove(&dom);
+                self.forget(dom);
             } else {
                 self.dropping.insert(dom);
             }
@@ -427,6 +460,11 @@ impl ConsoleOut {
         self.tx.drain(TX_BUDGET, port);
     }
 
+    /// Allocates the transmit ring whole (see [`TxRing::reserve`]).
+    pub fn reserve(&mut self) -> Result<(), alloc::collections::TryReserveError> {
+        self.tx.reserve()
+    }
+
     /// Moves the input focus (see [`ConsoleMux::set_focus`]).
     pub fn set_focus(&mut self, dom: DomainId, port: &mut dyn TxPort) {
         self.mux.set_focus(dom, &mut Queue { tx: &mut self.tx, port });
@@ -437,6 +475,7 @@ impl ConsoleOut {
     pub fn forget(&mut self, dom: DomainId, port: &mut dyn TxPort) {
         self.mux.forget(dom, &mut Queue { tx: &mut self.tx, port });
         self.tx.drain(TX_BUDGET, port);
+        self.tx.forget(dom);
     }
 
     /// A hypervisor line starts: an open line is ended.
@@ -541,6 +580,14 @@ impl InputRing {
     }
 
     /// Drops what `dom` (losing the focus) has not taken; returns how much.
+    /// Domain `dom` is gone: its count of dropped input goes with it.
+    pub fn forget(&mut self, dom: DomainId) {
+        self.dropped.remove(&dom);
+        if self.dropped.is_empty() {
+            self.dropped = BTreeMap::new();
+        }
+    }
+
     pub fn discard(&mut self, dom: DomainId) -> usize {
         let n = self.buf.len();
         self.buf.clear();
