@@ -51,7 +51,11 @@ fn hvctl_lists_domains_caps_one_live_and_refuses_bad_requests() {
         for f in 0 1 2 3; do sed \"s/^/L$f /\" /tmp/l$f; done; \
         hvctl sched-credit2 -d 1 -w 70000; echo weight-rc=$?; \
         hvctl sched-credit2 -d 7 -c 10; echo nodom-rc=$?; \
-        hvctl destroy 0; echo destroy-rc=$?; hvctl pause 1; echo pause-rc=$?; \
+        hvctl destroy 0; echo destroy-rc=$?; hvctl shutdown 1; echo shutdown-rc=$?; \
+        r1() { hvctl list -l | sed -n 's/^domid=1 .*run_ns=\\([0-9]*\\).*/\\1/p'; }; \
+        hvctl pause 1; echo pause-rc=$?; hvctl list | grep '^domU1 '; sleep 1; p0=$(r1); sleep 2; p1=$(r1); \
+        hvctl unpause 1; echo unpause-rc=$?; sleep 1; u0=$(r1); sleep 2; u1=$(r1); \
+        echo paused-ran=$((p1 - p0)) unpaused-ran=$((u1 - u0)); \
         a=$(ls /proc/device-tree/hypervisor | sed -n 's/^control@//p'); echo control-at=$a; \
         devmem 0x$(printf %x $((0x$a + 0x38))) 32; echo badreg-rc=$?; \
         hvctl stats | grep -E '^control\\.(requests|bad_accesses|err\\.(range|no_dom|unsupported|perm))='; \
@@ -101,7 +105,16 @@ fn hvctl_lists_domains_caps_one_live_and_refuses_bad_requests() {
     assert_console(&r, "hvctl: not permitted");
     assert_console(&r, "destroy-rc=1");
     assert_console(&r, "hvctl: operation not supported by this hypervisor yet");
-    assert_console(&r, "pause-rc=1");
+    assert_console(&r, "shutdown-rc=1");
+    // `hvctl pause`: d1 (a hog) runs no more, shows `p`; unpaused, it runs.
+    assert_console(&r, "pause-rc=0");
+    assert_console(&r, "unpause-rc=0");
+    assert!(c.lines().any(|l| l.starts_with("domU1 ") && l.contains("--p---")), "{}", tail(c, 60));
+    let ran = |k: &str| -> u64 {
+        c.split(k).nth(1).and_then(|s| s.split_whitespace().next()?.parse().ok()).unwrap_or_else(|| panic!("no {k}"))
+    };
+    assert_eq!(ran("paused-ran="), 0, "a paused domain runs no more");
+    assert!(ran("unpaused-ran=") > 200_000_000, "unpaused, it runs again: {}", ran("unpaused-ran="));
     // An access the page does not decode: an external abort (SIGBUS).
     assert_console(&r, "badreg-rc=135");
     assert_console(&r, "control.bad_accesses=1");

@@ -325,6 +325,7 @@ impl Vm {
             ram_host: vp.ram_host,
             vcpu_base,
             stopped: AtomicBool::new(false),
+            paused: AtomicBool::new(false),
             stage2_root: s2.root(),
             ipa: vp.ipa,
             stage2: Mutex::new((s2, frames)),

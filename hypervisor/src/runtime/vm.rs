@@ -446,6 +446,9 @@ pub struct Vm {
     /// The domain stopped (a DomU's SYSTEM_OFF/RESET): its vCPUs power off
     /// at their next switch-in or exit.
     pub stopped: AtomicBool,
+    /// `hvctl pause`: its vCPUs block at their next switch-in or exit and
+    /// stay so, whatever wakes them, until `hvctl unpause`.
+    pub paused: AtomicBool,
     pub stage2_root: u64,
     /// The IPA space of its stage 2 (VTCR_EL2.T0SZ/SL0).
     pub ipa: IpaSize,

@@ -91,3 +91,20 @@ pub fn stop_vm(vm: &Vm, me: usize, what: &str) -> bool {
     }
     true
 }
+
+/// `hvctl pause` (`on`) and `unpause` of the DomU `vm`: its vCPUs block at
+/// their next switch-in or exit (the running ones are kicked so that it
+/// comes now) and stay blocked whatever wakes them; unpaused, every online
+/// one is woken and runs again (what became pending meanwhile is
+/// delivered). Returns false if it was so already.
+pub fn pause_vm(vm: &Vm, me: usize, on: bool) -> bool {
+    if vm.paused.swap(on, Ordering::AcqRel) == on {
+        return false;
+    }
+    log::info!("d{} {}", vm.domid, if on { "paused" } else { "unpaused" });
+    let now = now_ns();
+    for k in (0..vm.shared.len()).filter(|&k| vm.shared[k].online.load(Ordering::Acquire)) {
+        wake_vcpu(vm, me, k, now, WakeCause::Interrupt);
+    }
+    true
+}

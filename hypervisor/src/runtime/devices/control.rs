@@ -86,7 +86,9 @@ fn execute(me: usize, now: u64, r: Request<'_>, counters: control::Counters) -> 
             let _ = writeln!(out, "fnv={sum:016x}");
         }
         Request::Start { dom } => crate::runtime::domctl::start(me, dom)?,
-        Request::Pause { .. } | Request::Unpause { .. } | Request::Shutdown { .. } => return Err(Status::Unsupported),
+        Request::Pause { dom } => pause(me, dom, true)?,
+        Request::Unpause { dom } => pause(me, dom, false)?,
+        Request::Shutdown { .. } => return Err(Status::Unsupported),
     }
     Ok(Reply { text: out.into_bytes(), more: 0 })
 }
@@ -128,10 +130,11 @@ fn list_line(out: &mut String, vm: &Vm, now: u64) {
     let n = vm.domid;
     let p = vm.sched.domain_params(n).unwrap_or_default();
     let running = (0..vm.shared.len()).any(|i| matches!(vm.sched.state(vm.gid(i)), Some(RunState::Running(_))));
-    let state = match (vm.stopped.load(Ordering::Relaxed), running) {
-        (true, _) => "shutdown",
-        (false, true) => "running",
-        (false, false) => "blocked",
+    let state = match (vm.stopped.load(Ordering::Relaxed), vm.paused.load(Ordering::Relaxed), running) {
+        (true, _, _) => "shutdown",
+        (false, true, _) => "paused",
+        (false, false, true) => "running",
+        (false, false, false) => "blocked",
     };
     let name: String = vm.name.chars().map(|c| if c.is_whitespace() { '_' } else { c }).collect();
     let _ = writeln!(
@@ -227,6 +230,15 @@ fn set_option(name: &str, value: &str) -> Result<(), Status> {
 /// RAM stays reserved (the boot plan placed it; there is no pool to give it
 /// back to yet) and `hvctl list` shows it as `shutdown`. Dom0 cannot be
 /// destroyed from itself; destroying a stopped domain again changes nothing.
+/// `hvctl pause` / `unpause` of a DomU (Dom0 runs the tool: not permitted).
+fn pause(me: usize, dom: DomainId, on: bool) -> Result<(), Status> {
+    if dom == 0 {
+        return Err(Status::Perm);
+    }
+    crate::runtime::wake::pause_vm(domain(dom)?, me, on);
+    Ok(())
+}
+
 fn destroy(me: usize, dom: DomainId) -> Result<(), Status> {
     if dom == 0 {
         return Err(Status::Perm);

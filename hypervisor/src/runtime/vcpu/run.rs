@@ -27,6 +27,14 @@ pub(super) fn run_vcpu(
         }
         return;
     }
+    if vm.paused.load(Ordering::Acquire) {
+        // `hvctl pause`: it blocks without running; a wake puts it back
+        // here, `hvctl unpause` wakes it for good.
+        if let Err(e) = vm.sched.block(now_ns(), me) {
+            warn!("d{} vCPU{id}: pausing: {e}", vm.domid);
+        }
+        return;
+    }
     let mut guard = vm.vcpus[id].lock();
     let v: &mut Vcpu = &mut guard;
     let here = pcpu(me);
@@ -79,7 +87,8 @@ pub(super) fn run_vcpu(
                 Next::Enter
             }
         };
-        if next == Next::Schedule || here.resched.load(Ordering::Acquire) || vm.stopped.load(Ordering::Acquire) {
+        let held = vm.stopped.load(Ordering::Acquire) || vm.paused.load(Ordering::Acquire);
+        if next == Next::Schedule || here.resched.load(Ordering::Acquire) || held {
             break;
         }
         if let Some(d) = *deadline {
