@@ -861,6 +861,21 @@ mod tests {
         assert!(s.config().extensions() && s.lock(1).cfg.extensions());
     }
 
+    /// Checks every vCPU is live in exactly one runqueue, the one its route
+    /// names; returns how many are.
+    pub(super) fn live_members(s: &Sched) -> usize {
+        let mut members = 0;
+        for r in 0..s.nr_runqueues() {
+            let g = s.lock(r);
+            members += g.rqs[r].members.len();
+            for &m in &g.rqs[r].members {
+                assert_eq!(g.vcpus[m].rq, r);
+                assert_eq!(s.route[g.vcpus[m].id.0 as usize].load(Ordering::Relaxed) as usize, r + 1);
+            }
+        }
+        members
+    }
+
     #[test]
     fn pcpus_of_different_runqueues_run_at_once_and_lose_no_vcpu() {
         // 8 threads stand for 8 pCPUs in 4 runqueues of 2; each blocks its
@@ -900,16 +915,7 @@ mod tests {
             t.join().unwrap();
         }
         // Every vCPU is live in exactly one runqueue, the one its route names.
-        let mut members = 0;
-        for r in 0..s.nr_runqueues() {
-            let g = s.lock(r);
-            members += g.rqs[r].members.len();
-            for &m in &g.rqs[r].members {
-                assert_eq!(g.vcpus[m].rq, r);
-                assert_eq!(s.route[g.vcpus[m].id.0 as usize].load(Ordering::Relaxed) as usize, r + 1);
-            }
-        }
-        assert_eq!(members, nr_vcpus as usize);
+        assert_eq!(live_members(&s), nr_vcpus as usize);
         let moved = (0..nr_vcpus).filter(|&i| s.runqueue_of_vcpu(v(i)) != Some(first[i as usize])).count();
         assert!(moved > 0, "balancing moved vCPUs between runqueues");
         let resets: u64 = (0..s.nr_runqueues()).filter_map(|r| s.runqueue_resets(r)).sum();
@@ -952,17 +958,7 @@ mod remove_tests {
             assert_eq!(s.route[i as usize].load(Ordering::Relaxed), 0);
         }
         // The others are still live exactly once, where their route says.
-        let mut members = 0;
-        for r in 0..s.nr_runqueues() {
-            let g = s.lock(r);
-            members += g.rqs[r].members.len();
-            for &m in &g.rqs[r].members {
-                assert_eq!(g.vcpus[m].rq, r);
-                assert_eq!(s.route[g.vcpus[m].id.0 as usize].load(Ordering::Relaxed) as usize, r + 1);
-                assert_ne!(g.vcpus[m].dom, usize::MAX);
-            }
-        }
-        assert_eq!(members, 16);
+        assert_eq!(super::tests::live_members(&s), 16);
         for t in 200..400u64 {
             for p in 0..8 {
                 s.schedule(t * 1_000_000, p).unwrap();
