@@ -4,7 +4,7 @@
 //!
 //! Contract for each pCPU: it calls [`quiescent`] only at points where it
 //! holds nothing it read from the table (the run loop's top once the vCPU
-//! that ran last is released, each guest entry), and brackets its WFI with
+//! that ran last is released), and brackets its WFI with
 //! [`idle`]`(true)` / [`idle`]`(false)`, holding nothing while idle. Then,
 //! once the table is replaced, a [`snapshot`] taken after that shows the
 //! old one free to go when [`elapsed`] says so.
@@ -45,12 +45,18 @@ pub fn snapshot(pcpus: &[PcpuShared]) -> Result<Vec<u64>, alloc::collections::Tr
 /// Whether every pCPU but `me` (the caller, at a quiescent point itself)
 /// has passed a quiescent point since `snap`, or idles now.
 pub fn elapsed(pcpus: &[PcpuShared], snap: &[u64], me: usize) -> bool {
+    lagging(pcpus, snap, me).next().is_none()
+}
+
+/// The pCPUs the grace period since `snap` still waits for.
+pub fn lagging<'a>(pcpus: &'a [PcpuShared], snap: &'a [u64], me: usize) -> impl Iterator<Item = usize> + 'a {
     fence(Ordering::SeqCst);
-    pcpus.iter().zip(snap).enumerate().all(|(i, (p, &s))| {
-        i == me
+    pcpus.iter().zip(snap).enumerate().filter_map(move |(i, (p, &s))| {
+        let done = i == me
             || !p.online.load(Ordering::Acquire)
             || p.idle.load(Ordering::Acquire)
-            || p.quiescent.load(Ordering::Acquire) != s
+            || p.quiescent.load(Ordering::Acquire) != s;
+        (!done).then_some(i)
     })
 }
 
@@ -84,6 +90,7 @@ mod tests {
         assert!(elapsed(&p, &snap, 0));
         // The caller's own count does not matter.
         assert!(!elapsed(&p, &snapshot(&p).unwrap(), 0));
+        assert_eq!(lagging(&p, &snapshot(&p).unwrap(), 0).collect::<Vec<_>>(), [1, 2]);
     }
 
     #[test]

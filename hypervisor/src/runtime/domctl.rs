@@ -603,6 +603,16 @@ pub fn reap(me: usize) {
     let left = !s.dying.is_empty() || !s.old_tables.is_empty();
     PENDING.store(left, Ordering::Release);
     if left {
+        // A pCPU running one vCPU may stay in it for long (its exits do not
+        // pass the loop's top): the ones the grace period waits for are made
+        // to reschedule, which is a quiescent point.
+        let waited =
+            s.old_tables.iter().map(|t| &t.snap).chain(s.dying.iter().filter_map(|d| d.retired.as_ref().map(|r| &r.1)));
+        for snap in waited {
+            for p in super::super::runloop::grace::lagging(pcpus, snap, me) {
+                super::percpu::request_resched(me, p);
+            }
+        }
         super::percpu::request_rearm(me, me, now_ns() + 1_000_000);
     }
 }

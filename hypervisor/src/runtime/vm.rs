@@ -381,7 +381,7 @@ impl Host {
 /// Readers (`vms`) get the table of the moment with a `'static` lifetime
 /// that is a promise, not a fact: a pCPU must not keep a table, or a VM it
 /// found in one, past its next quiescent point (`runloop::grace`: the top
-/// of its run loop, a guest entry, idling), because a table replaced and a
+/// of its run loop, idling), because a table replaced and a
 /// VM unpublished are freed once every pCPU has passed one
 /// (`runtime::domctl`'s reaper). Every use today is local to one exit or
 /// one loop iteration.

@@ -93,18 +93,24 @@ pub fn stop_vm(vm: &Vm, me: usize, what: &str) -> bool {
 }
 
 /// `hvctl pause` (`on`) and `unpause` of the DomU `vm`: its vCPUs block at
-/// their next switch-in or exit (the running ones are kicked so that it
-/// comes now) and stay blocked whatever wakes them; unpaused, every online
-/// one is woken and runs again (what became pending meanwhile is
-/// delivered). Returns false if it was so already.
+/// their next switch-in (`runtime::vcpu`'s `run_vcpu`) and stay blocked
+/// whatever wakes them; the running ones are made to reschedule now (a
+/// vCPU being switched in this very moment runs until its slice ends).
+/// Unpaused, every online one is woken and runs again (what became pending
+/// meanwhile is delivered). Returns false if it was so already. The exit
+/// path does not look at the flag: pausing costs it nothing.
 pub fn pause_vm(vm: &Vm, me: usize, on: bool) -> bool {
-    if vm.paused.swap(on, Ordering::AcqRel) == on {
+    if vm.paused.swap(on, Ordering::SeqCst) == on {
         return false;
     }
     log::info!("d{} {}", vm.domid, if on { "paused" } else { "unpaused" });
     let now = now_ns();
     for k in (0..vm.shared.len()).filter(|&k| vm.shared[k].online.load(Ordering::Acquire)) {
-        wake_vcpu(vm, me, k, now, WakeCause::Interrupt);
+        match (on, vm.shared[k].running_on.load(Ordering::SeqCst)) {
+            (true, usize::MAX) => {}
+            (true, p) => percpu::request_resched(me, p),
+            (false, _) => wake_vcpu(vm, me, k, now, WakeCause::Interrupt),
+        }
     }
     true
 }

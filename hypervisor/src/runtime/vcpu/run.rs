@@ -59,9 +59,6 @@ pub(super) fn run_vcpu(
         let pt = v.ptimer.watch_ns(v.ptimer_level, percpu::cntfrq());
         let wake = sample.into_iter().chain((pt != u64::MAX).then_some(pt)).min();
         arm_timer(me, here, deadline, wake);
-        // Nothing read from the VM table is held into the guest but this
-        // VM, which is no dying one (its vCPU is online).
-        crate::runloop::grace::quiescent(here);
         // In counter ticks: converted only for the spin watch, on IRQ exits.
         let entered = percpu::counter();
         let GuestExit { kind, serror } = run_guest(&mut v.regs);
@@ -87,8 +84,7 @@ pub(super) fn run_vcpu(
                 Next::Enter
             }
         };
-        let held = vm.stopped.load(Ordering::Acquire) || vm.paused.load(Ordering::Acquire);
-        if next == Next::Schedule || here.resched.load(Ordering::Acquire) || held {
+        if next == Next::Schedule || here.resched.load(Ordering::Acquire) || vm.stopped.load(Ordering::Acquire) {
             break;
         }
         if let Some(d) = *deadline {
