@@ -13,12 +13,12 @@ use super::pcpu::PcpuShared;
 use alloc::vec::Vec;
 use core::sync::atomic::{fence, Ordering};
 
-/// This pCPU passed a quiescent point: what it read from the table before
-/// is no longer used (the release orders those reads before the count).
+/// This pCPU passed its `n`th quiescent point (the caller counts them):
+/// what it read from the table before is no longer used (the release
+/// orders those reads before the count).
 #[inline(always)]
-pub fn quiescent(p: &PcpuShared) {
-    let n = p.quiescent.load(Ordering::Relaxed);
-    p.quiescent.store(n.wrapping_add(1), Ordering::Release);
+pub fn quiescent(p: &PcpuShared, n: u64) {
+    p.quiescent.store(n, Ordering::Release);
 }
 
 /// This pCPU goes idle (`true`, holding nothing) or leaves idling
@@ -77,16 +77,16 @@ mod tests {
     #[test]
     fn a_grace_period_needs_every_other_pcpu_quiescent_or_idle() {
         let p = online(3);
-        quiescent(&p[1]);
+        quiescent(&p[1], 1);
         let snap = snapshot(&p).unwrap();
         assert!(!elapsed(&p, &snap, 0));
-        quiescent(&p[1]);
+        quiescent(&p[1], 2);
         assert!(!elapsed(&p, &snap, 0), "pCPU 2 has not passed one");
         idle(&p[2], true);
         assert!(elapsed(&p, &snap, 0));
         idle(&p[2], false);
         assert!(!elapsed(&p, &snap, 0), "it left idling and may read again");
-        quiescent(&p[2]);
+        quiescent(&p[2], 1);
         assert!(elapsed(&p, &snap, 0));
         // The caller's own count does not matter.
         assert!(!elapsed(&p, &snapshot(&p).unwrap(), 0));

@@ -31,7 +31,7 @@ use crate::sync::Mutex;
 use alloc::boxed::Box;
 use alloc::string::String;
 use alloc::vec::Vec;
-use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicU64, Ordering};
 use log::{info, warn};
 
 /// A claim on the next `START` older than this is dropped by a new `CREATE`
@@ -121,12 +121,22 @@ struct State {
 unsafe impl Send for State {}
 
 static STATE: Mutex<Option<State>> = Mutex::new(None);
-/// Something for [`reap`] to do.
-static PENDING: AtomicBool = AtomicBool::new(false);
-/// Bumped when a reaped VM's tables are freed: each pCPU then forgets which
-/// VMIDs it has flushed (`runtime::vcpu`), so a VMID used again is flushed
-/// again before it runs there.
-static GENERATION: AtomicU64 = AtomicU64::new(0);
+/// The run loop's one word about this module, read at every iteration:
+/// bit 0, something for [`reap`] to do; above it, the reaper's generation,
+/// bumped when a reaped VM's tables are freed (each pCPU then forgets which
+/// VMIDs it has flushed, `runtime::vcpu`, so a VMID used again is flushed
+/// again before it runs there).
+static WORD: AtomicU64 = AtomicU64::new(0);
+const PENDING: u64 = 1;
+const GENERATION: u64 = 2;
+
+fn set_pending(on: bool) {
+    if on {
+        WORD.fetch_or(PENDING, Ordering::AcqRel);
+    } else {
+        WORD.fetch_and(!PENDING, Ordering::AcqRel);
+    }
+}
 
 fn align(x: u64) -> u64 {
     x.div_ceil(ALIGN) * ALIGN
@@ -378,7 +388,7 @@ pub fn start(me: usize, dom: DomainId) -> Result<(), Status> {
     match super::super::runloop::grace::snapshot(percpu::all()) {
         Ok(snap) => {
             s.old_tables.push(OldTable { table: retired, snap });
-            PENDING.store(true, Ordering::Release);
+            set_pending(true);
         }
         // No room for the snapshot: the old table is left allocated, a leak
         // of one small table rather than a use after free.
@@ -544,20 +554,27 @@ pub fn destroy(me: usize, vm: Option<&'static Vm>, dom: DomainId) -> Result<(), 
         None => ([Some(Region { base: vm.ram_host, size: vm.ram.size }), None], true),
     };
     s.dying.push(Dying { vm, give, grows, retired: None });
-    PENDING.store(true, Ordering::Release);
+    set_pending(true);
     Ok(())
 }
 
-/// Whether [`reap`] has work (one load, at every run-loop iteration).
+/// The run loop's word ([`WORD`]): one load at every iteration; while it
+/// equals the one the pCPU saw last, there is nothing to do.
 #[inline(always)]
-pub fn pending() -> bool {
-    PENDING.load(Ordering::Relaxed)
+pub fn word() -> u64 {
+    WORD.load(Ordering::Acquire)
 }
 
-/// The reaper's generation ([`GENERATION`]).
+/// Whether `word` says [`reap`] has work.
 #[inline(always)]
-pub fn generation() -> u64 {
-    GENERATION.load(Ordering::Acquire)
+pub fn pending(word: u64) -> bool {
+    word & PENDING != 0
+}
+
+/// `word`'s generation.
+#[inline(always)]
+pub fn generation(word: u64) -> u64 {
+    word / GENERATION
 }
 
 /// Moves every dying DomU on: out of the scheduler and the table once its
@@ -565,6 +582,8 @@ pub fn generation() -> u64 {
 /// quiescent point since. Called by pCPU `me` at its run loop's top, where
 /// it holds nothing from the table. Asks to run again in a millisecond
 /// while anything is left.
+#[cold]
+#[inline(never)]
 pub fn reap(me: usize) {
     let Some(mut st) = STATE.try_lock() else { return };
     let Some(s) = st.as_mut() else { return };
@@ -598,10 +617,10 @@ pub fn reap(me: usize) {
         }
     }
     if freed {
-        GENERATION.fetch_add(1, Ordering::AcqRel);
+        WORD.fetch_add(GENERATION, Ordering::AcqRel);
     }
     let left = !s.dying.is_empty() || !s.old_tables.is_empty();
-    PENDING.store(left, Ordering::Release);
+    set_pending(left);
     if left {
         // A pCPU running one vCPU may stay in it for long (its exits do not
         // pass the loop's top): the ones the grace period waits for are made

@@ -159,8 +159,10 @@ pub fn pcpu_loop(me: usize) -> ! {
     // Room for every VMID up front: the list never grows, so VMs made and
     // reaped while running leave the heap as it was.
     let mut seen: alloc::vec::Vec<u16> = alloc::vec::Vec::with_capacity(256);
-    // The reaper's generation this pCPU's `loaded` and `seen` are of.
-    let mut generation = super::domctl::generation();
+    // The reaper's word (`domctl::word`) as this pCPU last saw it: its
+    // `loaded` and `seen` are of that generation.
+    let mut seen_word = super::domctl::word();
+    let mut quiescent = 0u64;
     // The vCPU that ran here last, whose vPE may still be resident here.
     let mut last: Option<(&'static Vm, usize)> = None;
     // Whether the hardware LRs may hold anything but zeros (`run_vcpu`):
@@ -194,16 +196,22 @@ pub fn pcpu_loop(me: usize) -> ! {
         }
         // Nothing read from the VM table is held now but `next` and Dom0,
         // neither of them a dying VM.
-        crate::runloop::grace::quiescent(pcpu(me));
-        if super::domctl::pending() {
-            super::domctl::reap(me);
-        }
-        let g = super::domctl::generation();
-        if g != generation {
-            // A reaped VM's VMID may be used again: flushed again here before
-            // it runs, and its tables reloaded.
-            (generation, loaded) = (g, None);
-            seen.clear();
+        quiescent = quiescent.wrapping_add(1);
+        crate::runloop::grace::quiescent(pcpu(me), quiescent);
+        let w = super::domctl::word();
+        if w != seen_word {
+            if super::domctl::pending(w) {
+                super::domctl::reap(me);
+            }
+            if super::domctl::generation(w) != super::domctl::generation(seen_word) {
+                // A reaped VM's VMID may be used again: flushed again here
+                // before it runs, and its tables reloaded.
+                loaded = None;
+                seen.clear();
+            }
+            // While the reaper has work the word stays different: it runs
+            // again next time.
+            seen_word = w & !1;
         }
         log::trace!("pCPU{me}: schedule -> {:?}", d);
         vm.trace[me].lock().decision(now, &d);

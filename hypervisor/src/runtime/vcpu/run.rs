@@ -11,6 +11,17 @@ use crate::runtime::devices::vgic::deactivate_hw;
 /// `lrs_dirty`: whether the hardware LRs may hold anything but zeros
 /// (the last entry on this pCPU used them); updated at the vCPU's last exit.
 /// `watch`: its spin watch as the scheduler left it (`exit::spin_watch`).
+/// `hvctl pause`: the vCPU blocks without running; a wake brings it back
+/// to `run_vcpu`, `hvctl unpause` wakes it for good. Out of the entry
+/// path's line.
+#[cold]
+#[inline(never)]
+fn block_paused(vm: &Vm, me: usize, id: usize) {
+    if let Err(e) = vm.sched.block(now_ns(), me) {
+        warn!("d{} vCPU{id}: pausing: {e}", vm.domid);
+    }
+}
+
 pub(super) fn run_vcpu(
     vm: &'static Vm,
     me: usize,
@@ -28,12 +39,7 @@ pub(super) fn run_vcpu(
         return;
     }
     if vm.paused.load(Ordering::Acquire) {
-        // `hvctl pause`: it blocks without running; a wake puts it back
-        // here, `hvctl unpause` wakes it for good.
-        if let Err(e) = vm.sched.block(now_ns(), me) {
-            warn!("d{} vCPU{id}: pausing: {e}", vm.domid);
-        }
-        return;
+        return block_paused(vm, me, id);
     }
     let mut guard = vm.vcpus[id].lock();
     let v: &mut Vcpu = &mut guard;
