@@ -39,6 +39,8 @@ use log::{info, warn};
 const BUILD_LAPSE_NS: u64 = 2_000_000_000;
 /// Most domains stopping or waiting for a grace period at once.
 const MAX_DYING: usize = 16;
+/// vCPUs per pool domain the scheduler's tables have room for from boot.
+const RESERVED_VCPUS: u32 = 4;
 
 /// A domain between `CREATE` and `START`.
 struct Building {
@@ -164,10 +166,13 @@ pub fn init(machine: &Machine, nr_pcpus: usize, pool_region: Option<Region>, boo
         vmids[usize::from(vm.vmid / 64) % 4] |= 1 << (vm.vmid % 64);
     }
     // The scheduler's room for the pool's domains, so that they come and go
-    // without growing its tables.
+    // without growing its tables: [`RESERVED_VCPUS`] each (every runqueue
+    // keeps a record per vCPU, so room for the most vCPUs a domain may have
+    // would be tens of MiB on a large machine). Larger domains grow the
+    // tables once, within the heap's share for them.
     if let Some(h) = Host::get() {
         let ids = boot_vms.iter().map(|v| v.vcpu_base + v.vcpus.len() as u32).max().unwrap_or(0);
-        let room = ids + (max_made as u32) * crate::control::create::MAX_VCPUS;
+        let room = ids + (max_made as u32) * RESERVED_VCPUS;
         if let Err(e) = h.sched.reserve(room, boot_vms.len() + max_made) {
             warn!("domctl: scheduler room for pool domains: {e}");
         }
