@@ -224,7 +224,7 @@ fn hvctl_creates_domus_from_the_pool_and_destroy_gives_everything_back() {
     let domu_cmd = xtask::text::base64(b"echo created-domu-says-$((6*7))");
     let cfg = format!(
         "name = \"job\"\\nkernel = \"/boot/domu/Image\"\\nramdisk = \"/boot/domu/initrd\"\\n\
-         extra = \"console=ttyAMA0 guestcmd={domu_cmd}\"\\nmemory = 128\\nvcpus = 1\\ndisk_size = 16\\n"
+         extra = \"console=ttyAMA0 guestcmd={domu_cmd}\"\\nmemory = 128\\nvcpus = 1\\ncpus = \"1\"\\ndisk_size = 16\\n"
     );
     let dom0 = format!(
         "figures() {{ hvctl stats | grep -E '^(heap\\.used|pool\\.(size|free|domains))=' | sed \"s/^/$1 /\"; }}; \
@@ -239,6 +239,7 @@ fn hvctl_creates_domus_from_the_pool_and_destroy_gives_everything_back() {
          echo cycles-ok=$n; figures S2; hvctl list -l | sed 's/^/F /'; \
          sed 's|/boot/domu/Image|/etc/hvctl/domu.cfg|' /tmp/job.cfg > /tmp/bad.cfg; hvctl create /tmp/bad.cfg; echo notimage-rc=$?; \
          sed 's/memory = 128/memory = 4096/' /tmp/job.cfg > /tmp/big.cfg; hvctl create /tmp/big.cfg; echo big-rc=$?; \
+         sed 's/^cpus = .*/cpus = \"5\"/' /tmp/job.cfg > /tmp/pin.cfg; hvctl create /tmp/pin.cfg; echo pin-rc=$?; \
          figures S3; hvctl stats | grep -E '^control\\.err\\.(format|no_mem)='"
     );
     let g = xtask::build::image::guest().expect("guest image");
@@ -287,5 +288,9 @@ fn hvctl_creates_domus_from_the_pool_and_destroy_gives_everything_back() {
     assert!(!c.contains("notimage-rc=0"), "{}", tail(c, 40));
     assert!(!c.contains("big-rc=0"), "{}", tail(c, 40));
     assert_console(&r, "hvctl: not enough memory");
+    // `cpus = "1"` pinned each of them; a pCPU the machine lacks is refused.
+    assert_console(&r, "pin-rc=1");
+    assert_console(&r, "hvctl create: cpus: no pCPU 5 (the machine has 2)");
+    assert_console(&r, "hvctl: value out of range");
     assert_eq!(r.guest_exit, Some(0), "{}", tail(c, 40));
 }

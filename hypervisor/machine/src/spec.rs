@@ -49,6 +49,9 @@ pub struct VmSpec {
     /// vCPU i runs only on pCPU i mod N (`dom0_vcpus_pin`; DomUs have no
     /// such property and float).
     pub pin_vcpus: bool,
+    /// vCPU i runs only on pCPU `cpus[i]` (`hvctl create`'s `cpus=`);
+    /// empty: as `pin_vcpus` says.
+    pub cpus: alloc::vec::Vec<u32>,
     /// PCIe functions assigned to it (`hv,pci-assigned`; Dom0: none).
     pub pci: alloc::vec::Vec<crate::vpci::Bdf>,
 }

@@ -220,7 +220,10 @@ pub(super) fn start_vcpus(
         .add_domain(spec.id, DomainParams { weight: spec.weight, cap_percent: spec.cap_percent })
         .map_err(VmError::Sched)?;
     for i in 0..vp.nr_vcpus() {
-        let pin = spec.pin_vcpus.then(|| i % s.nr_pcpus.max(1));
+        let pin = match spec.cpus.get(i) {
+            Some(&p) => Some(p as usize),
+            None => spec.pin_vcpus.then(|| i % s.nr_pcpus.max(1)),
+        };
         sched.add_vcpu(VcpuId(s.vcpu_base + i as u32), spec.id, pin).map_err(VmError::Sched)?;
     }
     // Our extension of Credit2: a vCPU's own weight.

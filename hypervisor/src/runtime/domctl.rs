@@ -49,6 +49,8 @@ struct Building {
     extra: String,
     memory: u64,
     vcpus: u32,
+    /// `cpus=`: vCPU i's pCPU (empty: they float).
+    cpus: Vec<u32>,
     weight: u32,
     cap: Option<u32>,
     ram: Region,
@@ -227,11 +229,15 @@ pub fn create(spec: &CreateSpec<'_>) -> Result<DomainId, Status> {
             warn!("hvctl create: the pool holds at most {} domain(s)", s.max_made);
             return Err(Status::NoMem);
         }
+        // `cpus=`: a pCPU for each vCPU (the scheduler pins to one).
+        let mut cpus = Vec::new();
         if spec.cpus.is_some() {
-            // The scheduler pins a vCPU to one pCPU; a created domain's
-            // per-vCPU pins are not carried to it yet.
-            warn!("hvctl create: cpus= is not supported yet (the vCPUs float)");
-            return Err(Status::Unsupported);
+            cpus.try_reserve_exact(spec.vcpus as usize).map_err(|_| Status::NoMem)?;
+            cpus.extend((0..spec.vcpus).filter_map(|v| spec.pcpu_of(v)));
+            if let Some(p) = cpus.iter().find(|&&p| p as usize >= s.nr_pcpus) {
+                warn!("hvctl create: cpus: no pCPU {p} (the machine has {})", s.nr_pcpus);
+                return Err(Status::Range);
+            }
         }
         let memory = u64::from(spec.memory_mib) << 20;
         if memory < MIN_GUEST_RAM || !memory.is_multiple_of(ALIGN) {
@@ -258,6 +264,7 @@ pub fn create(spec: &CreateSpec<'_>) -> Result<DomainId, Status> {
             extra,
             memory,
             vcpus: spec.vcpus,
+            cpus,
             weight: spec.weight.unwrap_or(DEFAULT_WEIGHT),
             cap: spec.cap,
             ram,
@@ -429,6 +436,7 @@ fn build(s: &State, host: &'static Host, b: &Building, vcpu_base: u32, vmid: u16
         heap_quota: crate::quota::DEFAULT_DOMU_HEAP_QUOTA,
         kernel_load_addr: None,
         pin_vcpus: false,
+        cpus: b.cpus.clone(),
         pci: Vec::new(),
     };
     let placement = DomuPlacement { id: b.domid, ram: b.ram, disk: b.disk };

@@ -457,6 +457,7 @@ fn domu(id: u16, memory: u64, kernel: Region, ramdisk: Option<Region>, disk_size
         heap_quota: crate::quota::DEFAULT_DOMU_HEAP_QUOTA,
         kernel_load_addr: None,
         pin_vcpus: false,
+        cpus: alloc::vec::Vec::new(),
         pci: Vec::new(),
     }
 }

@@ -245,6 +245,7 @@ pub fn selftest_specs(
             heap_quota: crate::quota::DEFAULT_DOMU_HEAP_QUOTA,
             kernel_load_addr: None,
             pin_vcpus: false,
+            cpus: alloc::vec::Vec::new(),
             pci: Vec::new(),
         })
         .collect()

@@ -117,6 +117,7 @@ fn spec(id: u16, memory: u64, kernel: u64, ramdisk: Option<u64>, disk_size: u64)
         heap_quota: crate::quota::DEFAULT_DOMU_HEAP_QUOTA,
         kernel_load_addr: None,
         pin_vcpus: false,
+        cpus: alloc::vec::Vec::new(),
         pci: Vec::new(),
     }
 }

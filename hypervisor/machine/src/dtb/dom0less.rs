@@ -302,6 +302,7 @@ fn domain(idx: &Index<'_, '_>, i: usize, id: DomainId) -> Result<VmSpec, DomainP
         heap_quota,
         kernel_load_addr,
         pin_vcpus: false,
+        cpus: alloc::vec::Vec::new(),
         pci,
     })
 }

@@ -195,6 +195,7 @@ fn two_domains_as_xen_describes_them() {
             heap_quota: crate::quota::DEFAULT_DOMU_HEAP_QUOTA,
             kernel_load_addr: None,
             pin_vcpus: false,
+            cpus: alloc::vec::Vec::new(),
             pci: Vec::new(),
         }
     );
@@ -215,6 +216,7 @@ fn two_domains_as_xen_describes_them() {
             heap_quota: crate::quota::DEFAULT_DOMU_HEAP_QUOTA,
             kernel_load_addr: None,
             pin_vcpus: false,
+            cpus: alloc::vec::Vec::new(),
             pci: Vec::new(),
         }
     );

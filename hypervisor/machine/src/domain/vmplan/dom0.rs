@@ -45,6 +45,7 @@ pub fn dom0_spec(machine: &Machine, boot: &BootInfo, plan: &Plan, cfg: &Config) 
         heap_quota: cfg.dom0_heap_quota,
         kernel_load_addr: cfg.dom0_kernel_load_addr,
         pin_vcpus: cfg.dom0_vcpus_pin,
+        cpus: alloc::vec::Vec::new(),
         pci: Vec::new(),
     })
 }
