@@ -244,13 +244,22 @@ impl Sched {
     // ----- registration and parameters -----
 
     /// [`Scheduler::add_domain`], in every runqueue, sharing one budget pool.
+    /// Every runqueue checks and makes room first, so a refusal (or
+    /// [`SchedError::NoMemory`]) changes nothing.
     pub fn add_domain(&self, dom: DomainId, params: DomainParams) -> Result<(), SchedError> {
+        let _admin = self.admin.lock();
+        for r in 0..self.nr_runqueues() {
+            let mut s = self.lock(r);
+            s.check_new_domain(dom, params)?;
+            s.room_for_domain()?;
+        }
         let mut pool = None;
-        self.each(|s| {
+        for r in 0..self.nr_runqueues() {
+            let mut s = self.lock(r);
             s.add_domain_pooled(dom, params, pool.clone())?;
             pool.get_or_insert_with(|| s.domains[s.domains.len() - 1].pool());
-            Ok(())
-        })
+        }
+        Ok(())
     }
 
     /// [`Scheduler::set_domain_params`] in every runqueue.
@@ -259,27 +268,33 @@ impl Sched {
     }
 
     /// [`Scheduler::add_vcpu`]: its runqueue is that of the pCPU it is
-    /// pinned to, else of the pCPU fewest vCPUs last ran on.
+    /// pinned to, else of the pCPU fewest vCPUs last ran on. Every
+    /// runqueue checks and makes room first, so a refusal (or
+    /// [`SchedError::NoMemory`]) changes nothing.
     pub fn add_vcpu(&self, vcpu: VcpuId, dom: DomainId, affinity: Option<usize>) -> Result<(), SchedError> {
         let n = self.nr_runqueues();
         if n > 1 && vcpu.0 >= DENSE_IDS {
             return Err(SchedError::VcpuIdRange(vcpu));
         }
         let _admin = self.admin.lock();
+        let mut d = 0;
+        for r in 0..n {
+            let mut s = self.lock(r);
+            // The first checks; the others hold the same state.
+            d = s.check_new_vcpu(vcpu, dom, affinity)?;
+            s.room_for_vcpu(vcpu, d)?;
+        }
         let home = match affinity {
             Some(p) => p,
             None => {
                 // Each runqueue counts its own live vCPUs' last pCPUs.
-                let mut homed = alloc::vec![0usize; self.nr_pcpus()];
+                let mut homed = super::lifecycle::zeroes(self.nr_pcpus())?;
                 (0..n).for_each(|r| self.lock(r).count_homes(&mut homed));
                 super::lifecycle::least_homed(&homed)
             }
         };
         for r in 0..n {
-            let mut s = self.lock(r);
-            // The first checks; the others hold the same state.
-            let d = s.check_new_vcpu(vcpu, dom, affinity)?;
-            s.add_vcpu_at(vcpu, d, affinity, home);
+            self.lock(r).add_vcpu_at(vcpu, d, affinity, home);
         }
         if let (Some(route), Some(r)) = (self.route.get(vcpu.0 as usize), self.runqueue_of(home)) {
             route.store(r as u16 + 1, Ordering::Release);
@@ -288,21 +303,31 @@ impl Sched {
     }
 
     /// [`Scheduler::remove_domain`] in every runqueue; the removed vCPUs'
-    /// routes are cleared. Every runqueue is checked first (a vCPU's live
-    /// record is its runqueue's), so a refusal changes nothing.
+    /// routes are cleared. Every runqueue is checked first, so a refusal
+    /// changes nothing: each vCPU of the domain must be offline where it
+    /// is live, and live somewhere (one moving between runqueues, an
+    /// emigrant on its way, is live in none and makes the domain
+    /// [`SchedError::DomainBusy`] until it arrives).
     pub fn remove_domain(&self, dom: DomainId) -> Result<(), SchedError> {
         let _admin = self.admin.lock();
         let mut ids: Vec<VcpuId> = Vec::new();
+        let (mut total, mut live) = (0, 0);
         for r in 0..self.nr_runqueues() {
             let s = self.lock(r);
             let d = s.dom_slot(dom)?;
-            if s.vcpus.iter().any(|v| v.dom == d && s.owns(v.rq) && v.state != RunState::Offline) {
+            let mut mine = s.vcpus.iter().filter(|v| v.dom == d);
+            if mine.clone().any(|v| s.owns(v.rq) && v.state != RunState::Offline) {
                 return Err(SchedError::DomainBusy(dom));
             }
+            live += mine.clone().filter(|v| s.owns(v.rq)).count();
             if r == 0 {
-                ids.try_reserve_exact(s.vcpus.len()).map_err(|_| SchedError::NoMemory)?;
-                ids.extend(s.vcpus.iter().filter(|v| v.dom == d).map(|v| v.id));
+                total = mine.clone().count();
+                ids.try_reserve_exact(total).map_err(|_| SchedError::NoMemory)?;
+                ids.extend(mine.by_ref().map(|v| v.id));
             }
+        }
+        if live != total {
+            return Err(SchedError::DomainBusy(dom));
         }
         for r in 0..self.nr_runqueues() {
             self.lock(r).remove_domain(dom)?;
@@ -315,7 +340,9 @@ impl Sched {
         Ok(())
     }
 
-    /// [`Scheduler::reserve`] in every runqueue.
+    /// [`Scheduler::reserve`] in every runqueue: afterwards adding and
+    /// removing domains and vCPUs within the bounds leaves the heap as it
+    /// was (the route table is fixed at boot).
     pub fn reserve(&self, vcpus: u32, domains: usize) -> Result<(), SchedError> {
         let _admin = self.admin.lock();
         (0..self.nr_runqueues()).try_for_each(|r| self.lock(r).reserve(vcpus, domains))
