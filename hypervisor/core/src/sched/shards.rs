@@ -221,8 +221,11 @@ impl Sched {
                 r => usize::from(r - 1),
             };
             let g = self.lock(r);
-            if g.runqueue_of_vcpu(vcpu) == Some(r) {
-                return Ok((r, g));
+            match g.runqueue_of_vcpu(vcpu) {
+                Some(at) if at == r => return Ok((r, g)),
+                // Being removed ([`Sched::remove_domain`] got here first).
+                None => return Err(SchedError::UnknownVcpu(vcpu)),
+                Some(_) => {}
             }
             // Moving between runqueues: it is live in the other soon.
             drop(g);
@@ -575,13 +578,14 @@ impl Sched {
     }
 
     /// `rec`, let go by its runqueue, joins runqueue `r` (locked as `to`),
-    /// and the route names `r` from now on.
+    /// and the route names `r` from now on (unless it was removed on its
+    /// way: its route stays cleared).
     fn arrive(&self, now: u64, rec: Vcpu, (to, r): (&mut Scheduler, usize), pcpu: usize, kicks: &mut OwedKicks) {
         let id = rec.id;
-        if let Some(k) = to.import(now, rec, pcpu) {
-            kicks.push(k);
+        if let Ok(k) = to.import(now, rec, pcpu) {
+            k.into_iter().for_each(|k| kicks.push(k));
+            self.route[id.0 as usize].store(r as u16 + 1, Ordering::Release);
         }
-        self.route[id.0 as usize].store(r as u16 + 1, Ordering::Release);
     }
 
     // ----- reports -----
@@ -654,19 +658,25 @@ impl Scheduler {
     /// runnable one is queued here and a pCPU tickled for it (returned: it
     /// is owed an IPI unless it is `pcpu`, the caller's). Its weight stays
     /// as the parameter changes left this copy.
-    pub(super) fn import(&mut self, now: u64, rec: Vcpu, pcpu: usize) -> Option<usize> {
+    /// Its domain slot stays this copy's: while [`Sched::remove_domain`]
+    /// goes through the runqueues, slots above the removed domain's differ
+    /// between copies. A vCPU this copy no longer knows (its domain was
+    /// removed while it moved) is [`SchedError::UnknownVcpu`], and dropped.
+    pub(super) fn import(&mut self, now: u64, rec: Vcpu, pcpu: usize) -> Result<Option<usize>, SchedError> {
         let to = rec.rq;
-        let v = self.slot(rec.id).ok()?;
-        let (weight, weight_override) = (self.vcpus[v].weight, self.vcpus[v].weight_override);
+        let v = self.slot(rec.id)?;
+        let here = &self.vcpus[v];
+        let (weight, weight_override, dom) = (here.weight, here.weight_override, here.dom);
         self.vcpus[v] = rec;
         self.vcpus[v].weight = weight;
         self.vcpus[v].weight_override = weight_override;
+        self.vcpus[v].dom = dom;
         self.join_rq(now, v, to);
         if self.vcpus[v].state == RunState::Runnable && !self.vcpus[v].parked {
             self.enqueue(v);
-            return self.tickle_requeued(now, v, pcpu).filter(|&k| k != pcpu);
+            return Ok(self.tickle_requeued(now, v, pcpu).filter(|&k| k != pcpu));
         }
-        None
+        Ok(None)
     }
 }
 
@@ -1164,6 +1174,61 @@ mod remove_tests {
         let fp = bare.capacity_fingerprint();
         add_run_remove(&bare, 1, 0);
         assert_ne!(bare.capacity_fingerprint(), fp);
+    }
+
+    /// `v` let go by runqueue `from` and taken in by runqueue `to`, with
+    /// no lock held between the two (as an emigrant).
+    fn move_unlocked(s: &Sched, v: VcpuId, from: usize, to: usize) {
+        let slot = s.lock(from).slot(v).unwrap();
+        let rec = s.lock(from).export(0, slot, to).unwrap();
+        let mut kicks = OwedKicks::default();
+        s.arrive(0, rec, (&mut s.lock(to), to), 0, &mut kicks);
+    }
+
+    #[test]
+    fn a_vcpu_that_moves_while_a_domain_goes_keeps_its_own_domain() {
+        // Runqueue 1 has removed domain 1 (slots above it moved down),
+        // runqueue 0 not yet, when vcpu3 of domain 3 moves from 0 to 1:
+        // its record there names domain 3 by runqueue 1's numbering.
+        let cfg = SchedConfig { runqueue: super::super::RunqueueLayout::PerCpu, ..SchedConfig::default() };
+        let s = Sched::new(cfg, 2).unwrap();
+        for d in 1..=3u16 {
+            s.add_domain(d, DomainParams::default()).unwrap();
+            s.add_vcpu(VcpuId(u32::from(d)), d, None).unwrap();
+        }
+        let (v1, v3) = (VcpuId(1), VcpuId(3));
+        assert_eq!(s.runqueue_of_vcpu(v3), Some(0));
+        s.lock(1).remove_domain(1).unwrap();
+        move_unlocked(&s, v3, 0, 1);
+        s.lock(0).remove_domain(1).unwrap();
+        s.route[1].store(0, Ordering::Relaxed);
+        assert_eq!((s.runqueue_of_vcpu(v3), s.domain_of(v3)), (Some(1), Some(3)));
+        assert_eq!((s.domain_of(VcpuId(2)), s.domain_of(v1)), (Some(2), None));
+        (0..2).for_each(|r| s.lock(r).assert_slots_consistent());
+        assert_eq!(s.lock(1).domain_of(v3), Some(3));
+    }
+
+    #[test]
+    fn a_vcpu_removed_on_its_way_is_dropped_and_its_route_stays_clear() {
+        let cfg = SchedConfig { runqueue: super::super::RunqueueLayout::PerCpu, ..SchedConfig::default() };
+        let s = Sched::new(cfg, 2).unwrap();
+        s.add_domain(1, DomainParams::default()).unwrap();
+        s.add_vcpu(VcpuId(5), 1, None).unwrap();
+        let slot = s.lock(0).slot(VcpuId(5)).unwrap();
+        let rec = s.lock(0).export(0, slot, 1).unwrap();
+        // Removed in every runqueue while it was between two.
+        (0..2).for_each(|r| s.lock(r).remove_domain(1).unwrap());
+        s.route[5].store(0, Ordering::Relaxed);
+        let mut kicks = OwedKicks::default();
+        s.arrive(0, rec, (&mut s.lock(1), 1), 0, &mut kicks);
+        assert_eq!(s.route[5].load(Ordering::Relaxed), 0);
+        assert_eq!(s.state(VcpuId(5)), None);
+        // A route left naming a runqueue that no longer knows the vCPU
+        // answers "unknown" rather than waiting for it to arrive.
+        s.route[5].store(2, Ordering::Relaxed);
+        assert_eq!(s.state(VcpuId(5)), None);
+        assert_eq!(s.power_on(0, VcpuId(5)), Err(SchedError::UnknownVcpu(VcpuId(5))));
+        (0..2).for_each(|r| s.lock(r).assert_slots_consistent());
     }
 
     #[test]
