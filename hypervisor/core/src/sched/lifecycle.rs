@@ -56,8 +56,11 @@ impl Scheduler {
     /// Removes domain `dom` and its vCPUs, which must all be offline
     /// ([`SchedError::DomainBusy`] otherwise, and nothing changes). Every
     /// other vCPU keeps its state, credit and statistics; their slots move
-    /// down. Allocates only a transient map (failing with
-    /// [`SchedError::NoMemory`]), and frees the domain's own records.
+    /// down, keeping their order, and every slot stored anywhere follows.
+    /// A pCPU whose runner was powered off and not yet scheduled out
+    /// forgets it (its next `schedule()` starts from idle). Allocates only
+    /// a transient map (failing with [`SchedError::NoMemory`]), frees the
+    /// domain's own records, and keeps every table's capacity.
     pub fn remove_domain(&mut self, dom: DomainId) -> Result<(), SchedError> {
         let d = self.dom_slot(dom)?;
         // The live record of each vCPU says whether it is offline.

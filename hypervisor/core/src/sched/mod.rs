@@ -204,7 +204,8 @@ pub enum SchedError {
     NotLive,
     /// Not a scheduler option.
     UnknownOption,
-    /// `remove_domain` of a domain with a vCPU that is not offline.
+    /// `remove_domain` of a domain with a vCPU that is not offline (or,
+    /// under [`Sched`], is moving between runqueues: try again).
     DomainBusy(DomainId),
     /// The heap could not give the room asked for.
     NoMemory,
