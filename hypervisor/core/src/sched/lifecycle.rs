@@ -29,10 +29,8 @@ impl Scheduler {
         params: DomainParams,
         pool: Option<SharedPool>,
     ) -> Result<(), SchedError> {
-        if self.dom_index.contains_key(&dom) {
-            return Err(SchedError::DuplicateDomain(dom));
-        }
-        params.validate(self.pcpus.len())?;
+        self.check_new_domain(dom, params)?;
+        self.room_for_domain()?;
         self.dom_index.insert(dom, self.domains.len());
         let period = self.cfg.cap_period_ns;
         self.domains.push(Domain::with_pool(dom, params, 0, period, pool.unwrap_or_default()));
@@ -40,11 +38,29 @@ impl Scheduler {
         Ok(())
     }
 
+    /// Whether domain `dom` may be added with `params` (not yet known, valid).
+    pub(super) fn check_new_domain(&self, dom: DomainId, params: DomainParams) -> Result<(), SchedError> {
+        if self.dom_index.contains_key(&dom) {
+            return Err(SchedError::DuplicateDomain(dom));
+        }
+        params.validate(self.pcpus.len())
+    }
+
+    /// Room for one more domain record, so that adding it cannot fail on
+    /// the heap half-way (the id map's node and the budget pool are the
+    /// only allocations left, and they are freed with the domain).
+    pub(super) fn room_for_domain(&mut self) -> Result<(), SchedError> {
+        self.domains.try_reserve(1).map_err(|_| SchedError::NoMemory)
+    }
+
     /// Removes domain `dom` and its vCPUs, which must all be offline
     /// ([`SchedError::DomainBusy`] otherwise, and nothing changes). Every
     /// other vCPU keeps its state, credit and statistics; their slots move
-    /// down. Allocates only a transient map (failing with
-    /// [`SchedError::NoMemory`]), and frees the domain's own records.
+    /// down, keeping their order, and every slot stored anywhere follows.
+    /// A pCPU whose runner was powered off and not yet scheduled out
+    /// forgets it (its next `schedule()` starts from idle). Allocates only
+    /// a transient map (failing with [`SchedError::NoMemory`]), frees the
+    /// domain's own records, and keeps every table's capacity.
     pub fn remove_domain(&mut self, dom: DomainId) -> Result<(), SchedError> {
         let d = self.dom_slot(dom)?;
         // The live record of each vCPU says whether it is offline.
@@ -93,26 +109,31 @@ impl Scheduler {
                 *slot -= 1;
             }
         }
-        self.nr_parked = self.vcpus.iter().filter(|v| v.parked).count();
+        self.nr_parked = self.domains.iter().map(|d| d.parked.len()).sum();
         self.update_max_weights();
         self.note_replenishments();
         Ok(())
     }
 
-    /// Room, reserved exactly, for `vcpus` vCPUs with ids below that and
-    /// `domains` domains in every table that registering them grows, so
-    /// that adding and removing within those bounds allocates nothing that
-    /// outlives the removal (the heap returns to where it was).
+    /// Room, reserved exactly, for vCPU ids below `vcpus` (as many vCPUs)
+    /// and `domains` domains in every table that registering them grows
+    /// (the vCPU records, the dense id table, the domain records, and the
+    /// members and queue of each runqueue live here), so that adding and
+    /// removing within those bounds leaves every capacity as it was: the
+    /// heap returns to where it was but for map nodes, which removal frees.
+    /// Fails with [`SchedError::NoMemory`], keeping what it reserved.
     pub fn reserve(&mut self, vcpus: u32, domains: usize) -> Result<(), SchedError> {
+        fn exact<T>(v: &mut alloc::vec::Vec<T>, n: usize) -> Result<(), SchedError> {
+            v.try_reserve_exact(n.saturating_sub(v.len())).map_err(|_| SchedError::NoMemory)
+        }
         let n = vcpus as usize;
-        let oom = |_| SchedError::NoMemory;
-        self.vcpus.try_reserve_exact(n.saturating_sub(self.vcpus.len())).map_err(oom)?;
-        self.domains.try_reserve_exact(domains.saturating_sub(self.domains.len())).map_err(oom)?;
-        let dense = n.min(super::DENSE_IDS as usize);
-        self.index.dense.try_reserve_exact(dense.saturating_sub(self.index.dense.len())).map_err(oom)?;
-        for rq in &mut self.rqs {
-            rq.members.try_reserve_exact(n.saturating_sub(rq.members.len())).map_err(oom)?;
-            rq.queue.try_reserve_exact(n.saturating_sub(rq.queue.len())).map_err(oom)?;
+        exact(&mut self.vcpus, n)?;
+        exact(&mut self.domains, domains)?;
+        exact(&mut self.index.dense, n.min(super::DENSE_IDS as usize))?;
+        let shard = self.shard;
+        for (_, rq) in self.rqs.iter_mut().enumerate().filter(|&(i, _)| shard.is_none_or(|r| r == i)) {
+            exact(&mut rq.members, n)?;
+            exact(&mut rq.queue, n)?;
         }
         Ok(())
     }
@@ -179,13 +200,16 @@ impl Scheduler {
     }
 
     /// Register a vCPU of domain `dom` (offline until [`Scheduler::power_on`]).
-    /// `affinity = Some(p)` pins it to pCPU `p`.
+    /// `affinity = Some(p)` pins it to pCPU `p`. Fails with
+    /// [`SchedError::NoMemory`] (and changes nothing) if the heap has no
+    /// room for its records.
     pub fn add_vcpu(&mut self, vcpu: VcpuId, dom: DomainId, affinity: Option<usize>) -> Result<(), SchedError> {
         let d = self.check_new_vcpu(vcpu, dom, affinity)?;
         let home = match affinity {
             Some(p) => p,
-            None => self.least_homed_pcpu(),
+            None => self.least_homed_pcpu()?,
         };
+        self.room_for_vcpu(vcpu, d)?;
         self.add_vcpu_at(vcpu, d, affinity, home);
         Ok(())
     }
@@ -207,10 +231,10 @@ impl Scheduler {
     }
 
     /// The pCPU fewest live vCPUs last ran on (or were placed on).
-    fn least_homed_pcpu(&self) -> usize {
-        let mut homed = alloc::vec![0usize; self.pcpus.len()];
+    fn least_homed_pcpu(&self) -> Result<usize, SchedError> {
+        let mut homed = zeroes(self.pcpus.len())?;
         self.count_homes(&mut homed);
-        least_homed(&homed)
+        Ok(least_homed(&homed))
     }
 
     /// Adds to `homed[p]` the live vCPUs that last ran on (or were placed
@@ -223,8 +247,33 @@ impl Scheduler {
         }
     }
 
+    /// Room for vCPU `vcpu` of domain slot `d` in every table
+    /// [`Scheduler::add_vcpu_at`] grows: afterwards it allocates nothing
+    /// but a node of the map of ids from [`DENSE_IDS`](super::DENSE_IDS)
+    /// on. Any runqueue here may come to hold every vCPU (balancing,
+    /// directed yields) and any of its domain's vCPUs may be parked, so
+    /// each has room for all of them: queueing, moving and parking never
+    /// allocate at run time, under the lock.
+    pub(super) fn room_for_vcpu(&mut self, vcpu: VcpuId, d: usize) -> Result<(), SchedError> {
+        fn room<T>(v: &mut alloc::vec::Vec<T>, n: usize) -> Result<(), SchedError> {
+            v.try_reserve(n.saturating_sub(v.len())).map_err(|_| SchedError::NoMemory)
+        }
+        let n = self.vcpus.len() + 1;
+        room(&mut self.vcpus, n)?;
+        if vcpu.0 < super::DENSE_IDS {
+            room(&mut self.index.dense, vcpu.0 as usize + 1)?;
+        }
+        let shard = self.shard;
+        for (_, rq) in self.rqs.iter_mut().enumerate().filter(|&(i, _)| shard.is_none_or(|r| r == i)) {
+            room(&mut rq.members, n)?;
+            room(&mut rq.queue, n)?;
+        }
+        let dom = &mut self.domains[d];
+        room(&mut dom.parked, dom.nr_vcpus as usize + 1)
+    }
+
     /// Registers vCPU `vcpu` of domain slot `d` with its last pCPU `home`
-    /// (checked by the caller).
+    /// (checked by the caller, with [`Scheduler::room_for_vcpu`] made).
     pub(super) fn add_vcpu_at(&mut self, vcpu: VcpuId, d: usize, affinity: Option<usize>, home: usize) {
         let weight = self.domains[d].params.weight;
         self.index.insert(vcpu, self.vcpus.len());
@@ -253,21 +302,11 @@ impl Scheduler {
             stats: VcpuStats::default(),
         });
         self.domains[d].nr_vcpus += 1;
-        let dom = &mut self.domains[d];
-        dom.parked.reserve((dom.nr_vcpus as usize).saturating_sub(dom.parked.len()));
         let home_rq = self.pcpus[home].rq;
         if self.owns(home_rq) {
             let rq = &mut self.rqs[home_rq];
             rq.members.push(self.vcpus.len() - 1);
             rq.max_weight = rq.max_weight.max(weight);
-        }
-        // Any runqueue may come to hold every vCPU (balancing, directed
-        // yields), so each has room for all of them from now on: queueing
-        // and moving never allocate at run time, under the lock.
-        let n = self.vcpus.len();
-        for (_, rq) in self.rqs.iter_mut().enumerate().filter(|&(i, _)| self.shard.is_none_or(|r| r == i)) {
-            rq.members.reserve(n.saturating_sub(rq.members.len()));
-            rq.queue.reserve(n.saturating_sub(rq.queue.len()));
         }
     }
 
@@ -321,6 +360,14 @@ impl Scheduler {
         self.pcpus[pcpu].yield_target = t.filter(|&t| t != s);
         Ok(())
     }
+}
+
+/// `n` zero counts, or [`SchedError::NoMemory`].
+pub(super) fn zeroes(n: usize) -> Result<alloc::vec::Vec<usize>, SchedError> {
+    let mut v = alloc::vec::Vec::new();
+    v.try_reserve_exact(n).map_err(|_| SchedError::NoMemory)?;
+    v.resize(n, 0);
+    Ok(v)
 }
 
 /// The first pCPU with the fewest vCPUs in `homed` (per pCPU counts).

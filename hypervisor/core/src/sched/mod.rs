@@ -204,7 +204,8 @@ pub enum SchedError {
     NotLive,
     /// Not a scheduler option.
     UnknownOption,
-    /// `remove_domain` of a domain with a vCPU that is not offline.
+    /// `remove_domain` of a domain with a vCPU that is not offline (or,
+    /// under [`Sched`], is moving between runqueues: try again).
     DomainBusy(DomainId),
     /// The heap could not give the room asked for.
     NoMemory,
@@ -403,6 +404,8 @@ impl SlotIndex {
         }
     }
 
+    /// Maps `v` to `slot`; a new id below [`DENSE_IDS`] grows `dense`
+    /// within the room `Scheduler::room_for_vcpu` made for it.
     fn insert(&mut self, v: VcpuId, slot: usize) {
         match u32::try_from(slot + 1) {
             Ok(s) if v.0 < DENSE_IDS => {
@@ -627,6 +630,60 @@ impl Scheduler {
         OPS.with(|c| c.set(c.get() + n as u64));
         #[cfg(not(feature = "sched-opcount"))]
         let _ = n;
+    }
+
+    /// Every capacity this scheduler's tables hold, and the sizes of its
+    /// maps (whose nodes come and go with their entries): equal before and
+    /// after an add and remove of the same records when nothing grew.
+    #[cfg(test)]
+    pub(super) fn capacity_fingerprint(&self) -> Vec<usize> {
+        let mut f = alloc::vec![
+            self.vcpus.capacity(),
+            self.index.dense.capacity(),
+            self.index.sparse.len(),
+            self.domains.capacity(),
+            self.dom_index.len(),
+            self.pcpus.capacity(),
+            self.rqs.capacity(),
+        ];
+        for rq in &self.rqs {
+            f.extend([rq.pcpus.capacity(), rq.members.capacity(), rq.queue.capacity()]);
+        }
+        f.extend(self.domains.iter().map(|d| d.parked.capacity()));
+        f
+    }
+
+    /// Checks that every slot this scheduler stores names the record it
+    /// should: the id index, runqueue members and queues (live runqueues),
+    /// runners, parked lists, domain slots and the parked count.
+    #[cfg(test)]
+    pub(super) fn assert_slots_consistent(&self) {
+        for (s, v) in self.vcpus.iter().enumerate() {
+            assert_eq!(self.index.get(v.id), Some(s), "{}", v.id);
+            assert_eq!(self.dom_index.get(&self.domains[v.dom].id), Some(&v.dom), "{}", v.id);
+        }
+        assert_eq!(self.dom_index.len(), self.domains.len());
+        for (r, rq) in self.rqs.iter().enumerate().filter(|&(r, _)| self.owns(r)) {
+            for &m in &rq.members {
+                assert_eq!(self.vcpus[m].rq, r, "member {m} of rq{r}");
+            }
+            for &q in &rq.queue {
+                assert!(rq.members.contains(&q), "queued {q} of rq{r}");
+                assert_eq!(self.vcpus[q].state, RunState::Runnable);
+            }
+            let live = self.vcpus.iter().filter(|v| v.rq == r).count();
+            assert_eq!(rq.members.len(), live, "rq{r}'s members");
+        }
+        for (p, pc) in self.pcpus.iter().enumerate().filter(|(_, pc)| self.owns(pc.rq)) {
+            if let Some(c) = pc.curr {
+                assert!(c < self.vcpus.len(), "pCPU {p} runs slot {c}");
+            }
+        }
+        for (d, dm) in self.domains.iter().enumerate() {
+            assert_eq!(dm.nr_vcpus as usize, self.vcpus.iter().filter(|v| v.dom == d).count());
+            assert!(dm.parked.iter().all(|&s| self.vcpus[s].parked && self.vcpus[s].dom == d));
+        }
+        assert_eq!(self.nr_parked, self.domains.iter().map(|d| d.parked.len()).sum::<usize>());
     }
 
     // ----- lookups shared by the policy files -----

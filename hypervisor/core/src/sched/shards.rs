@@ -221,8 +221,11 @@ impl Sched {
                 r => usize::from(r - 1),
             };
             let g = self.lock(r);
-            if g.runqueue_of_vcpu(vcpu) == Some(r) {
-                return Ok((r, g));
+            match g.runqueue_of_vcpu(vcpu) {
+                Some(at) if at == r => return Ok((r, g)),
+                // Being removed ([`Sched::remove_domain`] got here first).
+                None => return Err(SchedError::UnknownVcpu(vcpu)),
+                Some(_) => {}
             }
             // Moving between runqueues: it is live in the other soon.
             drop(g);
@@ -244,13 +247,22 @@ impl Sched {
     // ----- registration and parameters -----
 
     /// [`Scheduler::add_domain`], in every runqueue, sharing one budget pool.
+    /// Every runqueue checks and makes room first, so a refusal (or
+    /// [`SchedError::NoMemory`]) changes nothing.
     pub fn add_domain(&self, dom: DomainId, params: DomainParams) -> Result<(), SchedError> {
+        let _admin = self.admin.lock();
+        for r in 0..self.nr_runqueues() {
+            let mut s = self.lock(r);
+            s.check_new_domain(dom, params)?;
+            s.room_for_domain()?;
+        }
         let mut pool = None;
-        self.each(|s| {
+        for r in 0..self.nr_runqueues() {
+            let mut s = self.lock(r);
             s.add_domain_pooled(dom, params, pool.clone())?;
             pool.get_or_insert_with(|| s.domains[s.domains.len() - 1].pool());
-            Ok(())
-        })
+        }
+        Ok(())
     }
 
     /// [`Scheduler::set_domain_params`] in every runqueue.
@@ -259,27 +271,33 @@ impl Sched {
     }
 
     /// [`Scheduler::add_vcpu`]: its runqueue is that of the pCPU it is
-    /// pinned to, else of the pCPU fewest vCPUs last ran on.
+    /// pinned to, else of the pCPU fewest vCPUs last ran on. Every
+    /// runqueue checks and makes room first, so a refusal (or
+    /// [`SchedError::NoMemory`]) changes nothing.
     pub fn add_vcpu(&self, vcpu: VcpuId, dom: DomainId, affinity: Option<usize>) -> Result<(), SchedError> {
         let n = self.nr_runqueues();
         if n > 1 && vcpu.0 >= DENSE_IDS {
             return Err(SchedError::VcpuIdRange(vcpu));
         }
         let _admin = self.admin.lock();
+        let mut d = 0;
+        for r in 0..n {
+            let mut s = self.lock(r);
+            // The first checks; the others hold the same state.
+            d = s.check_new_vcpu(vcpu, dom, affinity)?;
+            s.room_for_vcpu(vcpu, d)?;
+        }
         let home = match affinity {
             Some(p) => p,
             None => {
                 // Each runqueue counts its own live vCPUs' last pCPUs.
-                let mut homed = alloc::vec![0usize; self.nr_pcpus()];
+                let mut homed = super::lifecycle::zeroes(self.nr_pcpus())?;
                 (0..n).for_each(|r| self.lock(r).count_homes(&mut homed));
                 super::lifecycle::least_homed(&homed)
             }
         };
         for r in 0..n {
-            let mut s = self.lock(r);
-            // The first checks; the others hold the same state.
-            let d = s.check_new_vcpu(vcpu, dom, affinity)?;
-            s.add_vcpu_at(vcpu, d, affinity, home);
+            self.lock(r).add_vcpu_at(vcpu, d, affinity, home);
         }
         if let (Some(route), Some(r)) = (self.route.get(vcpu.0 as usize), self.runqueue_of(home)) {
             route.store(r as u16 + 1, Ordering::Release);
@@ -288,21 +306,31 @@ impl Sched {
     }
 
     /// [`Scheduler::remove_domain`] in every runqueue; the removed vCPUs'
-    /// routes are cleared. Every runqueue is checked first (a vCPU's live
-    /// record is its runqueue's), so a refusal changes nothing.
+    /// routes are cleared. Every runqueue is checked first, so a refusal
+    /// changes nothing: each vCPU of the domain must be offline where it
+    /// is live, and live somewhere (one moving between runqueues, an
+    /// emigrant on its way, is live in none and makes the domain
+    /// [`SchedError::DomainBusy`] until it arrives).
     pub fn remove_domain(&self, dom: DomainId) -> Result<(), SchedError> {
         let _admin = self.admin.lock();
         let mut ids: Vec<VcpuId> = Vec::new();
+        let (mut total, mut live) = (0, 0);
         for r in 0..self.nr_runqueues() {
             let s = self.lock(r);
             let d = s.dom_slot(dom)?;
-            if s.vcpus.iter().any(|v| v.dom == d && s.owns(v.rq) && v.state != RunState::Offline) {
+            let mut mine = s.vcpus.iter().filter(|v| v.dom == d);
+            if mine.clone().any(|v| s.owns(v.rq) && v.state != RunState::Offline) {
                 return Err(SchedError::DomainBusy(dom));
             }
+            live += mine.clone().filter(|v| s.owns(v.rq)).count();
             if r == 0 {
-                ids.try_reserve_exact(s.vcpus.len()).map_err(|_| SchedError::NoMemory)?;
-                ids.extend(s.vcpus.iter().filter(|v| v.dom == d).map(|v| v.id));
+                total = mine.clone().count();
+                ids.try_reserve_exact(total).map_err(|_| SchedError::NoMemory)?;
+                ids.extend(mine.by_ref().map(|v| v.id));
             }
+        }
+        if live != total {
+            return Err(SchedError::DomainBusy(dom));
         }
         for r in 0..self.nr_runqueues() {
             self.lock(r).remove_domain(dom)?;
@@ -315,10 +343,20 @@ impl Sched {
         Ok(())
     }
 
-    /// [`Scheduler::reserve`] in every runqueue.
+    /// [`Scheduler::reserve`] in every runqueue: afterwards adding and
+    /// removing domains and vCPUs within the bounds leaves the heap as it
+    /// was (the route table is fixed at boot).
     pub fn reserve(&self, vcpus: u32, domains: usize) -> Result<(), SchedError> {
         let _admin = self.admin.lock();
         (0..self.nr_runqueues()).try_for_each(|r| self.lock(r).reserve(vcpus, domains))
+    }
+
+    /// Every runqueue's [`Scheduler::capacity_fingerprint`], and the route table's.
+    #[cfg(test)]
+    fn capacity_fingerprint(&self) -> Vec<usize> {
+        let mut f: Vec<usize> = (0..self.nr_runqueues()).flat_map(|r| self.lock(r).capacity_fingerprint()).collect();
+        f.push(self.route.len());
+        f
     }
 
     /// [`Scheduler::set_vcpu_weight`] in every runqueue.
@@ -540,13 +578,14 @@ impl Sched {
     }
 
     /// `rec`, let go by its runqueue, joins runqueue `r` (locked as `to`),
-    /// and the route names `r` from now on.
+    /// and the route names `r` from now on (unless it was removed on its
+    /// way: its route stays cleared).
     fn arrive(&self, now: u64, rec: Vcpu, (to, r): (&mut Scheduler, usize), pcpu: usize, kicks: &mut OwedKicks) {
         let id = rec.id;
-        if let Some(k) = to.import(now, rec, pcpu) {
-            kicks.push(k);
+        if let Ok(k) = to.import(now, rec, pcpu) {
+            k.into_iter().for_each(|k| kicks.push(k));
+            self.route[id.0 as usize].store(r as u16 + 1, Ordering::Release);
         }
-        self.route[id.0 as usize].store(r as u16 + 1, Ordering::Release);
     }
 
     // ----- reports -----
@@ -619,19 +658,25 @@ impl Scheduler {
     /// runnable one is queued here and a pCPU tickled for it (returned: it
     /// is owed an IPI unless it is `pcpu`, the caller's). Its weight stays
     /// as the parameter changes left this copy.
-    pub(super) fn import(&mut self, now: u64, rec: Vcpu, pcpu: usize) -> Option<usize> {
+    /// Its domain slot stays this copy's: while [`Sched::remove_domain`]
+    /// goes through the runqueues, slots above the removed domain's differ
+    /// between copies. A vCPU this copy no longer knows (its domain was
+    /// removed while it moved) is [`SchedError::UnknownVcpu`], and dropped.
+    pub(super) fn import(&mut self, now: u64, rec: Vcpu, pcpu: usize) -> Result<Option<usize>, SchedError> {
         let to = rec.rq;
-        let v = self.slot(rec.id).ok()?;
-        let (weight, weight_override) = (self.vcpus[v].weight, self.vcpus[v].weight_override);
+        let v = self.slot(rec.id)?;
+        let here = &self.vcpus[v];
+        let (weight, weight_override, dom) = (here.weight, here.weight_override, here.dom);
         self.vcpus[v] = rec;
         self.vcpus[v].weight = weight;
         self.vcpus[v].weight_override = weight_override;
+        self.vcpus[v].dom = dom;
         self.join_rq(now, v, to);
         if self.vcpus[v].state == RunState::Runnable && !self.vcpus[v].parked {
             self.enqueue(v);
-            return self.tickle_requeued(now, v, pcpu).filter(|&k| k != pcpu);
+            return Ok(self.tickle_requeued(now, v, pcpu).filter(|&k| k != pcpu));
         }
-        None
+        Ok(None)
     }
 }
 
@@ -926,6 +971,284 @@ mod tests {
 #[cfg(test)]
 mod remove_tests {
     use super::*;
+    use alloc::vec;
+
+    const MS: u64 = 1_000_000;
+
+    /// Runs `s`'s pCPUs as the run loop does (each at its timer, or when
+    /// kicked) from `timers` until `until`.
+    fn run(s: &Sched, timers: &mut [Option<u64>], until: u64) {
+        while let Some((p, t)) = timers.iter().enumerate().filter_map(|(p, t)| t.map(|t| (p, t))).min_by_key(|x| x.1) {
+            if t > until {
+                break;
+            }
+            let (d, owed) = s.schedule(t, p).unwrap();
+            timers[p] = d.timer_at;
+            for k in d.kick.into_iter().chain(owed.iter()) {
+                timers[k] = Some(t);
+            }
+        }
+    }
+
+    /// Runs until `id` runs, then powers it off there; returns the time.
+    fn power_off(s: &Sched, timers: &mut [Option<u64>], id: VcpuId, mut now: u64) -> u64 {
+        loop {
+            if let Some(p) = (0..s.nr_pcpus()).find(|&p| s.current(p) == Some(id)) {
+                assert_eq!(s.power_off(now, p), Ok(id));
+                timers[p] = s.schedule(now, p).unwrap().0.timer_at;
+                return now;
+            }
+            now += MS;
+            run(s, timers, now);
+        }
+    }
+
+    /// Share of a pCPU each of `ids` got since its run time was `start`.
+    fn shares(s: &Sched, ids: &[VcpuId], start: &[u64], ns: u64) -> Vec<f64> {
+        ids.iter().zip(start).map(|(&i, &b)| (s.stats(i).unwrap().counters.run_ns - b) as f64 / ns as f64).collect()
+    }
+
+    fn run_ns(s: &Sched, ids: &[VcpuId]) -> Vec<u64> {
+        ids.iter().map(|&i| s.stats(i).unwrap().counters.run_ns).collect()
+    }
+
+    /// Three domains of 8 hogs on 8 pCPUs in runqueues of 2, where some of
+    /// domain 2's vCPUs moved between runqueues, then went off one by one;
+    /// the time then, and the vCPUs of domains 1 and 3.
+    fn domain_two_went_off() -> (Sched, Vec<Option<u64>>, u64, Vec<VcpuId>) {
+        // 8 pCPUs, runqueues of 2; three domains of 8 hogs, added in turn
+        // (interleaved slots, homes spread evenly). Domain 2's and two of
+        // domain 1's start, all with homes in runqueue 0: balancing moves
+        // vCPUs off it. Then all run.
+        let cfg = SchedConfig { max_cpus_runqueue: 2, ..SchedConfig::default() };
+        let s = Sched::new(cfg, 8).unwrap();
+        assert_eq!(s.nr_runqueues(), 4);
+        s.reserve(64, 8).unwrap();
+        let id = |d: u16, i: u32| VcpuId(u32::from(d) * 8 + i);
+        for d in 1..=3u16 {
+            s.add_domain(d, DomainParams::default()).unwrap();
+        }
+        for i in 0..8 {
+            for d in 1..=3u16 {
+                s.add_vcpu(id(d, i), d, None).unwrap();
+            }
+        }
+        let first: Vec<Option<usize>> = (0..24).map(|i| s.runqueue_of_vcpu(VcpuId(8 + i))).collect();
+        let early: Vec<VcpuId> =
+            (0..24).map(|i| VcpuId(8 + i)).filter(|v| first[v.0 as usize - 8] == Some(0)).collect();
+        let early: Vec<VcpuId> = early.into_iter().chain((0..8).map(|i| id(2, i))).collect();
+        for &v in &early {
+            if s.state(v) == Some(RunState::Offline) {
+                s.power_on(0, v).unwrap();
+            }
+        }
+        let mut timers = vec![Some(0u64); 8];
+        run(&s, &mut timers, 2000 * MS);
+        let moved: Vec<u32> = (0..24).filter(|&i| s.runqueue_of_vcpu(VcpuId(8 + i)) != first[i as usize]).collect();
+        assert!(moved.iter().any(|&i| (8..16).contains(&i)), "some of domain 2's vCPUs moved: {moved:?}");
+        for v in (8..32).map(VcpuId) {
+            if s.state(v) == Some(RunState::Offline) {
+                s.power_on(2000 * MS, v).unwrap();
+            }
+        }
+        timers.iter_mut().for_each(|t| *t = Some(2000 * MS));
+        run(&s, &mut timers, 3000 * MS);
+        let others: Vec<VcpuId> = [1u16, 3].iter().flat_map(|&d| (0..8).map(move |i| id(d, i))).collect();
+        let start = run_ns(&s, &others);
+        run(&s, &mut timers, 5000 * MS);
+        for x in shares(&s, &others, &start, 2000 * MS) {
+            assert!((x - 1.0 / 3.0).abs() < 0.05, "24 hogs on 8 pCPUs: {x:.3}");
+        }
+        let mut now = 5000 * MS;
+        // Off one by one: refused until the last is off, changing nothing.
+        for i in 0..8 {
+            assert_eq!(s.remove_domain(2), Err(SchedError::DomainBusy(2)));
+            now = power_off(&s, &mut timers, id(2, i), now);
+        }
+        (s, timers, now, others)
+    }
+
+    #[test]
+    fn a_domain_whose_vcpus_moved_is_removed_and_the_rest_stay_fair() {
+        let (s, mut timers, mut now, others) = domain_two_went_off();
+        let id = |d: u16, i: u32| VcpuId(u32::from(d) * 8 + i);
+        let seen = |s: &Sched| -> Vec<_> {
+            others.iter().map(|&i| (s.state(i), s.credit(i), s.stats(i).map(|x| x.counters), s.domain_of(i))).collect()
+        };
+        let kept = seen(&s);
+        assert_eq!(s.remove_domain(1), Err(SchedError::DomainBusy(1)));
+        assert_eq!(s.remove_domain(9), Err(SchedError::UnknownDomain(9)));
+        s.remove_domain(2).unwrap();
+        assert_eq!(seen(&s), kept);
+        assert_eq!(s.domain_stats(2), None);
+        for i in 0..8 {
+            assert_eq!((s.state(id(2, i)), s.domain_of(id(2, i))), (None, None));
+            assert_eq!(s.route[id(2, i).0 as usize].load(Ordering::Relaxed), 0);
+        }
+        assert_eq!(super::tests::live_members(&s), 16);
+        (0..4).for_each(|r| s.lock(r).assert_slots_consistent());
+        let fp = s.capacity_fingerprint();
+        // The others run on, as beside a domain 2 that is only off (the same
+        // run up to here): once the balancing has settled (the load
+        // averages lag by about a second, and a move that overshoots is
+        // undone a second later: 5 s here), each gets half a pCPU, in both.
+        let (control, mut ctimers, cnow, _) = domain_two_went_off();
+        assert_eq!(cnow, now);
+        let mut got = Vec::new();
+        for (x, t) in [(&s, &mut timers), (&control, &mut ctimers)] {
+            t.iter_mut().for_each(|t| *t = Some(now));
+            run(x, t, now + 6000 * MS);
+            let start = run_ns(x, &others);
+            run(x, t, now + 8000 * MS);
+            got.push(shares(x, &others, &start, 2000 * MS));
+        }
+        for (a, b) in got[0].iter().zip(&got[1]) {
+            assert!((a - 0.5).abs() < 0.05 && (b - 0.5).abs() < 0.05, "removed {:.3?}\noff {:.3?}", got[0], got[1]);
+        }
+        let total: f64 = got[0].iter().sum();
+        assert!((total - 8.0).abs() < 0.05, "every pCPU busy: {total:.3}");
+        now += 8000 * MS;
+        // The same ids again, twenty times, running a while: nothing grows.
+        for _ in 0..20 {
+            s.add_domain(2, DomainParams { weight: 512, cap_percent: Some(150) }).unwrap();
+            for i in 0..8 {
+                s.add_vcpu(id(2, i), 2, None).unwrap();
+            }
+            for i in [0, 5] {
+                s.power_on(now, id(2, i)).unwrap();
+            }
+            timers.iter_mut().for_each(|t| *t = Some(now));
+            run(&s, &mut timers, now + 50 * MS);
+            now += 50 * MS;
+            for i in [0, 5] {
+                now = power_off(&s, &mut timers, id(2, i), now);
+            }
+            s.remove_domain(2).unwrap();
+            assert_eq!(super::tests::live_members(&s), 16);
+            (0..4).for_each(|r| s.lock(r).assert_slots_consistent());
+            assert_eq!(s.capacity_fingerprint(), fp);
+        }
+    }
+
+    /// Domains 1 and 2 (capped) with vCPUs 0..24 between them; those
+    /// homed in runqueues 0 and 1 start, run and move to the others, go off, and both domains
+    /// are removed, `cycles` times.
+    fn add_run_remove(s: &Sched, cycles: u32, mut now: u64) {
+        let mut timers = vec![None; s.nr_pcpus()];
+        for _ in 0..cycles {
+            s.add_domain(1, DomainParams::default()).unwrap();
+            s.add_domain(2, DomainParams { weight: 512, cap_percent: Some(300) }).unwrap();
+            for i in 0..24 {
+                s.add_vcpu(VcpuId(i), 1 + (i % 3 == 0) as DomainId, None).unwrap();
+            }
+            let on: Vec<VcpuId> = (0..24).filter(|i| i % 8 < 4).map(VcpuId).collect();
+            let first: Vec<_> = on.iter().map(|&v| s.runqueue_of_vcpu(v)).collect();
+            for &v in &on {
+                s.power_on(now, v).unwrap();
+            }
+            timers.iter_mut().for_each(|t| *t = Some(now));
+            run(s, &mut timers, now + 500 * MS);
+            let moved = on.iter().zip(&first).filter(|&(&v, &r)| s.runqueue_of_vcpu(v) != r).count();
+            assert!(moved > 0);
+            now += 500 * MS;
+            for &v in &on {
+                now = power_off(s, &mut timers, v, now);
+            }
+            s.remove_domain(2).unwrap();
+            s.remove_domain(1).unwrap();
+            assert_eq!(super::tests::live_members(s), 0);
+            assert!(s.route.iter().all(|r| r.load(Ordering::Relaxed) == 0));
+        }
+    }
+
+    #[test]
+    fn reserved_room_holds_every_later_add_and_remove_in_every_runqueue() {
+        let cfg = SchedConfig { max_cpus_runqueue: 2, ..SchedConfig::default() };
+        let s = Sched::new(cfg, 8).unwrap();
+        s.reserve(24, 2).unwrap();
+        let fp = s.capacity_fingerprint();
+        add_run_remove(&s, 20, 0);
+        assert_eq!(s.capacity_fingerprint(), fp);
+        // Without the reservation the first cycle grows the tables.
+        let bare = Sched::new(cfg, 8).unwrap();
+        let fp = bare.capacity_fingerprint();
+        add_run_remove(&bare, 1, 0);
+        assert_ne!(bare.capacity_fingerprint(), fp);
+    }
+
+    /// `v` let go by runqueue `from` and taken in by runqueue `to`, with
+    /// no lock held between the two (as an emigrant).
+    fn move_unlocked(s: &Sched, v: VcpuId, from: usize, to: usize) {
+        let slot = s.lock(from).slot(v).unwrap();
+        let rec = s.lock(from).export(0, slot, to).unwrap();
+        let mut kicks = OwedKicks::default();
+        s.arrive(0, rec, (&mut s.lock(to), to), 0, &mut kicks);
+    }
+
+    #[test]
+    fn a_vcpu_that_moves_while_a_domain_goes_keeps_its_own_domain() {
+        // Runqueue 1 has removed domain 1 (slots above it moved down),
+        // runqueue 0 not yet, when vcpu3 of domain 3 moves from 0 to 1:
+        // its record there names domain 3 by runqueue 1's numbering.
+        let cfg = SchedConfig { runqueue: super::super::RunqueueLayout::PerCpu, ..SchedConfig::default() };
+        let s = Sched::new(cfg, 2).unwrap();
+        for d in 1..=3u16 {
+            s.add_domain(d, DomainParams::default()).unwrap();
+            s.add_vcpu(VcpuId(u32::from(d)), d, None).unwrap();
+        }
+        let (v1, v3) = (VcpuId(1), VcpuId(3));
+        assert_eq!(s.runqueue_of_vcpu(v3), Some(0));
+        s.lock(1).remove_domain(1).unwrap();
+        move_unlocked(&s, v3, 0, 1);
+        s.lock(0).remove_domain(1).unwrap();
+        s.route[1].store(0, Ordering::Relaxed);
+        assert_eq!((s.runqueue_of_vcpu(v3), s.domain_of(v3)), (Some(1), Some(3)));
+        assert_eq!((s.domain_of(VcpuId(2)), s.domain_of(v1)), (Some(2), None));
+        (0..2).for_each(|r| s.lock(r).assert_slots_consistent());
+        assert_eq!(s.lock(1).domain_of(v3), Some(3));
+    }
+
+    #[test]
+    fn a_vcpu_removed_on_its_way_is_dropped_and_its_route_stays_clear() {
+        let cfg = SchedConfig { runqueue: super::super::RunqueueLayout::PerCpu, ..SchedConfig::default() };
+        let s = Sched::new(cfg, 2).unwrap();
+        s.add_domain(1, DomainParams::default()).unwrap();
+        s.add_vcpu(VcpuId(5), 1, None).unwrap();
+        let slot = s.lock(0).slot(VcpuId(5)).unwrap();
+        let rec = s.lock(0).export(0, slot, 1).unwrap();
+        // Removed in every runqueue while it was between two.
+        (0..2).for_each(|r| s.lock(r).remove_domain(1).unwrap());
+        s.route[5].store(0, Ordering::Relaxed);
+        let mut kicks = OwedKicks::default();
+        s.arrive(0, rec, (&mut s.lock(1), 1), 0, &mut kicks);
+        assert_eq!(s.route[5].load(Ordering::Relaxed), 0);
+        assert_eq!(s.state(VcpuId(5)), None);
+        // A route left naming a runqueue that no longer knows the vCPU
+        // answers "unknown" rather than waiting for it to arrive.
+        s.route[5].store(2, Ordering::Relaxed);
+        assert_eq!(s.state(VcpuId(5)), None);
+        assert_eq!(s.power_on(0, VcpuId(5)), Err(SchedError::UnknownVcpu(VcpuId(5))));
+        (0..2).for_each(|r| s.lock(r).assert_slots_consistent());
+    }
+
+    #[test]
+    fn a_domain_with_a_vcpu_between_runqueues_is_busy() {
+        // A vCPU let go by one runqueue and not yet taken by the other (an
+        // emigrant on its way) is live in neither: removal waits for it.
+        let cfg = SchedConfig { runqueue: super::super::RunqueueLayout::PerCpu, ..SchedConfig::default() };
+        let s = Sched::new(cfg, 2).unwrap();
+        s.add_domain(1, DomainParams::default()).unwrap();
+        s.add_vcpu(VcpuId(3), 1, Some(0)).unwrap();
+        let slot = s.lock(0).slot(VcpuId(3)).unwrap();
+        let rec = s.lock(0).export(0, slot, 1).unwrap();
+        assert_eq!(s.remove_domain(1), Err(SchedError::DomainBusy(1)));
+        let mut kicks = OwedKicks::default();
+        s.arrive(0, rec, (&mut s.lock(1), 1), 0, &mut kicks);
+        assert_eq!(s.runqueue_of_vcpu(VcpuId(3)), Some(1));
+        s.remove_domain(1).unwrap();
+        assert_eq!(s.route[3].load(Ordering::Relaxed), 0);
+        assert_eq!(s.state(VcpuId(3)), None);
+    }
 
     #[test]
     fn a_domain_is_removed_from_every_runqueue_and_its_routes() {

@@ -1400,3 +1400,126 @@ fn a_removed_domain_leaves_the_others_as_they_were() {
     let got: Vec<f64> = (0..3).map(|i| (run_ns(&s, i) - start[i as usize]) as f64 / (6000 * MS) as f64).collect();
     assert!(got.iter().all(|g| (g - 1.0 / 3.0).abs() < 0.03), "{got:?}");
 }
+
+/// What the scheduler says of `ids`: state, credit, run time, domain,
+/// runqueue.
+type Seen = (Option<RunState>, Option<i64>, u64, Option<DomainId>, Option<usize>);
+
+fn seen(s: &Scheduler, ids: &[u32]) -> Vec<Seen> {
+    ids.iter()
+        .map(|&i| (s.state(v(i)), s.credit(v(i)), run_ns(s, i), s.domain_of(v(i)), s.runqueue_of_vcpu(v(i))))
+        .collect()
+}
+
+/// Shares of a pCPU `ids` got from `start` (their run times then) over `ns`.
+fn shares(s: &Scheduler, ids: &[u32], start: &[u64], ns: u64) -> Vec<f64> {
+    ids.iter().zip(start).map(|(&i, &b)| (run_ns(s, i) - b) as f64 / ns as f64).collect()
+}
+
+#[test]
+fn removing_an_interleaved_domain_keeps_the_others_fair_and_their_records() {
+    // Two runqueues (a pCPU each); domain 2's vCPUs sit between the
+    // others' in the slots. Weights 256 and 512: shares measured before
+    // domain 2 ever runs, and again once it ran, moved about and left.
+    let cfg = SchedConfig { runqueue: RunqueueLayout::PerCpu, ..SchedConfig::default() };
+    let mut s = Scheduler::new(cfg, 2).unwrap();
+    s.reserve(16, 4).unwrap();
+    for (d, w) in [(1u16, 256u32), (2, 256), (3, 512)] {
+        s.add_domain(d, DomainParams { weight: w, cap_percent: None }).unwrap();
+    }
+    for (id, d) in [(1, 1), (3, 2), (5, 3), (2, 1), (4, 2), (6, 3)] {
+        s.add_vcpu(v(id), d, None).unwrap();
+    }
+    let others = [1, 2, 5, 6];
+    for &i in &others {
+        s.power_on(0, v(i)).unwrap();
+    }
+    run_hogs(&mut s, 500 * MS);
+    let start: Vec<u64> = others.iter().map(|&i| run_ns(&s, i)).collect();
+    run_hogs(&mut s, 2500 * MS);
+    let before = shares(&s, &others, &start, 2000 * MS);
+    // Domain 2 runs a while, then its vCPUs go off one by one.
+    s.power_on(2500 * MS, v(3)).unwrap();
+    s.power_on(2500 * MS, v(4)).unwrap();
+    run_hogs(&mut s, 3000 * MS);
+    assert!(run_ns(&s, 3) > 0 && run_ns(&s, 4) > 0);
+    let mut now = power_off_vcpu(&mut s, 3, 3000 * MS);
+    assert_eq!(s.remove_domain(2), Err(SchedError::DomainBusy(2)), "vcpu4 is on");
+    now = power_off_vcpu(&mut s, 4, now);
+    // Refused: nothing changed. Removed: the others' records are as they were.
+    let kept = seen(&s, &others);
+    assert_eq!(s.remove_domain(1), Err(SchedError::DomainBusy(1)));
+    assert_eq!(s.remove_domain(8), Err(SchedError::UnknownDomain(8)));
+    assert_eq!(seen(&s, &others), kept);
+    s.remove_domain(2).unwrap();
+    s.assert_slots_consistent();
+    let fp = s.capacity_fingerprint();
+    assert_eq!(seen(&s, &others), kept);
+    assert_eq!((s.state(v(3)), s.state(v(4)), s.domain_of(v(3))), (None, None, None));
+    assert_eq!(s.power_on(now, v(3)), Err(SchedError::UnknownVcpu(v(3))));
+    assert!(s.domain_stats(2).is_none() && s.domain_stats(3).is_some());
+    // The same fairness as before.
+    run_hogs(&mut s, now + 500 * MS);
+    let start: Vec<u64> = others.iter().map(|&i| run_ns(&s, i)).collect();
+    run_hogs(&mut s, now + 2500 * MS);
+    let after = shares(&s, &others, &start, 2000 * MS);
+    for (a, b) in after.iter().zip(&before) {
+        assert!((a - b).abs() < 0.03, "before {before:?} after {after:?}");
+    }
+    // The same ids again, twenty times: nothing grows.
+    now += 2500 * MS;
+    for _ in 0..20 {
+        s.add_domain(2, DomainParams::default()).unwrap();
+        s.add_vcpu(v(4), 2, None).unwrap();
+        s.add_vcpu(v(3), 2, Some(1)).unwrap();
+        assert_eq!(s.domain_of(v(3)), Some(2));
+        s.power_on(now, v(3)).unwrap();
+        now = power_off_vcpu(&mut s, 3, now + MS);
+        s.remove_domain(2).unwrap();
+        s.assert_slots_consistent();
+        run_hogs(&mut s, now + 10 * MS);
+        now += 10 * MS;
+    }
+    assert_eq!(s.capacity_fingerprint(), fp);
+}
+
+/// Adds domains 1 and 2 with vCPUs 0..16 between them (a capped one),
+/// runs them a while, takes them off and removes both, `cycles` times.
+fn add_run_remove(s: &mut Scheduler, cycles: u32, mut now: u64) {
+    for _ in 0..cycles {
+        s.add_domain(1, DomainParams::default()).unwrap();
+        s.add_domain(2, DomainParams { weight: 512, cap_percent: Some(50) }).unwrap();
+        for i in 0..16 {
+            s.add_vcpu(v(i), 1 + (i % 2) as DomainId, None).unwrap();
+        }
+        for i in [0, 1, 6, 9] {
+            s.power_on(now, v(i)).unwrap();
+        }
+        run_hogs(s, now + 60 * MS);
+        now += 60 * MS;
+        for i in [0, 1, 6, 9] {
+            now = power_off_vcpu(s, i, now);
+        }
+        s.remove_domain(2).unwrap();
+        s.remove_domain(1).unwrap();
+        s.assert_slots_consistent();
+        assert_eq!(s.vcpu_ids().count(), 0);
+    }
+}
+
+#[test]
+fn reserved_room_holds_every_later_add_and_remove() {
+    // From the reservation on, no table of the scheduler grows or shrinks
+    // however often domains come and go within it (without one, the
+    // first cycle grows them: the check sees growth).
+    let cfg = SchedConfig { runqueue: RunqueueLayout::PerCpu, ..SchedConfig::default() };
+    let mut s = Scheduler::new(cfg, 2).unwrap();
+    s.reserve(16, 2).unwrap();
+    let fp = s.capacity_fingerprint();
+    add_run_remove(&mut s, 20, 0);
+    assert_eq!(s.capacity_fingerprint(), fp);
+    let mut bare = Scheduler::new(cfg, 2).unwrap();
+    let fp = bare.capacity_fingerprint();
+    add_run_remove(&mut bare, 1, 0);
+    assert_ne!(bare.capacity_fingerprint(), fp);
+}
