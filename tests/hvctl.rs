@@ -226,6 +226,9 @@ fn hvctl_creates_domus_from_the_pool_and_destroy_gives_everything_back() {
         "name = \"job\"\\nkernel = \"/boot/domu/Image\"\\nramdisk = \"/boot/domu/initrd\"\\n\
          extra = \"console=ttyAMA0 guestcmd={domu_cmd}\"\\nmemory = 128\\nvcpus = 1\\ncpus = \"1\"\\ndisk_size = 16\\n"
     );
+    // The reaper logs from another pCPU, whenever the grace period ends:
+    // Dom0 prints a status only once it waited for that (a hypervisor line
+    // breaks an open guest line).
     let dom0 = format!(
         "figures() {{ hvctl stats | grep -E '^(heap\\.used|pool\\.(size|free|domains))=' | sed \"s/^/$1 /\"; }}; \
          gone() {{ for i in $(seq 120); do hvctl list -l | grep -q ' name=job ' || return 0; sleep 0.5; done; return 1; }}; \
@@ -257,9 +260,6 @@ fn hvctl_creates_domus_from_the_pool_and_destroy_gives_everything_back() {
         timeout: Duration::from_secs(900),
         ..Default::default()
     });
-    // The reaper logs from another pCPU, whenever the grace period ends:
-    // Dom0 prints a status only once it waited for that (a hypervisor line
-    // breaks an open guest line).
     assert!(r.hv_fatal.is_none(), "{:?}", r.hv_fatal);
     let c = &r.console;
     assert_console(&r, "create-rc=0");
