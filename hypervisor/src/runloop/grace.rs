@@ -6,8 +6,9 @@
 //! holds nothing it read from the table (the run loop's top once the vCPU
 //! that ran last is released), and brackets its WFI with
 //! [`idle`]`(true)` / [`idle`]`(false)`, holding nothing while idle. Then,
-//! once the table is replaced, a [`snapshot`] taken after that shows the
-//! old one free to go when [`elapsed`] says so.
+//! once the table is replaced, a snapshot taken after that ([`take`], in
+//! [`room`] made before it) shows the old one free to go when [`elapsed`]
+//! says so.
 
 use super::pcpu::PcpuShared;
 use alloc::vec::Vec;
@@ -32,13 +33,27 @@ pub fn idle(p: &PcpuShared, on: bool) {
     }
 }
 
-/// Every pCPU's count, taken after the table was replaced (the fence
-/// orders the replacement before these reads).
-pub fn snapshot(pcpus: &[PcpuShared]) -> Result<Vec<u64>, alloc::collections::TryReserveError> {
-    fence(Ordering::SeqCst);
+/// Room for a snapshot of `pcpus` pCPUs, made before the table is
+/// replaced: once it is, the snapshot must be taken, not fail.
+pub fn room(pcpus: usize) -> Result<Vec<u64>, alloc::collections::TryReserveError> {
     let mut v = Vec::new();
-    v.try_reserve_exact(pcpus.len())?;
-    v.extend(pcpus.iter().map(|p| p.quiescent.load(Ordering::Acquire)));
+    v.try_reserve_exact(pcpus)?;
+    Ok(v)
+}
+
+/// Every pCPU's count into `snap` (room made by [`room`]), taken after the
+/// table was replaced (the fence orders the replacement before these
+/// reads).
+pub fn take(pcpus: &[PcpuShared], snap: &mut Vec<u64>) {
+    fence(Ordering::SeqCst);
+    snap.clear();
+    snap.extend(pcpus.iter().map(|p| p.quiescent.load(Ordering::Acquire)));
+}
+
+/// [`room`] and [`take`] at once.
+pub fn snapshot(pcpus: &[PcpuShared]) -> Result<Vec<u64>, alloc::collections::TryReserveError> {
+    let mut v = room(pcpus.len())?;
+    take(pcpus, &mut v);
     Ok(v)
 }
 
@@ -51,11 +66,12 @@ pub fn elapsed(pcpus: &[PcpuShared], snap: &[u64], me: usize) -> bool {
 /// The pCPUs the grace period since `snap` still waits for.
 pub fn lagging<'a>(pcpus: &'a [PcpuShared], snap: &'a [u64], me: usize) -> impl Iterator<Item = usize> + 'a {
     fence(Ordering::SeqCst);
-    pcpus.iter().zip(snap).enumerate().filter_map(move |(i, (p, &s))| {
+    // A pCPU the snapshot lacks has not been seen to pass one.
+    pcpus.iter().enumerate().filter_map(move |(i, p)| {
         let done = i == me
             || !p.online.load(Ordering::Acquire)
             || p.idle.load(Ordering::Acquire)
-            || p.quiescent.load(Ordering::Acquire) != s;
+            || snap.get(i).is_some_and(|&s| p.quiescent.load(Ordering::Acquire) != s);
         (!done).then_some(i)
     })
 }
@@ -91,6 +107,14 @@ mod tests {
         // The caller's own count does not matter.
         assert!(!elapsed(&p, &snapshot(&p).unwrap(), 0));
         assert_eq!(lagging(&p, &snapshot(&p).unwrap(), 0).collect::<Vec<_>>(), [1, 2]);
+    }
+
+    #[test]
+    fn a_snapshot_that_misses_a_pcpu_never_lets_the_grace_period_end() {
+        let p = online(2);
+        quiescent(&p[1], 5);
+        assert!(!elapsed(&p, &[], 0));
+        assert_eq!(lagging(&p, &[0], 0).collect::<Vec<_>>(), [1]);
     }
 
     #[test]

@@ -27,6 +27,7 @@ use crate::domain::pool::{self, Pool};
 use crate::domain::{DomainId, DomuPlacement, VmSpec, DEFAULT_WEIGHT};
 use crate::dtb::Machine;
 use crate::region::Region;
+use crate::runloop::grace;
 use crate::sync::Mutex;
 use alloc::boxed::Box;
 use alloc::string::String;
@@ -386,26 +387,15 @@ pub fn start(me: usize, dom: DomainId) -> Result<(), Status> {
     };
     // In the table before its vCPU 0 may run: a pCPU the scheduler gives
     // it to must find it.
-    let mut new: Vec<&'static Vm> = Vec::new();
-    let boxed = new.try_reserve_exact(table.len() + 1).ok().and_then(|()| {
-        new.extend_from_slice(table);
-        new.push(vm);
-        try_box(new)
-    });
-    let Some(boxed) = boxed.filter(|_| s.old_tables.len() < s.old_tables.capacity()) else {
+    let room = s.old_tables.len() < s.old_tables.capacity();
+    let Some((boxed, mut snap)) = replacement(table, Some(vm), None).filter(|_| room) else {
         s.unmake(vm, &b);
         return Err(Status::NoMem);
     };
     let retired = vm::publish(boxed);
-    match super::super::runloop::grace::snapshot(percpu::all()) {
-        Ok(snap) => {
-            s.old_tables.push(OldTable { table: retired, snap });
-            set_pending(true);
-        }
-        // No room for the snapshot: the old table is left allocated, a leak
-        // of one small table rather than a use after free.
-        Err(_) => warn!("domctl: the replaced VM table is kept"),
-    }
+    grace::take(percpu::all(), &mut snap);
+    s.old_tables.push(OldTable { table: retired, snap });
+    set_pending(true);
     s.made.push(Made { domid: dom, ram: b.ram, disk: b.disk });
     let _ = s.pool.free(b.stage);
     drop(st);
@@ -601,7 +591,7 @@ pub fn reap(me: usize) {
     let Some(mut st) = STATE.try_lock() else { return };
     let Some(s) = st.as_mut() else { return };
     let pcpus = percpu::all();
-    let grace = |snap: &[u64]| super::super::runloop::grace::elapsed(pcpus, snap, me);
+    let grace = |snap: &[u64]| grace::elapsed(pcpus, snap, me);
     let mut i = 0;
     while i < s.old_tables.len() {
         if grace(&s.old_tables[i].snap) {
@@ -641,7 +631,7 @@ pub fn reap(me: usize) {
         let waited =
             s.old_tables.iter().map(|t| &t.snap).chain(s.dying.iter().filter_map(|d| d.retired.as_ref().map(|r| &r.1)));
         for snap in waited {
-            for p in super::super::runloop::grace::lagging(pcpus, snap, me) {
+            for p in grace::lagging(pcpus, snap, me) {
                 super::percpu::request_resched(me, p);
             }
         }
@@ -661,24 +651,35 @@ fn unpublish(s: &mut State, i: usize) {
     if !offline {
         return;
     }
-    let table = vms();
-    let mut new: Vec<&'static Vm> = Vec::new();
-    if new.try_reserve_exact(table.len().saturating_sub(1)).is_err() {
-        return;
-    }
-    new.extend(table.iter().copied().filter(|v| !core::ptr::eq(*v, vm)));
-    let Some(boxed) = try_box(new) else { return };
+    let Some((boxed, mut snap)) = replacement(vms(), None, Some(vm)) else { return };
     if let Err(e) = vm.sched.remove_domain(vm.domid) {
         warn!("d{}: the scheduler keeps it for now: {e}", vm.domid);
         return;
     }
     let old = vm::publish(boxed);
-    match super::super::runloop::grace::snapshot(percpu::all()) {
-        Ok(snap) => s.dying[i].retired = Some((old, snap)),
-        // No room for the snapshot: wait for every count to move past
-        // `u64::MAX`, i.e. forever: the VM is never freed, nothing breaks.
-        Err(_) => s.dying[i].retired = Some((old, Vec::new())),
-    }
+    grace::take(percpu::all(), &mut snap);
+    s.dying[i].retired = Some((old, snap));
+}
+
+/// A VM table to replace `table` with (`add` appended, `leave` left out),
+/// and room for the grace-period snapshot taken once it is published: all
+/// the memory a replacement needs, made before anything changes (`None`:
+/// the heap could not give it).
+// The Box is the point: the table is published through one thin pointer
+// (`vm::publish`, an `AtomicPtr`).
+#[allow(clippy::box_collection)]
+fn replacement(
+    table: &[&'static Vm],
+    add: Option<&'static Vm>,
+    leave: Option<&'static Vm>,
+) -> Option<(Box<Vec<&'static Vm>>, Vec<u64>)> {
+    let keep = |v: &&&'static Vm| !leave.is_some_and(|d| core::ptr::eq(**v, d));
+    let len = table.iter().filter(keep).count() + usize::from(add.is_some());
+    let mut new: Vec<&'static Vm> = Vec::new();
+    new.try_reserve_exact(len).ok()?;
+    new.extend(table.iter().filter(keep).copied().chain(add));
+    let snap = grace::room(percpu::all().len()).ok()?;
+    Some((try_box(new)?, snap))
 }
 
 impl State {

@@ -63,8 +63,7 @@ impl Scheduler {
     /// domain's own records, and keeps every table's capacity.
     pub fn remove_domain(&mut self, dom: DomainId) -> Result<(), SchedError> {
         let d = self.dom_slot(dom)?;
-        // The live record of each vCPU says whether it is offline.
-        if self.vcpus.iter().any(|v| v.dom == d && self.owns(v.rq) && v.state != RunState::Offline) {
+        if self.has_live_online(d) {
             return Err(SchedError::DomainBusy(dom));
         }
         let mut map: alloc::vec::Vec<Option<usize>> = alloc::vec::Vec::new();
@@ -113,6 +112,12 @@ impl Scheduler {
         self.update_max_weights();
         self.note_replenishments();
         Ok(())
+    }
+
+    /// Whether a vCPU of domain slot `d` whose record is live here (its
+    /// runqueue's) is not offline.
+    pub(super) fn has_live_online(&self, d: usize) -> bool {
+        self.vcpus.iter().any(|v| v.dom == d && self.owns(v.rq) && v.state != RunState::Offline)
     }
 
     /// Room, reserved exactly, for vCPU ids below `vcpus` (as many vCPUs)

@@ -318,10 +318,10 @@ impl Sched {
         for r in 0..self.nr_runqueues() {
             let s = self.lock(r);
             let d = s.dom_slot(dom)?;
-            let mut mine = s.vcpus.iter().filter(|v| v.dom == d);
-            if mine.clone().any(|v| s.owns(v.rq) && v.state != RunState::Offline) {
+            if s.has_live_online(d) {
                 return Err(SchedError::DomainBusy(dom));
             }
+            let mut mine = s.vcpus.iter().filter(|v| v.dom == d);
             live += mine.clone().filter(|v| s.owns(v.rq)).count();
             if r == 0 {
                 total = mine.clone().count();
