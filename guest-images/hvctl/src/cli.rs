@@ -23,15 +23,17 @@ Verbs:
                                 set them (W 1..65535, CAP 0..100*vCPUs, 0: no cap)
   set NAME=VALUE                a hypervisor option
   create [-n] FILE.cfg          make a DomU from an xl.cfg (name, kernel, ramdisk,
-                                extra, memory, vcpus, cpus, cpu_weight, cap,
-                                disk_size) with memory from the DomU pool;
-                                -n: print the request only
+                                extra, memory, vcpus, cpus, cpu_weight, cap, and
+                                disk_size: its RAM disk in MiB) with memory from
+                                the DomU pool; -n/--dry-run: check it and print
+                                the CREATE request, without the device
   destroy|pause|unpause|shutdown DOM
   top [-b] [-d SECS] [-n N]     CPU% and exits/s per domain every SECS (default 3)
                                 for N frames (default: forever); there is only the
                                 batch output, so -b changes nothing
 
 DOM is a domain id or name. Options: -h/--help, -V/--version.
+Errors: one line, exit status 1; 2 for a bad command line or xl.cfg.
 The device is found in the device tree (/hypervisor/control@...) or at
 HVCTL_ADDR=0x...; hvctl needs /dev/mem (root, in Dom0).
 ";
@@ -210,6 +212,8 @@ mod tests {
         assert_eq!(p("top"), Ok(Cmd::Top { delay_s: 3.0, frames: None }));
         assert_eq!(p("create /etc/d.cfg"), Ok(Cmd::Create { cfg: "/etc/d.cfg".into(), dry_run: false }));
         assert_eq!(p("create -n d.cfg"), Ok(Cmd::Create { cfg: "d.cfg".into(), dry_run: true }));
+        assert_eq!(p("create d.cfg --dry-run"), Ok(Cmd::Create { cfg: "d.cfg".into(), dry_run: true }));
+        assert!(p("create a.cfg b.cfg").is_err());
         assert!(p("create").unwrap_err().contains("configuration file"));
     }
 

@@ -25,6 +25,20 @@ pub enum Error {
     Stuck,
     /// Anything else, already worded (discovery, /dev/mem, bad arguments).
     Other(String),
+    /// The input is wrong and nothing was asked of the device (a
+    /// configuration `create` cannot use): exit status 2, as for a bad
+    /// command line.
+    Usage(String),
+}
+
+impl Error {
+    /// The process's exit status for this error.
+    pub fn exit_status(&self) -> i32 {
+        match self {
+            Error::Usage(_) => 2,
+            _ => 1,
+        }
+    }
 }
 
 impl fmt::Display for Error {
@@ -39,7 +53,7 @@ impl fmt::Display for Error {
             ),
             Error::TooLong => write!(f, "the request does not fit the control window"),
             Error::Stuck => write!(f, "a paged response stopped making progress"),
-            Error::Other(s) => write!(f, "{s}"),
+            Error::Other(s) | Error::Usage(s) => write!(f, "{s}"),
         }
     }
 }

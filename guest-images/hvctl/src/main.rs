@@ -51,7 +51,7 @@ fn main() {
     };
     if let Err(e) = run(cmd) {
         eprintln!("hvctl: {e}");
-        std::process::exit(1);
+        std::process::exit(e.exit_status());
     }
 }
 
@@ -72,7 +72,9 @@ fn run(cmd: Cmd) -> Result<(), Error> {
         Cmd::Version => out(&format!("hvctl {}\n", env!("CARGO_PKG_VERSION"))),
         Cmd::Top { delay_s, frames } => verbs::top(&open()?, Duration::from_secs_f64(delay_s), frames, out),
         Cmd::Create { cfg, dry_run } => {
-            out(&format!("Parsing config from {cfg}\n"))?;
+            // On stderr, as xl does: stdout is the result (the payload, or
+            // one line naming the domain).
+            eprintln!("Parsing config from {cfg}");
             let (c, kernel, ramdisk) = create::prepare(&cfg)?;
             if dry_run {
                 let r = ramdisk.as_ref().map_or(0, |r| r.bytes().len() as u64);

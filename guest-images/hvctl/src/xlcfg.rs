@@ -6,6 +6,7 @@
 //! serves, MiB). Keys xl knows that this hypervisor does not do are warned
 //! about and ignored; anything else is an error naming its line.
 
+use hv_core::control::create::{EXTRA_MAX, MAX_DISK_MIB, MAX_MEMORY_MIB, MAX_VCPUS, NAME_MAX};
 use std::fmt;
 
 /// A parsed configuration.
@@ -129,6 +130,29 @@ fn string(key: &str, v: Value) -> Result<String, String> {
     }
 }
 
+/// `name`: what the hypervisor accepts (`CreateSpec`), checked here so
+/// that `create -n` and the line number show it.
+fn name(v: Value) -> Result<String, String> {
+    let n = string("name", v)?;
+    let ok = n.bytes().all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
+    if n.is_empty() || n.len() > NAME_MAX || !ok {
+        return Err(format!("name = \"{n}\": 1 to {NAME_MAX} of A-Z a-z 0-9 _ . -"));
+    }
+    Ok(n)
+}
+
+/// `extra`: printable ASCII (it travels as one `key=value` line).
+fn extra(key: &str, v: Value) -> Result<String, String> {
+    let e = string(key, v)?;
+    if e.len() > EXTRA_MAX {
+        return Err(format!("{key} is {} bytes long (at most {EXTRA_MAX})", e.len()));
+    }
+    if let Some(c) = e.chars().find(|c| !(' '..='~').contains(c)) {
+        return Err(format!("{key} has {c:?}: only printable ASCII is passed"));
+    }
+    Ok(e)
+}
+
 fn int(key: &str, v: Value, max: u64) -> Result<u32, String> {
     match v {
         Value::Int(n) if n <= max => Ok(n as u32),
@@ -137,22 +161,23 @@ fn int(key: &str, v: Value, max: u64) -> Result<u32, String> {
     }
 }
 
-/// `cpus`: "all", one pCPU, or a list with one pCPU per vCPU. A set
-/// (`"0-3"`, `"0,2"`) would let each vCPU run on several pCPUs, which this
-/// scheduler's pinning cannot express.
-fn cpus(v: Value) -> Result<Option<String>, String> {
+/// `cpus`: "all", one pCPU, or a list with one pCPU per vCPU (with the
+/// list's length, which must be `vcpus`). A set (`"0-3"`, `"0,2"`) would
+/// let each vCPU run on several pCPUs, which this scheduler's pinning
+/// cannot express.
+fn cpus(v: Value) -> Result<(Option<String>, Option<usize>), String> {
     let one = |s: &str| s.trim().parse::<u32>().map_err(|_| s.to_string());
     let set_err = |s: &str| {
         format!("cpus = \"{s}\": only one pCPU (\"2\"), \"all\", or a list of one pCPU per vCPU ([\"0\", \"1\"]) is supported")
     };
     match v {
-        Value::Str(s) if s.trim() == "all" => Ok(None),
-        Value::Str(s) => one(&s).map(|n| Some(n.to_string())).map_err(|s| set_err(&s)),
-        Value::Int(n) => Ok(Some(n.to_string())),
+        Value::Str(s) if s.trim() == "all" => Ok((None, None)),
+        Value::Str(s) => one(&s).map(|n| (Some(n.to_string()), None)).map_err(|s| set_err(&s)),
+        Value::Int(n) => Ok((Some(n.to_string()), None)),
         Value::List(items) if items.is_empty() => Err("cpus = []: empty".into()),
         Value::List(items) => {
             let pcpus = items.iter().map(|i| one(i)).collect::<Result<Vec<u32>, String>>().map_err(|s| set_err(&s))?;
-            Ok(Some(pcpus.iter().map(u32::to_string).collect::<Vec<_>>().join(",")))
+            Ok((Some(pcpus.iter().map(u32::to_string).collect::<Vec<_>>().join(",")), Some(pcpus.len())))
         }
     }
 }
@@ -161,6 +186,9 @@ fn cpus(v: Value) -> Result<Option<String>, String> {
 pub fn parse(text: &str) -> Result<XlCfg, CfgError> {
     let mut c = XlCfg { vcpus: 1, ..Default::default() };
     let mut seen: Vec<&str> = Vec::new();
+    // Checks across keys, made once every line is read: (line, value).
+    let mut cpus_list: Option<(usize, usize)> = None;
+    let mut cap_line = 0;
     for (i, raw) in text.lines().enumerate() {
         let err = |what: String| CfgError { line: i + 1, what };
         let line = strip_comment(raw).trim();
@@ -179,16 +207,23 @@ pub fn parse(text: &str) -> Result<XlCfg, CfgError> {
             return Err(err(format!("{key} is given twice")));
         }
         match canon {
-            "name" => c.name = string(key, v).map_err(err)?,
+            "name" => c.name = name(v).map_err(err)?,
             "kernel" => c.kernel = string(key, v).map_err(err)?,
             "ramdisk" => c.ramdisk = Some(string(key, v).map_err(err)?),
-            "extra" => c.extra = string(key, v).map_err(err)?,
-            "memory" => c.memory_mib = int(key, v, u64::from(hv_core::control::create::MAX_MEMORY_MIB)).map_err(err)?,
-            "vcpus" => c.vcpus = int(key, v, u64::from(hv_core::control::create::MAX_VCPUS)).map_err(err)?,
-            "cpus" => c.cpus = cpus(v).map_err(err)?,
+            "extra" => c.extra = extra(key, v).map_err(err)?,
+            "memory" => c.memory_mib = int(key, v, u64::from(MAX_MEMORY_MIB)).map_err(err)?,
+            "vcpus" => c.vcpus = int(key, v, u64::from(MAX_VCPUS)).map_err(err)?,
+            "cpus" => {
+                let (pcpus, listed) = cpus(v).map_err(err)?;
+                c.cpus = pcpus;
+                cpus_list = listed.map(|n| (i + 1, n));
+            }
             "cpu_weight" => c.weight = Some(int(key, v, 65535).map_err(err)?),
-            "cap" => c.cap = Some(int(key, v, 100 * u64::from(hv_core::control::create::MAX_VCPUS)).map_err(err)?),
-            "disk_size" => c.disk_mib = int(key, v, u64::from(hv_core::control::create::MAX_DISK_MIB)).map_err(err)?,
+            "cap" => {
+                c.cap = Some(int(key, v, 100 * u64::from(MAX_VCPUS)).map_err(err)?);
+                cap_line = i + 1;
+            }
+            "disk_size" => c.disk_mib = int(key, v, u64::from(MAX_DISK_MIB)).map_err(err)?,
             k if IGNORED.contains(&k) => c.ignored.push(k.to_string()),
             k => return Err(err(format!("unknown key `{k}`"))),
         }
@@ -215,6 +250,14 @@ pub fn parse(text: &str) -> Result<XlCfg, CfgError> {
     }
     if c.weight == Some(0) {
         return Err(whole("cpu_weight = 0 (1..65535)"));
+    }
+    if let Some((line, n)) = cpus_list.filter(|&(_, n)| n != c.vcpus as usize) {
+        let what = format!("cpus lists {n} pCPUs for {} vCPUs (one per vCPU, or one string for all)", c.vcpus);
+        return Err(CfgError { line, what });
+    }
+    if let Some(cap) = c.cap.filter(|&cap| cap > 100 * c.vcpus) {
+        let what = format!("cap = {cap} is out of range (at most 100 per vCPU: {})", 100 * c.vcpus);
+        return Err(CfgError { line: cap_line, what });
     }
     Ok(c)
 }
@@ -254,6 +297,10 @@ cpu_weight = 512
 cap = 50
 disk_size = 16
 on_crash = "destroy"
+
+type = "pvh"
+vif = [ 'bridge=xenbr0' ]
+disk = [ "phy:/dev/vg/guest1,xvda,w" ]
 "#;
 
     #[test]
@@ -265,7 +312,7 @@ on_crash = "destroy"
         assert_eq!(c.extra, "console=ttyAMA0 root=/dev/vda # not a comment");
         assert_eq!((c.memory_mib, c.vcpus, c.weight, c.cap, c.disk_mib), (256, 2, Some(512), Some(50), 16));
         assert_eq!(c.cpus.as_deref(), Some("0,1"));
-        assert_eq!(c.ignored, ["on_crash"]);
+        assert_eq!(c.ignored, ["on_crash", "type", "vif", "disk"]);
         let spec = c.spec(27 << 20, 7 << 20);
         let mut payload = String::new();
         spec.write(&mut payload).unwrap();
@@ -295,6 +342,25 @@ on_crash = "destroy"
             let e = parse(&format!("{base}{extra}\n")).unwrap_err().to_string();
             assert!(e.starts_with(want), "{extra}: {e}");
         }
+        // Exact wording of the checks that need the whole file or a value's
+        // contents.
+        for (text, want) in [
+            (format!("{base}cpus = [\"0\", \"1\"]\n"), "line 4: cpus lists 2 pCPUs for 1 vCPUs (one per vCPU, or one string for all)"),
+            (format!("{base}cap = 150\n"), "line 4: cap = 150 is out of range (at most 100 per vCPU: 100)"),
+            (format!("{base}cpus = \"0,2\"\n"), "line 4: cpus = \"0,2\": only one pCPU (\"2\"), \"all\", or a list of one pCPU per vCPU ([\"0\", \"1\"]) is supported"),
+            (format!("{base}kernel2 = 'x'\n"), "line 4: unknown key `kernel2`"),
+            (format!("{base}ramdisk = [\"r\"]\n"), "line 4: ramdisk must be a quoted string"),
+            (format!("{base}extra = \"a\tb\"\n"), "line 4: extra has '\\t': only printable ASCII is passed"),
+            (format!("{base}cmdline = \"{}\"\n", "x".repeat(EXTRA_MAX + 1)), "line 4: cmdline is 1025 bytes long (at most 1024)"),
+            (format!("{base}memory = -1\n"), "line 4: `-1` is not a number, a quoted string or a list"),
+            ("name = 'a b'\n".into(), "line 1: name = \"a b\": 1 to 32 of A-Z a-z 0-9 _ . -"),
+            (format!("name = '{}'\n", "n".repeat(NAME_MAX + 1)), "line 1: name = \"nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn\": 1 to 32 of A-Z a-z 0-9 _ . -"),
+            ("# c\n\nname = 'n'\nkernel = 'k'\nmemory = 64\nextra = 'a'\ncmdline = 'b'\n".into(), "line 7: cmdline is given twice"),
+        ] {
+            assert_eq!(parse(&text).unwrap_err().to_string(), want, "{text}");
+        }
+        // Cross-key checks hold whichever key comes first.
+        assert!(parse(&format!("{base}cap = 150\nvcpus = 2\ncpus = ['3', \"4\"]\n")).is_ok());
         assert_eq!(parse("kernel='k'\nmemory=64").unwrap_err().to_string(), "no `name`");
         assert_eq!(parse("name='n'\nmemory=64").unwrap_err().to_string(), "no `kernel`");
         assert_eq!(parse("name='n'\nkernel='k'").unwrap_err().to_string(), "no `memory` (MiB)");
