@@ -27,7 +27,9 @@ Verbs:
                                 disk_size: its RAM disk in MiB) with memory from
                                 the DomU pool; -n/--dry-run: check it and print
                                 the CREATE request, without the device
-  destroy|pause|unpause|shutdown DOM
+  destroy|pause|unpause DOM
+  shutdown [-w] DOM             ask the DomU's kernel to power off (Magic SysRq
+                                on its console); -w: wait until it has
   top [-b] [-d SECS] [-n N]     CPU% and exits/s per domain every SECS (default 3)
                                 for N frames (default: forever); there is only the
                                 batch output, so -b changes nothing
@@ -66,10 +68,15 @@ pub enum Cmd {
         name: String,
         value: String,
     },
-    /// One of the domain ops (`op::DESTROY`..`op::SHUTDOWN`).
+    /// `destroy`, `pause`, `unpause`.
     DomOp {
         op: u32,
         dom: String,
+    },
+    /// `-w`: until the domain has shut down.
+    Shutdown {
+        dom: String,
+        wait: bool,
     },
     Top {
         delay_s: f64,
@@ -117,14 +124,25 @@ fn parse_inner(args: impl IntoIterator<Item = OsString>) -> Result<Cmd, lexopt::
             let (name, value) = v.split_once('=').ok_or_else(|| format!("`set {v}`: expected NAME=VALUE"))?;
             Cmd::Set { name: name.into(), value: value.into() }
         }
-        "destroy" | "pause" | "unpause" | "shutdown" => {
+        "destroy" | "pause" | "unpause" => {
             let op = match verb.as_str() {
                 "destroy" => hv_core::control::op::DESTROY,
                 "pause" => hv_core::control::op::PAUSE,
-                "unpause" => hv_core::control::op::UNPAUSE,
-                _ => hv_core::control::op::SHUTDOWN,
+                _ => hv_core::control::op::UNPAUSE,
             };
             Cmd::DomOp { op, dom: p.value()?.string()? }
+        }
+        "shutdown" => {
+            let (mut dom, mut wait) = (None, false);
+            while let Some(arg) = p.next()? {
+                match arg {
+                    Short('w') | Long("wait") => wait = true,
+                    Value(v) if dom.is_none() => dom = Some(v.string()?),
+                    other => return Err(other.unexpected()),
+                }
+            }
+            let dom = dom.ok_or("`shutdown` needs a domain")?;
+            return Ok(Cmd::Shutdown { dom, wait });
         }
         "top" => return top(&mut p),
         "create" => {
@@ -215,6 +233,10 @@ mod tests {
         assert_eq!(p("create d.cfg --dry-run"), Ok(Cmd::Create { cfg: "d.cfg".into(), dry_run: true }));
         assert!(p("create a.cfg b.cfg").is_err());
         assert!(p("create").unwrap_err().contains("configuration file"));
+        assert_eq!(p("shutdown -w job"), Ok(Cmd::Shutdown { dom: "job".into(), wait: true }));
+        assert_eq!(p("shutdown 3"), Ok(Cmd::Shutdown { dom: "3".into(), wait: false }));
+        assert!(p("shutdown").unwrap_err().contains("needs a domain"));
+        assert!(p("shutdown 1 2").is_err());
     }
 
     #[test]

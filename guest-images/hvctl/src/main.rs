@@ -70,6 +70,7 @@ fn run(cmd: Cmd) -> Result<(), Error> {
     match cmd {
         Cmd::Help => out(cli::HELP),
         Cmd::Version => out(&format!("hvctl {}\n", env!("CARGO_PKG_VERSION"))),
+        Cmd::Shutdown { dom, wait: true } => verbs::shutdown_wait(&open()?, &dom, Duration::from_millis(200), out),
         Cmd::Top { delay_s, frames } => verbs::top(&open()?, Duration::from_secs_f64(delay_s), frames, out),
         Cmd::Create { cfg, dry_run } => {
             // On stderr, as xl does: stdout is the result (the payload, or

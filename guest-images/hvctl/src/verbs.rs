@@ -20,7 +20,7 @@ fn domains<R: Regs>(c: &Client<R>) -> Result<Vec<Domain>, Error> {
 /// The output of `cmd` (not `help`, `--version` or `top`).
 pub fn exec<R: Regs>(c: &Client<R>, cmd: Cmd) -> Result<String, Error> {
     match cmd {
-        Cmd::Help | Cmd::Version | Cmd::Top { .. } | Cmd::Create { .. } => {
+        Cmd::Help | Cmd::Version | Cmd::Top { .. } | Cmd::Create { .. } | Cmd::Shutdown { wait: true, .. } => {
             Err(Error::Other("not a device verb".into()))
         }
         Cmd::List { long: false } => Ok(format::list(&domains(c)?)),
@@ -38,6 +38,10 @@ pub fn exec<R: Regs>(c: &Client<R>, cmd: Cmd) -> Result<String, Error> {
         Cmd::SchedSet { dom, weight, cap } => sched_set(c, &dom, weight, cap),
         Cmd::Set { name, value } => {
             Ok(text(c.call(op::SET_OPTION, [0; 4], format!("{name}={value}").as_bytes())?.text))
+        }
+        Cmd::Shutdown { dom, wait: false } => {
+            let doms = domains(c)?;
+            Ok(text(c.simple(op::SHUTDOWN, resolve(&doms, &dom)?.domid)?))
         }
         Cmd::DomOp { op, dom } => {
             let doms = domains(c)?;
@@ -84,8 +88,8 @@ fn sched_set<R: Regs>(c: &Client<R>, dom: &str, weight: Option<u32>, cap: Option
 fn sample<R: Regs>(c: &Client<R>) -> Result<(top::Sample, Instant), Error> {
     let doms = domains(c)?;
     let at = Instant::now();
-    let exits = c.paged(op::STATS).ok().map(|s| top::exits(&text(s)));
-    Ok((top::Sample { doms, exits }, at))
+    let counters = c.paged(op::STATS).ok().map(|s| top::counters(&text(s)));
+    Ok((top::Sample { doms, counters }, at))
 }
 
 /// `hvctl top`: `frames` frames (or forever) `delay` apart, each handed
@@ -107,6 +111,40 @@ pub fn top<R: Regs>(
         n += 1;
     }
     Ok(())
+}
+
+/// `hvctl shutdown -w` asks again this often while the domain runs: a
+/// request that reached a kernel before its console driver started
+/// waits for that driver's first interrupt, which an idle guest may
+/// never take (`hv_core::vpl011`); asking again delivers it.
+pub const SHUTDOWN_REPEAT: u32 = 25;
+
+/// `hvctl shutdown -w DOM`: asks, then polls `LIST` every `poll` until
+/// the domain is `shutdown` or gone (a domain `hvctl create` made is
+/// destroyed when it powers off), as `xl shutdown -w` waits, with no time
+/// limit; asks again every [`SHUTDOWN_REPEAT`] polls. Says which on `out`.
+pub fn shutdown_wait<R: Regs>(
+    c: &Client<R>,
+    dom: &str,
+    poll: Duration,
+    mut out: impl FnMut(&str) -> Result<(), Error>,
+) -> Result<(), Error> {
+    let domid = resolve(&domains(c)?, dom)?.domid;
+    c.simple(op::SHUTDOWN, domid)?;
+    eprintln!("Waiting for d{domid} to shut down");
+    let mut n: u32 = 0;
+    loop {
+        n = n.wrapping_add(1);
+        std::thread::sleep(poll);
+        match domains(c)?.iter().find(|d| d.domid == domid) {
+            None => return out(&format!("d{domid}: shut down and destroyed\n")),
+            Some(d) if d.state == "shutdown" => return out(&format!("d{domid}: shut down\n")),
+            Some(_) if n.is_multiple_of(SHUTDOWN_REPEAT) => {
+                c.simple(op::SHUTDOWN, domid)?;
+            }
+            Some(_) => {}
+        }
+    }
 }
 
 #[cfg(test)]
@@ -166,11 +204,52 @@ mod tests {
         let c = client(seen.clone());
         let e = exec(&c, Cmd::SchedSet { dom: "guest1".into(), weight: None, cap: Some(101) }).unwrap_err();
         assert_eq!(e.to_string(), "cap 101 out of range (0..100 for 1 vCPUs)");
-        let e = exec(&c, Cmd::DomOp { op: op::SHUTDOWN, dom: "nobody".into() }).unwrap_err();
+        let e = exec(&c, Cmd::Shutdown { dom: "nobody".into(), wait: false }).unwrap_err();
         assert_eq!(e.to_string(), "no domain `nobody`");
         let e = exec(&c, Cmd::DomOp { op: op::DESTROY, dom: "Dom0".into() }).unwrap_err();
         assert_eq!(e.to_string(), "not permitted");
         assert!(seen.borrow().is_empty(), "nothing was sent: {:?}", seen.borrow());
+    }
+
+    #[test]
+    fn shutdown_waits_until_the_domain_is_gone() {
+        // The domain runs for SHUTDOWN_REPEAT + 1 more LISTs after the
+        // request (asked again once), then is gone (a created one is
+        // destroyed when it powers off).
+        let lists = Rc::new(RefCell::new(0));
+        let (asked, n) = (Rc::new(RefCell::new(Vec::new())), lists.clone());
+        let a = asked.clone();
+        let exec = move |r: Request<'_>| -> Result<Reply, Status> {
+            let t = match r {
+                Request::List => {
+                    *n.borrow_mut() += 1;
+                    if *n.borrow() <= SHUTDOWN_REPEAT + 2 {
+                        LIST
+                    } else {
+                        &LIST[..LIST.find("domid=1").unwrap()]
+                    }
+                }
+                other => {
+                    a.borrow_mut().push(format!("{other:?}"));
+                    ""
+                }
+            };
+            Ok(Reply { text: t.as_bytes().to_vec(), more: 0 })
+        };
+        let mut c = Client::new(FakeRegs::new(Box::new(exec)));
+        c.retry = Duration::ZERO;
+        let mut said = String::new();
+        shutdown_wait(&c, "guest1", Duration::ZERO, |s| {
+            said.push_str(s);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(*asked.borrow(), ["Shutdown { dom: 1 }", "Shutdown { dom: 1 }"]);
+        assert_eq!(*lists.borrow(), SHUTDOWN_REPEAT + 3);
+        assert_eq!(said, "d1: shut down and destroyed\n");
+        // An unknown domain: an error before any request.
+        let c = client(Rc::default());
+        assert!(shutdown_wait(&c, "nobody", Duration::ZERO, |_| Ok(())).is_err());
     }
 
     #[test]

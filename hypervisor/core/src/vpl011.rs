@@ -19,6 +19,25 @@
 //! pumps again after the guest's next read (see [`VPl011::rx_held`]). The ring
 //! is bounded: a guest that stops reading loses the input beyond it, counted
 //! by the ring, not the other domains' input.
+//!
+//! # Break and Magic SysRq
+//!
+//! A FIFO entry is 12 bits as on the real part: the byte and its error
+//! flags (DR bits 8..11); a received break is an entry with BE set and the
+//! byte 0, as a line held low reads. [`VPl011::request_sysrq`] queues
+//! break-then-key pairs, which is how a serial console asks Linux's Magic
+//! SysRq (`CONFIG_MAGIC_SYSRQ_SERIAL`) for something: `hvctl shutdown`
+//! sends `s`, `u`, `o` (sync, remount read-only, power off). Linux's
+//! driver acts on only the last SysRq key of one interrupt (`amba-pl011.c`
+//! keeps one `sysrq_ch` until the handler returns), so each pair enters
+//! the FIFO alone: the first when the FIFO is empty, the next ones at a
+//! read of RIS or MIS that found nothing pending under IMSC, which is the
+//! driver's last read before its handler returns. The line is then
+//! asserted again and the next pair is the next interrupt's. Nothing
+//! enters before the driver has enabled its receive interrupts: it drains
+//! the FIFO when the console opens, and the request would be lost (the
+//! first handler call after that takes it; `hvctl shutdown -w` repeats
+//! the request for a guest that has none).
 
 use alloc::collections::VecDeque;
 
@@ -45,6 +64,13 @@ const FR_TXFE: u32 = 1 << 7;
 pub const INT_RX: u32 = 1 << 4;
 pub const INT_TX: u32 = 1 << 5;
 pub const INT_RT: u32 = 1 << 6;
+pub const INT_BE: u32 = 1 << 9;
+
+/// DR's break error flag (a FIFO entry's bit 10); bits 8..11 are RSR's
+/// FE, PE, BE, OE.
+pub const DR_BE: u16 = 1 << 10;
+/// Most SysRq keys one request holds.
+pub const SYSRQ_MAX: usize = 4;
 
 /// Size of the register frame.
 pub const FRAME_SIZE: u64 = 0x1000;
@@ -63,6 +89,9 @@ pub enum Pl011Error {
     /// Outside the 4 KiB frame.
     #[error("outside the PL011 frame")]
     OutOfRange,
+    /// A SysRq request with no keys or more than [`SYSRQ_MAX`].
+    #[error("a SysRq request holds 1 to 4 keys")]
+    SysrqKeys,
 }
 
 /// Input for this UART, as [`VPl011::pump_rx`] takes it.
@@ -75,7 +104,17 @@ pub trait RxSource {
 
 /// The emulated UART's state.
 pub struct VPl011 {
-    rx: VecDeque<u8>,
+    /// Received entries: the byte and its error flags (DR bits 0..11).
+    rx: VecDeque<u16>,
+    /// RSR/ECR: the error flags of the last entry read from DR.
+    rsr: u32,
+    /// SysRq keys still to send, each after a break (`sysrq[sysrq_at..]`).
+    sysrq: [u8; SYSRQ_MAX],
+    sysrq_len: usize,
+    sysrq_at: usize,
+    /// The driver read RIS or MIS and found nothing pending since the last
+    /// SysRq pair entered the FIFO.
+    handler_returned: bool,
     ibrd: u32,
     fbrd: u32,
     lcr_h: u32,
@@ -105,6 +144,11 @@ impl VPl011 {
     pub fn new() -> Self {
         Self {
             rx: VecDeque::with_capacity(RX_FIFO),
+            rsr: 0,
+            sysrq: [0; SYSRQ_MAX],
+            sysrq_len: 0,
+            sysrq_at: 0,
+            handler_returned: true,
             ibrd: 0,
             fbrd: 0,
             lcr_h: 0,
@@ -128,13 +172,61 @@ impl VPl011 {
 
     /// Queues a received byte; returns false when it had to be dropped.
     pub fn receive(&mut self, byte: u8) -> bool {
+        self.receive_entry(u16::from(byte))
+    }
+
+    fn receive_entry(&mut self, entry: u16) -> bool {
         if self.rx.len() >= RX_FIFO {
             self.rx_overruns += 1;
             return false;
         }
-        self.rx.push_back(byte);
+        self.rx.push_back(entry);
         self.ris |= INT_RX | INT_RT;
+        if entry & DR_BE != 0 {
+            self.ris |= INT_BE;
+        }
         true
+    }
+
+    /// Queues Magic SysRq `keys`, each sent after a break (see the module's
+    /// notes); a request still being sent is replaced. The first pair
+    /// enters at once if the FIFO is empty and the driver's handler has
+    /// returned since the last pair entered (it may still be in the one
+    /// that took it); the caller then mirrors [`VPl011::irq_level`] as
+    /// after any access.
+    pub fn request_sysrq(&mut self, keys: &[u8]) -> Result<(), Pl011Error> {
+        if keys.is_empty() || keys.len() > SYSRQ_MAX {
+            return Err(Pl011Error::SysrqKeys);
+        }
+        // The same request again while it is being sent goes on from where
+        // it is (a client repeating it must not keep restarting it).
+        if self.sysrq_pending() == 0 || self.sysrq[..self.sysrq_len] != *keys {
+            self.sysrq[..keys.len()].copy_from_slice(keys);
+            self.sysrq_len = keys.len();
+            self.sysrq_at = 0;
+        }
+        self.next_sysrq();
+        Ok(())
+    }
+
+    /// SysRq keys not yet in the FIFO.
+    pub fn sysrq_pending(&self) -> usize {
+        self.sysrq_len - self.sysrq_at
+    }
+
+    /// Puts the next break and key in the FIFO, if any is left, the FIFO is
+    /// empty, the driver takes receive interrupts (IMSC) and the handler
+    /// that took the last pair has returned. Linux's driver drains the FIFO
+    /// when the console is opened (`pl011_enable_interrupts`): a pair put
+    /// there before would be lost.
+    fn next_sysrq(&mut self) {
+        let driver_reads = self.imsc & (INT_RX | INT_RT) != 0;
+        if self.sysrq_at < self.sysrq_len && self.rx.is_empty() && self.handler_returned && driver_reads {
+            self.handler_returned = false;
+            self.receive_entry(DR_BE);
+            self.receive_entry(u16::from(self.sysrq[self.sysrq_at]));
+            self.sysrq_at += 1;
+        }
     }
 
     /// Room left in the receive FIFO.
@@ -184,13 +276,14 @@ impl VPl011 {
         let word = offset & !3;
         let v = match word {
             DR => {
-                let b = self.rx.pop_front().unwrap_or(0) as u32;
+                let e = self.rx.pop_front().unwrap_or(0) as u32;
+                self.rsr = (e >> 8) & 0xf;
                 if self.rx.is_empty() {
                     self.ris &= !(INT_RX | INT_RT);
                 }
-                b
+                e
             }
-            RSR => 0,
+            RSR => self.rsr,
             FR => self.flags(),
             ILPR => self.ilpr,
             IBRD => self.ibrd,
@@ -199,8 +292,16 @@ impl VPl011 {
             CR => self.cr,
             IFLS => self.ifls,
             IMSC => self.imsc,
-            RIS => self.ris,
-            MIS => self.ris & self.imsc,
+            RIS | MIS => {
+                let v = if word == RIS { self.ris } else { self.ris & self.imsc };
+                // The driver's handler ends at a read that finds nothing
+                // pending: the next SysRq pair is the next interrupt's.
+                if self.ris & self.imsc == 0 {
+                    self.handler_returned = true;
+                    self.next_sysrq();
+                }
+                v
+            }
             ICR => 0,
             DMACR => self.dmacr,
             0xfe0..=0xffc => ID_BYTES[((word - 0xfe0) / 4) as usize] as u32,
@@ -218,7 +319,7 @@ impl VPl011 {
                 tx(value as u8);
                 self.ris |= INT_TX;
             }
-            RSR => {}
+            RSR => self.rsr = 0,
             ILPR => self.ilpr = value & 0xff,
             IBRD => self.ibrd = value & 0xffff,
             FBRD => self.fbrd = value & 0x3f,
@@ -325,6 +426,94 @@ mod tests {
         u.pump_rx(&mut src);
         assert!(!u.rx_held());
         assert_eq!(u.rx_holds, 1);
+    }
+
+    /// Linux's `pl011_int` as far as SysRq goes: one handler call loops
+    /// while `RIS & IMSC` is non-zero, a break arms SysRq for the next
+    /// byte, and only the last SysRq key of the call is acted on when it
+    /// returns. Returns the key acted on and the plain bytes read.
+    fn linux_handler(u: &mut VPl011) -> (Option<u8>, Vec<u8>) {
+        let (mut armed, mut key, mut plain) = (false, None, Vec::new());
+        loop {
+            let status = u.read(RIS, 4).unwrap() & u.read(IMSC, 4).unwrap();
+            if status == 0 {
+                return (key, plain);
+            }
+            u.write(ICR, 4, status & !(INT_TX | INT_RT | INT_RX), &mut |_| {}).unwrap();
+            while u.read(FR, 2).unwrap() & FR_RXFE == 0 {
+                let e = u.read(DR, 2).unwrap() as u16;
+                if e & DR_BE != 0 {
+                    armed = true;
+                } else if core::mem::take(&mut armed) {
+                    key = Some(e as u8);
+                } else {
+                    plain.push(e as u8);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn sysrq_pairs_reach_linux_one_interrupt_each() {
+        let mut u = VPl011::new();
+        u.write(IMSC, 4, INT_RX | INT_RT, &mut |_| {}).unwrap();
+        // Typed input still in the FIFO: the first pair waits behind it.
+        u.receive(b'a');
+        u.request_sysrq(b"suo").unwrap();
+        assert_eq!(u.sysrq_pending(), 3);
+        let mut keys = Vec::new();
+        let mut plain = Vec::new();
+        for _ in 0..10 {
+            if !u.irq_level() {
+                break;
+            }
+            let (k, p) = linux_handler(&mut u);
+            keys.extend(k);
+            plain.extend(p);
+        }
+        assert_eq!(keys, b"suo", "each key acted on, in order");
+        assert_eq!(plain, b"a");
+        assert_eq!(u.sysrq_pending(), 0);
+        assert!(!u.irq_level());
+        // The break reads as an error entry, with RSR saying so.
+        u.request_sysrq(b"o").unwrap();
+        assert_eq!(u.read(DR, 4).unwrap(), DR_BE as u32);
+        assert_eq!(u.read(RSR, 4).unwrap(), 0x4);
+        assert_ne!(u.read(RIS, 4).unwrap() & INT_BE, 0);
+        assert_eq!(u.read(DR, 4).unwrap(), b'o' as u32);
+        assert_eq!(u.read(RSR, 4).unwrap(), 0);
+        assert_eq!(u.request_sysrq(b""), Err(Pl011Error::SysrqKeys));
+        assert_eq!(u.request_sysrq(b"sssss"), Err(Pl011Error::SysrqKeys));
+    }
+
+    #[test]
+    fn a_request_before_the_driver_starts_waits_for_it() {
+        let mut u = VPl011::new();
+        u.request_sysrq(b"so").unwrap();
+        assert_ne!(u.read(FR, 2).unwrap() & FR_RXFE, 0, "nothing for the startup drain to lose");
+        u.write(IMSC, 4, INT_RX | INT_RT, &mut |_| {}).unwrap();
+        // Repeated meanwhile: it goes on, it does not start again.
+        u.request_sysrq(b"so").unwrap();
+        assert_eq!(linux_handler(&mut u), (Some(b's'), Vec::new()));
+        assert_eq!(linux_handler(&mut u), (Some(b'o'), Vec::new()));
+        assert_eq!(u.sysrq_pending(), 0);
+        assert!(!u.irq_level());
+    }
+
+    #[test]
+    fn a_second_request_waits_for_the_handler_of_the_first() {
+        let mut u = VPl011::new();
+        u.write(IMSC, 4, INT_RX | INT_RT, &mut |_| {}).unwrap();
+        u.request_sysrq(b"s").unwrap();
+        // The driver takes the pair but has not returned yet.
+        assert_eq!(u.read(DR, 2).unwrap(), DR_BE as u32);
+        assert_eq!(u.read(DR, 2).unwrap(), b's' as u32);
+        u.request_sysrq(b"o").unwrap();
+        assert_ne!(u.read(FR, 2).unwrap() & FR_RXFE, 0, "not in the same handler call");
+        // Its last RIS read: the next pair is the next interrupt's.
+        assert_eq!(u.read(RIS, 4).unwrap() & (INT_RX | INT_RT), 0);
+        assert!(u.irq_level());
+        assert_eq!(linux_handler(&mut u), (Some(b'o'), Vec::new()));
     }
 
     #[test]

@@ -561,6 +561,20 @@ pub fn destroy(me: usize, vm: Option<&'static Vm>, dom: DomainId) -> Result<(), 
     Ok(())
 }
 
+/// A DomU that powered off or asked for a reset (PSCI): one `hvctl create`
+/// made is destroyed as by `DESTROY`, which is xl's default
+/// (`on_poweroff="destroy"`; `on_reboot="restart"` is not supported, so a
+/// reset destroys it too). A boot-time DomU stays, stopped, as Xen's
+/// dom0less ones do with no toolstack watching them.
+pub fn stopped_itself(me: usize, dom: DomainId) {
+    let made = STATE.lock().as_ref().is_some_and(|s| s.made.iter().any(|m| m.domid == dom));
+    let Some(vm) = made.then(|| vms().iter().copied().find(|vm| vm.domid == dom)).flatten() else { return };
+    info!("d{dom}: destroyed (on_poweroff=destroy)");
+    if let Err(e) = destroy(me, Some(vm), dom) {
+        warn!("d{dom}: stays stopped: {e}");
+    }
+}
+
 /// The run loop's word ([`WORD`]): one load at every iteration; while it
 /// equals the one the pCPU saw last, there is nothing to do.
 #[inline(always)]

@@ -125,6 +125,22 @@ pub fn initrd_with_domu_files(dom0_initrd: &Path, kernel: &Path, domu_initrd: &P
     Ok(out)
 }
 
+/// `base` with `script` at `/etc/NAME.sh` (mode 755), written to
+/// target/xtask/initramfs-`name`.cpio: a guest script too long for
+/// `guestcmd=` (the kernel command line holds 2048 bytes), run with
+/// `--cmd 'sh /etc/NAME.sh'`. Rewritten every call (the script is cheap
+/// to compare, the file to write).
+pub fn initrd_with_script(base: &Path, name: &str, script: &str) -> Result<PathBuf> {
+    let out = crate::out_dir().join(format!("initramfs-{name}.cpio"));
+    let b = std::fs::read(base).with_context(|| base.display().to_string())?;
+    let extra = cpio::write(&[
+        cpio::Entry { name: "etc".into(), mode: cpio::DIR_755, data: Vec::new() },
+        cpio::Entry { name: format!("etc/{name}.sh"), mode: cpio::FILE_755, data: script.as_bytes().to_vec() },
+    ]);
+    write_whole(&out, &concat(&b, &extra))?;
+    Ok(out)
+}
+
 /// Writes `data` aside and renames it to `path`: a reader meanwhile (a
 /// parallel test, another run) sees the old or the new file, never half
 /// of one.

@@ -88,7 +88,7 @@ fn execute(me: usize, now: u64, r: Request<'_>, counters: control::Counters) -> 
         Request::Start { dom } => crate::runtime::domctl::start(me, dom)?,
         Request::Pause { dom } => pause(me, dom, true)?,
         Request::Unpause { dom } => pause(me, dom, false)?,
-        Request::Shutdown { .. } => return Err(Status::Unsupported),
+        Request::Shutdown { dom } => shutdown(me, dom)?,
     }
     Ok(Reply { text: out.into_bytes(), more: 0 })
 }
@@ -236,6 +236,38 @@ fn pause(me: usize, dom: DomainId, on: bool) -> Result<(), Status> {
         return Err(Status::Perm);
     }
     crate::runtime::wake::pause_vm(domain(dom)?, me, on);
+    Ok(())
+}
+
+/// `xl shutdown DOM`: asks the DomU's kernel to power off, as a serial
+/// console asks Linux: Magic SysRq `s`, `u`, `o` (emergency sync, remount
+/// read-only, power off), each after a break on its vPL011
+/// (`VPl011::request_sysrq`). The guest then stops itself with PSCI
+/// SYSTEM_OFF. Why SysRq: the other requests Linux acts on need Xen's PV
+/// interface (xenstore's `control/shutdown`), ACPI (DomUs boot with a
+/// device tree) or gpio-keys (not in Debian's cloud kernel); SysRq over a
+/// PL011 console is in every Debian arm64 kernel and allowed by its
+/// default mask (0x1b6). A guest that turned SysRq off ignores it;
+/// `hvctl destroy` remains.
+fn shutdown(me: usize, dom: DomainId) -> Result<(), Status> {
+    if dom == 0 {
+        return Err(Status::Perm);
+    }
+    let vm = domain(dom)?;
+    if vm.uart_region.is_none() {
+        // No console to ask through.
+        return Err(Status::Unsupported);
+    }
+    if vm.stopped.load(Ordering::Acquire) {
+        return Ok(());
+    }
+    let level = {
+        let mut uart = vm.uart.lock();
+        uart.request_sysrq(b"suo").map_err(|_| Status::Inval)?;
+        uart.irq_level()
+    };
+    crate::runtime::wake::set_line(vm, me, vm.uart_intid, 0, level, crate::sched::WakeCause::Interrupt);
+    log::info!("d{dom}: shutdown requested (hvctl shutdown)");
     Ok(())
 }
 

@@ -57,13 +57,16 @@ pub(super) fn power_off() -> ! {
 
 /// A DomU's SYSTEM_OFF or SYSTEM_RESET: only that domain stops. Its vCPUs go
 /// offline (the caller's now; the others at their next switch-in or exit,
-/// see `run_vcpu`); its memory and emulated devices stay as they are,
-/// unused; its assigned PCIe functions are reset (`runtime::pci`).
+/// see `run_vcpu`); its assigned PCIe functions are reset (`runtime::pci`).
+/// A boot-time DomU's memory and emulated devices stay as they are, unused
+/// (`hvctl destroy` frees them); one `hvctl create` made is destroyed
+/// (`runtime::domctl::stopped_itself`, xl's `on_poweroff="destroy"`).
 pub(super) fn stop_domain(vm: &Vm, me: usize, v: &Vcpu, what: &str) -> Next {
     vm.shared[v.id].online.store(false, Ordering::Release);
     if let Err(e) = vm.sched.power_off(now_ns(), me) {
         warn!("d{} vCPU{}: stopping: {e}", vm.domid, v.id);
     }
     crate::runtime::wake::stop_vm(vm, me, what);
+    crate::runtime::domctl::stopped_itself(me, vm.domid);
     Next::Schedule
 }
