@@ -30,9 +30,11 @@ Verbs:
   destroy|pause|unpause DOM
   shutdown [-w] DOM             ask the DomU's kernel to power off (Magic SysRq
                                 on its console); -w: wait until it has
-  top [-b] [-d SECS] [-n N]     CPU% and exits/s per domain every SECS (default 3)
-                                for N frames (default: forever); there is only the
-                                batch output, so -b changes nothing
+  top [-b] [-d SECS] [-n N]     CPU%, exits/s, IRQs/s, IOPS, kick-to-run p50/p99
+                                per domain every SECS (default 3)
+                                for N frames (default: forever); on a terminal
+                                each frame replaces the last (Ctrl-C quits),
+                                -b: frames one after another
 
 DOM is a domain id or name. Options: -h/--help, -V/--version.
 Errors: one line, exit status 1; 2 for a bad command line or xl.cfg.
@@ -78,9 +80,12 @@ pub enum Cmd {
         dom: String,
         wait: bool,
     },
+    /// `batch`: `-b`, frames one after another (without it, on a
+    /// terminal, each frame replaces the last).
     Top {
         delay_s: f64,
         frames: Option<u64>,
+        batch: bool,
     },
     Create {
         cfg: String,
@@ -189,10 +194,10 @@ fn sched(p: &mut lexopt::Parser) -> Result<Cmd, lexopt::Error> {
 }
 
 fn top(p: &mut lexopt::Parser) -> Result<Cmd, lexopt::Error> {
-    let (mut delay_s, mut frames) = (3.0f64, None);
+    let (mut delay_s, mut frames, mut batch) = (3.0f64, None, false);
     while let Some(arg) = p.next()? {
         match arg {
-            Short('b') | Long("batch") => {}
+            Short('b') | Long("batch") => batch = true,
             Short('d') | Long("delay") => delay_s = p.value()?.parse()?,
             Short('n') | Long("iterations") => frames = Some(p.value()?.parse()?),
             other => return Err(other.unexpected()),
@@ -201,7 +206,7 @@ fn top(p: &mut lexopt::Parser) -> Result<Cmd, lexopt::Error> {
     if !(delay_s > 0.0 && delay_s <= 3600.0) {
         return Err(format!("delay {delay_s} out of range (0..3600 seconds)").into());
     }
-    Ok(Cmd::Top { delay_s, frames })
+    Ok(Cmd::Top { delay_s, frames, batch })
 }
 
 #[cfg(test)]
@@ -226,8 +231,8 @@ mod tests {
             Ok(Cmd::Set { name: "sched_wake_preempt".into(), value: "off".into() })
         );
         assert_eq!(p("pause guest1"), Ok(Cmd::DomOp { op: 9, dom: "guest1".into() }));
-        assert_eq!(p("top -b -d 0.5 -n 2"), Ok(Cmd::Top { delay_s: 0.5, frames: Some(2) }));
-        assert_eq!(p("top"), Ok(Cmd::Top { delay_s: 3.0, frames: None }));
+        assert_eq!(p("top -b -d 0.5 -n 2"), Ok(Cmd::Top { delay_s: 0.5, frames: Some(2), batch: true }));
+        assert_eq!(p("top"), Ok(Cmd::Top { delay_s: 3.0, frames: None, batch: false }));
         assert_eq!(p("create /etc/d.cfg"), Ok(Cmd::Create { cfg: "/etc/d.cfg".into(), dry_run: false }));
         assert_eq!(p("create -n d.cfg"), Ok(Cmd::Create { cfg: "d.cfg".into(), dry_run: true }));
         assert_eq!(p("create d.cfg --dry-run"), Ok(Cmd::Create { cfg: "d.cfg".into(), dry_run: true }));

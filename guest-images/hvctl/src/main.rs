@@ -38,7 +38,7 @@ mod xlcfg;
 
 use cli::Cmd;
 use client::{Client, Error};
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::time::Duration;
 
 fn main() {
@@ -71,7 +71,13 @@ fn run(cmd: Cmd) -> Result<(), Error> {
         Cmd::Help => out(cli::HELP),
         Cmd::Version => out(&format!("hvctl {}\n", env!("CARGO_PKG_VERSION"))),
         Cmd::Shutdown { dom, wait: true } => verbs::shutdown_wait(&open()?, &dom, Duration::from_millis(200), out),
-        Cmd::Top { delay_s, frames } => verbs::top(&open()?, Duration::from_secs_f64(delay_s), frames, out),
+        Cmd::Top { delay_s, frames, batch } => {
+            // Interactive: each frame over the last (cursor home, clear the
+            // screen), as top and xentop redraw; Ctrl-C quits.
+            let redraw = !batch && std::io::stdout().is_terminal();
+            let show = |f: &str| if redraw { out(&format!("\x1b[H\x1b[2J{f}")) } else { out(f) };
+            verbs::top(&open()?, Duration::from_secs_f64(delay_s), frames, show)
+        }
         Cmd::Create { cfg, dry_run } => {
             // On stderr, as xl does: stdout is the result (the payload, or
             // one line naming the domain).
