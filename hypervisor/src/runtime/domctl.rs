@@ -326,11 +326,7 @@ pub fn load(dom: DomainId, m: Module, first: u32, pages: &[u8]) -> Result<u64, S
         }
         // Every page must be Dom0's RAM, identity-mapped: never the
         // hypervisor's, the pool's or another VM's.
-        let in_dom0 = |pa: u64| {
-            dom0.ram_host == dom0.ram.base
-                && pa >= dom0.ram.base
-                && pa.checked_add(PAGE).is_some_and(|e| e <= dom0.ram.end())
-        };
+        let in_dom0 = |pa: u64| dom0.ram_host == dom0.ram.base && crate::control::create::page_in(&dom0.ram, pa);
         let base = b.file_base(m);
         let mut sum = Fnv64::default();
         for (i, entry) in pages.chunks_exact(8).enumerate() {

@@ -207,6 +207,13 @@ impl<'a> CreateSpec<'a> {
     }
 }
 
+/// Whether the page at `pa` lies wholly in `ram` (Dom0's RAM, which `LOAD`
+/// reads through its identity map): never the hypervisor's memory, the
+/// pool's or another VM's, and no address that wraps.
+pub fn page_in(ram: &crate::region::Region, pa: u64) -> bool {
+    pa >= ram.base && pa.checked_add(PAGE).is_some_and(|e| e <= ram.end())
+}
+
 /// `LOAD`'s payload: little-endian u64 addresses of 4 KiB pages of Dom0's
 /// RAM (each aligned), at least one.
 pub fn load_pages(payload: &[u8]) -> Result<&[u8], Status> {
@@ -312,6 +319,19 @@ mod tests {
         assert_eq!((one.pcpu_of(0), one.pcpu_of(1)), (Some(3), Some(3)));
         assert_eq!((spec().pcpu_of(0), spec().pcpu_of(1)), (Some(0), Some(1)));
         assert_eq!(CreateSpec { cpus: None, ..spec() }.pcpu_of(0), None);
+    }
+
+    #[test]
+    fn loaded_pages_must_be_dom0s_ram() {
+        let ram = crate::region::Region { base: 0x4000_0000, size: 0x4000_0000 };
+        assert!(page_in(&ram, 0x4000_0000));
+        assert!(page_in(&ram, 0x7fff_f000), "the last page");
+        assert!(!page_in(&ram, 0x8000_0000), "just past its end (the hypervisor, the pool)");
+        assert!(!page_in(&ram, 0x3fff_f000), "below it");
+        assert!(!page_in(&ram, 0x7fff_f800), "straddling its end");
+        assert!(!page_in(&ram, u64::MAX & !(PAGE - 1)), "wrapping");
+        let top = crate::region::Region { base: u64::MAX - 2 * PAGE + 1, size: 2 * PAGE - 1 };
+        assert!(!page_in(&top, u64::MAX - PAGE + 1));
     }
 
     #[test]
