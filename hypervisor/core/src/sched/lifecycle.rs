@@ -140,6 +140,10 @@ impl Scheduler {
             exact(&mut rq.members, n)?;
             exact(&mut rq.queue, n)?;
         }
+        if self.rqs.len() > 1 {
+            exact(&mut self.candidates.push, n)?;
+            exact(&mut self.candidates.pull, n)?;
+        }
         Ok(())
     }
 
@@ -273,6 +277,10 @@ impl Scheduler {
             room(&mut rq.members, n)?;
             room(&mut rq.queue, n)?;
         }
+        if self.rqs.len() > 1 {
+            room(&mut self.candidates.push, n)?;
+            room(&mut self.candidates.pull, n)?;
+        }
         let dom = &mut self.domains[d];
         room(&mut dom.parked, dom.nr_vcpus as usize + 1)
     }
@@ -322,7 +330,7 @@ impl Scheduler {
             return Err(SchedError::AlreadyOnline(vcpu));
         }
         self.replenish_due(now);
-        self.vcpus[s].state = RunState::Blocked;
+        self.set_state(s, RunState::Blocked);
         Ok(self.make_runnable(now, s))
     }
 
@@ -331,7 +339,7 @@ impl Scheduler {
         let s = self.running(pcpu)?;
         self.burn(s, now);
         self.note_load(s, -1, now);
-        self.vcpus[s].state = RunState::Offline;
+        self.set_state(s, RunState::Offline);
         self.vcpus[s].woken_at = None;
         Ok(self.vcpus[s].id)
     }
@@ -343,7 +351,7 @@ impl Scheduler {
         let s = self.running(pcpu)?;
         self.burn(s, now);
         self.note_load(s, -1, now);
-        self.vcpus[s].state = RunState::Blocked;
+        self.set_state(s, RunState::Blocked);
         Ok(self.vcpus[s].id)
     }
 

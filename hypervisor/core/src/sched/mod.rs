@@ -323,7 +323,18 @@ struct Runqueue {
     max_weight: u32,
     /// Credit resets of this runqueue.
     resets: u64,
+    /// Its pCPUs that run a vCPU (`Pcpu::curr` in `RunState::Running` on
+    /// it), a bit each ([`Pcpu::bit`]): the others are idle, or their
+    /// runner has just left and their `schedule()` is on its way. Kept by
+    /// [`Scheduler::set_state`].
+    busy: u32,
+    /// Its pCPUs that a tickle asked to reschedule and that have not yet
+    /// (Credit2's `rqd->tickled`): later wakes look for another pCPU.
+    tickled: u32,
 }
+
+// The runqueue's pCPU masks have a bit per pCPU.
+const _: () = assert!(config::MAX_CPUS_RUNQUEUE <= 32);
 
 #[derive(Default)]
 struct Pcpu {
@@ -349,9 +360,9 @@ struct Pcpu {
     /// `curr` was picked by a directed yield: it runs a grace-long slice and
     /// the ratelimit does not hold the yielder off when it ends.
     loan: bool,
-    /// A tickle asked it to reschedule and it has not yet (Credit2's
-    /// `rqd->tickled`): later wakes look for another pCPU.
-    tickled: bool,
+    /// Its bit in its runqueue's pCPU masks ([`Runqueue::busy`],
+    /// [`Runqueue::tickled`]): 1 << its place among the runqueue's pCPUs.
+    bit: u32,
     /// `schedule()` calls on it (summed per runqueue in the statistics).
     schedules: u64,
     /// Tickles that told it to reschedule.
@@ -457,6 +468,10 @@ pub struct Scheduler {
     /// The last `schedule()` reset this runqueue's credit: [`Sched`]
     /// balances it against another.
     reset_pending: bool,
+    /// The balance's candidate lists, with room for every vCPU reserved
+    /// when vCPUs are registered (only with several runqueues), so a
+    /// balance allocates nothing under the lock.
+    candidates: balance::Candidates,
 }
 
 impl Scheduler {
@@ -473,6 +488,7 @@ impl Scheduler {
         for (p, pc) in pcpus.iter_mut().enumerate() {
             // Contiguous blocks whose sizes differ by at most one.
             pc.rq = p * nr_rqs / nr_pcpus;
+            pc.bit = 1 << rqs[pc.rq].pcpus.len();
             rqs[pc.rq].pcpus.push(p);
         }
         Ok(Self {
@@ -490,6 +506,7 @@ impl Scheduler {
             shard: None,
             emigrant: None,
             reset_pending: false,
+            candidates: balance::Candidates::default(),
         })
     }
 
@@ -505,8 +522,10 @@ impl Scheduler {
     /// the pCPU's timer says so, and after `block`/`yield_to`/`power_off`.
     pub fn schedule(&mut self, now: u64, pcpu: usize) -> Result<Decision, SchedError> {
         self.check_pcpu(pcpu)?;
+        #[cfg(test)]
+        self.assert_masks();
         let pc = &mut self.pcpus[pcpu];
-        pc.tickled = false;
+        self.rqs[pc.rq].tickled &= !pc.bit;
         pc.schedules += 1;
         let prev = self.pcpus[pcpu].curr;
         let prev_runnable = self.account_prev(now, pcpu, prev);
@@ -650,6 +669,7 @@ impl Scheduler {
             f.extend([rq.pcpus.capacity(), rq.members.capacity(), rq.queue.capacity()]);
         }
         f.extend(self.domains.iter().map(|d| d.parked.capacity()));
+        f.extend([self.candidates.push.capacity(), self.candidates.pull.capacity()]);
         f
     }
 
@@ -679,11 +699,25 @@ impl Scheduler {
                 assert!(c < self.vcpus.len(), "pCPU {p} runs slot {c}");
             }
         }
+        self.assert_masks();
         for (d, dm) in self.domains.iter().enumerate() {
             assert_eq!(dm.nr_vcpus as usize, self.vcpus.iter().filter(|v| v.dom == d).count());
             assert!(dm.parked.iter().all(|&s| self.vcpus[s].parked && self.vcpus[s].dom == d));
         }
         assert_eq!(self.nr_parked, self.domains.iter().map(|d| d.parked.len()).sum::<usize>());
+    }
+
+    /// Checks each live runqueue's busy mask against its pCPUs' runners.
+    #[cfg(test)]
+    pub(super) fn assert_masks(&self) {
+        for (r, rq) in self.rqs.iter().enumerate().filter(|&(r, _)| self.owns(r)) {
+            let busy = rq.pcpus.iter().enumerate().fold(0u32, |m, (i, &p)| {
+                let running = self.pcpus[p].curr.is_some_and(|c| self.vcpus[c].state == RunState::Running(p));
+                m | (u32::from(running) << i)
+            });
+            assert_eq!(rq.busy, busy, "rq{r}'s busy mask");
+            assert_eq!(rq.tickled & !((1u32 << rq.pcpus.len()) - 1), 0, "rq{r}'s tickled mask");
+        }
     }
 
     // ----- lookups shared by the policy files -----
@@ -708,6 +742,28 @@ impl Scheduler {
     #[inline(always)]
     pub(super) fn owns(&self, rq: usize) -> bool {
         self.shard.is_none_or(|r| r == rq)
+    }
+
+    /// `s`'s state becomes `new`, and its runqueue's busy mask follows:
+    /// every change of a vCPU's state goes through here.
+    #[inline(always)]
+    pub(super) fn set_state(&mut self, s: usize, new: RunState) {
+        if let RunState::Running(p) = self.vcpus[s].state {
+            let pc = &self.pcpus[p];
+            self.rqs[pc.rq].busy &= !pc.bit;
+        }
+        if let RunState::Running(p) = new {
+            let pc = &self.pcpus[p];
+            self.rqs[pc.rq].busy |= pc.bit;
+        }
+        self.vcpus[s].state = new;
+    }
+
+    /// Whether a tickle asked `p` to reschedule and it has not yet.
+    #[inline(always)]
+    pub(super) fn is_tickled(&self, p: usize) -> bool {
+        let pc = &self.pcpus[p];
+        self.rqs[pc.rq].tickled & pc.bit != 0
     }
 
     pub(super) fn running(&self, p: usize) -> Result<usize, SchedError> {

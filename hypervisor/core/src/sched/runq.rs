@@ -171,7 +171,7 @@ impl Scheduler {
         self.rqs[self.pcpus[p].rq].queue.iter().copied().inspect(|_| self.op(1)).find(|&h| {
             let v = &self.vcpus[h];
             v.allowed_on(p)
-                && !v.tickled_cpu.is_some_and(|t| t != p && self.pcpus[t].tickled)
+                && !v.tickled_cpu.is_some_and(|t| t != p && self.is_tickled(t))
                 && (v.home == p || v.credit > base.saturating_add(resist))
         })
     }
@@ -209,10 +209,9 @@ impl Scheduler {
             return None;
         }
         rq.pcpus.iter().copied().inspect(|_| self.op(1)).find(|&o| {
-            let pc = &self.pcpus[o];
             o != p
-                && pc.curr.is_none()
-                && !pc.tickled
+                && self.pcpus[o].curr.is_none()
+                && !self.is_tickled(o)
                 && rq.queue.iter().inspect(|_| self.op(1)).any(|&s| self.vcpus[s].allowed_on(o))
         })
     }

@@ -550,8 +550,11 @@ impl Sched {
         let Some(delta) = imbalance(la, oa, cpus_max) else { return false };
         s.note_members_load(l, now);
         os.note_members_load(o, now);
-        s.op(s.rqs[l].members.len() * (os.rqs[o].members.len() + 1));
-        let (push, pull) = best_exchange(delta, la as i64, oa as i64, || s.movable(l, o), || os.movable(o, l));
+        s.collect_push(l, o);
+        os.collect_pull(o, l);
+        let ((push, pull), work) =
+            best_exchange(delta, la as i64, oa as i64, &s.candidates.push, &mut os.candidates.pull);
+        s.op(s.rqs[l].members.len() + os.rqs[o].members.len() + work);
         if let Some(v) = push {
             self.move_between(now, v, (s, l), (&mut os, o), pcpu, kicks);
         }

@@ -264,7 +264,7 @@ impl Scheduler {
 
     pub(super) fn make_runnable(&mut self, now: u64, s: usize) -> WakeAction {
         self.note_load(s, 1, now);
-        self.vcpus[s].state = RunState::Runnable;
+        self.set_state(s, RunState::Runnable);
         self.vcpus[s].preempted = false;
         let d = self.vcpus[s].dom;
         if !self.no_caps() && self.domains[d].capped() && self.vcpus[s].budget <= 0 && self.domains[d].budget() <= 0 {
@@ -326,9 +326,9 @@ impl Scheduler {
     /// migration; the same decisions without the search.
     fn tickle_the_pcpu(&mut self, now: u64, s: usize) -> WakeAction {
         let Some(r) = self.pcpus[0].curr.filter(|&r| self.vcpus[r].state == RunState::Running(0)) else {
-            return if self.pcpus[0].tickled { WakeAction::None } else { self.mark_tickled(0, s) };
+            return if self.is_tickled(0) { WakeAction::None } else { self.mark_tickled(0, s) };
         };
-        if self.pcpus[0].tickled {
+        if self.is_tickled(0) {
             return WakeAction::None;
         }
         if self.cfg.wake_mode == WakeMode::XenCompat && self.in_ratelimit_window(now, 0) {
@@ -386,30 +386,40 @@ impl Scheduler {
 
     #[inline]
     fn mark_tickled(&mut self, p: usize, s: usize) -> WakeAction {
-        self.pcpus[p].tickled = true;
-        self.pcpus[p].tickles += 1;
+        let pc = &mut self.pcpus[p];
+        self.rqs[pc.rq].tickled |= pc.bit;
+        pc.tickles += 1;
         self.vcpus[s].tickled_cpu = Some(p);
         WakeAction::Reschedule { pcpu: p }
     }
 
     /// A pCPU of `s`'s runqueue that `s` may run on, is idle (or its runner
     /// has just blocked: its `schedule()` is on its way) and is not tickled:
-    /// its last pCPU if so, else the next such from there.
+    /// its last pCPU if so, else the next such from there, cycling (Credit2's
+    /// `cpumask_test_or_cycle` over `idle & ~tickled`). From the runqueue's
+    /// masks: no walk of its pCPUs.
     #[inline]
     fn idle_to_tickle(&self, s: usize) -> Option<usize> {
-        let free = |p: usize| {
-            let pc = &self.pcpus[p];
-            !pc.tickled && pc.curr.is_none_or(|r| self.vcpus[r].state != RunState::Running(p))
+        let v = &self.vcpus[s];
+        let rq = &self.rqs[v.rq];
+        let all = (1u32 << rq.pcpus.len()) - 1;
+        let allowed = match v.affinity {
+            None => all,
+            Some(a) if self.pcpus[a].rq == v.rq => self.pcpus[a].bit,
+            Some(_) => 0,
         };
-        let home = self.vcpus[s].home;
-        let at_home = self.vcpus[s].rq == self.pcpus[home].rq;
-        if at_home && self.vcpus[s].allowed_on(home) && free(home) {
-            return Some(home);
-        }
-        if at_home && self.rqs[self.vcpus[s].rq].pcpus.len() == 1 {
+        let free = allowed & !(rq.busy | rq.tickled);
+        self.op(1);
+        if free == 0 {
             return None;
         }
-        self.cycle_from_home(s).find(|&p| free(p))
+        let first = rq.pcpus[0];
+        // The place of its last pCPU, or of the first above it when that
+        // is not one of the runqueue's.
+        let from = v.home.saturating_sub(first).min(rq.pcpus.len());
+        let above = free & !((1u32 << from) - 1);
+        let at = if above != 0 { above } else { free }.trailing_zeros() as usize;
+        Some(rq.pcpus[at])
     }
 
     /// The busy, untickled pCPU of `s`'s runqueue whose runner `s` leads by
@@ -430,7 +440,7 @@ impl Scheduler {
         for i in 0..self.rqs[rq].pcpus.len() {
             let p = self.rqs[rq].pcpus[i];
             let Some(r) = self.pcpus[p].curr else { continue };
-            if self.pcpus[p].tickled || !self.vcpus[s].allowed_on(p) || skip == Some(p) {
+            if self.is_tickled(p) || !self.vcpus[s].allowed_on(p) || skip == Some(p) {
                 continue;
             }
             if window && self.in_ratelimit_window(now, p) {
