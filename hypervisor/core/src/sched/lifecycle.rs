@@ -330,7 +330,7 @@ impl Scheduler {
             return Err(SchedError::AlreadyOnline(vcpu));
         }
         self.replenish_due(now);
-        self.set_state(s, RunState::Blocked);
+        self.vcpus[s].state = RunState::Blocked;
         Ok(self.make_runnable(now, s))
     }
 
@@ -339,7 +339,8 @@ impl Scheduler {
         let s = self.running(pcpu)?;
         self.burn(s, now);
         self.note_load(s, -1, now);
-        self.set_state(s, RunState::Offline);
+        self.mark_busy(pcpu, false);
+        self.vcpus[s].state = RunState::Offline;
         self.vcpus[s].woken_at = None;
         Ok(self.vcpus[s].id)
     }
@@ -351,7 +352,8 @@ impl Scheduler {
         let s = self.running(pcpu)?;
         self.burn(s, now);
         self.note_load(s, -1, now);
-        self.set_state(s, RunState::Blocked);
+        self.mark_busy(pcpu, false);
+        self.vcpus[s].state = RunState::Blocked;
         Ok(self.vcpus[s].id)
     }
 

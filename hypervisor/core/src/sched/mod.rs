@@ -326,7 +326,7 @@ struct Runqueue {
     /// Its pCPUs that run a vCPU (`Pcpu::curr` in `RunState::Running` on
     /// it), a bit each ([`Pcpu::bit`]): the others are idle, or their
     /// runner has just left and their `schedule()` is on its way. Kept by
-    /// [`Scheduler::set_state`].
+    /// [`Scheduler::mark_busy`].
     busy: u32,
     /// Its pCPUs that a tickle asked to reschedule and that have not yet
     /// (Credit2's `rqd->tickled`): later wakes look for another pCPU.
@@ -744,19 +744,17 @@ impl Scheduler {
         self.shard.is_none_or(|r| r == rq)
     }
 
-    /// `s`'s state becomes `new`, and its runqueue's busy mask follows:
-    /// every change of a vCPU's state goes through here.
+    /// `p` now runs a vCPU (`busy`) or not: its bit in its runqueue's busy
+    /// mask. Set where a vCPU is switched in; cleared where `p`'s runner
+    /// stops (block, power-off) and where `p` goes idle. A runner that
+    /// `schedule()` replaces or parks leaves the bit set until the same
+    /// call switches another in or goes idle: nothing reads `p`'s own bit
+    /// in between.
     #[inline(always)]
-    pub(super) fn set_state(&mut self, s: usize, new: RunState) {
-        if let RunState::Running(p) = self.vcpus[s].state {
-            let pc = &self.pcpus[p];
-            self.rqs[pc.rq].busy &= !pc.bit;
-        }
-        if let RunState::Running(p) = new {
-            let pc = &self.pcpus[p];
-            self.rqs[pc.rq].busy |= pc.bit;
-        }
-        self.vcpus[s].state = new;
+    pub(super) fn mark_busy(&mut self, p: usize, busy: bool) {
+        let pc = &self.pcpus[p];
+        let m = &mut self.rqs[pc.rq].busy;
+        *m = if busy { *m | pc.bit } else { *m & !pc.bit };
     }
 
     /// Whether a tickle asked `p` to reschedule and it has not yet.

@@ -24,7 +24,7 @@ impl Scheduler {
         if self.ensure_budget(s) {
             Some(s)
         } else {
-            self.set_state(s, RunState::Runnable);
+            self.vcpus[s].state = RunState::Runnable;
             self.park(s);
             None
         }
@@ -73,7 +73,7 @@ impl Scheduler {
     ) -> Option<VcpuId> {
         let mut preempted = None;
         if next != Some(s) {
-            self.set_state(s, RunState::Runnable);
+            self.vcpus[s].state = RunState::Runnable;
             if !yielding {
                 self.vcpus[s].preempted = true;
                 self.vcpus[s].wake_preempted = forced == Some(PreemptReason::Wake);
@@ -118,6 +118,7 @@ impl Scheduler {
         preempted: Option<VcpuId>,
         switch: SwitchInfo,
     ) -> Decision {
+        self.mark_busy(pcpu, false);
         let pc = &mut self.pcpus[pcpu];
         pc.curr = None;
         pc.crit_until = 0;
@@ -135,8 +136,9 @@ impl Scheduler {
     /// after a wake-preemption, the wake-to-run latency; the switch-in
     /// record.
     pub(super) fn switch_in(&mut self, now: u64, pcpu: usize, n: usize) -> (VcpuId, i64, Option<u64>) {
-        self.set_state(n, RunState::Running(pcpu));
+        self.mark_busy(pcpu, true);
         let v = &mut self.vcpus[n];
+        v.state = RunState::Running(pcpu);
         v.last_burn = now;
         v.preempted = false;
         if v.home != pcpu {

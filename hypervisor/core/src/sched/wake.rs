@@ -264,7 +264,7 @@ impl Scheduler {
 
     pub(super) fn make_runnable(&mut self, now: u64, s: usize) -> WakeAction {
         self.note_load(s, 1, now);
-        self.set_state(s, RunState::Runnable);
+        self.vcpus[s].state = RunState::Runnable;
         self.vcpus[s].preempted = false;
         let d = self.vcpus[s].dom;
         if !self.no_caps() && self.domains[d].capped() && self.vcpus[s].budget <= 0 && self.domains[d].budget() <= 0 {
