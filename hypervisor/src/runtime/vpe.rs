@@ -28,9 +28,13 @@ fn vpropbaser(vm: &Vm, id: usize) -> Option<u64> {
     v4::vpropbaser(pa - vm.ram.base + vm.ram_host, bits, true)
 }
 
-/// Polls of `vpe_on` while the pCPU that last ran a vCPU releases its vPE
-/// (YIELD between polls: under single-threaded TCG that pCPU then runs).
-const RELEASE_POLLS: u32 = 1 << 20;
+/// How long a load waits for the pCPU that last ran the vCPU to release its
+/// vPE. That pCPU releases it a few hundred instructions after its
+/// scheduler picked another vCPU, with interrupts masked, so on hardware
+/// the wait is short; the bound is in time, not polls, because under TCG
+/// that pCPU is a host thread the host may deschedule for milliseconds
+/// (a count of polls ran out after ~10 ms on a loaded 2-core host).
+const RELEASE_WAIT_NS: u64 = 1_000_000_000;
 
 /// vCPU `id` is being loaded on `me`: its vPE follows it (VMOVP if mapped
 /// elsewhere) and becomes resident. Returns whether it is resident. A vPE
@@ -85,15 +89,21 @@ pub fn load(vm: &Vm, me: usize, id: usize) -> bool {
     }
 }
 
-/// Waits (bounded) until vCPU `s`'s vPE is resident nowhere.
+/// Waits (at most `RELEASE_WAIT_NS`) until vCPU `s`'s vPE is resident
+/// nowhere (YIELD between polls: under single-threaded TCG the releasing
+/// pCPU then runs).
 fn released(s: &VcpuShared) -> bool {
-    for _ in 0..RELEASE_POLLS {
+    let mut deadline = None;
+    loop {
         if s.vpe_on.load(Ordering::Acquire) == usize::MAX {
             return true;
         }
+        let now = super::percpu::now_ns();
+        if now >= *deadline.get_or_insert(now.saturating_add(RELEASE_WAIT_NS)) {
+            return false;
+        }
         crate::arch::sysreg::cpu_relax();
     }
-    false
 }
 
 /// vCPU `id`'s vPE leaves `me`'s redistributor. Returns PendingLast (an
