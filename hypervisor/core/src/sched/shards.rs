@@ -685,7 +685,7 @@ impl Scheduler {
 
 #[cfg(test)]
 mod tests {
-    use super::super::conformance::{run_mix, run_mix_on, Load, MixParams, MixResult, MixVcpu};
+    use super::super::conformance::{mix_scheduler, run_mix, run_mix_on, Load, MixParams, MixResult, MixVcpu};
     use super::super::RunqueueLayout;
     use super::*;
     use alloc::vec;
@@ -968,6 +968,41 @@ mod tests {
         assert!(moved > 0, "balancing moved vCPUs between runqueues");
         let resets: u64 = (0..s.nr_runqueues()).filter_map(|r| s.runqueue_resets(r)).sum();
         assert!(resets > 0, "the runqueues reset, so they balanced");
+    }
+
+    #[test]
+    fn hogs_crowded_into_one_runqueue_of_three_spread_until_each_has_a_pcpu() {
+        // 48 pCPUs: three runqueues of 16, as on a 48-core Graviton. The
+        // vCPUs are homed round the pCPUs in id order, so hogs 0..15 and
+        // 48..63 all start in runqueue 0 (32 hogs on 16 pCPUs) while the
+        // I/O vCPUs 16..47 leave runqueues 1 and 2 nearly idle. Balancing
+        // after resets must spread the hogs so that each gets nearly a
+        // whole pCPU (there are 48 for 32 hogs and light I/O).
+        let io = Load::Io { submit_ns: 100_000, service_ns: (MS, 4 * MS) };
+        let is_hog = |i: u32| !(16..48).contains(&i);
+        for cfg in [SchedConfig::default(), SchedConfig::xen_compat(1000)] {
+            let vcpus = (0..64u32)
+                .map(|i| MixVcpu { id: v(i), dom: 1, affinity: None, load: if is_hog(i) { Load::Hog } else { io } })
+                .collect();
+            let p = MixParams {
+                cfg,
+                nr_pcpus: 48,
+                domains: vec![(1, DomainParams::default())],
+                vcpus,
+                duration_ns: 2000 * MS,
+                seed: 3,
+                period_ns: 0,
+                changes: Vec::new(),
+            };
+            let s = mix_scheduler(&p).unwrap();
+            assert_eq!(s.nr_runqueues(), 3);
+            let crowded = (0..64).filter(|&i| is_hog(i) && s.runqueue_of_vcpu(v(i)) == Some(0)).count();
+            assert_eq!(crowded, 32, "the case starts crowded");
+            let r = run_mix_on(&p, s).unwrap();
+            for i in (0..64).filter(|&i| is_hog(i)) {
+                assert!(r.share(i as usize) >= 0.95, "{:?}: hog {i} got {:.3}", cfg.wake_mode, r.share(i as usize));
+            }
+        }
     }
 }
 
