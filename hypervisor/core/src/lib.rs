@@ -41,10 +41,11 @@
 //! - `testrng` (tests, or the `testrng` feature): a deterministic generator
 //!   for randomized host tests
 //!
-//! `unsafe` is denied here but for one module, each block with its
+//! `unsafe` is denied here but for two modules, each block with its
 //! `// SAFETY:`: `virtio` (guest RAM read at VA == PA by
 //! `IdentityMappedRam`, and the physical virtio-blk backend's driver
-//! queue). Instructions (the locks' YIELD included) belong to the EL2 layer.
+//! queue) and `sync::ticket` (the runqueue lock's `lock_api::RawMutex`, an
+//! unsafe trait). Instructions (the locks' YIELD included) belong to the EL2 layer.
 #![cfg_attr(not(test), no_std)]
 #![deny(unsafe_code)]
 #![deny(unsafe_op_in_unsafe_fn)]

@@ -22,6 +22,10 @@
 //! boot CPU's first step, before any other CPU runs. Until then (and on the
 //! host, in the unit tests) a waiter relaxes with `spin_loop`, which is
 //! correct everywhere, only slower to hand over under single-threaded TCG.
+//!
+//! The scheduler's runqueue locks are [`TicketMutex`]es: first come, first
+//! served among running waiters (`ticket`). The others are `spin`'s
+//! test-and-set locks, held briefly by few pCPUs.
 
 /// The registered spin-wait step ([`set_relax`]). Its own waits (only
 /// while `set_relax` runs, on one CPU) use `spin`'s default strategy.
@@ -31,6 +35,22 @@ static RELAX: spin::once::Once<fn()> = spin::once::Once::new();
 /// The first registration wins; later ones are ignored.
 pub fn set_relax(step: fn()) {
     RELAX.call_once(|| step);
+}
+
+/// The registered clock ([`set_clock`]): ns, monotonic, any origin.
+static CLOCK: spin::once::Once<fn() -> u64> = spin::once::Once::new();
+
+/// Registers the clock waiters measure their patience with
+/// (`ticket::PATIENCE_NS`): the EL2 layer's counter in ns, or the host's
+/// monotonic clock. The first registration wins.
+pub fn set_clock(now_ns: fn() -> u64) {
+    CLOCK.call_once(|| now_ns);
+}
+
+/// The registered clock's reading, if one is registered.
+#[inline(always)]
+fn clock_ns() -> Option<u64> {
+    CLOCK.get().map(|f| f())
 }
 
 /// How a waiting pCPU spins: the registered step ([`set_relax`]), else
@@ -53,6 +73,12 @@ pub fn cpu_relax() {
         None => core::hint::spin_loop(),
     }
 }
+
+#[allow(unsafe_code)]
+mod ticket;
+pub use ticket::{
+    turns_passed as ticket_turns_passed, RawTicketLock, TicketMutex, TicketMutexGuard, PATIENCE_NS, PATIENCE_SPINS,
+};
 
 pub type Mutex<T> = spin::mutex::Mutex<T, Relax>;
 pub type MutexGuard<'a, T> = spin::mutex::MutexGuard<'a, T>;

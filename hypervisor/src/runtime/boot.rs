@@ -112,6 +112,9 @@ pub fn early_init() {
     // The locks' spin-wait step is the EL2 layer's YIELD from here on,
     // before any other CPU runs.
     crate::sync::set_relax(crate::arch::sysreg::cpu_relax);
+    // And their clock: the counter (frequency from CNTFRQ_EL0 until the
+    // timer's setup refines it).
+    crate::sync::set_clock(super::percpu::now_ns);
     // SAFETY: the primary CPU, once, MMU off, before any secondary starts.
     unsafe { mmu::enable(platform::is_device_gib) };
     // SAFETY: the platform's early console is a PL011 only the console

@@ -167,10 +167,17 @@ fn relax_step() {
     std::thread::yield_now();
 }
 
+/// The locks' clock on the host: monotonic ns since the first reading.
+fn host_now_ns() -> u64 {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
 /// Hammer the scheduler of `pcpus` pCPUs (a lock per runqueue, as the
 /// hypervisor's) from as many threads for `run`.
 pub fn stress(pcpus: usize, run: Duration) -> Result<ScaleResult> {
     hypervisor::sync::set_relax(relax_step);
+    hypervisor::sync::set_clock(host_now_ns);
     let cfg = SchedConfig::default();
     let s = Sched::new(cfg, pcpus).map_err(|e| anyhow!("scheduler: {e}"))?;
     let nr_vcpus = 2 * pcpus;

@@ -54,14 +54,14 @@ use super::{
     Scheduler, Vcpu, VcpuId, WakeAction, WakeCause, DENSE_IDS,
 };
 use crate::stats::VcpuStats;
-use crate::sync::{Mutex, MutexGuard};
+use crate::sync::{Mutex, TicketMutex, TicketMutexGuard};
 use alloc::boxed::Box;
 use alloc::vec::Vec;
 use core::sync::atomic::{AtomicU16, Ordering};
 
 /// One runqueue's scheduler, alone on its cache lines.
 #[repr(align(64))]
-struct Shard(Mutex<Scheduler>);
+struct Shard(TicketMutex<Scheduler>);
 
 /// Reschedule IPIs a [`Sched::schedule`] owes beyond its decision's `kick`:
 /// pCPUs tickled for vCPUs that balancing moved to their runqueue.
@@ -130,13 +130,13 @@ impl Sched {
             for r in 1..n {
                 let mut s = Scheduler::new(cfg, nr_pcpus)?;
                 s.shard = Some(r);
-                rest.push(Shard(Mutex::new(s)));
+                rest.push(Shard(TicketMutex::new(s)));
             }
         }
         let ids = if n > 1 { DENSE_IDS as usize } else { 0 };
         Ok(Self {
             cfg: Mutex::new(cfg),
-            first: Shard(Mutex::new(first)),
+            first: Shard(TicketMutex::new(first)),
             rest: rest.into_boxed_slice(),
             pcpu_rq,
             route: (0..ids).map(|_| AtomicU16::new(0)).collect(),
@@ -181,7 +181,7 @@ impl Sched {
 
     /// Runqueue `r`'s scheduler and its lock.
     #[inline(always)]
-    fn shard(&self, r: usize) -> Option<&Mutex<Scheduler>> {
+    fn shard(&self, r: usize) -> Option<&TicketMutex<Scheduler>> {
         match r {
             0 => Some(&self.first.0),
             _ => self.rest.get(r - 1).map(|s| &s.0),
@@ -190,7 +190,7 @@ impl Sched {
 
     /// Runqueue `r`'s scheduler, locked (`r` is one of ours).
     #[inline(always)]
-    fn lock(&self, r: usize) -> MutexGuard<'_, Scheduler> {
+    fn lock(&self, r: usize) -> TicketMutexGuard<'_, Scheduler> {
         match r {
             0 => self.first.0.lock(),
             _ => self.rest[r - 1].0.lock(),
@@ -199,7 +199,7 @@ impl Sched {
 
     /// `pcpu`'s runqueue, locked.
     #[inline(always)]
-    fn pcpu_locked(&self, pcpu: usize) -> Result<MutexGuard<'_, Scheduler>, SchedError> {
+    fn pcpu_locked(&self, pcpu: usize) -> Result<TicketMutexGuard<'_, Scheduler>, SchedError> {
         if self.rest.is_empty() {
             // Its scheduler checks the pCPU.
             return Ok(self.lock(0));
@@ -210,7 +210,7 @@ impl Sched {
 
     /// The runqueue `vcpu` is live in, locked (see the module doc).
     #[inline(always)]
-    fn vcpu_locked(&self, vcpu: VcpuId) -> Result<(usize, MutexGuard<'_, Scheduler>), SchedError> {
+    fn vcpu_locked(&self, vcpu: VcpuId) -> Result<(usize, TicketMutexGuard<'_, Scheduler>), SchedError> {
         if self.rest.is_empty() {
             return Ok((0, self.lock(0)));
         }
@@ -469,7 +469,7 @@ impl Sched {
     /// it is made in place, not copied out of a call.) A pCPU we do not
     /// have gets runqueue 0, whose `schedule` says so.
     #[inline(always)]
-    pub fn runqueue_for(&self, pcpu: usize) -> MutexGuard<'_, Scheduler> {
+    pub fn runqueue_for(&self, pcpu: usize) -> TicketMutexGuard<'_, Scheduler> {
         self.pcpu_locked(pcpu).unwrap_or_else(|_| self.lock(0))
     }
 
@@ -482,7 +482,7 @@ impl Sched {
         &'a self,
         now: u64,
         pcpu: usize,
-        mut s: MutexGuard<'a, Scheduler>,
+        mut s: TicketMutexGuard<'a, Scheduler>,
         d: &mut Decision,
         owed: &mut OwedKicks,
     ) {
@@ -508,7 +508,7 @@ impl Sched {
         &'a self,
         now: u64,
         pcpu: usize,
-        mut s: MutexGuard<'a, Scheduler>,
+        mut s: TicketMutexGuard<'a, Scheduler>,
         kicks: &mut OwedKicks,
     ) -> bool {
         let r = usize::from(self.pcpu_rq[pcpu]);
@@ -617,9 +617,12 @@ impl Sched {
         (0..self.nr_runqueues()).map(|r| self.lock(r).domain_run_ns(dom, now)).sum()
     }
 
-    /// [`Scheduler::write_runqueue_stats`], runqueue by runqueue.
+    /// [`Scheduler::write_runqueue_stats`], runqueue by runqueue, then the
+    /// turns the runqueue locks passed over (`sched.lock_passed`: a waiter
+    /// was not running when its turn came; see `sync::ticket`).
     pub fn write_runqueue_stats(&self, out: &mut impl core::fmt::Write) -> core::fmt::Result {
-        (0..self.nr_runqueues()).try_for_each(|r| self.lock(r).write_runqueue_stats(out))
+        (0..self.nr_runqueues()).try_for_each(|r| self.lock(r).write_runqueue_stats(out))?;
+        writeln!(out, "sched.lock_passed={}", crate::sync::ticket_turns_passed())
     }
 
     /// Credit resets of runqueue `rq` so far.
@@ -630,7 +633,7 @@ impl Sched {
     /// How long a caller waited for `pcpu`'s runqueue lock is the bench's;
     /// this is that lock, for it to time (`cargo xtask bench sched-scale`).
     #[doc(hidden)]
-    pub fn runqueue_lock_of(&self, pcpu: usize) -> Option<&Mutex<Scheduler>> {
+    pub fn runqueue_lock_of(&self, pcpu: usize) -> Option<&TicketMutex<Scheduler>> {
         self.runqueue_of(pcpu).and_then(|r| self.shard(r))
     }
 }
