@@ -7,7 +7,9 @@
 //! `sched_credit2_max_cpus_runqueue` pCPUs) a lock of its own; so do we.
 //!
 //! # Shape
-//! * One [`Scheduler`] per runqueue, each behind its own lock. Each knows
+//! * One [`Scheduler`] per runqueue, each behind its own fair lock
+//!   ([`TicketMutex`]: first come, first served among running waiters;
+//!   see `sync::ticket`). Each knows
 //!   every domain, vCPU and pCPU under the same slot numbers (they are
 //!   registered in every one, in one order), but only its runqueue's
 //!   records are *live*: its pCPUs, and the vCPUs whose `Vcpu::rq` is its
