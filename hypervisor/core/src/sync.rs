@@ -76,9 +76,7 @@ pub fn cpu_relax() {
 
 #[allow(unsafe_code)]
 mod ticket;
-pub use ticket::{
-    turns_passed as ticket_turns_passed, RawTicketLock, TicketMutex, TicketMutexGuard, PATIENCE_NS, PATIENCE_SPINS,
-};
+pub use ticket::{turns_passed as ticket_turns_passed, RawTicketLock, TicketMutex, TicketMutexGuard};
 
 pub type Mutex<T> = spin::mutex::Mutex<T, Relax>;
 pub type MutexGuard<'a, T> = spin::mutex::MutexGuard<'a, T>;

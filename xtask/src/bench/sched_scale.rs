@@ -85,12 +85,14 @@ pub struct ScaleResult {
     pub reset_ops: Vec<u64>,
 }
 
+/// The index of the nearest-rank quantile `num/den` of `len` sorted
+/// values (none of none).
+fn rank(len: usize, num: usize, den: usize) -> Option<usize> {
+    (len > 0).then(|| ((len * num).div_ceil(den).max(1) - 1).min(len - 1))
+}
+
 fn pct(sorted: &[u64], num: usize, den: usize) -> u64 {
-    if sorted.is_empty() {
-        return 0;
-    }
-    let rank = (sorted.len() * num).div_ceil(den).max(1);
-    sorted[(rank - 1).min(sorted.len() - 1)]
+    rank(sorted.len(), num, den).map_or(0, |k| sorted[k])
 }
 
 impl ScaleResult {
@@ -114,9 +116,6 @@ impl ScaleResult {
     /// while the records visited stay put; this is what a call of p99 work
     /// costs.
     pub fn p99_work(&self) -> u64 {
-        if self.work.is_empty() {
-            return 0;
-        }
         self.work_at(self.p99_ops())
     }
     /// The median time of the calls whose records visited are within 10 %
@@ -137,7 +136,8 @@ impl ScaleResult {
     }
     /// Records visited by the p99 call whose work was measured.
     pub fn p99_ops(&self) -> u64 {
-        ((self.work.len() * 99).div_ceil(100)).checked_sub(1).map_or(0, |k| self.work[k].1)
+        // `work` is sorted by records visited.
+        rank(self.work.len(), 99, 100).map_or(0, |k| self.work[k].1)
     }
     /// Records visited by the largest call whose work was measured.
     pub fn largest_ops(&self) -> u64 {
