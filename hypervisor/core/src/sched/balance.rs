@@ -10,11 +10,18 @@
 //! * When: right after a runqueue's credit reset, on the pCPU that reset
 //!   it (never on every `schedule()`): a reset is when that runqueue's
 //!   credits start afresh, so a vCPU moved then loses nothing it earned.
-//! * What: the other runqueue whose average differs most from this one's;
-//!   nothing if the difference is under one vCPU while both run below
-//!   capacity (under 1/8 of a vCPU when either is over it). Then the push,
-//!   pull or swap of one vCPU each way that leaves the smallest
-//!   difference, if smaller than now.
+//! * What (the control mode, Credit2's): the other runqueue whose average
+//!   differs most from this one's; nothing if the difference is under one
+//!   vCPU while both run below capacity (under 1/8 of a vCPU when either
+//!   is over it). Then the push, pull or swap of one vCPU each way that
+//!   leaves the smallest difference, if smaller than now.
+//! * What (our mode): weights hold across runqueues. The other runqueue is
+//!   the one Credit2 would take if its difference is worth a balance, else
+//!   each other runqueue in turn; then the push, pull or swap that most
+//!   helps the vCPU that got least per weight over the last ~0.27 s, if it
+//!   slows only vCPUs that got more ([`weighted_move`]). Where no fixed
+//!   placement is fair (512/256/256/256 on two one-pCPU runqueues) this
+//!   takes turns.
 //! * A moved vCPU that is running moves when it leaves its pCPU; a queued
 //!   one is queued on the other runqueue at once and tickled there; a
 //!   blocked one wakes there. A wake never changes a vCPU's runqueue.
@@ -43,11 +50,21 @@ const OVERLOAD_TOLERANCE: i32 = -3;
 /// A decaying average over [`WINDOW`]: `load` held since `last`, to `now`
 /// (both in granularity units).
 fn decay(avg: u64, load: u64, last: u64, now: u64) -> u64 {
-    if last.saturating_add(1 << WINDOW) < now {
-        return load << PRECISION;
+    decay_fixed(avg, load << PRECISION, last, now)
+}
+
+/// [`decay`] of a value already in fixed point, over a window of
+/// 2^`window` units.
+fn decay_over(window: u32, avg: u64, value: u64, last: u64, now: u64) -> u64 {
+    if last.saturating_add(1 << window) < now {
+        return value;
     }
-    let delta = now.saturating_sub(last).min(1 << WINDOW);
-    (delta * (load << PRECISION) + ((1 << WINDOW) - delta) * avg) >> WINDOW
+    let delta = now.saturating_sub(last).min(1 << window);
+    (delta * value + ((1 << window) - delta) * avg) >> window
+}
+
+fn decay_fixed(avg: u64, value: u64, last: u64, now: u64) -> u64 {
+    decay_over(WINDOW, avg, value, last, now)
 }
 
 fn tolerance(shift: i32) -> u64 {
@@ -66,11 +83,214 @@ pub(super) fn imbalance(la: u64, oa: u64, cpus_max: usize) -> Option<u64> {
 /// The balance's candidates: the members of the balancing runqueue that
 /// may be pushed, as (average, slot) in membership order, and those of the
 /// other runqueue that may be pulled, as (average, order, slot), sorted by
-/// [`best_exchange`].
+/// [`best_exchange`]; and our mode's weighted balance's view of both runqueues' members,
+/// `mine` (the balancing runqueue's) and `theirs`.
 #[derive(Default)]
 pub(super) struct Candidates {
     pub(super) push: Vec<(i64, usize)>,
     pub(super) pull: Vec<(i64, usize, usize)>,
+    pub(super) mine: Vec<Served>,
+    pub(super) theirs: Vec<Served>,
+}
+
+/// A runqueue member as our mode's weighted balance sees it.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Served {
+    pub(super) slot: usize,
+    pub(super) weight: u32,
+    /// Its served averages: of its runnable and its running time (fixed
+    /// point, over [`SERVED_WINDOW`]).
+    pub(super) load: u64,
+    pub(super) run: u64,
+    /// How much of the time its average has seen it was runnable (fixed
+    /// point): `avgload` without the start of a window it has not seen.
+    pub(super) runnable: u64,
+    /// It may move to the other runqueue.
+    pub(super) movable: bool,
+    /// Its domain is capped: what it gets is its cap's doing, so it is not
+    /// judged, and it asks for what it ran.
+    pub(super) capped: bool,
+}
+
+/// Fraction bits of the service rates the weighted balance compares.
+const RATE_SHIFT: u32 = 32;
+/// The weighted balance's margin: a move must raise the most lagging
+/// vCPU's rate by 1/8, and may slow only vCPUs served 1/8 better than it.
+const MARGIN_SHIFT: u32 = 3;
+/// Window of the served averages that judge who got least (units as
+/// [`WINDOW`]'s, ~0.27 s): long enough that taking turns is worth a move,
+/// short enough that what a vCPU lacked a second ago is not paid back now.
+const SERVED_WINDOW: u32 = 18;
+/// Judged: runnable at least 1/16 of the window (a vCPU that mostly
+/// sleeps is served when it wakes, not by where it sits).
+const JUDGED_LOAD: u64 = 1 << (PRECISION - 4);
+
+impl Served {
+    /// What it asks of its runqueue: weight × runnable fraction (fixed point).
+    fn demand(&self) -> u128 {
+        let asks = if self.capped { self.run.min(self.load) * self.runnable / self.load.max(1) } else { self.runnable };
+        u128::from(self.weight) * u128::from(asks)
+    }
+
+    fn judged(&self) -> bool {
+        !self.capped && self.runnable >= JUDGED_LOAD
+    }
+
+    /// What it got: run time per runnable time per unit of weight.
+    fn got(&self) -> u128 {
+        (u128::from(self.run.min(self.load)) << RATE_SHIFT) / (u128::from(self.load) * u128::from(self.weight)).max(1)
+    }
+}
+
+/// What a vCPU of `weight` would get (as [`Served::got`]) on a runqueue of
+/// `pcpus` whose members ask `demand`: the pCPUs shared by weight, at most
+/// one pCPU.
+fn rate(pcpus: usize, demand: u128, weight: u32) -> u128 {
+    let shared = ((pcpus as u128) << (RATE_SHIFT + PRECISION)) / demand.max(1);
+    shared.min((1u128 << RATE_SHIFT) / u128::from(weight.max(1)))
+}
+
+fn with_margin(x: u128) -> u128 {
+    x + (x >> MARGIN_SHIFT)
+}
+
+/// The two extremes of a runqueue's figures, so that the extreme without
+/// one given member is one look: (figure, index), extreme first.
+#[derive(Clone, Copy, Default)]
+struct Two([Option<(u128, usize)>; 2]);
+
+impl Two {
+    /// Keeps `(x, i)` if it is among the two least (the first seen on ties).
+    fn offer(&mut self, x: u128, i: usize) {
+        match self.0 {
+            [Some(a), _] if x >= a.0 => {
+                if self.0[1].is_none_or(|b| x < b.0) {
+                    self.0[1] = Some((x, i));
+                }
+            }
+            [first, _] => self.0 = [Some((x, i)), first],
+        }
+    }
+
+    /// The least but `except`'s.
+    fn without(&self, except: usize) -> Option<(u128, usize)> {
+        self.0.into_iter().flatten().find(|e| e.1 != except)
+    }
+}
+
+/// A move that helps a vCPU: its new rate, the index on its side to move
+/// over, the index on the other side to move over.
+type Help = (u128, Option<usize>, Option<usize>);
+
+/// Our mode's balance between runqueue `l` (members `mine`, `pl` pCPUs)
+/// and `o` (`theirs`, `po`): by service per weight, not runnable counts.
+///
+/// Credit2's credits are per runqueue, so weights hold only among a
+/// runqueue's members, and Credit2 balances unweighted counts: 512/256/
+/// 256/256 hogs on two one-pCPU runqueues stay paired as 0.667/0.333 and
+/// 0.5/0.5. No fixed pairing gives 0.8/0.4/0.4/0.4; taking turns does.
+/// So this looks, among the judged vCPUs of both (runnable a quarter of
+/// the window, not capped), for the one that got least per weight over
+/// the last window (first in order on ties) that a move helps: moving it
+/// to the other runqueue, moving the best-served movable member of its
+/// runqueue out, or swapping it with the other's best-served. A move
+/// helps if it raises that vCPU's rate by the margin and slows only vCPUs
+/// that got more than it by the margin (the judged members of a runqueue
+/// whose demand grows, and a vCPU that moves to less). Of the moves that
+/// help, the one that raises its rate most, the first on ties. The
+/// averages' window makes the turns last long enough to be worth a move.
+/// Returns the (push, pull) slots, as [`best_exchange`], and the records
+/// visited.
+pub(super) fn weighted_move(
+    mine: &[Served],
+    pl: usize,
+    theirs: &[Served],
+    po: usize,
+) -> ((Option<usize>, Option<usize>), usize) {
+    let sides = [(mine, pl), (theirs, po)];
+    let work = 3 * (mine.len() + theirs.len());
+    let mut d = [0u128; 2];
+    // Per side: the judged members served least, the movable ones best
+    // (as the inverse of what they got, to keep the least).
+    let (mut least, mut best) = ([Two::default(); 2], [Two::default(); 2]);
+    // Per side, the heaviest judged member: the first a growing demand
+    // slows (the others may still get a whole pCPU each).
+    let mut heaviest = [0u32; 2];
+    for (k, (m, _)) in sides.iter().enumerate() {
+        for (i, v) in m.iter().enumerate() {
+            d[k] += v.demand();
+            if v.judged() {
+                least[k].offer(v.got(), i);
+                heaviest[k] = heaviest[k].max(v.weight);
+            }
+            if v.movable {
+                best[k].offer(u128::MAX - v.got(), i);
+            }
+        }
+    }
+    // The move that helps `a` (side `x`, index `ia`) most.
+    let help = |x: usize, ia: usize| -> Option<Help> {
+        let (y, (xs, px), (ys, py)) = (1 - x, sides[x], sides[1 - x]);
+        let a = &xs[ia];
+        let ahead_of_a = with_margin(a.got());
+        let ahead = |v: &Served| v.got() >= ahead_of_a;
+        // Side k's judged members (but `except`) are all ahead of `a`, or
+        // none gets less when the side's demand grows to `to`.
+        let all_ahead = |k: usize, except: usize, to: u128| {
+            let pk = sides[k].1;
+            to <= d[k]
+                || rate(pk, to, heaviest[k]) >= rate(pk, d[k], heaviest[k])
+                || least[k].without(except).is_none_or(|e| e.0 >= ahead_of_a)
+        };
+        let best_but = |k: usize, except: usize| best[k].without(except).map(|e| e.1);
+        let slowed = |v: &Served, from: (usize, u128), to: (usize, u128)| {
+            rate(to.0, to.1, v.weight) < rate(from.0, from.1, v.weight)
+        };
+        let floor = with_margin(rate(px, d[x], a.weight));
+        let mut found: Option<Help> = None;
+        let mut consider = |r: u128, from_x: Option<usize>, from_y: Option<usize>| {
+            if r > floor && found.is_none_or(|b| r > b.0) {
+                found = Some((r, from_x, from_y));
+            }
+        };
+        if a.movable && all_ahead(y, usize::MAX, d[y] + a.demand()) {
+            consider(rate(py, d[y] + a.demand(), a.weight), Some(ia), None);
+        }
+        if let Some(ib) = best_but(x, ia) {
+            let b = &xs[ib];
+            let moves_ok = ahead(b) || !slowed(b, (px, d[x]), (py, d[y] + b.demand()));
+            if moves_ok && all_ahead(y, usize::MAX, d[y] + b.demand()) {
+                consider(rate(px, d[x].saturating_sub(b.demand()), a.weight), Some(ib), None);
+            }
+        }
+        if let Some(ic) = best_but(y, usize::MAX).filter(|_| a.movable) {
+            let c = &ys[ic];
+            let dx = d[x].saturating_sub(a.demand()) + c.demand();
+            let dy = d[y].saturating_sub(c.demand()) + a.demand();
+            let moves_ok = ahead(c) || !slowed(c, (py, d[y]), (px, dx));
+            let stay_ok = all_ahead(y, ic, dy) && all_ahead(x, ia, dx);
+            if moves_ok && stay_ok {
+                consider(rate(py, dy, a.weight), Some(ia), Some(ic));
+            }
+        }
+        found
+    };
+    // The judged vCPU served least that a move helps.
+    let mut chosen: Option<(u128, usize, Help)> = None;
+    for (x, (m, _)) in sides.iter().enumerate() {
+        for (i, v) in m.iter().enumerate().filter(|e| e.1.judged()) {
+            let g = v.got();
+            if chosen.as_ref().is_none_or(|c| g < c.0) {
+                if let Some(h) = help(x, i) {
+                    chosen = Some((g, x, h));
+                }
+            }
+        }
+    }
+    let Some((_, x, (_, from_x, from_y))) = chosen else { return ((None, None), work) };
+    let (xs, ys) = (sides[x].0, sides[1 - x].0);
+    let (from_x, from_y) = (from_x.map(|i| xs[i].slot), from_y.map(|i| ys[i].slot));
+    (if x == 0 { (from_x, from_y) } else { (from_y, from_x) }, work)
 }
 
 /// Of pushing one vCPU of `push`, pulling one of `pull`, or swapping a
@@ -158,6 +378,8 @@ impl Scheduler {
             _ => u64::from(matches!(v.state, RunState::Runnable | RunState::Running(_))),
         };
         v.avgload = decay(v.avgload, was, v.load_last, t);
+        v.load_seen = decay(v.load_seen, 1, v.load_last, t);
+        v.runnable_units += was * t.saturating_sub(v.load_last);
         v.load_last = t;
     }
 
@@ -192,9 +414,24 @@ impl Scheduler {
                 (delta, other) = (d, Some(o));
             }
         }
-        let Some(o) = other else { return };
-        let cpus_max = self.rqs[l].pcpus.len().max(self.rqs[o].pcpus.len());
-        let Some(delta) = imbalance(self.rqs[l].avgload, self.rqs[o].avgload, cpus_max) else { return };
+        let cpus = |s: &Self, o: usize| s.rqs[l].pcpus.len().max(s.rqs[o].pcpus.len());
+        let counted =
+            other.and_then(|o| Some((o, imbalance(self.rqs[l].avgload, self.rqs[o].avgload, cpus(self, o))?)));
+        if self.cfg.extensions() {
+            let o = counted.map_or_else(|| self.next_partner(l), |c| c.0);
+            self.note_members_served(l, now);
+            self.note_members_served(o, now);
+            let mut c = core::mem::take(&mut self.candidates);
+            self.collect_served(l, o, &mut c.mine);
+            self.collect_served(o, l, &mut c.theirs);
+            let ((push, pull), work) =
+                weighted_move(&c.mine, self.rqs[l].pcpus.len(), &c.theirs, self.rqs[o].pcpus.len());
+            self.candidates = c;
+            self.op(work);
+            self.carry_out(now, pcpu, (push, o), (pull, l));
+            return;
+        }
+        let Some((o, delta)) = counted else { return };
         self.note_members_load(l, now);
         self.note_members_load(o, now);
         let (la, oa) = (self.rqs[l].avgload as i64, self.rqs[o].avgload as i64);
@@ -205,11 +442,85 @@ impl Scheduler {
         self.candidates = c;
         let (ml, mo) = (self.rqs[l].members.len(), self.rqs[o].members.len());
         self.op(ml + mo + work);
+        self.carry_out(now, pcpu, (push, o), (pull, l));
+    }
+
+    /// A balance's decision: `push` to runqueue `o`, `pull` to `l`.
+    fn carry_out(
+        &mut self,
+        now: u64,
+        pcpu: usize,
+        (push, o): (Option<usize>, usize),
+        (pull, l): (Option<usize>, usize),
+    ) {
         if let Some(a) = push {
             self.migrate(now, a, o, pcpu);
         }
         if let Some(b) = pull {
             self.migrate(now, b, l, pcpu);
+        }
+    }
+
+    /// The runqueue our mode's balance from `l` compares with when no
+    /// count imbalance names one: each other runqueue in turn.
+    pub(super) fn next_partner(&mut self, l: usize) -> usize {
+        let n = self.rqs.len();
+        let k = self.rqs[l].partner % (n - 1);
+        self.rqs[l].partner = k + 1;
+        (l + 1 + k) % n
+    }
+
+    /// `s`'s served averages brought to `now` from its run and runnable
+    /// time since their last update (its load brought to `now` first). The
+    /// first update only starts the count: until then it is taken to have
+    /// run whenever runnable, which judges it well served.
+    fn note_served(&mut self, s: usize, now: u64) {
+        let v = &mut self.vcpus[s];
+        let running = if matches!(v.state, RunState::Running(_)) { now.saturating_sub(v.last_burn) } else { 0 };
+        let ran = v.stats.counters.run_ns.saturating_add(running);
+        let runnable = v.runnable_units << GRANULARITY;
+        let (t, last) = (now >> GRANULARITY, v.served_last >> GRANULARITY);
+        if v.served_last == 0 {
+            (v.served_run, v.served_load) = (1 << PRECISION, 1 << PRECISION);
+        } else if now > v.served_last {
+            let dt = u128::from(now - v.served_last);
+            let frac = |x: u64| (((u128::from(x) << PRECISION) / dt) as u64).min(1 << PRECISION);
+            let (r, l) = (frac(ran.saturating_sub(v.served_seen.0)), frac(runnable.saturating_sub(v.served_seen.1)));
+            v.served_run = decay_over(SERVED_WINDOW, v.served_run, r, last, t);
+            v.served_load = decay_over(SERVED_WINDOW, v.served_load, l, last, t);
+        }
+        v.served_seen = (ran, runnable);
+        v.served_last = now.max(1);
+    }
+
+    /// Every member of runqueue `rq` has its load and run averages
+    /// brought to `now`.
+    pub(super) fn note_members_served(&mut self, rq: usize, now: u64) {
+        for i in 0..self.rqs[rq].members.len() {
+            let v = self.rqs[rq].members[i];
+            self.note_load(v, 0, now);
+            self.note_served(v, now);
+        }
+    }
+
+    /// Fills `into` with runqueue `r`'s members as the weighted balance
+    /// towards `to` sees them, within the room reserved for them.
+    pub(super) fn collect_served(&self, r: usize, to: usize, into: &mut Vec<Served>) {
+        into.clear();
+        let parked_stay = self.shard.is_some();
+        let room = into.capacity();
+        for &s in self.rqs[r].members.iter().take(room) {
+            let v = &self.vcpus[s];
+            let runnable = ((u128::from(v.avgload) << PRECISION) / u128::from(v.load_seen.max(1))) as u64;
+            into.push(Served {
+                slot: s,
+                weight: v.weight,
+                load: v.served_load,
+                run: v.served_run,
+                runnable: runnable.min(1 << PRECISION),
+                movable: !(parked_stay && v.parked) && self.may_move(s, to),
+                capped: self.domains[v.dom].capped(),
+            });
         }
     }
 
@@ -442,6 +753,75 @@ mod tests {
         let mut pull: Vec<(i64, usize, usize)> = (0..128).map(|i| (one - i as i64, i, 500 + i)).collect();
         let (_, work) = best_exchange(3 * one as u64, 200 * one, 197 * one, &push, &mut pull);
         assert!(work * 4 < 128 * 128, "{work}");
+    }
+
+    const ONE: u64 = 1 << PRECISION;
+
+    /// A hog of `weight` that ran `ran` of its runnable time.
+    fn hog(slot: usize, weight: u32, ran: f64) -> Served {
+        let run = (ran * ONE as f64) as u64;
+        Served { slot, weight, load: ONE, run, runnable: ONE, movable: true, capped: false }
+    }
+
+    #[test]
+    fn the_two_least_leave_the_least_but_one_member_in_one_look() {
+        let mut t = Two::default();
+        for (x, i) in [(5, 0), (3, 1), (3, 2), (9, 3), (4, 4)] {
+            t.offer(x, i);
+        }
+        assert_eq!(t.without(usize::MAX), Some((3, 1)), "first of the ties");
+        assert_eq!(t.without(1), Some((3, 2)));
+        assert_eq!(t.without(2), Some((3, 1)));
+        assert_eq!(Two::default().without(0), None);
+    }
+
+    #[test]
+    fn the_weighted_balance_takes_turns_where_no_pairing_is_fair() {
+        // 512 + 256 on one pCPU, 256 + 256 on the other, as Credit2 leaves
+        // them: the light one beside the heavy one got least per weight
+        // (0.333 of 256, a shade under the heavy one's 0.667 of 512), and
+        // a swap with a light one of the other pCPU, served better (0.5),
+        // helps it most.
+        let mine = [hog(0, 512, 0.667), hog(1, 256, 0.333)];
+        let theirs = [hog(2, 256, 0.5), hog(3, 256, 0.5)];
+        assert_eq!(weighted_move(&mine, 1, &theirs, 1).0, (Some(1), Some(2)));
+        // The same seen from the other side.
+        assert_eq!(weighted_move(&theirs, 1, &mine, 1).0, (Some(2), Some(1)));
+        // When the heavy one got least, no swap helps it (it would share
+        // with a light one again): the light one beside it moves out, as
+        // it got more, and so did those it joins.
+        let mine = [hog(0, 512, 0.6), hog(1, 256, 0.4)];
+        let theirs = [hog(2, 256, 0.45), hog(3, 256, 0.45)];
+        assert_eq!(weighted_move(&mine, 1, &theirs, 1).0, (Some(1), None));
+        // Once the averages are even, nothing moves: every move would slow
+        // someone served no better than the one it helps.
+        let mine = [hog(0, 512, 0.8), hog(1, 256, 0.4)];
+        let theirs = [hog(2, 256, 0.4), hog(3, 256, 0.4)];
+        assert_eq!(weighted_move(&mine, 1, &theirs, 1).0, (None, None));
+        // Nor under the margin (1/8).
+        let theirs = [hog(2, 256, 0.44), hog(3, 256, 0.44)];
+        assert_eq!(weighted_move(&mine, 1, &theirs, 1).0, (None, None));
+    }
+
+    #[test]
+    fn the_weighted_balance_spares_the_capped_the_sleepy_and_the_pinned() {
+        // A crowded runqueue (three hogs on a pCPU) beside an idle one.
+        let crowded = [hog(0, 256, 0.333), hog(1, 256, 0.333), hog(2, 256, 0.333)];
+        assert_eq!(weighted_move(&crowded, 1, &[], 1).0, (Some(0), None));
+        // Capped: what they get is the cap's doing; not judged.
+        let capped: Vec<Served> = crowded.iter().map(|&v| Served { capped: true, ..v }).collect();
+        assert_eq!(weighted_move(&capped, 1, &[], 1).0, (None, None));
+        // Runnable under 1/16 of the window: served when they wake.
+        let sleepy: Vec<Served> = crowded.iter().map(|&v| Served { runnable: ONE / 32, ..v }).collect();
+        assert_eq!(weighted_move(&sleepy, 1, &[], 1).0, (None, None));
+        // Pinned: the first may not move, the second does for it.
+        let mut pinned = crowded;
+        pinned[0].movable = false;
+        assert_eq!(weighted_move(&pinned, 1, &[], 1).0, (Some(1), None));
+        // Idle pCPUs with room: a vCPU that has a whole pCPU is not slowed
+        // by a newcomer, however little it got before it came.
+        let roomy = [hog(5, 256, 0.2)];
+        assert_eq!(weighted_move(&crowded, 1, &roomy, 2).0, (Some(0), None));
     }
 
     #[test]

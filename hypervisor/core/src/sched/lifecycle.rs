@@ -143,6 +143,8 @@ impl Scheduler {
         if self.rqs.len() > 1 {
             exact(&mut self.candidates.push, n)?;
             exact(&mut self.candidates.pull, n)?;
+            exact(&mut self.candidates.mine, n)?;
+            exact(&mut self.candidates.theirs, n)?;
         }
         Ok(())
     }
@@ -280,6 +282,8 @@ impl Scheduler {
         if self.rqs.len() > 1 {
             room(&mut self.candidates.push, n)?;
             room(&mut self.candidates.pull, n)?;
+            room(&mut self.candidates.mine, n)?;
+            room(&mut self.candidates.theirs, n)?;
         }
         let dom = &mut self.domains[d];
         room(&mut dom.parked, dom.nr_vcpus as usize + 1)
@@ -311,6 +315,12 @@ impl Scheduler {
             tickled_cpu: None,
             avgload: 0,
             load_last: 0,
+            load_seen: 0,
+            runnable_units: 0,
+            served_run: 0,
+            served_load: 0,
+            served_seen: (0, 0),
+            served_last: 0,
             migrate_to: None,
             stats: VcpuStats::default(),
         });

@@ -286,6 +286,19 @@ struct Vcpu {
     avgload: u64,
     /// When `avgload` was last brought up to date (`balance`'s units).
     load_last: u64,
+    /// `avgload`'s average of a constant 1 (fixed point): how much of the
+    /// window `avgload` has seen, to judge a vCPU on what it has.
+    load_seen: u64,
+    /// Its runnable time so far, in `balance`'s units (kept with `avgload`).
+    runnable_units: u64,
+    /// Decaying averages of its running and its runnable time over a
+    /// shorter window (our mode's weighted balance: brought up to date
+    /// only when it balances), the run and runnable time (ns) they last
+    /// saw, and when that was (ns; 0: never).
+    served_run: u64,
+    served_load: u64,
+    served_seen: (u64, u64),
+    served_last: u64,
     /// The runqueue a balance moves it to when it leaves its pCPU.
     migrate_to: Option<usize>,
     /// Descheduled by a wake-preemption; its next switch-in starts a
@@ -323,6 +336,9 @@ struct Runqueue {
     max_weight: u32,
     /// Credit resets of this runqueue.
     resets: u64,
+    /// Our mode's weighted balance compares it with runqueue
+    /// `(self + 1 + partner) % n` next, when no count imbalance chooses.
+    partner: usize,
     /// Its pCPUs that run a vCPU (`Pcpu::curr` in `RunState::Running` on
     /// it), a bit each ([`Pcpu::bit`]): the others are idle, or their
     /// runner has just left and their `schedule()` is on its way. Kept by
@@ -669,7 +685,8 @@ impl Scheduler {
             f.extend([rq.pcpus.capacity(), rq.members.capacity(), rq.queue.capacity()]);
         }
         f.extend(self.domains.iter().map(|d| d.parked.capacity()));
-        f.extend([self.candidates.push.capacity(), self.candidates.pull.capacity()]);
+        let c = &self.candidates;
+        f.extend([c.push.capacity(), c.pull.capacity(), c.mine.capacity(), c.theirs.capacity()]);
         f
     }
 

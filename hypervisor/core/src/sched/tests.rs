@@ -1523,3 +1523,34 @@ fn reserved_room_holds_every_later_add_and_remove() {
     add_run_remove(&mut bare, 1, 0);
     assert_ne!(bare.capacity_fingerprint(), fp);
 }
+
+#[test]
+fn weights_hold_across_per_pcpu_runqueues_in_our_mode() {
+    // A runqueue per pCPU, hogs of a domain each, 10 s. Credit2 (the
+    // control mode) keeps the pairing its unweighted count balance leaves;
+    // our mode's weighted balance takes turns until shares follow weights.
+    let per_cpu = |cfg| SchedConfig { runqueue: RunqueueLayout::PerCpu, ..cfg };
+    // (pCPUs, weights, shares in our mode, shares in the control mode)
+    type Case = (usize, &'static [u32], &'static [f64], &'static [f64]);
+    let cases: [Case; 3] = [
+        (2, &[512, 256, 256, 256], &[0.8, 0.4, 0.4, 0.4], &[0.667, 0.5, 0.333, 0.5]),
+        (2, &[256, 256, 256], &[0.667, 0.667, 0.667], &[0.5, 0.9, 0.6]),
+        // The 512 hog wants more than its pCPU: it gets the pCPU.
+        (4, &[512, 256, 256, 256, 256, 256, 256], &[1.0, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5], &[]),
+    ];
+    for (nr, weights, ours, xen) in cases {
+        let doms: Vec<_> = weights.iter().enumerate().map(|(i, &w)| (i as DomainId + 1, w, None)).collect();
+        for (cfg, want, tol) in [(SchedConfig::default(), ours, 0.03), (SchedConfig::xen_compat(1000), xen, 0.01)] {
+            let r = conformance::run_mix(&fleet(per_cpu(cfg), nr, &doms, 10_000 * MS)).unwrap();
+            for (i, &w) in want.iter().enumerate() {
+                let got = r.share(i);
+                assert!(
+                    (got - w).abs() <= tol,
+                    "{nr}p {weights:?} {:?}: d{} got {got:.3}, want {w}",
+                    cfg.wake_mode,
+                    i + 1
+                );
+            }
+        }
+    }
+}
