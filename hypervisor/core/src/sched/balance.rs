@@ -93,26 +93,27 @@ pub(super) struct Candidates {
     pub(super) theirs: Vec<Served>,
 }
 
-/// A runqueue member as our mode's weighted balance sees it.
+/// A runqueue member as our mode's weighted balance sees it (its figures
+/// worked out once, when collected).
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Served {
     pub(super) slot: usize,
     pub(super) weight: u32,
-    /// Its served averages: of its runnable and its running time (fixed
-    /// point, over [`SERVED_WINDOW`]).
-    pub(super) load: u64,
-    pub(super) run: u64,
-    /// How much of the time its average has seen it was runnable (fixed
-    /// point): `avgload` without the start of a window it has not seen.
-    pub(super) runnable: u64,
     /// It may move to the other runqueue.
     pub(super) movable: bool,
-    /// Its domain is capped: what it gets is its cap's doing, so it is not
-    /// judged, and it asks for what it ran.
-    pub(super) capped: bool,
+    /// Judged: runnable at least [`JUDGED_LOAD`] and not capped.
+    judged: bool,
+    /// What it got: run time per runnable time per unit of weight
+    /// (fraction bits [`RATE_SHIFT`]).
+    got: u64,
+    /// What it asks of its runqueue: weight × runnable fraction (fraction
+    /// bits [`PRECISION`]).
+    demand: u64,
 }
 
 /// Fraction bits of the service rates the weighted balance compares.
+/// (With [`PRECISION`], weights of 16 bits and at most 32 pCPUs a
+/// runqueue, every figure fits 64 bits: one hardware division each.)
 const RATE_SHIFT: u32 = 32;
 /// The weighted balance's margin: a move must raise the most lagging
 /// vCPU's rate by 1/8, and may slow only vCPUs served 1/8 better than it.
@@ -124,44 +125,48 @@ const SERVED_WINDOW: u32 = 18;
 /// Judged: runnable at least 1/16 of the window (a vCPU that mostly
 /// sleeps is served when it wakes, not by where it sits).
 const JUDGED_LOAD: u64 = 1 << (PRECISION - 4);
+const ONE: u64 = 1 << PRECISION;
 
 impl Served {
-    /// What it asks of its runqueue: weight × runnable fraction (fixed point).
-    fn demand(&self) -> u128 {
-        let asks = if self.capped { self.run.min(self.load) * self.runnable / self.load.max(1) } else { self.runnable };
-        u128::from(self.weight) * u128::from(asks)
-    }
-
-    fn judged(&self) -> bool {
-        !self.capped && self.runnable >= JUDGED_LOAD
-    }
-
-    /// What it got: run time per runnable time per unit of weight.
-    fn got(&self) -> u128 {
-        (u128::from(self.run.min(self.load)) << RATE_SHIFT) / (u128::from(self.load) * u128::from(self.weight)).max(1)
+    /// From its served averages of runnable (`load`) and running (`run`)
+    /// time, and `runnable`, how much of the time its load average has
+    /// seen it was runnable (all fixed point). A capped vCPU's service is
+    /// its cap's doing: it is not judged, and it asks for what it ran.
+    pub(super) fn new(
+        slot: usize,
+        weight: u32,
+        (load, run, runnable): (u64, u64, u64),
+        movable: bool,
+        capped: bool,
+    ) -> Self {
+        let (w, runnable) = (u64::from(weight.max(1)), runnable.min(ONE));
+        let ran = run.min(load) * runnable / load.max(1);
+        let got = (run.min(load) << RATE_SHIFT) / (load.max(1) * w);
+        let demand = w * if capped { ran } else { runnable };
+        Served { slot, weight, movable, judged: !capped && runnable >= JUDGED_LOAD, got, demand }
     }
 }
 
-/// What a vCPU of `weight` would get (as [`Served::got`]) on a runqueue of
-/// `pcpus` whose members ask `demand`: the pCPUs shared by weight, at most
-/// one pCPU.
-fn rate(pcpus: usize, demand: u128, weight: u32) -> u128 {
-    let shared = ((pcpus as u128) << (RATE_SHIFT + PRECISION)) / demand.max(1);
-    shared.min((1u128 << RATE_SHIFT) / u128::from(weight.max(1)))
+/// What a vCPU of `weight` would get (as [`Served`]'s `got`) on a runqueue
+/// of `pcpus` whose members ask `demand`: the pCPUs shared by weight, at
+/// most one pCPU.
+fn rate(pcpus: usize, demand: u64, weight: u32) -> u64 {
+    let shared = ((pcpus as u64) << (RATE_SHIFT + PRECISION)) / demand.max(1);
+    shared.min((1u64 << RATE_SHIFT) / u64::from(weight.max(1)))
 }
 
-fn with_margin(x: u128) -> u128 {
+fn with_margin(x: u64) -> u64 {
     x + (x >> MARGIN_SHIFT)
 }
 
 /// The two extremes of a runqueue's figures, so that the extreme without
 /// one given member is one look: (figure, index), extreme first.
 #[derive(Clone, Copy, Default)]
-struct Two([Option<(u128, usize)>; 2]);
+struct Two([Option<(u64, usize)>; 2]);
 
 impl Two {
     /// Keeps `(x, i)` if it is among the two least (the first seen on ties).
-    fn offer(&mut self, x: u128, i: usize) {
+    fn offer(&mut self, x: u64, i: usize) {
         match self.0 {
             [Some(a), _] if x >= a.0 => {
                 if self.0[1].is_none_or(|b| x < b.0) {
@@ -173,14 +178,14 @@ impl Two {
     }
 
     /// The least but `except`'s.
-    fn without(&self, except: usize) -> Option<(u128, usize)> {
+    fn without(&self, except: usize) -> Option<(u64, usize)> {
         self.0.into_iter().flatten().find(|e| e.1 != except)
     }
 }
 
 /// A move that helps a vCPU: its new rate, the index on its side to move
 /// over, the index on the other side to move over.
-type Help = (u128, Option<usize>, Option<usize>);
+type Help = (u64, Option<usize>, Option<usize>);
 
 /// Our mode's balance between runqueue `l` (members `mine`, `pl` pCPUs)
 /// and `o` (`theirs`, `po`): by service per weight, not runnable counts.
@@ -209,7 +214,7 @@ pub(super) fn weighted_move(
 ) -> ((Option<usize>, Option<usize>), usize) {
     let sides = [(mine, pl), (theirs, po)];
     let work = 3 * (mine.len() + theirs.len());
-    let mut d = [0u128; 2];
+    let mut d = [0u64; 2];
     // Per side: the judged members served least, the movable ones best
     // (as the inverse of what they got, to keep the least).
     let (mut least, mut best) = ([Two::default(); 2], [Two::default(); 2]);
@@ -218,13 +223,13 @@ pub(super) fn weighted_move(
     let mut heaviest = [0u32; 2];
     for (k, (m, _)) in sides.iter().enumerate() {
         for (i, v) in m.iter().enumerate() {
-            d[k] += v.demand();
-            if v.judged() {
-                least[k].offer(v.got(), i);
+            d[k] += v.demand;
+            if v.judged {
+                least[k].offer(v.got, i);
                 heaviest[k] = heaviest[k].max(v.weight);
             }
             if v.movable {
-                best[k].offer(u128::MAX - v.got(), i);
+                best[k].offer(u64::MAX - v.got, i);
             }
         }
     }
@@ -232,41 +237,41 @@ pub(super) fn weighted_move(
     let help = |x: usize, ia: usize| -> Option<Help> {
         let (y, (xs, px), (ys, py)) = (1 - x, sides[x], sides[1 - x]);
         let a = &xs[ia];
-        let ahead_of_a = with_margin(a.got());
-        let ahead = |v: &Served| v.got() >= ahead_of_a;
+        let ahead_of_a = with_margin(a.got);
+        let ahead = |v: &Served| v.got >= ahead_of_a;
         // Side k's judged members (but `except`) are all ahead of `a`, or
         // none gets less when the side's demand grows to `to`.
-        let all_ahead = |k: usize, except: usize, to: u128| {
+        let all_ahead = |k: usize, except: usize, to: u64| {
             let pk = sides[k].1;
             to <= d[k]
                 || rate(pk, to, heaviest[k]) >= rate(pk, d[k], heaviest[k])
                 || least[k].without(except).is_none_or(|e| e.0 >= ahead_of_a)
         };
         let best_but = |k: usize, except: usize| best[k].without(except).map(|e| e.1);
-        let slowed = |v: &Served, from: (usize, u128), to: (usize, u128)| {
+        let slowed = |v: &Served, from: (usize, u64), to: (usize, u64)| {
             rate(to.0, to.1, v.weight) < rate(from.0, from.1, v.weight)
         };
         let floor = with_margin(rate(px, d[x], a.weight));
         let mut found: Option<Help> = None;
-        let mut consider = |r: u128, from_x: Option<usize>, from_y: Option<usize>| {
+        let mut consider = |r: u64, from_x: Option<usize>, from_y: Option<usize>| {
             if r > floor && found.is_none_or(|b| r > b.0) {
                 found = Some((r, from_x, from_y));
             }
         };
-        if a.movable && all_ahead(y, usize::MAX, d[y] + a.demand()) {
-            consider(rate(py, d[y] + a.demand(), a.weight), Some(ia), None);
+        if a.movable && all_ahead(y, usize::MAX, d[y] + a.demand) {
+            consider(rate(py, d[y] + a.demand, a.weight), Some(ia), None);
         }
         if let Some(ib) = best_but(x, ia) {
             let b = &xs[ib];
-            let moves_ok = ahead(b) || !slowed(b, (px, d[x]), (py, d[y] + b.demand()));
-            if moves_ok && all_ahead(y, usize::MAX, d[y] + b.demand()) {
-                consider(rate(px, d[x].saturating_sub(b.demand()), a.weight), Some(ib), None);
+            let moves_ok = ahead(b) || !slowed(b, (px, d[x]), (py, d[y] + b.demand));
+            if moves_ok && all_ahead(y, usize::MAX, d[y] + b.demand) {
+                consider(rate(px, d[x].saturating_sub(b.demand), a.weight), Some(ib), None);
             }
         }
         if let Some(ic) = best_but(y, usize::MAX).filter(|_| a.movable) {
             let c = &ys[ic];
-            let dx = d[x].saturating_sub(a.demand()) + c.demand();
-            let dy = d[y].saturating_sub(c.demand()) + a.demand();
+            let dx = d[x].saturating_sub(a.demand) + c.demand;
+            let dy = d[y].saturating_sub(c.demand) + a.demand;
             let moves_ok = ahead(c) || !slowed(c, (py, d[y]), (px, dx));
             let stay_ok = all_ahead(y, ic, dy) && all_ahead(x, ia, dx);
             if moves_ok && stay_ok {
@@ -276,10 +281,10 @@ pub(super) fn weighted_move(
         found
     };
     // The judged vCPU served least that a move helps.
-    let mut chosen: Option<(u128, usize, Help)> = None;
+    let mut chosen: Option<(u64, usize, Help)> = None;
     for (x, (m, _)) in sides.iter().enumerate() {
-        for (i, v) in m.iter().enumerate().filter(|e| e.1.judged()) {
-            let g = v.got();
+        for (i, v) in m.iter().enumerate().filter(|e| e.1.judged) {
+            let g = v.got;
             if chosen.as_ref().is_none_or(|c| g < c.0) {
                 if let Some(h) = help(x, i) {
                     chosen = Some((g, x, h));
@@ -483,8 +488,11 @@ impl Scheduler {
         if v.served_last == 0 {
             (v.served_run, v.served_load) = (1 << PRECISION, 1 << PRECISION);
         } else if now > v.served_last {
-            let dt = u128::from(now - v.served_last);
-            let frac = |x: u64| (((u128::from(x) << PRECISION) / dt) as u64).min(1 << PRECISION);
+            let dt = now - v.served_last;
+            // As a fraction of `dt` (at most 1), in 64 bits: both shifted
+            // down as far as `dt` needs.
+            let drop = (u64::BITS - dt.leading_zeros()).saturating_sub(u64::BITS - 1 - PRECISION);
+            let frac = |x: u64| ((x.min(dt) >> drop) << PRECISION) / (dt >> drop).max(1);
             let (r, l) = (frac(ran.saturating_sub(v.served_seen.0)), frac(runnable.saturating_sub(v.served_seen.1)));
             v.served_run = decay_over(SERVED_WINDOW, v.served_run, r, last, t);
             v.served_load = decay_over(SERVED_WINDOW, v.served_load, l, last, t);
@@ -511,16 +519,10 @@ impl Scheduler {
         let room = into.capacity();
         for &s in self.rqs[r].members.iter().take(room) {
             let v = &self.vcpus[s];
-            let runnable = ((u128::from(v.avgload) << PRECISION) / u128::from(v.load_seen.max(1))) as u64;
-            into.push(Served {
-                slot: s,
-                weight: v.weight,
-                load: v.served_load,
-                run: v.served_run,
-                runnable: runnable.min(1 << PRECISION),
-                movable: !(parked_stay && v.parked) && self.may_move(s, to),
-                capped: self.domains[v.dom].capped(),
-            });
+            let runnable = (v.avgload << PRECISION) / v.load_seen.max(1);
+            let movable = !(parked_stay && v.parked) && self.may_move(s, to);
+            let served = (v.served_load, v.served_run, runnable);
+            into.push(Served::new(s, v.weight, served, movable, self.domains[v.dom].capped()));
         }
     }
 
@@ -755,12 +757,9 @@ mod tests {
         assert!(work * 4 < 128 * 128, "{work}");
     }
 
-    const ONE: u64 = 1 << PRECISION;
-
     /// A hog of `weight` that ran `ran` of its runnable time.
     fn hog(slot: usize, weight: u32, ran: f64) -> Served {
-        let run = (ran * ONE as f64) as u64;
-        Served { slot, weight, load: ONE, run, runnable: ONE, movable: true, capped: false }
+        Served::new(slot, weight, (ONE, (ran * ONE as f64) as u64, ONE), true, false)
     }
 
     #[test]
@@ -809,10 +808,11 @@ mod tests {
         let crowded = [hog(0, 256, 0.333), hog(1, 256, 0.333), hog(2, 256, 0.333)];
         assert_eq!(weighted_move(&crowded, 1, &[], 1).0, (Some(0), None));
         // Capped: what they get is the cap's doing; not judged.
-        let capped: Vec<Served> = crowded.iter().map(|&v| Served { capped: true, ..v }).collect();
+        let third = ONE / 3;
+        let capped: Vec<Served> = (0..3).map(|i| Served::new(i, 256, (ONE, third, ONE), true, true)).collect();
         assert_eq!(weighted_move(&capped, 1, &[], 1).0, (None, None));
         // Runnable under 1/16 of the window: served when they wake.
-        let sleepy: Vec<Served> = crowded.iter().map(|&v| Served { runnable: ONE / 32, ..v }).collect();
+        let sleepy: Vec<Served> = (0..3).map(|i| Served::new(i, 256, (ONE, third, ONE / 32), true, false)).collect();
         assert_eq!(weighted_move(&sleepy, 1, &[], 1).0, (None, None));
         // Pinned: the first may not move, the second does for it.
         let mut pinned = crowded;

@@ -1024,8 +1024,9 @@ mod tests {
         // I/O vCPUs 16..47 leave runqueues 1 and 2 nearly idle. Balancing
         // after resets must spread the hogs so that each gets nearly a
         // whole pCPU (there are 48 for 32 hogs and light I/O). Credit2's
-        // count balance has them spread by 0.12 s (moving half of them
-        // twice), our mode's weighted balance by 0.07 s (each once).
+        // count balance empties the crowd by 0.12 s and goes on moving
+        // hogs until 0.56 s (61 moves); our mode's weighted balance spreads
+        // them by 0.07 s (16 moves, each hog once).
         let io = Load::Io { submit_ns: 100_000, service_ns: (MS, 4 * MS) };
         let is_hog = |i: u32| !(16..48).contains(&i);
         for cfg in [SchedConfig::default(), SchedConfig::xen_compat(1000)] {
