@@ -283,6 +283,21 @@ fn weights_512_256_256_256_share_two_pcpus_across_four_domains() {
 }
 
 #[test]
+fn weights_hold_across_a_runqueue_per_pcpu() {
+    // As above with `credit2_runqueue=cpu`: two runqueues, so the weights
+    // hold only if our mode's balance takes turns (Credit2's count balance
+    // keeps a pairing: 0.667/0.5/0.333/0.5).
+    let domus = DomuOptions { count: 3, mem_mb: 256, weights: vec![256], ..Default::default() };
+    let (s, r) = hog_shares(domus, "dom0_weight=512 credit2_runqueue=cpu", 5);
+    eprintln!("shares: {s:.3?}");
+    assert!(r.console.contains("sched.rq1.pcpus=1-1"), "two runqueues:\n{}", tail(&r.console, 80));
+    for (d, want) in [0.80, 0.40, 0.40, 0.40].into_iter().enumerate() {
+        assert!((s[d] - want).abs() <= 0.05, "dom{d}: {:.3} of a pCPU, want {want} ± 0.05 (all: {s:.3?})", s[d]);
+    }
+    assert_eq!(r.guest_exit, Some(0));
+}
+
+#[test]
 fn three_equal_hogs_get_two_thirds_of_a_pcpu_each() {
     // Dom0 and two DomUs, default weights, one hog each on 2 pCPUs.
     let domus = DomuOptions { count: 2, mem_mb: 256, ..Default::default() };
