@@ -579,13 +579,7 @@ impl Sched {
             let ((push, pull), work) = weighted_move(&mine, s.rqs[l].pcpus.len(), &theirs, os.rqs[o].pcpus.len());
             (s.candidates.mine, os.candidates.theirs) = (mine, theirs);
             s.op(work);
-            if let Some(v) = push {
-                self.move_between(now, v, (s, l), (&mut os, o), pcpu, kicks);
-            }
-            if let Some(v) = pull {
-                self.move_between(now, v, (&mut os, o), (s, l), pcpu, kicks);
-            }
-            return pull.is_some();
+            return self.exchange(now, (push, s, l), (pull, &mut os, o), pcpu, kicks);
         }
         let Some(delta) = counted else { return false };
         s.note_members_load(l, now);
@@ -595,11 +589,25 @@ impl Sched {
         let ((push, pull), work) =
             best_exchange(delta, la as i64, oa as i64, &s.candidates.push, &mut os.candidates.pull);
         s.op(s.rqs[l].members.len() + os.rqs[o].members.len() + work);
+        self.exchange(now, (push, s, l), (pull, &mut os, o), pcpu, kicks)
+    }
+
+    /// A balance's decision between runqueues `l` and `o` (both locked):
+    /// `push` from `l` to `o`, `pull` from `o` to `l`. Returns whether it
+    /// pulled.
+    fn exchange(
+        &self,
+        now: u64,
+        (push, s, l): (Option<usize>, &mut Scheduler, usize),
+        (pull, os, o): (Option<usize>, &mut Scheduler, usize),
+        pcpu: usize,
+        kicks: &mut OwedKicks,
+    ) -> bool {
         if let Some(v) = push {
-            self.move_between(now, v, (s, l), (&mut os, o), pcpu, kicks);
+            self.move_between(now, v, (s, l), (os, o), pcpu, kicks);
         }
         if let Some(v) = pull {
-            self.move_between(now, v, (&mut os, o), (s, l), pcpu, kicks);
+            self.move_between(now, v, (os, o), (s, l), pcpu, kicks);
         }
         pull.is_some()
     }
