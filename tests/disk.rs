@@ -145,8 +145,11 @@ fn fio_libaio_qd8_randrw_fsync_verify_on_the_backend_disk() {
     assert_eq!(s("blk0.backend_errors"), 0);
     assert!(s("blk0.writes") >= 1000 && s("blk0.reads") >= 1000);
     assert!(s("blk0.flushes") >= 250, "FLUSH did not reach the backend often enough");
-    // Requests really were in flight together (queue depth > 1) ...
-    assert!(s("blk0.in_flight_hwm") >= 4);
+    // Requests really were in flight together (queue depth > 1) ... How
+    // many of fio's 8 the backend holds at once depends on how the host
+    // runs QEMU's threads under TCG (3 to 8 seen, 3 on a loaded host); a
+    // FLUSH overtaken by another completion needs only 2.
+    assert!(s("blk0.in_flight_hwm") >= 2);
     // ... and every one of them came back.
     assert_eq!(s("blk0.completions"), s("blk0.reads") + s("blk0.writes") + s("blk0.flushes"));
     assert_eq!(s("blk0.in_flight"), 0);

@@ -291,6 +291,10 @@ fn weights_hold_across_a_runqueue_per_pcpu() {
     let (s, r) = hog_shares(domus, "dom0_weight=512 credit2_runqueue=cpu", 5);
     eprintln!("shares: {s:.3?}");
     assert!(r.console.contains("sched.rq1.pcpus=1-1"), "two runqueues:\n{}", tail(&r.console, 80));
+    // Taking turns is the balance moving vCPUs between them.
+    let last = |key: &str| run_ns_key(&r.console, key).last().copied().unwrap_or(0);
+    let arrivals = last("sched.rq0.arrivals=") + last("sched.rq1.arrivals=");
+    assert!(arrivals >= 10, "vCPUs moved between the runqueues {arrivals} times:\n{}", tail(&r.console, 80));
     for (d, want) in [0.80, 0.40, 0.40, 0.40].into_iter().enumerate() {
         assert!((s[d] - want).abs() <= 0.05, "dom{d}: {:.3} of a pCPU, want {want} ± 0.05 (all: {s:.3?})", s[d]);
     }

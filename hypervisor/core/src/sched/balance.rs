@@ -194,11 +194,12 @@ type Help = (u64, Option<usize>, Option<usize>);
 /// runqueue's members, and Credit2 balances unweighted counts: 512/256/
 /// 256/256 hogs on two one-pCPU runqueues stay paired as 0.667/0.333 and
 /// 0.5/0.5. No fixed pairing gives 0.8/0.4/0.4/0.4; taking turns does.
-/// So this looks, among the judged vCPUs of both (runnable a quarter of
-/// the window, not capped), for the one that got least per weight over
-/// the last window (first in order on ties) that a move helps: moving it
-/// to the other runqueue, moving the best-served movable member of its
-/// runqueue out, or swapping it with the other's best-served. A move
+/// So this looks, among the judged vCPUs of both (runnable 1/16 of the
+/// time their load average has seen, not capped), for the one that got
+/// least per weight over the last window (first in order on ties) that a
+/// move helps: moving it to the other runqueue, moving the best-served
+/// judged movable member of its runqueue out, or swapping it with the
+/// other's best-served judged movable member. A move
 /// helps if it raises that vCPU's rate by the margin and slows only vCPUs
 /// that got more than it by the margin (the judged members of a runqueue
 /// whose demand grows, and a vCPU that moves to less). Of the moves that
@@ -215,8 +216,9 @@ pub(super) fn weighted_move(
     let sides = [(mine, pl), (theirs, po)];
     let work = 3 * (mine.len() + theirs.len());
     let mut d = [0u64; 2];
-    // Per side: the judged members served least, the movable ones best
-    // (as the inverse of what they got, to keep the least).
+    // Per side: the judged members served least, and the judged movable
+    // ones best (as the inverse of what they got, to keep the least; one
+    // that is not judged asks too little for its move to help).
     let (mut least, mut best) = ([Two::default(); 2], [Two::default(); 2]);
     // Per side, the heaviest judged member: the first a growing demand
     // slows (the others may still get a whole pCPU each).
@@ -228,7 +230,7 @@ pub(super) fn weighted_move(
                 least[k].offer(v.got, i);
                 heaviest[k] = heaviest[k].max(v.weight);
             }
-            if v.movable {
+            if v.movable && v.judged {
                 best[k].offer(u64::MAX - v.got, i);
             }
         }
@@ -623,6 +625,7 @@ impl Scheduler {
             self.rq_load_add(to, 1, now >> GRANULARITY);
         }
         self.rqs[to].members.push(s);
+        self.rqs[to].arrivals += 1;
         let v = &mut self.vcpus[s];
         v.rq = to;
         v.migrate_to = None;

@@ -336,6 +336,8 @@ struct Runqueue {
     max_weight: u32,
     /// Credit resets of this runqueue.
     resets: u64,
+    /// vCPUs a balance moved into it.
+    arrivals: u64,
     /// Our mode's weighted balance compares it with runqueue
     /// `(self + 1 + partner) % n` next, when no count imbalance chooses.
     partner: usize,

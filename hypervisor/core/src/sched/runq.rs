@@ -73,6 +73,7 @@ impl Scheduler {
             writeln!(out, "sched.rq{i}.pcpus={first}-{last}")?;
             writeln!(out, "sched.rq{i}.vcpus={vcpus}")?;
             writeln!(out, "sched.rq{i}.resets={}", rq.resets)?;
+            writeln!(out, "sched.rq{i}.arrivals={}", rq.arrivals)?;
             writeln!(out, "sched.rq{i}.schedules={}", sum(|p| p.schedules))?;
             writeln!(out, "sched.rq{i}.tickles={}", sum(|p| p.tickles))?;
         }

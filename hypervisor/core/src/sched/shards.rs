@@ -863,7 +863,15 @@ mod tests {
         // count either).
         let mut text = alloc::string::String::new();
         s.write_runqueue_stats(&mut text).unwrap();
-        for want in ["sched.rq0.pcpus=0-0\n", "sched.rq0.vcpus=1\n", "sched.rq1.pcpus=1-1\n", "sched.rq1.vcpus=2\n"] {
+        let want = [
+            "sched.rq0.pcpus=0-0\n",
+            "sched.rq0.vcpus=1\n",
+            "sched.rq0.arrivals=0\n",
+            "sched.rq1.pcpus=1-1\n",
+            "sched.rq1.vcpus=2\n",
+            "sched.rq1.arrivals=1\n",
+        ];
+        for want in want {
             assert!(text.contains(want), "{want}: {text}");
         }
         let resets = s.runqueue_resets(0).unwrap() + s.runqueue_resets(1).unwrap();
