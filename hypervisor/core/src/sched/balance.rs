@@ -101,7 +101,8 @@ pub(super) struct Served {
     pub(super) weight: u32,
     /// It may move to the other runqueue.
     pub(super) movable: bool,
-    /// Judged: runnable at least [`JUDGED_LOAD`] and not capped.
+    /// Judged: runnable at least [`JUDGED_LOAD`] of both windows, and not
+    /// capped.
     judged: bool,
     /// What it got: run time per runnable time per unit of weight
     /// (fraction bits [`RATE_SHIFT`]).
@@ -113,8 +114,10 @@ pub(super) struct Served {
 
 /// Fraction bits of the service rates the weighted balance compares.
 /// (With [`PRECISION`], weights of 16 bits and at most 32 pCPUs a
-/// runqueue, every figure fits 64 bits: one hardware division each.)
-const RATE_SHIFT: u32 = 32;
+/// runqueue, every figure fits 64 bits: one hardware division each; a
+/// weight of 65535 sharing one pCPU with 4 096 others still has 8 bits.)
+const RATE_SHIFT: u32 = 40;
+const _: () = assert!(((super::config::MAX_CPUS_RUNQUEUE as u128) << (RATE_SHIFT + PRECISION)) <= u64::MAX as u128);
 /// The weighted balance's margin: a move must raise the most lagging
 /// vCPU's rate by 1/8, and may slow only vCPUs served 1/8 better than it.
 const MARGIN_SHIFT: u32 = 3;
@@ -143,7 +146,10 @@ impl Served {
         let ran = run.min(load) * runnable / load.max(1);
         let got = (run.min(load) << RATE_SHIFT) / (load.max(1) * w);
         let demand = w * if capped { ran } else { runnable };
-        Served { slot, weight, movable, judged: !capped && runnable >= JUDGED_LOAD, got, demand }
+        // Judged on both windows: a vCPU that slept through the short one
+        // has no figure of what it got there (its averages decay to 0).
+        let judged = !capped && runnable >= JUDGED_LOAD && load >= JUDGED_LOAD;
+        Served { slot, weight, movable, judged, got, demand }
     }
 }
 
@@ -461,9 +467,11 @@ impl Scheduler {
         (pull, l): (Option<usize>, usize),
     ) {
         if let Some(a) = push {
+            self.rqs[o].arrivals += 1;
             self.migrate(now, a, o, pcpu);
         }
         if let Some(b) = pull {
+            self.rqs[l].arrivals += 1;
             self.migrate(now, b, l, pcpu);
         }
     }
@@ -625,7 +633,6 @@ impl Scheduler {
             self.rq_load_add(to, 1, now >> GRANULARITY);
         }
         self.rqs[to].members.push(s);
-        self.rqs[to].arrivals += 1;
         let v = &mut self.vcpus[s];
         v.rq = to;
         v.migrate_to = None;
@@ -817,6 +824,10 @@ mod tests {
         // Runnable under 1/16 of the window: served when they wake.
         let sleepy: Vec<Served> = (0..3).map(|i| Served::new(i, 256, (ONE, third, ONE / 32), true, false)).collect();
         assert_eq!(weighted_move(&sleepy, 1, &[], 1).0, (None, None));
+        // Asleep through the short window (its averages decayed to 0) but
+        // runnable over the long one: no figure of what it got, not judged.
+        assert!(!Served::new(3, 256, (0, 0, ONE), true, false).judged);
+        assert!(Served::new(3, 256, (ONE / 8, 0, ONE), true, false).judged);
         // Pinned: the first may not move, the second does for it.
         let mut pinned = crowded;
         pinned[0].movable = false;

@@ -336,7 +336,8 @@ struct Runqueue {
     max_weight: u32,
     /// Credit resets of this runqueue.
     resets: u64,
-    /// vCPUs a balance moved into it.
+    /// vCPUs a balance moved into it (a running one counted when the move
+    /// is decided; it moves when it leaves its pCPU).
     arrivals: u64,
     /// Our mode's weighted balance compares it with runqueue
     /// `(self + 1 + partner) % n` next, when no count imbalance chooses.

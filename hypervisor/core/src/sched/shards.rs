@@ -604,9 +604,11 @@ impl Sched {
         kicks: &mut OwedKicks,
     ) -> bool {
         if let Some(v) = push {
+            os.rqs[o].arrivals += 1;
             self.move_between(now, v, (s, l), (os, o), pcpu, kicks);
         }
         if let Some(v) = pull {
+            s.rqs[l].arrivals += 1;
             self.move_between(now, v, (os, o), (s, l), pcpu, kicks);
         }
         pull.is_some()
