@@ -50,7 +50,7 @@ const OVERLOAD_TOLERANCE: i32 = -3;
 /// A decaying average over [`WINDOW`]: `load` held since `last`, to `now`
 /// (both in granularity units).
 fn decay(avg: u64, load: u64, last: u64, now: u64) -> u64 {
-    decay_fixed(avg, load << PRECISION, last, now)
+    decay_over(WINDOW, avg, load << PRECISION, last, now)
 }
 
 /// [`decay`] of a value already in fixed point, over a window of
@@ -61,10 +61,6 @@ fn decay_over(window: u32, avg: u64, value: u64, last: u64, now: u64) -> u64 {
     }
     let delta = now.saturating_sub(last).min(1 << window);
     (delta * value + ((1 << window) - delta) * avg) >> window
-}
-
-fn decay_fixed(avg: u64, value: u64, last: u64, now: u64) -> u64 {
-    decay_over(WINDOW, avg, value, last, now)
 }
 
 fn tolerance(shift: i32) -> u64 {
@@ -496,7 +492,7 @@ impl Scheduler {
         let runnable = v.runnable_units << GRANULARITY;
         let (t, last) = (now >> GRANULARITY, v.served_last >> GRANULARITY);
         if v.served_last == 0 {
-            (v.served_run, v.served_load) = (1 << PRECISION, 1 << PRECISION);
+            (v.served_run, v.served_load) = (ONE, ONE);
         } else if now > v.served_last {
             let dt = now - v.served_last;
             // As a fraction of `dt` (at most 1), in 64 bits: both shifted
@@ -525,12 +521,11 @@ impl Scheduler {
     /// towards `to` sees them, within the room reserved for them.
     pub(super) fn collect_served(&self, r: usize, to: usize, into: &mut Vec<Served>) {
         into.clear();
-        let parked_stay = self.shard.is_some();
         let room = into.capacity();
         for &s in self.rqs[r].members.iter().take(room) {
             let v = &self.vcpus[s];
             let runnable = (v.avgload << PRECISION) / v.load_seen.max(1);
-            let movable = !(parked_stay && v.parked) && self.may_move(s, to);
+            let movable = self.may_balance(s, to);
             let served = (v.served_load, v.served_run, runnable);
             into.push(Served::new(s, v.weight, served, movable, self.domains[v.dom].capped()));
         }
@@ -563,13 +558,19 @@ impl Scheduler {
     /// averages. Parked ones stay with `Sched` (they are on their runqueue's
     /// parked list).
     pub(super) fn movable(&self, r: usize, to: usize) -> impl Iterator<Item = (usize, i64)> + '_ {
-        let parked_stay = self.shard.is_some();
         self.rqs[r]
             .members
             .iter()
             .copied()
-            .filter(move |&s| !(parked_stay && self.vcpus[s].parked) && self.may_move(s, to))
+            .filter(move |&s| self.may_balance(s, to))
             .map(|s| (s, self.vcpus[s].avgload as i64))
+    }
+
+    /// Whether a balance may move `s` to runqueue `to`: [`Self::may_move`],
+    /// and not parked when this scheduler holds one runqueue (a parked
+    /// vCPU stays on its runqueue's parked list, with `Sched`).
+    fn may_balance(&self, s: usize, to: usize) -> bool {
+        !(self.shard.is_some() && self.vcpus[s].parked) && self.may_move(s, to)
     }
 
     /// Whether `s` may move to runqueue `to`: its affinity allows one of
